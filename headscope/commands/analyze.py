@@ -1,0 +1,53 @@
+"""`headscope analyze [MODEL]`: per-head attention statistics -> heads.csv, heads.json."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..analyze import analyze
+from ..data import read_texts
+from ..io import prepare_out_dir
+from ..models import load_model
+from ..stats import STATISTICS
+from ._common import add_data_args, add_model_arg, add_out_args, grid
+
+OUTPUTS = ["heads.csv", "heads.json"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("analyze", help="per-head attention statistics (entropy, distance, sink, ...)",
+                       description="Stream text through a model and write per-head attention statistics "
+                                   "to heads.csv and heads.json. Columns: " + ", ".join(STATISTICS))
+    add_model_arg(p)
+    add_data_args(p)
+    add_out_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
+    source = read_texts(args.data, args.limit)  # bad data fails before the model loads
+    hm = load_model(args.model, device=args.device)
+    table = analyze(hm, source, max_length=args.max_length, batch_size=args.batch_size,
+                    seed=args.seed, progress=True)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "heads.csv")
+    table.to_json(out / "heads.json")
+    m = table.meta
+    print(f"{hm.name}: {m['n_layers']} layers x {m['n_heads']} heads ({m['n_kv_heads']} KV), "
+          f"{m['passages']} passages, {m['tokens_seen']} tokens from {m['data']}")
+    for col, title in (("entropy_norm", "normalised entropy: 1 = uniform, 0 = one key"),
+                       ("mean_distance", "mean attention distance, tokens"),
+                       ("first_token_mass", "mass on the first token (sink)")):
+        print()
+        print(grid(table, col, title))
+    print("\nmost notable heads:")
+    for col, label in (("prev_token_mass", "previous token"), ("self_mass", "self"),
+                       ("next_token_mass", "next token"), ("first_token_mass", "first token / sink"),
+                       ("special_mass", "special tokens"), ("punct_mass", "punctuation")):
+        top = [t for t in table.top(col, 3) if t[2] == t[2]]
+        if top:
+            print(f"  {label:<20}" + ", ".join(f"L{l}H{h} {v:.2f}" for l, h, v in top))
+    print(f"\nwrote {out / 'heads.csv'} and {out / 'heads.json'}", file=sys.stderr)
+    return 0

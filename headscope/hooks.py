@@ -1,0 +1,115 @@
+"""Head gates and capture on the input of each layer's attention output projection.
+
+That input is the concatenation of head outputs, `[batch, pos, n_heads * d_head]`, in every
+family and under every attention kernel. Scaling head h's slice there is exactly the head mask
+of Michel et al. (2019). Every hook installed here is removed in `finally`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+
+from .errors import HeadscopeError
+from .models.adapter import HeadModel
+
+# Called with (layer, head_outputs [batch, pos, n_heads, d_head]); may return a replacement.
+HeadOutputFn = Callable[[int, torch.Tensor], "torch.Tensor | None"]
+
+
+@contextmanager
+def on_head_outputs(hm: HeadModel, fn: HeadOutputFn, layers: list[int] | None = None) -> Iterator[None]:
+    """Call `fn(layer, z)` on every layer's per-head outputs; a returned tensor replaces them."""
+    handles = []
+
+    def make_hook(layer: int):
+        def hook(module, args):
+            x = args[0]
+            z = x.view(*x.shape[:-1], -1, hm.d_head)  # [batch, pos, head, d_head]
+            new = fn(layer, z)
+            if new is None:
+                return None
+            return (new.reshape(x.shape), *args[1:])
+
+        return hook
+
+    try:
+        for layer in range(hm.n_layers) if layers is None else layers:
+            handles.append(hm.out_proj(layer).register_forward_pre_hook(make_hook(layer)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _check_gates(hm: HeadModel, gates: torch.Tensor) -> None:
+    shape = tuple(gates.shape)
+    want = (hm.n_layers, hm.n_heads)
+    if shape[-2:] != want or gates.dim() not in (2, 3):
+        raise HeadscopeError(
+            f"gates have shape {shape}; expected [n_layers, n_heads] = {list(want)} "
+            f"or [batch, n_layers, n_heads] = [B, {want[0]}, {want[1]}]"
+        )
+
+
+@contextmanager
+def head_gates(hm: HeadModel, gates: torch.Tensor) -> Iterator[None]:
+    """Scale each head's output by a gate: `[n_layers, n_heads]`, or `[batch, n_layers, n_heads]`.
+
+    Gates may require grad (gradient importance flows through them). Layers whose gates are all
+    ones are left untouched, so a gate of ones changes nothing, bit for bit.
+    """
+    _check_gates(hm, gates)
+    per_row = gates.dim() == 3
+    active = [l for l in range(hm.n_layers) if gates.requires_grad or not bool((gates[..., l, :] == 1).all())]
+
+    def apply(layer: int, z: torch.Tensor) -> torch.Tensor:
+        g = gates[:, layer] if per_row else gates[layer].expand(z.shape[0], -1)  # [batch, head]
+        if g.shape[0] != z.shape[0]:
+            raise HeadscopeError(f"per-row gates have {g.shape[0]} rows but the batch has {z.shape[0]}")
+        return z * g[:, None, :, None].to(z.dtype)
+
+    with on_head_outputs(hm, apply, layers=active):
+        yield
+
+
+@contextmanager
+def capture_head_outputs(hm: HeadModel, store: dict[int, torch.Tensor]) -> Iterator[None]:
+    """Record each layer's per-head outputs `[batch, pos, head, d_head]` into `store` (detached)."""
+
+    def keep(layer: int, z: torch.Tensor) -> None:
+        store[layer] = z.detach()
+
+    with on_head_outputs(hm, keep):
+        yield
+
+
+@contextmanager
+def on_attention_weights(hm: HeadModel, fn: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
+    """Call `fn(layer, probs [batch, head, query, key])` as each layer computes its attention.
+
+    Needs the eager kernel (HeadModel switches to it): sdpa/flash return no weights.
+    """
+    handles = []
+
+    def make_hook(layer: int):
+        def hook(module, args, output):
+            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if weights is None:
+                raise HeadscopeError(
+                    f"layer {layer} returned no attention weights; load the model with "
+                    f"attn_implementation='eager' (sdpa and flash attention do not return them)"
+                )
+            fn(layer, weights)
+
+        return hook
+
+    try:
+        for layer in range(hm.n_layers):
+            handles.append(hm.attention(layer).register_forward_hook(make_hook(layer)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()

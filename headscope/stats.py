@@ -1,0 +1,206 @@
+"""Streaming per-head attention statistics.
+
+Per batch and per layer the attention map `[batch, head, query, key]` is reduced at once to
+per-head sums and counts, then dropped: memory does not grow with the data. Every statistic is a
+(sum, count) pair, so results from batches, files or processes merge by adding.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from .data import TokenClasses
+from .hooks import on_attention_weights, on_head_outputs
+from .models.adapter import HeadModel
+from .table import HeadTable
+
+# Column name -> what it means (README documents the same list).
+STATISTICS: dict[str, str] = {
+    "entropy": "attention entropy of a query's distribution over keys, nats",
+    "entropy_norm": "entropy / log(number of keys the query may attend to); 1 = uniform (queries with one key left out)",
+    "mean_distance": "expected |query - key| distance in tokens",
+    "prev_token_mass": "weight on the previous token (queries with one)",
+    "next_token_mass": "weight on the next token (encoders; NaN for causal models, which cannot see it)",
+    "self_mass": "weight on the query's own position",
+    "first_token_mass": "weight on position 0 ([CLS] / BOS / first token: the 'sink')",
+    "special_mass": "weight on the tokenizer's special tokens ([CLS], [SEP], BOS, EOS, ...)",
+    "punct_mass": "weight on punctuation tokens",
+    "max_weight": "largest single weight of a query's distribution",
+    "output_norm": "L2 norm of the head's contribution to the residual stream (its output through W_O, no bias)",
+}
+
+
+@dataclass
+class HeadStats:
+    """Sums and counts per statistic, each `[n_layers, n_heads]` float64; merge by adding."""
+
+    n_layers: int
+    n_heads: int
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
+    counts: dict[str, np.ndarray] = field(default_factory=dict)
+    tokens: int = 0
+    passages: int = 0
+
+    def add(self, name: str, layer: int, total: torch.Tensor, count: torch.Tensor | float) -> None:
+        """Add a per-head sum `[n_heads]` and its count (scalar or `[n_heads]`) for one layer."""
+        if name not in self.sums:
+            self.sums[name] = np.zeros((self.n_layers, self.n_heads))
+            self.counts[name] = np.zeros((self.n_layers, self.n_heads))
+        self.sums[name][layer] += total.detach().double().cpu().numpy()
+        c = count.detach().double().cpu().numpy() if isinstance(count, torch.Tensor) else float(count)
+        self.counts[name][layer] += c
+
+    def merge(self, other: "HeadStats") -> "HeadStats":
+        """A new HeadStats holding both; neither input changes."""
+        if (other.n_layers, other.n_heads) != (self.n_layers, self.n_heads):
+            raise ValueError(
+                f"cannot merge statistics of {other.n_layers}x{other.n_heads} heads into {self.n_layers}x{self.n_heads}"
+            )
+        out = HeadStats(self.n_layers, self.n_heads, tokens=self.tokens + other.tokens,
+                        passages=self.passages + other.passages)
+        for name in sorted(set(self.sums) | set(other.sums)):
+            zero = np.zeros((self.n_layers, self.n_heads))
+            out.sums[name] = self.sums.get(name, zero) + other.sums.get(name, zero)
+            out.counts[name] = self.counts.get(name, zero) + other.counts.get(name, zero)
+        return out
+
+    def means(self) -> dict[str, np.ndarray]:
+        """Each statistic's mean (NaN where nothing was counted), in STATISTICS order."""
+        names = [n for n in STATISTICS if n in self.sums] + [n for n in self.sums if n not in STATISTICS]
+        out = {}
+        for n in names:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[n] = np.where(self.counts[n] > 0, self.sums[n] / np.maximum(self.counts[n], 1e-300), np.nan)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_layers": self.n_layers, "n_heads": self.n_heads, "tokens": self.tokens, "passages": self.passages,
+                "sums": {k: v.tolist() for k, v in self.sums.items()},
+                "counts": {k: v.tolist() for k, v in self.counts.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HeadStats":
+        return cls(d["n_layers"], d["n_heads"], {k: np.array(v, dtype=float) for k, v in d["sums"].items()},
+                   {k: np.array(v, dtype=float) for k, v in d["counts"].items()}, d["tokens"], d["passages"])
+
+
+def allowed_keys(attention_mask: torch.Tensor, causal: bool, window: int | None = None) -> torch.Tensor:
+    """Which keys each query may attend to, `[batch, query, key]` bool (right padding assumed)."""
+    valid = attention_mask.bool()  # [batch, pos]
+    t = valid.shape[1]
+    allowed = valid[:, None, :] & valid[:, :, None]
+    pos = torch.arange(t, device=valid.device)
+    if causal:
+        allowed = allowed & (pos[None, :] <= pos[:, None])
+    if window is not None:
+        allowed = allowed & ((pos[:, None] - pos[None, :]) < window)
+    return allowed
+
+
+def _masked_sum(values: torch.Tensor, qmask: torch.Tensor) -> torch.Tensor:
+    """Sum `[batch, head, query]` values over valid queries -> `[head]` (float64)."""
+    return (values.double() * qmask[:, None, :]).sum(dim=(0, 2))
+
+
+def reduce_attention(stats: HeadStats, layer: int, probs: torch.Tensor, allowed: torch.Tensor,
+                     special: torch.Tensor, punct: torch.Tensor) -> None:
+    """Reduce one layer's attention `[batch, head, query, key]` into `stats`.
+
+    `allowed` is `[batch, query, key]`; `special` / `punct` flag keys `[batch, key]`.
+    """
+    p = probs.float()
+    b, h, t, _ = p.shape
+    n_keys = allowed.sum(-1)  # [batch, query]
+    qmask = (n_keys > 0).double()  # padded queries see nothing
+    n_q = qmask.sum()
+    pos = torch.arange(t, device=p.device)
+
+    ent = -torch.special.xlogy(p, p).sum(-1)  # [batch, head, query]
+    stats.add("entropy", layer, _masked_sum(ent, qmask), n_q)
+    multi = (n_keys > 1).double()
+    log_n = torch.log(n_keys.clamp(min=2).double())
+    stats.add("entropy_norm", layer, _masked_sum(ent.double() / log_n[:, None, :], multi), multi.sum())
+
+    dist = (pos[:, None] - pos[None, :]).abs().float()  # [query, key]
+    stats.add("mean_distance", layer, _masked_sum(torch.einsum("bhqk,qk->bhq", p, dist), qmask), n_q)
+
+    for name, offset in (("prev_token_mass", -1), ("self_mass", 0), ("next_token_mass", 1)):
+        diag = torch.diagonal(p, offset=offset, dim1=-2, dim2=-1)  # [batch, head, t - |offset|]
+        ok = torch.diagonal(allowed, offset=offset, dim1=-2, dim2=-1).double()  # [batch, t - |offset|]
+        stats.add(name, layer, _masked_sum(diag, ok), ok.sum())
+
+    stats.add("first_token_mass", layer, _masked_sum(p[..., 0], qmask), n_q)
+    stats.add("special_mass", layer, _masked_sum(torch.einsum("bhqk,bk->bhq", p, special.float()), qmask), n_q)
+    stats.add("punct_mass", layer, _masked_sum(torch.einsum("bhqk,bk->bhq", p, punct.float()), qmask), n_q)
+    stats.add("max_weight", layer, _masked_sum(p.amax(-1), qmask), n_q)
+
+
+def output_gram(hm: HeadModel, layer: int) -> torch.Tensor:
+    """Per-head Gram matrices `W_h^T W_h`, `[head, d_head, d_head]`, so ||W_h z|| = sqrt(z^T G z)."""
+    w = hm.out_weight(layer).detach().float()  # [d_model, head * d_head]
+    wh = w.view(w.shape[0], -1, hm.d_head).transpose(0, 1)  # [head, d_model, d_head]
+    return wh.transpose(1, 2) @ wh
+
+
+def reduce_outputs(stats: HeadStats, layer: int, z: torch.Tensor, gram: torch.Tensor, valid: torch.Tensor) -> None:
+    """Add the output-norm sums of one layer: z `[batch, pos, head, d_head]`, valid `[batch, pos]`."""
+    z = z.detach().float()
+    sq = torch.einsum("bthd,hde,bthe->bht", z, gram, z).clamp(min=0)  # [batch, head, pos]
+    m = valid.double()
+    stats.add("output_norm", layer, _masked_sum(sq.sqrt(), m), m.sum())
+
+
+@contextmanager
+def collect_stats(hm: HeadModel, stats: HeadStats, token_flags: TokenClasses) -> Iterator["StatsSession"]:
+    """While active, every forward pass of `hm.model` adds its statistics to `stats`.
+
+    Before each forward, call `session.set_batch(attention_mask, input_ids)` so the hooks know
+    which positions are padding and which tokens are special or punctuation.
+    """
+    session = StatsSession(hm, stats, token_flags)
+    with ExitStack() as stack:
+        stack.enter_context(on_attention_weights(hm, session.on_attention))
+        stack.enter_context(on_head_outputs(hm, session.on_outputs))
+        yield session
+
+
+class StatsSession:
+    """Hook callbacks that turn each layer's attention and head outputs into sums."""
+
+    def __init__(self, hm: HeadModel, stats: HeadStats, flags: TokenClasses) -> None:
+        self.hm, self.stats, self.flags = hm, stats, flags
+        self.grams = [output_gram(hm, layer) for layer in range(hm.n_layers)]
+        self._allowed: dict[int | None, torch.Tensor] = {}
+        self.mask: torch.Tensor | None = None
+
+    def set_batch(self, attention_mask: torch.Tensor, input_ids: torch.Tensor) -> None:
+        dev = self.hm.device
+        self.mask = attention_mask.to(dev)
+        ids = input_ids.to(self.flags.special.device)
+        self.special = self.flags.special[ids].to(dev) & self.mask.bool()
+        self.punct = self.flags.punct[ids].to(dev) & self.mask.bool()
+        self._allowed = {}
+        self.stats.tokens += int(self.mask.sum())
+        self.stats.passages += int(self.mask.shape[0])
+
+    def _allowed_for(self, layer: int) -> torch.Tensor:
+        window = self.hm.sliding_window(layer)
+        if window not in self._allowed:
+            self._allowed[window] = allowed_keys(self.mask, self.hm.causal, window)
+        return self._allowed[window]
+
+    def on_attention(self, layer: int, probs: torch.Tensor) -> None:
+        if self.mask is None:
+            raise RuntimeError("collect_stats: call session.set_batch(...) before each forward pass")
+        with torch.no_grad():
+            reduce_attention(self.stats, layer, probs, self._allowed_for(layer), self.special, self.punct)
+
+    def on_outputs(self, layer: int, z: torch.Tensor) -> None:
+        with torch.no_grad():
+            reduce_outputs(self.stats, layer, z, self.grams[layer], self.mask)
+        return None
