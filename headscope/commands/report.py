@@ -1,0 +1,43 @@
+"""`headscope report [MODEL]`: one offline HTML page answering the three questions, plus PNG figures."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..report import render_report
+from ._common import add_model_arg
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="offline HTML report of every result in an output directory",
+                       description="Write report.html (one self-contained offline page: what the heads learn, "
+                                   "whether more heads help, which heads are redundant) and report-*.png into "
+                                   "--out. Sections read the files other verbs wrote (--from directories, then "
+                                   "--out); a missing one says which verb to run. Statistics are computed here "
+                                   "when heads.csv is absent, and every head's attention map is drawn for a few "
+                                   "short example sentences.")
+    add_model_arg(p)
+    p.add_argument("--no-model", action="store_true",
+                   help="do not load the model: report only what the files hold (no example attention maps)")
+    p.add_argument("--from", dest="from_dirs", action="append", default=None, metavar="DIR",
+                   help="a directory holding other verbs' outputs; repeat for several (searched before --out)")
+    p.add_argument("--data", default=None,
+                   help="text for the statistics (if computed here) and the example sentences "
+                        "(.txt, .jsonl or .conllu; default: the built-in English sample)")
+    p.add_argument("--sentences", type=int, default=3,
+                   help="example sentences (of at most 24 tokens) whose full attention maps are embedded (default 3)")
+    p.add_argument("--max-length", type=int, default=None, help="tokens per passage for computed statistics")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N passages for computed statistics")
+    p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing report.html in --out")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = render_report(args.out, model=None if args.no_model else args.model, from_dirs=args.from_dirs,
+                         data=args.data, sentences=args.sentences, force=args.force, max_length=args.max_length,
+                         limit=args.limit, device=args.device, progress=True)
+    size = path.stat().st_size
+    print(f"wrote {path} ({size / 1024:.0f} KiB); open it in any browser, it needs no network", file=sys.stderr)
+    return 0

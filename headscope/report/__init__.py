@@ -1,0 +1,124 @@
+"""The offline HTML report: the three questions on one page, plus PNG figures.
+
+`render_report(out_dir, model=..., from_dirs=[...])` reads whatever the other verbs wrote (heads.csv,
+roles.json, importance.csv, prune_curve.csv, sweep.csv, ...), computes what is cheap itself
+(statistics when heads.csv is missing, attention maps of a few short example sentences) and
+writes `report.html` plus `report-*.png` into `out_dir`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import HeadscopeError
+from ..io import atomic_write_text, prepare_out_dir
+from ..models.adapter import HeadModel
+from .build import GRID_PLOT_COLUMNS, PLOT_NAMES, collect
+from .examples import example_maps
+from .html import page
+from .sources import Sources, read_heads
+
+log = logging.getLogger(__name__)
+
+__all__ = ["render_report", "report_data", "REPORT_NAME"]
+
+REPORT_NAME = "report.html"
+
+
+def _special_names(hm: HeadModel | None) -> str:
+    tok = getattr(hm, "tokenizer", None)
+    if tok is None:
+        return "special tokens"
+    names = [t for t in getattr(tok, "all_special_tokens", []) if t not in ("[UNK]", "[PAD]", "[MASK]", "<unk>", "<pad>")]
+    return "/".join(names[:3]) if names else "special tokens"
+
+
+def report_data(
+    out_dir: str | Path,
+    model: str | HeadModel | None = None,
+    from_dirs: Sequence[str | Path] | None = None,
+    data: Any = None,
+    sentences: int = 3,
+    max_length: int | None = None,
+    limit: int | None = None,
+    write_plots: bool = True,
+    device: str = "cpu",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Everything the page shows, as one JSON-ready dict (computes statistics if heads.csv is absent)."""
+    out = Path(out_dir)
+    dirs = [Path(d) for d in (from_dirs or [])] + [out]
+    src = Sources.scan(dirs)
+    hm: HeadModel | None
+    if isinstance(model, str):
+        from ..models import load_model
+
+        hm = load_model(model, device=device)
+    else:
+        hm = model
+    table = read_heads(src.get("heads.csv")) if src.get("heads.csv") else None
+    texts = None
+    token_ids = None
+    if data is not None and not isinstance(data, (str, Path)) and len(data) and not isinstance(data[0], str) \
+            and not hasattr(data, "texts"):
+        token_ids = [list(map(int, t)) for t in data]  # token-id sentences (models without a tokenizer)
+    if hm is not None:
+        if table is not None and (table.n_layers, table.n_heads) != (hm.n_layers, hm.n_heads):
+            raise HeadscopeError(
+                f"{src.get('heads.csv')} has {table.n_layers} layers x {table.n_heads} heads but the model "
+                f"{hm.name} has {hm.n_layers} x {hm.n_heads}; give the matching model or another --from")
+        if hm.tokenizer is not None and token_ids is None:
+            from ..data import read_texts
+
+            texts = read_texts(data, None).texts if (data is None or isinstance(data, (str, Path))) else \
+                list(getattr(data, "texts", data))
+        if table is None:
+            from ..analyze import analyze
+
+            log.info("no heads.csv in %s; computing the statistics", ", ".join(map(str, dirs)))
+            table = analyze(hm, data, max_length=max_length, limit=limit, progress=progress)
+            out.mkdir(parents=True, exist_ok=True)
+            table.to_csv(out / "heads.csv")
+            table.to_json(out / "heads.json")
+            src = Sources.scan(dirs)
+    model_meta: dict[str, Any] = {}
+    if hm is not None:
+        model_meta = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads,
+                      "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head, "causal": hm.causal,
+                      "model_type": hm.config.model_type}
+    elif table is None:
+        raise HeadscopeError(
+            f"nothing to report: no heads.csv in {', '.join(map(str, dirs))} and no model given; "
+            f"run `headscope analyze MODEL --out {out}` or pass the model")
+    examples = example_maps(hm, texts, sentences, token_ids) if hm is not None else []
+    out.mkdir(parents=True, exist_ok=True)
+    return collect(table, src, out, examples, model_meta, _special_names(hm), write_plots=write_plots)
+
+
+def render_report(
+    out_dir: str | Path,
+    model: str | HeadModel | None = None,
+    from_dirs: Sequence[str | Path] | None = None,
+    data: Any = None,
+    sentences: int = 3,
+    force: bool = False,
+    max_length: int | None = None,
+    limit: int | None = None,
+    device: str = "cpu",
+    progress: bool = False,
+) -> Path:
+    """Write `out_dir/report.html` (self-contained, offline) and its PNG figures; return the HTML path.
+
+    `model` (a name, path or HeadModel) enables the example attention maps and computes statistics
+    when no heads.csv exists; `from_dirs` are searched before `out_dir` for the other verbs' files.
+    Refuses to overwrite an existing report without `force`.
+    """
+    out = Path(out_dir)
+    names = [REPORT_NAME, *PLOT_NAMES.values(), *(f"report-heads-{c}.png" for c in GRID_PLOT_COLUMNS)]
+    prepare_out_dir(out, force, names)
+    d = report_data(out, model, from_dirs, data, sentences, max_length, limit, True, device, progress)
+    path = out / REPORT_NAME
+    atomic_write_text(path, page(d))
+    return path

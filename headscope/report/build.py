@@ -1,0 +1,493 @@
+"""Collect everything the report shows into one JSON-ready dict, with the plain-language summaries."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..table import HeadTable
+from . import plots
+from .sources import (PRODUCERS, Sources, clean, grid_columns, head_index, per_head_from_json, read_csv_records,
+                      read_heads, read_json, square_matrix)
+
+log = logging.getLogger(__name__)
+
+# What each known column means, shown in the legend and tooltips.
+DESCRIPTIONS: dict[str, str] = {
+    "roles": "roles found above baseline by `headscope roles`",
+    "entropy": "entropy of the attention distribution (nats)",
+    "entropy_norm": "entropy / log(keys seen): 1 = uniform, 0 = one key",
+    "mean_distance": "mean |query - key| distance, tokens",
+    "prev_token_mass": "attention on the previous token",
+    "next_token_mass": "attention on the next token",
+    "self_mass": "attention on the token itself",
+    "first_token_mass": "attention on the first token (sink / [CLS] / BOS)",
+    "special_mass": "attention on special tokens ([CLS], [SEP], BOS, EOS)",
+    "punct_mass": "attention on punctuation",
+    "max_weight": "mean of the largest attention weight per query",
+    "output_norm": "mean norm of the head's output",
+}
+
+# Plots written beside report.html; prefixed so they never clash with a verb's own figures.
+PLOT_NAMES = {
+    "importance": "report-importance.png",
+    "prune_curve": "report-prune-curve.png",
+    "redundancy": "report-redundancy.png",
+    "sweep": "report-sweep.png",
+}
+GRID_PLOT_COLUMNS = ("entropy_norm", "mean_distance", "first_token_mass", "prev_token_mass", "special_mass")
+
+
+def missing_note(*names: str) -> str:
+    """'not run yet: run `headscope <verb>`' for the verbs that write the missing files."""
+    verbs = []
+    for n in names:
+        v = PRODUCERS.get(n, "")
+        if v and v not in verbs:
+            verbs.append(v)
+    return "not run yet: run " + " and ".join(f"`headscope {v}`" for v in verbs) + f" (no {', '.join(names)})"
+
+
+def _flat(arr: np.ndarray) -> list:
+    return clean(np.asarray(arr).ravel().tolist())
+
+
+def _heads_list(items: Sequence[tuple[int, int, float]], k: int = 4) -> str:
+    return ", ".join(f"L{l}H{h}" for l, h, _ in items[:k]) + (" ..." if len(items) > k else "")
+
+
+def _frac_text(n: int, total: int) -> str:
+    return f"{n} of {total} heads"
+
+
+# --- question 1 --------------------------------------------------------------------------------
+def summarise_heads(table: HeadTable, special_names: str) -> list[str]:
+    """Plain sentences about the per-head statistics and roles of this model."""
+    N = table.n_layers * table.n_heads
+    out: list[str] = []
+
+    def above(col: str, thr: float) -> list[tuple[int, int, float]]:
+        if col not in table:
+            return []
+        v = np.asarray(table[col], float)
+        return sorted([(l, h, float(v[l, h])) for l, h in table.heads() if v[l, h] > thr], key=lambda t: -t[2])
+
+    sink_col = "special_mass" if "special_mass" in table and np.nanmax(np.asarray(table["special_mass"], float)) > 0 \
+        else "first_token_mass"
+    sinks = above(sink_col, 0.5)
+    if sink_col in table:
+        where = special_names if sink_col == "special_mass" else "the first token"
+        out.append(f"{_frac_text(len(sinks), N)} put more than half their attention on {where}"
+                   + (f" (strongest: {_heads_list(sinks, 3)})" if sinks else "")
+                   + "; such heads mostly 'rest' there when they have nothing to do.")
+    prev = above("prev_token_mass", 0.5)
+    if "prev_token_mass" in table:
+        out.append(f"{_frac_text(len(prev), N)} are previous-token heads (over half their attention one token back)"
+                   + (f": {_heads_list(prev)}." if prev else "."))
+    if "entropy_norm" in table:
+        e = np.nanmean(np.asarray(table["entropy_norm"], float), axis=1)
+        trend = "broader" if e[-1] > e[0] + 0.05 else "sharper" if e[-1] < e[0] - 0.05 else "about as focused"
+        out.append(f"Attention gets {trend} with depth: mean normalised entropy is {e[0]:.2f} in layer 0 and "
+                   f"{e[-1]:.2f} in layer {table.n_layers - 1} (1 = uniform over the context).")
+    if "mean_distance" in table:
+        (l, h, d), = table.top("mean_distance", 1)
+        out.append(f"The longest-range head is L{l}H{h}, looking {d:.1f} tokens away on average.")
+    if "roles" in table:
+        counts: dict[str, int] = {}
+        none = 0
+        for l, h in table.heads():
+            v = table["roles"][l, h]
+            names = [r for r in str(v).split(";") if r.strip() and str(v) not in ("nan", "None")]
+            if not names:
+                none += 1
+            for r in names:
+                counts[r.strip()] = counts.get(r.strip(), 0) + 1
+        if counts:
+            parts = ", ".join(f"{r} {c}" for r, c in sorted(counts.items(), key=lambda t: -t[1]))
+            out.append(f"Roles above their baselines: {parts}; {none} heads have no clear role.")
+    return out
+
+
+def _roles_column(table: HeadTable) -> list[str] | None:
+    if "roles" not in table:
+        return None
+    vals = []
+    for l, h in table.heads():
+        v = table["roles"][l, h]
+        s = "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+        vals.append(";".join(r.strip() for r in s.split(";") if r.strip()))
+    return vals
+
+
+def _syntax(src: Sources) -> dict[str, Any] | None:
+    p = src.get("syntax.csv")
+    if p is None:
+        return None
+    got = read_csv_records(p)
+    if got is None:
+        return None
+    cols, rows = got
+    rel = next((c for c in ("relation", "rel", "deprel", "task") if c in cols), None)
+    acc = next((c for c in ("accuracy", "acc", "score") if c in cols), None)
+    base = next((c for c in cols if "baseline" in c), None)
+    best: list[dict[str, Any]] = []
+    text: list[str] = []
+    if rel and acc:
+        by_rel: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            k = str(r.get(rel))
+            if r.get(acc) is not None and (k not in by_rel or r[acc] > by_rel[k][acc]):
+                by_rel[k] = r
+        best = sorted(by_rel.values(), key=lambda r: -(r[acc] or 0))
+        beats = [r for r in best if base and r.get(base) is not None and r[acc] > r[base]]
+        if best:
+            text.append(f"For {len(beats) if base else len(best)} of {len(best)} relations the best single head "
+                        f"{'beats the baseline' if base else 'was scored'}; top: "
+                        + ", ".join(f"{r[rel]} {r[acc]:.2f}" + (f" (baseline {r[base]:.2f})" if base and
+                                                                  r.get(base) is not None else "")
+                                    for r in best[:3]) + ".")
+    table_cols = [c for c in cols if c in ("layer", "head", rel, acc, base, "n", "count", "head_name")] or cols
+    return {"columns": table_cols, "best": best[:40] if best else rows[:40], "text": text, "relation": rel,
+            "accuracy": acc, "baseline": base}
+
+
+def _similarity(src: Sources, n_layers: int, n_heads: int) -> dict[str, Any] | None:
+    pairs_p, npz_p, cl_p = src.get("similar_pairs.csv"), src.get("similarity.npz"), src.get("clusters.json")
+    if not (pairs_p or npz_p or cl_p):
+        return None
+    out: dict[str, Any] = {"text": []}
+    if pairs_p:
+        got = read_csv_records(pairs_p)
+        if got:
+            cols, rows = got
+            out["pairs_columns"] = cols
+            out["pairs"] = rows[:200]  # enough for the top table and per-head neighbours
+            if rows and "head_a" in cols:
+                r = rows[0]
+                nums = ", ".join(f"{c} {r[c]:.2f}" for c in cols if c not in ("head_a", "head_b")
+                                 and isinstance(r.get(c), (int, float)))
+                out["text"].append(f"The most similar pair is {r['head_a']} and {r.get('head_b')} ({nums}).")
+    if cl_p:
+        data = read_json(cl_p)
+        clusters = data.get("clusters", data) if isinstance(data, dict) else data
+        if isinstance(clusters, dict):
+            clusters = list(clusters.values())
+        if isinstance(clusters, list):
+            norm = []
+            for c in clusters:
+                heads = c.get("heads", c.get("members")) if isinstance(c, dict) else c
+                if isinstance(heads, list):
+                    norm.append({"heads": [str(h) if not isinstance(h, list) else f"L{h[0]}H{h[1]}" for h in heads],
+                                 **({k: clean(v) for k, v in c.items() if k not in ("heads", "members")}
+                                    if isinstance(c, dict) else {})})
+            multi = [c for c in norm if len(c["heads"]) > 1]
+            out["clusters"] = norm
+            out["text"].append(f"{len(multi)} redundancy clusters hold more than one head "
+                               f"({sum(len(c['heads']) for c in multi)} heads in all).")
+    if npz_p:
+        N = n_layers * n_heads
+        mats = {}
+        try:
+            with np.load(npz_p, allow_pickle=False) as z:
+                for k in z.files:
+                    a = np.asarray(z[k], float)
+                    if a.size == N * N and N <= 600:  # larger matrices would make the page heavy
+                        a = a.reshape(N, N)
+                        lo, hi = float(np.nanmin(a)), float(np.nanmax(a))
+                        q = np.rint((np.nan_to_num(a, nan=lo) - lo) / (hi - lo or 1.0) * 255).astype(np.uint8)
+                        mats[k] = {"min": clean(lo), "max": clean(hi),
+                                   "data": base64.b64encode(q.tobytes()).decode("ascii")}
+        except Exception as e:
+            log.warning("cannot read %s (%s)", npz_p, e)
+        if mats:
+            out["matrices"] = mats
+    return out
+
+
+# --- question 2 --------------------------------------------------------------------------------
+def kv_rows(meta: dict[str, Any], src: Sources) -> tuple[list[str], list[dict[str, Any]], str]:
+    """KV-cache rows: kv.csv when a run wrote one, else headscope.kv when it exists, else the model's own row."""
+    p = src.get("kv.csv")
+    if p is not None:
+        got = read_csv_records(p)
+        if got:
+            return got[0], got[1], f"from {p.name}"
+    L, H, KV, D = (meta.get(k) for k in ("n_layers", "n_heads", "n_kv_heads", "d_head"))
+    if not all(isinstance(v, int) for v in (L, H, KV, D)):
+        return [], [], ""
+    try:  # the kv verb's calculator, when it has landed
+        from .. import kv as kvmod  # type: ignore[attr-defined]
+
+        table = getattr(kvmod, "kv_table", None)
+        if table is not None:
+            rows = table(meta.get("model", "model"), L, H, KV, D)
+            rows = [clean(dict(r)) for r in rows]
+            if rows:
+                return list(rows[0]), rows, "from headscope.kv"
+    except Exception:
+        pass
+    # K and V, every layer, every KV head, d_head values each, 2 bytes (fp16/bf16).
+    rows = []
+    for name, kv in ((f"{meta.get('model', 'model')} (as trained)", KV), ("same shape as MHA", H),
+                     ("same shape as MQA", 1)):
+        b = 2 * L * kv * D * 2
+        rows.append({"config": name, "layers": L, "heads": H, "kv_heads": kv, "d_head": D,
+                     "kv_bytes_per_token": b, "kv_MiB_at_4096_tokens": round(b * 4096 / 2**20, 2)})
+    if KV == H:
+        rows.pop(1)
+    return list(rows[0]), rows, "computed here (fp16: 2 x layers x kv_heads x d_head x 2 bytes per token)"
+
+
+def _sweep(src: Sources, out: Path, write_plots: bool) -> dict[str, Any] | None:
+    p = src.get("sweep.csv")
+    if p is None:
+        return None
+    got = read_csv_records(p)
+    if got is None:
+        return None
+    cols, rows = got
+    quality = next((c for c in ("val_ppl", "val_loss", "ppl", "loss", "accuracy") if c in cols), None)
+    speed = next((c for c in ("tokens_per_s", "tok_per_s", "throughput") if c in cols), None)
+    res: dict[str, Any] = {"columns": cols, "rows": rows, "text": []}
+    if quality and "heads" in cols:
+        ok = [r for r in rows if r.get(quality) is not None]
+        if ok:
+            higher_better = quality == "accuracy"
+            best = (max if higher_better else min)(ok, key=lambda r: r[quality])
+            one = [r for r in ok if r.get("heads") == 1]
+            s = f"Best {quality} {best[quality]:.3g} with {best['heads']} heads"
+            if "d_head" in best:
+                s += f" (d_head {best['d_head']})"
+            if one:
+                s += f", against {one[0][quality]:.3g} with a single head"
+            s += "."
+            res["text"].append(s)
+            if speed:
+                fast = max((r for r in rows if r.get(speed) is not None), key=lambda r: r[speed], default=None)
+                if fast:
+                    res["text"].append(f"The fastest configuration ({fast[speed]:.3g} {speed}) has "
+                                       f"{fast['heads']} heads.")
+            png = plots.sweep_plot(ok, quality, speed, out / PLOT_NAMES["sweep"] if write_plots else None)
+            res["plot"] = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    return res
+
+
+def _gqa(src: Sources) -> dict[str, Any] | None:
+    p = src.get("gqa.json")
+    if p is None:
+        return None
+    data = read_json(p)
+    if not isinstance(data, dict):
+        return None
+    flat = {k: clean(v) for k, v in data.items() if not isinstance(v, (dict, list))}
+    nested = {k: clean(v) for k, v in data.items() if isinstance(v, (dict, list))}
+    return {"summary": flat, "details": nested}
+
+
+# --- question 3 --------------------------------------------------------------------------------
+def _spearman_text(rc: dict[str, Any]) -> str | None:
+    names, vals = rc["names"], rc["values"]
+    pairs = [(names[i], names[j], vals[i][j]) for i in range(len(names)) for j in range(i + 1, len(names))
+             if i < len(vals) and j < len(vals[i]) and vals[i][j] is not None]
+    if not pairs:
+        return None
+    mean = sum(p[2] for p in pairs) / len(pairs)
+    lo = min(pairs, key=lambda p: p[2])
+    hi = max(pairs, key=lambda p: p[2])
+    agree = "largely agree" if mean > 0.7 else "partly agree" if mean > 0.3 else "disagree"
+    return (f"The importance criteria {agree} on which heads matter: mean rank correlation {mean:.2f}; "
+            f"closest {hi[0]} vs {hi[1]} ({hi[2]:.2f}), furthest {lo[0]} vs {lo[1]} ({lo[2]:.2f}).")
+
+
+def _prune(src: Sources, out: Path, write_plots: bool) -> dict[str, Any]:
+    res: dict[str, Any] = {"text": []}
+    summary = read_json(src.get("prune.json")) if src.get("prune.json") else None
+    metric_name = "metric"
+    if isinstance(summary, dict):
+        res["summary"] = {k: clean(v) for k, v in summary.items() if not isinstance(v, (dict, list))}
+        res["details"] = {k: clean(v) for k, v in summary.items() if isinstance(v, (dict, list))}
+        metric_name = str(summary.get("metric_name", summary.get("metric", metric_name)))
+        speed = {k: v for k, v in res["summary"].items() if "speedup" in k.lower() and isinstance(v, (int, float))}
+        for k, v in speed.items():
+            res["text"].append(f"The physically pruned model runs {v:.2f}x as fast as the original ({k}).")
+    p = src.get("prune_curve.csv")
+    if p is not None:
+        got = read_csv_records(p)
+        if got:
+            cols, rows = got
+            res["curve"] = {"columns": cols, "rows": rows}
+            ok = [r for r in rows if isinstance(r.get("fraction_removed"), (int, float)) and
+                  isinstance(r.get("metric"), (int, float))]
+            if ok:
+                base = min(ok, key=lambda r: r["fraction_removed"])
+                mid = min(ok, key=lambda r: abs(r["fraction_removed"] - 0.5))
+                s = (f"Removing {mid['fraction_removed']:.0%} of the heads ({mid.get('n_removed', '?')}) moves "
+                     f"{metric_name} from {base['metric']:.4g} to {mid['metric']:.4g}")
+                if isinstance(mid.get("metric_recovered"), (int, float)):
+                    s += f"; after recovery training it is {mid['metric_recovered']:.4g}"
+                res["text"].append(s + ".")
+                png = plots.prune_curve(ok, metric_name, out / PLOT_NAMES["prune_curve"] if write_plots else None)
+                res["curve"]["plot"] = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    p = src.get("redundancy.csv")
+    if p is not None:
+        got = read_csv_records(p)
+        if got:
+            cols, rows = got
+            res["redundancy"] = {"columns": cols, "rows": rows}
+            ok = [r for r in rows if isinstance(r.get("removable"), (int, float)) and
+                  isinstance(r.get("layer"), (int, float))]
+            if ok:
+                top = max(ok, key=lambda r: r["removable"])
+                tot = sum(r["removable"] for r in ok)
+                res["text"].append(f"{tot:g} heads are removable in all; layer {top['layer']:g} has the most "
+                                   f"({top['removable']:g}" + (f" of {top['heads']:g}" if isinstance(
+                                       top.get("heads"), (int, float)) else "") + ").")
+                png = plots.redundancy_profile(ok, out / PLOT_NAMES["redundancy"] if write_plots else None)
+                res["redundancy"]["plot"] = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    return res
+
+
+# --- everything --------------------------------------------------------------------------------
+def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dict[str, Any]],
+            model_meta: dict[str, Any], special_names: str = "special tokens",
+            write_plots: bool = True) -> dict[str, Any]:
+    """The report's data: every section present or a 'not run yet' note, plus the summary sentences."""
+    meta = {**model_meta, **({k: v for k, v in table.meta.items() if k not in ("stats", "versions")}
+                              if table is not None else {})}
+    n_layers = int(meta.get("n_layers") or (table.n_layers if table is not None else 0))
+    n_heads = int(meta.get("n_heads") or (table.n_heads if table is not None else 0))
+    data: dict[str, Any] = {"model": clean(meta), "n_layers": n_layers, "n_heads": n_heads, "missing": {},
+                            "text": {"q1": [], "q2": [], "q3": []}, "descriptions": DESCRIPTIONS,
+                            "examples": examples, "plots": {}}
+    written: list[str] = []
+
+    # Q1: the grid columns (statistics + role scores + importance), roles as a category.
+    columns: dict[str, list] = {}
+    if table is not None:
+        for name, arr in table.columns.items():
+            if np.asarray(arr).dtype.kind == "f":
+                columns[name] = _flat(arr)
+        roles = _roles_column(table)
+        if roles is not None:
+            data["roles"] = roles
+        data["text"]["q1"] += summarise_heads(table, special_names)
+        if write_plots:
+            for col in GRID_PLOT_COLUMNS:
+                if col in table:
+                    name = f"report-heads-{col}.png"
+                    plots.heads_grid(np.asarray(table[col], float), f"{col}: {DESCRIPTIONS.get(col, '')}",
+                                     out / name)
+                    written.append(name)
+    else:
+        data["missing"]["heads"] = missing_note("heads.csv")
+    imp_p = src.get("importance.csv")
+    importance: dict[str, list] = {}
+    if imp_p is not None and n_layers:
+        importance = grid_columns(imp_p, n_layers, n_heads, prefix="importance_")
+        if not importance:  # a file that names its criteria without the prefix
+            importance = {f"importance_{k}": v for k, v in grid_columns(imp_p, n_layers, n_heads).items()}
+    for k, v in importance.items():
+        columns.setdefault(k, v)
+    data["columns"] = columns
+    data["importance_columns"] = list(importance)
+    if not importance:
+        data["missing"]["importance"] = missing_note("importance.csv")
+    elif write_plots:
+        plots.importance_grids({k: np.array([np.nan if x is None else x for x in v], float).reshape(n_layers, n_heads)
+                                for k, v in importance.items()}, out / PLOT_NAMES["importance"])
+        written.append(PLOT_NAMES["importance"])
+
+    roles_p = src.get("roles.json")
+    if roles_p is not None and n_layers:
+        rj = read_json(roles_p)
+        per_head = per_head_from_json(rj, n_layers, n_heads) if rj is not None else {}
+        data["role_scores"] = clean(per_head)
+        if isinstance(rj, dict):
+            data["roles_meta"] = clean({k: v for k, v in rj.items()
+                                        if not isinstance(v, (list, dict)) or k in ("baselines", "thresholds")})
+    else:
+        data["missing"]["roles"] = missing_note("roles.json")
+    syn = _syntax(src)
+    if syn is None:
+        data["missing"]["syntax"] = missing_note("syntax.csv")
+    else:
+        data["syntax"] = syn
+        data["text"]["q1"] += syn.pop("text")
+    sim = _similarity(src, n_layers, n_heads)
+    if sim is None:
+        data["missing"]["similarity"] = missing_note("similar_pairs.csv")
+    else:
+        data["text"]["q1"] += sim.pop("text")
+        data["similarity"] = sim
+    if not examples:
+        data["missing"]["examples"] = ("no example sentences: give the model (`headscope report MODEL`) "
+                                       "and data with passages of 4..24 tokens")
+
+    # Q2
+    sweep = _sweep(src, out, write_plots)
+    if sweep is None:
+        data["missing"]["sweep"] = missing_note("sweep.csv")
+    else:
+        data["text"]["q2"] += sweep.pop("text")
+        data["sweep"] = sweep
+        if write_plots and "plot" in sweep:
+            written.append(PLOT_NAMES["sweep"])
+    kv_cols, kv, kv_from = kv_rows(meta, src)
+    if kv:
+        data["kv"] = {"columns": kv_cols, "rows": kv, "source": kv_from}
+        b = next((r.get("kv_bytes_per_token") for r in kv if isinstance(r.get("kv_bytes_per_token"), (int, float))),
+                 None)
+        KV, H = meta.get("n_kv_heads"), meta.get("n_heads")
+        if b is not None and isinstance(KV, int) and isinstance(H, int):
+            s = f"This model caches {b / 1024:.1f} KiB of keys and values per token ({KV} KV heads for {H} query heads"
+            s += ", i.e. plain multi-head attention)." if KV == H else \
+                f"; as plain MHA it would need {H // KV}x as much)."
+            data["text"]["q2"].append(s)
+    else:
+        data["missing"]["kv"] = missing_note("kv.csv")
+    gqa = _gqa(src)
+    if gqa is None:
+        data["missing"]["gqa"] = missing_note("gqa.json")
+    else:
+        data["gqa"] = gqa
+
+    # Q3
+    rc_p = src.get("rank_correlation.csv")
+    if rc_p is not None:
+        rc = square_matrix(rc_p)
+        if rc is not None:
+            data["rank_correlation"] = rc
+            t = _spearman_text(rc)
+            if t:
+                data["text"]["q3"].append(t)
+    else:
+        data["missing"]["rank_correlation"] = missing_note("rank_correlation.csv")
+    if importance:
+        first = data["importance_columns"][0]
+        vals = [(i // n_heads, i % n_heads, v) for i, v in enumerate(importance[first]) if v is not None]
+        if vals:
+            vals.sort(key=lambda t: -t[2])
+            data["text"]["q3"].insert(0, f"By {first.removeprefix('importance_')}, the most important heads are "
+                                         f"{_heads_list(vals, 4)}; the least important are "
+                                         f"{', '.join(f'L{l}H{h}' for l, h, _ in vals[-3:][::-1])}.")
+    prune = _prune(src, out, write_plots)
+    data["text"]["q3"] += prune.pop("text")
+    data["prune"] = prune
+    if "curve" not in prune:
+        data["missing"]["prune_curve"] = missing_note("prune_curve.csv")
+    elif write_plots:
+        written.append(PLOT_NAMES["prune_curve"])
+    if "redundancy" not in prune:
+        data["missing"]["redundancy"] = missing_note("redundancy.csv")
+    elif write_plots:
+        written.append(PLOT_NAMES["redundancy"])
+    if "summary" not in prune:
+        data["missing"]["prune_summary"] = missing_note("prune.json")
+    data["plots_written"] = written
+    data["sources"] = {k: str(v) for k, v in src.found.items()}
+    return data

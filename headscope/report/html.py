@@ -1,0 +1,95 @@
+"""One self-contained HTML page: inline CSS and JS, data embedded as JSON, nothing fetched."""
+
+from __future__ import annotations
+
+import html
+import json
+from importlib import resources
+from typing import Any
+
+# The browser itself refuses any network load: only inline code and data: images are allowed.
+CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+       "connect-src 'none'; font-src 'none'; form-action 'none'; base-uri 'none'")
+
+
+def asset(name: str) -> str:
+    """The text of a file in headscope/report/assets."""
+    return resources.files("headscope.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def embed_json(data: Any) -> str:
+    """JSON safe inside a <script> element: no '</' or '<!--' can close or confuse it."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    return text.replace("</", "<\\/").replace("<!--", "<\\!--").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def page(data: dict[str, Any]) -> str:
+    """The report page for `data` (as built by `headscope.report.build.collect`)."""
+    title = html.escape(f"headscope report: {data.get('model', {}).get('model', 'model')}")
+    css = asset("report.css")
+    js = asset("report.js").replace("</script", "<\\/script")
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="no-referrer">
+<title>{title}</title>
+<style>
+{css}
+</style>
+</head>
+<body>
+<header><h1 id="title">{title}</h1><div class="meta" id="meta"></div></header>
+<nav><a href="#q1">1. What do the heads learn?</a><a href="#q2">2. Are more heads better?</a>
+<a href="#q3">3. Which heads are redundant?</a></nav>
+<main>
+<section class="q" id="q1">
+<h2>1. What do the heads learn?</h2>
+<div class="summary" id="q1-text"></div>
+<div class="controls"><label>colour by <select id="colour-by"></select></label>
+<span class="legend" id="legend"></span><span class="legend" id="colour-desc"></span></div>
+<div class="q1-layout">
+<div id="grid-box"><div class="grid" id="grid"></div></div>
+<div id="head-detail"></div>
+</div>
+<div class="tooltip" id="tooltip"></div>
+<h3>Syntax and coreference heads</h3>
+<div id="syntax"></div>
+<h3>Similar heads and redundancy clusters</h3>
+<div id="similarity"></div>
+</section>
+<section class="q" id="q2">
+<h2>2. Are more heads better?</h2>
+<div class="summary" id="q2-text"></div>
+<h3>Head-count sweep</h3>
+<div id="sweep"></div>
+<h3>KV-cache cost</h3>
+<div id="kv"></div>
+<h3>MHA &rarr; GQA conversion</h3>
+<div id="gqa"></div>
+</section>
+<section class="q" id="q3">
+<h2>3. Which heads are redundant?</h2>
+<div class="summary" id="q3-text"></div>
+<h3>Importance per criterion</h3>
+<div id="importance"></div>
+<h3>Do the criteria agree? (rank correlation)</h3>
+<div id="rankcorr"></div>
+<h3>Pruning curve</h3>
+<div id="prune"></div>
+<h3>Layer-wise redundancy</h3>
+<div id="redundancy"></div>
+<h3>The pruned model</h3>
+<div id="speedup"></div>
+</section>
+</main>
+<footer>Written by headscope; works offline (no scripts, fonts or images are loaded from anywhere).</footer>
+<script type="application/json" id="hs-data">{embed_json(data)}</script>
+<script>
+{js}
+</script>
+</body>
+</html>
+"""
