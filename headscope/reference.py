@@ -42,8 +42,10 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0)
     but only this one matches LLaMA checkpoints as stored by transformers.
     """
     d_head = x.shape[-1]
-    inv_freq = rope_frequencies(d_head, theta, device=x.device)  # [d_head/2]
-    positions = positions.to(device=x.device, dtype=torch.float32)
+    # Angles in float32 like transformers (so results match it bit for bit), float64 for float64 inputs.
+    exact = torch.float64 if x.dtype == torch.float64 else torch.float32
+    inv_freq = rope_frequencies(d_head, theta, device=x.device).to(exact)  # [d_head/2]
+    positions = positions.to(device=x.device, dtype=exact)
     if positions.dim() == 1:
         positions = positions[None]  # [1, pos]
     angles = positions[..., None] * inv_freq  # [batch, pos, d_head/2]
