@@ -113,3 +113,13 @@ def test_gate_gradient_flows(tiny, tiny_ids):
     y = out.logits if hasattr(out, "logits") else out.last_hidden_state
     y.pow(2).mean().backward()
     assert g.grad is not None and g.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("family", ["roberta", "electra", "mistral", "qwen2"])
+def test_other_supported_families(family, tiny_ids):
+    """The same adapters cover RoBERTa/ELECTRA (BERT layout) and Mistral/Qwen2 (LLaMA layout)."""
+    from headscope.models.tiny import tiny_model
+
+    hm = tiny_model(family, init_std=0.2)
+    test_captured_attention_equals_output_attentions(hm, tiny_ids)
+    test_zero_gate_equals_manual_recomputation(hm, tiny_ids)
