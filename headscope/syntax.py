@@ -1,0 +1,524 @@
+"""Word-level attention, dependency accuracy (Clark et al. 2019) and coreference accuracy.
+
+Clark, Khandelwal, Levy and Manning (2019), "What does BERT look at?": a head's subword attention
+is turned into word-level attention by summing over the pieces of the attended word and
+averaging over the pieces of the attending word. For each relation, a head's accuracy is the
+fraction of dependents whose most-attended word is their syntactic head (dependent -> head), or
+of heads whose most-attended word is that dependent (head -> dependent), beside the best
+fixed-offset baseline (predict "the head is the word k positions away", best k per relation).
+
+Decisions (docs/roles.md repeats them):
+- Special tokens ([CLS], [SEP], BOS, EOS) belong to no word: attention to them is dropped and
+  rows are not renormalised (argmax does not change under renormalisation).
+- The attending word itself is excluded from the argmax: no word is its own head or dependent.
+- Relations: the UD subtype is stripped (nsubj:pass -> nsubj, obl:tmod -> obl, compound:prt ->
+  compound, aux:pass -> aux), except nmod:poss, which is reported as `poss` (Clark et al.'s label).
+- Words are aligned to tokens through the tokenizer's character offsets on the sentence text as
+  the model would see it (SpaceAfter=No honoured). A token that overlaps two words (a merge) is
+  given to the first; a word that gets no token is "unaligned" and its arcs are skipped. Both
+  are counted. Slow tokenizers without offsets fall back to `is_split_into_words` word ids.
+- Sentences longer than the model's max length are skipped (not truncated: a truncated sentence
+  loses arcs silently) and counted, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .data import Sentence, read_conllu
+from .errors import HeadscopeError
+
+log = logging.getLogger(__name__)
+
+# The relations Clark et al. report (UD labels; `poss` is UD's nmod:poss).
+RELATIONS: tuple[str, ...] = ("nsubj", "obj", "det", "amod", "case", "advmod", "aux", "compound", "poss")
+
+
+def relation_of(deprel: str) -> str:
+    """The relation an arc is scored under: subtype stripped, except nmod:poss -> poss."""
+    if deprel == "nmod:poss":
+        return "poss"
+    return deprel.split(":", 1)[0]
+
+
+# --- aligning words to tokens --------------------------------------------------------------------
+@dataclass
+class Aligned:
+    """One model input: token ids and, per token, the index of its word (-1: special / no word)."""
+
+    ids: list[int]
+    word_of: list[int]
+    n_words: int
+    merged: int = 0  # tokens that overlapped more than one word
+    unaligned: int = 0  # words that received no token
+
+
+def text_with_spans(words: Sequence[str], space_after: Sequence[bool] | None = None) -> tuple[str, list[tuple[int, int]]]:
+    """Join words into the sentence text (SpaceAfter=No honoured) and return each word's char span."""
+    parts, spans, pos = [], [], 0
+    space_after = list(space_after) if space_after else [True] * len(words)
+    for i, w in enumerate(words):
+        spans.append((pos, pos + len(w)))
+        parts.append(w)
+        pos += len(w)
+        if i < len(words) - 1 and space_after[i]:
+            parts.append(" ")
+            pos += 1
+    return "".join(parts), spans
+
+
+def align_words(tokenizer: Any, words: Sequence[str], space_after: Sequence[bool] | None = None) -> Aligned:
+    """Tokenize a sentence given as words and map every token to its word."""
+    if not words:
+        raise HeadscopeError("cannot align an empty sentence")
+    text, spans = text_with_spans(words, space_after)
+    if getattr(tokenizer, "is_fast", False):
+        enc = tokenizer(text, return_offsets_mapping=True, truncation=False)
+        char_word = np.full(len(text), -1, dtype=np.int64)
+        for w, (s, e) in enumerate(spans):
+            char_word[s:e] = w
+        special = set(tokenizer.all_special_ids)
+        word_of, merged = [], 0
+        for tok, (s, e) in zip(enc["input_ids"], enc["offset_mapping"]):
+            owners = [int(x) for x in np.unique(char_word[s:e]) if x >= 0] if e > s else []
+            if tok in special and e <= s:
+                owners = []
+            if len(owners) > 1:
+                merged += 1
+            word_of.append(owners[0] if owners else -1)
+        ids = list(enc["input_ids"])
+    else:
+        enc = tokenizer(list(words), is_split_into_words=True, truncation=False)
+        ids = list(enc["input_ids"])
+        word_of = [-1 if w is None else int(w) for w in enc.word_ids()]
+        merged = 0
+    unaligned = len(set(range(len(words))) - set(word_of))
+    return Aligned(ids, word_of, len(words), merged, unaligned)
+
+
+# --- word-level attention ------------------------------------------------------------------------
+def word_attention(probs: torch.Tensor, word_of: torch.Tensor, n_words: int) -> torch.Tensor:
+    """Token attention `[batch, head, q, k]` -> word attention `[batch, head, word, word]`.
+
+    `word_of` is `[batch, pos]` (word index, -1 for special/padding tokens). Sum over the attended
+    word's pieces, mean over the attending word's pieces; rows of words without tokens are NaN.
+    """
+    onehot = torch.nn.functional.one_hot((word_of + 1).clamp(min=0), n_words + 1)[..., 1:].to(probs.dtype)  # [b, t, w]
+    summed = torch.einsum("bhqk,bkw->bhqw", probs, onehot)  # attended pieces summed
+    per_word = torch.einsum("bqv,bhqw->bhvw", onehot, summed)  # attending pieces summed
+    count = onehot.sum(1)  # [b, w]
+    return per_word / count[:, None, :, None]  # 0/0 -> NaN for words without tokens
+
+
+def _argmax_no_self(w: np.ndarray) -> np.ndarray:
+    """argmax over the last axis of `[head, word, word]`, the word itself and NaN excluded."""
+    w = np.where(np.isnan(w), -np.inf, w)
+    n = w.shape[-1]
+    w = w.copy()
+    w[:, np.arange(n), np.arange(n)] = -np.inf
+    return w.argmax(-1)  # [head, word]
+
+
+# --- dependency accuracy ------------------------------------------------------------------------
+@dataclass
+class DependencyCounts:
+    """Hits per relation and direction, `[n_layers, n_heads]` each, plus the arcs' offsets."""
+
+    n_layers: int
+    n_heads: int
+    total: Counter = field(default_factory=Counter)
+    dep_to_head: dict[str, np.ndarray] = field(default_factory=dict)
+    head_to_dep: dict[str, np.ndarray] = field(default_factory=dict)
+    offsets: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    sentences: int = 0
+    skipped_long: int = 0
+    merged_tokens: int = 0
+    unaligned_words: int = 0
+
+    def _arr(self, d: dict[str, np.ndarray], rel: str) -> np.ndarray:
+        if rel not in d:
+            d[rel] = np.zeros((self.n_layers, self.n_heads))
+        return d[rel]
+
+    def add_sentence(self, layer: int, wattn: np.ndarray, heads: Sequence[int], deprels: Sequence[str],
+                     aligned_words: np.ndarray) -> None:
+        """Score one sentence's word attention `[head, word, word]` at `layer`.
+
+        `heads` are 1-based (0 = root); `aligned_words` flags words that have tokens. Offsets and
+        totals are counted at layer 0 only, so each arc is counted once.
+        """
+        pred = _argmax_no_self(wattn)  # [head, word]
+        for d, (g, rel) in enumerate(zip(heads, deprels)):
+            g -= 1
+            if g < 0 or g == d or not (aligned_words[d] and aligned_words[g]):
+                continue
+            r = relation_of(rel)
+            self._arr(self.dep_to_head, r)[layer] += pred[:, d] == g
+            self._arr(self.head_to_dep, r)[layer] += pred[:, g] == d
+            if layer == 0:
+                self.total[r] += 1
+                self.offsets[r][g - d] += 1
+
+    def baseline(self, rel: str) -> tuple[float, int]:
+        """Best fixed-offset accuracy for `rel` and its offset (head position - dependent position)."""
+        if not self.offsets.get(rel):
+            return float("nan"), 0
+        k, n = self.offsets[rel].most_common(1)[0]
+        return n / self.total[rel], int(k)
+
+    def accuracy(self, rel: str, direction: str) -> np.ndarray:
+        """`[n_layers, n_heads]` accuracy for `rel` in `direction` ('dep_to_head' / 'head_to_dep' / 'best')."""
+        n = self.total.get(rel, 0)
+        if n == 0:
+            return np.full((self.n_layers, self.n_heads), np.nan)
+        if direction == "best":
+            return np.maximum(self.dep_to_head[rel], self.head_to_dep[rel]) / n
+        return getattr(self, direction)[rel] / n
+
+    def relations(self, min_count: int = 1) -> list[str]:
+        """Relations seen at least `min_count` times: RELATIONS first, then the rest by frequency."""
+        seen = [r for r, n in self.total.most_common() if n >= min_count]
+        return [r for r in RELATIONS if r in seen] + [r for r in seen if r not in RELATIONS]
+
+    def to_dict(self, min_count: int = 1) -> dict[str, Any]:
+        """JSON-able results: per relation the count, baseline, per-head accuracies and best head."""
+        out: dict[str, Any] = {}
+        for rel in self.relations(min_count):
+            base, k = self.baseline(rel)
+            best = self.accuracy(rel, "best")
+            li, hi = np.unravel_index(int(np.nanargmax(best)), best.shape)
+            d2h, h2d = self.accuracy(rel, "dep_to_head"), self.accuracy(rel, "head_to_dep")
+            out[rel] = {"count": int(self.total[rel]), "baseline": base, "baseline_offset": k,
+                        "best_head": f"L{li}H{hi}", "best_accuracy": float(best[li, hi]),
+                        "best_direction": "dep_to_head" if d2h[li, hi] >= h2d[li, hi] else "head_to_dep",
+                        "dep_to_head": d2h.tolist(), "head_to_dep": h2d.tolist()}
+        return out
+
+
+# --- CoNLL-U documents and coreference -----------------------------------------------------------
+@dataclass
+class Mention:
+    """A mention inside one sentence: entity id, word span [start, end] (0-based, inclusive), head word."""
+
+    entity: str
+    start: int
+    end: int
+    head: int
+
+
+@dataclass
+class Document:
+    """Sentences of one `# newdoc` document and their mentions (per sentence)."""
+
+    doc_id: str
+    sentences: list[Sentence]
+    mentions: list[list[Mention]]
+
+
+_BRACKET = re.compile(r"\(([^()]+)\)|\(([^()]+)|([^()]+)\)")
+
+
+def parse_entity_field(value: str) -> list[tuple[str, str]]:
+    """Parse a CorefUD `Entity=` value into events: ('open'|'close'|'single', entity id), in order.
+
+    `(e1-person-...` opens, `e1)` closes, `(e1-...)` is a one-word mention. Discontinuous parts
+    (`e1[1/2]`) keep only the entity id.
+    """
+    events = []
+    pos = 0
+    for m in _BRACKET.finditer(value):
+        if m.start() != pos:
+            raise HeadscopeError(f"cannot read Entity={value!r} at character {pos}")
+        pos = m.end()
+        full, opening, closing = m.groups()
+        kind, text = ("single", full) if full else ("open", opening) if opening else ("close", closing)
+        eid = text.split("-", 1)[0].split("[", 1)[0].strip()
+        if not eid:
+            raise HeadscopeError(f"Entity={value!r} has a mention without an entity id")
+        events.append((kind, eid))
+    if pos != len(value):
+        raise HeadscopeError(f"cannot read Entity={value!r} at character {pos}")
+    return events
+
+
+def mention_head(start: int, end: int, heads: Sequence[int]) -> int:
+    """The span's syntactic head: its first word whose UD head lies outside the span."""
+    for w in range(start, end + 1):
+        g = heads[w] - 1
+        if not start <= g <= end:
+            return w
+    return end
+
+
+def sentence_mentions(sent: Sentence, where: str = "") -> tuple[list[Mention], int]:
+    """Mentions of one sentence from its MISC `Entity=` fields, and how many crossed its boundary."""
+    open_: dict[str, list[int]] = defaultdict(list)
+    mentions, crossing = [], 0
+    for w, misc in enumerate(sent.misc):
+        for item in misc.split("|"):
+            if not item.startswith("Entity="):
+                continue
+            try:
+                events = parse_entity_field(item[len("Entity="):])
+            except HeadscopeError as e:
+                log.warning("%s word %d: %s; ignoring this field", where or sent.sent_id, w + 1, e)
+                continue
+            for kind, eid in events:
+                if kind == "single":
+                    mentions.append(Mention(eid, w, w, w))
+                elif kind == "open":
+                    open_[eid].append(w)
+                elif open_[eid]:
+                    s = open_[eid].pop()
+                    mentions.append(Mention(eid, s, w, mention_head(s, w, sent.heads)))
+                else:
+                    crossing += 1  # opened in an earlier sentence
+    crossing += sum(len(v) for v in open_.values())  # closes in a later sentence
+    mentions.sort(key=lambda m: (m.head, m.start, -m.end))
+    return mentions, crossing
+
+
+def read_documents(path: str | Path) -> tuple[list[Document], dict[str, int]]:
+    """Read a CoNLL-U file with `Entity=` coreference into documents (split at `# newdoc`).
+
+    Mentions that cross a sentence boundary are dropped and counted (attention needs both ends in
+    one input, and such spans are rare).
+    """
+    path = Path(path)
+    sentences = read_conllu(path)
+    doc_of: dict[str, str] = {}
+    doc, n = "", 0
+    for line in path.read_text(encoding="utf-8-sig").splitlines():
+        if line.startswith("# newdoc"):
+            n += 1
+            doc = line.split("=", 1)[-1].strip() if "=" in line else f"doc{n}"
+        elif line.startswith("# sent_id"):
+            doc_of[line.split("=", 1)[-1].strip()] = doc
+    docs: list[Document] = []
+    counts = {"mentions": 0, "crossing_mentions": 0}
+    for i, s in enumerate(sentences):
+        d = doc_of.get(s.sent_id, "")
+        if not docs or docs[-1].doc_id != d:
+            docs.append(Document(d, [], []))
+        ms, crossing = sentence_mentions(s, f"{path}:{s.sent_id or i + 1}")
+        docs[-1].sentences.append(s)
+        docs[-1].mentions.append(ms)
+        counts["mentions"] += len(ms)
+        counts["crossing_mentions"] += crossing
+    if counts["mentions"] == 0:
+        raise HeadscopeError(f"{path} has no Entity= mentions in its MISC column; coreference needs a "
+                             f"CorefUD-style file such as UD English-GUM")
+    return docs, counts
+
+
+@dataclass
+class CorefItem:
+    """One model input (a window of sentences) and the anaphors scored in it (word positions)."""
+
+    aligned: Aligned
+    anaphors: list[int]  # word index of each anaphor's head
+    candidates: list[list[int]]  # per anaphor: candidate head-word positions (preceding mentions)
+    correct: list[list[bool]]  # per anaphor and candidate: coreferent?
+    nearest: list[int]  # per anaphor: index into candidates picked by the nearest-mention baseline
+    same_head: list[int]  # per anaphor: index picked by the same-head-word baseline
+
+
+def coref_items(docs: Sequence[Document], tokenizer: Any, max_length: int, max_context: int = 3,
+                min_candidates: int = 2) -> tuple[list[CorefItem], dict[str, int]]:
+    """Windows (a sentence plus up to `max_context` earlier sentences of its document that fit in
+    `max_length` tokens) and the anaphors of the window's last sentence whose antecedent is in it.
+
+    An anaphor is a mention with an earlier coreferent mention in the window; candidates are the
+    head words of all mentions whose head precedes the anaphor's head; anaphors with fewer than
+    `min_candidates` candidates are left out (the choice would be trivial).
+    """
+    items, counts = [], Counter()
+    for doc in docs:
+        for i in range(len(doc.sentences)):
+            if not doc.mentions[i]:
+                continue
+            best = None
+            for j in range(i, max(-1, i - max_context - 1), -1):
+                words, space, offs = [], [], []
+                for s in doc.sentences[j:i + 1]:
+                    offs.append(len(words))
+                    words += s.words
+                    space += s.space_after or [True] * len(s.words)
+                aligned = align_words(tokenizer, words, space)
+                if len(aligned.ids) > max_length:
+                    break
+                best = (j, aligned, offs)
+            if best is None:
+                counts["skipped_long"] += 1
+                continue
+            j, aligned, offs = best
+            mentions = [(m.entity, offs[k] + m.head) for k, sent in enumerate(range(j, i + 1))
+                        for m in doc.mentions[sent]]
+            last = offs[-1]
+            words_lc = [w.lower() for s in doc.sentences[j:i + 1] for w in s.words]
+            aligned_words = set(aligned.word_of) - {-1}
+            item = CorefItem(aligned, [], [], [], [], [])
+            for m in doc.mentions[i]:
+                a = last + m.head
+                if a not in aligned_words:
+                    continue
+                cand: dict[int, bool] = {}
+                for ent, pos in mentions:
+                    if pos < a and pos in aligned_words:
+                        cand[pos] = cand.get(pos, False) or ent == m.entity
+                if not any(cand.values()):
+                    continue
+                if len(cand) < min_candidates:
+                    counts["too_few_candidates"] += 1
+                    continue
+                pos_list = sorted(cand)
+                nearest = len(pos_list) - 1
+                same = [k for k, p in enumerate(pos_list) if words_lc[p] == words_lc[a]]
+                item.anaphors.append(a)
+                item.candidates.append(pos_list)
+                item.correct.append([cand[p] for p in pos_list])
+                item.nearest.append(nearest)
+                item.same_head.append(same[-1] if same else nearest)
+                counts["anaphors"] += 1
+            if item.anaphors:
+                items.append(item)
+    return items, dict(counts)
+
+
+@dataclass
+class CorefCounts:
+    """Antecedent-selection hits per head `[n_layers, n_heads]` and the baselines' hits."""
+
+    n_layers: int
+    n_heads: int
+    hits: np.ndarray = field(init=False)
+    total: int = 0
+    nearest_hits: int = 0
+    same_head_hits: int = 0
+    chance: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.hits = np.zeros((self.n_layers, self.n_heads))
+
+    def add_item(self, layer: int, wattn: np.ndarray, item: CorefItem) -> None:
+        """Score one window's word attention `[head, word, word]` at `layer` (baselines at layer 0)."""
+        for a, cands, ok, near, same in zip(item.anaphors, item.candidates, item.correct, item.nearest,
+                                            item.same_head):
+            row = np.nan_to_num(wattn[:, a, cands], nan=-np.inf)  # [head, candidate]
+            pick = row.argmax(-1)
+            self.hits[layer] += np.asarray(ok)[pick]
+            if layer == 0:
+                self.total += 1
+                self.nearest_hits += ok[near]
+                self.same_head_hits += ok[same]
+                self.chance += sum(ok) / len(ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able accuracies and baselines."""
+        n = max(self.total, 1)
+        acc = self.hits / n if self.total else np.full_like(self.hits, np.nan)
+        li, hi = np.unravel_index(int(np.nanargmax(acc)), acc.shape) if self.total else (0, 0)
+        return {"anaphors": self.total, "accuracy": acc.tolist(),
+                "best_head": f"L{li}H{hi}", "best_accuracy": float(acc[li, hi]),
+                "nearest_mention_baseline": self.nearest_hits / n if self.total else float("nan"),
+                "same_head_word_baseline": self.same_head_hits / n if self.total else float("nan"),
+                "chance": self.chance / n if self.total else float("nan")}
+
+
+# --- streaming runner ----------------------------------------------------------------------------
+def stream_word_attention(hm: Any, inputs: Sequence[Aligned], batch_size: int,
+                          fn: Callable[[int, int, np.ndarray], None], pad_id: int = 0,
+                          progress: Any = None) -> None:
+    """Run `inputs` through `hm` in batches and call `fn(layer, input_index, word_attn[head, w, w])`.
+
+    Each layer's map is reduced to word level and handed over at once, then dropped: memory holds
+    one batch of one layer, never the data set.
+    """
+    from .hooks import on_attention_weights
+
+    order = np.argsort([len(a.ids) for a in inputs], kind="stable")
+    state: dict[str, Any] = {}
+
+    def on_attn(layer: int, probs: torch.Tensor) -> None:
+        w = word_attention(probs.detach().float(), state["word_of"], state["n_words"]).cpu().numpy()
+        for r, idx in enumerate(state["index"]):
+            n = inputs[idx].n_words
+            fn(layer, idx, w[r, :, :n, :n])
+
+    with on_attention_weights(hm, on_attn), torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            index = [int(i) for i in order[start:start + batch_size]]
+            width = max(len(inputs[i].ids) for i in index)
+            ids = torch.full((len(index), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(index), width), dtype=torch.long)
+            word_of = torch.full((len(index), width), -1, dtype=torch.long)
+            for r, i in enumerate(index):
+                n = len(inputs[i].ids)
+                ids[r, :n] = torch.tensor(inputs[i].ids)
+                mask[r, :n] = 1
+                word_of[r, :n] = torch.tensor(inputs[i].word_of)
+            state.update(index=index, word_of=word_of.to(hm.device),
+                         n_words=max(inputs[i].n_words for i in index))
+            hm.model(input_ids=ids.to(hm.device), attention_mask=mask.to(hm.device), use_cache=False)
+            if progress is not None:
+                progress.update(len(index))
+
+
+def dependency_accuracy(hm: Any, sentences: Iterable[Sentence], max_length: int, batch_size: int = 16,
+                        pad_id: int = 0, progress: Any = None) -> DependencyCounts:
+    """Clark et al.'s per-head dependency accuracy of `hm` on `sentences` (streamed)."""
+    if hm.tokenizer is None:
+        raise HeadscopeError("dependency accuracy needs the model's tokenizer to align words to tokens")
+    counts = DependencyCounts(hm.n_layers, hm.n_heads)
+    kept: list[Sentence] = []
+    inputs: list[Aligned] = []
+    for s in sentences:
+        a = align_words(hm.tokenizer, s.words, s.space_after)
+        if len(a.ids) > max_length:
+            counts.skipped_long += 1
+            continue
+        counts.merged_tokens += a.merged
+        counts.unaligned_words += a.unaligned
+        kept.append(s)
+        inputs.append(a)
+    if counts.skipped_long:
+        log.warning("%d sentence(s) longer than %d tokens were skipped for dependency accuracy",
+                    counts.skipped_long, max_length)
+    if not inputs:
+        raise HeadscopeError(f"no treebank sentence fits in {max_length} tokens; raise --max-length")
+    has_tokens = [np.isin(np.arange(a.n_words), a.word_of) for a in inputs]
+    counts.sentences = len(inputs)
+
+    def fn(layer: int, idx: int, w: np.ndarray) -> None:
+        counts.add_sentence(layer, w, kept[idx].heads, kept[idx].deprels, has_tokens[idx])
+
+    stream_word_attention(hm, inputs, batch_size, fn, pad_id, progress)
+    return counts
+
+
+def coreference_accuracy(hm: Any, docs: Sequence[Document], max_length: int, batch_size: int = 16,
+                         pad_id: int = 0, max_context: int = 3, progress: Any = None) -> tuple[CorefCounts, dict[str, int]]:
+    """Per-head antecedent-selection accuracy of `hm` on coreference `docs` (streamed)."""
+    if hm.tokenizer is None:
+        raise HeadscopeError("coreference accuracy needs the model's tokenizer to align words to tokens")
+    items, info = coref_items(docs, hm.tokenizer, max_length, max_context)
+    if info.get("skipped_long"):
+        log.warning("%d sentence(s) longer than %d tokens were skipped for coreference",
+                    info["skipped_long"], max_length)
+    counts = CorefCounts(hm.n_layers, hm.n_heads)
+    if not items:
+        return counts, info
+
+    def fn(layer: int, idx: int, w: np.ndarray) -> None:
+        counts.add_item(layer, w, items[idx])
+
+    stream_word_attention(hm, [it.aligned for it in items], batch_size, fn, pad_id, progress)
+    return counts, info
