@@ -94,7 +94,8 @@ def report_data(
             f"run `headscope analyze MODEL --out {out}` or pass the model")
     examples = example_maps(hm, texts, sentences, token_ids) if hm is not None else []
     out.mkdir(parents=True, exist_ok=True)
-    return collect(table, src, out, examples, model_meta, _special_names(hm), write_plots=write_plots)
+    return collect(table, src, out, examples, model_meta, _special_names(hm), write_plots=write_plots,
+                   config=hm.config if hm is not None else None)
 
 
 def render_report(

@@ -124,36 +124,125 @@ def _roles_column(table: HeadTable) -> list[str] | None:
     return vals
 
 
-def _syntax(src: Sources) -> dict[str, Any] | None:
+def _syntax(src: Sources, coref: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Best head per relation against its baseline (syntax.csv), plus the coreference row from roles.json."""
     p = src.get("syntax.csv")
-    if p is None:
+    if p is None and not coref:
         return None
-    got = read_csv_records(p)
-    if got is None:
-        return None
-    cols, rows = got
+    rows: list[dict[str, Any]] = []
+    cols: list[str] = []
+    if p is not None:
+        got = read_csv_records(p)
+        if got is not None:
+            cols, rows = got
     rel = next((c for c in ("relation", "rel", "deprel", "task") if c in cols), None)
     acc = next((c for c in ("accuracy", "acc", "score") if c in cols), None)
-    base = next((c for c in cols if "baseline" in c), None)
+    base = next((c for c in cols if c.startswith("baseline") and c != "baseline_offset"), None)
+    baselines: dict[str, Any] = {}
+    if "kind" in cols and rel and acc:
+        # `headscope roles` writes one offset-baseline row per relation after the per-head rows.
+        for r in rows:
+            if r.get("kind") != "head":
+                baselines[str(r.get(rel))] = (r.get(acc), r.get("baseline_offset"))
+        rows = [r for r in rows if r.get("kind") == "head"]
     best: list[dict[str, Any]] = []
-    text: list[str] = []
     if rel and acc:
         by_rel: dict[str, dict[str, Any]] = {}
         for r in rows:
             k = str(r.get(rel))
-            if r.get(acc) is not None and (k not in by_rel or r[acc] > by_rel[k][acc]):
+            if isinstance(r.get(acc), (int, float)) and (k not in by_rel or r[acc] > by_rel[k][acc]):
                 by_rel[k] = r
-        best = sorted(by_rel.values(), key=lambda r: -(r[acc] or 0))
-        beats = [r for r in best if base and r.get(base) is not None and r[acc] > r[base]]
-        if best:
-            text.append(f"For {len(beats) if base else len(best)} of {len(best)} relations the best single head "
-                        f"{'beats the baseline' if base else 'was scored'}; top: "
-                        + ", ".join(f"{r[rel]} {r[acc]:.2f}" + (f" (baseline {r[base]:.2f})" if base and
-                                                                  r.get(base) is not None else "")
-                                    for r in best[:3]) + ".")
-    table_cols = [c for c in cols if c in ("layer", "head", rel, acc, base, "n", "count", "head_name")] or cols
-    return {"columns": table_cols, "best": best[:40] if best else rows[:40], "text": text, "relation": rel,
-            "accuracy": acc, "baseline": base}
+        for k, r in by_rel.items():
+            b = baselines.get(k, (r.get(base) if base else None, None))
+            lh = head_index(r, 10**6, 10**6)
+            best.append({"relation": k, "best head": f"L{lh[0]}H{lh[1]}" if lh else "?", "accuracy": r[acc],
+                         "baseline": b[0], **({"baseline offset": b[1]} if b[1] not in (None, "") else {}),
+                         **({"count": r["count"]} if "count" in r else {})})
+    if coref and isinstance(coref.get("best"), dict):
+        best.append(coref["best"])
+    best.sort(key=lambda r: -(r["accuracy"] or 0))
+    text: list[str] = []
+    if best:
+        beats = [r for r in best if isinstance(r.get("baseline"), (int, float)) and r["accuracy"] > r["baseline"]]
+        text.append(f"For {len(beats)} of {len(best)} relations the best single head beats its positional baseline; "
+                    "top: " + ", ".join(f"{r['relation']} {r['best head']} {r['accuracy']:.2f}"
+                                        + (f" (baseline {r['baseline']:.2f})" if isinstance(r.get("baseline"), (int, float))
+                                           else "") for r in best[:3]) + ".")
+    columns = []
+    for r in best:
+        columns += [c for c in r if c not in columns]
+    return {"columns": columns, "best": best[:60], "text": text, "relation": "relation", "accuracy": "accuracy",
+            "baseline": "baseline", "rows": len(rows)}
+
+
+def role_report(rj: Any, n_layers: int, n_heads: int) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Per-head role scores with baselines, and the extras (census, coreference), from roles.json.
+
+    roles.json holds `scores` and `baselines` as [layer][head] matrices (baseline of score X named
+    `X_uniform`, `X_baseline`, or `uniform_distance` for mean_distance); other layouts fall back to a
+    generic per-head reader.
+    """
+    extras: dict[str, Any] = {}
+    per_head: dict[str, dict[str, Any]] = {}
+    if not isinstance(rj, dict):
+        return per_head_from_json(rj, n_layers, n_heads), extras
+    body = rj.get("roles") if isinstance(rj.get("roles"), dict) and "scores" in rj.get("roles", {}) else rj
+    scores, baselines = body.get("scores"), body.get("baselines") or {}
+
+    def cell(m: Any, l: int, h: int) -> Any:
+        try:
+            a = np.asarray(m, dtype=float)
+            a = a.reshape(n_layers, n_heads)
+            return clean(float(a[l, h]))
+        except Exception:
+            return None
+
+    if isinstance(scores, dict):
+        for name, m in scores.items():
+            bname = next((b for b in (f"{name}_uniform", f"{name}_baseline", name.replace("_mass", "_uniform"),
+                                      "uniform_distance" if name == "mean_distance" else "") if b in baselines), None)
+            for l in range(n_layers):
+                for h in range(n_heads):
+                    v = cell(m, l, h)
+                    if v is None:
+                        continue
+                    rec = {"score": v}
+                    if bname:
+                        rec["baseline"] = cell(baselines[bname], l, h)
+                    per_head.setdefault(f"L{l}H{h}", {})[name] = rec
+        th = body.get("thresholds")
+        if isinstance(th, dict):
+            extras["thresholds"] = clean(th)
+    else:
+        per_head = per_head_from_json(body, n_layers, n_heads)
+    census = body.get("census")
+    if isinstance(census, dict):
+        rows = []
+        for role, heads in census.items():
+            if isinstance(heads, list):
+                top = [x for x in heads if isinstance(x, dict)]
+                rows.append({"role": role, "heads": len(heads),
+                             "best": ", ".join(f"{x.get('head')} {fmt_num(x.get('score'))}"
+                                               + (f" (baseline {fmt_num(x.get('baseline'))})"
+                                                  if isinstance(x.get('baseline'), (int, float)) else "")
+                                               for x in top[:4])})
+        extras["census"] = rows
+    co = body.get("coreference")
+    if isinstance(co, dict) and "accuracy" in co:
+        a = np.asarray(co["accuracy"], float)
+        if a.size == n_layers * n_heads and not np.all(np.isnan(a)):
+            a = a.reshape(n_layers, n_heads)
+            l, h = np.unravel_index(int(np.nanargmax(a)), a.shape)
+            b = [co.get(k) for k in ("nearest_mention_baseline", "same_head_word_baseline")
+                 if isinstance(co.get(k), (int, float))]
+            extras["coref"] = {"best": clean({"relation": "coreference (antecedent)", "best head": f"L{l}H{h}",
+                                              "accuracy": float(a[l, h]), "baseline": max(b) if b else None,
+                                              **({"count": co["count"]} if "count" in co else {})})}
+    return clean(per_head), extras
+
+
+def fmt_num(v: Any) -> str:
+    return f"{v:.2f}" if isinstance(v, (int, float)) else str(v)
 
 
 def _similarity(src: Sources, n_layers: int, n_heads: int) -> dict[str, Any] | None:
@@ -195,6 +284,8 @@ def _similarity(src: Sources, n_layers: int, n_heads: int) -> dict[str, Any] | N
         try:
             with np.load(npz_p, allow_pickle=False) as z:
                 for k in z.files:
+                    if z[k].dtype.kind not in "fiu":
+                        continue  # head names, metadata
                     a = np.asarray(z[k], float)
                     if a.size == N * N and N <= 600:  # larger matrices would make the page heavy
                         a = a.reshape(N, N)
@@ -210,37 +301,70 @@ def _similarity(src: Sources, n_layers: int, n_heads: int) -> dict[str, Any] | N
 
 
 # --- question 2 --------------------------------------------------------------------------------
-def kv_rows(meta: dict[str, Any], src: Sources) -> tuple[list[str], list[dict[str, Any]], str]:
-    """KV-cache rows: kv.csv when a run wrote one, else headscope.kv when it exists, else the model's own row."""
+KV_SHOW = ("source", "name", "layout", "n_layers", "n_heads", "n_kv_heads", "d_head", "dtype", "bytes_per_token",
+           "seq_len", "bytes_per_sequence", "vs_mha", "note")
+
+
+def _human(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" or float(n).is_integer() else f"{n:.2f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _kv_view(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    cols = [c for c in KV_SHOW if any(c in r for r in rows)]
+    out = []
+    for r in rows:
+        v = {c: r.get(c) for c in cols}
+        if "bytes_per_token" in v:
+            v["per token"] = _human(r.get("bytes_per_token"))
+        if "bytes_per_sequence" in v:
+            v["per sequence"] = _human(r.get("bytes_per_sequence"))
+        if isinstance(r.get("is_model"), bool) and r["is_model"] and r.get("source", "model") == "model":
+            v["layout"] = f"{r.get('layout')} (this model)"
+        out.append(v)
+    extra = [c for c in ("per token", "per sequence") if any(c in r for r in out)]
+    return cols + extra, out
+
+
+def kv_rows(meta: dict[str, Any], src: Sources, config: Any = None) -> tuple[list[str], list[dict[str, Any]], str]:
+    """KV-cache rows: kv.csv when `headscope kv` wrote one, else headscope.kv's calculator for the
+    model plus the classic configs, else the model's own row computed here."""
     p = src.get("kv.csv")
     if p is not None:
         got = read_csv_records(p)
         if got:
-            return got[0], got[1], f"from {p.name}"
+            for r in got[1]:
+                if isinstance(r.get("is_model"), str):
+                    r["is_model"] = r["is_model"].lower() == "true"
+            cols, rows = _kv_view(got[1])
+            return cols, rows, f"from {p}"
     L, H, KV, D = (meta.get(k) for k in ("n_layers", "n_heads", "n_kv_heads", "d_head"))
     if not all(isinstance(v, int) for v in (L, H, KV, D)):
         return [], [], ""
-    try:  # the kv verb's calculator, when it has landed
-        from .. import kv as kvmod  # type: ignore[attr-defined]
+    cfg = config if config is not None else {
+        "_name": meta.get("model", "model"), "model_type": meta.get("model_type", "model"), "num_hidden_layers": L,
+        "num_attention_heads": H, "num_key_value_heads": KV, "head_dim": D, "hidden_size": H * D}
+    try:  # `headscope kv`'s calculator: the model's layouts, then the classic configs
+        from .. import kv as kvmod
 
-        table = getattr(kvmod, "kv_table", None)
-        if table is not None:
-            rows = table(meta.get("model", "model"), L, H, KV, D)
-            rows = [clean(dict(r)) for r in rows]
-            if rows:
-                return list(rows[0]), rows, "from headscope.kv"
-    except Exception:
-        pass
-    # K and V, every layer, every KV head, d_head values each, 2 bytes (fp16/bf16).
+        rows = [{"source": "model", **r} for r in kvmod.layouts(cfg, 4096, 1, "bf16")]
+        rows += [{"source": "classic", **r} for r in kvmod.classic_rows(4096, 1, "bf16")]
+        cols, rows = _kv_view([clean(r) for r in rows])
+        return cols, rows, "computed here with headscope.kv (bf16 cache, 4096-token sequence, batch 1)"
+    except Exception as e:  # the kv module is optional for the report
+        log.info("headscope.kv unavailable (%s); computing the model's own row", e)
     rows = []
-    for name, kv in ((f"{meta.get('model', 'model')} (as trained)", KV), ("same shape as MHA", H),
-                     ("same shape as MQA", 1)):
-        b = 2 * L * kv * D * 2
-        rows.append({"config": name, "layers": L, "heads": H, "kv_heads": kv, "d_head": D,
-                     "kv_bytes_per_token": b, "kv_MiB_at_4096_tokens": round(b * 4096 / 2**20, 2)})
-    if KV == H:
-        rows.pop(1)
-    return list(rows[0]), rows, "computed here (fp16: 2 x layers x kv_heads x d_head x 2 bytes per token)"
+    for name, kv in (("this model", KV), ("as MHA", H), ("as MQA", 1)):
+        b = 2 * L * kv * D * 2  # K and V, every layer, every KV head, d_head values, 2 bytes (bf16)
+        rows.append({"source": "model", "name": name, "n_layers": L, "n_heads": H, "n_kv_heads": kv, "d_head": D,
+                     "bytes_per_token": b, "seq_len": 4096, "bytes_per_sequence": b * 4096, "vs_mha": kv / H})
+    cols, rows = _kv_view(rows)
+    return cols, rows, "computed here (bf16: 2 x layers x kv_heads x d_head x 2 bytes per token)"
 
 
 def _sweep(src: Sources, out: Path, write_plots: bool) -> dict[str, Any] | None:
@@ -355,7 +479,7 @@ def _prune(src: Sources, out: Path, write_plots: bool) -> dict[str, Any]:
 # --- everything --------------------------------------------------------------------------------
 def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dict[str, Any]],
             model_meta: dict[str, Any], special_names: str = "special tokens",
-            write_plots: bool = True) -> dict[str, Any]:
+            write_plots: bool = True, config: Any = None) -> dict[str, Any]:
     """The report's data: every section present or a 'not run yet' note, plus the summary sentences."""
     meta = {**model_meta, **({k: v for k, v in table.meta.items() if k not in ("stats", "versions")}
                               if table is not None else {})}
@@ -403,16 +527,17 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
         written.append(PLOT_NAMES["importance"])
 
     roles_p = src.get("roles.json")
+    extras: dict[str, Any] = {}
     if roles_p is not None and n_layers:
         rj = read_json(roles_p)
-        per_head = per_head_from_json(rj, n_layers, n_heads) if rj is not None else {}
-        data["role_scores"] = clean(per_head)
-        if isinstance(rj, dict):
-            data["roles_meta"] = clean({k: v for k, v in rj.items()
-                                        if not isinstance(v, (list, dict)) or k in ("baselines", "thresholds")})
+        data["role_scores"], extras = role_report(rj, n_layers, n_heads)
+        if extras.get("census") is not None:
+            data["census"] = extras["census"]
+        if extras.get("thresholds") is not None:
+            data["thresholds"] = extras["thresholds"]
     else:
         data["missing"]["roles"] = missing_note("roles.json")
-    syn = _syntax(src)
+    syn = _syntax(src, extras.get("coref"))
     if syn is None:
         data["missing"]["syntax"] = missing_note("syntax.csv")
     else:
@@ -437,14 +562,15 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
         data["sweep"] = sweep
         if write_plots and "plot" in sweep:
             written.append(PLOT_NAMES["sweep"])
-    kv_cols, kv, kv_from = kv_rows(meta, src)
+    kv_cols, kv, kv_from = kv_rows(meta, src, config)
     if kv:
         data["kv"] = {"columns": kv_cols, "rows": kv, "source": kv_from}
-        b = next((r.get("kv_bytes_per_token") for r in kv if isinstance(r.get("kv_bytes_per_token"), (int, float))),
-                 None)
+        mine = next((r for r in kv if isinstance(r.get("bytes_per_token"), (int, float))
+                     and "this model" in str(r.get("layout", "")) + str(r.get("name", ""))), {})
+        b = mine.get("bytes_per_token")
         KV, H = meta.get("n_kv_heads"), meta.get("n_heads")
         if b is not None and isinstance(KV, int) and isinstance(H, int):
-            s = f"This model caches {b / 1024:.1f} KiB of keys and values per token ({KV} KV heads for {H} query heads"
+            s = f"This model caches {b / 1024:.1f} KiB of {mine.get('dtype') or 'bf16'} keys and values per token ({KV} KV heads for {H} query heads"
             s += ", i.e. plain multi-head attention)." if KV == H else \
                 f"; as plain MHA it would need {H // KV}x as much)."
             data["text"]["q2"].append(s)

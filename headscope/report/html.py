@@ -55,6 +55,8 @@ def page(data: dict[str, Any]) -> str:
 <div id="head-detail"></div>
 </div>
 <div class="tooltip" id="tooltip"></div>
+<h3>Role census</h3>
+<div id="census"></div>
 <h3>Syntax and coreference heads</h3>
 <div id="syntax"></div>
 <h3>Similar heads and redundancy clusters</h3>

@@ -1,5 +1,5 @@
 /* headscope report: plain JavaScript, no libraries, no network. Everything is drawn from the JSON
-   embedded in <script id="hs-data">. */
+   embedded in the page (the element with id hs-data). */
 (function () {
   'use strict';
   var D = JSON.parse(document.getElementById('hs-data').textContent);
@@ -334,6 +334,12 @@
   }
 
   // --- question 1: syntax and similarity --------------------------------------------------------
+  function renderCensus() {
+    var box = $('census');
+    if (!D.census) { box.appendChild(missing('roles')); return; }
+    box.appendChild(el('p', { cls: 'hint', text: 'Each role, how many heads hold it above its baseline, and the strongest of them.' }));
+    box.appendChild(table(['role', 'heads', 'best'], D.census));
+  }
   function renderSyntax() {
     var box = $('syntax');
     if (!D.syntax) { box.appendChild(missing('syntax')); return; }
@@ -479,6 +485,7 @@
 
   renderHeader();
   renderGrid();
+  renderCensus();
   renderSyntax();
   renderSimilarity();
   renderQ2();
