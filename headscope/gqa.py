@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 GROUPINGS = ("mean", "similarity")
 LOSSES = ("kd", "lm")
+#: What uptraining updates: the attention projections (q/k/v/o) of every layer, or every parameter.
+TRAINABLE = ("attention", "all")
 PTB_SPLITS = ("train", "valid", "test")
 
 # Above this many balanced partitions, similarity grouping uses local search instead of enumeration.
@@ -396,21 +398,48 @@ def _shifted_nll(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) ->
     return nll[target_ok].sum(), target_ok.sum()
 
 
-def perplexity(hm: HeadModel, data: Any, *, max_length: int = 64, batch_size: int = 8,
-               limit: int | None = None, progress: bool = False) -> float:
-    """Token-level perplexity (exp of the mean next-token NLL over all real positions) on `data`."""
-    total, count = 0.0, 0
-    hm.model.eval()
+def compare(reference: HeadModel, candidates: dict[str, HeadModel], data: Any, *, max_length: int = 64,
+            batch_size: int = 8, limit: int | None = None, progress: bool = False) -> dict[str, dict[str, float]]:
+    """One pass over `data`: perplexity of `reference` and of each candidate, and each candidate's mean
+    per-token KL(reference || candidate) in nats (0 = same next-token distributions).
+
+    Perplexity is exp of the mean next-token NLL over all real positions (the first token of a passage
+    is not predicted). Returns {"reference": {"ppl"}, name: {"ppl", "kl"}, ...}.
+    """
+    nll = {name: 0.0 for name in ["reference", *candidates]}
+    kl = {name: 0.0 for name in candidates}
+    count = 0
     with torch.no_grad():
-        for b in tqdm(_token_batches(hm, data, max_length, batch_size, limit), desc="perplexity",
+        for b in tqdm(_token_batches(reference, data, max_length, batch_size, limit), desc="evaluate",
                       disable=not progress):
-            inp = b.model_inputs(hm.device)
-            logits = hm.model(**inp).logits
-            s, n = _shifted_nll(logits, inp["input_ids"], inp["attention_mask"])
-            total, count = total + float(s), count + int(n)
+            inp = b.model_inputs(reference.device)
+            ok = (inp["attention_mask"][:, 1:] * inp["attention_mask"][:, :-1]).bool()  # [batch, pos-1]
+            target = inp["input_ids"][:, 1:][ok]
+            r = torch.log_softmax(reference.model(**inp).logits[:, :-1].float(), -1)[ok]  # [tokens, vocab]
+            nll["reference"] -= float(r.gather(-1, target[:, None]).sum())
+            for name, cand in candidates.items():
+                c_inp = {k: v.to(cand.device) for k, v in inp.items()}
+                c = torch.log_softmax(cand.model(**c_inp).logits[:, :-1].float(), -1)[ok.to(cand.device)].to(r.device)
+                nll[name] -= float(c.gather(-1, target[:, None]).sum())
+                kl[name] += float((r.exp() * (r - c)).sum(-1).clamp_min(0).sum())
+            count += int(ok.sum())
     if count == 0:
-        raise HeadscopeError("perplexity needs passages of at least 2 tokens; all were shorter")
-    return float(math.exp(total / count))
+        raise HeadscopeError("evaluation needs passages of at least 2 tokens; all were shorter")
+    out: dict[str, dict[str, float]] = {"reference": {"ppl": math.exp(nll["reference"] / count)}}
+    for name in candidates:
+        out[name] = {"ppl": math.exp(nll[name] / count), "kl": kl[name] / count}
+    out["reference"]["tokens"] = count
+    return out
+
+
+def perplexity(hm: HeadModel, data: Any, **kw: Any) -> float:
+    """Token-level perplexity (exp of the mean next-token NLL over all real positions) on `data`."""
+    return compare(hm, {}, data, **kw)["reference"]["ppl"]
+
+
+def kl_divergence(reference: HeadModel, model: HeadModel, data: Any, **kw: Any) -> float:
+    """Mean per-token KL(reference || model) of next-token distributions on `data`, in nats."""
+    return compare(reference, {"model": model}, data, **kw)["model"]["kl"]
 
 
 def cache_bytes(cache: Any) -> int:
@@ -448,12 +477,14 @@ class UptrainLog:
 
 
 def uptrain(student: HeadModel, data: Any, steps: int, *, teacher: HeadModel | None = None, loss: str = "kd",
-            lr: float = 5e-5, batch_size: int = 8, max_length: int = 64, limit: int | None = None,
+            lr: float = 5e-5, train: str = "attention", batch_size: int = 8, max_length: int = 64, limit: int | None = None,
             weight_decay: float = 0.0, seed: int = 0, progress: bool = False) -> tuple[HeadModel, UptrainLog]:
     """A copy of `student` trained for `steps` AdamW steps on `data` (input untouched).
 
     `loss="kd"`: KL(teacher || student) on next-token distributions (teacher = the original model);
-    `loss="lm"`: plain next-token cross-entropy. All parameters train; gradients clipped to norm 1.
+    `loss="lm"`: plain next-token cross-entropy. `train="attention"` updates only the q/k/v/o projections
+    (what conversion changed, and about a fifth of the weight-gradient work on SmolLM2), `"all"` every
+    parameter (as Ainslie et al. do, with far more data). Gradients are clipped to norm 1.
     """
     if steps < 0:
         raise HeadscopeError(f"uptraining steps must be 0 or more, got {steps}")
@@ -461,7 +492,9 @@ def uptrain(student: HeadModel, data: Any, steps: int, *, teacher: HeadModel | N
         raise HeadscopeError(f"uptraining loss {loss!r} is not known; choose one of {', '.join(LOSSES)}")
     if loss == "kd" and teacher is None:
         raise HeadscopeError("loss='kd' distils from a teacher: pass teacher= (the original model) or use loss='lm'")
-    settings = dict(steps=steps, loss=loss, lr=lr, batch_size=batch_size, max_length=max_length,
+    if train not in TRAINABLE:
+        raise HeadscopeError(f"train={train!r} is not known; choose one of {', '.join(TRAINABLE)}")
+    settings = dict(steps=steps, loss=loss, lr=lr, train=train, batch_size=batch_size, max_length=max_length,
                     weight_decay=weight_decay, seed=seed, optimizer="AdamW", grad_clip=1.0)
     model = copy.deepcopy(student.model)
     out = HeadModel(model=model, tokenizer=student.tokenizer, name=f"{student.name}-uptrained", source=student.source)
@@ -471,7 +504,18 @@ def uptrain(student: HeadModel, data: Any, steps: int, *, teacher: HeadModel | N
     todo = _token_batches(student, data, max_length, batch_size, limit)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    params = [p for p in model.parameters() if p.requires_grad]
+    if train == "attention":
+        spec = out.spec
+        names = {f"{path}.{kind}" for path in (spec.q_proj, spec.k_proj, spec.v_proj, spec.out_proj)
+                 for kind in ("weight", "bias")}
+        chosen = [p for layer in out.layers for n, p in layer.named_parameters() if n in names]
+    else:
+        chosen = list(model.parameters())
+    ids_chosen = {id(p) for p in chosen}
+    frozen = [p for p in model.parameters() if id(p) not in ids_chosen and p.requires_grad]
+    for p in frozen:  # on the private copy only; restored below so the returned model is not left frozen
+        p.requires_grad_(False)
+    params = [p for p in chosen if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     model.train()
     order: list[int] = []
@@ -497,6 +541,8 @@ def uptrain(student: HeadModel, data: Any, steps: int, *, teacher: HeadModel | N
             log_.losses.append(float(value.detach()))
     finally:
         model.eval()
+        for p in frozen:
+            p.requires_grad_(True)
     return out, log_
 
 
@@ -549,6 +595,10 @@ def plan_groups(hm: HeadModel, kv_heads: int, grouping: str = "mean", data: Any 
     plan: dict[str, Any] = {"grouping": grouping, "grouping_used": "mean", "groups": adjacent}
     if grouping == "mean":
         return plan
+    if kv_heads in (1, hm.n_kv_heads):
+        # One group of all heads, or every head its own group: there is nothing to choose.
+        plan.update(grouping_used="similarity (only one grouping possible: same as mean)")
+        return plan
     kw = dict(max_length=max_length, batch_size=batch_size, limit=limit)
     dist = kv_distances(hm, data, progress=progress, **kw)
     groups = [balanced_partition(dist[layer], kv_heads) for layer in range(hm.n_layers)]
@@ -562,11 +612,11 @@ def plan_groups(hm: HeadModel, kv_heads: int, grouping: str = "mean", data: Any 
         plan.update(grouping_used="similarity (same as adjacent)", groups=groups)
         return plan
     if fallback and data is not None:
-        ppl_sim = perplexity(convert_to_gqa(hm, kv_heads, groups=groups), data, progress=progress, **kw)
-        ppl_adj = perplexity(convert_to_gqa(hm, kv_heads, groups=adjacent), data, progress=progress, **kw)
-        plan.update(calibration_ppl_similarity=ppl_sim, calibration_ppl_adjacent=ppl_adj)
-        if ppl_sim > ppl_adj:
-            log.info("similarity groups did worse on calibration data (%.3f > %.3f); using adjacent", ppl_sim, ppl_adj)
+        kl_sim = kl_divergence(hm, convert_to_gqa(hm, kv_heads, groups=groups), data, progress=progress, **kw)
+        kl_adj = kl_divergence(hm, convert_to_gqa(hm, kv_heads, groups=adjacent), data, progress=progress, **kw)
+        plan.update(calibration_kl_similarity=kl_sim, calibration_kl_adjacent=kl_adj)
+        if kl_sim > kl_adj:
+            log.info("similarity groups did worse on calibration data (KL %.4f > %.4f); using adjacent", kl_sim, kl_adj)
             plan.update(grouping_used="mean (similarity fell back: worse on calibration data)")
             return plan
     plan.update(grouping_used="similarity", groups=groups)
@@ -586,6 +636,7 @@ def kv_report(hm: HeadModel, batch: int = 2, prompt_len: int = 16, new_tokens: i
 
 def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *, data: Any = None,
                          heldout: Any = None, uptrain_steps: int = 0, loss: str = "kd", lr: float = 5e-5,
+                         train: str = "attention",
                          max_length: int = 64, batch_size: int = 8, data_limit: int | None = 400,
                          heldout_limit: int | None = 200, fallback: bool = True, seed: int = 0,
                          progress: bool = False) -> tuple[HeadModel, dict[str, Any]]:
@@ -604,21 +655,26 @@ def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *
         "data": getattr(data_src, "source", "in-memory"), "heldout": getattr(held_src, "source", "in-memory"),
         "max_length": max_length,
     }
-    report["ppl_before"] = perplexity(hm, held_src, **ev)
     plan = plan_groups(hm, kv_heads, grouping, data_src, fallback=fallback, **ev)
     report["grouping_used"] = plan.pop("grouping_used")
     report["groups"] = plan.pop("groups")
     report.update({k: v for k, v in plan.items() if k != "grouping"})
     converted = convert_to_gqa(hm, kv_heads, groups=report["groups"])
-    report["ppl_after"] = perplexity(converted, held_src, **ev)
     final = converted
-    report["ppl_uptrained"] = None
     if uptrain_steps:
-        final, up = uptrain(converted, data_src, uptrain_steps, teacher=hm, loss=loss, lr=lr, batch_size=batch_size,
-                            max_length=max_length, seed=seed, progress=progress)
-        report["ppl_uptrained"] = perplexity(final, held_src, **ev)
+        final, up = uptrain(converted, data_src, uptrain_steps, teacher=hm, loss=loss, lr=lr, train=train,
+                            batch_size=batch_size, max_length=max_length, seed=seed, progress=progress)
+    candidates = {"converted": converted, **({"uptrained": final} if uptrain_steps else {})}
+    scores = compare(hm, candidates, held_src, **ev)
+    report["heldout_tokens"] = scores["reference"]["tokens"]
+    report["ppl_before"] = scores["reference"]["ppl"]
+    report["ppl_after"] = scores["converted"]["ppl"]
+    report["kl_after"] = scores["converted"]["kl"]
+    report["ppl_uptrained"] = scores["uptrained"]["ppl"] if uptrain_steps else None
+    report["kl_uptrained"] = scores["uptrained"]["kl"] if uptrain_steps else None
+    if uptrain_steps:
         report["uptrain"] = dict(up.settings, first_loss=up.losses[0], last_loss=up.losses[-1],
-                                 mean_last_10=float(np.mean(up.losses[-10:])))
+                                 mean_last_10=float(np.mean(up.losses[-10:])), losses=up.losses)
     report["kv_bytes_before"] = kv_report(hm)
     report["kv_bytes_after"] = kv_report(final)
     return final, report

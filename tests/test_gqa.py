@@ -1,0 +1,339 @@
+"""MHA->GQA/MQA conversion: exactness where it must be exact, head permutation, reload, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from headscope import gqa
+from headscope.errors import HeadscopeError
+from headscope.models.adapter import HeadModel
+from headscope.models.tiny import tiny_model
+
+IDS = torch.randint(5, 120, (3, 14), generator=torch.Generator().manual_seed(3))
+
+
+def logits(hm: HeadModel, ids: torch.Tensor = IDS) -> torch.Tensor:
+    with torch.no_grad():
+        return hm.model(ids).logits
+
+
+def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
+    diff = (a - b).abs().max().item()
+    assert diff <= tol, f"max abs difference {diff:.3g} > {tol}"
+
+
+def tiny(family: str = "llama", **overrides) -> HeadModel:
+    """Tiny LLaMA-like model; qwen2 is built from a Qwen2Config (q/k/v biases)."""
+    if family == "qwen2":
+        import transformers as tf
+
+        cfg = tf.Qwen2Config(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
+                             num_key_value_heads=overrides.pop("num_key_value_heads", 2), intermediate_size=96,
+                             max_position_embeddings=64, initializer_range=0.2, **overrides)
+        cfg._attn_implementation = "eager"
+        torch.manual_seed(0)
+        model = tf.Qwen2ForCausalLM(cfg).eval()
+        with torch.no_grad():  # biases start at zero; make them matter
+            for p in model.parameters():
+                if p.ndim == 1 and p.abs().sum() == 0:
+                    p.normal_(0, 0.2)
+        return HeadModel(model=model, name="tiny-qwen2")
+    return tiny_model("llama", init_std=0.2, **overrides)
+
+
+def tie_kv_heads(hm: HeadModel, pairs: list[tuple[int, int]]) -> None:
+    """Make KV head b's K and V (weights and biases) copies of head a's, in every layer (in place)."""
+    d = hm.d_head
+    with torch.no_grad():
+        for layer in range(hm.n_layers):
+            for lin in gqa._kv_linears(hm, layer):
+                for a, b in pairs:
+                    lin.weight[b * d:(b + 1) * d] = lin.weight[a * d:(a + 1) * d]
+                    if lin.bias is not None:
+                        lin.bias[b * d:(b + 1) * d] = lin.bias[a * d:(a + 1) * d]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_same_kv_heads_changes_nothing(family):
+    hm = tiny(family)
+    for grouping in ("mean", "similarity"):
+        out = gqa.convert_to_gqa(hm, hm.n_kv_heads, grouping)
+        assert out.config.num_key_value_heads == hm.n_kv_heads
+        diff = (logits(out) - logits(hm)).abs().max().item()
+        assert diff == 0.0, f"{grouping}: G = n_kv_heads changed logits by {diff:.3g}"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_identical_kv_heads_in_group_convert_exactly(family):
+    hm = tiny(family)  # 6 query heads, 2 KV heads
+    before = logits(hm)
+    tie_kv_heads(hm, [(0, 1)])
+    tied = logits(hm)
+    assert (tied - before).abs().max() > 1e-2, "tying KV heads should change this model"
+    mqa = gqa.convert_to_gqa(hm, 1)
+    assert mqa.config.num_key_value_heads == 1
+    k, v = gqa._kv_linears(mqa, 0)
+    assert tuple(k.weight.shape) == (hm.d_head, hm.d_model) and tuple(v.weight.shape) == (hm.d_head, hm.d_model)
+    close(logits(mqa), tied)
+    # the input model is untouched
+    assert hm.config.num_key_value_heads == 2 and gqa._kv_linears(hm, 0)[0].weight.shape[0] == 2 * hm.d_head
+
+
+def test_mean_pool_matches_hand_computed_weights():
+    hm = tiny("qwen2", num_key_value_heads=6)  # MHA with q/k/v biases
+    out = gqa.convert_to_gqa(hm, 2)
+    d = hm.d_head
+    for layer in range(hm.n_layers):
+        for old, new in zip(gqa._kv_linears(hm, layer), gqa._kv_linears(out, layer)):
+            want_w = old.weight.reshape(2, 3, d, -1).mean(1).reshape(2 * d, -1)
+            want_b = old.bias.reshape(2, 3, d).mean(1).reshape(-1)
+            close(new.weight, want_w, 1e-7)
+            close(new.bias, want_b, 1e-7)
+
+
+def test_mqa_equals_repeating_the_mean_kv_head_in_the_original_layout():
+    """Converting to 1 KV head equals keeping every KV head but setting each to the group mean."""
+    hm = tiny("llama")
+    out = gqa.convert_to_gqa(hm, 1)
+    ref = gqa.permute_query_heads(hm, [list(range(6))] * hm.n_layers)  # a plain copy
+    d = hm.d_head
+    with torch.no_grad():
+        for layer in range(hm.n_layers):
+            for lin in gqa._kv_linears(ref, layer):
+                lin.weight[:] = lin.weight.reshape(2, d, -1).mean(0).repeat(2, 1)
+    close(logits(out), logits(ref))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_query_head_permutation_leaves_outputs_unchanged(family):
+    mha = tiny(family, num_key_value_heads=6)
+    perm = [[2, 5, 0, 4, 1, 3], [5, 4, 3, 2, 1, 0]]
+    out = gqa.permute_query_heads(mha, perm)
+    d = mha.d_head
+    q_old = gqa.get_path(mha.layers[0], mha.spec.q_proj).weight
+    q_new = gqa.get_path(out.layers[0], out.spec.q_proj).weight
+    assert torch.equal(q_new[:d], q_old[2 * d:3 * d]), "q_proj rows did not move"
+    assert (q_new - q_old).abs().max() > 0
+    close(logits(out), logits(mha))
+    # GQA: whole KV groups move with their query heads, and heads move inside a group
+    gqa_model = tiny(family)
+    out = gqa.permute_query_heads(gqa_model, {0: [4, 3, 5, 1, 0, 2], 1: [2, 0, 1, 3, 4, 5]})
+    close(logits(out), logits(gqa_model))
+
+
+def test_permutation_that_would_break_repeat_kv_is_refused():
+    hm = tiny("llama")  # query heads 0-2 read KV head 0, 3-5 read KV head 1
+    with pytest.raises(HeadscopeError, match="keep the 3 query heads of each KV head together"):
+        gqa.permute_query_heads(hm, [[0, 1, 3, 2, 4, 5]] * 2)
+    with pytest.raises(HeadscopeError, match="not a permutation"):
+        gqa.permute_query_heads(hm, [[0, 1, 2, 3, 4, 4]] * 2)
+
+
+def test_similarity_grouping_finds_identical_heads_adjacent_does_not():
+    hm = tiny("llama", num_key_value_heads=6, num_attention_heads=6)
+    # KV heads {0, 2, 5} identical and {1, 3, 4} identical: only a non-adjacent split into 2 groups is exact.
+    tie_kv_heads(hm, [(0, 2), (0, 5), (1, 3), (1, 4)])
+    tied = logits(hm)
+    texts = [list(range(5, 40)), list(range(60, 90))]
+    for data in (None, texts):  # from weights and from K/V outputs on data
+        groups = gqa.similarity_groups(hm, 2, data)
+        assert groups == [[[0, 2, 5], [1, 3, 4]]] * hm.n_layers, groups
+    sim = gqa.convert_to_gqa(hm, 2, "similarity", texts)
+    adj = gqa.convert_to_gqa(hm, 2, "mean")
+    d_sim = (logits(sim) - tied).abs().max().item()
+    d_adj = (logits(adj) - tied).abs().max().item()
+    assert d_sim <= 1e-5, f"similarity grouping should be exact, max abs difference {d_sim:.3g}"
+    assert d_adj > 1e-2, f"adjacent grouping should not be exact here, max abs difference {d_adj:.3g}"
+    # the held-out metrics, on other tokens: distance to the original model's predictions, and perplexity
+    # (which on a random model may move either way, so it is only checked to be unchanged by the exact one)
+    heldout = [list(range(20, 70)), list(range(100, 119)) * 2]
+    kl_sim, kl_adj = gqa.kl_divergence(hm, sim, heldout), gqa.kl_divergence(hm, adj, heldout)
+    assert kl_sim <= 1e-6 and kl_adj > 1e-3, (kl_sim, kl_adj)
+    p_ref, p_sim = gqa.perplexity(hm, heldout), gqa.perplexity(sim, heldout)
+    assert abs(p_sim - p_ref) <= 1e-4 * p_ref, (p_sim, p_ref)
+
+
+def test_plan_similarity_reports_and_falls_back():
+    hm = tiny("llama", num_key_value_heads=6)
+    tie_kv_heads(hm, [(0, 2), (1, 3)])
+    texts = [list(range(5, 40)), list(range(60, 90))]
+    plan = gqa.plan_groups(hm, 3, "similarity", texts)
+    assert plan["grouping_used"] == "similarity"
+    assert plan["groups"][0][:2] == [[0, 2], [1, 3]]
+    assert plan["pooling_error_similarity"] < plan["pooling_error_adjacent"]
+    assert plan["calibration_kl_similarity"] < plan["calibration_kl_adjacent"]
+    assert gqa.plan_groups(hm, 3, "mean")["groups"] == [[[0, 1], [2, 3], [4, 5]]] * hm.n_layers
+
+
+def test_similarity_falls_back_to_adjacent_when_worse_on_calibration_data(monkeypatch):
+    hm = tiny("llama", num_key_value_heads=6)
+    tie_kv_heads(hm, [(0, 1), (2, 3), (4, 5)])  # adjacent groups are exact
+    texts = [list(range(5, 40)), list(range(60, 90))]
+    # force a clustering that mixes the identical pairs: it must lose to adjacent on the calibration text
+    monkeypatch.setattr(gqa, "balanced_partition", lambda dist, k: [[0, 2], [1, 4], [3, 5]])
+    plan = gqa.plan_groups(hm, 3, "similarity", texts)
+    assert plan["calibration_kl_adjacent"] < 1e-6 < plan["calibration_kl_similarity"]
+    assert plan["grouping_used"].startswith("mean (similarity fell back")
+    assert plan["groups"] == [[[0, 1], [2, 3], [4, 5]]] * hm.n_layers
+    kept = gqa.plan_groups(hm, 3, "similarity", texts, fallback=False)
+    assert kept["grouping_used"] == "similarity" and kept["groups"][0] == [[0, 2], [1, 4], [3, 5]]
+
+
+def test_balanced_partition_is_optimal_against_brute_force():
+    rng = np.random.default_rng(0)
+    for n, k in ((4, 2), (6, 3), (6, 2), (8, 4), (9, 3)):
+        x = rng.normal(size=(n, 5))
+        dist = ((x[:, None] - x[None]) ** 2).sum(-1)
+        got = gqa.balanced_partition(dist, k)
+        brute = min(gqa.partition_cost(dist, p) for p in gqa._partitions(list(range(n)), n // k))
+        assert abs(gqa.partition_cost(dist, got) - brute) < 1e-9
+        # the cost is the mean-pooling error
+        err = sum(((x[g] - x[g].mean(0)) ** 2).sum() for g in got)
+        assert abs(err - gqa.partition_cost(dist, got)) < 1e-9
+    # local search (too many partitions to enumerate) never does worse than adjacent groups
+    x = rng.normal(size=(32, 5))
+    dist = ((x[:, None] - x[None]) ** 2).sum(-1)
+    got = gqa.balanced_partition(dist, 16)
+    assert sorted(h for g in got for h in g) == list(range(32)) and all(len(g) == 2 for g in got)
+    assert gqa.partition_cost(dist, got) < gqa.partition_cost(dist, gqa.adjacent_groups(32, 16))
+
+
+def test_checkpoint_reloads_in_fresh_process_with_plain_transformers(tmp_path):
+    hm = tiny("qwen2")
+    out = gqa.convert_to_gqa(hm, 1, "similarity")
+    path = gqa.save_checkpoint(out, tmp_path / "model")
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["num_key_value_heads"] == 1 and cfg["model_type"] == "qwen2"
+    np.save(tmp_path / "ids.npy", IDS.numpy())
+    code = (
+        "import sys, numpy as np, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()\n"
+        "assert m.config.num_key_value_heads == 1\n"
+        "with torch.no_grad():\n"
+        "    out = m(torch.from_numpy(np.load(sys.argv[2]))).logits\n"
+        "np.save(sys.argv[3], out.numpy())\n"
+        "print('modules', sorted(k for k in sys.modules if k.startswith('headscope')))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "ids.npy"), str(tmp_path / "o.npy")],
+                         capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "modules []" in res.stdout, "the fresh process imported headscope"
+    close(torch.from_numpy(np.load(tmp_path / "o.npy")), logits(out))
+    # refuses to overwrite; --force replaces
+    with pytest.raises(HeadscopeError, match="already exists"):
+        gqa.save_checkpoint(out, path)
+    gqa.save_checkpoint(hm, path, force=True)
+    assert json.loads((path / "config.json").read_text())["num_key_value_heads"] == 2
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp folders left behind"
+
+
+def test_kv_bytes_measured_equal_calculator():
+    hm = tiny("llama")
+    for g in (2, 1):
+        m = gqa.convert_to_gqa(hm, g)
+        r = gqa.kv_report(m, batch=2, prompt_len=9, new_tokens=3)
+        want = 2 * hm.n_layers * g * hm.d_head * 4 * r["batch"] * r["seq_len"]  # K and V, fp32
+        assert r["measured"] == r["calculated"] == want, r
+        assert r["seq_len"] == 9 + 3 - 1  # the last generated token is never fed back
+
+
+def test_uptraining_lowers_distillation_loss_and_leaves_input_untouched():
+    hm = tiny("llama")
+    student = gqa.convert_to_gqa(hm, 1)
+    snapshot = {k: v.clone() for k, v in student.model.state_dict().items()}
+    texts = [list(range(5, 35)), list(range(60, 90)), list(range(30, 60))]
+    trained, log = gqa.uptrain(student, texts, 30, teacher=hm, lr=3e-3, batch_size=3)
+    assert len(log.losses) == 30 and log.losses[-1] < 0.5 * log.losses[0], log.losses
+    assert all(torch.equal(v, student.model.state_dict()[k]) for k, v in snapshot.items())
+    assert not trained.model.training
+    kl_before = gqa.kl_divergence(hm, student, texts)
+    kl_after = gqa.kl_divergence(hm, trained, texts)
+    assert abs(kl_before - _kl(hm, student, texts)) < 1e-5, "kl_divergence disagrees with a direct computation"
+    assert kl_after < kl_before, (kl_after, kl_before)
+    # train="attention" (the default) moves only q/k/v/o projections; "all" moves the rest too
+    moved = {k for k, v in trained.model.state_dict().items() if not torch.equal(v, snapshot[k])}
+    assert moved and all(any(p in k for p in ("q_proj", "k_proj", "v_proj", "o_proj")) for k in moved), moved
+    assert all(p.requires_grad for p in trained.model.parameters())
+    lm, lm_log = gqa.uptrain(student, texts, 5, loss="lm", lr=1e-3, batch_size=3, train="all")
+    assert len(lm_log.losses) == 5 and lm_log.settings["loss"] == "lm"
+    moved = {k for k, v in lm.model.state_dict().items() if not torch.equal(v, snapshot[k])}
+    assert any("mlp" in k for k in moved) and any("embed" in k for k in moved), moved
+    with pytest.raises(HeadscopeError, match="loss='kd' distils from a teacher"):
+        gqa.uptrain(student, texts, 1)
+
+
+def _kl(teacher: HeadModel, student: HeadModel, texts) -> float:
+    ids = torch.tensor(texts)
+    t = torch.log_softmax(logits(teacher, ids)[:, :-1], -1)
+    s = torch.log_softmax(logits(student, ids)[:, :-1], -1)
+    return float((t.exp() * (t - s)).sum(-1).mean())
+
+
+@pytest.mark.parametrize("g, message", [
+    (3, "larger than the model's current 2 KV heads"),
+    (0, "at least 1"),
+    (-1, "at least 1"),
+])
+def test_bad_kv_heads(g, message):
+    with pytest.raises(HeadscopeError, match=message):
+        gqa.convert_to_gqa(tiny("llama"), g)
+
+
+def test_kv_heads_that_do_not_divide():
+    hm = tiny("llama", num_key_value_heads=6)
+    with pytest.raises(HeadscopeError, match=r"does not divide the model's 6 KV heads .*\[1, 2, 3, 6\]"):
+        gqa.convert_to_gqa(hm, 4)
+    with pytest.raises(HeadscopeError, match="grouping 'kmeans' is not known"):
+        gqa.convert_to_gqa(hm, 2, "kmeans")
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_encoder_and_gpt2_refused_with_reason(family):
+    hm = tiny_model(family)
+    with pytest.raises(HeadscopeError) as e:
+        gqa.convert_to_gqa(hm, 1)
+    msg = str(e.value)
+    for word in ("llama", "mistral", "qwen2", "num_key_value_heads", family, "plain transformers"):
+        assert word in msg, msg
+
+
+def test_cli_end_to_end(tmp_path, capsys):
+    """The verb on a tiny checkpoint: writes model/ and gqa.json, refuses to overwrite, reports bad G."""
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from headscope.cli import main
+
+    words = "the of and to a in is was for on that with as by at it from he his".split()
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "<pad>", *words])}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>")
+    src = tmp_path / "src"
+    hm = tiny("llama")
+    hm.model.save_pretrained(src)
+    fast.save_pretrained(src)
+    text = tmp_path / "t.txt"
+    rng = np.random.default_rng(0)
+    text.write_text("\n".join(" ".join(rng.choice(words, 12)) for _ in range(12)) + "\n")
+    args = ["gqa", str(src), "--kv-heads", "1", "--grouping", "similarity", "--uptrain", "2", "--data", str(text),
+            "--heldout", str(text), "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "2 -> 1 KV heads" in printed and "(equal)" in printed
+    rep = json.loads((tmp_path / "out" / "gqa.json").read_text())
+    assert rep["n_kv_heads_after"] == 1 and rep["ppl_uptrained"] is not None
+    assert rep["kv_bytes_after"]["measured"] * 2 == rep["kv_bytes_before"]["measured"]
+    assert rep["kv_bytes_after"]["match"] and rep["kv_bytes_before"]["match"]
+    assert json.loads((tmp_path / "out" / "model" / "config.json").read_text())["num_key_value_heads"] == 1
+    assert main(args) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main([*args[:2], "--kv-heads", "4", *args[4:], "--force"]) == 2
+    assert "larger than the model's current 2 KV heads" in capsys.readouterr().err
