@@ -1,0 +1,81 @@
+"""`headscope similar [MODEL]`: head-to-head similarity -> similar_pairs.csv, similarity.npz, clusters.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..data import read_texts
+from ..errors import HeadscopeError
+from ..io import atomic_write_text, prepare_out_dir
+from ..models import load_model
+from ..similarity import DEFAULT_CKA_MIN, DEFAULT_JS_MAX, LN2, check_thresholds, similarity
+from ..table import _jsonable
+from ._common import add_data_args, add_model_arg, add_out_args
+
+OUTPUTS = ["similar_pairs.csv", "similarity.npz", "clusters.json"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("similar", help="head-to-head similarity (attention JS, output CKA, weight subspaces) "
+                                       "and near-duplicate clusters",
+                       description="Compare every pair of heads: Jensen-Shannon divergence of their attention "
+                                   "patterns on the same tokens (nats), linear CKA of their outputs, and "
+                                   "principal angles between their OV and QK weight subspaces. Writes "
+                                   "similar_pairs.csv (one row per pair, js ascending), similarity.npz "
+                                   "(the full matrices) and clusters.json (near-duplicate groups).")
+    add_model_arg(p)
+    add_data_args(p)
+    add_out_args(p)
+    p.add_argument("--top", type=int, default=20, help="pairs to print (default 20)")
+    p.add_argument("--js-max-tokens", type=int, default=None,
+                   help="average JS over at most N query tokens, a seeded random sample (for big models; "
+                        "default: every query)")
+    p.add_argument("--js-max", type=float, default=DEFAULT_JS_MAX,
+                   help=f"near-duplicate: every pair in a cluster has js <= this (default {DEFAULT_JS_MAX})")
+    p.add_argument("--cka-min", type=float, default=DEFAULT_CKA_MIN,
+                   help=f"near-duplicate: every pair in a cluster has cka >= this (default {DEFAULT_CKA_MIN})")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
+    if args.top < 0:
+        raise HeadscopeError(f"--top must be 0 or more, got {args.top}")
+    check_thresholds(args.js_max, args.cka_min)
+    source = read_texts(args.data, args.limit)  # bad data fails before the model loads
+    hm = load_model(args.model, device=args.device)
+    sim = similarity(hm, source, max_length=args.max_length, batch_size=args.batch_size,
+                     js_max_tokens=args.js_max_tokens, seed=args.seed, progress=True)
+    clusters = sim.clusters(args.js_max, args.cka_min)
+    pairs = sim.pairs()
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "similar_pairs.csv", pairs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+    sim.to_npz(out / "similarity.npz")
+    atomic_write_text(out / "clusters.json", json.dumps(_jsonable({
+        "js_max": args.js_max, "cka_min": args.cka_min,
+        "rule": "complete linkage: every pair inside a cluster has js <= js_max and cka >= cka_min",
+        "clusters": clusters, "meta": sim.meta}), indent=1, allow_nan=False) + "\n")
+
+    m = sim.meta
+    print(f"{hm.name}: {m['n_layers']} layers x {m['n_heads']} heads = {sim.n} heads, {len(pairs)} pairs; "
+          f"JS over {m['js_queries']} queries, CKA over {m['cka_tokens']} tokens from {m['data']}")
+    print(f"js in nats (0 = same pattern, ln 2 = {LN2:.3f} = disjoint); cka, *_cos: 1 = same")
+    print()
+    shown = pairs.head(args.top)
+    cols = ["js", "cka", "ov_angle_cos", "qk_angle_cos"]
+    print(f"{'head_a':>7} {'head_b':>7} " + " ".join(f"{c:>12}" for c in cols))
+    for row in shown.itertuples(index=False):
+        print(f"{row.head_a:>7} {row.head_b:>7} " + " ".join(f"{getattr(row, c):12.4f}" for c in cols))
+    print()
+    if clusters:
+        print(f"near-duplicate clusters (every pair js <= {args.js_max:g}, cka >= {args.cka_min:g}):")
+        for c in clusters:
+            print(f"  {', '.join(c['heads'])}  (max js {c['max_js']:.4f}, min cka {c['min_cka']:.3f})")
+    else:
+        print(f"no near-duplicate clusters: no pair has js <= {args.js_max:g} and cka >= {args.cka_min:g} "
+              f"(loosen with --js-max / --cka-min)")
+    print(f"\nwrote {', '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
+    return 0
+

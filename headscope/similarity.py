@@ -1,0 +1,502 @@
+"""Head-to-head similarity: attention-pattern JS divergence, output CKA, weight-subspace angles.
+
+Every matrix is `[N, N]` over all N = n_layers * n_heads heads, head index `layer * n_heads + head`.
+
+- `js`: Jensen-Shannon divergence (natural log, so in [0, ln 2]) between two heads' attention
+  distributions for the same query on the same tokens, averaged over the selected queries.
+- `cka`: linear CKA (Kornblith et al. 2019) of the heads' contributions to the residual stream
+  (z_h through the head's slice of W_O); `cka_z`: the same on the raw head outputs z_h.
+- `ov_*_cos`, `qk_*_cos`: mean cosine of the principal angles between the heads' OV and QK
+  subspaces (1 = the same subspace, 0 = orthogonal).
+
+Data is streamed: per batch, all layers' attention maps and head outputs are held at once, reduced
+to sums (JS sums, a centred cross-covariance of head outputs) and dropped.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .analyze import pad_id, prepare_tokens, resolve_max_length, versions
+from .data import batches
+from .errors import HeadscopeError
+from .hooks import on_attention_weights, on_head_outputs
+from .io import atomic_write_bytes
+from .models.adapter import HeadModel
+from .models.specs import get_path
+from .table import head_name, parse_head
+
+log = logging.getLogger(__name__)
+
+LN2 = math.log(2.0)
+
+# Pair metrics in the order similar_pairs.csv writes them, with what each means.
+METRICS: dict[str, str] = {
+    "js": "Jensen-Shannon divergence of the two heads' attention distributions, nats, mean over queries; "
+          "0 = identical patterns, ln 2 = 0.693 = disjoint",
+    "cka": "linear CKA of the heads' contributions to the residual stream (output through W_O); 1 = same up to "
+           "rotation and scale",
+    "ov_angle_cos": "mean cosine of the principal angles between the OV circuits' subspaces (read and write "
+                    "together); 1 = same subspaces",
+    "qk_angle_cos": "mean cosine of the principal angles between the QK circuits' subspaces (query side and key "
+                    "side together)",
+    "cka_z": "linear CKA of the raw head outputs z (before W_O)",
+    "ov_read_cos": "OV read side: row space of W_V (what the head reads from the residual stream)",
+    "ov_write_cos": "OV write side: column space of W_O's head slice (where the head writes)",
+    "qk_query_cos": "QK query side: row space of W_Q (what queries read)",
+    "qk_key_cos": "QK key side: row space of W_K (what keys read)",
+}
+
+# Default near-duplicate thresholds (see docs/similarity.md for how they were chosen).
+DEFAULT_JS_MAX = 0.05
+DEFAULT_CKA_MIN = 0.8
+
+# Elements in one chunk of the pairwise computations: small enough to stay in cache and reuse
+# allocator memory (measured: 2^19 is 3x faster than 2^23 for JS on 2 cores).
+_CHUNK = 1 << 19
+
+
+# --- weights ------------------------------------------------------------------------------------
+@dataclass
+class LayerWeights:
+    """One layer's attention weights per head, Linear layout (out = W x)."""
+
+    q: torch.Tensor  # [n_heads, d_head, d_model]
+    k: torch.Tensor  # [n_kv_heads, d_head, d_model]
+    v: torch.Tensor  # [n_kv_heads, d_head, d_model]
+    o: torch.Tensor  # [n_heads, d_model, d_head]
+
+
+def layer_weights(hm: HeadModel, layer: int) -> LayerWeights:
+    """Per-head Q/K/V/O weights of `layer`, read through the adapter (fused Conv1D c_attn included)."""
+    spec, block = hm.spec, hm.layers[layer]
+    H, G, d, D = hm.n_heads, hm.n_kv_heads, hm.d_head, hm.d_model
+    if hm.heads_in_layer(layer) != H:
+        raise HeadscopeError(f"layer {layer} has {hm.heads_in_layer(layer)} heads but the model declares {H}; "
+                             f"similarity needs every layer to keep all its heads (not a physically pruned model)")
+
+    def linear(path: str) -> torch.Tensor:
+        w = get_path(block, path).weight.detach()
+        return w.t() if spec.conv1d else w  # [out, in]
+
+    if spec.qkv_proj is not None:
+        w = linear(spec.qkv_proj)  # [(H + 2G) * d, D], q then k then v
+        q, k, v = torch.split(w, [H * d, G * d, G * d], dim=0)
+    else:
+        q, k, v = linear(spec.q_proj), linear(spec.k_proj), linear(spec.v_proj)
+    o = hm.out_weight(layer).detach()  # [D, H * d]
+    return LayerWeights(q.reshape(H, d, D), k.reshape(G, d, D), v.reshape(G, d, D),
+                        o.reshape(D, H, d).permute(1, 0, 2))
+
+
+def _orthonormal(a: torch.Tensor, rtol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Orthonormal bases of the column spaces of `a [..., D, r]`, columns past the rank zeroed, and the ranks."""
+    u, s, _ = torch.linalg.svd(a, full_matrices=False)
+    keep = s > rtol * s[..., :1].clamp_min(torch.finfo(s.dtype).tiny)
+    return u * keep[..., None, :], keep.sum(-1)
+
+
+def principal_cosines(a: Any, b: Any, rtol: float = 1e-6) -> np.ndarray:
+    """Cosines of the principal angles between the column spaces of `a [D, ra]` and `b [D, rb]`, largest first."""
+    ta = torch.as_tensor(np.asarray(a), dtype=torch.float64)
+    tb = torch.as_tensor(np.asarray(b), dtype=torch.float64)
+    if ta.dim() != 2 or tb.dim() != 2 or ta.shape[0] != tb.shape[0]:
+        raise HeadscopeError(f"principal angles need two matrices with the same number of rows; "
+                             f"got shapes {tuple(ta.shape)} and {tuple(tb.shape)}")
+    qa, ra = _orthonormal(ta, rtol)
+    qb, rb = _orthonormal(tb, rtol)
+    s = torch.linalg.svdvals(qa.T @ qb).clamp(0.0, 1.0)
+    return s[: int(min(ra, rb))].numpy()
+
+
+def _pairwise_mean_cos(bases: torch.Tensor, ranks: torch.Tensor) -> np.ndarray:
+    """Mean principal-angle cosine between every pair of subspaces; `bases [N, D, r]` (zeroed past rank).
+
+    The cosines are the singular values of Qa^T Qb; their sum (the nuclear norm) comes from the
+    eigenvalues of G^T G (cos^2), cheaper than an SVD per pair. Zeroed columns add zero cosines, so
+    the sum is over min(rank_a, rank_b) angles. Only the upper triangle is computed.
+    """
+    n, dim, r = bases.shape
+    out = torch.zeros(n, n, dtype=torch.float64)
+    rows = max(1, _CHUNK // max(1, n * r * r))
+    for i0 in range(0, n, rows):
+        g = torch.einsum("idr,jds->ijrs", bases[i0:i0 + rows], bases[i0:])  # [c, N - i0, r, r]
+        cos2 = torch.linalg.eigvalsh(g.transpose(-1, -2) @ g).clamp(0.0, 1.0)
+        out[i0:i0 + rows, i0:] = cos2.sqrt().sum(-1)
+    out = torch.triu(out) + torch.triu(out, 1).T
+    denom = torch.minimum(ranks[:, None], ranks[None, :]).to(torch.float64)
+    res = (out / denom.clamp_min(1)).numpy()
+    res[denom.numpy() == 0] = np.nan
+    return res
+
+
+def _subspace_similarity(factors: torch.Tensor, owner: torch.Tensor | None = None) -> np.ndarray:
+    """`[N, N]` mean principal-angle cosines between the column spaces of `factors [U, D, r]`;
+    `owner [N]` maps each head to its factor (GQA: query heads share their KV head's factor)."""
+    bases, ranks = _orthonormal(factors.double())
+    sim = _pairwise_mean_cos(bases, ranks)
+    return sim if owner is None else sim[np.ix_(owner.numpy(), owner.numpy())]
+
+
+def weight_similarity(hm: HeadModel) -> dict[str, np.ndarray]:
+    """Principal-angle similarity of every pair of heads' OV and QK subspaces, `[N, N]` each.
+
+    The OV circuit of head h, W_O^h W_V^g (g = its KV head), is a d_model x d_model map of rank
+    <= d_head: it reads from the row space of W_V^g and writes into the column space of W_O^h
+    (exactly the circuit's row and column spaces when both factors have full rank d_head). The QK
+    circuit W_Q^h^T W_K^g reads queries from the row space of W_Q^h and keys from that of W_K^g.
+    Query heads sharing a KV head (GQA) share W_V and W_K, so their OV read side and QK key side
+    are the same subspace (cos 1) by construction; only the write and query sides tell them apart.
+    """
+    o, q, k, v = [], [], [], []
+    for layer in range(hm.n_layers):
+        w = layer_weights(hm, layer)
+        o.append(w.o)  # [H, D, d]: columns span where the head writes
+        q.append(w.q.transpose(-1, -2))  # [H, D, d]: columns span what queries read
+        k.append(w.k.transpose(-1, -2))  # [G, D, d]
+        v.append(w.v.transpose(-1, -2))  # [G, D, d]
+    heads = torch.arange(hm.n_layers * hm.n_heads)
+    kv_owner = (heads // hm.n_heads) * hm.n_kv_heads + (heads % hm.n_heads) // hm.group_size
+    out = {"ov_write_cos": _subspace_similarity(torch.cat(o)),
+           "ov_read_cos": _subspace_similarity(torch.cat(v), kv_owner),
+           "qk_query_cos": _subspace_similarity(torch.cat(q)),
+           "qk_key_cos": _subspace_similarity(torch.cat(k), kv_owner)}
+    out["ov_angle_cos"] = (out["ov_write_cos"] + out["ov_read_cos"]) / 2
+    out["qk_angle_cos"] = (out["qk_query_cos"] + out["qk_key_cos"]) / 2
+    return out
+
+
+# --- Jensen-Shannon ---------------------------------------------------------------------------------
+def js_divergence(p: Any, q: Any) -> float:
+    """Jensen-Shannon divergence of two distributions, natural log (0 .. ln 2)."""
+    p = torch.as_tensor(np.asarray(p), dtype=torch.float64)
+    q = torch.as_tensor(np.asarray(q), dtype=torch.float64)
+    m = (p + q) / 2
+    return float(0.5 * (torch.special.xlogy(p, p / m).nansum() + torch.special.xlogy(q, q / m).nansum()))
+
+
+def pairwise_js_sums(probs: torch.Tensor) -> torch.Tensor:
+    """Sum over queries of JS(head i, head j) for every pair: `probs [N, M]` holds, for each head, the
+    weights of every (query, key) entry of the selected queries (entries of one query together sum to 1).
+
+    JS(p, q) = 1/2 sum_k [p log p + q log q - (p+q) log((p+q)/2)]; the sum over all entries is the
+    sum of per-query divergences. Elementwise work runs in float32 (float64 inputs stay float64) in
+    cache-sized chunks; every sum is accumulated in float64 (measured error < 1e-8 per query).
+    """
+    work = torch.float64 if probs.dtype == torch.float64 else torch.float32
+    p = probs.to(work)
+    tiny = torch.finfo(work).tiny  # log(0 + tiny) is finite, so 0 * log(..) = 0 without xlogy's cost
+    n, m = p.shape
+    f = (p * torch.log(p + tiny)).sum(-1, dtype=torch.float64)  # [N]
+    cross = torch.zeros(n, n, dtype=torch.float64, device=p.device)
+    mc = min(m, max(256, _CHUNK // max(n, 1)))
+    for m0 in range(0, m, mc):
+        pm = p[:, m0:m0 + mc]
+        rows = max(1, _CHUNK // max(1, n * pm.shape[1]))
+        for i0 in range(0, n, rows):
+            s = pm[i0:i0 + rows, None, :] + pm[None, i0:, :]  # [c, N - i0, mc]
+            cross[i0:i0 + rows, i0:] += (s * torch.log(s * 0.5 + tiny)).sum(-1, dtype=torch.float64)
+    upper = torch.triu(0.5 * (f[:, None] + f[None, :] - cross))
+    js = upper + torch.triu(upper, 1).T
+    return js.clamp_min(0.0)  # rounding can leave -1e-17 where the patterns are identical
+
+
+# --- CKA --------------------------------------------------------------------------------------------
+def linear_cka(x: Any, y: Any) -> float:
+    """Linear CKA of two feature matrices `[samples, features]` (Kornblith et al. 2019, feature-space form)."""
+    x = torch.as_tensor(np.asarray(x), dtype=torch.float64)
+    y = torch.as_tensor(np.asarray(y), dtype=torch.float64)
+    if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
+        raise HeadscopeError(f"CKA needs two [samples, features] matrices with the same samples; "
+                             f"got {tuple(x.shape)} and {tuple(y.shape)}")
+    x = x - x.mean(0)
+    y = y - y.mean(0)
+    num = torch.linalg.matrix_norm(y.T @ x) ** 2
+    den = torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)
+    return float(num / den) if den > 0 else float("nan")
+
+
+class StreamingCKA:
+    """Centred cross-covariance of N groups of d features, accumulated batch by batch.
+
+    Each batch is centred on its own mean and merged with the running total by the parallel update
+    of Chan et al. (scatter += batch scatter + n_a n_b / n (mean_a - mean_b)(mean_a - mean_b)^T):
+    the same matrix as sum(x x^T) - n mean mean^T, without its cancellation in float32.
+    """
+
+    def __init__(self, n_groups: int, dim: int, device: torch.device | str = "cpu") -> None:
+        self.n_groups, self.dim = n_groups, dim
+        self.count = 0
+        self.mean = torch.zeros(n_groups * dim, dtype=torch.float64, device=device)
+        self.scatter = torch.zeros(n_groups * dim, n_groups * dim, dtype=torch.float64, device=device)
+
+    def update(self, x: torch.Tensor) -> None:
+        """Add samples `x [T, n_groups, dim]` (or `[T, n_groups * dim]`)."""
+        x = x.reshape(x.shape[0], -1)
+        t = x.shape[0]
+        if t == 0:
+            return
+        if x.shape[1] != self.mean.shape[0]:
+            raise HeadscopeError(f"features have width {x.shape[1]}; expected {self.n_groups} x {self.dim}")
+        work = torch.float64 if x.dtype == torch.float64 else torch.float32
+        x = x.to(self.mean.device, work)
+        mb = x.mean(0)
+        xc = x - mb
+        self.scatter += (xc.T @ xc).to(torch.float64)
+        delta = mb.to(torch.float64) - self.mean
+        total = self.count + t
+        self.scatter.addr_(delta, delta, alpha=self.count * t / total)
+        self.mean += delta * (t / total)
+        self.count = total
+
+    def cka(self, transform: torch.Tensor | None = None) -> np.ndarray:
+        """`[N, N]` linear CKA between groups; `transform [N, k, dim]` maps group i's features x to R_i x first.
+
+        With R_i the triangular factor of W_O^h (W_O^h = Q R), the CKA is that of the head's
+        residual-stream contributions: they have the same sample Gram matrix as R_i x.
+        """
+        n, d = self.n_groups, self.dim
+        c = self.scatter.view(n, d, n, d)
+        num = torch.empty(n, n, dtype=torch.float64, device=c.device)
+        rows = max(1, _CHUNK // max(1, n * d * d))
+        r = None if transform is None else transform.to(c.device, torch.float64)
+        for i0 in range(0, n, rows):
+            block = c[i0:i0 + rows]  # [c, d, N, d]
+            if r is not None:
+                block = torch.einsum("iab,ibjc->iajc", r[i0:i0 + rows], block)
+                block = torch.einsum("iajc,jdc->iajd", block, r)
+            num[i0:i0 + rows] = (block ** 2).sum((1, 3))
+        self_norm = num.diagonal().sqrt()
+        den = self_norm[:, None] * self_norm[None, :]
+        out = torch.where(den > 0, num / den.clamp_min(1e-300), torch.full_like(num, float("nan")))
+        out = (out + out.T) / 2
+        return out.cpu().numpy()
+
+
+def check_thresholds(js_max: float, cka_min: float) -> None:
+    """Raise a clear error unless 0 < js_max <= ln 2 and 0 <= cka_min < 1."""
+    if not 0 < js_max <= LN2 or not 0 <= cka_min < 1:
+        raise HeadscopeError(f"near-duplicate thresholds need 0 < js_max <= ln 2 = {LN2:.3f} and "
+                             f"0 <= cka_min < 1; got js_max={js_max}, cka_min={cka_min}")
+
+
+# --- the result -------------------------------------------------------------------------------------
+@dataclass
+class Similarity:
+    """Pairwise head similarity matrices `[N, N]` (head index layer * n_heads + head) plus metadata."""
+
+    n_layers: int
+    n_heads: int
+    matrices: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return self.n_layers * self.n_heads
+
+    def head_names(self) -> list[str]:
+        """`L0H0, L0H1, ...` in index order."""
+        return [head_name(i // self.n_heads, i % self.n_heads) for i in range(self.n)]
+
+    def index(self, head: str | tuple[int, int]) -> int:
+        """Matrix index of a head given as `L3H7` or `(3, 7)`."""
+        layer, h = parse_head(head) if isinstance(head, str) else head
+        if not (0 <= layer < self.n_layers and 0 <= h < self.n_heads):
+            raise HeadscopeError(f"head {head_name(layer, h)} does not exist in a {self.n_layers} x "
+                                 f"{self.n_heads} model")
+        return layer * self.n_heads + h
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            return self.matrices[name]
+        except KeyError:
+            raise KeyError(f"no similarity matrix {name!r}; have {', '.join(self.matrices)}") from None
+
+    def pair(self, a: str | tuple[int, int], b: str | tuple[int, int]) -> dict[str, float]:
+        """Every metric of one pair of heads."""
+        i, j = self.index(a), self.index(b)
+        return {name: float(m[i, j]) for name, m in self.matrices.items()}
+
+    def pairs(self):
+        """A DataFrame with one row per unordered pair: head_a, head_b, the metrics, same_layer; js ascending."""
+        import pandas as pd
+
+        names = self.head_names()
+        iu, ju = np.triu_indices(self.n, k=1)
+        cols: dict[str, Any] = {"head_a": [names[i] for i in iu], "head_b": [names[j] for j in ju]}
+        for name in [m for m in METRICS if m in self.matrices] + [m for m in self.matrices if m not in METRICS]:
+            cols[name] = self.matrices[name][iu, ju]
+        cols["same_layer"] = (iu // self.n_heads == ju // self.n_heads).astype(int)
+        df = pd.DataFrame(cols)
+        keys = [k for k in ("js", "cka") if k in df.columns]
+        if keys:
+            df = df.sort_values(keys, ascending=[True, False][: len(keys)], kind="stable", na_position="last")
+        return df.reset_index(drop=True)
+
+    def clusters(self, js_max: float = DEFAULT_JS_MAX, cka_min: float = DEFAULT_CKA_MIN) -> list[dict[str, Any]]:
+        """Groups of near-duplicate heads: complete-linkage clusters in which EVERY pair has
+        js <= js_max and cka >= cka_min (pairs with NaN never qualify). Clusters of 2+ heads only."""
+        from scipy.cluster.hierarchy import fcluster, linkage
+        from scipy.spatial.distance import squareform
+
+        check_thresholds(js_max, cka_min)
+        js, cka = self["js"], self["cka"]
+        # Scaled so that 1 is the edge of both thresholds: d <= 1 iff the pair qualifies on both.
+        with np.errstate(invalid="ignore"):
+            d = np.maximum(js / js_max, (1 - cka) / (1 - cka_min))
+        d = np.where(np.isnan(d), 1e6, np.maximum(d, 0.0))
+        np.fill_diagonal(d, 0.0)
+        d = (d + d.T) / 2
+        if self.n < 2:
+            return []
+        labels = fcluster(linkage(squareform(d, checks=False), method="complete"), t=1.0, criterion="distance")
+        names = self.head_names()
+        out = []
+        for lab in np.unique(labels):
+            idx = np.flatnonzero(labels == lab)
+            if len(idx) < 2:
+                continue
+            sub = np.ix_(idx, idx)
+            iu = np.triu_indices(len(idx), k=1)
+            out.append({"heads": [names[i] for i in idx], "size": int(len(idx)),
+                        "max_js": float(js[sub][iu].max()), "mean_js": float(js[sub][iu].mean()),
+                        "min_cka": float(cka[sub][iu].min()), "mean_cka": float(cka[sub][iu].mean())})
+        out.sort(key=lambda c: (-c["size"], c["mean_js"]))
+        return out
+
+    def to_npz(self, path: Any = None) -> bytes:
+        """similarity.npz: every matrix, the head names and the metadata (JSON); written atomically if `path`."""
+        buf = io.BytesIO()
+        np.savez_compressed(buf, heads=np.array(self.head_names()), n_layers=self.n_layers, n_heads=self.n_heads,
+                            meta=np.array(json.dumps(self.meta, default=str)),
+                            **{k: v.astype(np.float64) for k, v in self.matrices.items()})
+        data = buf.getvalue()
+        if path is not None:
+            atomic_write_bytes(path, data)
+        return data
+
+    @classmethod
+    def from_npz(cls, path: Any) -> "Similarity":
+        """Read a similarity.npz written by `to_npz`."""
+        with np.load(path, allow_pickle=False) as z:
+            skip = {"heads", "n_layers", "n_heads", "meta"}
+            return cls(int(z["n_layers"]), int(z["n_heads"]), {k: z[k] for k in z.files if k not in skip},
+                       json.loads(str(z["meta"])))
+
+
+# --- streaming over data ----------------------------------------------------------------------------
+def _query_selection(ids: list[list[int]], causal: bool, max_tokens: int | None, seed: int) -> list[np.ndarray]:
+    """Per passage, a bool array of the query positions JS uses.
+
+    Causal models skip position 0: with one visible key every head's distribution there is the same
+    one-hot, which would pull every JS toward 0. With `max_tokens`, a seeded uniform sample of them.
+    """
+    sel = [np.arange(len(t)) >= (1 if causal else 0) for t in ids]
+    total = int(sum(s.sum() for s in sel))
+    if total == 0:
+        raise HeadscopeError("no query tokens to compare: causal models need passages of at least 2 tokens")
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise HeadscopeError(f"--js-max-tokens must be at least 1, got {max_tokens}")
+        if max_tokens < total:
+            keep = np.zeros(total, dtype=bool)
+            keep[np.random.default_rng(seed).choice(total, size=max_tokens, replace=False)] = True
+            flat_pos = 0
+            for s in sel:
+                where = np.flatnonzero(s)
+                s[where] = keep[flat_pos:flat_pos + len(where)]
+                flat_pos += len(where)
+    return sel
+
+
+def similarity(
+    hm: HeadModel,
+    data: Any = None,
+    *,
+    max_length: int | None = None,
+    batch_size: int = 16,
+    limit: int | None = None,
+    js_max_tokens: int | None = None,
+    seed: int = 0,
+    weights: bool = True,
+    progress: bool = False,
+) -> Similarity:
+    """Pairwise similarity of all heads of `hm` over `data` (default: the built-in English sample).
+
+    `data` takes the same forms as `headscope.analyze`. `js_max_tokens` caps the number of query
+    tokens JS is averaged over (a seeded uniform sample), for big models; CKA always uses every
+    non-padding token. `weights=False` skips the weight-space angles.
+    """
+    max_len = resolve_max_length(hm, max_length)
+    ids, source, truncated, _, _ = prepare_tokens(hm, data, max_len, limit)
+    for layer in range(hm.n_layers):
+        if hm.heads_in_layer(layer) != hm.n_heads:
+            raise HeadscopeError(f"layer {layer} has {hm.heads_in_layer(layer)} heads, not {hm.n_heads}; "
+                                 f"similarity needs an unpruned model")
+    selection = _query_selection(ids, hm.causal, js_max_tokens, seed)
+    n_layers, n_heads, n = hm.n_layers, hm.n_heads, hm.n_layers * hm.n_heads
+    device = hm.device
+    js_sum = torch.zeros(n, n, dtype=torch.float64, device=device)
+    n_queries, n_tokens = 0, 0
+    cka = StreamingCKA(n, hm.d_head, device=device)
+
+    maps: dict[int, torch.Tensor] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    cur: dict[str, torch.Tensor] = {}
+
+    def keep_map(layer: int, probs: torch.Tensor) -> None:
+        # Reduce at once to the selected (query, key) entries: [head, entries].
+        maps[layer] = probs.permute(1, 0, 2, 3)[:, cur["entries"]]
+
+    def keep_z(layer: int, z: torch.Tensor) -> None:
+        outputs[layer] = z[cur["tokens"]]  # [tokens, head, d_head]
+
+    n_batches = (len(ids) + batch_size - 1) // batch_size
+    bar = tqdm(total=n_batches, desc="similar", unit="batch", disable=not progress, leave=False)
+    try:
+        with on_attention_weights(hm, keep_map), on_head_outputs(hm, keep_z), torch.inference_mode():
+            for batch in batches(ids, batch_size, pad_id=pad_id(hm)):
+                valid = batch.attention_mask.bool().to(device)  # [B, P]
+                width = valid.shape[1]
+                queries = torch.zeros_like(valid)
+                for r, i in enumerate(batch.index):
+                    queries[r, : len(selection[i])] = torch.from_numpy(selection[i])
+                entries = queries[:, :, None] & valid[:, None, :]  # [B, Q, K]
+                if hm.causal:
+                    entries &= torch.ones(width, width, dtype=torch.bool, device=device).tril()
+                cur["entries"], cur["tokens"] = entries, valid
+                maps.clear()
+                outputs.clear()
+                hm.model(**batch.model_inputs(device), use_cache=False)
+                if len(maps) != n_layers or len(outputs) != n_layers:
+                    raise HeadscopeError(f"captured {len(maps)} attention maps and {len(outputs)} head outputs "
+                                         f"for {n_layers} layers; the model's forward skipped some layers")
+                js_sum += pairwise_js_sums(torch.cat([maps[l] for l in range(n_layers)]))
+                n_queries += int(queries.sum())
+                cka.update(torch.cat([outputs[l] for l in range(n_layers)], dim=1))  # [tokens, N, d_head]
+                n_tokens += int(valid.sum())
+                maps.clear()
+                outputs.clear()
+                bar.update(1)
+    finally:
+        bar.close()
+
+    r = torch.cat([torch.linalg.qr(layer_weights(hm, l).o.double())[1] for l in range(n_layers)])  # [N, d, d]
+    matrices = {"js": (js_sum / max(n_queries, 1)).cpu().numpy(), "cka": cka.cka(r), "cka_z": cka.cka()}
+    if weights:
+        matrices.update(weight_similarity(hm))
+    meta = {"model": hm.name, "model_source": hm.source, "model_type": hm.config.model_type,
+            "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,
+            "causal": hm.causal, "data": source, "passages": len(ids), "truncated": truncated,
+            "max_length": max_len, "batch_size": batch_size, "js_queries": n_queries, "cka_tokens": n_tokens,
+            "js_max_tokens": js_max_tokens, "seed": seed, "js_log_base": "e", "versions": versions()}
+    return Similarity(n_layers, n_heads, matrices, meta)
