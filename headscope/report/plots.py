@@ -106,6 +106,7 @@ def redundancy_profile(rows: Sequence[dict[str, Any]], path: Path | None = None)
     if not all(math.isnan(h) for h in heads):
         ax.bar(layers, heads, color="#dddddd", label="heads")
     ax.bar(layers, removable, color="#c0504d", label="removable")
+    ax.set_xticks(layers if len(layers) <= 16 else layers[:: max(1, len(layers) // 15)])
     ax.set_xlabel("layer")
     ax.set_ylabel("heads")
     ax.legend(fontsize=8)

@@ -247,6 +247,7 @@
     toks.forEach(function (t) { wmax = Math.max(wmax, ctx.measureText(t).width); });
     var left = Math.ceil(Math.min(wmax, 110)) + 8, top = left;
     canvas.width = left + n * cell + 2; canvas.height = top + n * cell + 2;
+    canvas.dataset.left = left; canvas.dataset.top = top; canvas.dataset.cell = cell;
     ctx = canvas.getContext('2d');
     ctx.font = '11px system-ui, sans-serif';
     ctx.fillStyle = '#fff'; ctx.fillRect(0, 0, canvas.width, canvas.height);
@@ -265,7 +266,7 @@
       ctx.save(); ctx.translate(left + i * cell + cell / 2, top - 4); ctx.rotate(-Math.PI / 2);
       ctx.textAlign = 'left'; ctx.fillText(t.slice(0, 16), 0, 0); ctx.restore();
     });
-    var cap = el('div', { cls: 'caption', text: 'rows: query token, columns: key token; hover for weights' });
+    var cap = el('div', { cls: 'caption map-caption', text: 'rows: query token, columns: key token; hover for weights' });
     canvas.addEventListener('mousemove', function (ev) {
       var r = canvas.getBoundingClientRect();
       var kx = Math.floor((ev.clientX - r.left - left) / cell), qy = Math.floor((ev.clientY - r.top - top) / cell);
@@ -349,7 +350,7 @@
       return s.baseline && typeof r[s.accuracy] === 'number' && r[s.accuracy] > r[s.baseline] ? 'beats' : ''; } }));
   }
   function drawMatrix(m, N, names) {
-    var px = Math.max(1, Math.min(8, Math.floor(560 / N)));
+    var px = Math.max(1, Math.min(16, Math.floor(480 / N)));
     var canvas = el('canvas', { width: N * px, height: N * px, 'data-matrix': '1' });
     var ctx = canvas.getContext('2d'), bytes = b64bytes(m.data);
     var img = ctx.createImageData(N * px, N * px);
@@ -421,7 +422,7 @@
 
   // --- question 3 -------------------------------------------------------------------------------
   function miniGrid(col) {
-    var vals = D.columns[col], cell = Math.max(4, Math.min(14, Math.floor(180 / Math.max(H, L / 2))));
+    var vals = D.columns[col], cell = Math.max(4, Math.min(18, Math.floor(200 / Math.max(H, L / 2))));
     var canvas = el('canvas', { width: H * cell, height: L * cell, 'data-importance': col });
     var ctx = canvas.getContext('2d');
     // rank scale: criteria have different units, ranks make them comparable side by side

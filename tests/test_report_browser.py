@@ -1,0 +1,140 @@
+"""The report in a real browser (headless Chromium via Playwright): renders without console errors,
+shows every head, opens a head's maps, recolours the grid, and makes no network request."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from headscope.models.tiny import tiny_model
+from headscope.report import render_report
+from headscope.report.examples import decode_maps
+from test_report import IDS, page_data, write_outputs
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """A tiny causal GQA model (llama, 2 layers x 6 heads) with every section's file present."""
+    hm = tiny_model("llama", init_std=0.2)
+    out = tmp_path_factory.mktemp("report")
+    write_outputs(out, hm.n_layers, hm.n_heads, np.random.default_rng(0))
+    path = render_report(out, model=hm, data=IDS, sentences=2)
+    return hm, path
+
+
+def open_page(browser, path: Path):
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    problems: list[str] = []
+    requests: list[str] = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning")
+            else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("request", lambda r: requests.append(r.url))
+
+    def route(r):
+        # Every request is recorded and anything but the page itself or inline data is refused.
+        if r.request.url.startswith(("file:", "data:")):
+            r.continue_()
+        else:
+            r.abort()
+
+    page.route("**/*", route)
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=10000)
+    return page, problems, requests
+
+
+def colours(page) -> list[str]:
+    return page.eval_on_selector_all("#grid .cell", "cs => cs.map(c => getComputedStyle(c).backgroundColor)")
+
+
+def test_report_in_chromium(browser, report):
+    hm, path = report
+    page, problems, requests = open_page(browser, path)
+    try:
+        n = hm.n_layers * hm.n_heads
+        assert page.locator("#grid .cell").count() == n
+        names = page.eval_on_selector_all("#grid .cell", "cs => cs.map(c => c.dataset.name)")
+        assert names == [f"L{l}H{h}" for l in range(hm.n_layers) for h in range(hm.n_heads)]
+
+        # Switching the colouring column recolours the cells.
+        page.select_option("#colour-by", "entropy_norm")
+        before = colours(page)
+        assert len(set(before)) > 1, before
+        page.select_option("#colour-by", "importance_gradient")
+        after = colours(page)
+        assert after != before
+
+        # Clicking a head shows that head's maps; hovering a map cell shows the weight transformers computes.
+        layer, head = 1, 4
+        page.locator(f"#grid .cell[data-name='L{layer}H{head}']").click()
+        assert page.locator("#head-detail h3").inner_text().startswith(f"L{layer}H{head}")
+        canvases = page.locator("#head-detail canvas")
+        assert canvases.count() == 2
+        assert page.eval_on_selector_all("#head-detail canvas", "cs => cs.map(c => c.dataset.head)") == \
+            [f"L{layer}H{head}"] * 2
+        ids = IDS[0]
+        with torch.inference_mode():
+            ref = hm.model(input_ids=torch.tensor([ids]), output_attentions=True).attentions[layer][0, head].numpy()
+        canvas = canvases.nth(0)
+        left, top, cell = (float(canvas.get_attribute(f"data-{k}")) for k in ("left", "top", "cell"))
+        q, k = 7, 2  # the repeated half of IDS[0] attends back
+        canvas.hover(position={"x": left + k * cell + cell / 2, "y": top + q * cell + cell / 2})
+        caption = page.locator("#head-detail .map-caption").nth(0).inner_text()
+        shown = float(caption.rsplit(":", 1)[1])
+        assert abs(shown - ref[q, k]) <= 0.5 / 255 + 5e-4, f"shown {shown}, transformers {ref[q, k]:.4f}, {caption!r}"
+        first = canvas.evaluate("c => c.toDataURL()")
+        page.locator("#grid .cell[data-name='L0H0']").click()
+        assert page.locator("#head-detail canvas").nth(0).evaluate("c => c.toDataURL()") != first
+
+        # Every section rendered something; nothing says "not run yet" since every file is there.
+        assert page.locator(".missing").count() == 0
+        assert page.locator("#rankcorr table").count() == 1 and page.locator("#prune img").count() == 1
+
+        page.locator(f"#grid .cell[data-name='L{layer}H{head}']").click()
+        page.mouse.move(0, 0)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "report-tiny-llama.png"), full_page=True)
+        assert problems == [], problems
+        assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
+        assert requests[0] == path.as_uri()
+    finally:
+        page.close()
+
+
+def test_missing_sections_in_chromium(browser, tmp_path):
+    hm = tiny_model("bert", init_std=0.2)
+    path = render_report(tmp_path / "bare", model=hm, data=IDS, sentences=1)
+    page, problems, requests = open_page(browser, path)
+    try:
+        texts = page.locator(".missing").all_inner_texts()
+        assert any("not run yet: run headscope score" in t for t in texts), texts
+        assert any("not run yet: run headscope prune" in t for t in texts), texts
+        assert page.locator("#grid .cell").count() == hm.n_layers * hm.n_heads
+        # The plain-language summary is there and names this model's numbers.
+        assert re.search(r"\d+ of 8 heads", page.locator("#q1-text").inner_text())
+        assert problems == [], problems
+        assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
+    finally:
+        page.close()
