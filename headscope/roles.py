@@ -91,11 +91,14 @@ def rare_word_targets(text: str, offsets: list[tuple[int, int]], freq: Counter) 
 
     Words are whitespace-separated, normalised like PTB; pure punctuation is not a word.
     """
-    spans, pos = [], 0
+    spans = []
     for m in re.finditer(r"\S+", text):
         w = normalise_word(m.group())
         if w:
-            spans.append((m.start(), m.end(), freq.get(w, 0)))
+            # the word's own characters: outer punctuation (e.g. the full stop of "mat.") is not the word
+            core = m.group().strip(_STRIP) or m.group()
+            s = m.start() + m.group().find(core)
+            spans.append((s, s + len(core), freq.get(w, 0)))
     if len(spans) < 2:
         return None
     rarest = min(c for _, _, c in spans)
