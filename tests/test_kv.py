@@ -274,3 +274,20 @@ def test_cli_writes_csv_matching_the_calculator(tmp_path, capsys):
     assert "--force" in capsys.readouterr().err
     assert main(["kv", "llama2-7b", "--dtype", "fp33"]) == 2
     assert "fp32" in capsys.readouterr().err
+
+
+# --- built-in names read only the config, and agree with the loaded models' adapters ----------------
+
+
+def test_builtin_names_agree_with_loaded_models(minilm, smollm2):
+    for hm, name in ((minilm, "minilm"), (smollm2, "smollm2")):
+        s = attention_shape(name)
+        assert (s.n_layers, s.n_heads, s.n_kv_heads, s.d_head) == (hm.n_layers, hm.n_heads, hm.n_kv_heads, hm.d_head)
+    assert attention_shape("minilm").layout == "MHA" and attention_shape("smollm2").layout == "GQA"
+
+
+def test_smollm2_config_from_gguf_header_when_no_float_copy(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path))  # no float copy there: falls back to the GGUF metadata
+    s = attention_shape("smollm2")
+    assert (s.n_layers, s.n_heads, s.n_kv_heads, s.d_head, s.windows) == (30, 9, 3, 64, (None,) * 30)
+    assert not any(tmp_path.iterdir())  # nothing converted or written
