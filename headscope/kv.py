@@ -17,14 +17,11 @@ or a model directory, or a dict in headscope's own names (n_layers, n_heads, n_k
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .errors import HeadscopeError, did_you_mean
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "CLASSIC_CONFIGS",
