@@ -251,7 +251,10 @@ class StreamingCKA:
         x = x.to(self.mean.device, work)
         mb = x.mean(0)
         xc = x - mb
-        self.scatter += (xc.T @ xc).to(torch.float64)
+        # Row blocks keep the float32 -> float64 temporary small (SmolLM2: 17280^2 features).
+        rows = max(1, _CHUNK * 16 // xc.shape[1])
+        for r0 in range(0, xc.shape[1], rows):
+            self.scatter[r0:r0 + rows] += (xc[:, r0:r0 + rows].T @ xc).to(torch.float64)
         delta = mb.to(torch.float64) - self.mean
         total = self.count + t
         self.scatter.addr_(delta, delta, alpha=self.count * t / total)
