@@ -354,22 +354,10 @@ def human_bytes(n: float) -> str:
 
 def _builtin_config(name: str) -> dict[str, Any]:
     """The config of a built-in model without loading weights (the float copy's config.json for smollm2)."""
-    from .models.loading import BUILTINS, SMOLLM2_GGUF, cache_dir
+    from .models.loading import BUILTINS, builtin_config_dict
 
-    b = BUILTINS[name]
-    try:
-        src = b.locate()
-    except ModuleNotFoundError:
-        raise HeadscopeError(f"built-in model {name!r} is not installed; install it with: {b.install}") from None
-    if name == "smollm2":
-        # Same folder name as models/loading.py's float copy; present after the first load_model("smollm2").
-        copy = cache_dir() / "smollm2-135m-instruct-f32" / "config.json"
-        if copy.exists():
-            return {**json.loads(copy.read_text()), "_name": "SmolLM2-135M-Instruct"}
-        from transformers import AutoConfig  # reads only the GGUF header, not the weights
-
-        return {**AutoConfig.from_pretrained(src, gguf_file=SMOLLM2_GGUF).to_dict(), "_name": "SmolLM2-135M-Instruct"}
-    return {**json.loads((src / "config.json").read_text()), "_name": b.description.split(" (")[0]}
+    name_text = "SmolLM2-135M-Instruct" if name == "smollm2" else BUILTINS[name].description.split(" (")[0]
+    return {**builtin_config_dict(name), "_name": name_text}
 
 
 def _classic_key(name: str) -> str | None:

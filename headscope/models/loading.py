@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -89,10 +90,33 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HEADSCOPE_CACHE", Path.home() / ".cache" / "headscope"))
 
 
+def smollm2_float_dir() -> Path:
+    """Where the float32 copy of SmolLM2 lives once made."""
+    return cache_dir() / "smollm2-135m-instruct-f32"
+
+
+def builtin_config_dict(name: str) -> dict:
+    """A built-in model's config as a dict, without loading weights (SmolLM2: the float copy's
+    config.json when it exists, else the GGUF header, ~4 s)."""
+    b = BUILTINS[name]
+    try:
+        src = b.locate()
+    except ModuleNotFoundError:
+        raise HeadscopeError(f"built-in model {name!r} is not installed; install it with: {b.install}") from None
+    if name == "smollm2":
+        copy = smollm2_float_dir() / "config.json"
+        if copy.exists():
+            return json.loads(copy.read_text())
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(src, gguf_file=SMOLLM2_GGUF).to_dict()
+    return json.loads((src / "config.json").read_text())
+
+
 def _smollm2_float_copy() -> Path:
     """A float32 safetensors copy of SmolLM2, made once from the GGUF (first load ~20 s)."""
     src = _smollm2_dir()
-    target = cache_dir() / "smollm2-135m-instruct-f32"
+    target = smollm2_float_dir()
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
