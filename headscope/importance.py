@@ -105,9 +105,11 @@ def parse_methods(methods: str | Sequence[str]) -> list[str]:
 def base_gates(hm: HeadModel, gates: torch.Tensor | None) -> torch.Tensor:
     """The current mask as a float `[L, H]` tensor on the model's device (ones when None)."""
     want = (hm.n_layers, hm.n_heads)
+    # float64 models (finite-difference tests) get float64 gates; everything else float32.
+    dtype = torch.float64 if next(hm.model.parameters()).dtype == torch.float64 else torch.float32
     if gates is None:
-        return torch.ones(want, device=hm.device)
-    g = torch.as_tensor(gates, dtype=torch.float32)
+        return torch.ones(want, device=hm.device, dtype=dtype)
+    g = torch.as_tensor(gates).to(dtype)
     if tuple(g.shape) != want:
         raise HeadscopeError(f"gates have shape {tuple(g.shape)}; expected [n_layers, n_heads] = {list(want)}")
     return g.detach().to(hm.device)
@@ -340,6 +342,9 @@ def gradient_scores(hm: HeadModel, prep: Prepared, metric: str, *, gates: torch.
         taylor += (base.double().cpu() * grad / den.detach().cpu()[:, None, None]).abs().sum(0)
         terms += float(den.sum())
         passages += B
+    # Pruned heads still have a gradient (the effect of bringing them back); it is not theirs to
+    # rank, so it is left out of the sums and of the per-layer norms.
+    raw[(base == 0).cpu()] = 0.0
     raw_mean = raw / max(terms, 1.0)
     norm = raw.pow(2).sum(-1, keepdim=True).sqrt()
     normed = torch.where(norm > 0, raw / norm.clamp_min(1e-300), raw)

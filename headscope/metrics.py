@@ -244,6 +244,11 @@ class RowMetric:
     extra: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # name -> (num, den)
 
 
+def _widen(t: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits to float32 for the softmax; float32/float64 stay as they are."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
 def lm_token_losses(hm: HeadModel, hidden: torch.Tensor, input_ids: torch.Tensor,
                     attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row sum of next-token cross-entropy and the number of predicted tokens."""
@@ -253,7 +258,7 @@ def lm_token_losses(hm: HeadModel, hidden: torch.Tensor, input_ids: torch.Tensor
         h = hidden[s:s + _LOGIT_ROWS, :-1]
         target = input_ids[s:s + _LOGIT_ROWS, 1:]
         keep = attention_mask[s:s + _LOGIT_ROWS, 1:].bool()  # right padding: target real => query real
-        logits = head(h).float()
+        logits = _widen(head(h))
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
         ce = ce.view(target.shape) * keep
         sums.append(ce.sum(-1))
@@ -276,7 +281,7 @@ def row_metric(hm: HeadModel, metric: str, input_ids: torch.Tensor, attention_ma
     if metric == "accuracy":
         logits = hm.model(input_ids=input_ids, attention_mask=attention_mask).logits
         correct = (logits.argmax(-1) == labels).double()
-        ce = F.cross_entropy(logits.float(), labels, reduction="none").double()
+        ce = F.cross_entropy(_widen(logits), labels, reduction="none").double()
         ones = torch.ones_like(correct)
         return RowMetric(correct, ones, {"cross_entropy": (ce, ones)})
     if metric == "fidelity":
