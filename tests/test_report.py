@@ -59,14 +59,15 @@ def write_outputs(out: Path, n_layers: int, n_heads: int, rng: np.random.Generat
              "census": {"previous_token": [{"head": f"L{l}H{h}", "score": float(prev[l, h]), "baseline": 0.2}
                                            for l, h in heads if prev[l, h] > 0.5]}}
     (out / "roles.json").write_text(json.dumps(roles))
-    rows = [{"kind": "head", "layer": l, "head": h, "relation": "nsubj", "count": 10, "dep_to_head": a,
+    rows = [{"kind": "head", "layer": l, "head": h, "relation": "nsubj", "count": 30, "dep_to_head": a,
              "head_to_dep": a / 2, "accuracy": a, "baseline_offset": ""}
             for (l, h), a in zip(heads, rng.random(len(heads)))]
-    rows.append({"kind": "offset_baseline", "layer": "", "head": "", "relation": "nsubj", "count": 10,
+    rows.append({"kind": "offset_baseline", "layer": "", "head": "", "relation": "nsubj", "count": 30,
                  "dep_to_head": 0.3, "head_to_dep": 0.3, "accuracy": 0.3, "baseline_offset": -1})
     pd.DataFrame(rows).to_csv(out / "syntax.csv", index=False)
-    pd.DataFrame({"heads": [1, 2, 4], "d_head": [32, 16, 8], "kv_heads": [1, 2, 4], "val_loss": [4.0, 3.8, 3.9],
-                  "val_ppl": [54.6, 44.7, 49.4], "tokens_per_s": [900, 800, 700]}).to_csv(out / "sweep.csv", index=False)
+    pd.DataFrame({"task": "ptb", "n_heads": [1, 2, 4, 4], "d_head": [32, 16, 8, 8], "n_kv_heads": [1, 2, 4, 1],
+                  "val_loss": [4.0, 3.8, 3.9, 3.95], "val_ppl": [54.6, 44.7, 49.4, 51.9],
+                  "tokens_per_s": [900, 800, 700, 750]}).to_csv(out / "sweep.csv", index=False)
     (out / "gqa.json").write_text(json.dumps({"kv_heads": 2, "ppl_before": 20.0, "ppl_after": 24.0}))
     return {"grad": grad, "prev": prev}
 
@@ -107,6 +108,7 @@ def test_report_reads_every_section(tmp_path, bert):
     assert d["prune"]["summary"]["speedup"] == 1.37
     assert any("1.37x" in s for s in d["text"]["q3"]), d["text"]["q3"]
     assert any("nsubj" in s for s in d["text"]["q1"]), d["text"]["q1"]
+    assert any("Best val_ppl on the ptb task: 44.7 with 2 heads" in s for s in d["text"]["q2"]), d["text"]["q2"]
     # PNG figures were written beside the page.
     for name in ("report-importance.png", "report-prune-curve.png", "report-redundancy.png", "report-sweep.png",
                  "report-heads-entropy_norm.png"):

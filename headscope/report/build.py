@@ -98,18 +98,19 @@ def summarise_heads(table: HeadTable, special_names: str) -> list[str]:
         (l, h, d), = table.top("mean_distance", 1)
         out.append(f"The longest-range head is L{l}H{h}, looking {d:.1f} tokens away on average.")
     if "roles" in table:
-        counts: dict[str, int] = {}
+        fams: dict[str, set[tuple[int, int]]] = {}
         none = 0
         for l, h in table.heads():
             v = table["roles"][l, h]
-            names = [r for r in str(v).split(";") if r.strip() and str(v) not in ("nan", "None")]
+            names = [r.strip() for r in str(v).split(";") if r.strip() and str(v) not in ("nan", "None")]
             if not names:
                 none += 1
             for r in names:
-                counts[r.strip()] = counts.get(r.strip(), 0) + 1
-        if counts:
-            parts = ", ".join(f"{r} {c}" for r, c in sorted(counts.items(), key=lambda t: -t[1]))
-            out.append(f"Roles above their baselines: {parts}; {none} heads have no clear role.")
+                fams.setdefault(r.split(":", 1)[0], set()).add((l, h))
+        if fams:
+            parts = ", ".join(f"{r} {len(c)}" for r, c in sorted(fams.items(), key=lambda t: -len(t[1])))
+            out.append(f"Heads per role family (a head can hold several): {parts}; {none} heads hold no role "
+                       "above its baseline.")
     return out
 
 
@@ -122,6 +123,9 @@ def _roles_column(table: HeadTable) -> list[str] | None:
         s = "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
         vals.append(";".join(r.strip() for r in s.split(";") if r.strip()))
     return vals
+
+
+MIN_RELATION_COUNT = 20
 
 
 def _syntax(src: Sources, coref: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -158,6 +162,9 @@ def _syntax(src: Sources, coref: dict[str, Any] | None = None) -> dict[str, Any]
             best.append({"relation": k, "best head": f"L{lh[0]}H{lh[1]}" if lh else "?", "accuracy": r[acc],
                          "baseline": b[0], **({"baseline offset": b[1]} if b[1] not in (None, "") else {}),
                          **({"count": r["count"]} if "count" in r else {})})
+    # Relations seen only a few times give accuracies of 0 or 1 by chance; leave them out.
+    rare = [r for r in best if isinstance(r.get("count"), (int, float)) and r["count"] < MIN_RELATION_COUNT]
+    best = [r for r in best if r not in rare]
     if coref and isinstance(coref.get("best"), dict):
         best.append(coref["best"])
     best.sort(key=lambda r: -(r["accuracy"] or 0))
@@ -171,7 +178,10 @@ def _syntax(src: Sources, coref: dict[str, Any] | None = None) -> dict[str, Any]
     columns = []
     for r in best:
         columns += [c for c in r if c not in columns]
-    return {"columns": columns, "best": best[:60], "text": text, "relation": "relation", "accuracy": "accuracy",
+    note = (f"Best single head per relation (green: beats its baseline); {len(rare)} relations seen fewer than "
+            f"{MIN_RELATION_COUNT} times are left out." if rare else
+            "Best single head per relation (green: beats its baseline).")
+    return {"columns": columns, "best": best[:60], "text": text, "note": note, "relation": "relation", "accuracy": "accuracy",
             "baseline": "baseline", "rows": len(rows)}
 
 
@@ -237,7 +247,7 @@ def role_report(rj: Any, n_layers: int, n_heads: int) -> tuple[dict[str, dict[st
                  if isinstance(co.get(k), (int, float))]
             extras["coref"] = {"best": clean({"relation": "coreference (antecedent)", "best head": f"L{l}H{h}",
                                               "accuracy": float(a[l, h]), "baseline": max(b) if b else None,
-                                              **({"count": co["count"]} if "count" in co else {})})}
+                                              "count": co.get("count", co.get("anaphors"))})}
     return clean(per_head), extras
 
 
@@ -368,6 +378,7 @@ def kv_rows(meta: dict[str, Any], src: Sources, config: Any = None) -> tuple[lis
 
 
 def _sweep(src: Sources, out: Path, write_plots: bool) -> dict[str, Any] | None:
+    """sweep.csv: quality and speed against the head count, one line per KV layout (and task)."""
     p = src.get("sweep.csv")
     if p is None:
         return None
@@ -375,29 +386,50 @@ def _sweep(src: Sources, out: Path, write_plots: bool) -> dict[str, Any] | None:
     if got is None:
         return None
     cols, rows = got
-    quality = next((c for c in ("val_ppl", "val_loss", "ppl", "loss", "accuracy") if c in cols), None)
-    speed = next((c for c in ("tokens_per_s", "tok_per_s", "throughput") if c in cols), None)
     res: dict[str, Any] = {"columns": cols, "rows": rows, "text": []}
-    if quality and "heads" in cols:
-        ok = [r for r in rows if r.get(quality) is not None]
-        if ok:
-            higher_better = quality == "accuracy"
-            best = (max if higher_better else min)(ok, key=lambda r: r[quality])
-            one = [r for r in ok if r.get("heads") == 1]
-            s = f"Best {quality} {best[quality]:.3g} with {best['heads']} heads"
-            if "d_head" in best:
-                s += f" (d_head {best['d_head']})"
-            if one:
-                s += f", against {one[0][quality]:.3g} with a single head"
-            s += "."
-            res["text"].append(s)
-            if speed:
-                fast = max((r for r in rows if r.get(speed) is not None), key=lambda r: r[speed], default=None)
-                if fast:
-                    res["text"].append(f"The fastest configuration ({fast[speed]:.3g} {speed}) has "
-                                       f"{fast['heads']} heads.")
-            png = plots.sweep_plot(ok, quality, speed, out / PLOT_NAMES["sweep"] if write_plots else None)
-            res["plot"] = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    hcol = next((c for c in ("n_heads", "heads") if c in cols), None)
+    kvcol = next((c for c in ("n_kv_heads", "kv_heads") if c in cols), None)
+    if hcol is None:
+        return res
+    tasks = sorted({str(r.get("task")) for r in rows}) if "task" in cols else [None]
+    task = "ptb" if "ptb" in tasks else tasks[0]
+    sel = [r for r in rows if task is None or str(r.get("task")) == task]
+    # Lower is better for losses and perplexities; accuracy (synthetic task) is higher-better.
+    quality = next((c for c in ("val_bits_per_token", "val_ppl", "val_loss", "ppl", "loss") if c in cols
+                    and any(isinstance(r.get(c), (int, float)) for r in sel)), None)
+    higher_better = False
+    if quality is None and "val_acc" in cols:
+        quality, higher_better = "val_acc", True
+    speed = next((c for c in ("tokens_per_s", "tok_per_s", "throughput") if c in cols), None)
+    ok = [r for r in sel if isinstance(r.get(quality), (int, float)) and isinstance(r.get(hcol), (int, float))]
+    if not (quality and ok):
+        return res
+    for r in ok:
+        h, kv = r[hcol], r.get(kvcol) if kvcol else None
+        lay = "MHA" if kv in (None, h) else "MQA" if kv == 1 else f"GQA (kv={kv:g})" if isinstance(kv, (int, float)) else "?"
+        r["_group"] = lay if kvcol else quality
+    best = (max if higher_better else min)(ok, key=lambda r: r[quality])
+    one = [r for r in ok if r.get(hcol) == 1]
+    where = f" on the {task} task" if task else ""
+    s = f"Best {quality}{where}: {best[quality]:.4g} with {best[hcol]:g} heads"
+    if isinstance(best.get("d_head"), (int, float)):
+        s += f" of d_head {best['d_head']:g}"
+    if best.get("_group") not in (None, quality, "MHA"):
+        s += f", {best['_group']}"
+    if one and one[0] is not best:
+        s += f"; a single head gets {one[0][quality]:.4g}"
+    res["text"].append(s + f" ({'higher' if higher_better else 'lower'} is better).")
+    if speed:
+        sp = [r for r in ok if isinstance(r.get(speed), (int, float))]
+        if sp:
+            fast, slow = max(sp, key=lambda r: r[speed]), min(sp, key=lambda r: r[speed])
+            res["text"].append(f"Training speed runs from {slow[speed]:.3g} {speed} ({slow[hcol]:g} heads) to "
+                               f"{fast[speed]:.3g} ({fast[hcol]:g} heads).")
+    png = plots.sweep_plot(ok, quality, speed, out / PLOT_NAMES["sweep"] if write_plots else None,
+                           heads=hcol, group="_group", title=f"head-count sweep{where}")
+    for r in ok:
+        r.pop("_group", None)
+    res["plot"] = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     return res
 
 
@@ -410,7 +442,20 @@ def _gqa(src: Sources) -> dict[str, Any] | None:
         return None
     flat = {k: clean(v) for k, v in data.items() if not isinstance(v, (dict, list))}
     nested = {k: clean(v) for k, v in data.items() if isinstance(v, (dict, list))}
-    return {"summary": flat, "details": nested}
+    text = []
+    num = lambda k: isinstance(data.get(k), (int, float)) and not isinstance(data.get(k), bool)  # noqa: E731
+    if num("ppl_before") and num("ppl_after"):
+        s = (f"Converting {data.get('model', 'the model')} from {data.get('n_kv_heads_before', '?')} to "
+             f"{data.get('n_kv_heads_after', '?')} KV heads ({data.get('grouping_used', data.get('grouping', '?'))} "
+             f"grouping) moves held-out perplexity from {data['ppl_before']:.3g} to {data['ppl_after']:.3g}")
+        if num("ppl_uptrained"):
+            s += f", and {data['ppl_uptrained']:.3g} after uptraining"
+        b, a = data.get("kv_bytes_before"), data.get("kv_bytes_after")
+        if isinstance(b, dict) and isinstance(a, dict) and isinstance(b.get("measured"), (int, float)) \
+                and isinstance(a.get("measured"), (int, float)) and b["measured"]:
+            s += f"; its KV cache shrinks to {a['measured'] / b['measured']:.0%} of the original"
+        text.append(s + ".")
+    return {"summary": flat, "details": nested, "text": text}
 
 
 # --- question 3 --------------------------------------------------------------------------------
@@ -428,34 +473,66 @@ def _spearman_text(rc: dict[str, Any]) -> str | None:
             f"closest {hi[0]} vs {hi[1]} ({hi[2]:.2f}), furthest {lo[0]} vs {lo[1]} ({lo[2]:.2f}).")
 
 
+def _find_speedups(obj: Any, path: str = "") -> list[tuple[str, float]]:
+    """(key path, value) of every numeric field whose name mentions speedup, at any depth."""
+    out: list[tuple[str, float]] = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            p = f"{path}.{k}" if path else str(k)
+            if "speedup" in str(k).lower() and isinstance(v, (int, float)) and not isinstance(v, bool):
+                out.append((p, float(v)))
+            else:
+                out += _find_speedups(v, p)
+    return out
+
+
 def _prune(src: Sources, out: Path, write_plots: bool) -> dict[str, Any]:
+    """Pruning curve, redundancy profile and the summary (prune.json) with plain sentences."""
     res: dict[str, Any] = {"text": []}
     summary = read_json(src.get("prune.json")) if src.get("prune.json") else None
     metric_name = "metric"
+    lm = False
     if isinstance(summary, dict):
         res["summary"] = {k: clean(v) for k, v in summary.items() if not isinstance(v, (dict, list))}
         res["details"] = {k: clean(v) for k, v in summary.items() if isinstance(v, (dict, list))}
         metric_name = str(summary.get("metric_name", summary.get("metric", metric_name)))
-        speed = {k: v for k, v in res["summary"].items() if "speedup" in k.lower() and isinstance(v, (int, float))}
-        for k, v in speed.items():
+        lm = metric_name == "lm_loss"
+        within = summary.get("within")
+        if isinstance(within, dict):
+            for level, w in within.items():
+                if not isinstance(w, dict) or not isinstance(w.get("fraction_removed"), (int, float)):
+                    continue
+                drop = "perplexity increase" if lm else f"{metric_name} drop"
+                s = (f"Within a {level} {drop}, {w['fraction_removed']:.0%} of the heads "
+                     f"({w.get('n_removed', '?')}) can be removed")
+                r = w.get("recovered")
+                if isinstance(r, dict) and isinstance(r.get("fraction_removed"), (int, float)):
+                    s += f"; with recovery training between steps, {r['fraction_removed']:.0%} ({r.get('n_removed', '?')})"
+                res["text"].append(s + ".")
+        for k, v in _find_speedups(summary):
             res["text"].append(f"The physically pruned model runs {v:.2f}x as fast as the original ({k}).")
     p = src.get("prune_curve.csv")
     if p is not None:
         got = read_csv_records(p)
         if got:
             cols, rows = got
-            res["curve"] = {"columns": cols, "rows": rows}
+            show = [c for c in cols if c != "removed"]  # the removed-heads lists make the table unreadable
+            res["curve"] = {"columns": show, "rows": [{c: r.get(c) for c in show} for r in rows]}
             ok = [r for r in rows if isinstance(r.get("fraction_removed"), (int, float)) and
                   isinstance(r.get("metric"), (int, float))]
             if ok:
-                base = min(ok, key=lambda r: r["fraction_removed"])
-                mid = min(ok, key=lambda r: abs(r["fraction_removed"] - 0.5))
-                s = (f"Removing {mid['fraction_removed']:.0%} of the heads ({mid.get('n_removed', '?')}) moves "
-                     f"{metric_name} from {base['metric']:.4g} to {mid['metric']:.4g}")
-                if isinstance(mid.get("metric_recovered"), (int, float)):
-                    s += f"; after recovery training it is {mid['metric_recovered']:.4g}"
-                res["text"].append(s + ".")
-                png = plots.prune_curve(ok, metric_name, out / PLOT_NAMES["prune_curve"] if write_plots else None)
+                y, yr = ("perplexity", "perplexity_recovered") if "perplexity" in cols else ("metric", "metric_recovered")
+                label = "perplexity" if y == "perplexity" else metric_name
+                if not res["text"]:
+                    base = min(ok, key=lambda r: r["fraction_removed"])
+                    mid = min(ok, key=lambda r: abs(r["fraction_removed"] - 0.5))
+                    s = (f"Removing {mid['fraction_removed']:.0%} of the heads ({mid.get('n_removed', '?')}) moves "
+                         f"{label} from {base[y]:.4g} to {mid[y]:.4g}")
+                    if isinstance(mid.get(yr), (int, float)):
+                        s += f"; with recovery training it is {mid[yr]:.4g}"
+                    res["text"].append(s + ".")
+                png = plots.prune_curve(ok, label, out / PLOT_NAMES["prune_curve"] if write_plots else None,
+                                        columns=(y, yr))
                 res["curve"]["plot"] = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     p = src.get("redundancy.csv")
     if p is not None:
@@ -467,10 +544,12 @@ def _prune(src: Sources, out: Path, write_plots: bool) -> dict[str, Any]:
                   isinstance(r.get("layer"), (int, float))]
             if ok:
                 top = max(ok, key=lambda r: r["removable"])
+                low = min(ok, key=lambda r: r["removable"])
                 tot = sum(r["removable"] for r in ok)
-                res["text"].append(f"{tot:g} heads are removable in all; layer {top['layer']:g} has the most "
-                                   f"({top['removable']:g}" + (f" of {top['heads']:g}" if isinstance(
-                                       top.get("heads"), (int, float)) else "") + ").")
+                of = lambda r: f" of {r['heads']:g}" if isinstance(r.get("heads"), (int, float)) else ""  # noqa: E731
+                res["text"].append(f"At the target drop {tot:g} heads are removable; layer {top['layer']:g} is the "
+                                   f"most redundant ({top['removable']:g}{of(top)}) and layer {low['layer']:g} the "
+                                   f"least ({low['removable']:g}{of(low)}).")
                 png = plots.redundancy_profile(ok, out / PLOT_NAMES["redundancy"] if write_plots else None)
                 res["redundancy"]["plot"] = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     return res
@@ -580,6 +659,7 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
     if gqa is None:
         data["missing"]["gqa"] = missing_note("gqa.json")
     else:
+        data["text"]["q2"] += gqa.pop("text")
         data["gqa"] = gqa
 
     # Q3

@@ -79,12 +79,13 @@ def importance_grids(columns: dict[str, np.ndarray], path: Path | None = None) -
     return _save(fig, path)
 
 
-def prune_curve(rows: Sequence[dict[str, Any]], metric_name: str = "metric", path: Path | None = None) -> bytes:
+def prune_curve(rows: Sequence[dict[str, Any]], metric_name: str = "metric", path: Path | None = None,
+                columns: tuple[str, str] = ("metric", "metric_recovered")) -> bytes:
     """Metric vs fraction of heads removed, with and without recovery."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.2, 3.4))
     x = [_num(r.get("fraction_removed")) for r in rows]
-    for col, label, style in (("metric", "no recovery", "o-"), ("metric_recovered", "with recovery", "s--")):
+    for col, label, style in ((columns[0], "no recovery", "o-"), (columns[1], "with recovery", "s--")):
         y = [_num(r.get(col)) for r in rows]
         if any(not math.isnan(v) for v in y):
             ax.plot(x, y, style, label=label, markersize=3)
@@ -105,7 +106,12 @@ def redundancy_profile(rows: Sequence[dict[str, Any]], path: Path | None = None)
     fig, ax = plt.subplots(figsize=(5.2, 3.0))
     if not all(math.isnan(h) for h in heads):
         ax.bar(layers, heads, color="#dddddd", label="heads")
-    ax.bar(layers, removable, color="#c0504d", label="removable")
+    rec = [_num(r.get("removable_recovered")) for r in rows]
+    if not all(math.isnan(v) for v in rec):
+        ax.bar([l + 0.2 for l in layers], rec, width=0.4, color="#4e79a7", label="removable with recovery")
+        ax.bar([l - 0.2 for l in layers], removable, width=0.4, color="#c0504d", label="removable")
+    else:
+        ax.bar(layers, removable, color="#c0504d", label="removable")
     ax.set_xticks(layers if len(layers) <= 16 else layers[:: max(1, len(layers) // 15)])
     ax.set_xlabel("layer")
     ax.set_ylabel("heads")
@@ -114,28 +120,28 @@ def redundancy_profile(rows: Sequence[dict[str, Any]], path: Path | None = None)
     return _save(fig, path)
 
 
-def sweep_plot(rows: Sequence[dict[str, Any]], quality: str, speed: str | None, path: Path | None = None) -> bytes:
-    """Quality (and speed, on a second axis) against the number of heads."""
+def sweep_plot(rows: Sequence[dict[str, Any]], quality: str, speed: str | None, path: Path | None = None,
+               heads: str = "heads", group: str = "kv_heads", title: str = "head-count sweep") -> bytes:
+    """Quality (and speed, dotted, on a second axis) against the number of heads, one line per group."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    fig, ax = plt.subplots(figsize=(5.6, 3.5))
     groups: dict[Any, list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault(r.get("kv_heads"), []).append(r)
-    for kv, rs in groups.items():
-        rs = sorted(rs, key=lambda r: _num(r.get("heads")))
-        label = quality if kv is None else f"{quality} (kv_heads={kv})"
-        ax.plot([_num(r.get("heads")) for r in rs], [_num(r.get(quality)) for r in rs], "o-", label=label,
-                markersize=4)
+        groups.setdefault(r.get(group), []).append(r)
+    ax2 = ax.twinx() if speed else None
+    for i, (g, rs) in enumerate(groups.items()):
+        rs = sorted(rs, key=lambda r: _num(r.get(heads)))
+        x = [_num(r.get(heads)) for r in rs]
+        line, = ax.plot(x, [_num(r.get(quality)) for r in rs], "o-", markersize=4,
+                        label=quality if g in (None, quality) else f"{quality}, {g}")
+        if ax2 is not None:
+            ax2.plot(x, [_num(r.get(speed)) for r in rs], "x:", color=line.get_color(), alpha=0.6)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("heads")
+    ax.set_xlabel("query heads")
     ax.set_ylabel(quality)
     ax.grid(alpha=0.3)
-    if speed:
-        ax2 = ax.twinx()
-        rs = sorted(rows, key=lambda r: _num(r.get("heads")))
-        ax2.plot([_num(r.get("heads")) for r in rs], [_num(r.get(speed)) for r in rs], "x:", color="gray",
-                 label=speed)
-        ax2.set_ylabel(speed, color="gray")
+    if ax2 is not None:
+        ax2.set_ylabel(f"{speed} (dotted)", color="gray")
     ax.legend(fontsize=7, loc="best")
-    ax.set_title("head-count sweep at fixed d_model", fontsize=10)
+    ax.set_title(title + " (fixed d_model)", fontsize=10)
     return _save(fig, path)

@@ -114,15 +114,18 @@
     if (colourCache[col]) return colourCache[col];
     var out = { colours: [], labels: [], legend: null };
     if (col === 'roles') {
-      var names = [];
-      D.roles.forEach(function (r) { r.split(';').forEach(function (x) { if (x && names.indexOf(x) < 0) names.push(x); }); });
+      // Colour by the role family (syntactic:nsubj -> syntactic) so a few colours stay distinguishable.
+      var fam = function (x) { return x.split(':')[0]; };
+      var counts = {};
+      D.roles.forEach(function (r) { r.split(';').forEach(function (x) { if (x) counts[fam(x)] = (counts[fam(x)] || 0) + 1; }); });
+      var names = Object.keys(counts).sort(function (a, b) { return counts[b] - counts[a]; });
       D.roles.forEach(function (r) {
-        var first = r.split(';')[0];
+        var first = r ? fam(r.split(';')[0]) : '';
         var c = first ? hexToRgb(CATEGORY[names.indexOf(first) % CATEGORY.length]) : NONE;
         out.colours.push(c);
-        out.labels.push(first ? r.split(';').map(function (x) { return x.slice(0, 4); }).join('+') : '');
+        out.labels.push(first ? first.slice(0, 4) + (r.split(';').length > 1 ? '+' : '') : '');
       });
-      out.legend = { roles: names };
+      out.legend = { roles: names, counts: counts };
     } else {
       var vals = D.columns[col], r = range(vals);
       vals.forEach(function (v) {
@@ -149,9 +152,11 @@
     lg.textContent = '';
     if (cc.legend.roles) {
       cc.legend.roles.forEach(function (r, i) {
-        lg.appendChild(el('span', null, el('span', { cls: 'swatch', style: 'background:' + CATEGORY[i % CATEGORY.length] }), r));
+        lg.appendChild(el('span', null, el('span', { cls: 'swatch', style: 'background:' + CATEGORY[i % CATEGORY.length] }),
+          r + ' (' + cc.legend.counts[r] + ')'));
       });
       lg.appendChild(el('span', null, el('span', { cls: 'swatch', style: 'background:' + rgb(NONE) }), 'no role'));
+      lg.appendChild(el('span', { text: '(colour = first role; + = more roles; hover for all)' }));
     } else {
       var stops = [0, 0.25, 0.5, 0.75, 1].map(function (t) { return rgb(ramp(VIRIDIS, t)); }).join(',');
       lg.appendChild(el('span', { text: fmt(cc.legend.min) }));
@@ -345,7 +350,7 @@
     var box = $('syntax');
     if (!D.syntax) { box.appendChild(missing('syntax')); return; }
     var s = D.syntax;
-    box.appendChild(el('p', { cls: 'hint', text: s.relation ? 'Best single head per relation (green: beats its baseline).' : '' }));
+    box.appendChild(el('p', { cls: 'hint', text: s.note || '' }));
     box.appendChild(table(s.columns, s.best, { max: 40, rowClass: function (r) {
       return s.baseline && typeof r[s.accuracy] === 'number' && r[s.accuracy] > r[s.baseline] ? 'beats' : ''; } }));
   }
