@@ -30,21 +30,22 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
 
 
 def tiny(family: str = "llama", **overrides) -> HeadModel:
-    """Tiny LLaMA-like model; qwen2 is built from a Qwen2Config (q/k/v biases)."""
-    if family == "qwen2":
+    """Tiny LLaMA-like model; qwen2 (q/k/v biases) and mistral (sliding window) are built from their configs."""
+    if family in ("qwen2", "mistral"):
         import transformers as tf
 
-        cfg = tf.Qwen2Config(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
+        cfg_cls = tf.Qwen2Config if family == "qwen2" else tf.MistralConfig
+        cfg = cfg_cls(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
                              num_key_value_heads=overrides.pop("num_key_value_heads", 2), intermediate_size=96,
                              max_position_embeddings=64, initializer_range=0.2, **overrides)
         cfg._attn_implementation = "eager"
         torch.manual_seed(0)
-        model = tf.Qwen2ForCausalLM(cfg).eval()
+        model = tf.AutoModelForCausalLM.from_config(cfg).eval()
         with torch.no_grad():  # biases start at zero; make them matter
             for p in model.parameters():
                 if p.ndim == 1 and p.abs().sum() == 0:
                     p.normal_(0, 0.2)
-        return HeadModel(model=model, name="tiny-qwen2")
+        return HeadModel(model=model, name=f"tiny-{family}")
     return tiny_model("llama", init_std=0.2, **overrides)
 
 
@@ -60,7 +61,7 @@ def tie_kv_heads(hm: HeadModel, pairs: list[tuple[int, int]]) -> None:
                         lin.bias[b * d:(b + 1) * d] = lin.bias[a * d:(a + 1) * d]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 def test_same_kv_heads_changes_nothing(family):
     hm = tiny(family)
     for grouping in ("mean", "similarity"):
@@ -70,7 +71,7 @@ def test_same_kv_heads_changes_nothing(family):
         assert diff == 0.0, f"{grouping}: G = n_kv_heads changed logits by {diff:.3g}"
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 def test_identical_kv_heads_in_group_convert_exactly(family):
     hm = tiny(family)  # 6 query heads, 2 KV heads
     before = logits(hm)
