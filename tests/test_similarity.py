@@ -250,7 +250,7 @@ def test_principal_cosines_match_scipy():
 
 def test_weight_similarity_matches_scipy_on_module_weights(tiny):
     w = weight_similarity(tiny)
-    H, d = tiny.n_heads, tiny.d_head
+    H = tiny.n_heads
     for i, j in ((0, 1), (0, H + 2), (H - 1, 2 * H - 1)):
         a = module_out_slice(tiny, i // H, i % H)
         b = module_out_slice(tiny, j // H, j % H)
