@@ -299,3 +299,43 @@ def test_cli_score_writes_outputs(tmp_path, capsys):
     assert "already holds" in capsys.readouterr().err
     assert main(["score", "minilm", "--method", "ablaton", "--out", str(tmp_path / "x")]) == 2
     assert "did you mean 'ablation'" in capsys.readouterr().err
+
+
+def test_classifier_ablation_and_gradient_on_labelled_data():
+    """Accuracy models: prefix-reusing ablation == naive, and the gradient loss is CE on the labels."""
+    import transformers as tf
+
+    from headscope.models.adapter import HeadModel
+    from headscope.models.tiny import tiny_config
+
+    cfg = tiny_config("bert", num_labels=2, initializer_range=0.2)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    hm = HeadModel(model=tf.BertForSequenceClassification(cfg).eval(), name="tiny-bert-cls")
+
+    class Tok:
+        pad_token_id = 0
+        all_special_ids = [0, 1, 2]
+
+        def __call__(self, text, truncation=False):
+            return {"input_ids": [1] + [5 + (ord(c) % 100) for c in text] + [2]}
+
+    hm.tokenizer = Tok()
+    items = [{"text": t, "label": i % 2} for i, t in enumerate(
+        ["good", "bad film", "fine acting", "dull", "great plot twist", "weak", "superb", "boring"])]
+    prep, metric = prepare(hm, items)
+    assert metric == "accuracy"
+    got, base = ablation_scan(hm, prep, metric, batch_size=3)
+    for layer, head in [(0, 0), (1, 3)]:
+        g = torch.ones(hm.n_layers, hm.n_heads)
+        g[layer, head] = 0
+        assert got[layer, head] == evaluate(hm, prep, metric, gates=g, batch_size=3).value
+    s = gradient_scores(hm, prep, metric, batch_size=len(items))
+    g = torch.ones(hm.n_layers, hm.n_heads, requires_grad=True)
+    with head_gates(hm, g):
+        ce = sum(torch.nn.functional.cross_entropy(
+            hm.model(input_ids=torch.tensor([Tok()(d["text"])["input_ids"]])).logits, torch.tensor([d["label"]]))
+            for d in items) / len(items)
+    (grad,) = torch.autograd.grad(ce, g)
+    d = np.abs(s["gradient_raw"] - grad.abs().numpy()).max()
+    assert d <= 1e-6, f"max abs diff {d}"
