@@ -520,5 +520,9 @@ def coreference_accuracy(hm: Any, docs: Sequence[Document], max_length: int, bat
     def fn(layer: int, idx: int, w: np.ndarray) -> None:
         counts.add_item(layer, w, items[idx])
 
+    if progress is not None and hasattr(progress, "refresh"):
+        progress.total = len(items)  # known only now: windows are built from the documents first
+        progress.refresh()
+
     stream_word_attention(hm, [it.aligned for it in items], batch_size, fn, pad_id, progress)
     return counts, info

@@ -13,7 +13,7 @@ from ..data import read_conllu, read_texts
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
 from ..roles import roles, syntax_rows
-from ..syntax import RELATIONS
+from ..syntax import RELATIONS, read_documents
 from ..table import _jsonable
 from ._common import add_data_args, add_model_arg, add_out_args
 
@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     read_texts(args.data, args.limit)  # bad input fails before the model loads
     if args.treebank:
         read_conllu(args.treebank)
+    if args.coref:
+        read_documents(args.coref)
     hm = load_model(args.model, device=args.device)
     table = roles(hm, args.data, treebank=args.treebank, coref=args.coref, max_length=args.max_length,
                   batch_size=args.batch_size, limit=args.limit, seed=args.seed, progress=True)

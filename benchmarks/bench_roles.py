@@ -1,0 +1,68 @@
+"""Role census over the UD English-EWT test split on MiniLM: time and peak memory, and whether it streams.
+
+Each size runs in a fresh subprocess (peak RSS only ever grows within a process), so the peaks of
+10% and 100% of the sentences are comparable. Run: `nice python benchmarks/bench_roles.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EWT = Path(__file__).resolve().parents[2] / "shared/data/ud/en_ewt-ud-test.conllu"
+
+
+def child(limit: int) -> None:
+    """One measurement: load MiniLM, then the census on the first `limit` EWT sentences (text + syntax)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    import headscope
+    from headscope.roles import roles
+
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    hm = headscope.load_model("minilm")
+    roles(hm, ["warm up the kernels once."], repeat_length=8, n_sequences=2)
+    rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
+    t0, c0 = time.perf_counter(), time.process_time()
+    table = roles(hm, EWT, treebank=EWT, limit=limit)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rep = table.meta["roles"]
+    print(json.dumps({"sentences": limit, "tokens": table.meta["tokens_seen"], "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
+                      "peak_rss_mib": round(rss_peak, 1), "rss_after_load_mib": round(rss_loaded, 1),
+                      "growth_mib": round(rss_peak - rss_loaded, 1),
+                      "arcs": sum(r["count"] for r in rep["syntax"]["relations"].values())}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child is not None:
+        child(args.child)
+        return
+    from headscope.data import read_conllu
+
+    n = len(read_conllu(EWT))
+    rows = []
+    for limit in (max(1, n // 10), n):
+        out = subprocess.run([sys.executable, __file__, "--child", str(limit)], capture_output=True, text=True,
+                             check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(rows[-1], flush=True)
+    print("\n| sentences | tokens | arcs | wall (s) | CPU (s) | peak RSS (MiB) | RSS after model load (MiB) | growth (MiB) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['sentences']} | {r['tokens']} | {r['arcs']} | {r['seconds']} | {r['cpu_seconds']} | {r['peak_rss_mib']} | "
+              f"{r['rss_after_load_mib']} | {r['growth_mib']} |")
+
+
+if __name__ == "__main__":
+    main()
