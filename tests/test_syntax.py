@@ -251,3 +251,18 @@ def test_read_documents_without_entities(tmp_path):
     f.write_text("1\tHi\thi\tINTJ\tUH\t_\t0\troot\t_\t_\n\n", encoding="utf-8")
     with pytest.raises(HeadscopeError, match="no Entity= mentions"):
         read_documents(f)
+
+
+def test_minilm_coreference_on_gum(minilm):
+    """Measured on the first 100 GUM test sentences: 162 anaphors, best head L1H1 0.54, nearest
+    mention 0.22, same head word 0.62, chance 0.15 (docs/roles.md has the full split)."""
+    from headscope.roles import _limit_docs
+    from headscope.syntax import coreference_accuracy
+
+    docs, _ = read_documents(UD / "en_gum-ud-test.conllu")
+    c, info = coreference_accuracy(minilm, _limit_docs(docs, 100), max_length=128)
+    d = c.to_dict()
+    assert d["anaphors"] == info["anaphors"] > 100
+    assert d["best_accuracy"] >= d["nearest_mention_baseline"] + 0.2, d
+    assert d["best_accuracy"] >= 2.5 * d["chance"], d
+    assert d["best_head"] == "L1H1"
