@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..data import TextSource, read_texts
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, did_you_mean
 from ..importance import METHOD_HELP, METHODS, parse_methods, rank_correlations, score
 from ..io import atomic_write_text, prepare_out_dir
 from ..metrics import METRICS, is_labelled
@@ -80,6 +80,9 @@ def parse_pruned(text: str | None, n_layers: int, n_heads: int):
 
 def run(args: argparse.Namespace) -> int:
     methods = parse_methods(args.method)  # unknown methods fail before anything loads
+    if args.metric != "auto" and args.metric not in METRICS:
+        raise HeadscopeError(f"unknown metric {args.metric!r}{did_you_mean(args.metric, METRICS)}; "
+                             f"choose auto or one of {', '.join(METRICS)}")
     if args.ig_steps < 1:
         raise HeadscopeError(f"--ig-steps must be at least 1, got {args.ig_steps}")
     out = prepare_out_dir(args.out, args.force, OUTPUTS)
