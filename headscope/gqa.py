@@ -615,8 +615,8 @@ def plan_groups(hm: HeadModel, kv_heads: int, grouping: str = "mean", data: Any 
     """Choose the KV groups for `grouping`, with what was compared; keys: groups, grouping_used, ...
 
     For "similarity" with `data` and `fallback`, the similarity groups are kept only if the converted
-    model's perplexity on `data` (the calibration text, not the held-out text) is no worse than with
-    adjacent groups; otherwise adjacent groups are used and `grouping_used` says so.
+    model's KL divergence from the original on `data` (the calibration text, not the held-out text) is
+    no worse than with adjacent groups; otherwise adjacent groups are used and `grouping_used` says so.
     """
     check_convertible(hm, kv_heads)
     if grouping not in GROUPINGS:

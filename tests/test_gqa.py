@@ -177,7 +177,7 @@ def test_similarity_grouping_finds_identical_heads_adjacent_does_not():
     assert abs(p_sim - p_ref) <= 1e-4 * p_ref, (p_sim, p_ref)
 
 
-def test_plan_similarity_reports_and_falls_back():
+def test_plan_similarity_reports_costs_and_keeps_better_groups():
     hm = tiny("llama", num_key_value_heads=6)
     tie_kv_heads(hm, [(0, 2), (1, 3)])
     texts = [list(range(5, 40)), list(range(60, 90))]
