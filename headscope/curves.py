@@ -372,6 +372,7 @@ def prune_curve(
     batch_size: int = 16,
     checkpoint: str | Path | None = None,
     extra: dict[str, Callable[[HeadModel, torch.Tensor], float]] | None = None,
+    extra_on_recovered: bool = False,
     seed: int = 0,
     progress: bool = True,
 ) -> PruneResult:
@@ -381,7 +382,8 @@ def prune_curve(
     exceeds it. Scores on `data`, measures on `heldout` (default: `data`). With `checkpoint` (a
     folder), the curve is saved after each step as `prune_curve.partial.json` and a rerun with the
     same settings resumes from it. `extra` maps names to `fn(model, gates) -> float`, measured
-    at every point (e.g. `wordsim_measure("simlex999")`). The input model is not modified.
+    at every point (e.g. `wordsim_measure("simlex999")`), also on the recovered copy with
+    `extra_on_recovered`. The input model is not modified.
     """
     from . import importance, metrics
     from .prune import pruned_gates
@@ -413,6 +415,7 @@ def prune_curve(
 
     extras = dict(extra or {})
     settings["extra"] = sorted(extras)
+    settings["extra_on_recovered"] = extra_on_recovered
     rows: list[CurveRow] = []
     removed: list[tuple[int, int]] = []
     recovery = _Recovery(hm, prep, metric, ref, recover_lr, batch_size, seed) if recover_steps else None
@@ -424,7 +427,7 @@ def prune_curve(
         base = measure(hm, ones)
         ex = {k: fn(hm, ones) for k, fn in extras.items()}
         rows.append(CurveRow(0, 0, 0.0, base, 0.0, base if recovery else None, 0.0 if recovery else None,
-                             extra=ex, extra_recovered=dict(ex) if recovery else {}))
+                             extra=ex, extra_recovered=dict(ex) if recovery and extra_on_recovered else {}))
     base = rows[0].metric
     target_mode = fraction is None and target_drop is not None
     bar = tqdm(total=stop_n, initial=len(removed), desc=f"prune ({method})", unit="head", disable=not progress)
@@ -461,7 +464,8 @@ def prune_curve(
                 recovery.train(gates, recover_steps)
                 rv = measure(recovery.hm, gates)
                 row.metric_recovered, row.drop_recovered = rv, relative_drop(metric, higher, base, rv)
-                row.extra_recovered = {k: fn(recovery.hm, gates) for k, fn in extras.items()}
+                if extra_on_recovered:
+                    row.extra_recovered = {k: fn(recovery.hm, gates) for k, fn in extras.items()}
                 if target_mode and row.drop_recovered > target_drop:
                     # Past the target: the model worth keeping is the one of the previous point.
                     keep_state = before

@@ -63,8 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recover-lr", type=float, default=5e-5, help="recovery learning rate (default 5e-5)")
     p.add_argument("--heldout", default=None,
                    help="measure the metric on this data instead of --data (scores always use --data)")
+    p.add_argument("--heldout-limit", type=int, default=None,
+                   help="use only the first N heldout passages (default: --limit)")
     p.add_argument("--wordsim", action="store_true",
                    help="also record wordsim353 and simlex999 Spearman at each point (encoders)")
+    p.add_argument("--wordsim-recovered", action="store_true",
+                   help="with --wordsim and --recover, also measure them on the recovered model (slower)")
     p.add_argument("--save-model", action="store_true",
                    help="write the physically pruned model (at --fraction, or the largest fraction within "
                         "--target-drop) to OUT/model")
@@ -132,14 +136,14 @@ def run(args: argparse.Namespace) -> int:
     if args.force:
         clear_partial(out)
     data = _load(args.data, args.limit)
-    heldout = _load(args.heldout, args.limit) if args.heldout else None
+    heldout = _load(args.heldout, args.heldout_limit or args.limit) if args.heldout else None
     hm = load_model(args.model, device=args.device)
     extra = {w: wordsim_measure(w) for w in WORDSIM} if args.wordsim else None
     try:
         res = prune_curve(hm, data, method=args.method, fraction=args.fraction, target_drop=args.target_drop,
                           step=args.step, recover_steps=args.recover, recover_lr=args.recover_lr, heldout=heldout,
                           metric=args.metric, unit=args.unit, max_length=args.max_length,
-                          batch_size=args.batch_size, checkpoint=out, extra=extra, seed=args.seed, progress=True)
+                          batch_size=args.batch_size, checkpoint=out, extra=extra, extra_on_recovered=args.wordsim_recovered, seed=args.seed, progress=True)
     except KeyboardInterrupt:
         part = out / PARTIAL_JSON
         if part.exists():
