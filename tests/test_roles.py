@@ -230,6 +230,9 @@ def test_minilm_syntax_heads_beat_offset_baseline(minilm):
         assert r["best_accuracy"] >= r["baseline"] + margin, (rel, r["best_accuracy"], r["baseline"])
     assert "syntactic:det" in table["roles"][2, 8].split(";")
     assert table.meta["roles"]["syntax"]["info"]["sentences"] == 100
+    tok = minilm.tokenizer
+    assert special_frame(minilm) == ([tok.cls_token_id], [tok.sep_token_id])  # induction runs inside [CLS] ... [SEP]
+    assert table.meta["roles"]["text"]["first_token_is_special"]  # the sink is [CLS]
 
 
 def test_cli_roles_writes_contract_files(tmp_path, minilm):
