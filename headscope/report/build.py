@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 # What each known column means, shown in the legend and tooltips.
 DESCRIPTIONS: dict[str, str] = {
-    "roles": "roles found above baseline by `headscope roles`",
+    "roles": "roles found above their baselines by headscope roles",
     "entropy": "entropy of the attention distribution (nats)",
     "entropy_norm": "entropy / log(keys seen): 1 = uniform, 0 = one key",
     "mean_distance": "mean |query - key| distance, tokens",
@@ -268,8 +268,8 @@ def _similarity(src: Sources, n_layers: int, n_heads: int) -> dict[str, Any] | N
             out["pairs"] = rows[:200]  # enough for the top table and per-head neighbours
             if rows and "head_a" in cols:
                 r = rows[0]
-                nums = ", ".join(f"{c} {r[c]:.2f}" for c in cols if c not in ("head_a", "head_b")
-                                 and isinstance(r.get(c), (int, float)))
+                nums = ", ".join(f"{c} {r[c]:.2f}" for c in [c for c in cols if c not in ("head_a", "head_b")
+                                                             and isinstance(r.get(c), (int, float))][:4])
                 out["text"].append(f"The most similar pair is {r['head_a']} and {r.get('head_b')} ({nums}).")
     if cl_p:
         data = read_json(cl_p)
@@ -286,8 +286,9 @@ def _similarity(src: Sources, n_layers: int, n_heads: int) -> dict[str, Any] | N
                                     if isinstance(c, dict) else {})})
             multi = [c for c in norm if len(c["heads"]) > 1]
             out["clusters"] = norm
-            out["text"].append(f"{len(multi)} redundancy clusters hold more than one head "
-                               f"({sum(len(c['heads']) for c in multi)} heads in all).")
+            out["text"].append(
+                f"{len(multi)} redundancy clusters of near-duplicate heads ({sum(len(c['heads']) for c in multi)} heads "
+                "in all)." if multi else "No two heads are near-duplicates: every redundancy cluster holds one head.")
     if npz_p:
         N = n_layers * n_heads
         mats = {}
@@ -395,11 +396,15 @@ def _sweep(src: Sources, out: Path, write_plots: bool) -> dict[str, Any] | None:
     task = "ptb" if "ptb" in tasks else tasks[0]
     sel = [r for r in rows if task is None or str(r.get("task")) == task]
     # Lower is better for losses and perplexities; accuracy (synthetic task) is higher-better.
-    quality = next((c for c in ("val_bits_per_token", "val_ppl", "val_loss", "ppl", "loss") if c in cols
-                    and any(isinstance(r.get(c), (int, float)) for r in sel)), None)
-    higher_better = False
-    if quality is None and "val_acc" in cols:
+    # The synthetic task is scored by accuracy (higher is better); language modelling by bits or perplexity.
+    quality, higher_better = None, False
+    if task == "synthetic" and "val_acc" in cols:
         quality, higher_better = "val_acc", True
+    else:
+        quality = next((c for c in ("val_bits_per_token", "val_ppl", "val_loss", "ppl", "loss") if c in cols
+                        and any(isinstance(r.get(c), (int, float)) for r in sel)), None)
+        if quality is None and "val_acc" in cols:
+            quality, higher_better = "val_acc", True
     speed = next((c for c in ("tokens_per_s", "tok_per_s", "throughput") if c in cols), None)
     ok = [r for r in sel if isinstance(r.get(quality), (int, float)) and isinstance(r.get(hcol), (int, float))]
     if not (quality and ok):
@@ -407,11 +412,13 @@ def _sweep(src: Sources, out: Path, write_plots: bool) -> dict[str, Any] | None:
     for r in ok:
         h, kv = r[hcol], r.get(kvcol) if kvcol else None
         lay = "MHA" if kv in (None, h) else "MQA" if kv == 1 else f"GQA (kv={kv:g})" if isinstance(kv, (int, float)) else "?"
+        if "d_model" in r and len({x.get("d_model") for x in ok}) > 1:
+            lay += f", d_model {r['d_model']:g}"
         r["_group"] = lay if kvcol else quality
     best = (max if higher_better else min)(ok, key=lambda r: r[quality])
     one = [r for r in ok if r.get(hcol) == 1]
     where = f" on the {task} task" if task else ""
-    s = f"Best {quality}{where}: {best[quality]:.4g} with {best[hcol]:g} heads"
+    s = f"Best {quality}{where}: {best[quality]:.4g} with {best[hcol]:g} head{'s' if best[hcol] != 1 else ''}"
     if isinstance(best.get("d_head"), (int, float)):
         s += f" of d_head {best['d_head']:g}"
     if best.get("_group") not in (None, quality, "MHA"):

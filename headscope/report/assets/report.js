@@ -117,7 +117,10 @@
       // Colour by the role family (syntactic:nsubj -> syntactic) so a few colours stay distinguishable.
       var fam = function (x) { return x.split(':')[0]; };
       var counts = {};
-      D.roles.forEach(function (r) { r.split(';').forEach(function (x) { if (x) counts[fam(x)] = (counts[fam(x)] || 0) + 1; }); });
+      D.roles.forEach(function (r) {
+        var seen = {};  // count heads, not role entries: one head may hold several syntactic roles
+        r.split(';').forEach(function (x) { if (x && !seen[fam(x)]) { seen[fam(x)] = 1; counts[fam(x)] = (counts[fam(x)] || 0) + 1; } });
+      });
       var names = Object.keys(counts).sort(function (a, b) { return counts[b] - counts[a]; });
       D.roles.forEach(function (r) {
         var first = r ? fam(r.split(';')[0]) : '';
@@ -332,7 +335,13 @@
     if (D.similarity && D.similarity.pairs) {
       var near = D.similarity.pairs.filter(function (r) { return r.head_a === name || r.head_b === name; }).slice(0, 6);
       var sb = el('div', null, el('h4', { text: 'Most similar heads' }));
-      if (near.length) sb.appendChild(table(D.similarity.pairs_columns, near));
+      var metrics = D.similarity.pairs_columns.filter(function (c) { return c !== 'head_a' && c !== 'head_b'; }).slice(0, 4);
+      var rowsN = near.map(function (r) {
+        var o = { head: r.head_a === name ? r.head_b : r.head_a };
+        metrics.forEach(function (c) { o[c] = r[c]; });
+        return o;
+      });
+      if (near.length) sb.appendChild(table(['head'].concat(metrics), rowsN));
       else sb.appendChild(el('p', { cls: 'hint', text: 'not among the top similar pairs' }));
       flex.appendChild(sb);
     }
