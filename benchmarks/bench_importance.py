@@ -1,11 +1,12 @@
 """Benchmark head importance on MiniLM (and optionally SmolLM2).
 
-  nice python benchmarks/bench_importance.py [--model minilm] [--sentences 16] [--repeats 3]
+  nice python benchmarks/bench_importance.py [--model minilm] [--sentences 8] [--repeats 5]
 
 1. Full exact single-head ablation scan, side by side in one run, interleaved, best of repeats:
    (a) naive loop: the whole model per ablated head; (b) prefix reuse: layers before the ablated
    one run once per batch, only layers l..L-1 per head; both with one ablation per pass, so the
-   ratio is comparable with its limit 2L/(L+1) (1.71x for 6 layers); (c) prefix reuse with
+   ratio is comparable with its limit 2L/(L+1) (1.71x for 6 layers; median of per-repeat
+   ratios, each repeat running the variants back to back); (c) prefix reuse with
    several ablations per pass through per-row gates (the default of `headscope score`).
 2. Gradient importance cost in forward-equivalents: time of gradient scoring (gradient,
    gradient_raw and taylor from one forward+backward per batch) / time of one plain metric
@@ -43,10 +44,10 @@ def best(fn, repeats: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="minilm")
-    ap.add_argument("--sentences", type=int, default=16)
+    ap.add_argument("--sentences", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-length", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "1")))
     ap.add_argument("--skip-ablation", action="store_true")
     args = ap.parse_args()
@@ -78,19 +79,25 @@ def main() -> None:
                 "prefix_batched": lambda: ablation_scan(hm, prep, metric, **kw)}
         times = {k: [] for k in runs}
         results = {}
-        for _ in range(args.repeats):  # interleaved: shared-CPU noise hits every variant alike
-            for k, fn in runs.items():
+        for r in range(args.repeats):
+            # Interleaved, order reversed every other repeat (ABC CBA ...): load drifting on a
+            # shared CPU hits every variant alike; each repeat gives its own ratio.
+            for k in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
                 t0 = time.perf_counter()
-                results[k] = fn()[0]
+                results[k] = runs[k]()[0]
                 times[k].append(time.perf_counter() - t0)
         t = {k: min(v) for k, v in times.items()}
+        ratio = [n / p for n, p in zip(times["naive"], times["prefix"])]
+        ratio_b = [n / p for n, p in zip(times["naive"], times["prefix_batched"])]
         limit = 2 * L / (L + 1)
         rec["ablation"] = {
-            "seconds": {k: round(v, 3) for k, v in t.items()},
-            "speedup_prefix": round(t["naive"] / t["prefix"], 3),
-            "speedup_prefix_batched": round(t["naive"] / t["prefix_batched"], 3),
+            "seconds_best": {k: round(v, 3) for k, v in t.items()},
+            "seconds_all": {k: [round(x, 2) for x in v] for k, v in times.items()},
+            "speedup_prefix_median": round(float(np.median(ratio)), 3),
+            "speedup_prefix_best_times": round(t["naive"] / t["prefix"], 3),
+            "speedup_prefix_batched_median": round(float(np.median(ratio_b)), 3),
             "limit_2L_over_L_plus_1": round(limit, 3),
-            "share_of_limit_prefix": round(t["naive"] / t["prefix"] / limit, 3),
+            "share_of_limit_prefix": round(float(np.median(ratio)) / limit, 3),
             "max_abs_diff_prefix_vs_naive": float(np.nanmax(np.abs(results["prefix"] - results["naive"]))),
             "max_abs_diff_batched_vs_naive": float(np.nanmax(np.abs(results["prefix_batched"] - results["naive"]))),
         }

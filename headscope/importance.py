@@ -257,6 +257,7 @@ def ablation_scan(hm: HeadModel, prep: Prepared, metric: str, *, gates: torch.Te
             ids, mask = b.input_ids.to(hm.device), b.attention_mask.to(hm.device)
             B = ids.shape[0]
             tg = batch_targets(prep, reference if metric == "fidelity" else None, b.index, ids.shape[1], hm.device)
+            tg["ref_tokens"] = None  # token-level extras are not ranked: skip their cost in every pass
             outs: dict[int, Any] = {}
             with head_gates(hm, base), capture_layer_outputs(hm, outs):
                 accumulate(base_totals, row_metric(hm, metric, ids, mask, **tg))
