@@ -123,9 +123,11 @@ def test_missing_sections_say_which_verb_to_run(tmp_path, bert):
     # heads.csv was computed here (cheap) and written; everything else says how to get it.
     assert (out / "heads.csv").exists() and "heads" not in d["missing"]
     expect = {"importance": "score", "rank_correlation": "score", "roles": "roles", "syntax": "roles",
-              "similarity": "similar", "prune_curve": "prune", "redundancy": "prune", "sweep": "sweep", "gqa": "gqa"}
+              "similarity": "similar", "prune_curve": "prune", "redundancy": "prune", "sweep": "sweep"}
     for key, verb in expect.items():
         assert d["missing"][key].startswith("not run yet: run `headscope " + verb + "`"), (key, d["missing"].get(key))
+    # GQA conversion applies to LLaMA-like decoders only; for BERT the page says so instead.
+    assert d["missing"]["gqa"].startswith("not applicable"), d["missing"]["gqa"]
     assert len(d["columns"]["entropy_norm"]) == bert.n_layers * bert.n_heads
     # The KV table needs no file: it is computed from the model's shape.
     assert "kv" not in d["missing"] and d["kv"]["rows"]

@@ -665,6 +665,15 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
     gqa = _gqa(src)
     if gqa is None:
         data["missing"]["gqa"] = missing_note("gqa.json")
+        try:  # say so when conversion does not apply to this family at all (encoders like BERT)
+            from ..gqa import SUPPORTED_MODEL_TYPES
+
+            mt = meta.get("model_type")
+            if mt and mt not in SUPPORTED_MODEL_TYPES:
+                data["missing"]["gqa"] = (f"not applicable: `headscope gqa` converts LLaMA-like decoders "
+                                          f"({', '.join(SUPPORTED_MODEL_TYPES)}); this model is {mt}")
+        except ImportError:
+            pass
     else:
         data["text"]["q2"] += gqa.pop("text")
         data["gqa"] = gqa
