@@ -20,9 +20,10 @@ import importlib.util
 import json
 import logging
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -393,7 +394,7 @@ def evaluate_prepared(hm: HeadModel, prep: Prepared, metric: str, *, gates: torc
         reference.check(prep)
     totals: dict[str, list[float]] = {"value": [0.0, 0.0]}
     bar = tqdm(total=len(prep.ids), desc=f"evaluate {metric}", unit="passage", disable=not progress, leave=False)
-    gate_ctx = head_gates(hm, gates.to(hm.device)) if gates is not None else _nullcontext()
+    gate_ctx = head_gates(hm, gates.to(hm.device)) if gates is not None else nullcontext()
     with torch.inference_mode(), gate_ctx:
         for b in batches(prep.ids, batch_size, pad_id=pad_id(hm)):
             ids, mask = b.input_ids.to(hm.device), b.attention_mask.to(hm.device)
@@ -413,14 +414,6 @@ def accumulate(totals: dict[str, list[float]], rm: RowMetric, rows: slice | None
         t = totals.setdefault(k, [0.0, 0.0])
         t[0] += float(n[sl].detach().sum())
         t[1] += float(d[sl].detach().sum())
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 # --- word similarity ------------------------------------------------------------------------
@@ -456,7 +449,7 @@ def wordsim_spearman(hm: HeadModel, which: str = "wordsim353", gates: torch.Tens
     words = sorted({w for a, b, _ in pairs for w in (a, b)})
     prep = Prepared([list(hm.tokenizer(w)["input_ids"]) for w in words], which)
     emb = torch.zeros(len(words), hm.d_model)
-    gate_ctx = head_gates(hm, gates.to(hm.device)) if gates is not None else _nullcontext()
+    gate_ctx = head_gates(hm, gates.to(hm.device)) if gates is not None else nullcontext()
     with torch.inference_mode(), gate_ctx:
         for b in batches(prep.ids, batch_size, pad_id=pad_id(hm)):
             ids, mask = b.input_ids.to(hm.device), b.attention_mask.to(hm.device)
@@ -469,7 +462,7 @@ def wordsim_spearman(hm: HeadModel, which: str = "wordsim353", gates: torch.Tens
     return float(rho)
 
 
-__all__: Sequence[str] = [
+__all__ = [
     "METRICS", "MetricResult", "Reference", "default_metric", "evaluate", "make_reference",
     "row_metric", "wordsim_spearman", "read_word_pairs",
 ]
