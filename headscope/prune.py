@@ -179,12 +179,20 @@ def _rows(units: list[int], width: int, offset: int = 0) -> torch.Tensor:
     return torch.cat([torch.arange(offset + u * width, offset + (u + 1) * width) for u in units])
 
 
-def _prune_layer(hm: HeadModel, layer: int, now: list[int], keep: list[int]) -> None:
-    """Slice one layer of `hm` (modified in place; callers pass a copy) from heads `now` to `keep`."""
-    spec, d = hm.spec, hm.d_head
-    block = hm.layers[layer]
-    keep_kv = _layer_plan(hm, layer, keep)
-    now_kv = _layer_plan(hm, layer, now)
+def _kv_heads(keep_q: list[int], group_size: int) -> list[int]:
+    """KV heads that serve the query heads `keep_q` (original ids)."""
+    return sorted({h // group_size for h in keep_q})
+
+
+def slice_layer(block: nn.Module, spec: Any, attrs: tuple[tuple[str, str], ...], d_head: int, group_size: int,
+                now: list[int], keep: list[int]) -> None:
+    """Slice one layer block in place from query heads `now` to `keep` (original ids, already validated).
+
+    Self-contained on purpose (plain arguments, nothing from headscope but `get_path`/`hm_set`):
+    `save_pruned` copies its source into the checkpoint as the `trust_remote_code` loader.
+    """
+    d = d_head
+    keep_kv, now_kv = _kv_heads(keep, group_size), _kv_heads(now, group_size)
     pos_q = [now.index(h) for h in keep]  # positions in the current (possibly already pruned) layout
     pos_kv = [now_kv.index(k) for k in keep_kv]
     if spec.qkv_proj:
@@ -202,11 +210,17 @@ def _prune_layer(hm: HeadModel, layer: int, now: list[int], keep: list[int]) -> 
         hm_set(block, spec.attention, EmptyAttention(inner, get_path(block, spec.out_proj) if inner else None))
         return
     values = {"heads": len(keep), "width": len(keep) * d, "kv_heads": len(keep_kv),
-              # An empty layer keeps the original grouping: there is nothing left to repeat.
-              "groups": len(keep) // len(keep_kv) if keep_kv else hm.group_size}
-    for attr, quantity in HEAD_COUNT_ATTRS[spec.family].attrs:
+              "groups": len(keep) // len(keep_kv)}
+    for attr, quantity in attrs:
         if hasattr(attention, attr):
             setattr(attention, attr, values[quantity])
+
+
+def _prune_layer(hm: HeadModel, layer: int, now: list[int], keep: list[int]) -> None:
+    """Slice one layer of `hm` (modified in place; callers pass a copy) from heads `now` to `keep`."""
+    _layer_plan(hm, layer, keep)  # validate (GQA) before touching anything
+    slice_layer(hm.layers[layer], hm.spec, HEAD_COUNT_ATTRS[hm.spec.family].attrs, hm.d_head, hm.group_size,
+                now, keep)
 
 
 def hm_set(block: nn.Module, path: str, module: nn.Module) -> None:
@@ -307,6 +321,8 @@ def save_pruned(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path
             "load_with": "headscope.load_pruned(path)",
         }
         (tmp / PRUNING_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        if any(len(k) != hm.n_heads for k in kept.values()):
+            _write_remote_code(hm, tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
@@ -319,6 +335,72 @@ def save_pruned(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path
         raise
     log.info("saved pruned model to %s", path)
     return path
+
+
+REMOTE_MODULE = "modeling_headscope_pruned"
+
+
+def _remote_code(hm: HeadModel) -> tuple[str, str]:
+    """Source of a self-contained loader for `trust_remote_code=True`, and its class name."""
+    import inspect
+
+    arch = type(hm.model).__name__
+    cls = f"HeadscopePruned{arch}"
+    spec = {k: getattr(hm.spec, k) for k in ("layers", "attention", "out_proj", "q_proj", "k_proj", "v_proj",
+                                              "qkv_proj", "conv1d")}
+    parts = [inspect.getsource(f) for f in (get_path, hm_set, _rows, _slice, _kv_heads, slice_layer)]
+    return (
+        f'''"""Loader for a checkpoint pruned by headscope (written by headscope.prune.save_pruned).
+
+Builds the original {arch}, then removes the attention heads recorded in config.headscope_pruning
+(per-layer head counts differ, which a plain config cannot express), so that
+`AutoModel*.from_pretrained(path, trust_remote_code=True)` loads the pruned weights.
+"""
+
+import copy
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import transformers
+from torch import nn
+
+SPEC = SimpleNamespace(**{spec!r})
+ATTRS = {HEAD_COUNT_ATTRS[hm.spec.family].attrs!r}
+D_HEAD = {hm.d_head}
+GROUP_SIZE = {hm.group_size}
+N_HEADS = {hm.n_heads}
+
+
+{inspect.getsource(EmptyAttention)}
+
+''' + "\n\n".join(parts) + f'''
+
+class {cls}(transformers.{arch}):
+    """{arch} with the heads in config.headscope_pruning removed."""
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        layers = get_path(self.base_model, SPEC.layers)
+        for layer, keep in sorted((int(k), list(v)) for k, v in config.headscope_pruning.items()):
+            if len(keep) != N_HEADS:
+                slice_layer(layers[layer], SPEC, ATTRS, D_HEAD, GROUP_SIZE, list(range(N_HEADS)), keep)
+''', cls)
+
+
+def _write_remote_code(hm: HeadModel, folder: Path) -> None:
+    """Add the trust_remote_code loader and point config.json's auto_map at it."""
+    from .models.loading import _auto_class
+
+    source, cls = _remote_code(hm)
+    (folder / f"{REMOTE_MODULE}.py").write_text(source, encoding="utf-8")
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    auto = _auto_class(hm.config).__name__
+    cfg["auto_map"] = {auto: f"{REMOTE_MODULE}.{cls}"}
+    if auto != "AutoModel":
+        cfg["auto_map"]["AutoModel"] = f"{REMOTE_MODULE}.{cls}"
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _state_dict_files(path: Path) -> list[Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -165,31 +166,47 @@ def test_unsupported_family_is_refused(monkeypatch):
         prune.prune_heads(hm, [(0, 0)])
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
-def test_save_load_fresh_process(family, tmp_path):
-    hm = tiny_model(family, init_std=0.2)
-    heads = {0: [1], 1: list(range(hm.n_heads))} if family != "llama" else {0: [0, 3], 1: [3, 4, 5]}
-    pruned = prune_heads(hm, heads)
-    path = save_pruned(pruned, tmp_path / "model")
-    record = json.loads((path / PRUNING_FILE).read_text())
-    assert record["kept_heads"] == {str(l): k for l, k in kept_heads(pruned).items()}
-    assert not list(tmp_path.glob(".model.*")), "temporary folder left behind"
+def test_save_load_fresh_process(tmp_path):
+    """Save pruned BERT, GPT-2 and LLaMA-GQA models; load each in ONE fresh process, two ways."""
     ids, mask = _ids()
-    want = _out(hm, ids, mask, pruned_gates(hm, heads))
     torch.save({"ids": ids, "mask": mask}, tmp_path / "inputs.pt")
+    want, paths = {}, {}
+    for family in ("bert", "gpt2", "llama"):
+        hm = tiny_model(family, init_std=0.2)
+        heads = {0: [1], 1: list(range(hm.n_heads))} if family != "llama" else {0: [0, 3], 1: [3, 4, 5]}
+        pruned = prune_heads(hm, heads)
+        path = save_pruned(pruned, tmp_path / family)
+        record = json.loads((path / PRUNING_FILE).read_text())
+        assert record["kept_heads"] == {str(l): k for l, k in kept_heads(pruned).items()}
+        want[family] = _out(hm, ids, mask, pruned_gates(hm, heads))
+        paths[family] = str(path)
+    assert not list(tmp_path.glob(".*")), "temporary folder left behind"
     script = textwrap.dedent(f"""
-        import torch
+        import torch, transformers
         from headscope.prune import load_pruned
-        hm = load_pruned({str(path)!r})
         x = torch.load({str(tmp_path / 'inputs.pt')!r})
-        with torch.no_grad():
-            y = hm.model(input_ids=x["ids"], attention_mask=x["mask"])[0] * x["mask"][..., None]
-        torch.save(y, {str(tmp_path / 'out.pt')!r})
+        out = {{}}
+        for family, path in {paths!r}.items():
+            hm = load_pruned(path)
+            with torch.no_grad():
+                y = hm.model(input_ids=x["ids"], attention_mask=x["mask"])[0] * x["mask"][..., None]
+            # Without headscope's loader: transformers' Auto class runs the loader shipped in the checkpoint.
+            auto = transformers.AutoModel if family == "bert" else transformers.AutoModelForCausalLM
+            m = auto.from_pretrained(path, trust_remote_code=True, attn_implementation="eager").eval()
+            with torch.no_grad():
+                z = m(input_ids=x["ids"], attention_mask=x["mask"])[0] * x["mask"][..., None]
+            out[family] = (y, type(m).__name__, z)
+        torch.save(out, {str(tmp_path / 'out.pt')!r})
     """)
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300, env=env)
     got = torch.load(tmp_path / "out.pt")
-    diff = (want - got).abs().max().item()
-    assert diff < TOL, f"loaded (fresh process) != gated: max abs diff {diff:.3g}"
+    for family, (y, name, z) in got.items():
+        diff = (want[family] - y).abs().max().item()
+        assert diff < TOL, f"{family}: load_pruned (fresh process) != gated: max abs diff {diff:.3g}"
+        assert name.startswith("HeadscopePruned"), name
+        diff = (want[family] - z).abs().max().item()
+        assert diff < TOL, f"{family}: AutoModel trust_remote_code != gated: max abs diff {diff:.3g}"
 
 
 def test_save_refuses_overwrite_and_replaces_atomically(tmp_path):
