@@ -43,7 +43,10 @@ def write_outputs(out: Path, n_layers: int, n_heads: int, rng: np.random.Generat
                   "metric_recovered": [3.0, 3.1, 3.5]}).to_csv(out / "prune_curve.csv", index=False)
     pd.DataFrame({"layer": list(range(n_layers)), "heads": [n_heads] * n_layers,
                   "removable": [1, 3][:n_layers]}).to_csv(out / "redundancy.csv", index=False)
-    (out / "prune.json").write_text(json.dumps({"metric_name": "lm_loss", "speedup": 1.37, "heads_removed": 4}))
+    (out / "prune.json").write_text(json.dumps({
+        "metric": "lm_loss", "speedup": 1.37, "target_drop": 0.05,
+        "within": {"5%": {"fraction_removed": 0.25, "n_removed": 2,
+                          "recovered": {"fraction_removed": 0.5, "n_removed": 4}}}}))
     pd.DataFrame({"head_a": ["L0H1", "L1H2"], "head_b": ["L1H3", "L0H0"], "js": [0.01, 0.04],
                   "cka": [0.93, 0.85]}).to_csv(out / "similar_pairs.csv", index=False)
     (out / "clusters.json").write_text(json.dumps({"clusters": [{"heads": ["L0H1", "L1H3"], "size": 2}]}))
@@ -107,6 +110,10 @@ def test_report_reads_every_section(tmp_path, bert):
     assert "js" in d["similarity"]["matrices"]
     assert d["prune"]["summary"]["speedup"] == 1.37
     assert any("1.37x" in s for s in d["text"]["q3"]), d["text"]["q3"]
+    assert "Within a 5% perplexity increase, 25% of the heads (2) can be removed; with recovery training " \
+           "between steps, 50% (4)." in d["text"]["q3"], d["text"]["q3"]
+    assert any(s.startswith("At the target drop (5%), 4 heads are removable; layer 1 is the most redundant (3 of")
+               for s in d["text"]["q3"]), d["text"]["q3"]
     assert any("nsubj" in s for s in d["text"]["q1"]), d["text"]["q1"]
     assert any("Best val_ppl on the ptb task: 44.7 with 2 heads" in s for s in d["text"]["q2"]), d["text"]["q2"]
     # PNG figures were written beside the page.

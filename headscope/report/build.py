@@ -510,11 +510,14 @@ def _prune(src: Sources, out: Path, write_plots: bool) -> dict[str, Any]:
                 if not isinstance(w, dict) or not isinstance(w.get("fraction_removed"), (int, float)):
                     continue
                 drop = "perplexity increase" if lm else f"{metric_name} drop"
-                s = (f"Within a {level} {drop}, {w['fraction_removed']:.0%} of the heads "
-                     f"({w.get('n_removed', '?')}) can be removed")
+                part = lambda x: ("no head can be removed" if not x.get("n_removed") else  # noqa: E731
+                                  f"{x['fraction_removed']:.0%} of the heads ({x.get('n_removed', '?')}) can be removed")
+                s = f"Within a {level} {drop}, {part(w)}"
                 r = w.get("recovered")
                 if isinstance(r, dict) and isinstance(r.get("fraction_removed"), (int, float)):
-                    s += f"; with recovery training between steps, {r['fraction_removed']:.0%} ({r.get('n_removed', '?')})"
+                    s += ("; with recovery training between steps, " +
+                          ("still none" if not r.get("n_removed") else
+                           f"{r['fraction_removed']:.0%} ({r.get('n_removed', '?')})"))
                 res["text"].append(s + ".")
         for k, v in _find_speedups(summary):
             res["text"].append(f"The physically pruned model runs {v:.2f}x as fast as the original ({k}).")
@@ -550,13 +553,27 @@ def _prune(src: Sources, out: Path, write_plots: bool) -> dict[str, Any]:
             ok = [r for r in rows if isinstance(r.get("removable"), (int, float)) and
                   isinstance(r.get("layer"), (int, float))]
             if ok:
-                top = max(ok, key=lambda r: r["removable"])
-                low = min(ok, key=lambda r: r["removable"])
-                tot = sum(r["removable"] for r in ok)
+                target = (summary or {}).get("target_drop") if isinstance(summary, dict) else None
+                at = f"At the target drop ({target:.0%})" if isinstance(target, (int, float)) else "At the target drop"
                 of = lambda r: f" of {r['heads']:g}" if isinstance(r.get("heads"), (int, float)) else ""  # noqa: E731
-                res["text"].append(f"At the target drop {tot:g} heads are removable; layer {top['layer']:g} is the "
-                                   f"most redundant ({top['removable']:g}{of(top)}) and layer {low['layer']:g} the "
-                                   f"least ({low['removable']:g}{of(low)}).")
+                cols_ = [c for c in ("removable", "removable_recovered")
+                         if any(isinstance(r.get(c), (int, float)) for r in ok)]
+                if not any(r.get(c) for r in ok for c in cols_):
+                    res["text"].append(f"{at}, no head is removable" +
+                                       (", with or without recovery." if len(cols_) > 1 else "."))
+                    cols_ = []
+                for col in cols_:
+                    how = " with recovery" if col.endswith("recovered") else ""
+                    rs = [r for r in ok if isinstance(r.get(col), (int, float))]
+                    tot = sum(r[col] for r in rs)
+                    if not tot:
+                        res["text"].append(f"{at}, no head is removable{how}.")
+                        continue
+                    top = max(rs, key=lambda r: r[col])
+                    low = min(rs, key=lambda r: r[col])
+                    res["text"].append(f"{at}, {tot:g} heads are removable{how}; layer {top['layer']:g} is the most "
+                                       f"redundant ({top[col]:g}{of(top)}), layer {low['layer']:g} the least "
+                                       f"({low[col]:g}{of(low)}).")
                 png = plots.redundancy_profile(ok, out / PLOT_NAMES["redundancy"] if write_plots else None)
                 res["redundancy"]["plot"] = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     return res
