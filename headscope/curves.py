@@ -458,7 +458,6 @@ def prune_curve(
             row = CurveRow(len(rows), len(removed), len(removed) / total, value,
                            relative_drop(metric, higher, base, value), removed=[head_name(l, h) for l, h in chosen],
                            extra={k: fn(hm, gates) for k, fn in extras.items()})
-            keep_state = None
             if recovery is not None:
                 before = recovery.snapshot() if target_mode else None
                 recovery.train(gates, recover_steps)
@@ -468,7 +467,6 @@ def prune_curve(
                     row.extra_recovered = {k: fn(recovery.hm, gates) for k, fn in extras.items()}
                 if target_mode and row.drop_recovered > target_drop:
                     # Past the target: the model worth keeping is the one of the previous point.
-                    keep_state = before
                     recovery.hm.model.load_state_dict(before["state"])
                     recovery.opt.load_state_dict(before["optimizer"])
                     recovery.n_removed = rows[-1].n_removed
@@ -479,7 +477,6 @@ def prune_curve(
             log.info("removed %d/%d heads: %s %.4f (drop %.2f%%)", len(removed), total, metric, value, 100 * row.drop)
             if ckpt is not None:
                 _save_partial(ckpt, settings, rows, recovery)
-            del keep_state
     finally:
         bar.close()
     result = PruneResult(hm.name, hm.n_layers, hm.n_heads, hm.n_kv_heads, method, metric, higher, unit, rows,

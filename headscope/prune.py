@@ -12,10 +12,14 @@ either loses all its query heads (then its K/V rows go too) or keeps exactly as 
 other surviving group. That covers both "prune whole KV groups" and "remove the same number of
 query heads from every group"; anything else raises an error naming a prunable alternative.
 
-A layer whose heads are all pruned has its attention module replaced by `EmptyAttention`, which
-returns zeros through the (zero-width) output projection, so only that projection's bias
-remains. (torch handles zero-width matmuls, but GPT-2's `split(split_size)` of an empty fused
-QKV output does not, so no family's attention forward runs on an empty layer.)
+A layer whose heads are all pruned has its attention module replaced by `EmptyAttention`, whose
+output is exactly the output projection's bias (or zero). (torch handles zero-width matmuls, but
+GPT-2's `split(split_size)` of an empty fused QKV output does not, so no family's attention
+forward runs on an empty layer.)
+
+`save_pruned` writes `save_pretrained` output plus `headscope_pruning.json` and, for a pruned
+model, a `modeling_headscope_pruned.py` built from this module's own slicing code, so both
+`load_pruned(path)` and `AutoModel*.from_pretrained(path, trust_remote_code=True)` load it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -43,9 +47,6 @@ log = logging.getLogger(__name__)
 PRUNING_FILE = "headscope_pruning.json"
 CONFIG_KEY = "headscope_pruning"  # config attribute: {"layer": [kept original head ids]}
 FORMAT_VERSION = 1
-
-Heads = "Mapping[int, Iterable[int]] | Iterable[tuple[int, int]]"
-
 
 @dataclass(frozen=True)
 class HeadCountAttrs:

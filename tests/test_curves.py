@@ -109,6 +109,20 @@ def test_target_drop_stops_after_first_crossing():
     assert [p["heads"] for p in profile] == [4, 4]
 
 
+def test_target_drop_with_recovery_keeps_the_weights_of_the_chosen_point():
+    hm = tiny_model("gpt2", init_std=0.2)
+    data = _data(8)
+    # A learning rate too small to rescue anything: the recovered curve crosses the target too,
+    # and the recovered weights must step back to the last point within it.
+    res = prune_curve(hm, data, method="gradient", target_drop=0.03, step=0.125, recover_steps=2,
+                      recover_lr=1e-7, progress=False)
+    best = res.best(recovered=True)
+    assert res.rows[-1].drop_recovered > 0.03 and best is res.rows[-2], [r.drop_recovered for r in res.rows]
+    assert res.recovered_n_removed == best.n_removed
+    got = evaluate(pruned_model(hm, res), data).value
+    assert abs(got - best.metric_recovered) < 1e-5, f"{got} vs {best.metric_recovered}"
+
+
 def test_relative_drop():
     assert relative_drop("lm_loss", False, 2.0, 2.0 + math.log(1.05)) == pytest.approx(0.05)
     assert relative_drop("fidelity", True, 1.0, 0.97) == pytest.approx(0.03)
@@ -197,7 +211,6 @@ def test_cli_writes_curve_redundancy_and_a_loadable_model(tmp_path, minilm, caps
     assert sum(small.heads_in_layer(l) for l in range(6)) == 72 - len(removed) == 65
     # The saved model reproduces the curve's last point (fidelity against the unpruned MiniLM).
     from headscope.metrics import evaluate_prepared, make_reference, prepare
-    from headscope.curves import resolve_data
     from headscope.data import read_texts
 
     prep, _ = prepare(minilm, read_texts(None, 4), "fidelity", 16)
