@@ -441,25 +441,27 @@ def score(
     base_result: MetricResult | None = None
     sign = _sign(metric)
     for method in chosen:
+        if method in cols:
+            continue  # computed together with an earlier method (one backward pass, one analyze run)
         t0 = time.perf_counter()
+        before = set(cols)
         if method in ("ablation", "ablation_mean"):
             values, base_result = ablation_scan(hm, prep, metric, gates=base, reference=reference,
                                                 mean=method == "ablation_mean", batch_size=batch_size,
                                                 progress=progress)
             cols[method] = sign * (values - base_result.value)
         elif method in ("gradient", "gradient_raw", "taylor"):
-            if method not in cols:
-                cols.update({k: v for k, v in gradient_scores(
-                    hm, prep, metric, gates=base, reference=reference, batch_size=batch_size, seed=seed,
-                    progress=progress).items() if k in chosen})
+            cols.update({k: v for k, v in gradient_scores(
+                hm, prep, metric, gates=base, reference=reference, batch_size=batch_size, seed=seed,
+                progress=progress).items() if k in chosen})
         elif method == "ig":
             cols["ig"] = ig_scores(hm, prep, metric, gates=base, reference=reference, batch_size=batch_size,
                                    steps=ig_steps, progress=progress)
         elif method in ("entropy", "output_norm"):
-            if method not in cols:
-                cols.update({k: v for k, v in pattern_scores(hm, prep, gates=base, batch_size=batch_size).items()
-                             if k in chosen})
-        timings[method] = time.perf_counter() - t0
+            cols.update({k: v for k, v in pattern_scores(hm, prep, gates=base, batch_size=batch_size).items()
+                         if k in chosen})
+        # Methods computed in one pass share one entry, e.g. "gradient+gradient_raw+taylor".
+        timings["+".join(m for m in chosen if m in set(cols) - before)] = time.perf_counter() - t0
     if base_result is None:
         base_result = evaluate_prepared(hm, prep, metric, gates=base, reference=reference, batch_size=batch_size)
     pruned = (base == 0).cpu().numpy()
