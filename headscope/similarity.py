@@ -142,7 +142,7 @@ def _pairwise_mean_cos(bases: torch.Tensor, ranks: torch.Tensor) -> np.ndarray:
 def _subspace_similarity(factors: torch.Tensor, owner: torch.Tensor | None = None) -> np.ndarray:
     """`[N, N]` mean principal-angle cosines between the column spaces of `factors [U, D, r]`;
     `owner [N]` maps each head to its factor (GQA: query heads share their KV head's factor)."""
-    bases, ranks = _orthonormal(factors.double())
+    bases, ranks = _orthonormal(factors.detach().double().cpu())  # small; the pairwise loop runs on CPU
     sim = _pairwise_mean_cos(bases, ranks)
     return sim if owner is None else sim[np.ix_(owner.numpy(), owner.numpy())]
 
