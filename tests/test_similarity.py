@@ -402,3 +402,9 @@ def test_minilm_broad_heads_l0h7_l0h11_are_the_closest_patterns(minilm):
     assert top.js < 0.25 * sim.pairs()["js"].median()
     table = analyze(minilm, texts)
     assert table["entropy_norm"][0, 7] > 0.9 and table["entropy_norm"][0, 11] > 0.9
+
+
+def test_causal_model_with_only_one_token_passages_is_a_clear_error():
+    hm = tiny_model("gpt2", init_std=0.2)
+    with pytest.raises(HeadscopeError, match="at least 2 tokens"):
+        similarity(hm, [[5], [7]])
