@@ -519,6 +519,12 @@ def _prune(src: Sources, out: Path, write_plots: bool) -> dict[str, Any]:
                           ("still none" if not r.get("n_removed") else
                            f"{r['fraction_removed']:.0%} ({r.get('n_removed', '?')})"))
                 res["text"].append(s + ".")
+        sm = summary.get("saved_model")
+        if isinstance(sm, dict) and isinstance(sm.get("parameters"), (int, float)) \
+                and isinstance(sm.get("parameters_original"), (int, float)) and sm["parameters_original"]:
+            res["text"].append(f"The physically pruned model keeps {sm.get('heads_kept', '?')} heads and "
+                               f"{sm['parameters'] / sm['parameters_original']:.1%} of the parameters "
+                               f"({sm['parameters']:,} of {sm['parameters_original']:,}).")
         for k, v in _find_speedups(summary):
             res["text"].append(f"The physically pruned model runs {v:.2f}x as fast as the original ({k}).")
     p = src.get("prune_curve.csv")
