@@ -22,7 +22,7 @@ IDS = [[5, 17, 33, 9, 41, 5, 17, 33, 9, 41], [7, 8, 9, 10, 11, 12, 13, 14]]
 
 
 def page_data(html: str) -> dict:
-    m = re.search(r'<script type="application/json" id="hs-data">(.*?)</script>', html, re.S)
+    m = re.search(r'<script type="application/json" id="hs-data">(.*?)</script>', html, re.DOTALL)
     assert m, "no embedded data block"
     return json.loads(m.group(1))
 

@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_report import IDS, write_outputs
 
 from headscope.models.tiny import tiny_model
 from headscope.report import render_report
-from headscope.report.examples import decode_maps
-from test_report import IDS, page_data, write_outputs
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -9,8 +9,9 @@ writes `report.html` plus `report-*.png` into `out_dir`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
@@ -22,7 +23,7 @@ from .sources import Sources, read_heads
 
 log = logging.getLogger(__name__)
 
-__all__ = ["render_report", "report_data", "REPORT_NAME"]
+__all__ = ["REPORT_NAME", "render_report", "report_data"]
 
 REPORT_NAME = "report.html"
 

@@ -5,15 +5,25 @@ from __future__ import annotations
 import base64
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..table import HeadTable
 from . import plots
-from .sources import (PRODUCERS, Sources, clean, grid_columns, head_index, per_head_from_json, read_csv_records,
-                      read_heads, read_json, square_matrix)
+from .sources import (
+    PRODUCERS,
+    Sources,
+    clean,
+    grid_columns,
+    head_index,
+    per_head_from_json,
+    read_csv_records,
+    read_json,
+    square_matrix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -199,26 +209,26 @@ def role_report(rj: Any, n_layers: int, n_heads: int) -> tuple[dict[str, dict[st
     body = rj.get("roles") if isinstance(rj.get("roles"), dict) and "scores" in rj.get("roles", {}) else rj
     scores, baselines = body.get("scores"), body.get("baselines") or {}
 
-    def cell(m: Any, l: int, h: int) -> Any:
-        try:
-            a = np.asarray(m, dtype=float)
-            a = a.reshape(n_layers, n_heads)
-            return clean(float(a[l, h]))
-        except Exception:
+    def grid(m: Any) -> np.ndarray | None:
+        try:  # a [layer][head] matrix (or flat list); anything else is not a per-head score
+            return np.asarray(m, dtype=float).reshape(n_layers, n_heads)
+        except (TypeError, ValueError):
             return None
 
     if isinstance(scores, dict):
+        base_grids = {k: grid(v) for k, v in baselines.items()} if isinstance(baselines, dict) else {}
         for name, m in scores.items():
+            a = grid(m)
+            if a is None:
+                continue
             bname = next((b for b in (f"{name}_uniform", f"{name}_baseline", name.replace("_mass", "_uniform"),
-                                      "uniform_distance" if name == "mean_distance" else "") if b in baselines), None)
+                                      "uniform_distance" if name == "mean_distance" else "")
+                          if base_grids.get(b) is not None), None)
             for l in range(n_layers):
                 for h in range(n_heads):
-                    v = cell(m, l, h)
-                    if v is None:
-                        continue
-                    rec = {"score": v}
+                    rec = {"score": clean(float(a[l, h]))}
                     if bname:
-                        rec["baseline"] = cell(baselines[bname], l, h)
+                        rec["baseline"] = clean(float(base_grids[bname][l, h]))
                     per_head.setdefault(f"L{l}H{h}", {})[name] = rec
         th = body.get("thresholds")
         if isinstance(th, dict):
@@ -304,7 +314,7 @@ def _similarity(src: Sources, n_layers: int, n_heads: int) -> dict[str, Any] | N
                         q = np.rint((np.nan_to_num(a, nan=lo) - lo) / (hi - lo or 1.0) * 255).astype(np.uint8)
                         mats[k] = {"min": clean(lo), "max": clean(hi),
                                    "data": base64.b64encode(q.tobytes()).decode("ascii")}
-        except Exception as e:
+        except Exception as e:  # a foreign or truncated npz must not break the whole page
             log.warning("cannot read %s (%s)", npz_p, e)
         if mats:
             out["matrices"] = mats
@@ -450,7 +460,7 @@ def _gqa(src: Sources) -> dict[str, Any] | None:
     flat = {k: clean(v) for k, v in data.items() if not isinstance(v, (dict, list))}
     nested = {k: clean(v) for k, v in data.items() if isinstance(v, (dict, list))}
     text = []
-    num = lambda k: isinstance(data.get(k), (int, float)) and not isinstance(data.get(k), bool)  # noqa: E731
+    num = lambda k: isinstance(data.get(k), (int, float)) and not isinstance(data.get(k), bool)
     if num("ppl_before") and num("ppl_after"):
         s = (f"Converting {data.get('model', 'the model')} from {data.get('n_kv_heads_before', '?')} to "
              f"{data.get('n_kv_heads_after', '?')} KV heads ({data.get('grouping_used', data.get('grouping', '?'))} "
@@ -510,7 +520,7 @@ def _prune(src: Sources, out: Path, write_plots: bool) -> dict[str, Any]:
                 if not isinstance(w, dict) or not isinstance(w.get("fraction_removed"), (int, float)):
                     continue
                 drop = "perplexity increase" if lm else f"{metric_name} drop"
-                part = lambda x: ("no head can be removed" if not x.get("n_removed") else  # noqa: E731
+                part = lambda x: ("no head can be removed" if not x.get("n_removed") else
                                   f"{x['fraction_removed']:.0%} of the heads ({x.get('n_removed', '?')}) can be removed")
                 s = f"Within a {level} {drop}, {part(w)}"
                 r = w.get("recovered")
@@ -561,7 +571,7 @@ def _prune(src: Sources, out: Path, write_plots: bool) -> dict[str, Any]:
             if ok:
                 target = (summary or {}).get("target_drop") if isinstance(summary, dict) else None
                 at = f"At the target drop ({target:.0%})" if isinstance(target, (int, float)) else "At the target drop"
-                of = lambda r: f" of {r['heads']:g}" if isinstance(r.get("heads"), (int, float)) else ""  # noqa: E731
+                of = lambda r: f" of {r['heads']:g}" if isinstance(r.get("heads"), (int, float)) else ""
                 cols_ = [c for c in ("removable", "removable_recovered")
                          if any(isinstance(r.get(c), (int, float)) for r in ok)]
                 if not any(r.get(c) for r in ok for c in cols_):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import base64
 import logging
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
+from ..errors import HeadscopeError
 from ..table import HeadTable, parse_head
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ class Sources:
     found: dict[str, Path] = field(default_factory=dict)
 
     @classmethod
-    def scan(cls, dirs: Sequence[str | Path]) -> "Sources":
+    def scan(cls, dirs: Sequence[str | Path]) -> Sources:
         """Look for every known file in `dirs`, earlier directories winning."""
         paths = []
         for d in dirs:
@@ -131,14 +133,14 @@ def head_index(row: dict[str, Any], n_layers: int, n_heads: int, key: str | None
         v = row.get(key)
         try:
             lh = parse_head(str(v))
-        except Exception:
+        except HeadscopeError:
             return None
     else:
         layer, head = row.get("layer"), row.get("head")
         if isinstance(head, str):
             try:
                 lh = parse_head(head)
-            except Exception:
+            except HeadscopeError:
                 return None
         elif isinstance(layer, (int, float)) and isinstance(head, (int, float)):
             lh = (int(layer), int(head))
@@ -208,7 +210,7 @@ def per_head_from_json(data: Any, n_layers: int, n_heads: int) -> dict[str, dict
             for k, v in obj.items():
                 try:
                     lh = parse_head(k)
-                except Exception:
+                except HeadscopeError:
                     lh = None
                 if lh is not None:
                     add(lh if lh[0] < n_layers and lh[1] < n_heads else None, v)
