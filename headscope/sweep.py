@@ -318,7 +318,7 @@ def train_config(
         bar = tqdm(steps_iter, desc=f"{cfg.task} {cfg.label}", unit="step", leave=True, dynamic_ncols=True)
         steps_iter = bar
     model.train()
-    train_s, cpu_s, recent = 0.0, 0.0, []
+    train_s, cpu_s, recent, curve = 0.0, 0.0, [], []
     for step in steps_iter:
         if cfg.task == "synthetic":
             x, y = synthetic_batch(cfg.batch, cfg.seq, g)
@@ -339,6 +339,8 @@ def train_config(
         if not math.isfinite(value):
             raise HeadscopeError(f"{cfg.label}: training diverged (loss {value}) at step {step}; try a lower --lr")
         recent = (recent + [value])[-20:]
+        if step % 10 == 0 or step == cfg.steps - 1:
+            curve.append([step, value])
         if bar is not None and step % 10 == 0:
             bar.set_postfix(loss=f"{value:.3f}")
         if on_step is not None:
@@ -362,6 +364,7 @@ def train_config(
         **metrics, "train_loss": sum(recent) / len(recent), "tokens_per_s": tokens / train_s,
         "tokens_per_cpu_s": tokens / cpu_s, "train_s": train_s, "train_cpu_s": cpu_s,
         "wall_s": time.perf_counter() - t_wall, "threads": torch.get_num_threads(),
+        "loss_curve": curve,  # [step, training loss] every 10 steps; in the JSON record, not in the CSV
         "data": corpus.fingerprint[:16] if corpus is not None else synthetic_fingerprint(),
     }
     log.info("%s: val_loss %.4f, %.0f tokens/s", cfg.label, row["val_loss"], row["tokens_per_s"])

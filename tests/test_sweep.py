@@ -91,6 +91,7 @@ def test_row_has_all_fields_and_consistent_values(ptb):
     for col in ("val_loss", "tokens_per_s", "tokens_per_cpu_s", "wall_s"):
         assert math.isfinite(row[col]) and row[col] > 0, f"{col}={row[col]}"
     assert 0.0 <= row["val_acc"] <= 1.0
+    assert [s for s, _ in row["loss_curve"]] == [0, cfg.steps - 1]
 
 
 def test_csv_and_json_written(tmp_path):
