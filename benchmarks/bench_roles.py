@@ -18,12 +18,14 @@ from pathlib import Path
 EWT = Path(__file__).resolve().parents[2] / "shared/data/ud/en_ewt-ud-test.conllu"
 
 
-def child(limit: int) -> None:
-    """One measurement: load MiniLM, then the census on the first `limit` EWT sentences (text + syntax)."""
+def child(limit: int, repeat: int = 1) -> None:
+    """One measurement: load MiniLM, then the census on the first `limit` EWT sentences (text + syntax),
+    the whole list `repeat` times over (same length distribution, `repeat` times the work)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
     import headscope
+    from headscope.data import TextSource, read_conllu
     from headscope.roles import roles
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
@@ -31,11 +33,13 @@ def child(limit: int) -> None:
     roles(hm, ["warm up the kernels once."], repeat_length=8, n_sequences=2)
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
     t0, c0 = time.perf_counter(), time.process_time()
-    table = roles(hm, EWT, treebank=EWT, limit=limit)
+    sents = read_conllu(EWT)[:limit] * repeat
+    table = roles(hm, TextSource([s.text for s in sents], str(EWT), sents), treebank=sents)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rep = table.meta["roles"]
-    print(json.dumps({"sentences": limit, "tokens": table.meta["tokens_seen"], "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
+    longest = max(len(hm.tokenizer(s.text)["input_ids"]) for s in sents)
+    print(json.dumps({"sentences": len(sents), "longest_tokens": longest, "tokens": table.meta["tokens_seen"], "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
                       "peak_rss_mib": round(rss_peak, 1), "rss_after_load_mib": round(rss_loaded, 1),
                       "growth_mib": round(rss_peak - rss_loaded, 1),
                       "arcs": sum(r["count"] for r in rep["syntax"]["relations"].values())}))
@@ -44,23 +48,27 @@ def child(limit: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--repeat", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--sizes", default="0.1,1,2",
+                   help="fractions of the split to run, each in a fresh process; above 1 the split is repeated")
     args = p.parse_args()
     if args.child is not None:
-        child(args.child)
+        child(args.child, args.repeat)
         return
     from headscope.data import read_conllu
 
     n = len(read_conllu(EWT))
     rows = []
-    for limit in (max(1, n // 10), n):
-        out = subprocess.run([sys.executable, __file__, "--child", str(limit)], capture_output=True, text=True,
-                             check=True)
+    for frac in (float(f) for f in args.sizes.split(",")):
+        limit, repeat = (max(1, int(n * frac)), 1) if frac <= 1 else (n, int(frac))
+        out = subprocess.run([sys.executable, __file__, "--child", str(limit), "--repeat", str(repeat)],
+                             capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
-    print("\n| sentences | tokens | arcs | wall (s) | CPU (s) | peak RSS (MiB) | RSS after model load (MiB) | growth (MiB) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| sentences | longest (tokens) | tokens | arcs | wall (s) | CPU (s) | peak RSS (MiB) | RSS after model load (MiB) | growth (MiB) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['sentences']} | {r['tokens']} | {r['arcs']} | {r['seconds']} | {r['cpu_seconds']} | {r['peak_rss_mib']} | "
+        print(f"| {r['sentences']} | {r['longest_tokens']} | {r['tokens']} | {r['arcs']} | {r['seconds']} | {r['cpu_seconds']} | {r['peak_rss_mib']} | "
               f"{r['rss_after_load_mib']} | {r['growth_mib']} |")
 
 

@@ -23,14 +23,14 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from .analyze import pad_id, prepare_tokens, resolve_max_length, table_from_stats, token_classes
-from .data import TextSource, batches, read_conllu
+from .data import Sentence, TextSource, batches, read_conllu
 from .errors import HeadscopeError
 from .hooks import on_attention_weights
 from .models.adapter import HeadModel
@@ -352,7 +352,7 @@ def roles(
     hm: HeadModel,
     data: Any = None,
     *,
-    treebank: str | Path | None = None,
+    treebank: "str | Path | Sequence[Sentence] | None" = None,
     coref: str | Path | None = None,
     max_length: int | None = None,
     batch_size: int = 16,
@@ -367,8 +367,8 @@ def roles(
     """Role census of `hm`: analyze's statistics plus role scores, a `roles` column and, in
     `meta['roles']`, every score, baseline and threshold (what roles.json holds).
 
-    `data` as for `analyze` (default: the built-in sample); `treebank` a CoNLL-U file for
-    syntactic roles; `coref` a CorefUD CoNLL-U file (e.g. GUM) for coreference. `limit` keeps
+    `data` as for `analyze` (default: the built-in sample); `treebank` a CoNLL-U file (or a list
+    of `Sentence`) for syntactic roles; `coref` a CorefUD CoNLL-U file (e.g. GUM) for coreference. `limit` keeps
     the first N passages / sentences of each.
     """
     th = thresholds or Thresholds()
@@ -376,7 +376,10 @@ def roles(
     np.random.seed(seed)
     max_len = resolve_max_length(hm, max_length)
     # Read the treebank and coreference files before any slow work, so bad input fails fast.
-    tb_sents = read_conllu(treebank)[:limit] if treebank is not None else None
+    if treebank is None or isinstance(treebank, (str, Path)):
+        tb_sents = read_conllu(treebank)[:limit] if treebank is not None else None
+    else:
+        tb_sents = list(treebank)[:limit]  # already-read sentences (e.g. filtered or combined files)
     if tb_sents is not None and not tb_sents:
         raise HeadscopeError(f"treebank {str(treebank)!r} holds no sentences")
     coref_docs, coref_info = read_documents(coref) if coref is not None else (None, {})
@@ -397,7 +400,7 @@ def roles(
         finally:
             bar.close()
         syntax_dict = dep.to_dict(min_count=1)
-        syntax_info = {"treebank": str(treebank), "sentences": dep.sentences, "skipped_long": dep.skipped_long,
+        syntax_info = {"treebank": str(treebank) if isinstance(treebank, (str, Path)) else "sentences", "sentences": dep.sentences, "skipped_long": dep.skipped_long,
                        "merged_tokens": dep.merged_tokens, "unaligned_words": dep.unaligned_words}
         for rel in (*RELATIONS, *syntax_dict):
             r = syntax_dict.get(rel)
