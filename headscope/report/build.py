@@ -229,7 +229,12 @@ def role_report(rj: Any, n_layers: int, n_heads: int) -> tuple[dict[str, dict[st
                     rec = {"score": clean(float(a[l, h]))}
                     if bname:
                         rec["baseline"] = clean(float(base_grids[bname][l, h]))
+                        # A local head attends closer than uniform attention would: lower is the role.
+                        rec["beats baseline when"] = "lower" if name == "mean_distance" else "higher"
                     per_head.setdefault(f"L{l}H{h}", {})[name] = rec
+        # Plain statistics already sit in the head's numbers; keep the scores that have a baseline.
+        if any("baseline" in r for rec in per_head.values() for r in rec.values()):
+            per_head = {k: {n: r for n, r in rec.items() if "baseline" in r} for k, rec in per_head.items()}
         th = body.get("thresholds")
         if isinstance(th, dict):
             extras["thresholds"] = clean(th)
@@ -275,7 +280,16 @@ def _similarity(src: Sources, n_layers: int, n_heads: int) -> dict[str, Any] | N
         if got:
             cols, rows = got
             out["pairs_columns"] = cols
-            out["pairs"] = rows[:200]  # enough for the top table and per-head neighbours
+            # The file lists the most similar pairs first: keep the top 30, and each head's top 3 so
+            # every head can show its neighbours, without embedding all n*(n-1)/2 pairs.
+            keep, per_head = [], {}
+            for i, r in enumerate(rows):
+                a, b = str(r.get("head_a")), str(r.get("head_b"))
+                if i < 30 or per_head.get(a, 0) < 3 or per_head.get(b, 0) < 3:
+                    keep.append(r)
+                    per_head[a] = per_head.get(a, 0) + 1
+                    per_head[b] = per_head.get(b, 0) + 1
+            out["pairs"] = keep
             if rows and "head_a" in cols:
                 r = rows[0]
                 nums = ", ".join(f"{c} {r[c]:.2f}" for c in [c for c in cols if c not in ("head_a", "head_b")

@@ -292,11 +292,13 @@
     if (nested.length) {
       var cols = [];
       nested.forEach(function (k) { Object.keys(rec[k]).forEach(function (c) { if (cols.indexOf(c) < 0) cols.push(c); }); });
-      var rows = nested.map(function (k) { var r = { role: k }; cols.forEach(function (c) { r[c] = rec[k][c]; }); return r; });
+      var rows = nested.map(function (k) { var r = { measure: k }; cols.forEach(function (c) { r[c] = rec[k][c]; }); return r; });
       var sc = cols.indexOf('score') >= 0 ? 'score' : cols[0];
       var bl = cols.filter(function (c) { return c.indexOf('baseline') >= 0; })[0];
-      return table(['role'].concat(cols), rows, { rowClass: function (r) {
-        return bl && typeof r[sc] === 'number' && typeof r[bl] === 'number' && r[sc] > r[bl] ? 'beats' : ''; } });
+      return table(['measure'].concat(cols), rows, { rowClass: function (r) {
+        if (!(bl && typeof r[sc] === 'number' && typeof r[bl] === 'number')) return '';
+        var lower = r['beats baseline when'] === 'lower';
+        return (lower ? r[sc] < r[bl] : r[sc] > r[bl]) ? 'beats' : ''; } });
     }
     var base = keys.filter(function (k) { return /baseline/.test(k); });
     var plain = keys.filter(function (k) { return base.indexOf(k) < 0; });
@@ -328,7 +330,8 @@
     var flex = el('div', { cls: 'flex' });
     var numbers = el('div', null, el('h4', { text: 'Numbers' }), table(['column', 'value'], headNumbers(k)));
     flex.appendChild(numbers);
-    var rs = el('div', null, el('h4', { text: 'Role scores vs baselines' }));
+    var rs = el('div', null, el('h4', { text: 'Role scores vs baselines' }),
+      el('p', { cls: 'hint', text: 'green: on the role\'s side of its baseline (a role also needs the margins in roles.json)' }));
     if (D.role_scores && D.role_scores[name]) rs.appendChild(roleScoreTable(D.role_scores[name]));
     else rs.appendChild(missing('roles') || el('p', { cls: 'hint', text: 'no role scores for this head' }));
     flex.appendChild(rs);
