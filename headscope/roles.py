@@ -20,17 +20,24 @@ import logging
 import re
 import string
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .analyze import pad_id, prepare_tokens, resolve_max_length, table_from_stats, token_classes
-from .data import Sentence, TextSource, batches, read_conllu
+from .analyze import (
+    pad_id,
+    prepare_tokens,
+    resolve_max_length,
+    table_from_stats,
+    token_classes,
+)
+from .data import Sentence, batches, read_conllu
 from .errors import HeadscopeError
 from .hooks import on_attention_weights
 from .models.adapter import HeadModel
@@ -146,7 +153,7 @@ def reduce_roles(stats: HeadStats, layer: int, p: torch.Tensor, allowed: torch.T
     Each score `<name>` has a twin `<name>_uniform`: what a head spreading its weight evenly over
     the allowed keys would score on the same queries.
     """
-    b, h, t, _ = p.shape
+    _, h, t, _ = p.shape
     al = allowed.double()
     n_keys = al.sum(-1)  # [batch, q]
     inv = torch.where(n_keys > 0, 1.0 / n_keys.clamp(min=1), torch.zeros_like(n_keys))
@@ -352,7 +359,7 @@ def roles(
     hm: HeadModel,
     data: Any = None,
     *,
-    treebank: "str | Path | Sequence[Sentence] | None" = None,
+    treebank: str | Path | Sequence[Sentence] | None = None,
     coref: str | Path | None = None,
     max_length: int | None = None,
     batch_size: int = 16,

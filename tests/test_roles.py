@@ -14,8 +14,15 @@ import torch
 
 from headscope.cli import main
 from headscope.models.tiny import tiny_model
-from headscope.roles import (Thresholds, decide, induction_scores, rare_word_targets, reduce_roles, roles,
-                             special_frame)
+from headscope.roles import (
+    Thresholds,
+    decide,
+    induction_scores,
+    rare_word_targets,
+    reduce_roles,
+    roles,
+    special_frame,
+)
 from headscope.stats import HeadStats, allowed_keys
 
 UD = Path(__file__).resolve().parents[2] / "shared/data/ud"

@@ -12,9 +12,19 @@ import torch
 
 from headscope.data import Sentence, read_conllu
 from headscope.errors import HeadscopeError
-from headscope.syntax import (CorefCounts, DependencyCounts, Document, Mention, align_words, coref_items,
-                              dependency_accuracy, parse_entity_field, read_documents, relation_of,
-                              sentence_mentions, word_attention)
+from headscope.syntax import (
+    CorefCounts,
+    DependencyCounts,
+    Document,
+    Mention,
+    align_words,
+    coref_items,
+    dependency_accuracy,
+    parse_entity_field,
+    read_documents,
+    relation_of,
+    word_attention,
+)
 
 UD = Path(__file__).resolve().parents[2] / "shared/data/ud"
 
