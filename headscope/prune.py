@@ -319,7 +319,7 @@ def save_pruned(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path
             "n_heads_kept": sum(map(len, kept.values())),
             "source": hm.source or hm.name,
             "transformers": transformers.__version__,
-            "load_with": "headscope.load_pruned(path)",
+            "load_with": "headscope.prune.load_pruned(path), or AutoModel*.from_pretrained(path, trust_remote_code=True)",
         }
         (tmp / PRUNING_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         if any(len(k) != hm.n_heads for k in kept.values()):

