@@ -593,6 +593,9 @@ def save_checkpoint(hm: HeadModel, out_dir: str | Path, force: bool = False) -> 
         hm.model.save_pretrained(tmp)
         if hm.tokenizer is not None:
             hm.tokenizer.save_pretrained(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes the folder private (0700); give it the usual mode
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
             os.replace(out, old / "x")

@@ -226,6 +226,9 @@ def test_checkpoint_reloads_in_fresh_process_with_plain_transformers(tmp_path):
     hm = tiny("qwen2")
     out = gqa.convert_to_gqa(hm, 1, "similarity")
     path = gqa.save_checkpoint(out, tmp_path / "model")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o777 & ~umask, oct(path.stat().st_mode)
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["num_key_value_heads"] == 1 and cfg["model_type"] == "qwen2"
     np.save(tmp_path / "ids.npy", IDS.numpy())
