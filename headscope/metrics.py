@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .analyze import pad_id, prepare_tokens, resolve_max_length
-from .data import TextSource, batches
+from .data import TextSource, batches, read_jsonl
 from .errors import HeadscopeError, did_you_mean
 from .hooks import head_gates
 from .models.adapter import HeadModel
@@ -152,24 +152,10 @@ def _label_id(hm: HeadModel, label: Any, where: str) -> int:
 
 def read_labelled(path: str | Path) -> tuple[list[str], list[Any]]:
     """Texts and labels of a jsonl file whose lines hold `text` and `label`."""
-    p = Path(path)
-    if not p.exists():
-        raise HeadscopeError(f"data file {str(p)!r} does not exist")
-    texts, labels = [], []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise HeadscopeError(f"{p}:{lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or "label" not in obj:
-            raise HeadscopeError(f"{p}:{lineno}: each line needs a string 'text' and a 'label' for accuracy")
-        texts.append(obj["text"])
-        labels.append(obj["label"])
-    if not texts:
-        raise HeadscopeError(f"no labelled lines in {str(p)!r}")
-    return texts, labels
+    rows = read_jsonl(path, required=("text", "label"))
+    if not rows:
+        raise HeadscopeError(f"no labelled lines in {str(path)!r}")
+    return [r["text"] for r in rows], [r["label"] for r in rows]
 
 
 def is_labelled(data: Any) -> bool:

