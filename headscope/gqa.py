@@ -685,7 +685,8 @@ def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *
     report: dict[str, Any] = {
         "model": hm.name, "model_type": hm.config.model_type, "n_layers": hm.n_layers, "n_heads": hm.n_heads,
         "n_kv_heads_before": hm.n_kv_heads, "n_kv_heads_after": kv_heads, "grouping": grouping,
-        "data": getattr(data_src, "source", "in-memory"), "heldout": getattr(held_src, "source", "in-memory"),
+        "data": getattr(data_src, "source", "in-memory"), "data_passages": len(data_src),
+        "heldout": getattr(held_src, "source", "in-memory"), "heldout_passages": len(held_src),
         "max_length": max_length,
     }
     plan = plan_groups(hm, kv_heads, grouping, data_src, fallback=fallback, **ev)

@@ -349,7 +349,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "2 -> 1 KV heads" in printed and "(equal)" in printed
     rep = json.loads((tmp_path / "out" / "gqa.json").read_text())
-    assert rep["n_kv_heads_after"] == 1 and rep["ppl_uptrained"] is not None
+    assert rep["n_kv_heads_after"] == 1 and rep["ppl_uptrained"] is not None and rep["heldout_passages"] == 12
     assert rep["kv_bytes_after"]["measured"] * 2 == rep["kv_bytes_before"]["measured"]
     assert rep["kv_bytes_after"]["match"] and rep["kv_bytes_before"]["match"]
     assert json.loads((tmp_path / "out" / "model" / "config.json").read_text())["num_key_value_heads"] == 1
