@@ -463,6 +463,15 @@ def plot_sweep(rows: Sequence[dict[str, object]], out: str | Path) -> list[Path]
                     ax.annotate(f"{r['d_head']}", (h, y), textcoords="offset points", xytext=(0, 6), ha="center",
                                 fontsize=7)
         ax.set_xscale("log", base=2)
+        all_h = sorted({int(r["n_heads"]) for r in rows})
+        ax.set_xticks(all_h, [str(h) for h in all_h])
+        if name == "sweep_quality.png" and all(r["task"] == "synthetic" for r in rows):
+            # Small differences near 100 % must not look like large ones; show the scale that matters.
+            ceiling = 100 * (1 / SYNTH_VOCAB + (1 - 1 / SYNTH_VOCAB) / 2)
+            ax.axhline(ceiling, color="grey", ls=":", lw=1)
+            ax.annotate(f"one head, equal weights: at most {ceiling:.0f} %", (all_h[0], ceiling), fontsize=7,
+                        textcoords="offset points", xytext=(2, 3), color="grey")
+            ax.set_ylim(0, 105)
         ax.set_xlabel("query heads (labels: d_head)")
         r0 = rows[0]
         ax.set_title(f"d_model={r0['d_model']}, {r0['n_layers']} layer(s), {r0['steps']} steps x {r0['batch']}x{r0['seq']} tokens",

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The head-count sweeps whose figures are in docs/sweep.md. Resumable: rerun to finish an interrupted run.
+# Single-threaded and niced because the machine they ran on was shared; CPU seconds per configuration
+# (train_cpu_s in sweep.csv) are the machine-independent cost.
+set -euo pipefail
+OUT=${1:-sweep-runs}
+nice -n 10 headscope sweep --threads 1 --out "$OUT/ptb-default"                      # PTB bytes, h = 1..32
+nice -n 10 headscope sweep --task synthetic --heads 1,2,4 --threads 1 --out "$OUT/synthetic"
