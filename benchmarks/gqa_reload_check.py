@@ -16,7 +16,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 out = Path(sys.argv[1])
 report = json.loads((out / "gqa.json").read_text())
@@ -25,7 +25,7 @@ tokenizer = AutoTokenizer.from_pretrained(out / "model")
 print("loaded with plain transformers:", type(model).__name__, "num_key_value_heads =",
       model.config.num_key_value_heads, "k_proj", tuple(model.model.layers[0].self_attn.k_proj.weight.shape))
 
-from headscope import gqa, wrap  # noqa: E402  (only to score the same text the same way)
+from headscope import gqa, wrap
 
 limit = report.get("heldout_passages", 100)
 ppl = gqa.perplexity(wrap(model, tokenizer), gqa.load_text(report["heldout"], int(sys.argv[2]) if len(sys.argv) > 2

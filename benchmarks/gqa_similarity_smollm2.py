@@ -23,11 +23,10 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
-from headscope import gqa, load_model  # noqa: E402
-from headscope.io import atomic_write_text  # noqa: E402
-
+from headscope import gqa, load_model
+from headscope.io import atomic_write_text
 
 # After the reorder, positions {0,3,6} hold copies of original KV head 0, {1,4,7} of head 1, {2,5,8} of head 2.
 ORIGINAL = [[0, 3, 6], [1, 4, 7], [2, 5, 8]]

@@ -327,8 +327,8 @@ def test_encoder_and_gpt2_refused_with_reason(family):
 
 def test_cli_end_to_end(tmp_path, capsys):
     """The verb on a tiny checkpoint: writes model/ and gqa.json, refuses to overwrite, reports bad G."""
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     from headscope.cli import main
 

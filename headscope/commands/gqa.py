@@ -6,8 +6,16 @@ import argparse
 import json
 import sys
 
-from ..gqa import GROUPINGS, LOSSES, TRAINABLE, check_convertible, convert_and_evaluate, load_text, save_checkpoint
 from ..errors import HeadscopeError
+from ..gqa import (
+    GROUPINGS,
+    LOSSES,
+    TRAINABLE,
+    check_convertible,
+    convert_and_evaluate,
+    load_text,
+    save_checkpoint,
+)
 from ..io import atomic_write_text, prepare_out_dir
 from ..kv import human_bytes
 from ..models import load_model
