@@ -7,8 +7,9 @@ schedule, training tokens, the exact batches seen, the seed), and each configura
 - ``ptb``: next-byte language modelling on the Penn Treebank (`headscope.corpora`), validation
   loss / bits per byte / perplexity on PTB valid.
 - ``synthetic``: a one-layer attention-only model must output the ordered pair
-  ``(x[i-a], x[i-b])`` of the tokens at two offsets; one softmax head mixes everything it reads
-  through one value map, so it cannot keep two far-apart tokens apart (see docs/sweep.md).
+  ``(x[i-1], x[i-7])`` of the tokens at two offsets. One softmax head sends both sources through
+  one value map: with equal weights it provably cannot tell (u, v) from (v, u); with unequal
+  weights it can, at a third of the margin (docs/sweep.md; measured, one head learns it fully).
 
 Resumable: each finished configuration is written at once to ``runs/<key>.json`` and ``sweep.csv``
 is rewritten (atomically) after it; a rerun skips every configuration whose key (a hash of the full
