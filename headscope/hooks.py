@@ -21,7 +21,10 @@ HeadOutputFn = Callable[[int, torch.Tensor], "torch.Tensor | None"]
 
 @contextmanager
 def on_head_outputs(hm: HeadModel, fn: HeadOutputFn, layers: list[int] | None = None) -> Iterator[None]:
-    """Call `fn(layer, z)` on every layer's per-head outputs; a returned tensor replaces them."""
+    """Call `fn(layer, z)` on every layer's per-head outputs; a returned tensor replaces them.
+
+    On a physically pruned model `head` runs over `hm.kept_heads(layer)`; empty layers are skipped.
+    """
     handles = []
 
     def make_hook(layer: int):
@@ -37,7 +40,8 @@ def on_head_outputs(hm: HeadModel, fn: HeadOutputFn, layers: list[int] | None = 
 
     try:
         for layer in range(hm.n_layers) if layers is None else layers:
-            handles.append(hm.out_proj(layer).register_forward_pre_hook(make_hook(layer)))
+            if hm.heads_in_layer(layer):  # a layer pruned to no heads has no head outputs
+                handles.append(hm.out_proj(layer).register_forward_pre_hook(make_hook(layer)))
         yield
     finally:
         for h in handles:
@@ -59,14 +63,18 @@ def head_gates(hm: HeadModel, gates: torch.Tensor) -> Iterator[None]:
     """Scale each head's output by a gate: `[n_layers, n_heads]`, or `[batch, n_layers, n_heads]`.
 
     Gates may require grad (gradient importance flows through them). Layers whose gates are all
-    ones are left untouched, so a gate of ones changes nothing, bit for bit.
+    ones are left untouched, so a gate of ones changes nothing, bit for bit. Heads are numbered as
+    in the unpruned model; on a physically pruned model the gates of removed heads are ignored.
     """
     _check_gates(hm, gates)
     per_row = gates.dim() == 3
     active = [l for l in range(hm.n_layers) if gates.requires_grad or not bool((gates[..., l, :] == 1).all())]
+    kept = {l: torch.tensor(hm.kept_heads(l)) for l in active if hm.heads_in_layer(l) != hm.n_heads}
 
     def apply(layer: int, z: torch.Tensor) -> torch.Tensor:
         g = gates[:, layer] if per_row else gates[layer].expand(z.shape[0], -1)  # [batch, head]
+        if layer in kept:
+            g = g[:, kept[layer]]
         if g.shape[0] != z.shape[0]:
             raise HeadscopeError(f"per-row gates have {g.shape[0]} rows but the batch has {z.shape[0]}")
         return z * g[:, None, :, None].to(z.dtype)
@@ -90,7 +98,7 @@ def capture_head_outputs(hm: HeadModel, store: dict[int, torch.Tensor]) -> Itera
 def on_attention_weights(hm: HeadModel, fn: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
     """Call `fn(layer, probs [batch, head, query, key])` as each layer computes its attention.
 
-    Needs the eager kernel (HeadModel switches to it): sdpa/flash return no weights.
+    On a physically pruned model `head` runs over `hm.kept_heads(layer)`. Needs the eager kernel (HeadModel switches to it): sdpa/flash return no weights.
     """
     handles = []
 
@@ -108,7 +116,8 @@ def on_attention_weights(hm: HeadModel, fn: Callable[[int, torch.Tensor], None])
 
     try:
         for layer in range(hm.n_layers):
-            handles.append(hm.attention(layer).register_forward_hook(make_hook(layer)))
+            if hm.heads_in_layer(layer):  # a layer pruned to no heads computes no attention
+                handles.append(hm.attention(layer).register_forward_hook(make_hook(layer)))
         yield
     finally:
         for h in handles:

@@ -30,7 +30,6 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -39,7 +38,7 @@ from torch import nn
 
 from .errors import HeadscopeError
 from .models.adapter import HeadModel
-from .models.specs import get_path
+from .models.specs import SPECS, get_path
 from .table import head_name
 
 log = logging.getLogger(__name__)
@@ -48,36 +47,16 @@ PRUNING_FILE = "headscope_pruning.json"
 CONFIG_KEY = "headscope_pruning"  # config attribute: {"layer": [kept original head ids]}
 FORMAT_VERSION = 1
 
-@dataclass(frozen=True)
-class HeadCountAttrs:
-    """Attributes of a family's attention module that its forward reads, and what they become.
-
-    Each entry names an attribute and the quantity it holds after pruning: "heads" (query heads
-    kept), "width" (heads * d_head) or "groups" (query heads per kept KV head). Attributes a
-    module does not have are skipped, so one table serves all model types of a family.
-    """
-
-    attrs: tuple[tuple[str, str], ...]
-
-
-# Read from transformers 5 source: BERT views by attention_head_size (-1 heads) but keeps
-# num_attention_heads/all_head_size; GPT-2 splits the fused c_attn output by split_size;
-# LLaMA views by head_dim and repeats K/V num_key_value_groups times.
-HEAD_COUNT_ATTRS: dict[str, HeadCountAttrs] = {
-    "bert": HeadCountAttrs((("num_attention_heads", "heads"), ("all_head_size", "width"))),
-    "gpt2": HeadCountAttrs((("num_heads", "heads"), ("split_size", "width"))),
-    "llama": HeadCountAttrs((("num_key_value_groups", "groups"), ("num_heads", "heads"),
-                             ("num_key_value_heads", "kv_heads"))),
-}
+# The attention attributes each family's forward reads live in its AttentionSpec
+# (`head_count_attrs`, read from transformers 5 source): BERT keeps num_attention_heads and
+# all_head_size; GPT-2 splits the fused c_attn output by split_size; LLaMA views by head_dim and
+# repeats K/V num_key_value_groups times.
 
 
 # --- which heads ---------------------------------------------------------------------------------
 def kept_heads(hm: HeadModel) -> dict[int, list[int]]:
     """Original head ids still present in each layer (all of them for an unpruned model)."""
-    recorded = getattr(hm.config, CONFIG_KEY, None)
-    if recorded:
-        return {int(k): [int(h) for h in v] for k, v in recorded.items()}
-    return {layer: list(range(hm.n_heads)) for layer in range(hm.n_layers)}
+    return {layer: hm.kept_heads(layer) for layer in range(hm.n_layers)}
 
 
 def normalize_heads(hm: HeadModel, heads: Any) -> dict[int, list[int]]:
@@ -220,7 +199,7 @@ def slice_layer(block: nn.Module, spec: Any, attrs: tuple[tuple[str, str], ...],
 def _prune_layer(hm: HeadModel, layer: int, now: list[int], keep: list[int]) -> None:
     """Slice one layer of `hm` (modified in place; callers pass a copy) from heads `now` to `keep`."""
     _layer_plan(hm, layer, keep)  # validate (GQA) before touching anything
-    slice_layer(hm.layers[layer], hm.spec, HEAD_COUNT_ATTRS[hm.spec.family].attrs, hm.d_head, hm.group_size,
+    slice_layer(hm.layers[layer], hm.spec, hm.spec.head_count_attrs, hm.d_head, hm.group_size,
                 now, keep)
 
 
@@ -232,10 +211,10 @@ def hm_set(block: nn.Module, path: str, module: nn.Module) -> None:
 
 def check_prunable(hm: HeadModel) -> None:
     """Raise a clear error when headscope cannot physically prune this model's family."""
-    if hm.spec.family not in HEAD_COUNT_ATTRS:
+    if not hm.spec.head_count_attrs:
         raise HeadscopeError(
             f"physical pruning is not implemented for the {hm.spec.family!r} family "
-            f"(model type {hm.config.model_type!r}); supported families: {', '.join(HEAD_COUNT_ATTRS)}. "
+            f"(model type {hm.config.model_type!r}); supported families: {', '.join(s.family for s in SPECS if s.head_count_attrs)}. "
             f"Use head gates (headscope.head_gates) to mask heads instead"
         )
 
@@ -367,7 +346,7 @@ import transformers
 from torch import nn
 
 SPEC = SimpleNamespace(**{spec!r})
-ATTRS = {HEAD_COUNT_ATTRS[hm.spec.family].attrs!r}
+ATTRS = {hm.spec.head_count_attrs!r}
 D_HEAD = {hm.d_head}
 GROUP_SIZE = {hm.group_size}
 N_HEADS = {hm.n_heads}

@@ -46,14 +46,17 @@ class HeadStats:
     tokens: int = 0
     passages: int = 0
 
-    def add(self, name: str, layer: int, total: torch.Tensor, count: torch.Tensor | float) -> None:
-        """Add a per-head sum `[n_heads]` and its count (scalar or `[n_heads]`) for one layer."""
+    def add(self, name: str, layer: int, total: torch.Tensor, count: torch.Tensor | float,
+            heads: list[int] | None = None) -> None:
+        """Add a per-head sum `[n_heads]` and its count (scalar or `[n_heads]`) for one layer;
+        `heads` names the heads the sums belong to when the layer has fewer (physical pruning)."""
+        cols = slice(None) if heads is None else heads
         if name not in self.sums:
             self.sums[name] = np.zeros((self.n_layers, self.n_heads))
             self.counts[name] = np.zeros((self.n_layers, self.n_heads))
-        self.sums[name][layer] += total.detach().double().cpu().numpy()
+        self.sums[name][layer, cols] += total.detach().double().cpu().numpy()
         c = count.detach().double().cpu().numpy() if isinstance(count, torch.Tensor) else float(count)
-        self.counts[name][layer] += c
+        self.counts[name][layer, cols] += c
 
     def merge(self, other: "HeadStats") -> "HeadStats":
         """A new HeadStats holding both; neither input changes."""
@@ -108,11 +111,14 @@ def _masked_sum(values: torch.Tensor, qmask: torch.Tensor) -> torch.Tensor:
 
 
 def reduce_attention(stats: HeadStats, layer: int, probs: torch.Tensor, allowed: torch.Tensor,
-                     special: torch.Tensor, punct: torch.Tensor) -> None:
+                     special: torch.Tensor, punct: torch.Tensor, heads: list[int] | None = None) -> None:
     """Reduce one layer's attention `[batch, head, query, key]` into `stats`.
 
     `allowed` is `[batch, query, key]`; `special` / `punct` flag keys `[batch, key]`.
     """
+    def add(name: str, total: torch.Tensor, count: torch.Tensor) -> None:
+        stats.add(name, layer, total, count, heads)
+
     p = probs.float()
     b, h, t, _ = p.shape
     n_keys = allowed.sum(-1)  # [batch, query]
@@ -121,23 +127,23 @@ def reduce_attention(stats: HeadStats, layer: int, probs: torch.Tensor, allowed:
     pos = torch.arange(t, device=p.device)
 
     ent = -torch.special.xlogy(p, p).sum(-1)  # [batch, head, query]
-    stats.add("entropy", layer, _masked_sum(ent, qmask), n_q)
+    add("entropy", _masked_sum(ent, qmask), n_q)
     multi = (n_keys > 1).double()
     log_n = torch.log(n_keys.clamp(min=2).double())
-    stats.add("entropy_norm", layer, _masked_sum(ent.double() / log_n[:, None, :], multi), multi.sum())
+    add("entropy_norm", _masked_sum(ent.double() / log_n[:, None, :], multi), multi.sum())
 
     dist = (pos[:, None] - pos[None, :]).abs().float()  # [query, key]
-    stats.add("mean_distance", layer, _masked_sum(torch.einsum("bhqk,qk->bhq", p, dist), qmask), n_q)
+    add("mean_distance", _masked_sum(torch.einsum("bhqk,qk->bhq", p, dist), qmask), n_q)
 
     for name, offset in (("prev_token_mass", -1), ("self_mass", 0), ("next_token_mass", 1)):
         diag = torch.diagonal(p, offset=offset, dim1=-2, dim2=-1)  # [batch, head, t - |offset|]
         ok = torch.diagonal(allowed, offset=offset, dim1=-2, dim2=-1).double()  # [batch, t - |offset|]
-        stats.add(name, layer, _masked_sum(diag, ok), ok.sum())
+        add(name, _masked_sum(diag, ok), ok.sum())
 
-    stats.add("first_token_mass", layer, _masked_sum(p[..., 0], qmask), n_q)
-    stats.add("special_mass", layer, _masked_sum(torch.einsum("bhqk,bk->bhq", p, special.float()), qmask), n_q)
-    stats.add("punct_mass", layer, _masked_sum(torch.einsum("bhqk,bk->bhq", p, punct.float()), qmask), n_q)
-    stats.add("max_weight", layer, _masked_sum(p.amax(-1), qmask), n_q)
+    add("first_token_mass", _masked_sum(p[..., 0], qmask), n_q)
+    add("special_mass", _masked_sum(torch.einsum("bhqk,bk->bhq", p, special.float()), qmask), n_q)
+    add("punct_mass", _masked_sum(torch.einsum("bhqk,bk->bhq", p, punct.float()), qmask), n_q)
+    add("max_weight", _masked_sum(p.amax(-1), qmask), n_q)
 
 
 def output_gram(hm: HeadModel, layer: int) -> torch.Tensor:
@@ -147,12 +153,13 @@ def output_gram(hm: HeadModel, layer: int) -> torch.Tensor:
     return wh.transpose(1, 2) @ wh
 
 
-def reduce_outputs(stats: HeadStats, layer: int, z: torch.Tensor, gram: torch.Tensor, valid: torch.Tensor) -> None:
+def reduce_outputs(stats: HeadStats, layer: int, z: torch.Tensor, gram: torch.Tensor, valid: torch.Tensor,
+                   heads: list[int] | None = None) -> None:
     """Add the output-norm sums of one layer: z `[batch, pos, head, d_head]`, valid `[batch, pos]`."""
     z = z.detach().float()
     sq = torch.einsum("bthd,hde,bthe->bht", z, gram, z).clamp(min=0)  # [batch, head, pos]
     m = valid.double()
-    stats.add("output_norm", layer, _masked_sum(sq.sqrt(), m), m.sum())
+    stats.add("output_norm", layer, _masked_sum(sq.sqrt(), m), m.sum(), heads)
 
 
 @contextmanager
@@ -174,7 +181,8 @@ class StatsSession:
 
     def __init__(self, hm: HeadModel, stats: HeadStats, flags: TokenClasses) -> None:
         self.hm, self.stats, self.flags = hm, stats, flags
-        self.grams = [output_gram(hm, layer) for layer in range(hm.n_layers)]
+        self.grams = [output_gram(hm, layer) if hm.heads_in_layer(layer) else None for layer in range(hm.n_layers)]
+        self.heads = [None if hm.heads_in_layer(l) == hm.n_heads else hm.kept_heads(l) for l in range(hm.n_layers)]
         self._allowed: dict[int | None, torch.Tensor] = {}
         self.mask: torch.Tensor | None = None
 
@@ -198,9 +206,10 @@ class StatsSession:
         if self.mask is None:
             raise RuntimeError("collect_stats: call session.set_batch(...) before each forward pass")
         with torch.no_grad():
-            reduce_attention(self.stats, layer, probs, self._allowed_for(layer), self.special, self.punct)
+            reduce_attention(self.stats, layer, probs, self._allowed_for(layer), self.special, self.punct,
+                             self.heads[layer])
 
     def on_outputs(self, layer: int, z: torch.Tensor) -> None:
         with torch.no_grad():
-            reduce_outputs(self.stats, layer, z, self.grams[layer], self.mask)
+            reduce_outputs(self.stats, layer, z, self.grams[layer], self.mask, self.heads[layer])
         return None

@@ -106,9 +106,21 @@ class HeadModel:
         w = self.out_proj(layer).weight
         return w.t() if self.spec.conv1d else w
 
+    def kept_heads(self, layer: int) -> list[int]:
+        """Original ids of the query heads present in `layer`: all of them unless physically pruned
+        (headscope.prune records the kept heads in `config.headscope_pruning`)."""
+        recorded = getattr(self.config, "headscope_pruning", None) or {}
+        kept = recorded.get(str(layer), recorded.get(layer))
+        return list(range(self.n_heads)) if kept is None else [int(h) for h in kept]
+
     def heads_in_layer(self, layer: int) -> int:
         """Query heads currently present in `layer` (differs per layer after physical pruning)."""
-        return self.out_weight(layer).shape[1] // self.d_head
+        return len(self.kept_heads(layer))
+
+    @property
+    def pruned(self) -> bool:
+        """Whether any layer has lost heads to physical pruning."""
+        return any(self.heads_in_layer(layer) != self.n_heads for layer in range(self.n_layers))
 
     @property
     def device(self) -> torch.device:

@@ -184,6 +184,10 @@ def load_model(
             )
         name, source = name_or_path, str(path)
         path = str(path) if path.exists() else name_or_path
+    if (Path(path) / "headscope_pruning.json").exists():  # per-layer head counts need our loader
+        from ..prune import load_pruned
+
+        return load_pruned(path, device=device)
     try:
         config = AutoConfig.from_pretrained(path)
     except OSError as e:

@@ -29,6 +29,10 @@ class AttentionSpec:
     qkv_proj: str | None = None  # fused [q; k; v] projection (GPT-2)
     conv1d: bool = False  # GPT-2's Conv1D stores weights as [in, out]
     causal: bool = False
+    # Attributes of the attention module that its forward reads and physical pruning must update,
+    # with the quantity each holds: "heads" (query heads kept), "width" (heads * d_head) or
+    # "groups" (query heads per kept KV head). Attributes a module lacks are skipped.
+    head_count_attrs: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> str:
         """One line for listings: family and the model types it covers."""
@@ -44,6 +48,7 @@ BERT = AttentionSpec(
     q_proj="attention.self.query",
     k_proj="attention.self.key",
     v_proj="attention.self.value",
+    head_count_attrs=(("num_attention_heads", "heads"), ("all_head_size", "width")),
 )
 
 GPT2 = AttentionSpec(
@@ -55,6 +60,7 @@ GPT2 = AttentionSpec(
     qkv_proj="attn.c_attn",
     conv1d=True,
     causal=True,
+    head_count_attrs=(("num_heads", "heads"), ("split_size", "width")),
 )
 
 LLAMA = AttentionSpec(
@@ -67,6 +73,7 @@ LLAMA = AttentionSpec(
     k_proj="self_attn.k_proj",
     v_proj="self_attn.v_proj",
     causal=True,
+    head_count_attrs=(("num_key_value_groups", "groups"), ("num_heads", "heads"), ("num_key_value_heads", "kv_heads")),
 )
 
 SPECS: tuple[AttentionSpec, ...] = (BERT, GPT2, LLAMA)
