@@ -4,8 +4,8 @@
 gates of 0 on the heads already removed), remove the lowest-scoring units, measure the metric,
 repeat. Scoring always runs on the original weights, so the order of removal does not depend on
 recovery. With `recover_steps`, a copy of the model is fine-tuned between steps with gates fixed
-at 0 for the removed heads (next-token loss for causal LMs, distillation to the unpruned model's
-hidden states for encoders, cross-entropy for classifiers); that copy carries its training from
+at 0 for the removed heads (distillation from the unpruned model: KL of next-token distributions
+for causal LMs, its hidden states for encoders; cross-entropy for classifiers); that copy carries its training from
 step to step, and its metric is the `metric_recovered` column.
 
 Units: in a multi-head (MHA) model one unit is one head. In a GQA model a unit is one query head
@@ -272,10 +272,17 @@ def candidate_units(hm: HeadModel, scores: np.ndarray, removed: set[tuple[int, i
 
 # --- recovery --------------------------------------------------------------------------------
 class _Recovery:
-    """A copy of the model fine-tuned between steps with gates fixed at 0 on removed heads."""
+    """A copy of the model fine-tuned between steps with gates fixed at 0 on removed heads.
+
+    Causal LMs are distilled from the unpruned model (KL of next-token distributions) rather than
+    trained on the data's own next tokens: plain LM fine-tuning also adapts the model to the data's
+    domain, which can push perplexity below the unpruned model's and so measures adaptation, not
+    recovery from pruning. Distillation can at best give back what pruning took.
+    """
 
     def __init__(self, hm: HeadModel, prep: Any, metric: str, reference: Any, lr: float, batch_size: int,
                  seed: int) -> None:
+        self.teacher = hm  # the unpruned model, never trained
         self.hm = HeadModel(model=copy.deepcopy(hm.model), tokenizer=hm.tokenizer, name=hm.name, source=hm.source)
         self.prep, self.metric, self.reference = prep, metric, reference
         self.batch_size = batch_size
@@ -310,12 +317,17 @@ class _Recovery:
                 for _ in range(steps):
                     b, idx = self._batch()
                     ids, mask = b.input_ids.to(hm.device), b.attention_mask.to(hm.device)
+                    if self.metric == "lm_loss":
+                        loss = self._distill_lm(ids, mask)
+                        self.opt.zero_grad(set_to_none=True)
+                        loss.float().backward()
+                        self.opt.step()
+                        losses.append(float(loss.detach()))
+                        continue
                     tg = batch_targets(self.prep, self.reference if self.metric == "fidelity" else None, idx,
                                        ids.shape[1], hm.device)
                     rm = row_metric(hm, self.metric, ids, mask, **tg)
-                    if self.metric == "lm_loss":
-                        loss = rm.num.sum() / rm.den.sum()
-                    elif self.metric == "fidelity":
+                    if self.metric == "fidelity":
                         # Distillation to the unpruned model: token MSE plus (1 - cosine) of the pooled output.
                         n, d = rm.extra["token_mse"]
                         loss = n.sum() / d.sum() + (1.0 - rm.num.mean())
@@ -329,6 +341,18 @@ class _Recovery:
         finally:
             hm.model.eval()
         return float(np.mean(losses)) if losses else math.nan
+
+    def _distill_lm(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Mean over real tokens of KL(teacher || student) between next-token distributions."""
+        import torch.nn.functional as F
+
+        with torch.no_grad():
+            teacher = self.teacher.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        student = self.hm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        kl = F.kl_div(F.log_softmax(student.float(), -1), F.log_softmax(teacher.float(), -1),
+                      log_target=True, reduction="none").sum(-1)  # [batch, pos]
+        m = mask.float()
+        return (kl * m).sum() / m.sum()
 
 
 # --- the curve -------------------------------------------------------------------------------
