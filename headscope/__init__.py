@@ -1,4 +1,13 @@
-"""headscope: what attention heads learn, whether more heads help, and which heads are redundant."""
+"""headscope: what attention heads learn, whether more heads help, and which heads are redundant.
+
+The foundation (loading, gates, statistics, HeadTable) is imported eagerly; the stages that pull in
+heavier dependencies are imported on first use, e.g. `headscope.score`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
@@ -9,6 +18,30 @@ from .hooks import capture_head_outputs, head_gates, on_attention_weights  # noq
 from .models import HeadModel, load_model, wrap  # noqa: E402
 from .stats import STATISTICS, HeadStats  # noqa: E402
 from .table import HeadTable, head_name, parse_head  # noqa: E402
+
+# public name -> module that defines it (imported lazily). `role_census` and `head_similarity` are
+# the functions headscope.roles.roles and headscope.similarity.similarity: a package attribute named
+# like a submodule would be replaced by the module as soon as the submodule is imported.
+_RENAMED = {"role_census": ("roles", "roles"), "head_similarity": ("similarity", "similarity")}
+_LAZY = {
+    # Q1: what heads learn
+    "role_census": "roles", "head_similarity": "similarity", "Similarity": "similarity",
+    # Q2: are more heads better
+    "MultiHeadAttention": "reference", "kv_bytes_per_token": "kv", "kv_cache_bytes": "kv",
+    "run_sweep": "sweep", "convert_to_gqa": "gqa", "convert_and_evaluate": "gqa",
+    # Q3: which heads are redundant
+    "evaluate": "metrics", "score": "importance", "rank_correlations": "importance",
+    "prune_heads": "prune", "save_pruned": "prune", "load_pruned": "prune", "prune_curve": "curves",
+    # the report
+    "render_report": "report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), _RENAMED.get(name, ("", name))[1])
+    raise AttributeError(f"module 'headscope' has no attribute {name!r}")
+
 
 __all__ = [
     "STATISTICS",
@@ -26,4 +59,5 @@ __all__ = [
     "read_conllu",
     "read_texts",
     "wrap",
+    *_LAZY,
 ]
