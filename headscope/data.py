@@ -32,6 +32,7 @@ class Sentence:
     misc: list[str]
     sent_id: str = ""
     space_after: list[bool] = field(default_factory=list)
+    doc_id: str = ""  # from the last `# newdoc id = ...` line (document-level annotation, e.g. GUM)
 
     @property
     def text(self) -> str:
@@ -74,11 +75,15 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
     sentences: list[Sentence] = []
     cur: dict[str, list[Any]] = {"words": [], "heads": [], "deprels": [], "misc": [], "space": []}
     sent_id, bad, bad_count = "", False, 0
+    doc_id, n_docs = "", 0
+    range_end, range_space = 0, True  # a multiword token's SpaceAfter applies to its last word
 
     def flush() -> None:
-        nonlocal sent_id, bad
+        nonlocal sent_id, bad, range_end
+        range_end = 0
         if cur["words"] and not bad:
-            sentences.append(Sentence(cur["words"], cur["heads"], cur["deprels"], cur["misc"], sent_id, cur["space"]))
+            sentences.append(Sentence(cur["words"], cur["heads"], cur["deprels"], cur["misc"], sent_id, cur["space"],
+                                      doc_id))
         cur.update({"words": [], "heads": [], "deprels": [], "misc": [], "space": []})
         sent_id, bad = "", False
 
@@ -90,13 +95,21 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
         if line.startswith("#"):
             if line.startswith("# sent_id"):
                 sent_id = line.split("=", 1)[-1].strip()
+            elif line.startswith("# newdoc"):
+                n_docs += 1
+                doc_id = line.split("=", 1)[-1].strip() if "=" in line else f"doc{n_docs}"
             continue
         cols = line.split("\t")
         problem = None
         if len(cols) != 10:
             problem = f"expected 10 tab-separated columns, found {len(cols)}"
-        elif "-" in cols[0] or "." in cols[0]:
-            continue  # multiword token range or empty node: not a word of the tree
+        elif "." in cols[0]:
+            continue  # empty node: not a word of the tree
+        elif "-" in cols[0]:  # multiword token range: its words follow on their own lines
+            first, _, last = cols[0].partition("-")
+            if last.isdigit():
+                range_end, range_space = int(last), "SpaceAfter=No" not in cols[9].split("|")
+            continue
         elif not cols[0].isdigit() or int(cols[0]) != len(cur["words"]) + 1:
             problem = f"word id {cols[0]!r} out of sequence (expected {len(cur['words']) + 1})"
         elif not cols[6].isdigit() and cols[6] != "_":
@@ -111,7 +124,12 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
         cur["heads"].append(int(cols[6]) if cols[6].isdigit() else -1)
         cur["deprels"].append(cols[7])
         cur["misc"].append(cols[9])
-        cur["space"].append("SpaceAfter=No" not in cols[9].split("|"))
+        space = "SpaceAfter=No" not in cols[9].split("|")
+        if int(cols[0]) == range_end:
+            space = range_space
+        elif int(cols[0]) < range_end:
+            space = False  # inside a multiword token ("do" of "don't")
+        cur["space"].append(space)
     flush()
     if bad_count:
         log.warning("%s: skipped %d sentence(s) with malformed lines", path, bad_count)

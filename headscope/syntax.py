@@ -295,18 +295,10 @@ def read_documents(path: str | Path) -> tuple[list[Document], dict[str, int]]:
     """
     path = Path(path)
     sentences = read_conllu(path)
-    doc_of: dict[str, str] = {}
-    doc, n = "", 0
-    for line in path.read_text(encoding="utf-8-sig").splitlines():
-        if line.startswith("# newdoc"):
-            n += 1
-            doc = line.split("=", 1)[-1].strip() if "=" in line else f"doc{n}"
-        elif line.startswith("# sent_id"):
-            doc_of[line.split("=", 1)[-1].strip()] = doc
     docs: list[Document] = []
     counts = {"mentions": 0, "crossing_mentions": 0}
     for i, s in enumerate(sentences):
-        d = doc_of.get(s.sent_id, "")
+        d = s.doc_id
         if not docs or docs[-1].doc_id != d:
             docs.append(Document(d, [], []))
         ms, crossing = sentence_mentions(s, f"{path}:{s.sent_id or i + 1}")

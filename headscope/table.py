@@ -164,7 +164,7 @@ class HeadTable:
 
     def to_json(self, path: str | Path | None = None) -> str:
         """heads.json: the table plus metadata; NaN becomes null. Written atomically if `path`."""
-        text = json.dumps(_jsonable(self.to_dict()), indent=1, allow_nan=False)
+        text = json.dumps(to_jsonable(self.to_dict()), indent=1, allow_nan=False)
         if path is not None:
             atomic_write_text(path, text + "\n")
         return text
@@ -186,14 +186,14 @@ class HeadTable:
         return cls(n_layers, n_heads, cols, data.get("meta", {}))
 
 
-def _jsonable(obj: Any) -> Any:
-    """Turn numpy values and NaN/inf into plain JSON values (NaN -> null)."""
+def to_jsonable(obj: Any) -> Any:
+    """Turn numpy values and NaN/inf into plain JSON values (NaN -> null), recursively."""
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [to_jsonable(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
+        return to_jsonable(obj.tolist())
     if isinstance(obj, np.generic):
         obj = obj.item()
     if isinstance(obj, float) and not math.isfinite(obj):

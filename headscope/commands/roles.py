@@ -14,7 +14,7 @@ from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
 from ..roles import roles, syntax_rows
 from ..syntax import RELATIONS, read_documents
-from ..table import _jsonable
+from ..table import to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args
 
 OUTPUTS = ["heads.csv", "roles.json", "syntax.csv"]
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     report = table.meta["roles"]
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "heads.csv")
-    atomic_write_text(out / "roles.json", json.dumps(_jsonable(report), indent=1, allow_nan=False) + "\n")
+    atomic_write_text(out / "roles.json", json.dumps(to_jsonable(report), indent=1, allow_nan=False) + "\n")
     written = ["heads.csv", "roles.json"]
     rows = syntax_rows(report)
     if rows:

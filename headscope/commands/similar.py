@@ -11,7 +11,7 @@ from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
 from ..similarity import DEFAULT_CKA_MIN, DEFAULT_JS_MAX, LN2, check_thresholds, similarity
-from ..table import _jsonable
+from ..table import to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args
 
 OUTPUTS = ["similar_pairs.csv", "similarity.npz", "clusters.json"]
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "similar_pairs.csv", pairs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
     sim.to_npz(out / "similarity.npz")
-    atomic_write_text(out / "clusters.json", json.dumps(_jsonable({
+    atomic_write_text(out / "clusters.json", json.dumps(to_jsonable({
         "js_max": args.js_max, "cka_min": args.cka_min,
         "rule": "complete linkage: every pair inside a cluster has js <= js_max and cka >= cka_min",
         "clusters": clusters, "meta": sim.meta}), indent=1, allow_nan=False) + "\n")
