@@ -37,13 +37,13 @@ from .analyze import pad_id, prepare_tokens
 from .data import TextSource, batches, read_texts
 from .errors import HeadscopeError
 from .models.adapter import HeadModel
-from .models.specs import get_path, set_path
+from .models.specs import SPECS, get_path, set_path
 
 log = logging.getLogger(__name__)
 
 #: config.model_type values whose checkpoints carry `num_key_value_heads` and whose attention
 #: reads it (LLaMA-like decoders). Encoders (BERT) and GPT-2 have no such field.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = tuple(t for spec in SPECS if spec.kv_heads_in_config for t in spec.model_types)
 GROUPINGS = ("mean", "similarity")
 LOSSES = ("kd", "lm")
 #: What uptraining updates: the attention projections (q/k/v/o) of every layer, or every parameter.
@@ -57,7 +57,7 @@ MAX_ENUMERATED_PARTITIONS = 20000
 def check_convertible(hm: HeadModel, kv_heads: int) -> None:
     """Raise a clear error unless `hm` can be converted to `kv_heads` KV heads."""
     mt = hm.config.model_type
-    if mt not in SUPPORTED_MODEL_TYPES:
+    if not hm.spec.kv_heads_in_config:
         raise HeadscopeError(
             f"GQA conversion supports LLaMA-like decoders ({', '.join(SUPPORTED_MODEL_TYPES)}); model type {mt!r} "
             f"({hm.spec.family} family) is not one: its config has no num_key_value_heads, so every query head "
@@ -354,11 +354,9 @@ def convert_to_gqa(hm: HeadModel, kv_heads: int, grouping: str = "mean", data: A
                     new.bias.copy_(_pool(old.bias, kv_order, kv_heads, d))
                 new.weight.requires_grad_(old.weight.requires_grad)
                 set_path(block, path, new)
-            attn = out.attention(layer)
-            # LLaMA/Mistral/Qwen2 attention caches n_heads // n_kv_heads at construction and feeds it to
-            # repeat_kv; a freshly loaded checkpoint computes it from the config, so keep the two equal.
-            if hasattr(attn, "num_key_value_groups"):
-                attn.num_key_value_groups = n_heads // kv_heads
+            # The attention module cached its head counts at construction (LLaMA feeds n_heads //
+            # n_kv_heads to repeat_kv); a freshly loaded checkpoint computes them from the config.
+            out.set_head_counts(layer, n_heads, kv_heads)
     return out
 
 
@@ -386,9 +384,7 @@ def expand_kv_heads(hm: HeadModel) -> HeadModel:
                 if old.bias is not None:
                     new.bias.copy_(old.bias.reshape(hm.n_kv_heads, d).repeat_interleave(g, 0).reshape(-1))
                 set_path(block, path, new)
-            attn = out.attention(layer)
-            if hasattr(attn, "num_key_value_groups"):  # see convert_to_gqa
-                attn.num_key_value_groups = 1
+            out.set_head_counts(layer, hm.n_heads, hm.n_heads)  # see convert_to_gqa
     return out
 
 

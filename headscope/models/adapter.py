@@ -122,6 +122,16 @@ class HeadModel:
         """Whether any layer has lost heads to physical pruning."""
         return any(self.heads_in_layer(layer) != self.n_heads for layer in range(self.n_layers))
 
+    def set_head_counts(self, layer: int, n_heads: int, n_kv_heads: int) -> None:
+        """Update the head-count attributes the layer's attention forward reads (after its
+        projections were resized by pruning or GQA conversion)."""
+        attention = self.attention(layer)
+        values = {"heads": n_heads, "width": n_heads * self.d_head, "kv_heads": n_kv_heads,
+                  "groups": n_heads // max(n_kv_heads, 1)}
+        for attr, quantity in self.spec.head_count_attrs:
+            if hasattr(attention, attr):
+                setattr(attention, attr, values[quantity])
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device

@@ -33,6 +33,9 @@ class AttentionSpec:
     # with the quantity each holds: "heads" (query heads kept), "width" (heads * d_head) or
     # "groups" (query heads per kept KV head). Attributes a module lacks are skipped.
     head_count_attrs: tuple[tuple[str, str], ...] = ()
+    # Whether the family's config stores the number of KV heads (`num_key_value_heads`), so a
+    # checkpoint with fewer KV heads than query heads (GQA/MQA) loads in plain transformers.
+    kv_heads_in_config: bool = False
 
     def describe(self) -> str:
         """One line for listings: family and the model types it covers."""
@@ -74,6 +77,7 @@ LLAMA = AttentionSpec(
     v_proj="self_attn.v_proj",
     causal=True,
     head_count_attrs=(("num_key_value_groups", "groups"), ("num_heads", "heads"), ("num_key_value_heads", "kv_heads")),
+    kv_heads_in_config=True,
 )
 
 SPECS: tuple[AttentionSpec, ...] = (BERT, GPT2, LLAMA)
