@@ -137,8 +137,12 @@ def plan_sweep(
             for dh in (d_heads or [None]):
                 if dh is not None and dh < 1:
                     raise HeadscopeError(f"--d-head must be positive; got {dh}")
+                # Store the defaults as None, so "--kv-heads 8" at h=8 (MHA) or "--d-head 32" at d_model/h = 32
+                # is the same configuration, with the same key, as leaving them out: results are reused.
+                kv_norm = None if kv == h else kv
+                dh_norm = None if dh is not None and dh * h == d_model else dh
                 cfg = SweepConfig(task=task, d_model=d_model, n_heads=h, n_layers=n_layers, steps=steps, seq=seq,
-                                  batch=batch, seed=seed, n_kv_heads=kv, d_head=dh, **extra)  # type: ignore[arg-type]
+                                  batch=batch, seed=seed, n_kv_heads=kv_norm, d_head=dh_norm, **extra)  # type: ignore[arg-type]
                 if cfg not in configs:
                     configs.append(cfg)
     if not configs:

@@ -119,6 +119,10 @@ def test_skips_heads_not_dividing_d_model():
     configs, skipped = S.plan_sweep("ptb", 16, [2, 4], 2, 3, 8, 2, kv_heads=[1, 4])
     assert [(c.n_heads, c.kv_heads) for c in configs] == [(2, 1), (4, 1), (4, 4)]
     assert len(skipped) == 1 and "h=2 kv=4" in skipped[0]
+    # Spelling out the defaults (kv = h, d_head = d_model/h) gives the same configuration and key.
+    explicit, _ = S.plan_sweep("ptb", 16, [4], 2, 3, 8, 2, kv_heads=[4], d_heads=[4])
+    implicit, _ = S.plan_sweep("ptb", 16, [4], 2, 3, 8, 2)
+    assert explicit == implicit and S.config_key(explicit[0], "d") == S.config_key(implicit[0], "d")
     with pytest.raises(HeadscopeError, match="not divisible by 3"):
         S.plan_sweep("ptb", 10, [3, 7], 2, 3, 8, 2)
 
