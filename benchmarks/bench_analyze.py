@@ -36,7 +36,7 @@ def throughput(model: str, n: int, batch_size: int, max_length: int, repeats: in
     from headscope.analyze import pad_id, prepare_tokens, run_stats
     from headscope.data import batches
 
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     hm = headscope.load_model(model)
     ids, *_ = prepare_tokens(hm, ptb_sentences(n), max_length)
     pad = pad_id(hm)
@@ -50,14 +50,18 @@ def throughput(model: str, n: int, batch_size: int, max_length: int, repeats: in
         run_stats(hm, ids, batch_size)
 
     plain(), hooked()  # warm up
-    t_plain, t_hooked = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter(); plain(); t_plain.append(time.perf_counter() - t0)
-        t0 = time.perf_counter(); hooked(); t_hooked.append(time.perf_counter() - t0)
+    t_plain, t_hooked, ratios = [], [], []
+    for r in range(repeats):
+        # Alternate the order (AB, BA, ...) and keep per-pair ratios: on a shared machine the
+        # median of back-to-back ratios is far steadier than a ratio of medians.
+        pair = {}
+        for name, fn in ((("plain", plain), ("analyze", hooked)) if r % 2 == 0 else (("analyze", hooked), ("plain", plain))):
+            t0 = time.perf_counter(); fn(); pair[name] = time.perf_counter() - t0
+        t_plain.append(pair["plain"]); t_hooked.append(pair["analyze"]); ratios.append(pair["analyze"] / pair["plain"])
     p, h = statistics.median(t_plain), statistics.median(t_hooked)
     tokens = sum(map(len, ids))
-    return {"model": model, "sentences": n, "tokens": tokens, "plain_s": p, "analyze_s": h, "ratio": h / p,
-            "analyze_tokens_per_s": tokens / h}
+    return {"model": model, "sentences": n, "tokens": tokens, "plain_s": p, "analyze_s": h,
+            "ratio": statistics.median(ratios), "analyze_tokens_per_s": tokens / h}
 
 
 def memory_child(model: str, n: int, mode: str, max_length: int) -> None:
@@ -109,7 +113,8 @@ def main() -> None:
         return
     t = throughput(a.model, a.sentences, a.batch_size, a.max_length, a.repeats)
     print(f"throughput {t['model']}: {t['sentences']} PTB sentences, {t['tokens']} tokens, batch {a.batch_size}: "
-          f"plain eager {t['plain_s']:.2f}s, analyze {t['analyze_s']:.2f}s -> overhead {t['ratio']:.2f}x "
+          f"plain eager {t['plain_s']:.2f}s, analyze {t['analyze_s']:.2f}s (medians) -> overhead {t['ratio']:.2f}x "
+          f"(median of {a.repeats} back-to-back ratios, {os.environ.get('BENCH_THREADS', '1')} thread) "
           f"({t['analyze_tokens_per_s']:.0f} tokens/s)")
     mem_n = max(a.sentences // 4, 32)
     for r in memory(a.model, mem_n, a.max_length):
