@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install browser test bench
+.PHONY: install browser test
 install: browser
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -21,6 +21,3 @@ browser:
 
 test:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q tests
-
-bench:
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/run_all.py
