@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..stats import STATISTICS
 from ..table import HeadTable
 from . import plots
 from .sources import (
@@ -28,20 +29,7 @@ from .sources import (
 log = logging.getLogger(__name__)
 
 # What each known column means, shown in the legend and tooltips.
-DESCRIPTIONS: dict[str, str] = {
-    "roles": "roles found above their baselines by headscope roles",
-    "entropy": "entropy of the attention distribution (nats)",
-    "entropy_norm": "entropy / log(keys seen): 1 = uniform, 0 = one key",
-    "mean_distance": "mean |query - key| distance, tokens",
-    "prev_token_mass": "attention on the previous token",
-    "next_token_mass": "attention on the next token",
-    "self_mass": "attention on the token itself",
-    "first_token_mass": "attention on the first token (sink / [CLS] / BOS)",
-    "special_mass": "attention on special tokens ([CLS], [SEP], BOS, EOS)",
-    "punct_mass": "attention on punctuation",
-    "max_weight": "mean of the largest attention weight per query",
-    "output_norm": "mean norm of the head's output",
-}
+DESCRIPTIONS: dict[str, str] = {"roles": "roles found above their baselines by headscope roles", **STATISTICS}
 
 # Plots written beside report.html; prefixed so they never clash with a verb's own figures.
 PLOT_NAMES = {
