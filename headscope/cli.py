@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"headscope {args.verb}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"headscope {args.verb}: interrupted; nothing was written", file=sys.stderr)
+        print(f"headscope {args.verb}: interrupted; no output was left half-written", file=sys.stderr)
         return 130
 
 

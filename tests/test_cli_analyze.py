@@ -114,5 +114,5 @@ def test_failure_midway_leaves_no_output(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(cmd, "analyze", boom)
     rc, _, err = run(capsys, "analyze", "--out", str(tmp_path / "o"))
-    assert rc == 130 and "nothing was written" in err
+    assert rc == 130 and "no output was left half-written" in err
     assert not (tmp_path / "o").exists()
