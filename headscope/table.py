@@ -186,16 +186,19 @@ class HeadTable:
         return cls(n_layers, n_heads, cols, data.get("meta", {}))
 
 
-def to_jsonable(obj: Any) -> Any:
-    """Turn numpy values and NaN/inf into plain JSON values (NaN -> null), recursively."""
+def to_jsonable(obj: Any, digits: int | None = None) -> Any:
+    """Turn numpy values and NaN/inf into plain JSON values (NaN -> null), recursively; with
+    `digits`, floats are rounded to that many significant digits (smaller files)."""
     if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
+        return {str(k): to_jsonable(v, digits) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
+        return [to_jsonable(v, digits) for v in obj]
     if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
+        return to_jsonable(obj.tolist(), digits)
     if isinstance(obj, np.generic):
         obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            return None
+        return float(f"{obj:.{digits}g}") if digits is not None else obj
     return obj

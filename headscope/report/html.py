@@ -19,7 +19,7 @@ def asset(name: str) -> str:
 
 def embed_json(data: Any) -> str:
     """JSON safe inside a <script> element: no '</' or '<!--' can close or confuse it."""
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False, default=str)
     return text.replace("</", "<\\/").replace("<!--", "<\\!--").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import HeadscopeError
-from ..table import HeadTable, parse_head
+from ..table import HeadTable, parse_head, to_jsonable
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +71,7 @@ class Sources:
 
 def clean(v: Any) -> Any:
     """A JSON-ready value: numpy scalars to Python, NaN/inf to None, floats rounded to 5 significant digits."""
-    if isinstance(v, dict):
-        return {str(k): clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [clean(x) for x in v]
-    if isinstance(v, np.ndarray):
-        return clean(v.tolist())
-    if isinstance(v, np.generic):
-        v = v.item()
-    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
-        return v
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return None
-        return float(f"{v:.5g}")
-    return str(v)
+    return to_jsonable(v, digits=5)
 
 
 def read_csv_records(path: Path) -> tuple[list[str], list[dict[str, Any]]] | None:
