@@ -5,6 +5,7 @@
 set -euo pipefail
 OUT=${1:-sweep-runs}
 nice -n 10 headscope sweep --threads 1 --out "$OUT/ptb-default"                      # PTB bytes, h = 1..32
-nice -n 10 headscope sweep --task synthetic --heads 1,2,4 --threads 1 --out "$OUT/synthetic"
+for seed in 0 1 2 3 4; do nice -n 10 headscope sweep --task xor --seed $seed --threads 1 --out "$OUT/xor"; done  # 1 min each
+nice -n 10 headscope sweep --task pair --heads 1,2,4 --threads 1 --out "$OUT/pair"
 nice -n 10 headscope sweep --heads 8 --kv-heads 1,2,4,8 --threads 1 --out "$OUT/ptb-default"  # MHA/GQA/MQA at h=8
 for seed in 1 2; do nice -n 10 headscope sweep --heads 8 --seed $seed --threads 1 --out "$OUT/ptb-seeds"; done

@@ -1,20 +1,14 @@
-"""Retrain the one-head synthetic model of docs/sweep.md (same seed and batches as the sweep) and measure where its head looks."""
+"""Retrain the one-head pair-task model of docs/sweep.md (same seed and batches as the sweep) and measure where its head looks."""
 import json
 import sys
 
 import torch
 torch.set_num_threads(1)
 import headscope.sweep as S
-cfg = S.SweepConfig(task="synthetic", d_model=256, n_heads=1, n_layers=1, steps=400, seq=64, batch=32)
+cfg = S.SweepConfig(task="pair", d_model=256, n_heads=1, n_layers=1, steps=400, seq=64, batch=32)
 # Same training as the sweep (same seed, same batches), but keep the model.
-orig = S.build_model
-holder = {}
-def keep(cfg, vocab):
-    m = orig(cfg, vocab); holder['m'] = m; return m
-S.build_model = keep
-row = S.train_config(cfg, progress=False)
-m = holder['m']; m.eval()
-x, y = S.synthetic_batch(256, 64, torch.Generator().manual_seed(123))
+row, m = S.train_config(cfg, progress=False, return_model=True)
+x, y = S.pair_batch(256, 64, torch.Generator().manual_seed(123))
 with torch.no_grad():
     resid = m.tok_emb(x) + m.pos_emb.weight[:64]
     _, w = m.blocks[0].attn(resid, return_weights=True)  # [b,1,q,k]

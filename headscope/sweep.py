@@ -6,10 +6,15 @@ schedule, training tokens, the exact batches seen, the seed), and each configura
 
 - ``ptb``: next-byte language modelling on the Penn Treebank (`headscope.corpora`), validation
   loss / bits per byte / perplexity on PTB valid.
-- ``synthetic``: a one-layer attention-only model must output the ordered pair
-  ``(x[i-1], x[i-7])`` of the tokens at two offsets. One softmax head sends both sources through
-  one value map: with equal weights it provably cannot tell (u, v) from (v, u); with unequal
-  weights it can, at a third of the margin (docs/sweep.md; measured, one head learns it fully).
+- ``xor``: a one-layer attention-only model reads a string of random bits and, at a final query
+  token, must output the XOR of the bits at two fixed positions. One head provably cannot: its
+  logit difference times its softmax normaliser is a sum of one term per position, so in every
+  block of four inputs that differ only in the two bits it gets one wrong; accuracy over all
+  inputs is at most 75 %, for any weights and any width (proof in docs/sweep.md). Two heads can
+  (an explicit construction is tested), and trained ones reach 100 %. Scored on every input.
+- ``pair``: the same kind of model must output the ordered pair ``(x[i-1], x[i-7])`` of the
+  tokens at two offsets. The folklore says one head cannot mix two sources; it can (unequal
+  weights keep them apart), and a trained single head learns it fully (docs/sweep.md).
 
 Resumable: each finished configuration is written at once to ``runs/<key>.json`` and ``sweep.csv``
 is rewritten (atomically) after it; a rerun skips every configuration whose key (a hash of the full
@@ -41,20 +46,24 @@ from .reference import MultiHeadAttention
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "SWEEP_VERSION", "SYNTH_OFFSETS", "SYNTH_VOCAB", "TASKS", "SweepConfig", "TinyLM", "build_model",
-    "config_key", "kv_bytes_per_token", "model_flops_per_token", "plan_sweep", "plot_sweep", "run_sweep",
-    "synthetic_batch", "train_config",
+    "PAIR_OFFSETS", "PAIR_VOCAB", "SWEEP_VERSION", "SYNTHETIC_TASKS", "TASKS", "XOR_POSITIONS", "XOR_QUERY",
+    "SweepConfig", "TinyLM", "build_model", "config_key", "kv_bytes_per_token", "model_flops_per_token",
+    "pair_batch", "plan_sweep", "plot_sweep", "run_sweep", "train_config", "xor_all_inputs", "xor_batch",
 ]
 
 # Bump when training or evaluation changes in a way that changes results: old results then no longer match.
 SWEEP_VERSION = 1
-TASKS = ("ptb", "synthetic")
-SYNTH_VOCAB = 16  # input tokens of the synthetic task; targets are the 16*16 ordered pairs
-SYNTH_OFFSETS = (1, 7)  # target at i: the pair (x[i-1], x[i-7]) as one class x[i-1] + 16 * x[i-7]
+TASKS = ("ptb", "xor", "pair")
+SYNTHETIC_TASKS = ("xor", "pair")  # scored by accuracy, trained on generated data with attention-only models
+PAIR_VOCAB = 16  # input tokens of the pair task; targets are the 16*16 ordered pairs
+PAIR_OFFSETS = (1, 7)  # target at i: the pair (x[i-1], x[i-7]) as one class x[i-1] + 16 * x[i-7]
+XOR_POSITIONS = (3, 11)  # the xor task's target is bit[3] XOR bit[11], read at the final query token
+XOR_QUERY = 2  # token id of the query token "=" (the bits are tokens 0 and 1)
+XOR_EXHAUSTIVE_BITS = 20  # up to this many bits, the xor task is scored on every possible input
 KV_DTYPE = "bf16"  # KV bytes are reported for a bf16 cache, the usual inference dtype
 CSV_COLUMNS = [
     "task", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "layout", "steps", "seq", "batch", "lr",
-    "seed", "train_tokens", "params", "params_non_embedding", "flops_per_token", "train_flops_per_token",
+    "init_std", "seed", "train_tokens", "params", "params_non_embedding", "flops_per_token", "train_flops_per_token",
     "kv_bytes_per_token", "kv_dtype", "val_loss", "val_ppl", "val_bits_per_token", "val_word_ppl", "val_acc",
     "train_loss", "tokens_per_s", "tokens_per_cpu_s", "train_s", "train_cpu_s", "wall_s", "threads", "data", "key",
 ]
@@ -80,6 +89,7 @@ class SweepConfig:
     d_ff_mult: int = 4
     eval_tokens: int = 65536
     tokenization: str = "byte"
+    init_std: float | None = None  # None: GPT-2 init (std 0.02, residual projections scaled down)
 
     @property
     def kv_heads(self) -> int:
@@ -99,7 +109,10 @@ class SweepConfig:
 
 def config_key(cfg: SweepConfig, data_fingerprint: str) -> str:
     """Stable 16-hex-digit key of a configuration on some data: the name of its result file."""
-    payload = json.dumps({"config": asdict(cfg), "data": data_fingerprint, "version": SWEEP_VERSION}, sort_keys=True)
+    config = asdict(cfg)
+    if config["init_std"] is None:
+        del config["init_std"]  # added later: configurations without it keep the keys they had
+    payload = json.dumps({"config": config, "data": data_fingerprint, "version": SWEEP_VERSION}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -117,9 +130,12 @@ def plan_sweep(
     for name, v in (("d_model", d_model), ("layers", n_layers), ("steps", steps), ("seq", seq), ("batch", batch)):
         if v < 1:
             raise HeadscopeError(f"--{name} must be positive; got {v}")
-    if task == "synthetic" and seq <= max(SYNTH_OFFSETS):
-        raise HeadscopeError(f"the synthetic task reads offsets {SYNTH_OFFSETS}, so --seq must exceed "
-                             f"{max(SYNTH_OFFSETS)}; got {seq}")
+    if task == "pair" and seq <= max(PAIR_OFFSETS):
+        raise HeadscopeError(f"the pair task reads offsets {PAIR_OFFSETS}, so --seq must exceed "
+                             f"{max(PAIR_OFFSETS)}; got {seq}")
+    if task == "xor" and seq <= max(XOR_POSITIONS) + 1:
+        raise HeadscopeError(f"the xor task reads the bits at positions {XOR_POSITIONS} and ends with a query token, "
+                             f"so --seq (bits + 1) must be at least {max(XOR_POSITIONS) + 2}; got {seq}")
     if not heads or any(h < 1 for h in heads):
         raise HeadscopeError(f"--heads must be positive integers; got {list(heads)}")
     configs: list[SweepConfig] = []
@@ -179,8 +195,9 @@ class Block(nn.Module):
 class TinyLM(nn.Module):
     """Decoder-only model: token + learned position embeddings, `n_layers` blocks, a linear read-out.
 
-    `attn_only=True` builds the synthetic task's model: no MLP, no LayerNorm, so every head's output is
-    exactly a softmax-weighted sum of linear maps of the embeddings (what the one-head argument uses).
+    `attn_only=True` builds the synthetic tasks' model: no MLP, no LayerNorm, so every head's output is
+    exactly a softmax-weighted sum of linear maps of the embeddings (what the one-head arguments use).
+    `cfg.init_std` set: every weight matrix is drawn N(0, init_std) instead of GPT-2's init.
     """
 
     def __init__(self, cfg: SweepConfig, vocab: int, n_out: int, attn_only: bool = False) -> None:
@@ -197,6 +214,8 @@ class TinyLM(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() >= 2:
                 std = 0.02 / math.sqrt(2 * cfg.n_layers) if name.endswith(("o_proj.weight", "mlp.2.weight")) else 0.02
+                if cfg.init_std is not None:
+                    std = cfg.init_std
                 nn.init.normal_(p, 0.0, std)
             elif "ln" not in name:
                 nn.init.zeros_(p)
@@ -210,10 +229,12 @@ class TinyLM(nn.Module):
 
 
 def build_model(cfg: SweepConfig, vocab: int) -> TinyLM:
-    """The model a configuration trains (seeded by `cfg.seed`): an LM for ptb, attention-only for synthetic."""
+    """The model a configuration trains (seeded by `cfg.seed`): an LM for ptb, attention-only for xor and pair."""
     torch.manual_seed(cfg.seed)
-    if cfg.task == "synthetic":
-        return TinyLM(cfg, SYNTH_VOCAB, SYNTH_VOCAB ** len(SYNTH_OFFSETS), attn_only=True)
+    if cfg.task == "pair":
+        return TinyLM(cfg, PAIR_VOCAB, PAIR_VOCAB ** len(PAIR_OFFSETS), attn_only=True)
+    if cfg.task == "xor":
+        return TinyLM(cfg, 3, 2, attn_only=True)  # tokens 0, 1 and the query "="; classes 0 and 1
     return TinyLM(cfg, vocab, vocab)
 
 
@@ -240,19 +261,49 @@ def kv_bytes_per_token(cfg: SweepConfig, dtype: str = KV_DTYPE) -> int:
 # ------------------------------------------------------------------------------------------------ data
 
 
-def synthetic_fingerprint() -> str:
-    """Names the synthetic task's data (vocabulary and offsets), so results of another variant are not reused."""
-    return f"synthetic-v{SYNTH_VOCAB}-o{','.join(map(str, SYNTH_OFFSETS))}"
+def synthetic_fingerprint(task: str) -> str:
+    """Names a synthetic task's data (vocabulary, offsets, positions), so results of another variant are not reused."""
+    if task == "xor":
+        return f"xor-p{','.join(map(str, XOR_POSITIONS))}-q{XOR_QUERY}"
+    return f"pair-v{PAIR_VOCAB}-o{','.join(map(str, PAIR_OFFSETS))}"
 
 
-def synthetic_batch(batch: int, seq: int, generator: torch.Generator, vocab: int | None = None,
+def xor_batch(batch: int, seq: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """`batch` strings of seq-1 uniform random bits then the query token; target bit[p] XOR bit[q] at the query.
+
+    x [batch, seq] (tokens 0/1, last one XOR_QUERY); y [batch, seq], -100 (no target) except the last column.
+    """
+    x = torch.randint(0, 2, (batch, seq), generator=generator)
+    return _xor_targets(x)
+
+
+def xor_all_inputs(seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every input of the xor task with seq-1 bits (2**(seq-1) rows, in binary counting order) and its targets."""
+    bits = seq - 1
+    if bits > XOR_EXHAUSTIVE_BITS:
+        raise HeadscopeError(f"2**{bits} inputs are too many to enumerate (at most 2**{XOR_EXHAUSTIVE_BITS})")
+    codes = torch.arange(2 ** bits).unsqueeze(1)  # [2**bits, 1]
+    x = torch.zeros(2 ** bits, seq, dtype=torch.long)
+    x[:, :bits] = (codes >> torch.arange(bits)) & 1  # bit j of the row number at position j
+    return _xor_targets(x)
+
+
+def _xor_targets(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x[:, -1] = XOR_QUERY
+    y = torch.full_like(x, -100)
+    p, q = XOR_POSITIONS
+    y[:, -1] = x[:, p] ^ x[:, q]
+    return x, y
+
+
+def pair_batch(batch: int, seq: int, generator: torch.Generator, vocab: int | None = None,
                     offsets: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Uniform random tokens x [batch, seq] and targets y = sum_j x[i - offsets[j]] * vocab**j (the ordered tuple, one class).
 
     Positions i < max(offsets) have no target (-100, ignored by the loss and the accuracy).
     """
-    vocab = SYNTH_VOCAB if vocab is None else vocab
-    offsets = SYNTH_OFFSETS if offsets is None else offsets
+    vocab = PAIR_VOCAB if vocab is None else vocab
+    offsets = PAIR_OFFSETS if offsets is None else offsets
     x = torch.randint(0, vocab, (batch, seq), generator=generator)
     y = torch.full((batch, seq), -100, dtype=torch.long)
     start = max(offsets)
@@ -278,11 +329,19 @@ def _lr_at(cfg: SweepConfig, step: int) -> float:
 def _evaluate(model: TinyLM, cfg: SweepConfig, corpus: Corpus | None) -> dict[str, float]:
     model.eval()
     nll, n, correct = 0.0, 0, 0
-    if cfg.task == "synthetic":
+    if cfg.task == "xor" and cfg.seq - 1 <= XOR_EXHAUSTIVE_BITS:
+        # Every possible input once: the accuracy is exact, so the one-head bound (75 %) can be checked as is.
+        x_all, y_all = xor_all_inputs(cfg.seq)
+        chunks = list(zip(x_all.split(4096), y_all.split(4096)))
+    elif cfg.task == "xor":
+        g = torch.Generator().manual_seed(10_000 + cfg.seed)
+        chunks = [xor_batch(min(4096, cfg.eval_tokens), cfg.seq, g)
+                  for _ in range(max(1, cfg.eval_tokens // 4096))]
+    elif cfg.task == "pair":
         # Held-out sequences from a generator the training never uses.
         g = torch.Generator().manual_seed(10_000 + cfg.seed)
         n_batches = max(1, cfg.eval_tokens // (cfg.batch * cfg.seq))
-        chunks = [synthetic_batch(cfg.batch, cfg.seq, g) for _ in range(n_batches)]
+        chunks = [pair_batch(cfg.batch, cfg.seq, g) for _ in range(n_batches)]
     else:
         assert corpus is not None
         xs, ys = eval_windows(corpus.valid, cfg.seq, cfg.eval_tokens)
@@ -302,13 +361,16 @@ def _evaluate(model: TinyLM, cfg: SweepConfig, corpus: Corpus | None) -> dict[st
 
 def train_config(
     cfg: SweepConfig, corpus: Corpus | None = None, progress: bool = True,
-    on_step: Callable[[SweepConfig, int, float], None] | None = None,
-) -> dict[str, object]:
-    """Train one configuration from scratch and evaluate it; returns its result row (see CSV_COLUMNS)."""
+    on_step: Callable[[SweepConfig, int, float], None] | None = None, return_model: bool = False,
+) -> dict[str, object] | tuple[dict[str, object], TinyLM]:
+    """Train one configuration from scratch and evaluate it; returns its result row (see CSV_COLUMNS).
+
+    With `return_model`, returns (row, the trained model in eval mode).
+    """
     if cfg.task == "ptb" and corpus is None:
         corpus = load_corpus("ptb", cfg.tokenization)
     t_wall = time.perf_counter()
-    model = build_model(cfg, corpus.vocab_size if corpus is not None else SYNTH_VOCAB)
+    model = build_model(cfg, corpus.vocab_size if corpus is not None else PAIR_VOCAB)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -325,8 +387,10 @@ def train_config(
     model.train()
     train_s, cpu_s, recent, curve = 0.0, 0.0, [], []
     for step in steps_iter:
-        if cfg.task == "synthetic":
-            x, y = synthetic_batch(cfg.batch, cfg.seq, g)
+        if cfg.task == "xor":
+            x, y = xor_batch(cfg.batch, cfg.seq, g)
+        elif cfg.task == "pair":
+            x, y = pair_batch(cfg.batch, cfg.seq, g)
         else:
             x, y = random_windows(corpus.train, cfg.seq, cfg.batch, g)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -358,22 +422,22 @@ def train_config(
     if model.head.weight is not model.tok_emb.weight:
         embedding += model.head.weight.numel()
     flops = model_flops_per_token(model, cfg.seq)
-    tokens = cfg.steps * cfg.batch * cfg.seq
+    tokens = cfg.steps * cfg.batch * cfg.seq  # tokens read (xor: one target per sequence, at the query)
     layout = model.blocks[0].attn.layout
     row: dict[str, object] = {
         "task": cfg.task, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
         "n_kv_heads": cfg.kv_heads, "d_head": cfg.head_dim, "layout": layout, "steps": cfg.steps, "seq": cfg.seq,
-        "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed, "train_tokens": tokens, "params": params,
+        "batch": cfg.batch, "lr": cfg.lr, "init_std": cfg.init_std, "seed": cfg.seed, "train_tokens": tokens, "params": params,
         "params_non_embedding": params - embedding, "flops_per_token": flops, "train_flops_per_token": 3 * flops,
         "kv_bytes_per_token": kv_bytes_per_token(cfg), "kv_dtype": KV_DTYPE,
         **metrics, "train_loss": sum(recent) / len(recent), "tokens_per_s": tokens / train_s,
         "tokens_per_cpu_s": tokens / cpu_s, "train_s": train_s, "train_cpu_s": cpu_s,
         "wall_s": time.perf_counter() - t_wall, "threads": torch.get_num_threads(),
         "loss_curve": curve,  # [step, training loss] every 10 steps; in the JSON record, not in the CSV
-        "data": corpus.fingerprint[:16] if corpus is not None else synthetic_fingerprint(),
+        "data": corpus.fingerprint[:16] if corpus is not None else synthetic_fingerprint(cfg.task),
     }
     log.info("%s: val_loss %.4f, %.0f tokens/s", cfg.label, row["val_loss"], row["tokens_per_s"])
-    return row
+    return (row, model.eval()) if return_model else row
 
 
 # ------------------------------------------------------------------------------------------ the sweep
@@ -400,7 +464,6 @@ def run_sweep(
     out = Path(out)
     runs = out / "runs"
     corpus = None
-    fingerprint = synthetic_fingerprint()
     if any(c.task == "ptb" for c in configs):
         toks = {c.tokenization for c in configs if c.task == "ptb"}
         if len(toks) > 1:
@@ -408,7 +471,7 @@ def run_sweep(
         corpus = load_corpus("ptb", toks.pop())
     rows: list[dict[str, object]] = []
     for cfg in configs:
-        data_fp = corpus.fingerprint if cfg.task == "ptb" and corpus is not None else fingerprint
+        data_fp = corpus.fingerprint if cfg.task == "ptb" and corpus is not None else synthetic_fingerprint(cfg.task)
         key = config_key(cfg, data_fp)
         path = runs / f"{key}.json"
         reused = False
@@ -451,7 +514,7 @@ def plot_sweep(rows: Sequence[dict[str, object]], out: str | Path) -> list[Path]
             rs = sorted(rs, key=lambda r: int(r["n_heads"]))
             hs = [int(r["n_heads"]) for r in rs]
             if name == "sweep_quality.png":
-                if task == "synthetic":
+                if task in SYNTHETIC_TASKS:
                     lines = [([100 * float(r["val_acc"]) for r in rs], "", "o-")]
                     ax.set_ylabel("held-out accuracy, %")
                 else:
@@ -470,12 +533,17 @@ def plot_sweep(rows: Sequence[dict[str, object]], out: str | Path) -> list[Path]
         ax.set_xscale("log", base=2)
         all_h = sorted({int(r["n_heads"]) for r in rows})
         ax.set_xticks(all_h, [str(h) for h in all_h])
-        if name == "sweep_quality.png" and all(r["task"] == "synthetic" for r in rows):
+        if name == "sweep_quality.png" and all(r["task"] in SYNTHETIC_TASKS for r in rows):
             # Small differences near 100 % must not look like large ones; show the scale that matters.
-            ceiling = 100 * (1 / SYNTH_VOCAB + (1 - 1 / SYNTH_VOCAB) / 2)
-            ax.axhline(ceiling, color="grey", ls=":", lw=1)
-            ax.annotate(f"one head, equal weights: at most {ceiling:.0f} %", (all_h[0], ceiling), fontsize=7,
-                        textcoords="offset points", xytext=(2, 3), color="grey")
+            for task in sorted({str(r["task"]) for r in rows}):
+                if task == "xor":
+                    ceiling, text = 75.0, "xor, one head, any weights: at most 75 % (proved)"
+                else:
+                    ceiling = 100 * (1 / PAIR_VOCAB + (1 - 1 / PAIR_VOCAB) / 2)
+                    text = f"pair, one head, equal weights: at most {ceiling:.0f} %"
+                ax.axhline(ceiling, color="grey", ls=":", lw=1)
+                ax.annotate(text, (all_h[0], ceiling), fontsize=7, textcoords="offset points", xytext=(2, 3),
+                            color="grey")
             ax.set_ylim(0, 105)
         ax.set_xlabel("query heads (labels: d_head)")
         r0 = rows[0]

@@ -1,4 +1,4 @@
-"""Head-count sweeps: resumability, rows, skipping, learning, the synthetic task, determinism, FLOPs."""
+"""Head-count sweeps: resumability, rows, skipping, learning, the xor and pair tasks, determinism, FLOPs."""
 
 from __future__ import annotations
 
@@ -155,10 +155,10 @@ def test_loss_decreases_on_tiny_run(ptb):
     assert row["val_loss"] < math.log(256) - 1.0, row["val_loss"]
 
 
-def test_synthetic_targets_depend_on_exactly_the_two_offsets():
+def test_pair_targets_depend_on_exactly_the_two_offsets():
     g = torch.Generator().manual_seed(0)
-    V, (a, b) = S.SYNTH_VOCAB, S.SYNTH_OFFSETS
-    x, y = S.synthetic_batch(3, 20, g)
+    V, (a, b) = S.PAIR_VOCAB, S.PAIR_OFFSETS
+    x, y = S.pair_batch(3, 20, g)
     assert (y[:, : max(a, b)] == -100).all()
     i = torch.arange(max(a, b), 20)
     assert torch.equal(y[:, i], x[:, i - a] + V * x[:, i - b])
@@ -176,11 +176,11 @@ def test_synthetic_targets_depend_on_exactly_the_two_offsets():
 
 def test_attention_only_model_is_a_weighted_sum_of_values():
     """The premise of the one-head argument: output = read-out(e + p + sum_j A_ij W_O W_V (e_j + p_j))."""
-    cfg = S.SweepConfig(task="synthetic", d_model=16, n_heads=1, n_layers=1, steps=1, seq=12, batch=2)
-    model = S.build_model(cfg, S.SYNTH_VOCAB)
+    cfg = S.SweepConfig(task="pair", d_model=16, n_heads=1, n_layers=1, steps=1, seq=12, batch=2)
+    model = S.build_model(cfg, S.PAIR_VOCAB)
     for p in model.parameters():
         torch.nn.init.normal_(p, 0, 0.3)  # weights large enough that attention is far from uniform
-    x, _ = S.synthetic_batch(2, 12, torch.Generator().manual_seed(1))
+    x, _ = S.pair_batch(2, 12, torch.Generator().manual_seed(1))
     resid = model.tok_emb(x) + model.pos_emb.weight[:12]  # [batch, pos, d_model]
     attn = model.blocks[0].attn
     _, weights = attn(resid, return_weights=True)  # [batch, head, q, k]
@@ -200,12 +200,12 @@ def test_same_seed_same_result_different_seed_differs(ptb):
     assert a["val_loss"] != c["val_loss"]
 
 
-def test_synthetic_config_trains_and_reports_accuracy():
-    cfg = S.SweepConfig(task="synthetic", d_model=16, n_heads=2, n_layers=1, steps=3, seq=12, batch=4,
+def test_pair_config_trains_and_reports_accuracy():
+    cfg = S.SweepConfig(task="pair", d_model=16, n_heads=2, n_layers=1, steps=3, seq=12, batch=4,
                         eval_tokens=96)
     row = S.train_config(cfg, progress=False)
     assert 0.0 <= row["val_acc"] <= 1.0 and math.isnan(row["val_word_ppl"])
-    assert row["params"] == sum(p.numel() for p in S.build_model(cfg, S.SYNTH_VOCAB).parameters())
+    assert row["params"] == sum(p.numel() for p in S.build_model(cfg, S.PAIR_VOCAB).parameters())
 
 
 @pytest.mark.parametrize("kw", [dict(n_heads=1), dict(n_heads=4, n_kv_heads=1), dict(n_heads=2, d_head=6)])

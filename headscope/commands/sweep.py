@@ -11,8 +11,14 @@ import torch
 from ..errors import HeadscopeError
 
 OUTPUTS = ["sweep.csv", "sweep_quality.png", "sweep_speed.png"]
-DEFAULT_STEPS = {"ptb": 400, "synthetic": 400}
-DEFAULT_LAYERS = {"ptb": 2, "synthetic": 1}
+# Per-task defaults; every one can be overridden on the command line.
+DEFAULTS = {
+    "ptb": dict(d_model=256, heads=[1, 2, 4, 8, 16, 32], layers=2, steps=400, seq=64, batch=32, lr=3e-3, init_std=None),
+    # xor: 16 bits + the query token, one target per sequence, so more sequences per step. GPT-2's small
+    # init leaves this model at the symmetric point where XOR's gradient vanishes; N(0, 0.2) does not.
+    "xor": dict(d_model=64, heads=[1, 2, 4, 8, 16], layers=1, steps=1000, seq=17, batch=128, lr=3e-3, init_std=0.2),
+    "pair": dict(d_model=256, heads=[1, 2, 4], layers=1, steps=400, seq=64, batch=32, lr=3e-3, init_std=None),
+}
 
 
 def _int_list(text: str) -> list[int]:
@@ -33,21 +39,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "sweep.csv, runs/<key>.json per configuration and PNG plots. Rerunning with the same --out "
                     "skips finished configurations. Head counts that do not divide d_model are skipped "
                     "(an error if none is left). See docs/sweep.md.")
-    p.add_argument("--task", default="ptb", choices=["ptb", "synthetic"],
-                   help="ptb: next-byte LM on Penn Treebank, scored on PTB valid; synthetic: output the pair of "
-                        "tokens at two offsets with a one-layer attention-only model (default: ptb)")
-    p.add_argument("--d-model", type=int, default=256, help="model width (default 256)")
-    p.add_argument("--heads", type=_int_list, default=[1, 2, 4, 8, 16, 32],
-                   help="query-head counts, comma-separated (default 1,2,4,8,16,32)")
+    p.add_argument("--task", default="ptb", choices=["ptb", "xor", "pair"],
+                   help="ptb: next-byte LM on Penn Treebank, scored on PTB valid; xor: XOR of two bits of a random "
+                        "bit string, which one attention-only head provably cannot compute (at most 75%%); pair: "
+                        "output the pair of tokens at two offsets (default: ptb)")
+    p.add_argument("--d-model", type=int, default=None, help="model width (default 256; xor: 64)")
+    p.add_argument("--heads", type=_int_list, default=None,
+                   help="query-head counts, comma-separated (default 1,2,4,8,16,32; xor: 1,2,4,8,16; pair: 1,2,4)")
     p.add_argument("--kv-heads", type=_int_list, default=None,
                    help="KV-head counts to try for each head count (default: = heads, MHA); those not dividing h are skipped")
     p.add_argument("--d-head", type=_int_list, default=None,
                    help="d_head values, independent of the head count (default: d_model/h)")
-    p.add_argument("--layers", type=int, default=None, help="layers (default 2 for ptb, 1 for synthetic)")
-    p.add_argument("--steps", type=int, default=None, help="training steps per configuration (default 400)")
-    p.add_argument("--seq", type=int, default=64, help="tokens per training window (default 64)")
-    p.add_argument("--batch", type=int, default=32, help="windows per step (default 32)")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
+    p.add_argument("--layers", type=int, default=None, help="layers (default 2 for ptb, 1 for xor and pair)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per configuration (default 400; xor: 1000)")
+    p.add_argument("--seq", type=int, default=None,
+                   help="tokens per training window (default 64; xor: 17 = 16 bits + the query token)")
+    p.add_argument("--batch", type=int, default=None, help="windows per step (default 32; xor: 128)")
+    p.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default 3e-3)")
+    p.add_argument("--init-std", type=float, default=None,
+                   help="draw every weight matrix from N(0, STD) (default: GPT-2's init; xor: 0.2)")
     p.add_argument("--eval-tokens", type=int, default=65536, help="validation targets scored (default 65536)")
     p.add_argument("--tokenization", default="byte", choices=["byte", "word"], help="PTB tokens (default byte)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -66,13 +76,18 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise HeadscopeError(f"--threads must be positive; got {args.threads}")
         torch.set_num_threads(args.threads)
+    for name, value in DEFAULTS[args.task].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.eval_tokens < args.seq:
         raise HeadscopeError(f"--eval-tokens must be at least --seq ({args.seq}); got {args.eval_tokens}")
-    layers = args.layers if args.layers is not None else DEFAULT_LAYERS[args.task]
-    steps = args.steps if args.steps is not None else DEFAULT_STEPS[args.task]
+    if args.init_std is not None and not args.init_std > 0:
+        raise HeadscopeError(f"--init-std must be positive; got {args.init_std}")
+    layers, steps = args.layers, args.steps
     configs, skipped = plan_sweep(args.task, args.d_model, args.heads, layers, steps, args.seq, args.batch,
                                   seed=args.seed, kv_heads=args.kv_heads, d_heads=args.d_head, lr=args.lr,
-                                  eval_tokens=args.eval_tokens, tokenization=args.tokenization)
+                                  eval_tokens=args.eval_tokens, tokenization=args.tokenization,
+                                  init_std=args.init_std)
     for msg in skipped:
         print(f"headscope sweep: skipping {msg}", file=sys.stderr)
     print(f"headscope sweep: {len(configs)} configuration(s) into {args.out}/ "
@@ -83,12 +98,12 @@ def run(args: argparse.Namespace) -> int:
     def done(cfg, row, reused):
         tag = "reused" if reused else f"{row['wall_s']:.0f} s"
         print(f"  {cfg.label:<24} val_loss {row['val_loss']:.4f}  " +
-              (f"acc {100 * row['val_acc']:.1f}%" if cfg.task == "synthetic" else f"bits/byte {row['val_bits_per_token']:.3f}")
+              (f"acc {100 * row['val_acc']:.1f}%" if cfg.task != "ptb" else f"bits/byte {row['val_bits_per_token']:.3f}")
               + f"  {row['tokens_per_s']:.0f} tok/s  ({tag})", file=sys.stderr, flush=True)
 
     rows = run_sweep(configs, args.out, force=args.force, progress=not args.no_progress, on_config_done=done)
     plots = plot_sweep(rows, args.out)
-    quality = "val_acc" if args.task == "synthetic" else "val_bits_per_token"
+    quality = "val_acc" if args.task != "ptb" else "val_bits_per_token"
     print(f"{'heads':>5} {'kv':>3} {'d_head':>6} {'params':>9} {'fwd MFLOP/tok':>13} {'KV B/tok':>8} "
           f"{'val_loss':>8} {quality:>18} {'tok/s':>7} {'tok/cpu-s':>9}")
     for r in rows:

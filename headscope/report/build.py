@@ -407,10 +407,10 @@ def _sweep(src: Sources, out: Path, write_plots: bool) -> dict[str, Any] | None:
     tasks = sorted({str(r.get("task")) for r in rows}) if "task" in cols else [None]
     task = "ptb" if "ptb" in tasks else tasks[0]
     sel = [r for r in rows if task is None or str(r.get("task")) == task]
-    # Lower is better for losses and perplexities; accuracy (synthetic task) is higher-better.
-    # The synthetic task is scored by accuracy (higher is better); language modelling by bits or perplexity.
+    # The synthetic tasks (xor, pair) are scored by accuracy (higher is better); language modelling by
+    # bits or perplexity (lower is better).
     quality, higher_better = None, False
-    if task == "synthetic" and "val_acc" in cols:
+    if task in ("xor", "pair", "synthetic") and "val_acc" in cols:
         quality, higher_better = "val_acc", True
     else:
         quality = next((c for c in ("val_bits_per_token", "val_ppl", "val_loss", "ppl", "loss") if c in cols
