@@ -516,7 +516,7 @@ def plot_sweep(rows: Sequence[dict[str, object]], out: str | Path) -> list[Path]
             if name == "sweep_quality.png":
                 if task in SYNTHETIC_TASKS:
                     lines = [([100 * float(r["val_acc"]) for r in rs], "", "o-")]
-                    ax.set_ylabel("held-out accuracy, %")
+                    ax.set_ylabel("accuracy, % (held-out; xor: every input)")
                 else:
                     lines = [([float(r["val_bits_per_token"]) for r in rs], "", "o-")]
                     ax.set_ylabel("valid bits per token (lower is better)")
@@ -526,9 +526,21 @@ def plot_sweep(rows: Sequence[dict[str, object]], out: str | Path) -> list[Path]
                          ([float(r["tokens_per_cpu_s"]) for r in rs], " (per CPU second)", "s--")]
                 ax.set_ylabel("training tokens / s")
             for ys, suffix, style in lines:
-                ax.plot(hs, ys, style, label=f"{task} {kvs} {dhs}{suffix}")
-                for h, y, r in zip(hs, ys, rs):
-                    ax.annotate(f"{r['d_head']}", (h, y), textcoords="offset points", xytext=(0, 6), ha="center",
+                # Several rows per head count (seeds): the mean, bars from min to max, and every run as a dot.
+                uh = sorted(set(hs))
+                per_h = [[y for h2, y in zip(hs, ys) if h2 == h] for h in uh]
+                means = [sum(v) / len(v) for v in per_h]
+                n_max = max(len(v) for v in per_h)
+                label = f"{task} {kvs} {dhs}{suffix}" + (f", mean of {n_max} seeds (bars: min-max)" if n_max > 1 else "")
+                line = ax.plot(uh, means, style, label=label)[0]
+                if n_max > 1:
+                    ax.errorbar(uh, means, yerr=[[m - min(v) for m, v in zip(means, per_h)],
+                                                 [max(v) - m for m, v in zip(means, per_h)]],
+                                fmt="none", ecolor=line.get_color(), capsize=3, lw=1)
+                    ax.plot(hs, ys, ".", color=line.get_color(), alpha=0.5, ms=4)
+                for h, y in zip(uh, means):
+                    d_head = next(r["d_head"] for r in rs if int(r["n_heads"]) == h)
+                    ax.annotate(f"{d_head}", (h, y), textcoords="offset points", xytext=(0, 6), ha="center",
                                 fontsize=7)
         ax.set_xscale("log", base=2)
         all_h = sorted({int(r["n_heads"]) for r in rows})
