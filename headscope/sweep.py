@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "PAIR_OFFSETS", "PAIR_VOCAB", "SWEEP_VERSION", "SYNTHETIC_TASKS", "TASKS", "XOR_POSITIONS", "XOR_QUERY",
-    "SweepConfig", "TinyLM", "build_model", "config_key", "kv_bytes_per_token", "model_flops_per_token",
+    "SweepConfig", "TinyLM", "build_model", "config_key", "kv_bytes_per_token", "mean_by_heads", "model_flops_per_token",
     "pair_batch", "plan_sweep", "plot_sweep", "run_sweep", "train_config", "xor_all_inputs", "xor_batch",
 ]
 
@@ -493,6 +493,14 @@ def run_sweep(
     return rows
 
 
+def mean_by_heads(heads: Sequence[int], values: Sequence[float]) -> tuple[list[int], list[float], list[float], list[float], int]:
+    """Group values by head count: (sorted head counts, means, minima, maxima, most runs of one head count)."""
+    uh = sorted(set(heads))
+    per_h = [[v for h, v in zip(heads, values) if h == u] for u in uh]
+    return (uh, [sum(v) / len(v) for v in per_h], [min(v) for v in per_h], [max(v) for v in per_h],
+            max(len(v) for v in per_h))
+
+
 def plot_sweep(rows: Sequence[dict[str, object]], out: str | Path) -> list[Path]:
     """PNG plots of a sweep: quality vs heads (`sweep_quality.png`) and training tokens/s vs heads (`sweep_speed.png`)."""
     import matplotlib
@@ -503,14 +511,18 @@ def plot_sweep(rows: Sequence[dict[str, object]], out: str | Path) -> list[Path]
     out = Path(out)
     written = []
     by_series: dict[tuple, list[dict[str, object]]] = {}
+    several_budgets = len({int(r["steps"]) for r in rows}) > 1
     for r in rows:
-        # One line per (task, kv layout, fixed d_head or not): MHA rows vs GQA/MQA rows stay apart.
+        # One line per (task, kv layout, fixed d_head or not, and training steps when they differ):
+        # MHA rows vs GQA/MQA rows stay apart, and so do runs of different lengths.
         kv_series = "MHA" if r["n_kv_heads"] == r["n_heads"] else f"kv={r['n_kv_heads']}"
         dh_series = "d_head=d/h" if int(r["d_head"]) * int(r["n_heads"]) == int(r["d_model"]) else f"d_head={r['d_head']}"
+        if several_budgets:
+            dh_series += f", {int(r['steps'])} steps"
         by_series.setdefault((r["task"], kv_series, dh_series), []).append(r)
     for name in ("sweep_quality.png", "sweep_speed.png"):
         fig, ax = plt.subplots(figsize=(6, 4))
-        for (task, kvs, dhs), rs in sorted(by_series.items()):
+        for (task, kvs, dhs), rs in sorted(by_series.items(), key=lambda kv: (kv[0][0], kv[0][1], len(kv[0][2]), kv[0][2])):
             rs = sorted(rs, key=lambda r: int(r["n_heads"]))
             hs = [int(r["n_heads"]) for r in rs]
             if name == "sweep_quality.png":
@@ -527,15 +539,12 @@ def plot_sweep(rows: Sequence[dict[str, object]], out: str | Path) -> list[Path]
                 ax.set_ylabel("training tokens / s")
             for ys, suffix, style in lines:
                 # Several rows per head count (seeds): the mean, bars from min to max, and every run as a dot.
-                uh = sorted(set(hs))
-                per_h = [[y for h2, y in zip(hs, ys) if h2 == h] for h in uh]
-                means = [sum(v) / len(v) for v in per_h]
-                n_max = max(len(v) for v in per_h)
+                uh, means, lows, highs, n_max = mean_by_heads(hs, ys)
                 label = f"{task} {kvs} {dhs}{suffix}" + (f", mean of {n_max} seeds (bars: min-max)" if n_max > 1 else "")
                 line = ax.plot(uh, means, style, label=label)[0]
                 if n_max > 1:
-                    ax.errorbar(uh, means, yerr=[[m - min(v) for m, v in zip(means, per_h)],
-                                                 [max(v) - m for m, v in zip(means, per_h)]],
+                    ax.errorbar(uh, means, yerr=[[m - lo for m, lo in zip(means, lows)],
+                                                 [hi - m for m, hi in zip(means, highs)]],
                                 fmt="none", ecolor=line.get_color(), capsize=3, lw=1)
                     ax.plot(hs, ys, ".", color=line.get_color(), alpha=0.5, ms=4)
                 for h, y in zip(uh, means):
@@ -559,7 +568,8 @@ def plot_sweep(rows: Sequence[dict[str, object]], out: str | Path) -> list[Path]
             ax.set_ylim(0, 105)
         ax.set_xlabel("query heads (labels: d_head)")
         r0 = rows[0]
-        ax.set_title(f"d_model={r0['d_model']}, {r0['n_layers']} layer(s), {r0['steps']} steps x {r0['batch']}x{r0['seq']} tokens",
+        budget = "" if several_budgets else f"{r0['steps']} steps x "
+        ax.set_title(f"d_model={r0['d_model']}, {r0['n_layers']} layer(s), {budget}{r0['batch']}x{r0['seq']} tokens",
                      fontsize=9)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)

@@ -108,6 +108,31 @@ def test_csv_and_json_written(tmp_path):
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
 
 
+def test_plots_average_seeds_and_keep_step_budgets_apart(tmp_path):
+    assert S.mean_by_heads([2, 1, 2, 1, 2], [3.0, 1.0, 5.0, 2.0, 4.0]) == ([1, 2], [1.5, 4.0], [1.0, 3.0], [2.0, 5.0], 3)
+    rows = [dict(task="ptb", d_model=8, n_layers=1, n_heads=h, n_kv_heads=h, d_head=8 // h, steps=st, batch=2, seq=4,
+                 val_bits_per_token=v, tokens_per_s=1.0, tokens_per_cpu_s=1.0)
+            for h, st, v in [(1, 10, 3.0), (1, 10, 3.2), (2, 10, 2.9), (1, 30, 2.5), (2, 30, 2.4)]]
+    import matplotlib.axes
+
+    labels = []
+    original = matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kw):
+        if kw.get("label"):
+            labels.append((kw["label"], list(args[1])))
+        return original(self, *args, **kw)
+
+    matplotlib.axes.Axes.plot = spy
+    try:
+        S.plot_sweep(rows, tmp_path)
+    finally:
+        matplotlib.axes.Axes.plot = original
+    quality = [(label, ys) for label, ys in labels if "wall clock" not in label and "CPU" not in label]
+    assert quality == [("ptb MHA d_head=d/h, 10 steps, mean of 2 seeds (bars: min-max)", [3.1, 2.9]),
+                       ("ptb MHA d_head=d/h, 30 steps", [2.5, 2.4])], quality
+
+
 def test_skips_heads_not_dividing_d_model():
     configs, skipped = S.plan_sweep("ptb", 12, [1, 5, 4, 8], 2, 3, 8, 2)
     assert [c.n_heads for c in configs] == [1, 4]
