@@ -241,6 +241,13 @@ def summary(rows: list[dict]) -> str:
             rank = lambda x: np.argsort(np.argsort(x))
             rho = float(np.corrcoef(rank(a), rank(b))[0, 1])
             out.append(f"  Spearman(pooling error on data, held-out KL) over these {len(pts)} groupings: {rho:.2f}")
+        pts = [(r["calib_kl"], r["heldout_kl"]) for r in rs
+               if r["grouping"] != "original (MHA)" and r.get("calib_kl") is not None]
+        if len(pts) > 3:
+            a, b = np.array(pts).T
+            rank = lambda x: np.argsort(np.argsort(x))
+            out.append(f"  Spearman(calibration KL, held-out KL) over these {len(pts)} groupings: "
+                       f"{float(np.corrcoef(rank(a), rank(b))[0, 1]):.2f}")
     return "\n".join(out)
 
 
@@ -251,6 +258,23 @@ def write_csv(path: str, rows: list[dict]) -> None:
     for r in rows:
         w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
     atomic_write_text(path, buf.getvalue())
+
+
+def read_csv(path: str) -> list[dict]:
+    """Rows of a CSV written by `write_csv`, numbers parsed back (empty cells: None)."""
+    def parse(k: str, v: str):
+        if v == "" or v is None:
+            return None
+        if k in ("model_seed", "G", "uptrain_steps", "vocab"):
+            return int(v)
+        if k in ("same_as_adjacent", "fallback_fired"):
+            return v == "True"
+        try:
+            return float(v) if k not in ("grouping", "random_seed", "grouping_used", "groups", "pooling_pct_data") else v
+        except ValueError:
+            return v
+    with open(path, newline="") as f:
+        return [{k: parse(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
 def main() -> None:
@@ -273,14 +297,21 @@ def main() -> None:
     ap.add_argument("--uptrain-random", type=int, default=3, help="how many random groupings to uptrain too")
     ap.add_argument("--uptrain-data", type=int, default=4000, help="first N training sentences for uptraining")
     ap.add_argument("--csv", default=str(REPO / "docs/gqa/trained_mha.csv"))
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows of other model seeds already in --csv (rows of the seeds run now are replaced)")
+    ap.add_argument("--from-csv", action="store_true", help="only print the summary of --csv; run nothing")
     args = ap.parse_args()
+    if args.from_csv:
+        print(summary(read_csv(args.csv)))
+        return
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     t0 = time.time()
     sents = ptb_sentences("train")
     train, calib = sents[:-args.calib], sents[-args.calib:]
     heldout = ptb_sentences("valid", args.heldout)
-    rows: list[dict] = []
+    rows: list[dict] = [r for r in read_csv(args.csv) if r["model_seed"] not in args.model_seeds] \
+        if args.append and Path(args.csv).exists() else []
     for seed in args.model_seeds:
         run_seed(args, seed, train, calib, heldout, rows)
         write_csv(args.csv, rows)  # after every model seed, so a cut-short run keeps what it measured
