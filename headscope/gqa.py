@@ -7,9 +7,14 @@ new one is the *grouping*:
 
 - ``mean``: adjacent groups (old heads 0..m-1 -> new 0, m..2m-1 -> new 1, ...), the paper's recipe.
 - ``similarity``: groups chosen to minimise the mean-pooling error of the K and V outputs on data
-  (or of the K/V weights without data), in equal-size groups; the query heads (rows of q_proj and
-  the matching columns of o_proj) are then permuted so every new group's query heads are contiguous,
-  because transformers' `repeat_kv` maps query head h to KV head h // (n_heads / G).
+  (or of the K/V weights without data), in equal-size groups.
+- ``search``: per layer, the candidate grouping (adjacent, similarity from data and from weights, N
+  seeded random ones) with the lowest KL from the original model on calibration data, chosen by one
+  greedy pass over the layers.
+
+For every grouping other than adjacent, the query heads (rows of q_proj and the matching columns of
+o_proj) are then permuted so every new group's query heads are contiguous, because transformers'
+`repeat_kv` maps query head h to KV head h // (n_heads / G).
 
 RoPE needs no special care: keys are rotated *after* projection, by a rotation that is linear and
 the same for every head, so mean-pooling the projection weights equals mean-pooling rotated keys.
@@ -24,6 +29,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,7 +50,7 @@ log = logging.getLogger(__name__)
 #: config.model_type values whose checkpoints carry `num_key_value_heads` and whose attention
 #: reads it (LLaMA-like decoders). Encoders (BERT) and GPT-2 have no such field.
 SUPPORTED_MODEL_TYPES = tuple(t for spec in SPECS if spec.kv_heads_in_config for t in spec.model_types)
-GROUPINGS = ("mean", "similarity")
+GROUPINGS = ("mean", "similarity", "search")
 LOSSES = ("kd", "lm")
 #: What uptraining updates: the attention projections (q/k/v/o) of every layer, or every parameter.
 TRAINABLE = ("attention", "all")
@@ -314,8 +320,8 @@ def convert_to_gqa(hm: HeadModel, kv_heads: int, grouping: str = "mean", data: A
                    groups: Sequence[Sequence[Sequence[int]]] | None = None, **similarity_kw: Any) -> HeadModel:
     """A new model with `kv_heads` KV heads: K/V projections mean-pooled within groups (input untouched).
 
-    `grouping`: "mean" (adjacent groups) or "similarity" (groups from `similarity_groups(hm, kv_heads,
-    data)`); or pass `groups[layer] = [[old kv heads of new head 0], ...]` explicitly. Query heads are
+    `grouping`: "mean" (adjacent groups), "similarity" (groups from `similarity_groups(hm, kv_heads,
+    data)`) or "search" (`search_groups(hm, kv_heads, data)`, needs data); or pass `groups[layer] = [[old kv heads of new head 0], ...]` explicitly. Query heads are
     permuted so each new group's query heads are contiguous, which leaves their function unchanged.
     """
     check_convertible(hm, kv_heads)
@@ -323,12 +329,15 @@ def convert_to_gqa(hm: HeadModel, kv_heads: int, grouping: str = "mean", data: A
         raise HeadscopeError(f"grouping {grouping!r} is not known; choose one of {', '.join(GROUPINGS)}")
     n_heads, n_kv, d = hm.n_heads, hm.n_kv_heads, hm.d_head
     if groups is None:
-        groups = (similarity_groups(hm, kv_heads, data, **similarity_kw) if grouping == "similarity"
-                  else [adjacent_groups(n_kv, kv_heads)] * hm.n_layers)
+        if grouping == "similarity":
+            groups = similarity_groups(hm, kv_heads, data, **similarity_kw)
+        elif grouping == "search":
+            groups = search_groups(hm, kv_heads, data, **similarity_kw)["groups"]
+        else:
+            groups = [adjacent_groups(n_kv, kv_heads)] * hm.n_layers
     if len(groups) != hm.n_layers:
         raise HeadscopeError(f"groups has {len(groups)} layers; the model has {hm.n_layers}")
     groups = [_check_groups(g, n_kv, kv_heads, layer) for layer, g in enumerate(groups)]
-    g_old = n_heads // n_kv
 
     model = copy.deepcopy(hm.model)
     model.config.num_key_value_heads = kv_heads
@@ -337,27 +346,52 @@ def convert_to_gqa(hm: HeadModel, kv_heads: int, grouping: str = "mean", data: A
     with torch.no_grad():
         for layer, layer_groups in enumerate(groups):
             block = out.layers[layer]
-            kv_order = [h for g in layer_groups for h in g]
-            query_order = [kv * g_old + i for kv in kv_order for i in range(g_old)]
-            q = get_path(block, out.spec.q_proj)
-            q.weight.copy_(_rows(q.weight, query_order, d))
-            if q.bias is not None:
-                q.bias.copy_(_rows(q.bias, query_order, d))
-            o = get_path(block, out.spec.out_proj)
-            o.weight.copy_(_cols(o.weight, query_order, d))
+            new_params = _layer_params(hm, layer, layer_groups, kv_heads)
             for path in (out.spec.k_proj, out.spec.v_proj):
                 old = get_path(block, path)
                 new = nn.Linear(old.in_features, kv_heads * d, bias=old.bias is not None,
                                 dtype=old.weight.dtype, device=old.weight.device)
-                new.weight.copy_(_pool(old.weight, kv_order, kv_heads, d))
-                if old.bias is not None:
-                    new.bias.copy_(_pool(old.bias, kv_order, kv_heads, d))
                 new.weight.requires_grad_(old.weight.requires_grad)
                 set_path(block, path, new)
+            _write_layer_params(out, layer, new_params)
             # The attention module cached its head counts at construction (LLaMA feeds n_heads //
             # n_kv_heads to repeat_kv); a freshly loaded checkpoint computes them from the config.
             out.set_head_counts(layer, n_heads, kv_heads)
     return out
+
+
+def _layer_params(hm: HeadModel, layer: int, layer_groups: Sequence[Sequence[int]],
+                  kv_heads: int) -> dict[tuple[str, str], torch.Tensor]:
+    """The converted attention tensors of one layer of `hm` for `layer_groups`, keyed (module path, attr).
+
+    Query heads (q_proj rows and bias, o_proj columns) are reordered so each group's query heads are
+    contiguous; K/V rows are reordered and mean-pooled per group. `hm` itself is not modified.
+    """
+    block, spec, d = hm.layers[layer], hm.spec, hm.d_head
+    g_old = hm.n_heads // hm.n_kv_heads
+    kv_order = [h for g in layer_groups for h in g]
+    query_order = [kv * g_old + i for kv in kv_order for i in range(g_old)]
+    out: dict[tuple[str, str], torch.Tensor] = {}
+    with torch.no_grad():
+        q = get_path(block, spec.q_proj)
+        out[(spec.q_proj, "weight")] = _rows(q.weight, query_order, d)
+        if q.bias is not None:
+            out[(spec.q_proj, "bias")] = _rows(q.bias, query_order, d)
+        out[(spec.out_proj, "weight")] = _cols(get_path(block, spec.out_proj).weight, query_order, d)
+        for path in (spec.k_proj, spec.v_proj):
+            lin = get_path(block, path)
+            out[(path, "weight")] = _pool(lin.weight, kv_order, kv_heads, d)
+            if lin.bias is not None:
+                out[(path, "bias")] = _pool(lin.bias, kv_order, kv_heads, d)
+    return out
+
+
+def _write_layer_params(hm: HeadModel, layer: int, params: dict[tuple[str, str], torch.Tensor]) -> None:
+    """Copy `_layer_params` output into layer `layer` of an already converted model (in place)."""
+    block = hm.layers[layer]
+    with torch.no_grad():
+        for (path, attr), t in params.items():
+            getattr(get_path(block, path), attr).copy_(t)
 
 
 def expand_kv_heads(hm: HeadModel) -> HeadModel:
@@ -591,15 +625,158 @@ def save_checkpoint(hm: HeadModel, out_dir: str | Path, force: bool = False) -> 
     return out
 
 
+# --- calibration-KL search ------------------------------------------------------------------------
+def random_balanced_groups(n_kv: int, kv_heads: int, rng: np.random.Generator) -> list[list[int]]:
+    """One uniformly random split of KV heads 0..n_kv-1 into `kv_heads` equal groups (sorted)."""
+    m = n_kv // kv_heads
+    p = [int(h) for h in rng.permutation(n_kv)]
+    return sorted(sorted(p[j * m:(j + 1) * m]) for j in range(kv_heads))
+
+
+def _canonical(groups: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(sorted(tuple(sorted(int(h) for h in g)) for g in groups))
+
+
+def _trial_kls(hm: HeadModel, work: HeadModel, todo: list, trials: list[dict[int, dict]],
+               current: dict[int, dict], bar: Any) -> list[float]:
+    """Mean per-token KL(hm || work with each trial's layers swapped in) over the token batches `todo`.
+
+    `trials[i]` maps layer -> `_layer_params` tensors; the other layers keep `current`'s tensors (what
+    `work` holds on entry and on return). Same formula as `compare`, so the numbers are comparable.
+    """
+    kl = [0.0] * len(trials)
+    count = 0
+    dirty: set[int] = set()
+    try:
+        with torch.no_grad():
+            for b in todo:
+                inp = b.model_inputs(hm.device)
+                ok = (inp["attention_mask"][:, 1:] * inp["attention_mask"][:, :-1]).bool()
+                r = torch.log_softmax(hm.model(**inp).logits[:, :-1].float(), -1)[ok]
+                p_r = r.exp()
+                for i, trial in enumerate(trials):
+                    for layer in dirty - trial.keys():
+                        _write_layer_params(work, layer, current[layer])
+                    for layer, params in trial.items():
+                        _write_layer_params(work, layer, params)
+                    dirty = set(trial)
+                    c = torch.log_softmax(work.model(**inp).logits[:, :-1].float(), -1)[ok]
+                    kl[i] += float((p_r * (r - c)).sum(-1).clamp_min(0).sum())
+                    bar.update(1)
+                count += int(ok.sum())
+    finally:
+        for layer in dirty:
+            _write_layer_params(work, layer, current[layer])
+    if count == 0:
+        raise HeadscopeError("calibration data needs passages of at least 2 tokens; all were shorter")
+    return [k / count for k in kl]
+
+
+def search_groups(hm: HeadModel, kv_heads: int, data: Any, *, candidates: int = 8, seed: int = 0,
+                  max_length: int = 64, batch_size: int = 8, limit: int | None = None,
+                  progress: bool = False) -> dict[str, Any]:
+    """Per layer, the candidate grouping with the lowest KL from `hm` on calibration `data` (greedy, one pass).
+
+    Candidates per layer: adjacent, similarity from `data`, similarity from the weights, and
+    `candidates` seeded random balanced groupings (duplicates dropped). The search starts from the
+    better of adjacent / similarity (whole model, calibration KL; similarity on ties, as `plan_groups`),
+    then visits the layers in order: for layer l it converts with each other candidate for l, the other
+    layers fixed at their current choice, and keeps the lowest KL if it is strictly lower. The current
+    choice stays among the options, so the calibration KL never increases. Cost: 1-2 + sum over layers
+    of (distinct candidates - 1) KL evaluations, each one forward pass over `data`.
+
+    Returns {"groups", "search_start", "calibration_kl_adjacent", "calibration_kl_similarity",
+    "calibration_kl_start", "calibration_kl_search", "search_trace" (per layer: chosen candidate, its
+    groups, the KL after the layer, every candidate's KL), "kl_evaluations", "search_seconds", ...}.
+    `data` is the calibration text; never pass the held-out text.
+    """
+    check_convertible(hm, kv_heads)
+    if data is None:
+        raise HeadscopeError(
+            "grouping 'search' picks groups by their KL divergence from the original model on calibration text, "
+            "so it needs data: pass data= (texts, token-id lists or gqa.load_text('ptb-train', 400)); on the CLI, "
+            "--data ptb-train or a .txt/.jsonl/.conllu file; or use --grouping similarity, which works from weights")
+    if isinstance(candidates, bool) or not isinstance(candidates, (int, np.integer)) or candidates < 0:
+        raise HeadscopeError(f"--search-candidates must be a whole number >= 0, got {candidates!r}")
+    n_kv, n_layers = hm.n_kv_heads, hm.n_layers
+    adjacent = [adjacent_groups(n_kv, kv_heads) for _ in range(n_layers)]
+    settings = {"search_candidates": int(candidates), "search_seed": int(seed)}
+    if kv_heads in (1, n_kv):
+        # One group of all heads, or every head its own group: nothing to search.
+        return {"groups": adjacent, **settings, "search_skipped": "only one grouping possible", "kl_evaluations": 0}
+    t0 = time.perf_counter()
+    kw = dict(max_length=max_length, batch_size=batch_size, limit=limit)
+    d_data = kv_distances(hm, data, progress=progress, **kw)
+    d_weights = kv_distances(hm)
+    sim = [balanced_partition(d_data[l], kv_heads) for l in range(n_layers)]
+    rng = np.random.default_rng(seed)
+    options: list[dict[tuple, str]] = []  # per layer: canonical grouping -> first name that proposed it
+    for l in range(n_layers):
+        named = [("adjacent", adjacent[l]), ("similarity-data", sim[l]),
+                 ("similarity-weights", balanced_partition(d_weights[l], kv_heads))]
+        named += [(f"random-{i}", random_balanced_groups(n_kv, kv_heads, rng)) for i in range(candidates)]
+        opts: dict[tuple, str] = {}
+        for name, g in named:
+            opts.setdefault(_canonical(g), name)
+        options.append(opts)
+
+    todo = _token_batches(hm, data, max_length, batch_size, limit)
+    work = convert_to_gqa(hm, kv_heads, groups=adjacent)
+    current = {l: _layer_params(hm, l, adjacent[l], kv_heads) for l in range(n_layers)}
+    sim_layers = [l for l in range(n_layers) if _canonical(sim[l]) != _canonical(adjacent[l])]
+    start_trials: list[dict[int, dict]] = [{}]
+    if sim_layers:
+        start_trials.append({l: _layer_params(hm, l, sim[l], kv_heads) for l in sim_layers})
+    n_evals = len(start_trials) + sum(len(o) - 1 for o in options)
+    log.info("search: %d KL evaluations (%d layers, up to %d candidates each) on %d calibration batches",
+             n_evals, n_layers, 3 + candidates, len(todo))
+    with tqdm(total=n_evals * len(todo), desc=f"search ({n_evals} KL evaluations)", disable=not progress) as bar:
+        kls = _trial_kls(hm, work, todo, start_trials, current, bar)
+        kl_adj, kl_sim = kls[0], kls[-1]
+        start = "similarity" if kl_sim <= kl_adj else "adjacent"
+        started = sim if start == "similarity" else adjacent
+        chosen = [[list(g) for g in layer_groups] for layer_groups in started]
+        if start == "similarity":
+            for l in sim_layers:
+                current[l] = start_trials[1][l]
+                _write_layer_params(work, l, current[l])
+        kl_now = min(kl_adj, kl_sim)
+        trace = []
+        for l in range(n_layers):
+            here = _canonical(chosen[l])
+            others = [(key, name) for key, name in options[l].items() if key != here]
+            trial_params = [_layer_params(hm, l, [list(g) for g in key], kv_heads) for key, _ in others]
+            kls = _trial_kls(hm, work, todo, [{l: p} for p in trial_params], current, bar)
+            tried = {options[l][here]: kl_now, **{name: k for (_, name), k in zip(others, kls)}}
+            best = int(np.argmin(kls)) if kls else -1
+            if kls and kls[best] < kl_now:
+                chosen[l] = [list(g) for g in others[best][0]]
+                current[l] = trial_params[best]
+                _write_layer_params(work, l, current[l])
+                kl_now = kls[best]
+            trace.append({"layer": l, "chosen": options[l][_canonical(chosen[l])], "groups": chosen[l],
+                          "calibration_kl": kl_now, "candidate_kl": tried})
+    seconds = time.perf_counter() - t0
+    log.info("search: calibration KL %.4f (start, %s) -> %.4f after %d KL evaluations in %.1f s",
+             min(kl_adj, kl_sim), start, kl_now, n_evals, seconds)
+    return {"groups": chosen, **settings, "search_start": start, "calibration_kl_adjacent": kl_adj,
+            "calibration_kl_similarity": kl_sim, "calibration_kl_start": min(kl_adj, kl_sim),
+            "calibration_kl_search": kl_now, "search_trace": trace,
+            "layers_changed_by_search": [l for l in range(n_layers) if _canonical(chosen[l]) != _canonical(started[l])],
+            "kl_evaluations": n_evals, "calibration_batches": len(todo), "search_seconds": round(seconds, 2)}
+
+
 # --- the whole recipe ----------------------------------------------------------------------------
 def plan_groups(hm: HeadModel, kv_heads: int, grouping: str = "mean", data: Any = None, *, fallback: bool = True,
-                max_length: int = 64, batch_size: int = 8, limit: int | None = None,
-                progress: bool = False) -> dict[str, Any]:
+                max_length: int = 64, batch_size: int = 8, limit: int | None = None, search_candidates: int = 8,
+                seed: int = 0, progress: bool = False) -> dict[str, Any]:
     """Choose the KV groups for `grouping`, with what was compared; keys: groups, grouping_used, ...
 
     For "similarity" with `data` and `fallback`, the similarity groups are kept only if the converted
     model's KL divergence from the original on `data` (the calibration text, not the held-out text) is
     no worse than with adjacent groups; otherwise adjacent groups are used and `grouping_used` says so.
+    For "search", `search_groups` (which needs `data`; `fallback` does not apply, it never ends worse
+    than the better of adjacent / similarity on `data`) with `search_candidates` random candidates.
     """
     check_convertible(hm, kv_heads)
     if grouping not in GROUPINGS:
@@ -607,6 +784,13 @@ def plan_groups(hm: HeadModel, kv_heads: int, grouping: str = "mean", data: Any 
     adjacent = [adjacent_groups(hm.n_kv_heads, kv_heads)] * hm.n_layers
     plan: dict[str, Any] = {"grouping": grouping, "grouping_used": "mean", "groups": adjacent}
     if grouping == "mean":
+        return plan
+    if grouping == "search":
+        found = search_groups(hm, kv_heads, data, candidates=search_candidates, seed=seed, max_length=max_length,
+                              batch_size=batch_size, limit=limit, progress=progress)
+        used = ("search (only one grouping possible: same as mean)" if found.get("search_skipped")
+                else "search")
+        plan.update(found, grouping_used=used)
         return plan
     if kv_heads in (1, hm.n_kv_heads):
         # One group of all heads, or every head its own group: there is nothing to choose.
@@ -652,11 +836,11 @@ def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *
                          train: str = "attention",
                          max_length: int = 64, batch_size: int = 8, data_limit: int | None = 400,
                          heldout_limit: int | None = 200, fallback: bool = True, seed: int = 0,
-                         progress: bool = False) -> tuple[HeadModel, dict[str, Any]]:
+                         search_candidates: int = 8, progress: bool = False) -> tuple[HeadModel, dict[str, Any]]:
     """Convert, optionally uptrain, and report perplexity (before/after/uptrained) and KV bytes.
 
-    `data` (default PTB train) is used for similarity grouping and uptraining; `heldout` (default PTB
-    valid) only for perplexity. Returns the final model and a JSON-ready report.
+    `data` (default PTB train) is used for similarity grouping, search and uptraining; `heldout`
+    (default PTB valid) only for perplexity. Returns the final model and a JSON-ready report.
     """
     check_convertible(hm, kv_heads)
     data_src = data if isinstance(data, (TextSource, list)) else load_text(data, data_limit, default="ptb-train")
@@ -669,7 +853,8 @@ def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *
         "heldout": getattr(held_src, "source", "in-memory"), "heldout_passages": len(held_src),
         "max_length": max_length,
     }
-    plan = plan_groups(hm, kv_heads, grouping, data_src, fallback=fallback, **ev)
+    plan = plan_groups(hm, kv_heads, grouping, data_src, fallback=fallback, search_candidates=search_candidates,
+                       seed=seed, **ev)
     report["grouping_used"] = plan.pop("grouping_used")
     report["groups"] = plan.pop("groups")
     report.update({k: v for k, v in plan.items() if k != "grouping"})

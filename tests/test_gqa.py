@@ -327,22 +327,9 @@ def test_encoder_and_gpt2_refused_with_reason(family):
 
 def test_cli_end_to_end(tmp_path, capsys):
     """The verb on a tiny checkpoint: writes model/ and gqa.json, refuses to overwrite, reports bad G."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     from headscope.cli import main
 
-    words = "the of and to a in is was for on that with as by at it from he his".split()
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "<pad>", *words])}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>")
-    src = tmp_path / "src"
-    hm = tiny("llama")
-    hm.model.save_pretrained(src)
-    fast.save_pretrained(src)
-    text = tmp_path / "t.txt"
-    rng = np.random.default_rng(0)
-    text.write_text("\n".join(" ".join(rng.choice(words, 12)) for _ in range(12)) + "\n")
+    src, text = _cli_checkpoint(tmp_path)
     args = ["gqa", str(src), "--kv-heads", "1", "--grouping", "similarity", "--uptrain", "2", "--data", str(text),
             "--heldout", str(text), "--out", str(tmp_path / "out")]
     assert main(args) == 0
@@ -357,3 +344,113 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert "--force" in capsys.readouterr().err
     assert main([*args[:2], "--kv-heads", "4", *args[4:], "--force"]) == 2
     assert "larger than the model's current 2 KV heads" in capsys.readouterr().err
+
+
+# --- search grouping (calibration KL) ------------------------------------------------------------
+CALIB = [list(range(5, 40)), list(range(60, 90)), list(range(30, 70)), list(range(90, 119))]
+
+
+def test_search_is_never_worse_than_adjacent_or_similarity_on_calibration_kl():
+    hm = tiny("llama", num_key_value_heads=6)  # MHA: 6 query heads, 6 KV heads
+    for g in (3, 2):
+        found = gqa.search_groups(hm, g, CALIB, candidates=4)
+        # every figure recomputed independently, through convert_to_gqa + kl_divergence
+        kl_search = gqa.kl_divergence(hm, gqa.convert_to_gqa(hm, g, groups=found["groups"]), CALIB)
+        kl_adj = gqa.kl_divergence(hm, gqa.convert_to_gqa(hm, g, "mean"), CALIB)
+        kl_sim = gqa.kl_divergence(hm, gqa.convert_to_gqa(hm, g, "similarity", CALIB), CALIB)
+        assert kl_search <= min(kl_adj, kl_sim) + 1e-12, (g, kl_search, kl_adj, kl_sim)
+        for got, want in ((found["calibration_kl_search"], kl_search), (found["calibration_kl_adjacent"], kl_adj),
+                          (found["calibration_kl_similarity"], kl_sim)):
+            assert abs(got - want) <= 1e-9 * want, f"G={g}: trace KL {got} vs recomputed {want}, diff {abs(got - want):.3g}"
+        trace = found["search_trace"]
+        kls = [found["calibration_kl_start"]] + [t["calibration_kl"] for t in trace]
+        assert all(b <= a for a, b in zip(kls, kls[1:])), kls
+        assert [t["layer"] for t in trace] == list(range(hm.n_layers))
+        for t in trace:  # the layer's choice is the candidate with the lowest KL it measured
+            assert t["calibration_kl"] == min(t["candidate_kl"].values()), t
+            assert t["candidate_kl"][t["chosen"]] == t["calibration_kl"], t
+        assert found["kl_evaluations"] == 2 + sum(len(t["candidate_kl"]) - 1 for t in trace), found["kl_evaluations"]
+
+
+def test_search_finds_planted_pairs_even_when_similarity_misleads(monkeypatch):
+    hm = tiny("llama", num_key_value_heads=6)
+    tie_kv_heads(hm, [(0, 3), (1, 4), (2, 5)])  # only the grouping {0,3},{1,4},{2,5} converts exactly
+    exact = [[[0, 3], [1, 4], [2, 5]]] * hm.n_layers
+    found = gqa.search_groups(hm, 3, CALIB)
+    assert found["groups"] == exact, found["groups"]
+    assert found["calibration_kl_search"] < 1e-6
+    # with the K/V clustering forced to return adjacent groups, the random candidates must supply it
+    monkeypatch.setattr(gqa, "balanced_partition", lambda dist, k: gqa.adjacent_groups(dist.shape[0], k))
+    found = gqa.search_groups(hm, 3, CALIB, candidates=60, seed=1)
+    assert found["groups"] == exact, found["groups"]
+    assert all(t["chosen"].startswith("random-") for t in found["search_trace"]), found["search_trace"]
+    kl = gqa.kl_divergence(hm, gqa.convert_to_gqa(hm, 3, groups=found["groups"]), CALIB)
+    kl_adj = gqa.kl_divergence(hm, gqa.convert_to_gqa(hm, 3), CALIB)
+    assert kl < 1e-6 < kl_adj, (kl, kl_adj)
+
+
+def test_search_is_deterministic_for_a_seed():
+    hm = tiny("llama", num_key_value_heads=6)
+    a = gqa.search_groups(hm, 2, CALIB, candidates=3, seed=7)
+    b = gqa.search_groups(hm, 2, CALIB, candidates=3, seed=7)
+    assert a["groups"] == b["groups"] and a["search_trace"] == b["search_trace"], (a["search_trace"], b["search_trace"])
+    rng_a, rng_b = (np.random.default_rng(s) for s in (7, 8))
+    draws = [[gqa.random_balanced_groups(6, 2, r) for _ in range(5)] for r in (rng_a, rng_b)]
+    assert draws[0] != draws[1]
+    for g in draws[0]:
+        assert sorted(h for grp in g for h in grp) == list(range(6)) and all(len(grp) == 3 for grp in g), g
+
+
+def test_search_needs_calibration_data_and_skips_when_only_one_grouping():
+    hm = tiny("llama", num_key_value_heads=6)
+    for call in (lambda: gqa.search_groups(hm, 3, None), lambda: gqa.convert_to_gqa(hm, 3, "search"),
+                 lambda: gqa.plan_groups(hm, 3, "search")):
+        with pytest.raises(HeadscopeError, match=r"needs data: pass data=.*--data ptb-train"):
+            call()
+    with pytest.raises(HeadscopeError, match="--search-candidates must be a whole number >= 0, got -1"):
+        gqa.search_groups(hm, 3, CALIB, candidates=-1)
+    plan = gqa.plan_groups(hm, 1, "search", CALIB)
+    assert plan["grouping_used"] == "search (only one grouping possible: same as mean)"
+    assert plan["kl_evaluations"] == 0 and plan["groups"] == [[list(range(6))]] * hm.n_layers
+
+
+def _cli_checkpoint(tmp_path, **overrides):
+    """A tiny LLaMA checkpoint with a word-level tokenizer, and a text file over its words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = "the of and to a in is was for on that with as by at it from he his".split()
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "<pad>", *words])}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>")
+    src = tmp_path / "src"
+    hm = tiny("llama", **overrides)
+    hm.model.save_pretrained(src)
+    fast.save_pretrained(src)
+    text = tmp_path / "t.txt"
+    rng = np.random.default_rng(0)
+    text.write_text("\n".join(" ".join(rng.choice(words, 12)) for _ in range(12)) + "\n")
+    return src, text
+
+
+def test_cli_search_writes_trace(tmp_path, capsys):
+    from headscope.cli import main
+
+    src, text = _cli_checkpoint(tmp_path, num_key_value_heads=6)
+    args = ["gqa", str(src), "--kv-heads", "3", "--grouping", "search", "--search-candidates", "2", "--data",
+            str(text), "--heldout", str(text), "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "grouping search" in printed and "KL evaluations" in printed, printed
+    rep = json.loads((tmp_path / "out" / "gqa.json").read_text())
+    assert rep["grouping_used"] == "search" and rep["search_candidates"] == 2 and rep["search_seed"] == 0
+    assert len(rep["search_trace"]) == 2 and rep["kl_evaluations"] >= 2
+    assert rep["calibration_kl_search"] <= min(rep["calibration_kl_adjacent"], rep["calibration_kl_similarity"])
+    assert rep["groups"] == [t["groups"] for t in rep["search_trace"]]
+    # the saved checkpoint is the searched grouping's conversion
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "model").eval()
+    want = gqa.convert_to_gqa(tiny("llama", num_key_value_heads=6), 3, groups=rep["groups"])
+    with torch.no_grad():
+        close(saved(IDS).logits, logits(want))

