@@ -9,3 +9,4 @@ for seed in 0 1 2 3 4; do nice -n 10 headscope sweep --task xor --seed $seed --t
 nice -n 10 headscope sweep --task pair --heads 1,2,4 --threads 1 --out "$OUT/pair"
 nice -n 10 headscope sweep --heads 8 --kv-heads 1,2,4,8 --threads 1 --out "$OUT/ptb-default"  # MHA/GQA/MQA at h=8
 for seed in 1 2; do nice -n 10 headscope sweep --heads 8 --seed $seed --threads 1 --out "$OUT/ptb-seeds"; done
+for seed in 0 1 2; do nice -n 10 headscope sweep --steps 1200 --seed $seed --threads 1 --out "$OUT/ptb-1200"; done  # ~6 CPU-min per run
