@@ -19,8 +19,6 @@ held-out text) and by held-out KL (an oracle).
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import logging
 import os
@@ -30,7 +28,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,22 +35,12 @@ import gqa_similarity_trained_mha as base  # noqa: E402  (same directory; reuses
 
 from headscope import gqa  # noqa: E402
 from headscope.data import ptb_sentences  # noqa: E402
-from headscope.io import atomic_write_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 COLUMNS = ["model_seed", "G", "grouping", "search_candidates", "search_seed", "heldout_ppl", "heldout_kl",
            "calib_kl", "calib_kl_start", "search_start", "calib_kl_adjacent", "calib_kl_similarity", "kl_evaluations",
            "calibration_batches", "search_seconds", "layers_changed", "chosen", "groups", "ppl_mha",
            "heldout_kl_adjacent_recomputed"]
-
-
-def write_csv(path: str, rows: list[dict]) -> None:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    atomic_write_text(path, buf.getvalue())
 
 
 def comparison(search_rows: list[dict], old_rows: list[dict]) -> str:
@@ -125,7 +112,7 @@ def main() -> None:
                   f"{found['calibration_kl_start']:.4f} ({found['search_start']}) -> {found['calibration_kl_search']:.4f};"
                   f" held-out ppl {held['search']['ppl']:.2f} KL {held['search']['kl']:.4f} (adjacent recomputed: "
                   f"{held['adjacent']['kl']:.4f}); chosen {[t['chosen'] for t in found['search_trace']]}", flush=True)
-            write_csv(args.csv, rows)  # after every row, so a cut-short run keeps what it measured
+            base.write_csv(args.csv, rows, COLUMNS)  # after every row, so a cut-short run keeps what it measured
     print(comparison(rows, old_rows))
     print(f"wrote {args.csv}; wall time {time.time() - t0:.0f} s; command: {' '.join(sys.argv)}")
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import itertools
 import json
 import logging
 import os
@@ -111,23 +110,7 @@ def trained_model(args, seed: int, train: list[str], valid_probe: list[str]) -> 
 def random_groups(n_layers: int, n_kv: int, G: int, seed: int) -> list[list[list[int]]]:
     """Per layer an independent uniformly random balanced grouping (seeded)."""
     rng = np.random.default_rng(seed)
-    m = n_kv // G
-    out = []
-    for _ in range(n_layers):
-        p = [int(h) for h in rng.permutation(n_kv)]
-        out.append(sorted(sorted(p[j * m:(j + 1) * m]) for j in range(G)))
-    return out
-
-
-def all_partitions(items: list[int], m: int):
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for others in itertools.combinations(rest, m - 1):
-        left = [h for h in rest if h not in others]
-        for tail in all_partitions(left, m):
-            yield [[first, *others], *tail]
+    return [gqa.random_balanced_groups(n_kv, G, rng) for _ in range(n_layers)]
 
 
 def cost(dist: np.ndarray, groups) -> float:
@@ -136,7 +119,7 @@ def cost(dist: np.ndarray, groups) -> float:
 
 def percentile(dist_layer: np.ndarray, groups_layer, n_kv: int, G: int) -> float:
     """Share of all balanced partitions of this layer with a pooling error below this grouping's."""
-    costs = np.array([gqa.partition_cost(dist_layer, p) for p in all_partitions(list(range(n_kv)), n_kv // G)])
+    costs = np.array([gqa.partition_cost(dist_layer, p) for p in gqa._partitions(list(range(n_kv)), n_kv // G)])
     return float((costs < gqa.partition_cost(dist_layer, groups_layer) - 1e-12).mean())
 
 
@@ -251,9 +234,10 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def write_csv(path: str, rows: list[dict]) -> None:
+def write_csv(path: str, rows: list[dict], columns: list[str] | None = None) -> None:
+    """Rows as CSV (floats to 6 significant digits), written atomically; `columns` default: COLUMNS."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
+    w = csv.DictWriter(buf, fieldnames=columns or COLUMNS, extrasaction="ignore")
     w.writeheader()
     for r in rows:
         w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
