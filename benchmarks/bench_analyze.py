@@ -33,12 +33,13 @@ def throughput(model: str, n: int, batch_size: int, max_length: int, repeats: in
     import torch
 
     import headscope
-    from headscope.analyze import pad_id, prepare_tokens, run_stats
+    from headscope.analyze import run_stats
+    from headscope.data import pad_id, prepare_tokens
     from headscope.data import batches
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     hm = headscope.load_model(model)
-    ids, *_ = prepare_tokens(hm, ptb_sentences(n), max_length)
+    ids = prepare_tokens(hm, ptb_sentences(n), max_length).ids
     pad = pad_id(hm)
 
     def plain() -> None:
@@ -69,11 +70,12 @@ def memory_child(model: str, n: int, mode: str, max_length: int) -> None:
     import torch
 
     import headscope
-    from headscope.analyze import pad_id, prepare_tokens, run_stats
+    from headscope.analyze import run_stats
+    from headscope.data import pad_id, prepare_tokens
     from headscope.data import batches
 
     hm = headscope.load_model(model)
-    ids, *_ = prepare_tokens(hm, ptb_sentences(n), max_length)
+    ids = prepare_tokens(hm, ptb_sentences(n), max_length).ids
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if mode == "stream":
         run_stats(hm, ids, 16)

@@ -31,14 +31,14 @@ def one(model: str, data: str, n: int | None, js_max_tokens: int | None) -> dict
     import torch
 
     import headscope
-    from headscope.analyze import pad_id, prepare_tokens, resolve_max_length
+    from headscope.data import pad_id, prepare_tokens, resolve_max_length
     from headscope.data import batches, read_texts
     from headscope.similarity import similarity, weight_similarity
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     hm = headscope.load_model(model)
     texts = read_texts(None).texts if data == "sample" else ptb_sentences(n or 0)
-    ids, *_ = prepare_tokens(hm, texts, resolve_max_length(hm, None))
+    ids = prepare_tokens(hm, texts, resolve_max_length(hm, None)).ids
     t0 = time.perf_counter()
     with torch.inference_mode():
         for b in batches(ids, 16, pad_id=pad_id(hm)):

@@ -30,14 +30,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .analyze import (
-    pad_id,
-    prepare_tokens,
-    resolve_max_length,
-    table_from_stats,
-    token_classes,
-)
-from .data import Sentence, batches, read_conllu
+from .analyze import table_from_stats
+from .data import Sentence, batches, pad_id, prepare_tokens, read_conllu, resolve_max_length, token_classes
 from .errors import HeadscopeError
 from .hooks import on_attention_weights
 from .models.adapter import HeadModel
@@ -189,7 +183,8 @@ def reduce_roles(stats: HeadStats, layer: int, p: torch.Tensor, allowed: torch.T
 def _text_pass(hm: HeadModel, data: Any, max_len: int, batch_size: int, limit: int | None,
                progress: bool) -> tuple[HeadStats, HeadStats, dict[str, Any]]:
     """analyze's statistics and the role sums of the text pass, in one streamed run."""
-    ids, source, truncated, texts, _ = prepare_tokens(hm, data, max_len, limit)
+    tokens = prepare_tokens(hm, data, max_len, limit)
+    ids, source, truncated, texts = tokens.ids, tokens.source, tokens.truncated, tokens.texts
     flags = token_classes(hm)
     rare_targets: list[np.ndarray | None] = [None] * len(ids)
     if texts is not None and hm.tokenizer is not None and getattr(hm.tokenizer, "is_fast", False):

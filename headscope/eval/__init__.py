@@ -1,0 +1,1 @@
+"""Evaluation: next-token losses, KL and distillation of language models (`lm`), task metrics (`metrics`)."""

@@ -1,0 +1,83 @@
+"""Next-token evaluation of language models: NLL, perplexity, KL to a reference, and the distillation loss.
+
+Every stage that scores a causal LM (score and prune's `lm_loss`, pruning recovery, GQA conversion and
+uptraining, the comparison of converted models) computes these quantities here, so they agree exactly.
+
+The positions that count: query position t of a passage counts when the token at t + 1 is a real
+(non-padding) token, so every passage of n real tokens contributes n - 1 predictions. That holds for
+the NLL, for the KL to a reference, and for the distillation loss: the distillation loss is
+**the mean over counted positions of KL(teacher || student)** between next-token distributions, in
+nats, which is exactly the quantity `kl_sums` reports when a converted model is evaluated. (A real last
+token has a next-token distribution too, but nothing on the data side to check it against, and
+including it would make the training loss differ from the evaluation.)
+
+Logits are widened to float32 for the softmax; sums are returned in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def counted_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """`[batch, pos - 1]` bool: query positions whose next token is real (see the module docstring)."""
+    m = attention_mask.bool()
+    return m[:, 1:] & m[:, :-1]
+
+
+def _logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """Log-softmax over the vocabulary of the predicting positions `[batch, pos - 1, vocab]`, float32+."""
+    x = logits[:, :-1]
+    return F.log_softmax(x if x.dtype in (torch.float32, torch.float64) else x.float(), dim=-1)
+
+
+def nll_sums(logits: torch.Tensor, input_ids: torch.Tensor,
+             attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row summed next-token NLL `[batch]` and the number of counted positions `[batch]` (float64).
+
+    Differentiable in `logits`.
+    """
+    keep = counted_positions(attention_mask)  # [batch, pos-1]
+    x = logits[:, :-1]
+    x = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    ce = F.cross_entropy(x.reshape(-1, x.shape[-1]), input_ids[:, 1:].reshape(-1), reduction="none")
+    ce = ce.view(keep.shape) * keep
+    return ce.sum(-1).double(), keep.sum(-1).double()
+
+
+def kl_per_position(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(reference || model) of the next-token distributions at every predicting position `[batch, pos - 1]`."""
+    r, c = _logprobs(ref_logits), _logprobs(logits)
+    # Clamped at 0: the exact KL is never negative, float rounding can make it -1e-9.
+    return (r.exp() * (r - c)).sum(-1).clamp_min(0.0)
+
+
+def kl_sums(ref_logits: torch.Tensor, logits: torch.Tensor,
+            attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row summed KL(reference || model) over counted positions `[batch]` and their number (float64)."""
+    keep = counted_positions(attention_mask)
+    kl = kl_per_position(ref_logits, logits) * keep
+    return kl.sum(-1).double(), keep.sum(-1).double()
+
+
+def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                      attention_mask: torch.Tensor) -> torch.Tensor:
+    """The distillation loss: mean over counted positions of KL(teacher || student), differentiable in
+    the student's logits (the teacher's are detached)."""
+    keep = counted_positions(attention_mask)
+    kl = kl_per_position(teacher_logits.detach(), student_logits)
+    return (kl * keep).sum() / keep.sum().clamp_min(1)
+
+
+def perplexity(nll_sum: float, count: float) -> float:
+    """exp of the mean NLL; inf when it would overflow, nan without counted positions."""
+    if not count:
+        return math.nan
+    mean = nll_sum / count
+    return math.exp(mean) if mean < 700 else math.inf
+
+
+__all__ = ["counted_positions", "distillation_loss", "kl_per_position", "kl_sums", "nll_sums", "perplexity"]

@@ -1,0 +1,168 @@
+"""The one training loop: pruning recovery, GQA uptraining and the head-count sweep all run through it.
+
+A `Trainer` owns the optimizer (AdamW), the learning-rate schedule, gradient clipping, the seeded
+generator batches are drawn from, the step counter and a progress bar. Callers give two functions:
+`batch_fn(generator) -> batch` (draws the next batch with the trainer's generator, so a resumed run
+draws exactly the batches an uninterrupted one would) and `loss_fn(batch) -> scalar loss`. Its whole
+state (weights, optimizer, generator, step, losses) round-trips through `state_dict`, and `save` writes
+it atomically, so an interrupted run resumes where its last checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .errors import HeadscopeError
+
+SCHEDULES = ("constant", "cosine")
+BatchFn = Callable[[torch.Generator], Any]
+LossFn = Callable[[Any], torch.Tensor]
+
+
+def lr_at(lr: float, step: int, steps: int, warmup: float = 0.0, schedule: str = "constant",
+          min_lr_ratio: float = 0.1) -> float:
+    """Learning rate at `step` of `steps`: linear warmup over `warmup` of the steps, then constant or
+    cosine decay to `min_lr_ratio * lr`."""
+    warm = max(1, int(warmup * steps))  # with no warmup, step 0 still runs at the full rate
+    if step < warm:
+        return lr * (step + 1) / warm
+    if schedule == "constant":
+        return lr
+    progress = (step - warm) / max(1, steps - warm)
+    return lr * (min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def check_settings(steps: int, lr: float, weight_decay: float = 0.0, grad_clip: float | None = None,
+                   warmup: float = 0.0, schedule: str = "constant") -> None:
+    """Raise a clear error on training settings no run could use."""
+    if steps < 0:
+        raise HeadscopeError(f"training steps must be 0 or more, got {steps}")
+    if not (lr > 0 and math.isfinite(lr)):
+        raise HeadscopeError(f"learning rate must be a positive number, got {lr}; e.g. 1e-4")
+    if weight_decay < 0:
+        raise HeadscopeError(f"weight decay must be >= 0, got {weight_decay}")
+    if grad_clip is not None and not grad_clip > 0:
+        raise HeadscopeError(f"gradient clipping norm must be > 0 (or None for no clipping), got {grad_clip}")
+    if not 0.0 <= warmup < 1.0:
+        raise HeadscopeError(f"warmup must be a share of the steps in [0, 1), got {warmup}")
+    if schedule not in SCHEDULES:
+        raise HeadscopeError(f"unknown learning-rate schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+
+
+class Trainer:
+    """AdamW on `params` of `model`, a seeded batch generator, and the step loop.
+
+    `params` is an iterable of parameters or of AdamW parameter groups (dicts with "params" and, e.g.,
+    "weight_decay"). `steps` is the length of the whole run, which the schedule is laid over; `run` may
+    be called several times (pruning recovery trains a few steps at every curve point) and continues the
+    schedule and the generator where the last call stopped.
+    """
+
+    def __init__(self, model: nn.Module, params: Iterable[Any], *, lr: float, steps: int,
+                 weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
+                 grad_clip: float | None = None, warmup: float = 0.0, schedule: str = "constant",
+                 min_lr_ratio: float = 0.1, seed: int = 0, desc: str = "train") -> None:
+        check_settings(steps, lr, weight_decay, grad_clip, warmup, schedule)
+        self.model = model
+        groups = list(params)
+        self.params = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+        if not self.params:
+            raise HeadscopeError("nothing to train: no parameter requires a gradient")
+        self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, weight_decay=weight_decay)
+        self.lr, self.steps, self.warmup, self.schedule, self.min_lr_ratio = lr, steps, warmup, schedule, min_lr_ratio
+        self.grad_clip = grad_clip
+        self.generator = torch.Generator().manual_seed(seed)
+        self.step = 0  # optimizer steps taken so far
+        self.losses: list[float] = []
+        self.train_s = 0.0  # wall seconds inside loss + backward + optimizer step
+        self.cpu_s = 0.0  # the same in CPU seconds (unlike wall time, not inflated by other jobs)
+        self.desc = desc
+
+    def run(self, n_steps: int, batch_fn: BatchFn, loss_fn: LossFn, *, progress: bool = False,
+            on_step: Callable[[int, float], None] | None = None) -> list[float]:
+        """Take `n_steps` optimizer steps; returns their losses. The model is in train mode only inside."""
+        if n_steps < 0:
+            raise HeadscopeError(f"training steps must be 0 or more, got {n_steps}")
+        out: list[float] = []
+        bar = tqdm(total=n_steps, desc=self.desc, unit="step", disable=not progress, leave=False)
+        self.model.train()
+        try:
+            for _ in range(n_steps):
+                batch = batch_fn(self.generator)
+                t0, c0 = time.perf_counter(), time.process_time()
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr_at(self.lr, self.step, self.steps, self.warmup, self.schedule,
+                                        self.min_lr_ratio)
+                loss = loss_fn(batch)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.float().backward()
+                if self.grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+                self.optimizer.step()
+                self.train_s += time.perf_counter() - t0
+                self.cpu_s += time.process_time() - c0
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise HeadscopeError(f"{self.desc}: training diverged (loss {value}) at step {self.step}; "
+                                         f"try a lower learning rate")
+                self.step += 1
+                out.append(value)
+                if on_step is not None:
+                    on_step(self.step - 1, value)
+                bar.update(1)
+                if self.step % 10 == 0:
+                    bar.set_postfix(loss=f"{value:.3f}")
+        finally:
+            bar.close()
+            self.model.eval()
+        self.losses += out
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs: weights, optimizer, generator, step and losses (copies)."""
+        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                "optimizer": _clone(self.optimizer.state_dict()), "generator": self.generator.get_state(),
+                "step": self.step, "losses": list(self.losses)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from `state_dict` (or from a file written by `save`)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.step, self.losses = int(state["step"]), list(state["losses"])
+
+    def save(self, path: str | Path, **extra: Any) -> None:
+        """Write the state (plus `extra` entries) to `path` atomically: a crash leaves the old file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            torch.save({**self.state_dict(), **extra}, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    @staticmethod
+    def read(path: str | Path) -> dict[str, Any]:
+        """A state written by `save` (weights, optimizer and generator state: not a safe format for
+        untrusted files, like any torch checkpoint)."""
+        return torch.load(path, weights_only=False)
+
+
+def _clone(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone(v) for v in obj]
+    return obj
