@@ -293,8 +293,7 @@ def read_documents(path: str | Path) -> tuple[list[Document], dict[str, int]]:
     Mentions that cross a sentence boundary are dropped and counted (attention needs both ends in
     one input, and such spans are rare).
     """
-    path = Path(path)
-    sentences = read_conllu(path)
+    sentences = read_conllu(path)  # a path or a built-in treebank name (`gum-test`)
     docs: list[Document] = []
     counts = {"mentions": 0, "crossing_mentions": 0}
     for i, s in enumerate(sentences):

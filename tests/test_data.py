@@ -6,10 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from headscope.data import ptb_sentences, read_conllu, read_texts
+from headscope.data import PTB_MIN_WORDS, ptb_sentences, read_conllu, read_texts, treebank_path
 from headscope.errors import HeadscopeError
-
-UD = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud"
 
 
 def text_lines(path: Path) -> list[str]:
@@ -17,11 +15,11 @@ def text_lines(path: Path) -> list[str]:
             if line.startswith("# text =")]
 
 
-@pytest.mark.parametrize("name", ["en_ewt-ud-test.conllu", "en_gum-ud-test.conllu"])
+@pytest.mark.parametrize("name", ["ewt-test", "gum-test"])
 def test_rebuilt_sentences_equal_the_treebank_text(name):
     """Words joined by SpaceAfter (multiword tokens included) give back each `# text` line."""
-    sentences = read_conllu(UD / name)
-    want = text_lines(UD / name)
+    sentences = read_conllu(name)
+    want = text_lines(treebank_path(name))
     assert len(sentences) == len(want)
     # Normalise no-break spaces: one EWT sentence writes one inside `# text` only.
     mismatches = [(a, b.text) for a, b in zip(want, sentences) if a.replace("\xa0", " ") != b.text]
@@ -29,7 +27,7 @@ def test_rebuilt_sentences_equal_the_treebank_text(name):
 
 
 def test_documents_recorded():
-    gum = read_conllu(UD / "en_gum-ud-test.conllu")
+    gum = read_conllu("gum-test")
     docs = {s.doc_id for s in gum}
     assert len(docs) > 1 and "" not in docs and gum[0].doc_id.startswith("GUM_")
 
@@ -48,6 +46,37 @@ def test_malformed_lines_skip_their_sentence(tmp_path, caplog):
 def test_ptb_sentences():
     valid = read_texts("ptb-valid", limit=5)
     assert valid.source == "treebank:valid" and len(valid) == 5
-    assert all(len(s.split()) >= 6 for s in ptb_sentences("test", 20, min_words=6))
+    assert all(len(s.split()) >= PTB_MIN_WORDS == 6 for s in ptb_sentences("test", 20))  # the one PTB rule
     with pytest.raises(HeadscopeError, match="did you mean 'valid'"):
         ptb_sentences("vaild")
+
+
+def test_builtin_treebanks_ship_in_the_package_with_their_licenses():
+    """The UD test splits resolve inside the installed package, never beside the checkout."""
+    import headscope
+
+    root = Path(headscope.__file__).resolve().parent
+    for name, n_sentences in (("ewt-test", 2077), ("gum-test", None)):
+        path = treebank_path(name)
+        assert root in path.resolve().parents and path.exists()
+        assert (path.parent / "LICENSE-EWT.txt").exists() and (path.parent / "LICENSE-GUM.txt").exists()
+        if n_sentences is not None:
+            assert len(text_lines(path)) == n_sentences
+    as_data = read_texts("ewt-test", limit=3)
+    assert as_data.source == "ud:ewt-test" and len(as_data) == 3 and as_data.sentences is not None
+    assert as_data.texts == [s.text for s in read_conllu("ewt-test")[:3]]
+
+
+def test_unknown_treebank_name_suggests_the_builtin_ones():
+    with pytest.raises(HeadscopeError, match=r"did you mean 'ewt-test'.*gum-test"):
+        read_conllu("ewt-tset")
+
+
+def test_builtin_corpus_default_limit_and_sample_read_whole():
+    from headscope.data import DEFAULT_LIMIT
+
+    assert len(read_texts("ptb-valid")) == DEFAULT_LIMIT
+    assert len(read_texts("ewt-test")) == DEFAULT_LIMIT
+    assert len(read_texts("sample")) == len(read_texts(None)) == 57
+    with pytest.raises(HeadscopeError, match="did you mean 'ptb-valid'"):
+        read_texts("ptb-vaild")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,9 +24,8 @@ from headscope.roles import (
 )
 from headscope.stats import HeadStats, allowed_keys
 
-UD = Path(__file__).resolve().parents[2] / "shared/data/ud"
-EWT = UD / "en_ewt-ud-test.conllu"
-GUM = UD / "en_gum-ud-test.conllu"
+EWT = "ewt-test"  # the UD test splits shipped in the package (headscope/resources/ud)
+GUM = "gum-test"
 
 PERIOD = 32  # positions are angles 2*pi*p/PERIOD: offsets up to PERIOD-1 stay distinct
 REPEAT = 8  # induction sequences: 8 random tokens twice = 16 positions

@@ -4,7 +4,6 @@ tokenisation mismatches and bad CoNLL-U input."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +25,6 @@ from headscope.syntax import (
     word_attention,
 )
 
-UD = Path(__file__).resolve().parents[2] / "shared/data/ud"
 
 
 def test_word_attention_sums_attended_pieces_and_averages_attending_pieces():
@@ -219,7 +217,7 @@ def test_alignment_byte_level_tokenizer_without_bos(smollm2):
 
 def test_streamed_dependency_accuracy_matches_unbatched_reference(minilm):
     """Batched + padded streaming through hooks == one sentence at a time with output_attentions."""
-    sents = read_conllu(UD / "en_ewt-ud-test.conllu")[:6]
+    sents = read_conllu("ewt-test")[:6]
     got = dependency_accuracy(minilm, sents, max_length=128, batch_size=4)
     ref = DependencyCounts(minilm.n_layers, minilm.n_heads)
     for s in sents:
@@ -269,7 +267,7 @@ def test_minilm_coreference_on_gum(minilm):
     from headscope.roles import _limit_docs
     from headscope.syntax import coreference_accuracy
 
-    docs, _ = read_documents(UD / "en_gum-ud-test.conllu")
+    docs, _ = read_documents("gum-test")
     c, info = coreference_accuracy(minilm, _limit_docs(docs, 100), max_length=128)
     d = c.to_dict()
     assert d["anaphors"] == info["anaphors"] > 100

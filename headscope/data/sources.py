@@ -87,9 +87,10 @@ def _read_lines(path: Path) -> list[str]:
 
 
 def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
-    """Parse a CoNLL-U file. Malformed lines are reported as file:line; the sentence holding one is
-    skipped with a warning (or, with `strict`, reading stops with an error)."""
-    path = Path(path)
+    """Parse a CoNLL-U file or a built-in treebank (`ewt-test`, `gum-test`). Malformed lines are
+    reported as file:line; the sentence holding one is skipped with a warning (or, with `strict`,
+    reading stops with an error)."""
+    path = treebank_path(path)
     sentences: list[Sentence] = []
     cur: dict[str, list[Any]] = {"words": [], "heads": [], "deprels": [], "misc": [], "space": []}
     sent_id, bad, bad_count = "", False, 0
