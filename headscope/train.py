@@ -102,6 +102,10 @@ class Trainer:
                     group["lr"] = lr_at(self.lr, self.step, self.steps, self.warmup, self.schedule,
                                         self.min_lr_ratio)
                 loss = loss_fn(batch)
+                value = float(loss.detach())
+                if not math.isfinite(value):  # stop before a NaN step spoils the weights
+                    raise HeadscopeError(f"{self.desc}: training diverged (loss {value}) at step {self.step}; "
+                                         f"try a lower learning rate")
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.float().backward()
                 if self.grad_clip is not None:
@@ -109,10 +113,6 @@ class Trainer:
                 self.optimizer.step()
                 self.train_s += time.perf_counter() - t0
                 self.cpu_s += time.process_time() - c0
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise HeadscopeError(f"{self.desc}: training diverged (loss {value}) at step {self.step}; "
-                                         f"try a lower learning rate")
                 self.step += 1
                 out.append(value)
                 if on_step is not None:
