@@ -36,7 +36,8 @@ from .errors import HeadscopeError
 from .hooks import on_attention_weights
 from .models.adapter import HeadModel
 from .stats import HeadStats, allowed_keys, collect_stats
-from .syntax import RELATIONS, coreference_accuracy, dependency_accuracy, read_documents
+from .coref import coreference_accuracy, read_documents
+from .syntax import RELATIONS, dependency_accuracy
 from .table import HeadTable, head_name
 
 log = logging.getLogger(__name__)

@@ -11,19 +11,16 @@ import torch
 
 from headscope.data import Sentence, read_conllu
 from headscope.errors import HeadscopeError
-from headscope.syntax import (
+from headscope.coref import (
     CorefCounts,
-    DependencyCounts,
     Document,
     Mention,
-    align_words,
     coref_items,
-    dependency_accuracy,
+    coreference_accuracy,
     parse_entity_field,
     read_documents,
-    relation_of,
-    word_attention,
 )
+from headscope.syntax import DependencyCounts, align_words, dependency_accuracy, relation_of, word_attention
 
 
 
@@ -265,7 +262,6 @@ def test_minilm_coreference_on_gum(minilm):
     """Measured on the first 100 GUM test sentences: 162 anaphors, best head L1H1 0.54, nearest
     mention 0.22, same head word 0.62, chance 0.15 (docs/roles.md has the full split)."""
     from headscope.roles import _limit_docs
-    from headscope.syntax import coreference_accuracy
 
     docs, _ = read_documents("gum-test")
     c, info = coreference_accuracy(minilm, _limit_docs(docs, 100), max_length=128)

@@ -13,7 +13,8 @@ from ..data import read_conllu, read_texts
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
 from ..roles import roles, syntax_rows
-from ..syntax import RELATIONS, read_documents
+from ..coref import read_documents
+from ..syntax import RELATIONS
 from ..table import to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args
 
