@@ -28,8 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(every score, baseline and threshold) and syntax.csv (with --treebank).")
     add_model_arg(p)
     add_data_args(p)
-    p.add_argument("--treebank", default=None, help="CoNLL-U file for syntactic roles (Clark et al. 2019)")
-    p.add_argument("--coref", default=None, help="CoNLL-U file with CorefUD Entity= annotations (e.g. UD English-GUM)")
+    p.add_argument("--treebank", default=None, help="treebank for syntactic roles (Clark et al. 2019): ewt-test (built in: UD English-EWT test split) "
+                        "or a CoNLL-U file")
+    p.add_argument("--coref", default=None, help="coreference data: gum-test (built in: UD English-GUM test split) or a CoNLL-U file "
+                        "with CorefUD Entity= annotations")
     add_out_args(p)
     p.set_defaults(func=run)
 
