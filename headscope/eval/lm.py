@@ -17,9 +17,14 @@ Logits are widened to float32 for the softmax; sums are returned in float64.
 from __future__ import annotations
 
 import math
+from typing import Iterable, Mapping, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import HeadscopeError
 
 
 def counted_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -80,4 +85,50 @@ def perplexity(nll_sum: float, count: float) -> float:
     return math.exp(mean) if mean < 700 else math.inf
 
 
-__all__ = ["counted_positions", "distillation_loss", "kl_per_position", "kl_sums", "nll_sums", "perplexity"]
+class _Inputs(Protocol):
+    """A batch of right-padded token ids (e.g. `headscope.data.Batch`)."""
+
+    input_ids: torch.Tensor  # [batch, pos]
+    attention_mask: torch.Tensor  # [batch, pos], 1 = real token
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def compare_lms(reference: nn.Module, candidates: Mapping[str, nn.Module], batches: Iterable[_Inputs], *,
+                progress: bool = False, desc: str = "evaluate") -> dict[str, dict[str, float]]:
+    """One pass over prepared batches: perplexity of `reference` and of each candidate, and each
+    candidate's mean KL(reference || candidate) over counted positions, in nats (0 = same predictions).
+
+    Returns {"reference": {"ppl", "tokens"}, name: {"ppl", "kl"}, ...}; `tokens` is the number of counted
+    positions every figure averages over. Each model sees the batch on its own device.
+    """
+    nll = {name: 0.0 for name in ["reference", *candidates]}
+    kl = {name: 0.0 for name in candidates}
+    count = 0.0
+    with torch.no_grad():
+        for b in tqdm(batches, desc=desc, disable=not progress):
+            dev = _device(reference)
+            ids, mask = b.input_ids.to(dev), b.attention_mask.to(dev)
+            ref = reference(input_ids=ids, attention_mask=mask, use_cache=False).logits
+            s, n = nll_sums(ref, ids, mask)
+            nll["reference"] += float(s.sum())
+            count += float(n.sum())
+            for name, cand in candidates.items():
+                c_dev = _device(cand)
+                logits = cand(input_ids=ids.to(c_dev), attention_mask=mask.to(c_dev), use_cache=False).logits
+                logits = logits.to(dev)
+                nll[name] += float(nll_sums(logits, ids, mask)[0].sum())
+                kl[name] += float(kl_sums(ref, logits, mask)[0].sum())
+    if count == 0:
+        raise HeadscopeError("evaluation needs passages of at least 2 tokens; all were shorter")
+    out: dict[str, dict[str, float]] = {"reference": {"ppl": perplexity(nll["reference"], count),
+                                                      "tokens": int(count)}}
+    for name in candidates:
+        out[name] = {"ppl": perplexity(nll[name], count), "kl": kl[name] / count}
+    return out
+
+
+__all__ = ["compare_lms", "counted_positions", "distillation_loss", "kl_per_position", "kl_sums", "nll_sums",
+           "perplexity"]
