@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
+import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from .errors import HeadscopeError
 
@@ -47,6 +52,68 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _normal_modes(folder: Path) -> None:
+    """Give every file and folder under `folder` the modes plain `open`/`mkdir` would (umask applied).
+
+    Some writers create private files (safetensors writes model.safetensors 0600 through a temp
+    file); a saved model should be as readable as every other output.
+    """
+    mask = _umask()
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+        for name in files:
+            p = os.path.join(root, name)
+            mode = os.lstat(p).st_mode
+            if stat.S_ISREG(mode):  # leave symlinks alone
+                os.chmod(p, (0o777 if mode & 0o111 else 0o666) & ~mask)
+    os.chmod(folder, 0o777 & ~mask)
+
+
+def _sibling(path: Path, kind: str) -> Path:
+    """A fresh hidden name beside `path` (same filesystem, so renames are atomic)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.{kind}")
+
+
+@contextmanager
+def atomic_dir(path: str | Path, *, force: bool = False) -> Iterator[Path]:
+    """Yield an empty temp folder beside `path`; on success it becomes `path` in one rename.
+
+    `path` is therefore absent, the old complete folder, or the new complete one, never half
+    written. An existing `path` is refused before anything is written unless `force`; with
+    `force` it is replaced only once the new folder is complete, and put back if the final
+    rename fails. On any exception inside the block the temp folder is removed and `path` is
+    left as it was. Files written inside end with the usual umask modes (0644 under umask 022).
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise HeadscopeError(f"{str(path)!r} exists and is not a directory; choose another path")
+    if path.exists() and not force:
+        raise HeadscopeError(f"{str(path)!r} already exists; pass force=True (--force) to replace it or choose another path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(path, "partial")
+    tmp.mkdir()  # os.mkdir honours the umask (mkdtemp would make it 0700)
+    try:
+        yield tmp
+        _normal_modes(tmp)
+        if not path.exists():
+            os.replace(tmp, path)
+            return
+        if not force:  # appeared while we were writing
+            raise HeadscopeError(f"{str(path)!r} appeared while it was being written; pass force=True to replace it")
+        old = _sibling(path, "old")
+        os.replace(path, old)  # a folder cannot be renamed over a non-empty one: move the old aside first
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            os.replace(old, path)  # put the user's folder back
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def prepare_out_dir(out: str | Path, force: bool, will_write: list[str]) -> Path:

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .errors import HeadscopeError, did_you_mean
+from .models.config import attention_counts, language_config
+from .models.loading import BUILTINS, builtin_config_dict
 
 __all__ = [
     "CLASSIC_CONFIGS",
@@ -152,21 +154,6 @@ CLASSIC_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 
-_LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
-_DECODER_LAYER_KEYS = ("decoder_layers", "num_decoder_layers")
-_HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads")
-_KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "n_kv_heads")
-_DMODEL_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
-_DHEAD_KEYS = ("head_dim", "d_head", "d_kv")
-
-
-def _first(d: Mapping[str, Any], keys: Sequence[str]) -> Any:
-    for k in keys:
-        if d.get(k) is not None:
-            return d[k]
-    return None
-
-
 def _as_dict(config: Any) -> dict[str, Any]:
     """A plain dict from a config object, dict, or path to config.json / a model directory."""
     if isinstance(config, Mapping):
@@ -220,58 +207,24 @@ def attention_shape(config: Any, name: str | None = None) -> AttentionShape:
     """Read layers, heads, KV heads, d_head and sliding windows from any supported config."""
     if isinstance(config, AttentionShape):
         return config
-    d = _as_dict(config)
-    if _first(d, _LAYER_KEYS + _DECODER_LAYER_KEYS) is None and isinstance(d.get("text_config"), Mapping):
-        # Multimodal wrappers (Gemma 3, LLaVA...) keep the language model's numbers in text_config.
-        d = {**d["text_config"], "_name": d.get("_name") or d.get("_name_or_path")}
+    d = language_config(_as_dict(config))
     model_type = str(d.get("model_type") or "unknown")
     if d.get("kv_lora_rank") is not None:
         raise HeadscopeError(
             f"model type {model_type!r} uses multi-head latent attention (kv_lora_rank={d['kv_lora_rank']}), whose "
             f"cache is a compressed latent, not K/V heads; the calculator handles MHA, GQA and MQA configs"
         )
+    counts = attention_counts(d)
     note = str(d.get("_note", ""))
     if d.get("is_encoder_decoder"):
-        n_layers = _first(d, _DECODER_LAYER_KEYS) or _first(d, _LAYER_KEYS)
         note = note or "encoder-decoder: decoder self-attention layers counted"
-    else:
-        n_layers = _first(d, _LAYER_KEYS)
-    n_heads = _first(d, _HEAD_KEYS)
-    if n_layers is None or n_heads is None:
-        present = ", ".join(sorted(k for k in d if not k.startswith("_"))[:30]) or "nothing"
-        raise HeadscopeError(
-            f"config has no {'layer count' if n_layers is None else 'attention head count'}; the KV calculator "
-            f"needs a layer count ({' / '.join(_LAYER_KEYS)}) and a head count ({' / '.join(_HEAD_KEYS)}), "
-            f"plus head_dim or a hidden size ({' / '.join(_DMODEL_KEYS)}). Keys found: {present}"
-        )
-    n_kv_heads = _first(d, _KV_KEYS)
-    if n_kv_heads is None:
-        n_kv_heads = 1 if d.get("multi_query") else n_heads  # Falcon-style flag; otherwise plain MHA
-    d_model = _first(d, _DMODEL_KEYS)
-    d_head = _first(d, _DHEAD_KEYS)
-    if d_head is None:
-        if d_model is None:
-            raise HeadscopeError(
-                f"config has neither head_dim nor a hidden size ({' / '.join(_DMODEL_KEYS)}), so d_head is unknown; "
-                f"add head_dim (or hidden_size) to it"
-            )
-        if d_model % n_heads:
-            raise HeadscopeError(
-                f"hidden size {d_model} is not divisible by {n_heads} heads and the config has no head_dim; add head_dim"
-            )
-        d_head = d_model // n_heads
-    n_layers, n_heads, n_kv_heads, d_head = int(n_layers), int(n_heads), int(n_kv_heads), int(d_head)
-    if min(n_layers, n_heads, n_kv_heads, d_head) < 1 or n_heads % n_kv_heads:
-        raise HeadscopeError(
-            f"inconsistent config: n_layers={n_layers}, n_heads={n_heads}, n_kv_heads={n_kv_heads}, d_head={d_head} "
-            f"(all must be positive and n_kv_heads must divide n_heads)"
-        )
     if model_type == "bert" and not note:
         note = "encoder: keeps no cache in use; figure = caching K/V of every layer"
     label = name or d.get("_name") or d.get("_name_or_path") or model_type
     return AttentionShape(
-        name=str(label), model_type=model_type, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
-        d_head=d_head, d_model=None if d_model is None else int(d_model), windows=_windows(d, n_layers), note=note,
+        name=str(label), model_type=model_type, n_layers=counts.n_layers, n_heads=counts.n_heads,
+        n_kv_heads=counts.n_kv_heads, d_head=counts.d_head, d_model=counts.d_model,
+        windows=_windows(d, counts.n_layers), note=note,
     )
 
 
@@ -354,8 +307,6 @@ def human_bytes(n: float) -> str:
 
 def _builtin_config(name: str) -> dict[str, Any]:
     """The config of a built-in model without loading weights (the float copy's config.json for smollm2)."""
-    from .models.loading import BUILTINS, builtin_config_dict
-
     name_text = "SmolLM2-135M-Instruct" if name == "smollm2" else BUILTINS[name].description.split(" (")[0]
     return {**builtin_config_dict(name), "_name": name_text}
 
@@ -370,8 +321,6 @@ def _classic_key(name: str) -> str | None:
 
 def load_config(name_or_path: str | Path) -> dict[str, Any]:
     """A config dict from a built-in model name, a classic config name, a config.json, or a model directory."""
-    from .models.loading import BUILTINS
-
     text = str(name_or_path)
     if text in BUILTINS:
         return _builtin_config(text)

@@ -14,17 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from headscope import HeadscopeError, head_gates
+from headscope.models.checkpoint import PRUNING_FILE, load_checkpoint, save_model
+from headscope.models.layout import EmptyAttention
 from headscope.models.tiny import tiny_model
-from headscope.prune import (
-    PRUNING_FILE,
-    EmptyAttention,
-    kept_heads,
-    load_pruned,
-    n_parameters,
-    prune_heads,
-    pruned_gates,
-    save_pruned,
-)
+from headscope.prune import kept_heads, n_parameters, prune_heads, pruned_gates
 
 TOL = 1e-5
 
@@ -177,7 +170,7 @@ def test_save_load_fresh_process(tmp_path):
         hm = tiny_model(family, init_std=0.2)
         heads = {0: [1], 1: list(range(hm.n_heads))} if family != "llama" else {0: [0, 3], 1: [3, 4, 5]}
         pruned = prune_heads(hm, heads)
-        path = save_pruned(pruned, tmp_path / family)
+        path = save_model(pruned, tmp_path / family)
         record = json.loads((path / PRUNING_FILE).read_text())
         assert record["kept_heads"] == {str(l): k for l, k in kept_heads(pruned).items()}
         want[family] = _out(hm, ids, mask, pruned_gates(hm, heads))
@@ -185,11 +178,11 @@ def test_save_load_fresh_process(tmp_path):
     assert not list(tmp_path.glob(".*")), "temporary folder left behind"
     script = textwrap.dedent(f"""
         import torch, transformers
-        from headscope.prune import load_pruned
+        from headscope.models.checkpoint import load_checkpoint
         x = torch.load({str(tmp_path / 'inputs.pt')!r})
         out = {{}}
         for family, path in {paths!r}.items():
-            hm = load_pruned(path)
+            hm = load_checkpoint(path)
             with torch.no_grad():
                 y = hm.model(input_ids=x["ids"], attention_mask=x["mask"])[0] * x["mask"][..., None]
             # Without headscope's loader: transformers' Auto class runs the loader shipped in the checkpoint.
@@ -205,7 +198,7 @@ def test_save_load_fresh_process(tmp_path):
     got = torch.load(tmp_path / "out.pt")
     for family, (y, name, z) in got.items():
         diff = (want[family] - y).abs().max().item()
-        assert diff < TOL, f"{family}: load_pruned (fresh process) != gated: max abs diff {diff:.3g}"
+        assert diff < TOL, f"{family}: load_checkpoint (fresh process) != gated: max abs diff {diff:.3g}"
         assert name.startswith("HeadscopePruned"), name
         diff = (want[family] - z).abs().max().item()
         assert diff < TOL, f"{family}: AutoModel trust_remote_code != gated: max abs diff {diff:.3g}"
@@ -213,15 +206,15 @@ def test_save_load_fresh_process(tmp_path):
 
 def test_save_refuses_overwrite_and_replaces_atomically(tmp_path):
     hm = prune_heads(tiny_model("gpt2"), [(0, 0)])
-    path = save_pruned(hm, tmp_path / "m")
+    path = save_model(hm, tmp_path / "m")
     with pytest.raises(HeadscopeError, match="already exists"):
-        save_pruned(hm, path)
+        save_model(hm, path)
     hm2 = prune_heads(tiny_model("gpt2"), [(0, 0), (1, 1)])
-    save_pruned(hm2, path, force=True)
-    assert kept_heads(load_pruned(path))[1] == [0, 2, 3]
+    save_model(hm2, path, force=True)
+    assert kept_heads(load_checkpoint(path))[1] == [0, 2, 3]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
 def test_load_rejects_non_models(tmp_path):
     with pytest.raises(HeadscopeError, match="no config.json"):
-        load_pruned(tmp_path)
+        load_checkpoint(tmp_path)

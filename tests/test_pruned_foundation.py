@@ -7,7 +7,8 @@ import torch
 
 from headscope import analyze, head_gates, load_model
 from headscope.analyze import run_stats
-from headscope.prune import prune_heads, save_pruned
+from headscope.models.checkpoint import save_model
+from headscope.prune import prune_heads
 from headscope.stats import STATISTICS
 
 SEQS = [[3, 17, 9, 44, 5, 61, 7, 8, 30, 2], [3, 11, 12, 2], [3, 90, 91, 92, 93, 5, 2]]
@@ -64,7 +65,7 @@ def test_load_model_reads_pruned_checkpoint(tmp_path):
 
     hm = tiny_model("llama", init_std=0.2)
     small = prune_heads(hm, {1: [0, 3]})  # one query head from each of the two KV groups
-    save_pruned(small, tmp_path / "m")
+    save_model(small, tmp_path / "m")
     again = load_model(str(tmp_path / "m"))
     assert again.kept_heads(1) == [1, 2, 4, 5] and again.heads_in_layer(0) == 6
     ids = torch.tensor([SEQS[0]])

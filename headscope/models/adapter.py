@@ -1,15 +1,27 @@
-"""A loaded model bound to its family's AttentionSpec: head counts and module access."""
+"""A loaded model bound to its family's AttentionSpec: head counts, module access and weight layout.
+
+Stages read and change attention weights only through `HeadModel`'s layout methods
+(`qkv_weights`, `set_qkv_weights`, `out_weight`, `set_out_weight`, `permute_heads`,
+`slice_heads`): none of them reads a fused matrix or a Conv1D's storage order itself.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from ..errors import HeadscopeError
+from . import layout
+from .config import attention_counts
+from .layout import QKVWeights
 from .specs import AttentionSpec, get_path, spec_for
+
+# Config attribute recording the kept heads of a physically pruned model, {"layer": [original ids]},
+# so the record travels in config.json.
+PRUNING_CONFIG_KEY = "headscope_pruning"
 
 
 @dataclass
@@ -46,21 +58,22 @@ class HeadModel:
 
     @property
     def n_heads(self) -> int:
-        c = self.config
-        return int(getattr(c, "num_attention_heads", None) or c.n_head)
+        return attention_counts(self.config).n_heads
 
     @property
     def n_kv_heads(self) -> int:
-        return int(getattr(self.config, "num_key_value_heads", None) or self.n_heads)
+        return attention_counts(self.config).n_kv_heads
 
     @property
     def d_model(self) -> int:
-        c = self.config
-        return int(getattr(c, "hidden_size", None) or c.n_embd)
+        d_model = attention_counts(self.config).d_model
+        if d_model is None:  # a loaded model always has one; this guards hand-made configs
+            raise HeadscopeError(f"config of {self.name!r} has no hidden size (hidden_size / n_embd)")
+        return d_model
 
     @property
     def d_head(self) -> int:
-        return int(getattr(self.config, "head_dim", None) or self.d_model // self.n_heads)
+        return attention_counts(self.config).d_head
 
     @property
     def group_size(self) -> int:
@@ -74,8 +87,7 @@ class HeadModel:
     def max_positions(self) -> int | None:
         c = self.config
         n = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
-        # BERT-family position tables reserve nothing, RoBERTa reserves padding_idx + 1 slots.
-        if n is not None and c.model_type in ("roberta", "xlm-roberta", "camembert"):
+        if n is not None and self.spec.position_offset_from_pad:
             n -= int(getattr(c, "pad_token_id", 1) or 1) + 1
         return int(n) if n else None
 
@@ -101,15 +113,10 @@ class HeadModel:
     def out_proj(self, layer: int) -> nn.Module:
         return get_path(self.layers[layer], self.spec.out_proj)
 
-    def out_weight(self, layer: int) -> torch.Tensor:
-        """Output projection weight as `[d_model, n_heads * d_head]` (Linear layout)."""
-        w = self.out_proj(layer).weight
-        return w.t() if self.spec.conv1d else w
-
     def kept_heads(self, layer: int) -> list[int]:
         """Original ids of the query heads present in `layer`: all of them unless physically pruned
         (headscope.prune records the kept heads in `config.headscope_pruning`)."""
-        recorded = getattr(self.config, "headscope_pruning", None) or {}
+        recorded = getattr(self.config, PRUNING_CONFIG_KEY, None) or {}
         kept = recorded.get(str(layer), recorded.get(layer))
         return list(range(self.n_heads)) if kept is None else [int(h) for h in kept]
 
@@ -125,12 +132,168 @@ class HeadModel:
     def set_head_counts(self, layer: int, n_heads: int, n_kv_heads: int) -> None:
         """Update the head-count attributes the layer's attention forward reads (after its
         projections were resized by pruning or GQA conversion)."""
-        attention = self.attention(layer)
-        values = {"heads": n_heads, "width": n_heads * self.d_head, "kv_heads": n_kv_heads,
-                  "groups": n_heads // max(n_kv_heads, 1)}
-        for attr, quantity in self.spec.head_count_attrs:
-            if hasattr(attention, attr):
-                setattr(attention, attr, values[quantity])
+        layout.set_head_count_attrs(self.attention(layer), self.spec, n_heads, n_kv_heads, self.d_head)
+
+    # --- weight layout ---------------------------------------------------------------------
+    def kv_heads_in_layer(self, layer: int) -> list[int]:
+        """Original ids of the KV heads present in `layer` (those its kept query heads read)."""
+        return layout.kv_heads_for(self.kept_heads(layer), self.group_size)
+
+    def projections(self, layer: int) -> dict[str, nn.Module]:
+        """The layer's attention projection modules: {"q", "k", "v", "o"}, or {"qkv", "o"} when fused.
+
+        Only "o" when every head of the layer was pruned (its attention module is an EmptyAttention).
+        """
+        spec, block = self.spec, self.layers[layer]
+        paths = {"qkv": spec.qkv_proj} if spec.qkv_proj else {"q": spec.q_proj, "k": spec.k_proj, "v": spec.v_proj}
+        out = {} if self.heads_in_layer(layer) == 0 else {name: get_path(block, p) for name, p in paths.items()}
+        out["o"] = get_path(block, spec.out_proj)
+        return out
+
+    def qkv_weights(self, layer: int) -> QKVWeights:
+        """Q, K, V weights and biases of `layer` in Linear layout, whatever the storage.
+
+        q is `[heads * d_head, d_model]` and k, v are `[kv_heads * d_head, d_model]` for the heads
+        present in the layer (`kept_heads`, `kv_heads_in_layer`), in that order. The tensors are
+        detached views of the parameters: clone them before changing them in place.
+        """
+        h, g, d = self.heads_in_layer(layer), len(self.kv_heads_in_layer(layer)), self.d_head
+        if h == 0:
+            empty = self.out_weight(layer).detach().new_zeros(0, self.d_model)
+            return QKVWeights(empty, empty, empty)
+        return layout.read_qkv(self.layers[layer], self.spec, h, g, d)
+
+    def set_qkv_weights(self, layer: int, weights: QKVWeights) -> None:
+        """Write Q, K, V (Linear layout, as `qkv_weights` returns them) into `layer`, in place.
+
+        The query head count cannot change here (use `slice_heads`); the KV head count may (GQA
+        conversion), and the attention module's head-count attributes follow. Parameters are
+        copied in place when their shape is unchanged, else the projections are replaced by
+        resized modules of the same class. Biases must be given exactly where the layer has them.
+        """
+        now = self.qkv_weights(layer)
+        h, d, d_model = self.heads_in_layer(layer), self.d_head, self.d_model
+        w = weights
+        if h == 0:
+            raise HeadscopeError(f"layer {layer} has no heads left (all pruned); there are no Q/K/V weights to set")
+        if tuple(w.q.shape) != (h * d, d_model):
+            raise HeadscopeError(
+                f"layer {layer}: q has shape {tuple(w.q.shape)}; expected {(h * d, d_model)} ({h} query heads x "
+                f"d_head {d}, d_model {d_model}). Change the number of query heads with slice_heads"
+            )
+        if w.k.shape != w.v.shape or w.k.dim() != 2 or w.k.shape[1] != d_model or w.k.shape[0] % d:
+            raise HeadscopeError(
+                f"layer {layer}: k and v have shapes {tuple(w.k.shape)} and {tuple(w.v.shape)}; expected equal "
+                f"shapes (n_kv_heads * {d}, {d_model})"
+            )
+        g = w.k.shape[0] // d
+        if g < 1 or h % g:
+            raise HeadscopeError(f"layer {layer}: {g} KV heads do not divide {h} query heads; choose a divisor of {h}")
+        if g != len(self.kv_heads_in_layer(layer)) and self.pruned:
+            raise HeadscopeError(f"layer {layer}: changing the number of KV heads of a physically pruned model is "
+                                 f"not supported; convert before pruning")
+        for name, shape in (("q", w.q.shape), ("k", w.k.shape), ("v", w.v.shape)):
+            given, present = getattr(w, f"{name}_bias"), getattr(now, f"{name}_bias")
+            if (given is None) != (present is None):
+                raise HeadscopeError(
+                    f"layer {layer}: the {name} projection {'has' if present is not None else 'has no'} bias; "
+                    f"give {name}_bias {'as a tensor of ' + str(shape[0]) + ' values' if present is not None else 'as None'}"
+                )
+            if given is not None and tuple(given.shape) != (shape[0],):
+                raise HeadscopeError(f"layer {layer}: {name}_bias has shape {tuple(given.shape)}; expected ({shape[0]},)")
+        layout.write_qkv(self.layers[layer], self.spec, w)
+        self.set_head_counts(layer, h, g)
+
+    def out_weight(self, layer: int) -> torch.Tensor:
+        """Output projection weight as `[d_model, n_heads * d_head]` (Linear layout)."""
+        return layout.linear_weight(self.out_proj(layer), self.spec.conv1d)
+
+    def set_out_weight(self, layer: int, weight: torch.Tensor) -> None:
+        """Copy `weight` (`[d_model, heads * d_head]`, Linear layout) into the output projection, in place."""
+        now = self.out_weight(layer)
+        if tuple(weight.shape) != tuple(now.shape):
+            raise HeadscopeError(f"layer {layer}: output weight has shape {tuple(weight.shape)}; expected "
+                                 f"{tuple(now.shape)} (d_model x heads * d_head)")
+        with torch.no_grad():
+            now.copy_(weight)
+
+    def permute_heads(self, layer: int, query_order: Sequence[int]) -> None:
+        """Reorder `layer`'s query heads, in place; the layer computes the same function afterwards.
+
+        `query_order[p]` is the position (in the layer as it is now) of the query head placed at
+        position p. Q rows move with the output projection's columns, and the KV heads (K/V rows)
+        move with their query heads, so the query heads sharing a KV head must stay together.
+        """
+        if self.pruned:  # positions would no longer match the kept original ids in the pruning record
+            raise HeadscopeError("permuting the heads of a physically pruned model is not supported; permute before pruning")
+        w, d = self.qkv_weights(layer), self.d_head
+        n_q, n_kv = w.q.shape[0] // d, w.k.shape[0] // d
+        order = [int(i) for i in query_order]
+        if sorted(order) != list(range(n_q)):
+            raise HeadscopeError(f"layer {layer}: {list(query_order)} is not a permutation of the {n_q} query heads "
+                                 f"0..{n_q - 1}")
+        g = n_q // n_kv
+        kv_order = []
+        for j in range(n_kv):
+            owners = sorted({p // g for p in order[j * g:(j + 1) * g]})
+            if len(owners) != 1:
+                raise HeadscopeError(
+                    f"layer {layer}: query heads {order[j * g:(j + 1) * g]} would share KV slot {j} but read "
+                    f"different KV heads {owners}; keep the {g} query heads of each KV head together"
+                )
+            kv_order.append(owners[0])
+
+        def move(t: torch.Tensor | None, order: Sequence[int]) -> torch.Tensor | None:
+            return None if t is None else layout.reorder_heads(t, order, d)
+
+        self.set_qkv_weights(layer, QKVWeights(
+            move(w.q, order), move(w.k, kv_order), move(w.v, kv_order),
+            move(w.q_bias, order), move(w.k_bias, kv_order), move(w.v_bias, kv_order)))
+        # The output projection's bias is per output feature: unchanged.
+        self.set_out_weight(layer, layout.reorder_heads(self.out_weight(layer).detach(), order, d, dim=1))
+
+    def check_slice(self, layer: int, keep: Sequence[int]) -> list[int]:
+        """The KV heads `layer` keeps for query heads `keep` (original ids), or an error saying why not.
+
+        `keep` must be a subset of the heads present. With GQA, transformers' repeat_kv needs every
+        kept KV head to serve the same number of query heads.
+        """
+        now = self.kept_heads(layer)
+        gone = [h for h in keep if h not in now]
+        if gone:
+            raise HeadscopeError(f"layer {layer}: head(s) {', '.join(f'L{layer}H{h}' for h in gone)} are not in the "
+                                 f"layer (present: {now}); heads can be removed, not added back")
+        g = self.group_size
+        per_group: dict[int, int] = {}
+        for h in keep:
+            per_group[h // g] = per_group.get(h // g, 0) + 1
+        counts = set(per_group.values())
+        if len(counts) > 1:
+            # Suggest the nearest prunable set: keep the smallest surviving count in every group.
+            raise HeadscopeError(
+                f"layer {layer}: the kept query heads {[f'L{layer}H{h}' for h in keep]} leave KV groups with "
+                f"{dict(sorted(per_group.items()))} query heads each; transformers' repeat_kv needs the same number "
+                f"in every KV head that stays (group size {g}). Prune whole KV groups, or the same number of query "
+                f"heads from every group (e.g. keep {min(counts)} per surviving group)"
+            )
+        return sorted(per_group)
+
+    def slice_heads(self, layer: int, keep: Sequence[int]) -> None:
+        """Physically keep only query heads `keep` (original ids) in `layer`, in place.
+
+        Q rows, unused K/V rows and the output projection's input columns go; a layer with no
+        heads left gets an EmptyAttention whose output is the projection's bias. The kept heads
+        are recorded in `config.headscope_pruning`. Callers that must not change `self` slice a copy.
+        """
+        keep = sorted(int(h) for h in set(keep))
+        now = self.kept_heads(layer)
+        self.check_slice(layer, keep)
+        if keep == now:
+            return
+        layout.slice_block(self.layers[layer], self.spec, self.d_head, self.group_size, now, keep)
+        record = {str(l): self.kept_heads(l) for l in range(self.n_layers)}
+        record[str(layer)] = keep
+        setattr(self.config, PRUNING_CONFIG_KEY, record)
 
     @property
     def device(self) -> torch.device:

@@ -6,16 +6,18 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+import transformers
 
 from ..errors import HeadscopeError, did_you_mean
+from ..io import atomic_dir
 from .adapter import HeadModel
+from .checkpoint import PRUNING_FILE, auto_class, load_checkpoint
+from .specs import spec_for
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +109,7 @@ def builtin_config_dict(name: str) -> dict:
         copy = smollm2_float_dir() / "config.json"
         if copy.exists():
             return json.loads(copy.read_text())
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(src, gguf_file=SMOLLM2_GGUF).to_dict()
+        return transformers.AutoConfig.from_pretrained(src, gguf_file=SMOLLM2_GGUF).to_dict()
     return json.loads((src / "config.json").read_text())
 
 
@@ -117,43 +117,29 @@ def _smollm2_float_copy() -> Path:
     """A float32 safetensors copy of SmolLM2, made once from the GGUF (first load ~20 s)."""
     src = _smollm2_dir()
     target = smollm2_float_dir()
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
-        return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    def complete() -> bool:
+        return (target / "config.json").exists() and (target / "model.safetensors").exists()
 
+    if complete():
+        return target
     log.info("converting %s to float32 once (cached in %s)", SMOLLM2_GGUF, target)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     # The dequantised weights are plain floats now; drop the GGUF quantiser so the copy
     # saves and reloads as an ordinary checkpoint.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
     try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        if target.exists():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        # An incomplete folder can only be a leftover (atomic_dir never leaves one): replace it.
+        with atomic_dir(target, force=target.exists()) as tmp:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+    except HeadscopeError:
+        if not complete():
+            raise
+        log.info("another process converted %s first; using its copy", SMOLLM2_GGUF)
     return target
-
-
-def _auto_class(config) -> type:
-    """Pick the transformers Auto class that keeps the model's head (LM or classifier)."""
-    import transformers as tf
-
-    archs = list(getattr(config, "architectures", None) or [])
-    if any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
-        return tf.AutoModelForCausalLM
-    if any(a.endswith("ForSequenceClassification") for a in archs):
-        return tf.AutoModelForSequenceClassification
-    return tf.AutoModel
 
 
 def load_model(
@@ -163,8 +149,6 @@ def load_model(
     dtype: torch.dtype = torch.float32,
 ) -> HeadModel:
     """Load a built-in model (`minilm`, `smollm2`), a local HF directory or a hub id, eager attention."""
-    from transformers import AutoConfig, AutoTokenizer
-
     if name_or_path in BUILTINS:
         b = BUILTINS[name_or_path]
         try:
@@ -184,23 +168,19 @@ def load_model(
             )
         name, source = name_or_path, str(path)
         path = str(path) if path.exists() else name_or_path
-    if (Path(path) / "headscope_pruning.json").exists():  # per-layer head counts need our loader
-        from ..prune import load_pruned
-
-        return load_pruned(path, device=device)
+    if (Path(path) / PRUNING_FILE).exists():  # per-layer head counts need our loader
+        return load_checkpoint(path, device=device, dtype=dtype)
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = transformers.AutoConfig.from_pretrained(path)
     except OSError as e:
         raise HeadscopeError(
             f"could not load a config for {name_or_path!r} ({e.__class__.__name__}); hub ids need a network "
             f"(HF_HUB_OFFLINE is {os.environ.get('HF_HUB_OFFLINE', 'unset')}); local directories need config.json"
         ) from None
-    from .specs import spec_for
-
     spec_for(config.model_type)  # fail early, before loading weights, on unsupported families
-    model = _auto_class(config).from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    model = auto_class(config).from_pretrained(path, dtype=dtype, attn_implementation="eager")
     model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     return HeadModel(model=model, tokenizer=tokenizer, name=name, source=source)
 
 

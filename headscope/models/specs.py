@@ -7,11 +7,12 @@ or to one layer block (the rest).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from torch import nn
+from dataclasses import dataclass, replace
 
 from ..errors import HeadscopeError, did_you_mean
+from .layout import get_path, set_path
+
+__all__ = ["SPECS", "AttentionSpec", "get_path", "set_path", "spec_for", "supported_model_types"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class AttentionSpec:
     # Whether the family's config stores the number of KV heads (`num_key_value_heads`), so a
     # checkpoint with fewer KV heads than query heads (GQA/MQA) loads in plain transformers.
     kv_heads_in_config: bool = False
+    # Whether the position table reserves `pad_token_id + 1` leading slots (RoBERTa counts positions
+    # from padding_idx + 1), so usable positions are max_position_embeddings minus that.
+    position_offset_from_pad: bool = False
 
     def describe(self) -> str:
         """One line for listings: family and the model types it covers."""
@@ -44,7 +48,7 @@ class AttentionSpec:
 
 BERT = AttentionSpec(
     family="bert",
-    model_types=("bert", "roberta", "electra", "xlm-roberta", "camembert"),
+    model_types=("bert", "electra"),
     layers="encoder.layer",
     attention="attention.self",
     out_proj="attention.output.dense",
@@ -53,6 +57,10 @@ BERT = AttentionSpec(
     v_proj="attention.self.value",
     head_count_attrs=(("num_attention_heads", "heads"), ("all_head_size", "width")),
 )
+
+# The BERT layout with RoBERTa's position numbering.
+ROBERTA = replace(BERT, family="roberta", model_types=("roberta", "xlm-roberta", "camembert"),
+                  position_offset_from_pad=True)
 
 GPT2 = AttentionSpec(
     family="gpt2",
@@ -80,7 +88,7 @@ LLAMA = AttentionSpec(
     kv_heads_in_config=True,
 )
 
-SPECS: tuple[AttentionSpec, ...] = (BERT, GPT2, LLAMA)
+SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA)
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 
@@ -98,17 +106,3 @@ def spec_for(model_type: str) -> AttentionSpec:
             f"model type {model_type!r} is not supported{did_you_mean(model_type, _BY_TYPE)}; "
             f"supported: {', '.join(supported_model_types())}"
         ) from None
-
-
-def get_path(root: nn.Module, path: str) -> nn.Module:
-    """Follow a dotted attribute path from `root`."""
-    obj = root
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def set_path(root: nn.Module, path: str, value: nn.Module) -> None:
-    """Replace the module at a dotted attribute path (used by physical pruning)."""
-    parent, _, last = path.rpartition(".")
-    setattr(get_path(root, parent) if parent else root, last, value)

@@ -1,0 +1,213 @@
+"""Saving and loading models headscope changed: physically pruned or GQA-converted checkpoints.
+
+`save_model` writes `save_pretrained` output (weights, config) and the tokenizer, atomically. A
+physically pruned model (per-layer head counts, which a plain config cannot express) also gets
+`headscope_pruning.json` and a `modeling_headscope_pruned.py` loader, so both `load_checkpoint(path)`
+and `AutoModel*.from_pretrained(path, trust_remote_code=True)` load it. The loader is the source of
+`headscope.models.layout` copied verbatim (it imports only torch), plus a class that builds the
+original architecture and slices the recorded heads out of it before the weights load.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from safetensors.torch import load_file
+from torch import nn
+
+from ..errors import HeadscopeError
+from ..io import atomic_dir
+from . import layout
+from .adapter import PRUNING_CONFIG_KEY, HeadModel
+
+log = logging.getLogger(__name__)
+
+PRUNING_FILE = "headscope_pruning.json"
+FORMAT_VERSION = 1
+REMOTE_MODULE = "modeling_headscope_pruned"
+LOAD_WITH = ("headscope.load_model(path) or headscope.models.checkpoint.load_checkpoint(path), "
+             "or AutoModel*.from_pretrained(path, trust_remote_code=True)")
+
+# The spec attributes the copied slicing code reads.
+_SPEC_FIELDS = ("layers", "attention", "out_proj", "q_proj", "k_proj", "v_proj", "qkv_proj", "conv1d",
+                "head_count_attrs")
+
+
+def auto_class(config: Any) -> type:
+    """The transformers Auto class that keeps the model's head (LM or classifier)."""
+    archs = list(getattr(config, "architectures", None) or [])
+    if any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
+        return transformers.AutoModelForCausalLM
+    if any(a.endswith("ForSequenceClassification") for a in archs):
+        return transformers.AutoModelForSequenceClassification
+    return transformers.AutoModel
+
+
+def pruning_record(hm: HeadModel) -> dict[str, Any]:
+    """What `headscope_pruning.json` holds: the kept heads per layer and the original shape."""
+    kept = {layer: hm.kept_heads(layer) for layer in range(hm.n_layers)}
+    return {
+        "format": FORMAT_VERSION,
+        "model_type": hm.config.model_type,
+        "architecture": type(hm.model).__name__,
+        "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,
+        "kept_heads": {str(l): k for l, k in kept.items()},
+        "pruned_heads": [f"L{l}H{h}" for l, k in kept.items() for h in range(hm.n_heads) if h not in k],
+        "n_heads_kept": sum(map(len, kept.values())),
+        "source": hm.source or hm.name,
+        "transformers": transformers.__version__,
+        "load_with": LOAD_WITH,
+    }
+
+
+def save_model(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
+    """Save `hm` (weights, config, tokenizer; plus the pruning record and loader if pruned) atomically.
+
+    Written into a temporary folder beside `path`, then renamed, so `path` is either absent, the
+    old complete model or the new complete one; an existing `path` is replaced only with `force`.
+    """
+    path = Path(path)
+    with atomic_dir(path, force=force) as tmp:
+        hm.model.save_pretrained(tmp)
+        if hm.tokenizer is not None:
+            hm.tokenizer.save_pretrained(tmp)
+        if hm.pruned:
+            (tmp / PRUNING_FILE).write_text(json.dumps(pruning_record(hm), indent=2) + "\n", encoding="utf-8")
+            _write_remote_code(hm, tmp)
+    log.info("saved %s to %s", hm.name, path)
+    return path
+
+
+def remote_code(hm: HeadModel) -> tuple[str, str]:
+    """Source of a self-contained `trust_remote_code` loader for the pruned `hm`, and its class name."""
+    arch = type(hm.model).__name__
+    cls = f"HeadscopePruned{arch}"
+    spec = {k: getattr(hm.spec, k) for k in _SPEC_FIELDS}
+    header = (
+        "# Loader for a checkpoint pruned by headscope (written by headscope.models.checkpoint.save_model).\n"
+        "# Everything above the class at the end is headscope/models/layout.py, copied verbatim; the class\n"
+        f"# builds the original {arch}, then removes the heads recorded in config.headscope_pruning, so that\n"
+        "# AutoModel*.from_pretrained(path, trust_remote_code=True) loads the pruned weights.\n"
+    )
+    tail = f'''
+
+# --- written by headscope.models.checkpoint.remote_code ---
+from types import SimpleNamespace
+from typing import Any
+
+import transformers
+
+SPEC = SimpleNamespace(**{spec!r})
+D_HEAD = {hm.d_head}
+GROUP_SIZE = {hm.group_size}
+N_HEADS = {hm.n_heads}
+
+
+class {cls}(transformers.{arch}):
+    """{arch} with the heads in config.headscope_pruning removed."""
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        layers = get_path(self.base_model, SPEC.layers)
+        for layer, keep in sorted((int(k), list(v)) for k, v in config.headscope_pruning.items()):
+            if len(keep) != N_HEADS:
+                slice_block(layers[layer], SPEC, D_HEAD, GROUP_SIZE, list(range(N_HEADS)), keep)
+'''
+    return header + inspect.getsource(layout) + tail, cls
+
+
+def _write_remote_code(hm: HeadModel, folder: Path) -> None:
+    """Add the trust_remote_code loader and point config.json's auto_map at it."""
+    source, cls = remote_code(hm)
+    (folder / f"{REMOTE_MODULE}.py").write_text(source, encoding="utf-8")
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    auto = auto_class(hm.config).__name__
+    cfg["auto_map"] = {auto: f"{REMOTE_MODULE}.{cls}"}
+    if auto != "AutoModel":
+        cfg["auto_map"]["AutoModel"] = f"{REMOTE_MODULE}.{cls}"
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _kept_heads(path: Path, config: Any) -> dict[int, list[int]]:
+    """Kept heads per layer from headscope_pruning.json, else from the config's record ({} if none)."""
+    record_file = path / PRUNING_FILE
+    if record_file.exists():
+        recorded = json.loads(record_file.read_text(encoding="utf-8"))["kept_heads"]
+    else:
+        recorded = getattr(config, PRUNING_CONFIG_KEY, None) or {}
+    return {int(l): [int(h) for h in k] for l, k in recorded.items()}
+
+
+def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
+                    dtype: torch.dtype = torch.float32) -> HeadModel:
+    """Load a model saved by `save_model`; a pruned one is rebuilt unpruned, sliced, then given its weights."""
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise HeadscopeError(f"{str(path)!r} is not a saved model (no config.json); give a folder written by "
+                             f"save_model (headscope prune/gqa --out OUT writes OUT/model)")
+    config = transformers.AutoConfig.from_pretrained(path)
+    kept = _kept_heads(path, config)
+    tokenizer = None
+    if (path / "tokenizer_config.json").exists():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    if not kept:
+        model = auto_class(config).from_pretrained(path, dtype=dtype, attn_implementation="eager")
+        model.to(device).eval()
+        return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))
+    if hasattr(config, PRUNING_CONFIG_KEY):
+        delattr(config, PRUNING_CONFIG_KEY)  # the model is built unpruned; slice_heads records it again
+    config._attn_implementation = "eager"
+    hm = HeadModel(model=auto_class(config).from_config(config).eval(), tokenizer=tokenizer, name=str(path),
+                   source=str(path))
+    for layer, keep in sorted(kept.items()):
+        hm.slice_heads(layer, keep)
+    _load_weights(hm.model, path)
+    hm.model.to(device=device, dtype=dtype).eval()
+    return hm
+
+
+def _state_dict_files(path: Path) -> list[Path]:
+    single = path / "model.safetensors"
+    if single.exists():
+        return [single]
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        return [path / n for n in names]
+    raise HeadscopeError(f"{str(path)!r} holds no model.safetensors (or its index); was it written by save_model?")
+
+
+def _load_weights(model: nn.Module, path: Path) -> None:
+    """Load the checkpoint's safetensors into `model` (already shaped like them), tying shared weights back."""
+    state: dict[str, torch.Tensor] = {}
+    for f in _state_dict_files(path):
+        state.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # save_pretrained omits tied weights (lm_head tied to the embeddings); tie them back.
+    really_missing = [k for k in missing if k not in _tied_names(model)]
+    if really_missing or unexpected:
+        raise HeadscopeError(
+            f"{str(path)!r} does not match the pruned architecture: missing {really_missing[:5]}, "
+            f"unexpected {list(unexpected)[:5]}; was it saved by headscope.models.checkpoint.save_model?"
+        )
+    if missing:
+        model.tie_weights()
+
+
+def _tied_names(model: nn.Module) -> set[str]:
+    """Parameter names that share storage with an earlier parameter (tied weights)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        else:
+            seen[id(p)] = name
+    return tied

@@ -1,0 +1,96 @@
+"""Attention sizes read from any config: one reader for loaded models and for bare config dicts.
+
+Families spell the same quantity differently (`num_attention_heads`, `n_head`, `num_heads`, ...),
+so each quantity has a tuple of keys tried in order. `attention_counts` accepts a transformers
+config object or a dict shaped like config.json, so `HeadModel` (a loaded model) and the KV-cache
+calculator (configs of families headscope cannot load, never loading weights) read them alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..errors import HeadscopeError
+
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+DECODER_LAYER_KEYS = ("decoder_layers", "num_decoder_layers")
+HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads")
+KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "n_kv_heads")
+DMODEL_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
+DHEAD_KEYS = ("head_dim", "d_head", "d_kv")
+
+
+@dataclass(frozen=True)
+class AttentionCounts:
+    """Layer and head counts of a config (decoder self-attention layers of an encoder-decoder)."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int | None
+
+
+def config_value(config: Any, keys: Sequence[str]) -> Any:
+    """The first of `keys` set (not None) in a config dict or object, else None."""
+    for k in keys:
+        v = config.get(k) if isinstance(config, Mapping) else getattr(config, k, None)
+        if v is not None:
+            return v
+    return None
+
+
+def language_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config dict: multimodal wrappers (Gemma 3, LLaVA...) keep it in
+    `text_config`; other configs are returned as they are (a copy)."""
+    d = dict(config)
+    if config_value(d, LAYER_KEYS + DECODER_LAYER_KEYS) is None and isinstance(d.get("text_config"), Mapping):
+        return {**d["text_config"], "_name": d.get("_name") or d.get("_name_or_path")}
+    return d
+
+
+def _keys_found(config: Any) -> str:
+    d = config if isinstance(config, Mapping) else config.to_dict()
+    return ", ".join(sorted(k for k in d if not k.startswith("_"))[:30]) or "nothing"
+
+
+def attention_counts(config: Any) -> AttentionCounts:
+    """Layers, query heads, KV heads, d_head and d_model of a config object or config.json dict, checked."""
+    if config_value(config, ("is_encoder_decoder",)):
+        n_layers = config_value(config, DECODER_LAYER_KEYS) or config_value(config, LAYER_KEYS)
+    else:
+        n_layers = config_value(config, LAYER_KEYS)
+    n_heads = config_value(config, HEAD_KEYS)
+    if n_layers is None or n_heads is None:
+        raise HeadscopeError(
+            f"config has no {'layer count' if n_layers is None else 'attention head count'}; headscope needs "
+            f"a layer count ({' / '.join(LAYER_KEYS)}) and a head count ({' / '.join(HEAD_KEYS)}), plus "
+            f"head_dim or a hidden size ({' / '.join(DMODEL_KEYS)}). Keys found: {_keys_found(config)}"
+        )
+    n_kv_heads = config_value(config, KV_KEYS)
+    if n_kv_heads is None:
+        # Falcon-style flag; otherwise plain MHA
+        n_kv_heads = 1 if config_value(config, ("multi_query",)) else n_heads
+    d_model = config_value(config, DMODEL_KEYS)
+    d_head = config_value(config, DHEAD_KEYS)
+    if d_head is None:
+        if d_model is None:
+            raise HeadscopeError(
+                f"config has neither head_dim nor a hidden size ({' / '.join(DMODEL_KEYS)}), so d_head is "
+                f"unknown; add head_dim (or hidden_size) to it"
+            )
+        if d_model % n_heads:
+            raise HeadscopeError(
+                f"hidden size {d_model} is not divisible by {n_heads} heads and the config has no head_dim; "
+                f"add head_dim"
+            )
+        d_head = d_model // n_heads
+    n_layers, n_heads, n_kv_heads, d_head = int(n_layers), int(n_heads), int(n_kv_heads), int(d_head)
+    if min(n_layers, n_heads, n_kv_heads, d_head) < 1 or n_heads % n_kv_heads:
+        raise HeadscopeError(
+            f"inconsistent config: n_layers={n_layers}, n_heads={n_heads}, n_kv_heads={n_kv_heads}, "
+            f"d_head={d_head} (all must be positive and n_kv_heads must divide n_heads)"
+        )
+    return AttentionCounts(n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head,
+                           d_model=None if d_model is None else int(d_model))
