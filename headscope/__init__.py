@@ -32,6 +32,8 @@ _LAZY = {
     # Q3: which heads are redundant
     "evaluate": "metrics", "score": "importance", "rank_correlations": "importance",
     "prune_heads": "prune", "save_pruned": "prune", "load_pruned": "prune", "prune_curve": "curves",
+    # checkpoints of pruned or converted models (save_pruned/load_pruned are their earlier names)
+    "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint",
     # the report
     "render_report": "report",
 }

@@ -32,7 +32,6 @@ from .errors import HeadscopeError
 from .hooks import on_attention_weights, on_head_outputs
 from .io import atomic_write_bytes
 from .models.adapter import HeadModel
-from .models.specs import get_path
 from .table import head_name, parse_head
 
 log = logging.getLogger(__name__)
@@ -78,23 +77,13 @@ class LayerWeights:
 
 def layer_weights(hm: HeadModel, layer: int) -> LayerWeights:
     """Per-head Q/K/V/O weights of `layer`, read through the adapter (fused Conv1D c_attn included)."""
-    spec, block = hm.spec, hm.layers[layer]
     H, G, d, D = hm.n_heads, hm.n_kv_heads, hm.d_head, hm.d_model
     if hm.heads_in_layer(layer) != H:
         raise HeadscopeError(f"layer {layer} has {hm.heads_in_layer(layer)} heads but the model declares {H}; "
                              f"similarity needs every layer to keep all its heads (not a physically pruned model)")
-
-    def linear(path: str) -> torch.Tensor:
-        w = get_path(block, path).weight.detach()
-        return w.t() if spec.conv1d else w  # [out, in]
-
-    if spec.qkv_proj is not None:
-        w = linear(spec.qkv_proj)  # [(H + 2G) * d, D], q then k then v
-        q, k, v = torch.split(w, [H * d, G * d, G * d], dim=0)
-    else:
-        q, k, v = linear(spec.q_proj), linear(spec.k_proj), linear(spec.v_proj)
+    w = hm.qkv_weights(layer)  # Linear layout: q [H * d, D], k and v [G * d, D]
     o = hm.out_weight(layer).detach()  # [D, H * d]
-    return LayerWeights(q.reshape(H, d, D), k.reshape(G, d, D), v.reshape(G, d, D),
+    return LayerWeights(w.q.reshape(H, d, D), w.k.reshape(G, d, D), w.v.reshape(G, d, D),
                         o.reshape(D, H, d).permute(1, 0, 2))
 
 

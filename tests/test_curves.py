@@ -196,7 +196,7 @@ def _cli(*argv: str) -> int:
 def test_cli_writes_curve_redundancy_and_a_loadable_model(tmp_path, minilm, capsys):
     import csv
 
-    from headscope.prune import load_pruned
+    from headscope.models.checkpoint import load_checkpoint as load_pruned
 
     out = tmp_path / "out"
     rc = _cli("prune", "minilm", "--fraction", "10%", "--step", "0.05", "--limit", "4", "--max-length", "16",

@@ -154,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
         return 130
     summary = res.summary()
     if args.save_model:
-        from ..prune import n_parameters, save_pruned
+        from ..models.checkpoint import save_model as save_pruned  # only with --save-model
+        from ..prune import n_parameters
 
         small = pruned_model(hm, res)
         save_pruned(small, out / "model", force=args.force)
