@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import transformers as tf
 
 from ..errors import HeadscopeError, did_you_mean
 from .adapter import HeadModel
@@ -35,8 +36,6 @@ TINY_FAMILIES = tuple(_TINY)
 
 def tiny_config(family: str, **overrides: Any):
     """The config of a tiny model of `family` (see TINY_FAMILIES); keyword overrides apply."""
-    import transformers as tf
-
     if family not in _TINY:
         raise HeadscopeError(f"no tiny config for {family!r}{did_you_mean(family, _TINY)}; "
                              f"choose one of {', '.join(TINY_FAMILIES)}")
@@ -49,8 +48,6 @@ def tiny_model(family: str, seed: int = 0, init_std: float | None = None, **over
 
     `init_std` widens the default initialisation (0.02) so attention patterns are not near-uniform.
     """
-    import transformers as tf
-
     config = tiny_config(family, **overrides)
     if init_std is not None:
         config.initializer_range = init_std
