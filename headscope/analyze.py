@@ -13,19 +13,26 @@ from tqdm.auto import tqdm
 from . import __version__
 from .data import batches, pad_id, prepare_tokens, resolve_max_length, token_classes
 from .models.adapter import HeadModel
-from .stats import HeadStats, collect_stats
+from .stats import DEFAULT_BLOCK, HeadStats, check_block, collect_stats, collect_stats_kernel
 from .table import HeadTable
 
 log = logging.getLogger(__name__)
 
-def run_stats(hm: HeadModel, ids: list[list[int]], batch_size: int, progress: bool = False) -> HeadStats:
-    """Stream token-id sequences through the model in batches and return the summed statistics."""
+def run_stats(hm: HeadModel, ids: list[list[int]], batch_size: int, progress: bool = False, *,
+              block: int = DEFAULT_BLOCK, eager: bool = False) -> HeadStats:
+    """Stream token-id sequences through the model in batches and return the summed statistics.
+
+    Attention statistics come from the statistics kernel in blocks of `block` queries (no T x T map);
+    `eager=True` reads them from eager attention's full maps instead (the reference; same numbers).
+    """
+    check_block(block)
     stats = HeadStats(hm.n_layers, hm.n_heads)
     flags = token_classes(hm)
     n_batches = (len(ids) + batch_size - 1) // batch_size
     bar = tqdm(total=n_batches, desc="analyze", unit="batch", disable=not progress, leave=False)
+    collector = collect_stats(hm, stats, flags) if eager else collect_stats_kernel(hm, stats, flags, block)
     try:
-        with collect_stats(hm, stats, flags) as session, torch.inference_mode():
+        with collector as session, torch.inference_mode():
             for batch in batches(ids, batch_size, pad_id=pad_id(hm)):
                 session.set_batch(batch.attention_mask, batch.input_ids)
                 hm.model(**batch.model_inputs(hm.device), use_cache=False)

@@ -12,11 +12,14 @@ from typing import Callable, Iterator
 
 import torch
 
+from .attention.kernel import DEFAULT_BLOCK, stats_kernel
 from .errors import HeadscopeError
 from .models.adapter import HeadModel
 
 # Called with (layer, head_outputs [batch, pos, n_heads, d_head]); may return a replacement.
 HeadOutputFn = Callable[[int, torch.Tensor], "torch.Tensor | None"]
+# Called with (layer, q_start, probs [batch, head, q_block, key]) for each block of queries.
+AttentionBlockFn = Callable[[int, int, torch.Tensor], None]
 
 
 @contextmanager
@@ -122,3 +125,15 @@ def on_attention_weights(hm: HeadModel, fn: Callable[[int, torch.Tensor], None])
     finally:
         for h in handles:
             h.remove()
+
+
+@contextmanager
+def on_attention_blocks(hm: HeadModel, fn: AttentionBlockFn, block: int = DEFAULT_BLOCK) -> Iterator[None]:
+    """Call `fn(layer, q_start, probs [batch, head, q_block, key])` for each block of `block` queries.
+
+    The model runs under the statistics kernel (sdpa computes its output), so no layer holds a
+    T x T map: rows `q_start .. q_start + q_block - 1` of eager attention's probabilities arrive one
+    block at a time, over all keys. On a physically pruned model `head` runs over `hm.kept_heads(layer)`.
+    """
+    with stats_kernel(hm, block) as kernel, kernel.consumer(lambda b: fn(b.layer, b.q_start, b.full_probs())):
+        yield

@@ -14,6 +14,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from .attention.blocks import AttentionBlock, BlockStats, check_block
+from .attention.kernel import DEFAULT_BLOCK, stats_kernel
 from .data import TokenClasses
 from .hooks import on_attention_weights, on_head_outputs
 from .models.adapter import HeadModel
@@ -213,3 +215,49 @@ class StatsSession:
         with torch.no_grad():
             reduce_outputs(self.stats, layer, z, self.grams[layer], self.mask, self.heads[layer])
         return None
+
+
+@contextmanager
+def collect_stats_kernel(hm: HeadModel, stats: HeadStats, token_flags: TokenClasses,
+                         block: int = DEFAULT_BLOCK) -> Iterator["KernelStatsSession"]:
+    """`collect_stats` through the statistics kernel: sdpa computes the model, the attention
+    statistics come in blocks of `block` queries (memory O(block x T) per head, no T x T map).
+
+    Same sums and counts as `collect_stats`; call `session.set_batch(...)` before each forward.
+    """
+    check_block(block)
+    session = KernelStatsSession(hm, stats, token_flags)
+    with ExitStack() as stack:
+        kernel = stack.enter_context(stats_kernel(hm, block))
+        stack.enter_context(kernel.consumer(session.on_block))
+        stack.enter_context(on_head_outputs(hm, session.on_outputs))
+        yield session
+
+
+class KernelStatsSession(StatsSession):
+    """StatsSession fed by the kernel's blocks: sums per layer are added once its last block arrives."""
+
+    def __init__(self, hm: HeadModel, stats: HeadStats, flags: TokenClasses) -> None:
+        super().__init__(hm, stats, flags)
+        self._acc: dict[int, BlockStats] = {}
+
+    def set_batch(self, attention_mask: torch.Tensor, input_ids: torch.Tensor) -> None:
+        super().set_batch(attention_mask, input_ids)
+        self._acc = {}
+
+    def on_block(self, block: AttentionBlock) -> None:
+        if self.mask is None:
+            raise RuntimeError("collect_stats_kernel: call session.set_batch(...) before each forward pass")
+        if tuple(self.mask.shape) != (block.probs.shape[0], block.kv_length):
+            raise RuntimeError(f"collect_stats_kernel: set_batch got a mask of shape {tuple(self.mask.shape)} but the "
+                               f"forward pass has batch {block.probs.shape[0]} x {block.kv_length} tokens")
+        layer = block.layer
+        if layer not in self._acc:
+            self._acc[layer] = BlockStats(self.mask, self.special, self.punct, self.hm.causal,
+                                          self.hm.sliding_window(layer))
+        acc = self._acc[layer]
+        acc.add(block.q_start, block.k_start, block.probs)
+        if block.last:
+            for name, (total, count) in acc.totals().items():
+                self.stats.add(name, layer, total, count, self.heads[layer])
+            del self._acc[layer]

@@ -1,0 +1,233 @@
+"""The statistics kernel: an attention function registered with transformers that computes each
+layer's output with sdpa and hands blocks of eager-exact probabilities to headscope's consumers.
+
+transformers 5 looks attention functions up by name (`AttentionInterface`) in every family whose
+attention calls `ALL_ATTENTION_FUNCTIONS.get_interface(...)`, passing queries and keys after RoPE,
+the 4D mask built for that name (`AttentionMaskInterface`; ours is sdpa's), `scaling` and any
+`softcap`. Inside `stats_kernel(hm)` the model runs under that name; outside, nothing changes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from ..errors import HeadscopeError
+from ..models.adapter import HeadModel
+from .blocks import AttentionBlock, check_block, iter_blocks, key_range, visible_outside
+
+KERNEL_NAME = "headscope_stats"
+# Queries per block: probabilities take batch x heads x DEFAULT_BLOCK x T floats at a time.
+DEFAULT_BLOCK = 128
+
+BlockFn = Callable[[AttentionBlock], None]
+
+
+@dataclass(frozen=True)
+class _LayerInfo:
+    layer: int
+    causal: bool
+    window: int | None
+
+
+# id(attention module) -> (the kernel it reports to, its layer). Keyed by identity because BERT's
+# self-attention has no usable layer index; entries live exactly as long as their `stats_kernel`.
+_ACTIVE: dict[int, tuple["AttentionKernel", _LayerInfo]] = {}
+
+
+def stats_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                            **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The registered attention function: sdpa's output `[batch, q, head, d_head]`, no weights; while a
+    `stats_kernel` with consumers is active, each block of probabilities goes to them as well."""
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5  # eager's default, so output and probabilities agree
+    entry = _ACTIVE.get(id(module))
+    if entry is None or not entry[0].consumers:
+        if kwargs.get("softcap") is None:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                          dropout=dropout, **kwargs)
+        return _blockwise_output(module, query, key, value, attention_mask, scaling, dropout, kwargs, block=DEFAULT_BLOCK)
+    kernel, info = entry
+    return kernel.forward(info, module, query, key, value, attention_mask, scaling, dropout, kwargs)
+
+
+def _causal_without_mask(module: nn.Module, query: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) -> bool:
+    """Whether sdpa applies its own causal triangle (it does so only when no mask was built)."""
+    is_causal = kwargs.get("is_causal")
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    return bool(mask is None and query.shape[2] > 1 and is_causal)
+
+
+def _blockwise_output(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      mask: torch.Tensor | None, scaling: float, dropout: float, kwargs: dict, *, block: int,
+                      info: _LayerInfo | None = None, consumers: tuple[BlockFn, ...] = ()) -> tuple[torch.Tensor, None]:
+    """Eager attention computed block by block (sdpa has no logit soft-capping), feeding consumers too.
+
+    Without `info` the key range is the whole sequence (or the causal triangle sdpa would apply).
+    """
+    causal = _causal_without_mask(module, query, mask, kwargs)
+    b, h, t, _ = query.shape
+    kv = key.shape[1]
+    out = query.new_empty(b, h, t, value.shape[-1], dtype=value.dtype)  # [batch, head, q, d_head]
+    geometry = (info.causal, info.window) if info is not None else (causal, None)
+    for q0, k0, probs in iter_blocks(query, key, mask, block=block, scaling=scaling, softcap=kwargs.get("softcap"),
+                                     causal=geometry[0], window=geometry[1], causal_without_mask=causal):
+        if info is not None and consumers:
+            block = AttentionBlock(info.layer, q0, k0, probs, key.shape[2])
+            for fn in consumers:
+                fn(block)
+        weights = torch.nn.functional.dropout(probs, p=dropout, training=module.training).to(value.dtype)
+        nq, nk = probs.shape[2], probs.shape[3]
+        v = value[:, :, k0:k0 + nk]  # [batch, kv_head, k_block, d_head]
+        o = torch.matmul(weights.view(b, kv, (h // kv) * nq, nk), v)  # query heads of one KV head together
+        out[:, :, q0:q0 + nq] = o.view(b, h, nq, -1)
+    return out.transpose(1, 2).contiguous(), None
+
+
+class AttentionKernel:
+    """The statistics kernel bound to one model while `stats_kernel` is active; consumers attach here."""
+
+    def __init__(self, hm: HeadModel, block: int) -> None:
+        self.hm, self.block = hm, block
+        self.consumers: list[BlockFn] = []
+        self.layers = [l for l in range(hm.n_layers) if hm.heads_in_layer(l)]  # empty layers compute no attention
+        self._seen: set[int] = set()
+        self._checked: list[tuple[torch.Tensor, int, int | None]] = []  # masks verified in this forward pass
+
+    @contextmanager
+    def consumer(self, fn: BlockFn) -> Iterator[None]:
+        """While active, `fn(block)` receives every layer's blocks of probabilities (the last one has `.last`)."""
+        self.consumers.append(fn)
+        try:
+            yield
+        finally:
+            self.consumers.remove(fn)
+
+    def _check_mask(self, info: _LayerInfo, mask: torch.Tensor | None, causal_without_mask: bool, t: int) -> None:
+        """Refuse masks that let queries see keys the causal / window geometry says they cannot (the
+        blocks skip those keys), and sdpa causality that disagrees with the model's adapter."""
+        if mask is None:
+            if t > 1 and causal_without_mask != info.causal:
+                raise HeadscopeError(
+                    f"layer {info.layer}: transformers runs this layer {'causally' if causal_without_mask else 'bidirectionally'} "
+                    f"but headscope's adapter for {self.hm.config.model_type!r} says causal={info.causal}")
+            return
+        if not info.causal or any(m is mask and w == info.window for m, _, w in self._checked):
+            return
+        for q0 in range(0, t, self.block):
+            q1 = min(q0 + self.block, t)
+            k0, k1 = key_range(q0, q1, mask.shape[-1], info.causal, info.window)
+            if visible_outside(mask, q0, q1, k0, k1):
+                raise HeadscopeError(
+                    f"layer {info.layer}: the attention mask lets queries {q0}..{q1 - 1} see keys outside {k0}..{k1 - 1}, "
+                    f"which a causal layer with sliding window {info.window} cannot; statistics would be wrong")
+        self._checked.append((mask, info.layer, info.window))
+
+    def forward(self, info: _LayerInfo, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor | None, scaling: float, dropout: float, kwargs: dict) -> tuple[torch.Tensor, None]:
+        """One layer's attention: output as sdpa computes it, probabilities in blocks to the consumers."""
+        t, kv_length = query.shape[2], key.shape[2]
+        if t != kv_length:
+            raise HeadscopeError(
+                f"layer {info.layer}: {t} queries against {kv_length} keys; attention statistics need one full forward "
+                f"pass without a KV cache (call the model with use_cache=False and no past key values)")
+        causal = _causal_without_mask(module, query, mask, kwargs)
+        self._check_mask(info, mask, causal, t)
+        self._seen.add(info.layer)
+        if kwargs.get("softcap") is not None:
+            return _blockwise_output(module, query, key, value, mask, scaling, dropout, kwargs, block=self.block,
+                                     info=info, consumers=tuple(self.consumers))
+        out = sdpa_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
+        with torch.no_grad():  # statistics never take part in a backward pass
+            for q0, k0, probs in iter_blocks(query.detach(), key.detach(), mask, block=self.block, scaling=scaling,
+                                             causal=info.causal, window=info.window, causal_without_mask=causal):
+                block = AttentionBlock(info.layer, q0, k0, probs, kv_length)
+                for fn in list(self.consumers):
+                    fn(block)
+        return out
+
+    def _start_forward(self, *_: Any) -> None:
+        self._seen = set()
+        self._checked = []
+
+    def _end_forward(self, *_: Any) -> None:
+        missing = [l for l in self.layers if l not in self._seen]
+        if self.consumers and missing:
+            raise HeadscopeError(
+                f"layers {missing} of {self.hm.name!r} did not run through the statistics kernel: their attention "
+                f"does not call transformers' attention interface; use the eager path for this model")
+        self._checked = []
+
+
+def _register() -> None:
+    """Register the kernel and its mask builder (sdpa's) with transformers; idempotent."""
+    if KERNEL_NAME not in AttentionInterface._global_mapping:
+        AttentionInterface.register(KERNEL_NAME, stats_attention_forward)
+    if KERNEL_NAME not in AttentionMaskInterface._global_mapping:
+        AttentionMaskInterface.register(KERNEL_NAME, sdpa_mask)
+
+
+def check_kernel_support(hm: HeadModel) -> None:
+    """A clear error unless every attention module of `hm` dispatches through transformers' registry."""
+    for layer in range(hm.n_layers):
+        if not hm.heads_in_layer(layer):
+            continue
+        cls = type(hm.attention(layer))
+        try:
+            source = inspect.getsource(cls.forward)
+        except (OSError, TypeError):  # no source to read: the per-forward check still catches it
+            continue
+        if "ALL_ATTENTION_FUNCTIONS" not in source:
+            raise HeadscopeError(
+                f"{cls.__name__} (layer {layer} of {hm.name!r}, model type {hm.config.model_type!r}) computes attention "
+                f"itself instead of calling transformers' AttentionInterface, so the statistics kernel cannot serve it; "
+                f"families checked with transformers 5: bert, roberta, electra, gpt2, llama, mistral, qwen2")
+
+
+@contextmanager
+def stats_kernel(hm: HeadModel, block: int = DEFAULT_BLOCK) -> Iterator[AttentionKernel]:
+    """Run `hm`'s attention through the statistics kernel while active, then restore its implementation.
+
+    Yields the `AttentionKernel`; attach consumers with `kernel.consumer(fn)`. Nested use on the same
+    model yields the kernel already active (the block size must agree).
+    """
+    check_block(block)
+    active = next((k for k, _ in _ACTIVE.values() if k.hm.model is hm.model), None)
+    if active is not None:
+        if active.block != block:
+            raise HeadscopeError(f"the statistics kernel is already active on {hm.name!r} with block {active.block}; "
+                                 f"nested use asked for block {block}: use the same block size")
+        yield active
+        return
+    check_kernel_support(hm)
+    _register()
+    kernel = AttentionKernel(hm, block)
+    previous = hm.config._attn_implementation
+    handles = []
+    try:
+        hm.model.set_attn_implementation(KERNEL_NAME)
+        if hm.config._attn_implementation != KERNEL_NAME:
+            raise HeadscopeError(f"{type(hm.model).__name__} refused attention implementation {KERNEL_NAME!r} (it "
+                                 f"stays {hm.config._attn_implementation!r}); the statistics kernel cannot serve it")
+        for layer in kernel.layers:
+            _ACTIVE[id(hm.attention(layer))] = (kernel, _LayerInfo(layer, hm.causal, hm.sliding_window(layer)))
+        base = hm.model.base_model
+        handles.append(base.register_forward_pre_hook(kernel._start_forward))
+        handles.append(base.register_forward_hook(kernel._end_forward))
+        yield kernel
+    finally:
+        for h in handles:
+            h.remove()
+        for layer in kernel.layers:
+            _ACTIVE.pop(id(hm.attention(layer)), None)
+        if hm.config._attn_implementation != previous:
+            hm.model.set_attn_implementation(previous)
