@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from headscope import analyze
+from headscope import artifacts as A
 from headscope.cli import main
 from headscope.models.tiny import tiny_model
 from headscope.report import REPORT_NAME, render_report, report_data
@@ -27,8 +28,17 @@ def page_data(html: str) -> dict:
     return json.loads(m.group(1))
 
 
+def full(art, rows: list[dict]) -> "pd.DataFrame":
+    """Rows with every column `art` declares (those a row leaves out are filled with 0), in declared order."""
+    import pandas as pd
+
+    cols = art.columns()
+    return pd.DataFrame([{c: r.get(c, 0) for c in cols} for r in rows], columns=cols)
+
+
 def write_outputs(out: Path, n_layers: int, n_heads: int, rng: np.random.Generator) -> dict:
-    """A hand-made output directory in the formats the other verbs write; returns the values used."""
+    """A hand-made output directory in the formats the other verbs write (every declared column and key,
+    see headscope.artifacts); returns the values used."""
     import pandas as pd
 
     out.mkdir(parents=True, exist_ok=True)
@@ -39,28 +49,44 @@ def write_outputs(out: Path, n_layers: int, n_heads: int, rng: np.random.Generat
                   "importance_gradient": grad, "importance_taylor": taylor}).to_csv(out / "importance.csv", index=False)
     pd.DataFrame([[1.0, 0.8], [0.8, 1.0]], index=["gradient", "taylor"],
                  columns=["gradient", "taylor"]).to_csv(out / "rank_correlation.csv")
-    pd.DataFrame({"fraction_removed": [0.0, 0.25, 0.5], "n_removed": [0, 2, 4], "metric": [3.0, 3.4, 4.1],
-                  "metric_recovered": [3.0, 3.1, 3.5]}).to_csv(out / "prune_curve.csv", index=False)
+    metric, recovered = [3.0, 3.4, 4.1], [3.0, 3.1, 3.5]
+    full(A.PRUNE_CURVE_CSV, [
+        {"step": i, "fraction_removed": f, "n_removed": n, "metric": m, "drop": np.exp(m - 3.0) - 1,
+         "perplexity": np.exp(m), "metric_recovered": mr, "drop_recovered": np.exp(mr - 3.0) - 1,
+         "perplexity_recovered": np.exp(mr), "removed": " ".join(f"L0H{j}" for j in range(n))}
+        for i, (f, n, m, mr) in enumerate(zip([0.0, 0.25, 0.5], [0, 2, 4], metric, recovered))]
+    ).drop(columns=["wordsim353", "simlex999", "wordsim353_recovered", "simlex999_recovered"]).to_csv(
+        out / "prune_curve.csv", index=False)
     pd.DataFrame({"layer": list(range(n_layers)), "heads": [n_heads] * n_layers,
                   "removable": [1, 3][:n_layers]}).to_csv(out / "redundancy.csv", index=False)
     (out / "prune.json").write_text(json.dumps({
-        "metric": "lm_loss", "speedup": 1.37, "target_drop": 0.05,
+        **{k: None for k in A.PRUNE_JSON.required()},
+        "model": "tiny", "method": "gradient", "metric": "lm_loss", "higher_is_better": False, "recover_steps": 4,
+        "baseline": 3.0, "target_drop": 0.05,
         "within": {"5%": {"fraction_removed": 0.25, "n_removed": 2,
-                          "recovered": {"fraction_removed": 0.5, "n_removed": 4}}}}))
-    pd.DataFrame({"head_a": ["L0H1", "L1H2"], "head_b": ["L1H3", "L0H0"], "js": [0.01, 0.04],
-                  "cka": [0.93, 0.85]}).to_csv(out / "similar_pairs.csv", index=False)
-    (out / "clusters.json").write_text(json.dumps({"clusters": [{"heads": ["L0H1", "L1H3"], "size": 2}]}))
+                          "recovered": {"fraction_removed": 0.5, "n_removed": 4}}},
+        "saved_model": {"path": "model", "parameters": 800, "parameters_original": 1000, "heads_kept": 10,
+                        "recovered_weights": True}}))
+    full(A.SIMILAR_PAIRS_CSV, [{"head_a": "L0H1", "head_b": "L1H3", "js": 0.01, "cka": 0.93},
+                               {"head_a": "L1H2", "head_b": "L0H0", "js": 0.04, "cka": 0.85}]
+         ).to_csv(out / "similar_pairs.csv", index=False)
+    (out / "clusters.json").write_text(json.dumps({
+        "js_max": 0.05, "cka_min": 0.8, "rule": "complete linkage", "meta": {},
+        "clusters": [{"heads": ["L0H1", "L1H3"], "size": 2, "max_js": 0.01, "mean_js": 0.01, "min_cka": 0.93,
+                      "mean_cka": 0.93}]}))
     N = n_layers * n_heads
     np.savez_compressed(out / "similarity.npz", heads=np.array([f"L{l}H{h}" for l, h in heads]),
-                        n_layers=n_layers, n_heads=n_heads, meta=np.array("{}"), js=rng.random((N, N)))
+                        n_layers=n_layers, n_heads=n_heads, meta=np.array("{}"),
+                        **{m: rng.random((N, N)) for m in A.SIMILARITY_MATRICES})
     prev = rng.random((n_layers, n_heads))
-    roles = {"model": "tiny", "n_layers": n_layers, "n_heads": n_heads,
-             "thresholds": {"previous_token": 0.5},
+    roles = {"model": "tiny", "n_layers": n_layers, "n_heads": n_heads, "causal": False,
+             "thresholds": {"previous_token": 0.5}, "text": {}, "induction": {},
              "scores": {"offset_m1_mass": prev.tolist()},
              "baselines": {"offset_m1_mass_uniform": np.full((n_layers, n_heads), 0.2).tolist()},
              "roles": {f"L{l}H{h}": (["previous_token"] if prev[l, h] > 0.5 else []) for l, h in heads},
              "census": {"previous_token": [{"head": f"L{l}H{h}", "score": float(prev[l, h]), "baseline": 0.2}
-                                           for l, h in heads if prev[l, h] > 0.5]}}
+                                           for l, h in heads if prev[l, h] > 0.5]},
+             "syntax": None, "coreference": None}
     (out / "roles.json").write_text(json.dumps(roles))
     rows = [{"kind": "head", "layer": l, "head": h, "relation": "nsubj", "count": 30, "dep_to_head": a,
              "head_to_dep": a / 2, "accuracy": a, "baseline_offset": ""}
@@ -68,10 +94,16 @@ def write_outputs(out: Path, n_layers: int, n_heads: int, rng: np.random.Generat
     rows.append({"kind": "offset_baseline", "layer": "", "head": "", "relation": "nsubj", "count": 30,
                  "dep_to_head": 0.3, "head_to_dep": 0.3, "accuracy": 0.3, "baseline_offset": -1})
     pd.DataFrame(rows).to_csv(out / "syntax.csv", index=False)
-    pd.DataFrame({"task": "ptb", "n_heads": [1, 2, 4, 4], "d_head": [32, 16, 8, 8], "n_kv_heads": [1, 2, 4, 1],
-                  "val_loss": [4.0, 3.8, 3.9, 3.95], "val_ppl": [54.6, 44.7, 49.4, 51.9],
-                  "tokens_per_s": [900, 800, 700, 750]}).to_csv(out / "sweep.csv", index=False)
-    (out / "gqa.json").write_text(json.dumps({"kv_heads": 2, "ppl_before": 20.0, "ppl_after": 24.0}))
+    loss = [4.0, 3.8, 3.9, 3.95]
+    full(A.SWEEP_CSV, [{"task": "ptb", "d_model": 32, "n_layers": 2, "n_heads": h, "d_head": dh, "n_kv_heads": kv,
+                        "steps": 10, "seq": 16, "batch": 4, "val_loss": v, "val_ppl": np.exp(v),
+                        "val_bits_per_token": v / np.log(2), "tokens_per_s": s, "tokens_per_cpu_s": s / 2}
+                       for h, dh, kv, v, s in zip([1, 2, 4, 4], [32, 16, 8, 8], [1, 2, 4, 1], loss,
+                                                  [900, 800, 700, 750])]).to_csv(out / "sweep.csv", index=False)
+    (out / "gqa.json").write_text(json.dumps({
+        **{k: None for k in A.GQA_JSON.required()}, "model": "tiny", "n_kv_heads_before": 4, "n_kv_heads_after": 2,
+        "grouping_used": "mean", "ppl_before": 20.0, "ppl_after": 24.0,
+        "kv_bytes_before": {"measured": 2048}, "kv_bytes_after": {"measured": 1024}}))
     return {"grad": grad, "prev": prev}
 
 
@@ -108,17 +140,19 @@ def test_report_reads_every_section(tmp_path, bert):
     assert d["syntax"]["best"][0]["baseline"] == 0.3
     assert d["census"] and d["census"][0]["role"] == "previous_token"
     assert "js" in d["similarity"]["matrices"]
-    assert d["prune"]["summary"]["speedup"] == 1.37
-    assert any("1.37x" in s for s in d["text"]["q3"]), d["text"]["q3"]
+    assert d["prune"]["summary"]["baseline"] == 3.0 and d["prune"]["details"]["saved_model"]["heads_kept"] == 10
+    assert "The physically pruned model keeps 10 heads and 80.0% of the parameters (800 of 1,000)." \
+        in d["text"]["q3"], d["text"]["q3"]
     assert "Within a 5% perplexity increase, 25% of the heads (2) can be removed; with recovery training " \
            "between steps, 50% (4)." in d["text"]["q3"], d["text"]["q3"]
     assert any(s.startswith("At the target drop (5%), 4 heads are removable; layer 1 is the most redundant (3 of")
                for s in d["text"]["q3"]), d["text"]["q3"]
     assert any("nsubj" in s for s in d["text"]["q1"]), d["text"]["q1"]
-    assert any("Best val_ppl on the ptb task: 44.7 with 2 heads" in s for s in d["text"]["q2"]), d["text"]["q2"]
+    assert any("Best val_bits_per_token on the ptb task: 5.482 with 2 heads" in s for s in d["text"]["q2"]), \
+        d["text"]["q2"]
     # PNG figures were written beside the page.
     for name in ("report-importance.png", "report-prune-curve.png", "report-redundancy.png", "report-sweep.png",
-                 "report-heads-entropy_norm.png"):
+                 "report-sweep-speed.png", "report-heads-entropy_norm.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
@@ -212,3 +246,36 @@ def test_cli_report_from_files_and_refuses_overwrite(tmp_path, bert, capsys):
     assert main(["report", "--no-model", "--from", str(src), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
     assert main(["report", "--no-model", "--from", str(src), "--out", str(out), "--force"]) == 0
+
+
+def test_file_lacking_declared_columns_is_named_not_guessed(tmp_path, bert):
+    """A file without the columns its verb writes gets a note naming it and the columns; the report does
+    not fall back to look-alike names (`heads` for `n_heads`, `tok_per_s` for `tokens_per_s`)."""
+    import pandas as pd
+
+    out = tmp_path / "o"
+    write_outputs(out, bert.n_layers, bert.n_heads, np.random.default_rng(2))
+    sweep = pd.read_csv(out / "sweep.csv").rename(columns={"n_heads": "heads", "tokens_per_s": "tok_per_s"})
+    sweep.to_csv(out / "sweep.csv", index=False)
+    prune = json.loads((out / "prune.json").read_text())
+    del prune["within"]
+    (out / "prune.json").write_text(json.dumps(prune))
+    d = report_data(out, model=bert, data=IDS, sentences=0)
+    note = d["missing"]["sweep"]
+    assert str(out / "sweep.csv") in note and "n_heads, tokens_per_s" in note and "headscope sweep" in note, note
+    assert "sweep" not in d and not any("Best" in s for s in d["text"]["q2"]), d["text"]["q2"]
+    assert "within" in d["missing"]["prune_summary"] and "prune.json" in d["missing"]["prune_summary"]
+    assert note in d["problems"] and len(d["problems"]) == 2, d["problems"]
+    # The other sections still read their (complete) files.
+    assert d["prune"]["curve"]["rows"] and d["similarity"]["pairs"]
+
+
+def test_declarations_name_every_file_the_report_reads():
+    from headscope.report.build import figure_names
+
+    readable = {n for n, a in A.ARTIFACTS.items() if a.kind in ("csv", "json", "npz")}
+    assert set(Sources.scan([]).found) == set()  # nothing found in no directory
+    assert {"heads.csv", "roles.json", "syntax.csv", "similar_pairs.csv", "similarity.npz", "clusters.json",
+            "importance.csv", "rank_correlation.csv", "prune_curve.csv", "redundancy.csv", "prune.json", "kv.csv",
+            "sweep.csv", "gqa.json"} <= readable
+    assert all(n.startswith("report-") and n.endswith(".png") for n in figure_names())

@@ -6,13 +6,14 @@ import argparse
 import sys
 
 from ..analyze import analyze
+from ..artifacts import HEADS_CSV, HEADS_JSON, outputs
 from ..data import read_texts
 from ..io import prepare_out_dir
 from ..models import load_model
 from ..stats import STATISTICS
 from ._common import add_data_args, add_model_arg, add_out_args, grid
 
-OUTPUTS = ["heads.csv", "heads.json"]
+OUTPUTS = outputs("analyze")  # heads.csv, heads.json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     table = analyze(hm, source, max_length=args.max_length, batch_size=args.batch_size,
                     seed=args.seed, progress=True)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "heads.csv")
-    table.to_json(out / "heads.json")
+    table.to_csv(out / HEADS_CSV.name)
+    table.to_json(out / HEADS_JSON.name)
     m = table.meta
     print(f"{hm.name}: {m['n_layers']} layers x {m['n_heads']} heads ({m['n_kv_heads']} KV), "
           f"{m['passages']} passages, {m['tokens_seen']} tokens from {m['data']}")
@@ -49,5 +50,5 @@ def run(args: argparse.Namespace) -> int:
         top = [t for t in table.top(col, 3) if t[2] == t[2]]
         if top:
             print(f"  {label:<20}" + ", ".join(f"L{l}H{h} {v:.2f}" for l, h, v in top))
-    print(f"\nwrote {out / 'heads.csv'} and {out / 'heads.json'}", file=sys.stderr)
+    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
     return 0

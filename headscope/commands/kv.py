@@ -7,15 +7,12 @@ import csv
 import io
 from typing import Any
 
+from ..artifacts import KV_CSV
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..kv import DTYPE_BITS, attention_shape, classic_rows, human_bytes, layouts, load_config, normalize_dtype
 
-CSV_COLUMNS = [
-    "source", "name", "layout", "is_model", "n_layers", "n_heads", "n_kv_heads", "group_size", "d_head",
-    "n_sliding_layers", "dtype", "bytes_per_token", "seq_len", "batch", "bytes_per_sequence", "cache_bytes",
-    "vs_mha", "note",
-]
+CSV_COLUMNS = KV_CSV.columns()
 UNITS = "Units are binary: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB."
 
 
@@ -87,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = normalize_dtype(args.dtype)
     if args.model is None and not args.classic:
         raise HeadscopeError("give a MODEL (built-in name, model directory or config.json) or --classic")
-    out = prepare_out_dir(args.out, args.force, ["kv.csv"]) if args.out else None
+    out = prepare_out_dir(args.out, args.force, [KV_CSV.name]) if args.out else None
     bits = DTYPE_BITS[dtype]
     csv_rows: list[dict[str, Any]] = []
     if args.model is not None:
@@ -121,6 +118,6 @@ def run(args: argparse.Namespace) -> int:
         w.writeheader()
         for r in csv_rows:
             w.writerow({**r, "vs_mha": f"{r['vs_mha']:.6g}"})
-        atomic_write_text(out / "kv.csv", buf.getvalue())
-        print(f"wrote {out / 'kv.csv'}")
+        atomic_write_text(out / KV_CSV.name, buf.getvalue())
+        print(f"wrote {out / KV_CSV.name}")
     return 0

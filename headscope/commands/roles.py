@@ -9,6 +9,7 @@ import json
 import math
 import sys
 
+from ..artifacts import HEADS_CSV, ROLES_JSON, SYNTAX_CSV, outputs
 from ..data import read_conllu, read_texts
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
@@ -18,7 +19,7 @@ from ..syntax import RELATIONS
 from ..table import to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args
 
-OUTPUTS = ["heads.csv", "roles.json", "syntax.csv"]
+OUTPUTS = outputs("roles", optional=True)  # heads.csv, roles.json, syntax.csv (with --treebank)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,9 +53,9 @@ def run(args: argparse.Namespace) -> int:
                   batch_size=args.batch_size, limit=args.limit, seed=args.seed, progress=True)
     report = table.meta["roles"]
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "heads.csv")
-    atomic_write_text(out / "roles.json", json.dumps(to_jsonable(report), indent=1, allow_nan=False) + "\n")
-    written = ["heads.csv", "roles.json"]
+    table.to_csv(out / HEADS_CSV.name)
+    atomic_write_text(out / ROLES_JSON.name, json.dumps(to_jsonable(report), indent=1, allow_nan=False) + "\n")
+    written = [HEADS_CSV.name, ROLES_JSON.name]
     rows = syntax_rows(report)
     if rows:
         buf = io.StringIO()
@@ -62,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-        atomic_write_text(out / "syntax.csv", buf.getvalue())
-        written.append("syntax.csv")
+        atomic_write_text(out / SYNTAX_CSV.name, buf.getvalue())
+        written.append(SYNTAX_CSV.name)
 
     t = report["text"]
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_heads} heads, {t['passages']} passages from {t['data']}; "

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from ..artifacts import CLUSTERS_JSON, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, outputs
 from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
@@ -14,7 +15,7 @@ from ..similarity import DEFAULT_CKA_MIN, DEFAULT_JS_MAX, LN2, check_thresholds,
 from ..table import to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args
 
-OUTPUTS = ["similar_pairs.csv", "similarity.npz", "clusters.json"]
+OUTPUTS = outputs("similar")  # similar_pairs.csv, similarity.npz, clusters.json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
     clusters = sim.clusters(args.js_max, args.cka_min)
     pairs = sim.pairs()
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "similar_pairs.csv", pairs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
-    sim.to_npz(out / "similarity.npz")
-    atomic_write_text(out / "clusters.json", json.dumps(to_jsonable({
+    atomic_write_text(out / SIMILAR_PAIRS_CSV.name, pairs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+    sim.to_npz(out / SIMILARITY_NPZ.name)
+    atomic_write_text(out / CLUSTERS_JSON.name, json.dumps(to_jsonable({
         "js_max": args.js_max, "cka_min": args.cka_min,
         "rule": "complete linkage: every pair inside a cluster has js <= js_max and cka >= cka_min",
         "clusters": clusters, "meta": sim.meta}), indent=1, allow_nan=False) + "\n")

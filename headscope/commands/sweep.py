@@ -8,9 +8,11 @@ import time
 
 import torch
 
+from ..artifacts import SWEEP_CSV, SWEEP_RUNS, outputs
 from ..errors import HeadscopeError
+from ..sweep import plan_sweep, plot_sweep, run_sweep
 
-OUTPUTS = ["sweep.csv", "sweep_quality.png", "sweep_speed.png"]
+OUTPUTS = outputs("sweep")  # sweep.csv, runs/, sweep_quality.png, sweep_speed.png
 # Per-task defaults; every one can be overridden on the command line.
 DEFAULTS = {
     "ptb": dict(d_model=256, heads=[1, 2, 4, 8, 16, 32], layers=2, steps=400, seq=64, batch=32, lr=3e-3, init_std=None),
@@ -70,8 +72,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..sweep import plan_sweep, plot_sweep, run_sweep
-
     if args.threads is not None:
         if args.threads < 1:
             raise HeadscopeError(f"--threads must be positive; got {args.threads}")
@@ -110,6 +110,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r['n_heads']:>5} {r['n_kv_heads']:>3} {r['d_head']:>6} {r['params']:>9} "
               f"{r['flops_per_token'] / 1e6:>13.2f} {r['kv_bytes_per_token']:>8} {r['val_loss']:>8.4f} "
               f"{r[quality]:>18.4f} {r['tokens_per_s']:>7.0f} {r['tokens_per_cpu_s']:>9.0f}")
-    print(f"\nwrote {args.out}/sweep.csv, runs/*.json, {', '.join(p.name for p in plots)} "
+    print(f"\nwrote {args.out}/{SWEEP_CSV.name}, {SWEEP_RUNS.name}/*.json, {', '.join(p.name for p in plots)} "
           f"in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0

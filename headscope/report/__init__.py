@@ -1,9 +1,10 @@
 """The offline HTML report: the three questions on one page, plus PNG figures.
 
-`render_report(out_dir, model=..., from_dirs=[...])` reads whatever the other verbs wrote (heads.csv,
-roles.json, importance.csv, prune_curve.csv, sweep.csv, ...), computes what is cheap itself
-(statistics when heads.csv is missing, attention maps of a few short example sentences) and
-writes `report.html` plus `report-*.png` into `out_dir`.
+`render_report(out_dir, model=..., from_dirs=[...])` reads the files the other verbs wrote (heads.csv,
+roles.json, importance.csv, prune_curve.csv, sweep.csv, ...: the names and columns declared in
+`headscope.artifacts`), one module per section (heads, roles, similarity, sweep, kv, gqa, pruning),
+computes what is cheap itself (statistics when heads.csv is missing, attention maps of a few short
+example sentences) and writes `report.html` plus `report-*.png` into `out_dir`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..analyze import analyze
+from ..artifacts import HEADS_CSV, HEADS_JSON, REPORT_HTML
+from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
+from ..models import load_model
 from ..models.adapter import HeadModel
-from .build import GRID_PLOT_COLUMNS, PLOT_NAMES, collect
+from .build import collect, figure_names
 from .examples import example_maps
 from .html import page
 from .sources import Sources, read_heads
@@ -25,7 +30,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["REPORT_NAME", "render_report", "report_data"]
 
-REPORT_NAME = "report.html"
+REPORT_NAME = REPORT_HTML.name
 
 
 def _special_names(hm: HeadModel | None) -> str:
@@ -53,13 +58,8 @@ def report_data(
     dirs = [Path(d) for d in (from_dirs or [])] + [out]
     src = Sources.scan(dirs)
     hm: HeadModel | None
-    if isinstance(model, str):
-        from ..models import load_model
-
-        hm = load_model(model, device=device)
-    else:
-        hm = model
-    table = read_heads(src.get("heads.csv")) if src.get("heads.csv") else None
+    hm = load_model(model, device=device) if isinstance(model, str) else model
+    table = read_heads(src)
     texts = None
     token_ids = None
     if data is not None and not isinstance(data, (str, Path)) and len(data) and not isinstance(data[0], str) \
@@ -68,31 +68,28 @@ def report_data(
     if hm is not None:
         if table is not None and (table.n_layers, table.n_heads) != (hm.n_layers, hm.n_heads):
             raise HeadscopeError(
-                f"{src.get('heads.csv')} has {table.n_layers} layers x {table.n_heads} heads but the model "
+                f"{src.get(HEADS_CSV.name)} has {table.n_layers} layers x {table.n_heads} heads but the model "
                 f"{hm.name} has {hm.n_layers} x {hm.n_heads}; give the matching model or another --from")
         if hm.tokenizer is not None and token_ids is None:
-            from ..data import read_texts
-
             texts = read_texts(data, None).texts if (data is None or isinstance(data, (str, Path))) else \
                 list(getattr(data, "texts", data))
         if table is None:
-            from ..analyze import analyze
-
-            log.info("no heads.csv in %s; computing the statistics", ", ".join(map(str, dirs)))
+            log.info("no usable heads.csv in %s; computing the statistics", ", ".join(map(str, dirs)))
             table = analyze(hm, data, max_length=max_length, limit=limit, progress=progress)
-            out.mkdir(parents=True, exist_ok=True)
-            table.to_csv(out / "heads.csv")
-            table.to_json(out / "heads.json")
-            src = Sources.scan(dirs)
+            if src.get(HEADS_CSV.name) is None:  # never replace a file the user has, even an unusable one
+                out.mkdir(parents=True, exist_ok=True)
+                table.to_csv(out / HEADS_CSV.name)
+                table.to_json(out / HEADS_JSON.name)
+                src.found[HEADS_CSV.name] = out / HEADS_CSV.name
     model_meta: dict[str, Any] = {}
     if hm is not None:
         model_meta = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads,
                       "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head, "causal": hm.causal,
                       "model_type": hm.config.model_type}
     elif table is None:
-        raise HeadscopeError(
-            f"nothing to report: no heads.csv in {', '.join(map(str, dirs))} and no model given; "
-            f"run `headscope analyze MODEL --out {out}` or pass the model")
+        why = src.problems.get(HEADS_CSV.name, f"no heads.csv in {', '.join(map(str, dirs))}")
+        raise HeadscopeError(f"nothing to report: {why}, and no model given; "
+                             f"run `headscope analyze MODEL --out {out}` or pass the model")
     examples = example_maps(hm, texts, sentences, token_ids) if hm is not None else []
     out.mkdir(parents=True, exist_ok=True)
     return collect(table, src, out, examples, model_meta, _special_names(hm), write_plots=write_plots,
@@ -118,7 +115,7 @@ def render_report(
     Refuses to overwrite an existing report without `force`.
     """
     out = Path(out_dir)
-    names = [REPORT_NAME, *PLOT_NAMES.values(), *(f"report-heads-{c}.png" for c in GRID_PLOT_COLUMNS)]
+    names = [REPORT_NAME, *figure_names()]
     prepare_out_dir(out, force, names)
     d = report_data(out, model, from_dirs, data, sentences, max_length, limit, True, device, progress)
     path = out / REPORT_NAME

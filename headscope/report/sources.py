@@ -1,12 +1,13 @@
-"""Tolerant readers for the files the other verbs write into an output directory.
+"""Finding and reading the files the other verbs wrote, by the names declared in `headscope.artifacts`.
 
-Each reader returns plain JSON-ready Python values (or None when the file is absent), and checks
-which columns exist instead of assuming them: the report must keep working while the verbs that
-feed it change their outputs.
+A file is used only when it holds every field its declaration says each such file holds; otherwise
+its section shows a note naming the file and the missing fields (and which verb to rerun). Nothing
+is guessed: no alternative column names, no searching a JSON document for likely keys.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import math
@@ -16,57 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from ..errors import HeadscopeError
-from ..table import HeadTable, parse_head, to_jsonable
+from ..artifacts import ARTIFACTS, HEADS_CSV, HEADS_JSON, artifact
+from ..table import HeadTable, to_jsonable
 
 log = logging.getLogger(__name__)
 
-# The file each report section reads, and the verb that writes it (for "not run yet" notes).
-PRODUCERS: dict[str, str] = {
-    "heads.csv": "analyze",
-    "roles.json": "roles",
-    "syntax.csv": "roles",
-    "similar_pairs.csv": "similar",
-    "similarity.npz": "similar",
-    "clusters.json": "similar",
-    "importance.csv": "score",
-    "importance.json": "score",
-    "rank_correlation.csv": "score",
-    "prune_curve.csv": "prune",
-    "redundancy.csv": "prune",
-    "prune.json": "prune",
-    "kv.csv": "kv",
-    "sweep.csv": "sweep",
-    "gqa.json": "gqa",
-}
+__all__ = ["Part", "Sources", "Table", "clean", "data_url", "read_heads"]
 
-
-@dataclass
-class Sources:
-    """Where each input file was found (first match over the search directories)."""
-
-    dirs: list[Path]
-    found: dict[str, Path] = field(default_factory=dict)
-
-    @classmethod
-    def scan(cls, dirs: Sequence[str | Path]) -> Sources:
-        """Look for every known file in `dirs`, earlier directories winning."""
-        paths = []
-        for d in dirs:
-            p = Path(d)
-            if p not in paths:
-                paths.append(p)
-        found: dict[str, Path] = {}
-        for name in PRODUCERS:
-            for d in paths:
-                if (d / name).is_file():
-                    found[name] = d / name
-                    break
-        return cls(paths, found)
-
-    def get(self, name: str) -> Path | None:
-        return self.found.get(name)
+READABLE = ("csv", "json", "npz")
 
 
 def clean(v: Any) -> Any:
@@ -74,134 +34,175 @@ def clean(v: Any) -> Any:
     return to_jsonable(v, digits=5)
 
 
-def read_csv_records(path: Path) -> tuple[list[str], list[dict[str, Any]]] | None:
-    """A CSV as (column names, rows); None (with a warning) when it cannot be read."""
-    import pandas as pd
+def data_url(png: bytes) -> str:
+    """PNG bytes as a data: URL the page can show without loading anything."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
-    try:
-        df = pd.read_csv(path)
-    except Exception as e:  # a half-written or foreign file must not break the whole report
-        log.warning("cannot read %s (%s); its section is left out", path, e)
+
+@dataclass
+class Table:
+    """A declared CSV file's columns and rows (JSON-ready values, None for empty cells)."""
+
+    path: Path
+    columns: list[str]
+    rows: list[dict[str, Any]]
+
+
+@dataclass
+class Part:
+    """What one section adds to the page: its data, sentences per question, notes and figures."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+    text: dict[str, list[str]] = field(default_factory=dict)  # "q1" | "q2" | "q3" -> sentences
+    missing: dict[str, str] = field(default_factory=dict)  # page key -> why the section is empty
+    plots: list[str] = field(default_factory=list)  # figure files written beside the page
+
+    def say(self, question: str, *sentences: str) -> None:
+        """Add plain-language sentences to a question's summary."""
+        self.text.setdefault(question, []).extend(sentences)
+
+
+@dataclass
+class Sources:
+    """Where each declared file was found (first match over the search directories), and what was
+    wrong with the ones that could not be used."""
+
+    dirs: list[Path]
+    found: dict[str, Path] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)  # file name -> note naming the file and the fault
+
+    @classmethod
+    def scan(cls, dirs: Sequence[str | Path]) -> Sources:
+        """Look for every declared file in `dirs`, earlier directories winning."""
+        paths: list[Path] = []
+        for d in dirs:
+            p = Path(d)
+            if p not in paths:
+                paths.append(p)
+        found: dict[str, Path] = {}
+        for name, art in ARTIFACTS.items():
+            if art.kind not in READABLE:
+                continue
+            for d in paths:
+                if (d / name).is_file():
+                    found[name] = d / name
+                    break
+        return cls(paths, found)
+
+    def get(self, name: str) -> Path | None:
+        """The path of declared file `name`, or None when no directory holds it."""
+        return self.found.get(name)
+
+    def fault(self, name: str, what: str) -> None:
+        """Record (and log) that found file `name` cannot be used, e.g. "lacks the declared column x"."""
+        verb = artifact(name).verb
+        note = f"{self.found[name]} {what}; rerun `headscope {verb}` to rewrite it"
+        log.warning("%s", note)
+        self.problems[name] = note
+
+    def lacks(self, name: str, present: Sequence[str]) -> bool:
+        """Record a note and return True when the file lacks fields its declaration requires."""
+        missing = artifact(name).missing(present)
+        if missing:
+            self.fault(name, f"lacks the declared {'column' if artifact(name).kind == 'csv' else 'key'}"
+                              f"{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                              f"(see headscope.artifacts)")
+        return bool(missing)
+
+    def csv(self, name: str) -> Table | None:
+        """Declared CSV `name` as a Table; None when absent, unreadable or lacking declared columns."""
+        path = self.get(name)
+        if path is None:
+            return None
+        try:
+            df = pd.read_csv(path, keep_default_na=True)
+        except Exception as e:  # a half-written or foreign file must not break the whole report
+            self.fault(name, f"cannot be read ({e})")
+            return None
+        columns = [str(c) for c in df.columns]
+        if self.lacks(name, columns):
+            return None
+        df = df.replace([np.inf, -np.inf], np.nan)
+        rows = [clean({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
+                for r in df.to_dict(orient="records")]
+        return Table(path, columns, rows)
+
+    def matrix(self, name: str) -> dict[str, Any] | None:
+        """A square CSV matrix whose first column and header name the rows (rank_correlation.csv)."""
+        path = self.get(name)
+        if path is None:
+            return None
+        try:
+            df = pd.read_csv(path, index_col=0)
+        except Exception as e:
+            self.fault(name, f"cannot be read ({e})")
+            return None
+        if list(map(str, df.columns)) != list(map(str, df.index)):
+            self.fault(name, "is not a square matrix with the same names on both axes")
+            return None
+        return {"names": [str(c) for c in df.columns], "rows": [str(i) for i in df.index],
+                "values": clean(df.to_numpy(dtype=float))}
+
+    def json(self, name: str) -> dict[str, Any] | None:
+        """Declared JSON `name`; None when absent, unreadable, not an object or lacking declared keys."""
+        path = self.get(name)
+        if path is None:
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except Exception as e:
+            self.fault(name, f"cannot be read ({e})")
+            return None
+        if not isinstance(data, dict):
+            self.fault(name, f"holds a JSON {type(data).__name__}, not an object")
+            return None
+        return None if self.lacks(name, list(data)) else data
+
+    def npz(self, name: str) -> dict[str, np.ndarray] | None:
+        """Declared .npz `name` as arrays; None when absent, unreadable or lacking declared arrays."""
+        path = self.get(name)
+        if path is None:
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except Exception as e:
+            self.fault(name, f"cannot be read ({e})")
+            return None
+        return None if self.lacks(name, list(arrays)) else arrays
+
+    def note(self, *names: str) -> str:
+        """Why a section reading `names` is empty: the first file's fault, or which verb to run."""
+        for n in names:
+            if n in self.problems:
+                return self.problems[n]
+        verbs: list[str] = []
+        for n in names:
+            v = artifact(n).verb
+            if v not in verbs:
+                verbs.append(v)
+        return "not run yet: run " + " and ".join(f"`headscope {v}`" for v in verbs) + f" (no {', '.join(names)})"
+
+
+def read_heads(src: Sources) -> HeadTable | None:
+    """heads.csv as a HeadTable (meta from heads.json beside it); None when absent or unusable."""
+    path = src.get(HEADS_CSV.name)
+    if path is None:
         return None
-    df = df.replace([np.inf, -np.inf], np.nan)
-    rows = [clean({k: (None if (isinstance(v, float) and math.isnan(v)) else v) for k, v in r.items()})
-            for r in df.to_dict(orient="records")]
-    return [str(c) for c in df.columns], rows
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file, or None (with a warning) when it cannot be read."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except Exception as e:
-        log.warning("cannot read %s (%s); its section is left out", path, e)
-        return None
-
-
-def read_heads(path: Path) -> HeadTable | None:
-    """heads.csv as a HeadTable, with meta from heads.json beside it when present."""
     try:
         table = HeadTable.from_csv(path)
     except Exception as e:
-        log.warning("cannot read %s (%s); computing the statistics instead", path, e)
+        src.fault(HEADS_CSV.name, f"cannot be read ({e})")
         return None
-    js = path.with_name("heads.json")
+    if src.lacks(HEADS_CSV.name, ["layer", "head", *table.columns]):
+        return None
+    js = path.with_name(HEADS_JSON.name)
     if js.is_file():
-        data = read_json(js)
+        try:
+            data = json.loads(js.read_text(encoding="utf-8"))
+        except Exception as e:  # the meta only adds the model's name and settings; the numbers are in the CSV
+            log.warning("cannot read %s (%s); the report shows heads.csv without its meta", js, e)
+            data = None
         if isinstance(data, dict) and isinstance(data.get("meta"), dict):
             table = table.with_columns(meta=data["meta"])
     return table
-
-
-def head_index(row: dict[str, Any], n_layers: int, n_heads: int, key: str | None = None) -> tuple[int, int] | None:
-    """(layer, head) of a row that has `layer`/`head` ints or a head written `L3H7` (in `key` or `head`)."""
-    if key is not None:
-        v = row.get(key)
-        try:
-            lh = parse_head(str(v))
-        except HeadscopeError:
-            return None
-    else:
-        layer, head = row.get("layer"), row.get("head")
-        if isinstance(head, str):
-            try:
-                lh = parse_head(head)
-            except HeadscopeError:
-                return None
-        elif isinstance(layer, (int, float)) and isinstance(head, (int, float)):
-            lh = (int(layer), int(head))
-        else:
-            return None
-    if 0 <= lh[0] < n_layers and 0 <= lh[1] < n_heads:
-        return lh
-    return None
-
-
-def grid_columns(path: Path, n_layers: int, n_heads: int, prefix: str = "") -> dict[str, list]:
-    """Numeric per-head columns of a layer,head CSV (e.g. importance.csv) as flat row-major lists."""
-    got = read_csv_records(path)
-    if got is None:
-        return {}
-    names, rows = got
-    out: dict[str, list] = {}
-    numeric = [c for c in names if c not in ("layer", "head") and c.startswith(prefix)
-               and all(r.get(c) is None or isinstance(r.get(c), (int, float)) for r in rows)]
-    for c in numeric:
-        flat: list = [None] * (n_layers * n_heads)
-        for r in rows:
-            lh = head_index(r, n_layers, n_heads)
-            if lh is not None:
-                flat[lh[0] * n_heads + lh[1]] = r.get(c)
-        out[c] = flat
-    return out
-
-
-def square_matrix(path: Path) -> dict[str, Any] | None:
-    """A square CSV matrix with names in the header and first column (rank_correlation.csv)."""
-    import pandas as pd
-
-    try:
-        df = pd.read_csv(path, index_col=0)
-    except Exception as e:
-        log.warning("cannot read %s (%s); its section is left out", path, e)
-        return None
-    return {"names": [str(c) for c in df.columns], "rows": [str(i) for i in df.index],
-            "values": clean(df.to_numpy(dtype=float))}
-
-
-def per_head_from_json(data: Any, n_layers: int, n_heads: int) -> dict[str, dict[str, Any]]:
-    """Per-head entries of a JSON document (roles.json), keyed `L3H7`, whatever its exact layout.
-
-    Accepts `{"heads": [{layer, head, ...}]}`, `{"heads": {"L3H7": {...}}}`, a bare list of such rows,
-    or `{"L3H7": {...}}` at the top level; everything else is ignored.
-    """
-    out: dict[str, dict[str, Any]] = {}
-
-    def add(lh: tuple[int, int] | None, rec: Any) -> None:
-        if lh is not None and isinstance(rec, dict):
-            out.setdefault(f"L{lh[0]}H{lh[1]}", {}).update(
-                {k: v for k, v in rec.items() if k not in ("layer", "head", "name")})
-
-    def walk(obj: Any, depth: int = 0) -> None:
-        if depth > 2:
-            return
-        if isinstance(obj, list):
-            for r in obj:
-                if isinstance(r, dict):
-                    lh = head_index(r, n_layers, n_heads)
-                    if lh is None and "name" in r:
-                        lh = head_index(r, n_layers, n_heads, key="name")
-                    add(lh, r)
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                try:
-                    lh = parse_head(k)
-                except HeadscopeError:
-                    lh = None
-                if lh is not None:
-                    add(lh if lh[0] < n_layers and lh[1] < n_heads else None, v)
-                elif isinstance(v, (list, dict)) and k not in ("meta",):
-                    walk(v, depth + 1)
-
-    walk(data)
-    return out

@@ -101,6 +101,10 @@
     if (m.model_type) bits.push(m.model_type + (m.causal ? ', causal' : ', bidirectional'));
     if (m.data) bits.push('statistics from ' + m.data + (m.tokens_seen ? ' (' + m.tokens_seen + ' tokens)' : ''));
     $('meta').textContent = bits.join(' · ');
+    // Files found but not usable (unreadable, or lacking the columns their verb writes): said up front.
+    (D.problems || []).forEach(function (msg) {
+      $('meta').parentNode.appendChild(el('div', { cls: 'problem' }, richText(msg)));
+    });
     ['q1', 'q2', 'q3'].forEach(function (q) {
       var box = $(q + '-text');
       (D.text[q] || []).forEach(function (s) { box.appendChild(richText(s)); });
@@ -422,6 +426,7 @@
     var sw = $('sweep');
     if (D.sweep) {
       if (D.sweep.plot) sw.appendChild(el('img', { cls: 'plot', src: D.sweep.plot, alt: 'sweep plot' }));
+      if (D.sweep.plot_speed) sw.appendChild(el('img', { cls: 'plot', src: D.sweep.plot_speed, alt: 'sweep speed plot' }));
       sw.appendChild(collapsible('sweep.csv (' + D.sweep.rows.length + ' rows)', table(D.sweep.columns, D.sweep.rows)));
     } else sw.appendChild(missing('sweep'));
     var kv = $('kv');

@@ -1,0 +1,318 @@
+"""Every file a verb writes into its output directory: name, producing verb(s), and its columns or keys.
+
+This module is the one place output names are spelled. The verbs build their OUTPUTS lists and write
+through these declarations; the report finds files and reads columns by the names declared here, and
+says so (naming the file and the missing columns) when a file lacks them, instead of guessing.
+`tests/test_artifacts.py` runs every verb and checks its real output against these declarations, so
+they cannot drift.
+
+A field is a CSV column (in the order the writer writes it) or a top-level key of a JSON or .npz
+file. `when` says what makes a writer add an optional field ("" = always written). A name with
+`<...>` declares a family of fields, e.g. `importance_<method>`: one column per chosen method.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .errors import HeadscopeError, did_you_mean
+from .stats import STATISTICS
+
+__all__ = [
+    "ARTIFACTS", "Artifact", "Field", "artifact", "meanings", "outputs", "producers",
+    "HEADS_CSV", "HEADS_JSON", "ROLES_JSON", "SYNTAX_CSV", "SIMILAR_PAIRS_CSV", "SIMILARITY_NPZ", "CLUSTERS_JSON",
+    "IMPORTANCE_CSV", "IMPORTANCE_JSON", "RANK_CORRELATION_CSV", "PRUNE_CURVE_CSV", "PRUNE_CURVE_PNG",
+    "REDUNDANCY_CSV", "PRUNE_JSON", "MODEL_DIR", "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
+    "SWEEP_SPEED_PNG", "GQA_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
+]
+
+KINDS = ("csv", "json", "npz", "png", "dir", "html")
+_FAMILY = re.compile(r"<[a-z_]+>")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One column of a CSV file, or one top-level key of a JSON or .npz file."""
+
+    name: str  # `<...>` marks a family: importance_<method> stands for importance_gradient, ...
+    meaning: str = ""
+    when: str = ""  # "" = always written; else the option or model kind that makes the writer add it
+
+    @property
+    def is_family(self) -> bool:
+        """Whether the name stands for several fields (it holds a `<...>` placeholder)."""
+        return bool(_FAMILY.search(self.name))
+
+    @property
+    def required(self) -> bool:
+        """Whether every file of this kind has exactly this field."""
+        return not self.when and not self.is_family
+
+    def matches(self, name: str) -> bool:
+        """Whether `name` is this field (or a member of this family)."""
+        if not self.is_family:
+            return name == self.name
+        # Only the placeholders are wildcards; the rest of the name matches literally.
+        pattern = "[A-Za-z0-9_]+".join(re.escape(p) for p in _FAMILY.split(self.name))
+        return re.fullmatch(pattern, name) is not None
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One output file (or directory) of a verb, and the fields it holds."""
+
+    name: str
+    kind: str
+    verbs: Mapping[str, str]  # producing verb -> "" (every run writes it) or the option that makes it write it
+    summary: str
+    fields: tuple[Field, ...] = ()
+
+    @property
+    def verb(self) -> str:
+        """The verb to run to get this file (the first producer)."""
+        return next(iter(self.verbs))
+
+    def columns(self) -> list[str]:
+        """Every declared field name that is not a family, in order (a CSV writer's header)."""
+        return [f.name for f in self.fields if not f.is_family]
+
+    def required(self) -> list[str]:
+        """Fields every such file holds."""
+        return [f.name for f in self.fields if f.required]
+
+    def field_for(self, name: str) -> Field | None:
+        """The declaration `name` belongs to (a family matches its members), or None."""
+        return next((f for f in self.fields if f.matches(name)), None)
+
+    def members(self, family: str, names: Iterable[str]) -> list[str]:
+        """The names among `names` that belong to the field or family `family`, in their order."""
+        decl = next((f for f in self.fields if f.name == family), None)
+        if decl is None:
+            raise HeadscopeError(f"{self.name} declares no field {family!r}{did_you_mean(family, [f.name for f in self.fields])}")
+        return [n for n in names if decl.matches(n)]
+
+    def missing(self, names: Iterable[str]) -> list[str]:
+        """Required fields absent from `names`."""
+        have = set(names)
+        return [n for n in self.required() if n not in have]
+
+    def check(self, names: Sequence[str]) -> list[str]:
+        """Problems of a real file's fields against this declaration (empty when it conforms):
+        missing required fields, undeclared fields, and (CSV) columns out of the declared order."""
+        problems = []
+        if self.missing(names):
+            problems.append(f"missing {', '.join(self.missing(names))}")
+        undeclared = [n for n in names if self.field_for(n) is None]
+        if undeclared:
+            problems.append(f"undeclared {', '.join(undeclared)}")
+        if self.kind == "csv":
+            index = [self.fields.index(f) for f in map(self.field_for, names) if f is not None]
+            if index != sorted(index):
+                problems.append(f"columns out of the declared order: {list(names)}")
+        return problems
+
+    def meaning(self, name: str) -> str:
+        """What a field means (a family's meaning for its members), or ''."""
+        f = self.field_for(name)
+        return f.meaning if f is not None else ""
+
+
+def _f(name: str, meaning: str = "", when: str = "") -> Field:
+    return Field(name, meaning, when)
+
+
+_HEAD_KEYS = (_f("layer", "layer index, from 0"), _f("head", "head index within the layer, from 0"))
+_ROLES = "roles"  # the verb that adds role columns to heads.csv
+_TABLE_JSON = (_f("n_layers"), _f("n_heads"), _f("meta", "model, data, settings and versions behind the numbers"),
+               _f("columns", "column names"), _f("rows", "one object per head: layer, head, then the columns"))
+
+HEADS_CSV = Artifact(
+    "heads.csv", "csv", {"analyze": "", "roles": ""}, "per-head attention statistics (one row per head)",
+    (*_HEAD_KEYS, *(_f(k, v) for k, v in STATISTICS.items()),
+     _f("roles", "roles found above their baselines by headscope roles (';'-separated)", _ROLES),
+     _f("offset_<offset>_mass", "weight on the token at a fixed offset (m3 = three back, p2 = two ahead)", _ROLES),
+     _f("sink_mass", "weight on the sink: the first token, or the special token the model rests on", _ROLES),
+     _f("delimiter_mass", "weight on delimiter tokens ([SEP], periods, commas)", _ROLES),
+     _f("rare_word_mass", "weight on the passage's rarest words", _ROLES),
+     _f("uniform_distance", "mean distance a uniform head would have: the baseline of mean_distance", _ROLES),
+     _f("induction_score", "weight on the token after the earlier copy of the current token (repeated text)", _ROLES),
+     _f("duplicate_score", "weight on earlier copies of the current token (repeated text)", _ROLES),
+     _f("syntax_<relation>", "accuracy of the head at finding this dependency relation's other word",
+        "roles --treebank"),
+     _f("coref_accuracy", "how often the head's strongest antecedent is the gold one", "roles --coref")))
+HEADS_JSON = Artifact("heads.json", "json", {"analyze": ""}, "heads.csv with its metadata", _TABLE_JSON)
+ROLES_JSON = Artifact(
+    "roles.json", "json", {"roles": ""}, "every role score, its baseline and threshold, and the census",
+    (_f("model"), _f("n_layers"), _f("n_heads"), _f("causal"), _f("thresholds", "the decision rule of each role"),
+     _f("text", "the passages scored"), _f("induction", "the repeated random sequences of the induction test"),
+     _f("scores", "score name -> [layer][head] matrix"),
+     _f("baselines", "baseline name -> [layer][head] matrix: score X's is X_uniform, X_baseline, or "
+                     "uniform_distance for mean_distance"),
+     _f("roles", "L3H7 -> the roles the head holds"), _f("census", "role -> [{head, score, baseline}], best first"),
+     _f("syntax", "per relation: accuracies and the best fixed-offset baseline (null without --treebank)"),
+     _f("coreference", "antecedent accuracies and baselines (null without --coref)")))
+SYNTAX_CSV = Artifact(
+    "syntax.csv", "csv", {"roles": "--treebank"}, "dependency-relation accuracy of every head, then each "
+    "relation's best fixed-offset baseline",
+    (_f("kind", "'head' (one head's row) or 'offset_baseline' (the relation's best fixed offset)"),
+     _f("layer"), _f("head"), _f("relation", "Universal Dependencies relation"),
+     _f("count", "arcs of this relation scored"), _f("dep_to_head", "accuracy from the dependent to its head word"),
+     _f("head_to_dep", "accuracy from the head word to its dependent"),
+     _f("accuracy", "the better direction's accuracy"),
+     _f("baseline_offset", "offset of the baseline row (empty on head rows)")))
+SIMILAR_PAIRS_CSV = Artifact(
+    "similar_pairs.csv", "csv", {"similar": ""}, "one row per pair of heads, most similar (lowest js) first",
+    (_f("head_a", "a head, written L3H7"), _f("head_b", "the other head"),
+     _f("js", "Jensen-Shannon divergence of their attention on the same tokens, nats (0 = same)"),
+     _f("cka", "linear CKA of their outputs (1 = same up to rotation and scale)"),
+     _f("ov_angle_cos", "mean cosine of the principal angles between their OV subspaces"),
+     _f("qk_angle_cos", "mean cosine of the principal angles between their QK subspaces"),
+     _f("cka_z", "cka against its permutation baseline, in standard deviations"),
+     _f("ov_read_cos", "OV read subspaces' cosine"), _f("ov_write_cos", "OV write subspaces' cosine"),
+     _f("qk_query_cos", "QK query subspaces' cosine"), _f("qk_key_cos", "QK key subspaces' cosine"),
+     _f("same_layer", "1 when both heads are in one layer")))
+SIMILARITY_MATRICES = ("js", "cka", "cka_z", "ov_write_cos", "ov_read_cos", "qk_query_cos", "qk_key_cos",
+                       "ov_angle_cos", "qk_angle_cos")
+SIMILARITY_NPZ = Artifact(
+    "similarity.npz", "npz", {"similar": ""}, "the full head x head similarity matrices",
+    (_f("heads", "head names in layer order, the matrices' row and column order"), _f("n_layers"), _f("n_heads"),
+     _f("meta", "JSON text: model, data and settings"),
+     *(_f(m, f"[heads, heads] matrix of {m} (see similar_pairs.csv)") for m in SIMILARITY_MATRICES)))
+CLUSTERS_JSON = Artifact(
+    "clusters.json", "json", {"similar": ""}, "near-duplicate clusters of heads",
+    (_f("js_max", "every pair in a cluster has js <= this"), _f("cka_min", "every pair in a cluster has cka >= this"),
+     _f("rule"), _f("clusters", "[{heads, size, max_js, mean_js, min_cka, mean_cka}]"), _f("meta")))
+IMPORTANCE_CSV = Artifact(
+    "importance.csv", "csv", {"score": ""}, "importance of every head by each criterion (higher = more important)",
+    (*_HEAD_KEYS, _f("importance_<method>", "importance by this criterion (higher = more important; NaN = pruned)")))
+IMPORTANCE_JSON = Artifact("importance.json", "json", {"score": ""}, "importance.csv with its metadata",
+                           _TABLE_JSON)
+RANK_CORRELATION_CSV = Artifact(
+    "rank_correlation.csv", "csv", {"score": ""}, "Spearman rank correlation between the criteria (a square "
+    "matrix: the first column and the header name the criteria)",
+    (_f("", "criterion names (the index column)"), _f("<method>", "correlation with this criterion")))
+PRUNE_CURVE_CSV = Artifact(
+    "prune_curve.csv", "csv", {"prune": ""}, "the metric after each pruning step",
+    (_f("step", "pruning step, 0 = unpruned"), _f("fraction_removed", "share of all heads removed"),
+     _f("n_removed", "heads removed"), _f("metric", "the metric with those heads gated off"),
+     _f("drop", "relative drop of the metric (for lm_loss: perplexity increase)"),
+     _f("perplexity", "exp(metric)", "lm_loss metric"),
+     _f("metric_recovered", "the metric after recovery training (empty without --recover)"),
+     _f("drop_recovered", "drop after recovery training"),
+     _f("perplexity_recovered", "exp(metric_recovered)", "lm_loss metric"),
+     _f("wordsim353", "Spearman correlation with wordsim353 similarity judgements", "--wordsim"),
+     _f("simlex999", "Spearman correlation with simlex999 similarity judgements", "--wordsim"),
+     _f("wordsim353_recovered", "wordsim353 after recovery training", "--wordsim-recovered"),
+     _f("simlex999_recovered", "simlex999 after recovery training", "--wordsim-recovered"),
+     _f("removed", "heads removed so far, space-separated (L3H7)")))
+PRUNE_CURVE_PNG = Artifact("prune_curve.png", "png", {"prune": ""}, "the pruning curve")
+REDUNDANCY_CSV = Artifact(
+    "redundancy.csv", "csv", {"prune": ""}, "per layer: heads removable within the target drop",
+    (_f("layer"), _f("heads", "heads in the layer"), _f("removable", "heads of this layer removable within the drop"),
+     _f("removable_recovered", "the same with recovery training", "--recover")))
+PRUNE_JSON = Artifact(
+    "prune.json", "json", {"prune": ""}, "settings, baseline and the largest fractions within each drop",
+    (_f("model"), _f("n_layers"), _f("n_heads"), _f("n_kv_heads"), _f("method", "importance criterion"),
+     _f("metric"), _f("higher_is_better"), _f("unit", "head, slice or group"), _f("recover_steps"),
+     _f("target_drop"), _f("baseline", "the unpruned metric"), _f("baseline_perplexity", "null unless lm_loss"),
+     _f("largest_fraction_within_target"), _f("heads_removed_within_target"),
+     _f("largest_fraction_within_target_recovered", "null without --recover"),
+     _f("within", "'1%' -> {fraction_removed, n_removed, metric, drop, recovered?}"), _f("points"),
+     _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("step"),
+     _f("fraction"), _f("seed"), _f("recover_lr"),
+     _f("saved_model", "{path, parameters, parameters_original, heads_kept, recovered_weights}", "--save-model")))
+MODEL_DIR = Artifact("model", "dir", {"prune": "--save-model", "gqa": ""},
+                     "a loadable checkpoint of the pruned or converted model")
+KV_CSV = Artifact(
+    "kv.csv", "csv", {"kv": "--out"}, "KV-cache bytes of the model's layouts and of classic configs",
+    (_f("source", "'model' (this model's layouts) or 'classic'"), _f("name"),
+     _f("layout", "MHA, GQA or MQA"), _f("is_model", "whether the row is the model's own layout"),
+     _f("n_layers"), _f("n_heads", "query heads"), _f("n_kv_heads"), _f("group_size", "query heads per KV head"),
+     _f("d_head"), _f("n_sliding_layers", "layers with a sliding window"), _f("dtype", "cache dtype"),
+     _f("bytes_per_token", "K and V of every layer for one token"), _f("seq_len"), _f("batch"),
+     _f("bytes_per_sequence"), _f("cache_bytes", "the whole batch"), _f("vs_mha", "bytes relative to MHA"),
+     _f("note")))
+SWEEP_CSV = Artifact(
+    "sweep.csv", "csv", {"sweep": ""}, "one row per trained configuration",
+    (_f("task", "ptb, xor or pair"), _f("d_model"), _f("n_layers"), _f("n_heads", "query heads"),
+     _f("n_kv_heads"), _f("d_head"), _f("layout", "MHA, GQA or MQA"), _f("steps"), _f("seq"), _f("batch"),
+     _f("lr", "peak learning rate"), _f("init_std", "empty: GPT-2 init"), _f("seed"),
+     _f("train_tokens", "tokens read in training"), _f("params"), _f("params_non_embedding"),
+     _f("flops_per_token", "forward FLOPs per token"), _f("train_flops_per_token", "3 x forward"),
+     _f("kv_bytes_per_token"), _f("kv_dtype"), _f("val_loss", "validation loss, nats per target"),
+     _f("val_ppl", "exp(val_loss)"), _f("val_bits_per_token", "val_loss / ln 2 (lower is better)"),
+     _f("val_word_ppl", "PTB word perplexity (empty for synthetic tasks)"),
+     _f("val_acc", "validation accuracy (the synthetic tasks' score; xor: every input)"),
+     _f("train_loss", "mean of the last 20 training losses"), _f("tokens_per_s", "training tokens per wall second"),
+     _f("tokens_per_cpu_s", "training tokens per CPU second"), _f("train_s"), _f("train_cpu_s"), _f("wall_s"),
+     _f("threads"), _f("data", "fingerprint of the data"), _f("key", "the configuration's runs/<key>.json")))
+SWEEP_RUNS = Artifact("runs", "dir", {"sweep": ""}, "runs/<key>.json: each configuration's row, config and loss curve")
+SWEEP_QUALITY_PNG = Artifact("sweep_quality.png", "png", {"sweep": ""}, "quality against the number of heads")
+SWEEP_SPEED_PNG = Artifact("sweep_speed.png", "png", {"sweep": ""}, "training speed against the number of heads")
+_SEARCH = "--grouping search"
+_SIM = "--grouping similarity"
+GQA_JSON = Artifact(
+    "gqa.json", "json", {"gqa": ""}, "perplexity before / after conversion / after uptraining, KV bytes",
+    (_f("model"), _f("model_type"), _f("n_layers"), _f("n_heads"), _f("n_kv_heads_before"), _f("n_kv_heads_after"),
+     _f("grouping", "as asked"), _f("data"), _f("data_passages"), _f("heldout"), _f("heldout_passages"),
+     _f("max_length"), _f("grouping_used", "as done (similarity may fall back to mean)"),
+     _f("groups", "per layer, the old KV heads pooled into each new one"),
+     _f("similarity_on", "'data' or 'weights': what the KV heads were compared on", _SIM),
+     _f("pooling_error_adjacent", "summed within-group KV distance of adjacent groups", _SIM),
+     _f("pooling_error_similarity", "the same for the similarity groups", _SIM),
+     _f("layers_regrouped", "layers whose similarity groups differ from adjacent ones", _SIM),
+     _f("search_candidates", "", _SEARCH), _f("search_seed", "", _SEARCH),
+     _f("search_skipped", "why no search was needed", _SEARCH), _f("search_start", "", _SEARCH),
+     _f("calibration_kl_adjacent", "KL from the original on --data with adjacent groups", f"{_SIM} or {_SEARCH}"),
+     _f("calibration_kl_similarity", "the same with similarity groups", f"{_SIM} or {_SEARCH}"),
+     _f("calibration_kl_start", "", _SEARCH), _f("calibration_kl_search", "", _SEARCH),
+     _f("search_trace", "per layer: the chosen candidate and every candidate's KL", _SEARCH),
+     _f("layers_changed_by_search", "", _SEARCH), _f("kl_evaluations", "", _SEARCH),
+     _f("calibration_batches", "", _SEARCH), _f("search_seconds", "", _SEARCH),
+     _f("heldout_tokens"), _f("ppl_before"), _f("ppl_after"), _f("kl_after", "KL to the original, nats/token"),
+     _f("ppl_uptrained", "null without --uptrain"), _f("kl_uptrained", "null without --uptrain"),
+     _f("uptrain", "uptraining settings and losses", "--uptrain"),
+     _f("kv_bytes_before", "{measured, calculated, seq_len, batch, dtype, match}"), _f("kv_bytes_after")))
+REPORT_HTML = Artifact("report.html", "html", {"report": ""}, "the offline report page")
+
+ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
+    HEADS_CSV, HEADS_JSON, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
+    IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
+    PRUNE_JSON, MODEL_DIR, KV_CSV, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG, SWEEP_SPEED_PNG, GQA_JSON,
+    REPORT_HTML)}
+
+
+def artifact(name: str) -> Artifact:
+    """The declaration of output file `name`."""
+    try:
+        return ARTIFACTS[name]
+    except KeyError:
+        raise HeadscopeError(f"no output file {name!r} is declared{did_you_mean(name, ARTIFACTS)}; "
+                             f"declared: {', '.join(ARTIFACTS)}") from None
+
+
+def outputs(verb: str, optional: bool = False) -> list[str]:
+    """Names of the files `verb` writes on every run (and, with `optional`, those some options add),
+    in declaration order."""
+    names = [a.name for a in ARTIFACTS.values() if verb in a.verbs and (optional or not a.verbs[verb])]
+    if not names and not any(verb in a.verbs for a in ARTIFACTS.values()):
+        verbs = sorted({v for a in ARTIFACTS.values() for v in a.verbs})
+        raise HeadscopeError(f"no verb {verb!r} writes files{did_you_mean(verb, verbs)}; verbs: {', '.join(verbs)}")
+    return names
+
+
+def producers(name: str) -> list[str]:
+    """The verbs that write file `name`, first the one to suggest."""
+    return list(artifact(name).verbs)
+
+
+def meanings(*names: str) -> dict[str, str]:
+    """Field name -> meaning over the given files (first declaration wins), for legends and tooltips."""
+    out: dict[str, str] = {}
+    for n in names:
+        for f in artifact(n).fields:
+            if f.meaning:
+                out.setdefault(f.name, f.meaning)
+    return out

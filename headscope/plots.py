@@ -1,0 +1,136 @@
+"""PNG figures (matplotlib, Agg backend): one function per figure, used by the verbs and the report alike.
+
+Each function takes rows shaped like the file the figure is drawn from (the columns declared in
+`headscope.artifacts`), returns the PNG bytes and, given a path, also writes them atomically.
+The head-count sweep's figures live beside the sweep, in `headscope.sweep.plots`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Figures are built without pyplot: no display, no global backend switch, nothing left open.
+from matplotlib.figure import Figure
+
+from .io import atomic_write_bytes
+
+__all__ = ["figure", "heads_grid", "importance_grids", "num", "prune_curve", "redundancy_profile", "save_png"]
+
+
+def figure(width: float, height: float, nrows: int = 1, ncols: int = 1) -> tuple[Figure, Any]:
+    """A new figure of `width` x `height` inches and its axes (a 2-D array when nrows or ncols > 1)."""
+    fig = Figure(figsize=(width, height))
+    if nrows == 1 and ncols == 1:
+        return fig, fig.subplots()
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
+
+
+def save_png(fig: Figure, path: Path | None = None) -> bytes:
+    """The figure as PNG bytes (110 dpi, tight box); written atomically to `path` if given."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    data = buf.getvalue()
+    if path is not None:
+        atomic_write_bytes(path, data)
+    return data
+
+
+def num(v: Any) -> float:
+    """A cell as a float: NaN for empty, missing or non-numeric cells (bools are not numbers here)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def heads_grid(values: np.ndarray, title: str, path: Path | None = None) -> bytes:
+    """A layers x heads heat map of one column (layer 0 at the top)."""
+    n_layers, n_heads = values.shape
+    fig, ax = figure(max(3.0, 0.45 * n_heads + 1.6), max(2.2, 0.28 * n_layers + 1.0))
+    im = ax.imshow(np.asarray(values, float), cmap="viridis", aspect="auto")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(n_heads))
+    ax.set_yticks(range(0, n_layers, max(1, n_layers // 15)))
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.05)
+    return save_png(fig, path)
+
+
+def importance_grids(columns: Mapping[str, np.ndarray], path: Path | None = None) -> bytes:
+    """One layers x heads heat map per importance criterion, each on its own rank scale."""
+    names = list(columns)
+    n = len(names)
+    n_layers, n_heads = next(iter(columns.values())).shape
+    ncol = min(n, 4)
+    nrow = math.ceil(n / ncol)
+    fig, axes = figure(ncol * max(2.4, 0.3 * n_heads + 1), nrow * max(2.0, 0.2 * n_layers + 1), nrow, ncol)
+    for ax, name in zip(axes.flat, names):
+        v = np.asarray(columns[name], float)
+        # Ranks make criteria with different units comparable at a glance.
+        flat = v.ravel()
+        ranks = np.full(flat.shape, np.nan)
+        ok = ~np.isnan(flat)
+        ranks[ok] = np.argsort(np.argsort(flat[ok])) / max(1, ok.sum() - 1)
+        ax.imshow(ranks.reshape(v.shape), cmap="magma", aspect="auto", vmin=0, vmax=1)
+        ax.set_title(name.removeprefix("importance_"), fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_xlabel("head", fontsize=8)
+        ax.set_ylabel("layer", fontsize=8)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle("importance rank per criterion (bright = more important)", fontsize=10)
+    return save_png(fig, path)
+
+
+def prune_curve(rows: Sequence[Mapping[str, Any]], *, metric: str, target_drop: float | None = None,
+                baseline: float | None = None, higher_is_better: bool = False, recover_steps: int | None = None,
+                title: str = "pruning curve", path: Path | None = None) -> bytes:
+    """prune_curve.csv as a figure: fraction of heads removed vs the metric (perplexity for lm_loss),
+    with recovery training when the rows have it, and the target-drop limit when `baseline` and
+    `target_drop` are given (prune.json's `baseline`, `target_drop`, `higher_is_better`)."""
+    lm = metric == "lm_loss"
+    y, label = ("perplexity", "perplexity") if lm else ("metric", metric)
+    fig, ax = figure(6.4, 4.2)
+    x = [num(r.get("fraction_removed")) for r in rows]
+    ax.plot(x, [num(r.get(y)) for r in rows], "o-", label="pruned (gates)")
+    recovered = [num(r.get(f"{y}_recovered")) for r in rows]
+    if any(not math.isnan(v) for v in recovered):
+        per_point = f" ({recover_steps} steps/point)" if recover_steps else ""
+        ax.plot(x, recovered, "s--", label=f"pruned + recovery{per_point}")
+    if baseline is not None and target_drop is not None:
+        base = math.exp(baseline) if lm else baseline
+        # For LMs the drop is a perplexity increase; for other metrics a relative fall (or rise).
+        limit = base * (1 + target_drop) if (lm or not higher_is_better) else base - abs(base) * target_drop
+        ax.axhline(limit, color="grey", lw=0.8, ls=":", label=f"{target_drop:.0%} drop")
+    ax.set_xlabel("fraction of heads removed")
+    ax.set_ylabel(label)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return save_png(fig, path)
+
+
+def redundancy_profile(rows: Sequence[Mapping[str, Any]], path: Path | None = None) -> bytes:
+    """redundancy.csv as bars: removable heads per layer (and with recovery) over the layer's head count."""
+    layers = [int(num(r.get("layer"))) for r in rows]
+    heads = [num(r.get("heads")) for r in rows]
+    removable = [num(r.get("removable")) for r in rows]
+    fig, ax = figure(5.2, 3.0)
+    ax.bar(layers, heads, color="#dddddd", label="heads")
+    rec = [num(r.get("removable_recovered")) for r in rows]
+    if not all(math.isnan(v) for v in rec):
+        ax.bar([l + 0.2 for l in layers], rec, width=0.4, color="#4e79a7", label="removable with recovery")
+        ax.bar([l - 0.2 for l in layers], removable, width=0.4, color="#c0504d", label="removable")
+    else:
+        ax.bar(layers, removable, color="#c0504d", label="removable")
+    ax.set_xticks(layers if len(layers) <= 16 else layers[:: max(1, len(layers) // 15)])
+    ax.set_xlabel("layer")
+    ax.set_ylabel("heads")
+    ax.legend(fontsize=8)
+    ax.set_title("layer-wise redundancy", fontsize=10)
+    return save_png(fig, path)

@@ -1,0 +1,138 @@
+"""Question 1's roles: per-head role scores beside their baselines, the census (roles.json), and the
+best head per dependency relation and for coreference (syntax.csv, roles.json's `coreference`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..artifacts import ROLES_JSON, SYNTAX_CSV
+from .sources import Part, Sources, clean
+
+# Relations seen only a few times give accuracies of 0 or 1 by chance; they are left out.
+MIN_RELATION_COUNT = 20
+
+
+def baseline_key(score: str, baselines: dict[str, Any]) -> str | None:
+    """The key of `score`'s baseline in roles.json's `baselines`, by the file's declared convention:
+    `<score>_uniform`, `<score>_baseline`, and `uniform_distance` for mean_distance; None if it has none."""
+    for key in (f"{score}_uniform", f"{score}_baseline", "uniform_distance" if score == "mean_distance" else None):
+        if key is not None and key in baselines:
+            return key
+    return None
+
+
+def fmt_num(v: Any) -> str:
+    """Two decimals for numbers, the value as text otherwise."""
+    return f"{v:.2f}" if isinstance(v, (int, float)) else str(v)
+
+
+def role_scores(rj: dict[str, Any], n_layers: int, n_heads: int) -> dict[str, dict[str, Any]]:
+    """Per head (`L3H7`), each role score that has a baseline: {score, baseline, beats baseline when}."""
+    scores, baselines = rj["scores"], rj["baselines"]
+    per_head: dict[str, dict[str, Any]] = {}
+    for name, matrix in scores.items():
+        bkey = baseline_key(name, baselines)
+        if bkey is None:
+            continue  # plain statistics already sit in the head's numbers
+        a = np.asarray(matrix, dtype=float).reshape(n_layers, n_heads)
+        b = np.asarray(baselines[bkey], dtype=float).reshape(n_layers, n_heads)
+        for l in range(n_layers):
+            for h in range(n_heads):
+                # A local head attends closer than uniform attention would: lower is the role.
+                per_head.setdefault(f"L{l}H{h}", {})[name] = {
+                    "score": float(a[l, h]), "baseline": float(b[l, h]),
+                    "beats baseline when": "lower" if name == "mean_distance" else "higher"}
+    return clean(per_head)
+
+
+def census_rows(census: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per role: how many heads hold it and the best four with their scores and baselines."""
+    rows = []
+    for role, heads in census.items():
+        best = ", ".join(f"{x['head']} {fmt_num(x['score'])}"
+                         + (f" (baseline {fmt_num(x['baseline'])})" if isinstance(x.get("baseline"), (int, float))
+                            else "") for x in heads[:4])
+        rows.append({"role": role, "heads": len(heads), "best": best})
+    return rows
+
+
+def coreference_row(co: dict[str, Any] | None, n_layers: int, n_heads: int) -> dict[str, Any] | None:
+    """The best head at finding antecedents, as a row of the relations table (None without --coref)."""
+    if not co:
+        return None
+    a = np.asarray(co["accuracy"], dtype=float).reshape(n_layers, n_heads)
+    if np.all(np.isnan(a)):
+        return None  # no anaphor was scored
+    l, h = np.unravel_index(int(np.nanargmax(a)), a.shape)
+    b = [co[k] for k in ("nearest_mention_baseline", "same_head_word_baseline") if isinstance(co[k], (int, float))]
+    return clean({"relation": "coreference (antecedent)", "best head": f"L{l}H{h}", "accuracy": float(a[l, h]),
+                  "baseline": max(b) if b else None, "count": co["anaphors"]})
+
+
+def syntax_table(src: Sources, coref: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Best head per relation against its fixed-offset baseline (syntax.csv), plus the coreference row."""
+    t = src.csv(SYNTAX_CSV.name)
+    if t is None and coref is None:
+        return None
+    rows = t.rows if t is not None else []
+    # `headscope roles` writes one offset-baseline row per relation after the per-head rows.
+    baselines = {str(r["relation"]): (r["accuracy"], r["baseline_offset"]) for r in rows if r["kind"] == "offset_baseline"}
+    head_rows = [r for r in rows if r["kind"] == "head"]
+    by_rel: dict[str, dict[str, Any]] = {}
+    for r in head_rows:
+        k = str(r["relation"])
+        if isinstance(r["accuracy"], (int, float)) and (k not in by_rel or r["accuracy"] > by_rel[k]["accuracy"]):
+            by_rel[k] = r
+    best: list[dict[str, Any]] = []
+    for k, r in by_rel.items():
+        base, offset = baselines.get(k, (None, None))
+        best.append({"relation": k, "best head": f"L{int(r['layer'])}H{int(r['head'])}", "accuracy": r["accuracy"],
+                     "baseline": base, **({"baseline offset": offset} if offset is not None else {}),
+                     "count": r["count"]})
+    rare = [r for r in best if r["count"] < MIN_RELATION_COUNT]
+    best = [r for r in best if r["count"] >= MIN_RELATION_COUNT]
+    if coref is not None:
+        best.append(coref)
+    best.sort(key=lambda r: -(r["accuracy"] or 0))
+    text: list[str] = []
+    if best:
+        beats = [r for r in best if isinstance(r.get("baseline"), (int, float)) and r["accuracy"] > r["baseline"]]
+        text.append(f"For {len(beats)} of {len(best)} relations the best single head beats its positional baseline; "
+                    "top: " + ", ".join(f"{r['relation']} {r['best head']} {r['accuracy']:.2f}"
+                                        + (f" (baseline {r['baseline']:.2f})"
+                                           if isinstance(r.get("baseline"), (int, float)) else "")
+                                        for r in best[:3]) + ".")
+    columns: list[str] = []
+    for r in best:
+        columns += [c for c in r if c not in columns]
+    note = "Best single head per relation (green: beats its baseline)" + (
+        f"; {len(rare)} relations seen fewer than {MIN_RELATION_COUNT} times are left out." if rare else ".")
+    return {"columns": columns, "best": best[:60], "text": text, "note": note, "relation": "relation",
+            "accuracy": "accuracy", "baseline": "baseline", "rows": len(head_rows)}
+
+
+def roles_part(src: Sources, n_layers: int, n_heads: int) -> Part:
+    """Role scores per head, the census, thresholds, and the syntax/coreference table."""
+    part = Part()
+    rj = src.json(ROLES_JSON.name) if n_layers else None
+    if rj is not None and (rj["n_layers"], rj["n_heads"]) != (n_layers, n_heads):
+        src.fault(ROLES_JSON.name, f"is for {rj['n_layers']} layers x {rj['n_heads']} heads, not this model's "
+                                   f"{n_layers} x {n_heads}")
+        rj = None
+    coref = None
+    if rj is None:
+        part.missing["roles"] = src.note(ROLES_JSON.name)
+    else:
+        part.data["role_scores"] = role_scores(rj, n_layers, n_heads)
+        part.data["census"] = census_rows(rj["census"])
+        part.data["thresholds"] = clean(rj["thresholds"])
+        coref = coreference_row(rj["coreference"], n_layers, n_heads)
+    syn = syntax_table(src, coref)
+    if syn is None:
+        part.missing["syntax"] = src.note(SYNTAX_CSV.name)
+    else:
+        part.say("q1", *syn.pop("text"))
+        part.data["syntax"] = syn
+    return part
