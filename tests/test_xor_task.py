@@ -26,17 +26,33 @@ def xor_cfg(**kw) -> S.SweepConfig:
 
 
 def gap_and_normaliser(model: S.TinyLM, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logit gap D = logit_1 - logit_0 at the query, and Z = sum_j exp(score_j) of head 0 there, per row."""
-    resid = model.tok_emb(x) + model.pos_emb.weight[: x.shape[1]]  # [batch, pos, d_model]
+    """Logit gap D = logit_1 - logit_0 at the query, and Z = sum_j exp(score_j) of head 0 there, per row.
+
+    Computed in float64 from the model's own weights, so the identity below is checked to float64
+    rounding, not to whatever float32 rounding the machine's BLAS does (the module itself runs its
+    softmax in float32); both are checked equal to the module's own weights and logits first.
+    """
+    assert len(model.blocks) == 1 and model.blocks[0].mlp is None, "the identity is about one attention-only layer"
     attn = model.blocks[0].attn
-    q = attn.q_proj(resid[:, -1, : attn.d_model])[:, : attn.d_head]  # [batch, d_head], head 0 at the query
-    k = attn.k_proj(resid)[..., : attn.d_head]  # [batch, pos, d_head]
-    scores = (k @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(attn.d_head)  # [batch, pos]
-    _, weights = attn(resid, return_weights=True)  # [batch, head, q, k]
-    # The hand-computed scores are the module's: their softmax is its weights at the query.
-    torch.testing.assert_close(scores.softmax(-1), weights[:, 0, -1], atol=1e-6, rtol=0)
-    logits = model(x)[:, -1]  # [batch, 2]
-    return logits[:, 1] - logits[:, 0], scores.double().exp().sum(-1)
+    dh, weight = attn.d_head, (lambda m: m.weight.detach().double())
+    resid = weight(model.tok_emb)[x] + weight(model.pos_emb)[: x.shape[1]]  # [batch, pos, d_model]
+    q = resid[:, -1] @ weight(attn.q_proj).T  # [batch, head * d_head], at the query
+    k = resid @ weight(attn.k_proj).T  # [batch, pos, kv_head * d_head]
+    v = resid @ weight(attn.v_proj).T  # [batch, pos, kv_head * d_head]
+    out = resid[:, -1].clone()  # [batch, d_model]: the residual stream at the query
+    scores0 = None
+    for h in range(attn.n_heads):
+        cols = slice(h // attn.group_size * dh, (h // attn.group_size + 1) * dh)
+        scores = (k[..., cols] @ q[:, h * dh:(h + 1) * dh, None]).squeeze(-1) / math.sqrt(dh)  # [batch, pos]
+        scores0 = scores if h == 0 else scores0
+        mixed = (scores.softmax(-1).unsqueeze(1) @ v[..., cols]).squeeze(1)  # [batch, d_head]
+        out = out + mixed @ weight(attn.o_proj)[:, h * dh:(h + 1) * dh].T
+    logits = out @ weight(model.head).T  # [batch, 2]
+    # The hand-computed scores and logits are the module's: same weights at the query, same output.
+    _, weights = attn(resid.float(), return_weights=True)  # [batch, head, q, k]
+    torch.testing.assert_close(scores0.softmax(-1).float(), weights[:, 0, -1], atol=1e-6, rtol=0)
+    torch.testing.assert_close(logits.float(), model(x)[:, -1], atol=1e-4, rtol=1e-5)
+    return logits[:, 1] - logits[:, 0], scores0.exp().sum(-1)
 
 
 def blocks_of_four(x_all: torch.Tensor) -> torch.Tensor:
@@ -60,6 +76,12 @@ def test_xor_inputs_are_every_bit_string_once_with_the_right_targets():
     assert diff == [P, Q] and torch.equal(y[idx, -1][0], torch.tensor([0, 1, 1, 0]))
 
 
+def interaction_and_spread(v: torch.Tensor) -> tuple[float, float]:
+    """Largest |v(0,0) + v(1,1) - v(0,1) - v(1,0)| over blocks [n, 4], and the smallest spread in a block."""
+    inter = (v[:, 0] + v[:, 3] - v[:, 1] - v[:, 2]).abs().max().item()
+    return inter, (v.max(1).values - v.min(1).values).min().item()
+
+
 @pytest.mark.parametrize("d_model,std", [(8, 0.5), (32, 0.2), (16, 0.4)])
 def test_one_head_gap_times_normaliser_is_a_sum_over_positions(d_model, std):
     """The lemma: Z*D(a,b) = F(a) + G(b) + C, so the four-point interaction vanishes, for any weights."""
@@ -68,16 +90,18 @@ def test_one_head_gap_times_normaliser_is_a_sum_over_positions(d_model, std):
     idx = blocks_of_four(x_all)[torch.randperm(1024, generator=torch.Generator().manual_seed(0))[:64]]
     with torch.no_grad():
         d, z = gap_and_normaliser(model, x_all)
-    def interaction_and_spread(v: torch.Tensor) -> tuple[float, float]:
-        """Largest |v(0,0) + v(1,1) - v(0,1) - v(1,0)| over the blocks, and the smallest spread in a block."""
-        inter = (v[:, 0] + v[:, 3] - v[:, 1] - v[:, 2]).abs().max().item()
-        return inter, (v.max(1).values - v.min(1).values).min().item()
-
-    inter, spread = interaction_and_spread((z * d.double())[idx])  # blocks [64, 4]: (0,0), (0,1), (1,0), (1,1)
-    assert inter <= 1e-4 * spread, (inter, spread)
+    inter, spread = interaction_and_spread((z * d)[idx])  # blocks [64, 4]: (0,0), (0,1), (1,0), (1,1)
+    # Zero in exact arithmetic; in float64 the rounding of values below ~50 is ~1e-13, far below this bound.
+    assert inter <= 1e-9 * spread, (inter, spread)
     # Not trivially zero: D alone (without the normaliser) does interact, clearly above float error.
-    inter_d, spread_d = interaction_and_spread(d.double()[idx])
+    inter_d, spread_d = interaction_and_spread(d[idx])
     assert spread_d > 1e-4 and inter_d > 1e-3 * spread_d, (inter_d, spread_d)
+    # And the check can fail: with two heads, Z (of head 0) * D is no longer a sum over positions.
+    two = S.build_model(xor_cfg(d_model=d_model, init_std=std, n_heads=2), 3)
+    with torch.no_grad():
+        d2, z2 = gap_and_normaliser(two, x_all)
+    inter2, spread2 = interaction_and_spread((z2 * d2)[idx])
+    assert inter2 > 1e-3 * spread2, (inter2, spread2)
 
 
 def test_trained_single_head_is_wrong_in_every_block_of_four_and_two_heads_are_right_everywhere():
