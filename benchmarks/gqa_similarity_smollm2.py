@@ -26,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from headscope import gqa, load_model
+from headscope.data import read_texts
 from headscope.io import atomic_write_text
 
 # After the reorder, positions {0,3,6} hold copies of original KV head 0, {1,4,7} of head 1, {2,5,8} of head 2.
@@ -42,8 +43,8 @@ def main() -> None:
     torch.manual_seed(0)
     t0 = time.time()
     hm = load_model("smollm2")
-    calib = gqa.load_text("ptb-train", args.calib)
-    heldout = gqa.load_text("ptb-valid", args.heldout)
+    calib = read_texts("ptb-train", args.calib)
+    heldout = read_texts("ptb-valid", args.heldout)
     mha = gqa.expand_kv_heads(hm)
     order = [0, 3, 6, 1, 4, 7, 2, 5, 8]
     shuffled = gqa.permute_query_heads(mha, [order] * hm.n_layers)

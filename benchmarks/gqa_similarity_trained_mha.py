@@ -43,6 +43,7 @@ from headscope import gqa
 from headscope.data import ptb_sentences
 from headscope.io import atomic_write_text
 from headscope.models.adapter import HeadModel
+from headscope.models.checkpoint import save_model
 
 REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ["<pad>", "<s>", "</s>"]  # <unk> is one of PTB's own words
@@ -101,7 +102,7 @@ def trained_model(args, seed: int, train: list[str], valid_probe: list[str]) -> 
                 n_params=sum(p.numel() for p in hm2.model.parameters()), vocab=len(tok),
                 loss_first=log1.losses[0], loss_last10=float(np.mean((log1.losses + log2.losses)[-10:])),
                 ppl_valid_probe=gqa.perplexity(hm2, valid_probe))
-    gqa.save_checkpoint(hm2, ckpt, force=True)
+    save_model(hm2, ckpt, force=True)
     atomic_write_text(info_path, json.dumps(info, indent=1))
     print(f"[seed {seed}] trained in {train_s:.0f} s: {info}", flush=True)
     return hm2, info
@@ -119,7 +120,7 @@ def cost(dist: np.ndarray, groups) -> float:
 
 def percentile(dist_layer: np.ndarray, groups_layer, n_kv: int, G: int) -> float:
     """Share of all balanced partitions of this layer with a pooling error below this grouping's."""
-    costs = np.array([gqa.partition_cost(dist_layer, p) for p in gqa._partitions(list(range(n_kv)), n_kv // G)])
+    costs = np.array([gqa.partition_cost(dist_layer, p) for p in gqa.enumerate_partitions(list(range(n_kv)), n_kv // G)])
     return float((costs < gqa.partition_cost(dist_layer, groups_layer) - 1e-12).mean())
 
 
