@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from ..artifacts import GQA_JSON, MODEL_DIR, outputs
 from ..data import DEFAULT_LIMIT, read_texts
 from ..errors import HeadscopeError
 from ..gqa import (
@@ -22,7 +23,7 @@ from ..kv import human_bytes
 from ..models import load_model
 from ..models.checkpoint import save_model
 
-OUTPUTS = ["model", "gqa.json"]
+OUTPUTS = outputs("gqa")  # model/, gqa.json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
         hm, args.kv_heads, args.grouping, data=data, heldout=heldout, uptrain_steps=args.uptrain, loss=args.loss,
         lr=args.lr, train=args.train, max_length=args.max_length, batch_size=args.batch_size, fallback=not args.no_fallback,
         seed=args.seed, search_candidates=args.search_candidates, progress=True)
-    save_model(final, out / "model", force=args.force)
-    atomic_write_text(out / "gqa.json", json.dumps(report, indent=2) + "\n")
+    save_model(final, out / MODEL_DIR.name, force=args.force)
+    atomic_write_text(out / GQA_JSON.name, json.dumps(report, indent=2) + "\n")
 
     r = report
     print(f"{r['model']}: {r['n_layers']} layers, {r['n_heads']} query heads, "
@@ -107,5 +108,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"KV cache {label:<6} {k['measured']:>10} B measured ({human_bytes(k['measured'])}, batch {k['batch']} x "
               f"{k['seq_len']} tokens, {k['dtype']}), calculator {k['calculated']} B "
               f"{'(equal)' if k['match'] else '(DIFFERENT)'}")
-    print(f"\nwrote {out / 'model'} and {out / 'gqa.json'}", file=sys.stderr)
+    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
     return 0
