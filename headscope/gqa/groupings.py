@@ -114,11 +114,10 @@ def search_grouping(hm: HeadModel, kv_heads: int, opts: GroupingOptions) -> dict
 def random_grouping(hm: HeadModel, kv_heads: int, opts: GroupingOptions) -> dict[str, Any]:
     """Per layer, an independent seeded random balanced grouping."""
     if _one_grouping(hm, kv_heads):
-        return {"grouping_used": "random (only one grouping possible: same as mean)",
-                "groups": _adjacent(hm, kv_heads), "random_seed": int(opts.seed)}
+        return {"grouping_used": "random (only one grouping possible: same as mean)", "groups": _adjacent(hm, kv_heads)}
     rng = np.random.default_rng(opts.seed)
     groups = [clustering.random_balanced_groups(hm.n_kv_heads, kv_heads, rng) for _ in range(hm.n_layers)]
-    return {"grouping_used": "random", "groups": groups, "random_seed": int(opts.seed)}
+    return {"grouping_used": "random", "groups": groups}
 
 
 def plan_groups(hm: HeadModel, kv_heads: int, grouping: str = "mean", data: Any = None, *, fallback: bool = True,
