@@ -57,7 +57,7 @@ def main() -> None:
 
     import headscope
     from headscope.importance import ablation_scan, gradient_scores, ig_scores
-    from headscope.metrics import evaluate_prepared, make_reference, prepare
+    from headscope.eval.evaluate import evaluate_prepared, make_reference, prepare
 
     torch.set_num_threads(args.threads)
     hm = headscope.load_model(args.model)

@@ -30,7 +30,7 @@ _LAZY = {
     "MultiHeadAttention": "reference", "kv_bytes_per_token": "kv", "kv_cache_bytes": "kv",
     "run_sweep": "sweep", "convert_to_gqa": "gqa", "convert_and_evaluate": "gqa",
     # Q3: which heads are redundant
-    "evaluate": "metrics", "score": "importance", "rank_correlations": "importance",
+    "evaluate": "eval.evaluate", "score": "importance", "rank_correlations": "importance",
     "prune_heads": "prune", "save_pruned": "prune", "load_pruned": "prune", "prune_curve": "curves",
     # checkpoints of pruned or converted models (save_pruned/load_pruned are their earlier names)
     "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint",

@@ -15,11 +15,10 @@ from headscope.curves import (
     candidate_units,
     prune_curve,
     pruned_model,
-    ptb_sentences,
     relative_drop,
 )
+from headscope.eval.evaluate import evaluate
 from headscope.importance import score
-from headscope.metrics import evaluate
 from headscope.models.tiny import tiny_model
 from headscope.prune import kept_heads, prune_heads, pruned_gates
 
@@ -55,7 +54,7 @@ def test_physically_pruned_model_reproduces_the_last_point():
     small = pruned_model(hm, res)
     assert sum(len(k) for k in kept_heads(small).values()) == hm.n_layers * hm.n_heads - res.rows[-1].n_removed
     # Fidelity of the pruned model against the unpruned one, computed without gates.
-    from headscope.metrics import make_reference, evaluate_prepared, prepare
+    from headscope.eval.evaluate import make_reference, evaluate_prepared, prepare
 
     prep, _ = prepare(hm, data, "fidelity")
     ref = make_reference(hm, prep)
@@ -128,9 +127,9 @@ def test_target_drop_with_recovery_keeps_the_weights_of_the_chosen_point():
 
 
 def test_relative_drop():
-    assert relative_drop("lm_loss", False, 2.0, 2.0 + math.log(1.05)) == pytest.approx(0.05)
-    assert relative_drop("fidelity", True, 1.0, 0.97) == pytest.approx(0.03)
-    assert relative_drop("accuracy", True, 0.8, 0.6) == pytest.approx(0.25)
+    assert relative_drop("lm_loss", 2.0, 2.0 + math.log(1.05)) == pytest.approx(0.05)
+    assert relative_drop("fidelity", 1.0, 0.97) == pytest.approx(0.03)
+    assert relative_drop("accuracy", 0.8, 0.6) == pytest.approx(0.25)
 
 
 def test_bad_input():
@@ -179,6 +178,8 @@ def test_interrupted_run_resumes_to_the_same_curve(tmp_path, monkeypatch):
 
 
 def test_ptb_sentences():
+    from headscope.data import ptb_sentences
+
     train, valid = ptb_sentences("train", 5), ptb_sentences("valid", 5)
     assert len(train) == 5 and all(len(s.split()) >= 6 for s in train)
     assert not set(train) & set(valid)
@@ -214,7 +215,7 @@ def test_cli_writes_curve_redundancy_and_a_loadable_model(tmp_path, minilm, caps
     removed = [h for r in rows for h in r["removed"].split()]
     assert sum(small.heads_in_layer(l) for l in range(6)) == 72 - len(removed) == 65
     # The saved model reproduces the curve's last point (fidelity against the unpruned MiniLM).
-    from headscope.metrics import evaluate_prepared, make_reference, prepare
+    from headscope.eval.evaluate import evaluate_prepared, make_reference, prepare
     from headscope.data import read_texts
 
     prep, _ = prepare(minilm, read_texts(None, 4), "fidelity", 16)
@@ -223,6 +224,48 @@ def test_cli_writes_curve_redundancy_and_a_loadable_model(tmp_path, minilm, caps
     # A second run refuses to overwrite without --force.
     assert _cli("prune", "minilm", "--fraction", "0.1", "--out", str(out)) == 2
     assert "already holds" in capsys.readouterr().err
+
+
+def test_cli_interrupted_prune_with_recovery_resumes_to_identical_files(tmp_path, monkeypatch, minilm):
+    """Interrupted mid-curve, a rerun resumes from the partial checkpoint (the recovered copy's weights,
+    optimizer and batch generator) and writes the same bytes as an uninterrupted run.
+
+    The model is a tiny GPT-2 reading MiniLM's tokenizer (so recovery is LM distillation, and fast)."""
+    import headscope.commands.prune as prune_cmd
+    import headscope.importance as importance
+    from headscope.curves import PARTIAL_STATE
+    from headscope.models.adapter import HeadModel
+
+    def load(*args, **kwargs):
+        tiny = tiny_model("gpt2", init_std=0.2, vocab_size=minilm.tokenizer.vocab_size)
+        return HeadModel(model=tiny.model, tokenizer=minilm.tokenizer, name="tiny-gpt2", source="config")
+
+    monkeypatch.setattr(prune_cmd, "load_model", load)
+    # Batches of 2 of the 6 passages: a resumed run that drew other batches would train differently.
+    argv = ["prune", "tiny", "--fraction", "50%", "--step", "0.25", "--limit", "6", "--max-length", "16",
+            "--batch-size", "2", "--recover", "2", "--recover-lr", "1e-3"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert _cli(*argv, "--out", str(full)) == 0
+    real, calls = importance.score, {"n": 0}
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:  # while scoring for the second point
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(importance, "score", flaky)
+    assert _cli(*argv, "--out", str(part)) == 130
+    saved = json.loads((part / PARTIAL_JSON).read_text())
+    assert len(saved["rows"]) == 2 and (part / PARTIAL_STATE).exists()
+    monkeypatch.setattr(importance, "score", real)
+    assert _cli(*argv, "--out", str(part)) == 0
+    names = sorted(p.name for p in full.iterdir())
+    assert sorted(p.name for p in part.iterdir()) == names, "the partial checkpoint should be cleared"
+    for name in names:
+        assert (part / name).read_bytes() == (full / name).read_bytes(), f"{name} differs after resuming"
+    rows = (full / "prune_curve.csv").read_text().splitlines()
+    assert len(rows) == 1 + 3 and "perplexity_recovered" in rows[0]  # 0, 2, 4 of 8 heads, recovered too
 
 
 @pytest.mark.parametrize("argv, message", [

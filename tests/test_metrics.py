@@ -9,15 +9,9 @@ import pytest
 import torch
 
 from headscope.errors import HeadscopeError
-from headscope.metrics import (
-    default_metric,
-    evaluate,
-    make_reference,
-    mean_pool,
-    prepare,
-    read_word_pairs,
-    wordsim_spearman,
-)
+from headscope.eval.evaluate import evaluate, make_reference, prepare
+from headscope.eval.metrics import default_metric, mean_pool
+from headscope.eval.wordsim import read_word_pairs, wordsim_spearman
 from headscope.models.adapter import HeadModel
 from headscope.models.tiny import tiny_config, tiny_model
 
@@ -219,3 +213,43 @@ def test_smollm2_lm_loss_matches_transformers(smollm2):
     assert abs(got.value - total / count) < 1e-4, f"max abs diff {abs(got.value - total / count)}"
     # Measured 350: lowercased PTB with <unk> and N is hard text; a uniform guess would be 49152.
     assert 100 < got.details["perplexity"] < 1500, got.details
+
+
+def test_a_new_metric_is_one_registered_function():
+    """A metric registered in a test is evaluated, followed by gradient importance, read by the pruning
+    curve (direction, drop, recovery), with no edit to any dispatch code."""
+    from headscope.curves import prune_curve, relative_drop
+    from headscope.eval.metrics import METRICS, RowMetric, lm_loss, register_metric
+    from headscope.importance import score
+
+    name = "test_log_likelihood"
+    lm = METRICS.get("lm_loss")
+
+    @register_metric(name, help="minus lm_loss (a throwaway test metric)", higher_is_better=True,
+                     usable=lm.usable, loss=lambda rm: (-rm.num, rm.den), recovery_loss=lm.recovery_loss,
+                     min_tokens=2)
+    def log_likelihood(hm, input_ids, attention_mask, **targets) -> RowMetric:
+        rm = lm_loss(hm, input_ids, attention_mask, **targets)
+        return RowMetric(-rm.num, rm.den)
+
+    try:
+        hm = tiny_model("gpt2", init_std=0.2)
+        data = passages()
+        got, want = evaluate(hm, data, name, batch_size=3), evaluate(hm, data, batch_size=3)
+        assert got.value == -want.value and got.higher_is_better and got.name == name
+        assert default_metric(hm) == "lm_loss"  # registered after it: never the automatic choice
+        # Its loss is the same NLL, so gradient importance is the same, bit for bit.
+        a = score(hm, data, "gradient_raw", metric=name, batch_size=2)["importance_gradient_raw"]
+        b = score(hm, data, "gradient_raw", metric="lm_loss", batch_size=2)["importance_gradient_raw"]
+        assert (a == b).all(), f"max abs diff {abs(a - b).max()}"
+        assert relative_drop(name, -2.0, -2.1) == pytest.approx(0.05)  # the default: relative fall
+        ours = prune_curve(hm, data, metric=name, fraction=0.25, step=0.125, recover_steps=1, progress=False)
+        theirs = prune_curve(hm, data, fraction=0.25, step=0.125, recover_steps=1, progress=False)
+        assert [r.removed for r in ours.rows] == [r.removed for r in theirs.rows]
+        for r_ours, r_theirs in zip(ours.rows, theirs.rows):
+            assert r_ours.metric == -r_theirs.metric and r_ours.metric_recovered == -r_theirs.metric_recovered
+        assert "perplexity" not in ours.curve_records()[0] and ours.summary()["baseline_perplexity"] is None
+    finally:
+        # Registries have no public removal (entries are meant to stay); undo the test's entry.
+        METRICS._entries.pop(name, None)
+    assert name not in METRICS
