@@ -10,6 +10,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+import transformers as tf
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import models as tokenizer_models
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from headscope import gqa
 from headscope.errors import HeadscopeError
@@ -34,8 +38,6 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
 def tiny(family: str = "llama", **overrides) -> HeadModel:
     """Tiny LLaMA-like model; qwen2 (q/k/v biases) and mistral (sliding window) are built from their configs."""
     if family in ("qwen2", "mistral"):
-        import transformers as tf
-
         cfg_cls = tf.Qwen2Config if family == "qwen2" else tf.MistralConfig
         cfg = cfg_cls(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
                              num_key_value_heads=overrides.pop("num_key_value_heads", 2), intermediate_size=96,
@@ -342,7 +344,7 @@ def test_encoder_and_gpt2_refused_with_reason(family):
 
 def test_cli_end_to_end(tmp_path, capsys):
     """The verb on a tiny checkpoint: writes model/ and gqa.json, refuses to overwrite, reports bad G."""
-    from headscope.cli import main
+    from headscope.cli import main  # here, not at the top: the parser imports every verb, which only these tests need
 
     src, text = _cli_checkpoint(tmp_path)
     args = ["gqa", str(src), "--kv-heads", "1", "--grouping", "similarity", "--uptrain", "2", "--data", str(text),
@@ -431,11 +433,9 @@ def test_search_needs_calibration_data_and_skips_when_only_one_grouping():
 
 def _cli_checkpoint(tmp_path, **overrides):
     """A tiny LLaMA checkpoint with a word-level tokenizer, and a text file over its words."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     words = "the of and to a in is was for on that with as by at it from he his".split()
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "<pad>", *words])}, unk_token="<unk>"))
+    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", *words])}
+    tok = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>")
     src = tmp_path / "src"
@@ -449,7 +449,7 @@ def _cli_checkpoint(tmp_path, **overrides):
 
 
 def test_cli_search_writes_trace(tmp_path, capsys):
-    from headscope.cli import main
+    from headscope.cli import main  # here, not at the top: the parser imports every verb, which only these tests need
 
     src, text = _cli_checkpoint(tmp_path, num_key_value_heads=6)
     args = ["gqa", str(src), "--kv-heads", "3", "--grouping", "search", "--search-candidates", "2", "--data",
@@ -463,8 +463,6 @@ def test_cli_search_writes_trace(tmp_path, capsys):
     assert rep["calibration_kl_search"] <= min(rep["calibration_kl_adjacent"], rep["calibration_kl_similarity"])
     assert rep["groups"] == [t["groups"] for t in rep["search_trace"]]
     # the saved checkpoint is the searched grouping's conversion
-    from transformers import AutoModelForCausalLM
-
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "model").eval()
     want = gqa.convert_to_gqa(tiny("llama", num_key_value_heads=6), 3, groups=rep["groups"])
     with torch.no_grad():
