@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 
+from ..data import DEFAULT_LIMIT
 from ..table import HeadTable
 
 
@@ -23,7 +24,9 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                         "(default: the built-in English sample)")
     p.add_argument("--max-length", type=int, default=None, help="tokens per passage (default 128, capped at the model's)")
     p.add_argument("--batch-size", type=int, default=16, help="passages per forward pass (default 16)")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N passages")
+    p.add_argument("--limit", type=int, default=None,
+                   help=f"use only the first N passages (default: a built-in corpus gives its first {DEFAULT_LIMIT}, "
+                        f"a file is read whole)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 
 
