@@ -166,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(res: PruneResult, summary: dict[str, Any]) -> None:
-    ppl = res.metric == "lm_loss"
-    name = "perplexity" if ppl else res.metric
-    conv = math.exp if ppl else (lambda v: v)
+    to_ppl = METRICS.get(res.metric).derived.get("perplexity")  # shown instead of the metric when it has one
+    name = "perplexity" if to_ppl else res.metric
+    conv = to_ppl or (lambda v: v)
     print(f"{res.model}: {res.n_layers} layers x {res.n_heads} heads ({res.n_kv_heads} KV), pruning by "
           f"{res.method} ({res.unit}s), {name} on {summary['heldout']}")
     head = f"{'removed':>8} {'fraction':>8} {name:>12} {'drop':>8}"

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     m = table.meta
     value = m["metric_value"]
-    extra = f" (perplexity {m['metric_details']['perplexity']:.2f})" if m["metric"] == "lm_loss" else ""
+    extra = f" (perplexity {m['metric_details']['perplexity']:.2f})" if "perplexity" in m["metric_details"] else ""
     print(f"{hm.name}: {m['n_layers']} layers x {m['n_heads']} heads, {m['passages']} passages, "
           f"{m['tokens_seen']} tokens from {m['data']}; metric {m['metric']} = {value:.4f}{extra}")
     for method in methods:
