@@ -130,6 +130,10 @@ def test_set_qkv_weights_refuses_wrong_shapes_and_biases():
         hm.set_qkv_weights(0, QKVWeights(w.q, four_kv, four_kv))
     with pytest.raises(HeadscopeError, match="the q projection has no bias; give q_bias as None"):
         hm.set_qkv_weights(0, QKVWeights(w.q, w.k, w.v, q_bias=torch.zeros(48)))
+    gpt2 = tiny_model("gpt2")
+    g2 = gpt2.qkv_weights(0)
+    with pytest.raises(HeadscopeError, match="gpt2 family gives every query head its own K/V.*need 32 rows, not 16"):
+        gpt2.set_qkv_weights(0, QKVWeights(g2.q, g2.k[:16], g2.v[:16], g2.q_bias, g2.k_bias[:16], g2.v_bias[:16]))
     bert = tiny_model("bert")
     b = bert.qkv_weights(0)
     with pytest.raises(HeadscopeError, match="the k projection has bias; give k_bias as a tensor of 32 values"):

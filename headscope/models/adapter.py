@@ -58,14 +58,17 @@ class HeadModel:
 
     @property
     def n_heads(self) -> int:
+        """Query heads per layer as the config declares them (before any physical pruning)."""
         return attention_counts(self.config).n_heads
 
     @property
     def n_kv_heads(self) -> int:
+        """KV heads per layer (n_heads for MHA, 1 for MQA)."""
         return attention_counts(self.config).n_kv_heads
 
     @property
     def d_model(self) -> int:
+        """Width of the residual stream."""
         d_model = attention_counts(self.config).d_model
         if d_model is None:  # a loaded model always has one; this guards hand-made configs
             raise HeadscopeError(f"config of {self.name!r} has no hidden size (hidden_size / n_embd)")
@@ -73,6 +76,7 @@ class HeadModel:
 
     @property
     def d_head(self) -> int:
+        """Width of one head's query, key and value."""
         return attention_counts(self.config).d_head
 
     @property
@@ -85,6 +89,7 @@ class HeadModel:
 
     @property
     def max_positions(self) -> int | None:
+        """Longest sequence the position table allows, or None when positions are unbounded."""
         c = self.config
         n = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
         if n is not None and self.spec.position_offset_from_pad:
@@ -115,7 +120,7 @@ class HeadModel:
 
     def kept_heads(self, layer: int) -> list[int]:
         """Original ids of the query heads present in `layer`: all of them unless physically pruned
-        (headscope.prune records the kept heads in `config.headscope_pruning`)."""
+        (`slice_heads` records the kept heads in `config.headscope_pruning`)."""
         recorded = getattr(self.config, PRUNING_CONFIG_KEY, None) or {}
         kept = recorded.get(str(layer), recorded.get(layer))
         return list(range(self.n_heads)) if kept is None else [int(h) for h in kept]
@@ -189,6 +194,11 @@ class HeadModel:
         g = w.k.shape[0] // d
         if g < 1 or h % g:
             raise HeadscopeError(f"layer {layer}: {g} KV heads do not divide {h} query heads; choose a divisor of {h}")
+        if g != len(self.kv_heads_in_layer(layer)) and not self.spec.kv_heads_in_config:
+            raise HeadscopeError(
+                f"layer {layer}: the {self.spec.family} family gives every query head its own K/V (its config has "
+                f"no num_key_value_heads), so k and v need {len(self.kv_heads_in_layer(layer)) * d} rows, not {g * d}"
+            )
         if g != len(self.kv_heads_in_layer(layer)) and self.pruned:
             raise HeadscopeError(f"layer {layer}: changing the number of KV heads of a physically pruned model is "
                                  f"not supported; convert before pruning")
