@@ -21,7 +21,7 @@ from .errors import HeadscopeError, did_you_mean
 from .stats import STATISTICS
 
 __all__ = [
-    "ARTIFACTS", "Artifact", "Field", "artifact", "meanings", "outputs", "producers",
+    "ARTIFACTS", "Artifact", "Field", "artifact", "outputs", "producers",
     "HEADS_CSV", "HEADS_JSON", "ROLES_JSON", "SYNTAX_CSV", "SIMILAR_PAIRS_CSV", "SIMILARITY_NPZ", "CLUSTERS_JSON",
     "IMPORTANCE_CSV", "IMPORTANCE_JSON", "RANK_CORRELATION_CSV", "PRUNE_CURVE_CSV", "PRUNE_CURVE_PNG",
     "REDUNDANCY_CSV", "PRUNE_JSON", "MODEL_DIR", "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
@@ -306,13 +306,3 @@ def outputs(verb: str, optional: bool = False) -> list[str]:
 def producers(name: str) -> list[str]:
     """The verbs that write file `name`, first the one to suggest."""
     return list(artifact(name).verbs)
-
-
-def meanings(*names: str) -> dict[str, str]:
-    """Field name -> meaning over the given files (first declaration wins), for legends and tooltips."""
-    out: dict[str, str] = {}
-    for n in names:
-        for f in artifact(n).fields:
-            if f.meaning:
-                out.setdefault(f.name, f.meaning)
-    return out

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -28,10 +29,8 @@ def page_data(html: str) -> dict:
     return json.loads(m.group(1))
 
 
-def full(art, rows: list[dict]) -> "pd.DataFrame":
+def full(art: A.Artifact, rows: list[dict]) -> pd.DataFrame:
     """Rows with every column `art` declares (those a row leaves out are filled with 0), in declared order."""
-    import pandas as pd
-
     cols = art.columns()
     return pd.DataFrame([{c: r.get(c, 0) for c in cols} for r in rows], columns=cols)
 
@@ -39,8 +38,6 @@ def full(art, rows: list[dict]) -> "pd.DataFrame":
 def write_outputs(out: Path, n_layers: int, n_heads: int, rng: np.random.Generator) -> dict:
     """A hand-made output directory in the formats the other verbs write (every declared column and key,
     see headscope.artifacts); returns the values used."""
-    import pandas as pd
-
     out.mkdir(parents=True, exist_ok=True)
     heads = [(l, h) for l in range(n_layers) for h in range(n_heads)]
     grad = rng.random(len(heads))
@@ -251,8 +248,6 @@ def test_cli_report_from_files_and_refuses_overwrite(tmp_path, bert, capsys):
 def test_file_lacking_declared_columns_is_named_not_guessed(tmp_path, bert):
     """A file without the columns its verb writes gets a note naming it and the columns; the report does
     not fall back to look-alike names (`heads` for `n_heads`, `tok_per_s` for `tokens_per_s`)."""
-    import pandas as pd
-
     out = tmp_path / "o"
     write_outputs(out, bert.n_layers, bert.n_heads, np.random.default_rng(2))
     sweep = pd.read_csv(out / "sweep.csv").rename(columns={"n_heads": "heads", "tokens_per_s": "tok_per_s"})
