@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
 
 from .analyze import analyze  # noqa: E402
+from .version import __version__  # noqa: E402
 from .data import read_conllu, read_texts  # noqa: E402
 from .errors import HeadscopeError  # noqa: E402
 from .hooks import capture_head_outputs, head_gates, on_attention_weights  # noqa: E402

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import logging
-import platform
 from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import __version__
 from .data import batches, pad_id, prepare_tokens, resolve_max_length, token_classes
 from .models.adapter import HeadModel
 from .stats import DEFAULT_BLOCK, HeadStats, check_block, collect_stats, collect_stats_kernel
 from .table import HeadTable
+from .version import versions
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +39,6 @@ def run_stats(hm: HeadModel, ids: list[list[int]], batch_size: int, progress: bo
     finally:
         bar.close()
     return stats
-
-
-def versions() -> dict[str, str]:
-    import transformers
-
-    return {"headscope": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
 
 
 def analyze(

@@ -12,7 +12,8 @@ import logging
 import pkgutil
 import sys
 
-from . import __version__, commands
+from . import commands
+from .version import __version__
 from .errors import HeadscopeError
 
 

@@ -26,13 +26,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .analyze import pad_id, prepare_tokens, resolve_max_length, versions
-from .data import batches
+from .data import batches, pad_id, prepare_tokens, resolve_max_length
 from .errors import HeadscopeError
 from .hooks import on_attention_weights, on_head_outputs
 from .io import atomic_write_bytes
 from .models.adapter import HeadModel
 from .table import head_name, parse_head
+from .version import versions
 
 log = logging.getLogger(__name__)
 
@@ -429,7 +429,8 @@ def similarity(
     non-padding token. `weights=False` skips the weight-space angles.
     """
     max_len = resolve_max_length(hm, max_length)
-    ids, source, truncated, _, _ = prepare_tokens(hm, data, max_len, limit)
+    tokens = prepare_tokens(hm, data, max_len, limit)
+    ids, source, truncated = tokens.ids, tokens.source, tokens.truncated
     for layer in range(hm.n_layers):
         if hm.heads_in_layer(layer) != hm.n_heads:
             raise HeadscopeError(f"layer {layer} has {hm.heads_in_layer(layer)} heads, not {hm.n_heads}; "

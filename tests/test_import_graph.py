@@ -149,9 +149,6 @@ def test_layout_is_self_contained():
     assert roots <= {"__future__", "copy", "dataclasses", "typing", "torch"}, sorted(roots)
 
 
-@pytest.mark.xfail(strict=True, reason="headscope -> headscope.analyze -> headscope: analyze.py does "
-                   "`from . import __version__` (the package's __init__ imports analyze); remove this mark once "
-                   "the version comes from a module the package imports, or from importlib.metadata")
 def test_no_import_cycles():
     found = cycles(import_graph())
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)

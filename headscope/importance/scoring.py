@@ -8,13 +8,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..analyze import versions
 from ..data import Tokens
 from ..errors import HeadscopeError
 from ..eval.evaluate import MetricResult, Reference, evaluate_prepared, make_reference, prepare
 from ..eval.metrics import METRICS, resolve_metric
 from ..models.adapter import HeadModel
 from ..table import HeadTable
+from ..version import versions
 from .criteria import CRITERIA, ScoreContext, base_gates, parse_methods, shares
 
 
