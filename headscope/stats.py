@@ -256,7 +256,7 @@ class KernelStatsSession(StatsSession):
             self._acc[layer] = BlockStats(self.mask, self.special, self.punct, self.hm.causal,
                                           self.hm.sliding_window(layer))
         acc = self._acc[layer]
-        acc.add(block.q_start, block.k_start, block.probs)
+        acc.add(block)
         if block.last:
             for name, (total, count) in acc.totals().items():
                 self.stats.add(name, layer, total, count, self.heads[layer])

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from .blocks import AttentionBlock, BlockStats, block_probs, check_block, iter_blocks
+from .blocks import AttentionBlock, BlockStats, block_attention, check_block, iter_blocks
 from .kernel import DEFAULT_BLOCK, KERNEL_NAME, AttentionKernel, check_kernel_support, stats_kernel
 
-__all__ = ["DEFAULT_BLOCK", "KERNEL_NAME", "AttentionBlock", "AttentionKernel", "BlockStats", "block_probs",
+__all__ = ["DEFAULT_BLOCK", "KERNEL_NAME", "AttentionBlock", "AttentionKernel", "BlockStats", "block_attention",
            "check_block", "check_kernel_support", "iter_blocks", "stats_kernel"]

@@ -24,6 +24,8 @@ class AttentionBlock:
     Row i is query `q_start + i`, column j is key `k_start + j`; keys outside the block get weight 0.
     A query that may see no key at all (padding outside every real key's window) gets a uniform row
     over the block's keys, where eager spreads it over all T: such rows carry no information.
+    `entropy` and `max_weight` (`[batch, head, q_block]`) are each row's, computed on the way from the
+    logits (one pass fewer than from the probabilities, and as exact).
     """
 
     layer: int
@@ -31,6 +33,8 @@ class AttentionBlock:
     k_start: int
     probs: torch.Tensor  # [batch, head, q_block, k_block] float32
     kv_length: int  # keys in the whole sequence
+    entropy: torch.Tensor  # [batch, head, q_block] nats
+    max_weight: torch.Tensor  # [batch, head, q_block]
 
     @property
     def q_end(self) -> int:
@@ -70,37 +74,51 @@ def key_range(q_start: int, q_end: int, kv_length: int, causal: bool, window: in
 def _logits(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
     """Scaled logits of a block, `[batch, head, q, k]`; query heads share key heads in order (GQA)."""
     b, h, nq, d = query.shape
-    kv = key.shape[1]
-    # Grouping the queries of one KV head into one matmul reads each key head once (no repeat_kv copy).
-    q = query.reshape(b, kv, (h // kv) * nq, d)  # [batch, kv_head, group * q, d_head]
-    scores = torch.matmul(q, key.transpose(-1, -2))  # [batch, kv_head, group * q, k]
-    return scores.view(b, h, nq, key.shape[2]) * scaling
+    kv, nk = key.shape[1], key.shape[2]
+    # Grouping the queries of one KV head into one matmul reads each key head once (no repeat_kv copy);
+    # baddbmm scales inside the product instead of in a second pass over the block.
+    q = query.reshape(b * kv, (h // kv) * nq, d)  # [batch * kv_head, group * q, d_head]
+    k = key.reshape(b * kv, nk, d).transpose(1, 2)  # [batch * kv_head, d_head, k]
+    scores = torch.baddbmm(q.new_empty(b * kv, q.shape[1], nk), q, k, beta=0.0, alpha=scaling)
+    return scores.view(b, h, nq, nk)
 
 
-def block_probs(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, q_start: int, q_end: int,
-                k_start: int, k_end: int, *, scaling: float, softcap: float | None = None,
-                causal_without_mask: bool = False) -> torch.Tensor:
-    """Eager attention's probabilities for queries `[q_start, q_end)` over keys `[k_start, k_end)`.
+def block_attention(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, q_start: int, q_end: int,
+                    k_start: int, k_end: int, *, scaling: float, softcap: float | None = None,
+                    causal_without_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eager attention's probabilities for queries `[q_start, q_end)` over keys `[k_start, k_end)`,
+    with each row's entropy and largest weight.
 
     query `[batch, head, T, d_head]`, key `[batch, kv_head, T, d_head]` (after RoPE); `mask` is the 4D mask
     transformers built (`[batch, 1, T, T]`, bool True = attend, or additive float), or None, in which
     case `causal_without_mask` says whether a causal triangle applies (as sdpa's `is_causal`).
-    Returns `[batch, head, q_block, k_block]` float32.
+    Returns probs `[batch, head, q_block, k_block]` float32, entropy and max weight `[batch, head, q_block]`.
     """
     q = query[:, :, q_start:q_end].float()
     k = key[:, :, k_start:k_end].float()
-    scores = _logits(q, k, scaling)  # [batch, head, q_block, k_block]
+    scores = _logits(q, k, scaling)  # [batch, head, q_block, k_block], ours to change in place
     if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
+        scores.div_(softcap).tanh_().mul_(softcap)
     floor = torch.finfo(scores.dtype).min  # eager's fill value: a row with no key left becomes uniform, not NaN
     if mask is not None:
         m = mask[:, :, q_start:q_end, k_start:k_end]
-        scores = torch.where(m, scores, floor) if m.dtype == torch.bool else scores + m.to(scores.dtype)
-    elif causal_without_mask:
+        if m.dtype == torch.bool:
+            scores.masked_fill_(~m, floor)
+        else:
+            scores.add_(m.to(scores.dtype))
+    elif causal_without_mask and max(q_start + 1, k_start) < k_end:
+        # Keys up to the block's first query are visible to all its queries: only the tail needs the triangle.
+        c0 = max(q_start + 1, k_start)
         qpos = torch.arange(q_start, q_end, device=scores.device)
-        kpos = torch.arange(k_start, k_end, device=scores.device)
-        scores = torch.where(kpos[None, :] <= qpos[:, None], scores, floor)
-    return torch.softmax(scores, dim=-1)
+        kpos = torch.arange(c0, k_end, device=scores.device)
+        scores[..., c0 - k_start:].masked_fill_(kpos[None, :] > qpos[:, None], floor)
+    # Shifting each row by its maximum makes the largest shifted logit 0, so the largest weight is 1 / Z:
+    # entropy = log Z - sum_k p_k * shifted_k needs no logarithm per key (xlogy would).
+    scores.sub_(scores.amax(dim=-1, keepdim=True))
+    probs = torch.softmax(scores, dim=-1)
+    max_weight = probs.amax(dim=-1)
+    entropy = -torch.log(max_weight) - torch.einsum("bhqk,bhqk->bhq", probs, scores)
+    return probs, entropy, max_weight
 
 
 def visible_outside(mask: torch.Tensor, q_start: int, q_end: int, k_start: int, k_end: int) -> bool:
@@ -110,95 +128,101 @@ def visible_outside(mask: torch.Tensor, q_start: int, q_end: int, k_start: int, 
     return bool(seen[..., :k_start].any()) or bool(seen[..., k_end:].any())
 
 
-def allowed_block(valid: torch.Tensor, q_start: int, q_end: int, k_start: int, k_end: int, causal: bool,
-                  window: int | None) -> torch.Tensor:
-    """`headscope.stats.allowed_keys` restricted to a block: `[batch, q_block, k_block]` bool."""
-    qpos = torch.arange(q_start, q_end, device=valid.device)
-    kpos = torch.arange(k_start, k_end, device=valid.device)
-    allowed = valid[:, None, k_start:k_end] & valid[:, q_start:q_end, None]
-    if causal:
-        allowed = allowed & (kpos[None, :] <= qpos[:, None])
-    if window is not None:
-        allowed = allowed & ((qpos[:, None] - kpos[None, :]) < window)
-    return allowed
-
-
-def iter_blocks(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, *, block: int, scaling: float,
-                causal: bool, window: int | None, softcap: float | None = None,
-                causal_without_mask: bool = False) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """`(q_start, k_start, probs [batch, head, q_block, k_block])` for consecutive blocks of `block` queries."""
+def iter_blocks(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, *, layer: int, block: int,
+                scaling: float, causal: bool, window: int | None, softcap: float | None = None,
+                causal_without_mask: bool = False) -> Iterator[AttentionBlock]:
+    """One layer's attention as consecutive blocks of `block` queries, each over the keys it may see."""
     t, kv_length = query.shape[2], key.shape[2]
     for q0 in range(0, t, block):
         q1 = min(q0 + block, t)
         k0, k1 = key_range(q0, q1, kv_length, causal, window)
-        yield q0, k0, block_probs(query, key, mask, q0, q1, k0, k1, scaling=scaling, softcap=softcap,
-                                  causal_without_mask=causal_without_mask)
+        probs, entropy, max_weight = block_attention(query, key, mask, q0, q1, k0, k1, scaling=scaling,
+                                                     softcap=softcap, causal_without_mask=causal_without_mask)
+        yield AttentionBlock(layer, q0, k0, probs, kv_length, entropy, max_weight)
 
 
-def _masked_sum(values: torch.Tensor, qmask: torch.Tensor) -> torch.Tensor:
-    """Sum `[batch, head, query]` values over valid queries -> `[head]` (float64)."""
-    return (values.double() * qmask[:, None, :]).sum(dim=(0, 2))
+def n_visible_keys(valid: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
+    """Keys each query may attend to, `[batch, query]`: the row sums of `headscope.stats.allowed_keys`
+    (query q sees real key k when q is real, k <= q if causal, q - k < window), from prefix counts."""
+    b, t = valid.shape
+    pos = torch.arange(t, device=valid.device)
+    before = torch.nn.functional.pad(valid.long().cumsum(-1), (1, 0))  # [batch, T + 1]: real keys before index i
+    hi = pos + 1 if causal else torch.full_like(pos, t)
+    lo = (pos - window + 1).clamp(min=0) if window is not None else torch.zeros_like(pos)
+    return (before[:, hi] - before[:, lo]) * valid.long()
+
+
+def _masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum `[batch, head, query]` values over the queries `mask` `[batch, query]` selects -> `[head]` (float64)."""
+    return (values.double() * mask.double()[:, None, :]).sum(dim=(0, 2))
+
+
+# Per-query values BlockStats keeps for a layer, in order; offsets of the key each diagonal statistic reads.
+_ROWS = ("entropy", "mean_distance", "prev_token_mass", "self_mass", "next_token_mass", "first_token_mass",
+         "special_mass", "punct_mass", "max_weight")
+_DIAGONALS = {"prev_token_mass": -1, "self_mass": 0, "next_token_mass": 1}
 
 
 class BlockStats:
-    """Sums and counts of `headscope.stats.reduce_attention`'s statistics, one block of queries at a time.
+    """`headscope.stats.reduce_attention`'s statistics of one layer, fed one block of queries at a time.
 
-    `valid` `[batch, T]` marks real tokens; `special` / `punct` `[batch, T]` flag keys. Add every block of
-    one layer's forward, then read `totals()`: {name: (sum [head] float64, count)}.
+    `valid` `[batch, T]` marks real tokens; `special` / `punct` `[batch, T]` flag keys. Each block's
+    per-query values go into `[batch, head, T]` rows (memory O(T), not T x T); after the layer's last
+    block, `totals()` gives {name: (sum [head] float64, count)} with the same masks as the full map.
     """
 
     def __init__(self, valid: torch.Tensor, special: torch.Tensor, punct: torch.Tensor, causal: bool,
                  window: int | None) -> None:
-        self.valid, self.special, self.punct = valid.bool(), special, punct
+        self.valid, self.special, self.punct = valid.bool(), special.float(), punct.float()
         self.causal, self.window = causal, window
-        self.sums: dict[str, torch.Tensor] = {}
-        self.counts: dict[str, torch.Tensor] = {}
+        self.rows: torch.Tensor | None = None  # [statistic, batch, head, T]
 
-    def _add(self, name: str, total: torch.Tensor, count: torch.Tensor) -> None:
-        if name in self.sums:
-            self.sums[name] = self.sums[name] + total
-            self.counts[name] = self.counts[name] + count
-        else:
-            self.sums[name], self.counts[name] = total, count
-
-    def add(self, q_start: int, k_start: int, probs: torch.Tensor) -> None:
-        """Add one block `probs [batch, head, q_block, k_block]` whose first query / key are given."""
-        p = probs.float()
-        _, _, nq, nk = p.shape
-        q_end, k_end = q_start + nq, k_start + nk
-        allowed = allowed_block(self.valid, q_start, q_end, k_start, k_end, self.causal, self.window)  # [batch, q, k]
-        n_keys = allowed.sum(-1)  # [batch, q]: every key a query may see lies inside the block's key range
-        qmask = (n_keys > 0).double()  # padded queries see nothing
-        n_q = qmask.sum()
-
-        ent = -torch.special.xlogy(p, p).sum(-1)  # [batch, head, q]
-        self._add("entropy", _masked_sum(ent, qmask), n_q)
-        multi = (n_keys > 1).double()
-        log_n = torch.log(n_keys.clamp(min=2).double())
-        self._add("entropy_norm", _masked_sum(ent.double() / log_n[:, None, :], multi), multi.sum())
-
-        qpos = torch.arange(q_start, q_end, device=p.device)
-        kpos = torch.arange(k_start, k_end, device=p.device)
+    def add(self, block: AttentionBlock) -> None:
+        """Add one block's per-query values."""
+        p = block.probs.float()  # [batch, head, q, k]
+        b, h, nq, _ = p.shape
+        q0, q1, k0, k1 = block.q_start, block.q_end, block.k_start, block.k_end
+        if self.rows is None:
+            self.rows = p.new_zeros(len(_ROWS), b, h, block.kv_length)
+        rows = {name: self.rows[i, :, :, q0:q1] for i, name in enumerate(_ROWS)}  # views [batch, head, q]
+        rows["entropy"].copy_(block.entropy)
+        rows["max_weight"].copy_(block.max_weight)
+        qpos = torch.arange(q0, q1, device=p.device)
+        kpos = torch.arange(k0, k1, device=p.device)
         dist = (qpos[:, None] - kpos[None, :]).abs().float()  # [q, k]
-        self._add("mean_distance", _masked_sum(torch.einsum("bhqk,qk->bhq", p, dist), qmask), n_q)
-
-        for name, offset in (("prev_token_mass", -1), ("self_mass", 0), ("next_token_mass", 1)):
-            # key = query + offset sits on the block's diagonal shifted by the blocks' start difference
-            diag_offset = q_start - k_start + offset
-            diag = torch.diagonal(p, offset=diag_offset, dim1=-2, dim2=-1)  # [batch, head, n]
-            ok = torch.diagonal(allowed, offset=diag_offset, dim1=-2, dim2=-1).double()  # [batch, n], same cells
-            self._add(name, _masked_sum(diag, ok), ok.sum())
-
-        first = p[..., 0] if k_start == 0 else p.new_zeros(p.shape[:3])  # key 0 lies outside a later window
-        self._add("first_token_mass", _masked_sum(first, qmask), n_q)
-        special = self.special[:, k_start:k_end].float()
-        punct = self.punct[:, k_start:k_end].float()
-        self._add("special_mass", _masked_sum(torch.einsum("bhqk,bk->bhq", p, special), qmask), n_q)
-        self._add("punct_mass", _masked_sum(torch.einsum("bhqk,bk->bhq", p, punct), qmask), n_q)
-        self._add("max_weight", _masked_sum(p.amax(-1), qmask), n_q)
+        rows["mean_distance"].copy_(torch.einsum("bhqk,qk->bhq", p, dist))
+        for name, offset in _DIAGONALS.items():
+            # key = query + offset lies on the block's diagonal shifted by the difference of its starts
+            shift = q0 - k0 + offset
+            diag = torch.diagonal(p, offset=shift, dim1=-2, dim2=-1)  # [batch, head, n]: rows max(0, -shift) ..
+            first_row = max(0, -shift)
+            rows[name][..., first_row:first_row + diag.shape[-1]].copy_(diag)
+        if k0 == 0:  # key 0 lies outside a later block's window: its weight there is 0
+            rows["first_token_mass"].copy_(p[..., 0])
+        rows["special_mass"].copy_(torch.einsum("bhqk,bk->bhq", p, self.special[:, k0:k1]))
+        rows["punct_mass"].copy_(torch.einsum("bhqk,bk->bhq", p, self.punct[:, k0:k1]))
 
     def totals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{statistic: (sum over added blocks `[head]` float64, count)}; then starts afresh."""
-        out = {name: (self.sums[name], self.counts[name]) for name in self.sums}
-        self.sums, self.counts = {}, {}
+        """{statistic: (sum over queries `[head]` float64, count)} over every block added; then starts afresh."""
+        if self.rows is None:
+            return {}
+        rows = dict(zip(_ROWS, self.rows))
+        self.rows = None
+        valid = self.valid
+        n_keys = n_visible_keys(valid, self.causal, self.window)  # [batch, q]
+        qmask = n_keys > 0  # padded queries see nothing
+        multi = n_keys > 1
+        out = {name: (_masked_sum(rows[name], qmask), qmask.double().sum())
+               for name in ("entropy", "mean_distance", "first_token_mass", "special_mass", "punct_mass", "max_weight")}
+        log_n = torch.log(n_keys.clamp(min=2).double())
+        out["entropy_norm"] = (_masked_sum(rows["entropy"].double() / log_n[:, None, :], multi), multi.double().sum())
+        t = valid.shape[1]
+        for name, offset in _DIAGONALS.items():
+            # the query and its key offset are both real, inside the sequence, and the key is visible
+            ok = torch.zeros_like(valid)
+            lo, hi = max(0, -offset), min(t, t - offset)
+            ok[:, lo:hi] = valid[:, lo:hi] & valid[:, lo + offset:hi + offset]
+            if (self.causal and offset > 0) or (self.window is not None and -offset >= self.window):
+                ok[:] = False
+            out[name] = (_masked_sum(rows[name], ok), ok.double().sum())
         return out

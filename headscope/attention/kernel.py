@@ -55,7 +55,8 @@ def stats_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
         if kwargs.get("softcap") is None:
             return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                           dropout=dropout, **kwargs)
-        return _blockwise_output(module, query, key, value, attention_mask, scaling, dropout, kwargs, block=DEFAULT_BLOCK)
+        return _blockwise_output(module, query, key, value, attention_mask, scaling, dropout, kwargs,
+                                 block=DEFAULT_BLOCK)
     kernel, info = entry
     return kernel.forward(info, module, query, key, value, attention_mask, scaling, dropout, kwargs)
 
@@ -79,17 +80,18 @@ def _blockwise_output(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     kv = key.shape[1]
     out = query.new_empty(b, h, t, value.shape[-1], dtype=value.dtype)  # [batch, head, q, d_head]
     geometry = (info.causal, info.window) if info is not None else (causal, None)
-    for q0, k0, probs in iter_blocks(query, key, mask, block=block, scaling=scaling, softcap=kwargs.get("softcap"),
-                                     causal=geometry[0], window=geometry[1], causal_without_mask=causal):
-        if info is not None and consumers:
-            block = AttentionBlock(info.layer, q0, k0, probs, key.shape[2])
-            for fn in consumers:
-                fn(block)
+    # Without info there are no consumers, so the blocks' layer number is never read.
+    for blk in iter_blocks(query, key, mask, layer=-1 if info is None else info.layer, block=block, scaling=scaling,
+                           softcap=kwargs.get("softcap"), causal=geometry[0], window=geometry[1],
+                           causal_without_mask=causal):
+        for fn in consumers:
+            fn(blk)
+        probs = blk.probs
         weights = torch.nn.functional.dropout(probs, p=dropout, training=module.training).to(value.dtype)
         nq, nk = probs.shape[2], probs.shape[3]
-        v = value[:, :, k0:k0 + nk]  # [batch, kv_head, k_block, d_head]
-        o = torch.matmul(weights.view(b, kv, (h // kv) * nq, nk), v)  # query heads of one KV head together
-        out[:, :, q0:q0 + nq] = o.view(b, h, nq, -1)
+        v = value[:, :, blk.k_start:blk.k_end]  # [batch, kv_head, k_block, d_head]
+        o = torch.matmul(weights.reshape(b, kv, (h // kv) * nq, nk), v)  # query heads of one KV head together
+        out[:, :, blk.q_start:blk.q_end] = o.view(b, h, nq, -1)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -117,9 +119,9 @@ class AttentionKernel:
         blocks skip those keys), and sdpa causality that disagrees with the model's adapter."""
         if mask is None:
             if t > 1 and causal_without_mask != info.causal:
-                raise HeadscopeError(
-                    f"layer {info.layer}: transformers runs this layer {'causally' if causal_without_mask else 'bidirectionally'} "
-                    f"but headscope's adapter for {self.hm.config.model_type!r} says causal={info.causal}")
+                how = "causally" if causal_without_mask else "bidirectionally"
+                raise HeadscopeError(f"layer {info.layer}: transformers runs this layer {how} but headscope's adapter "
+                                     f"for {self.hm.config.model_type!r} says causal={info.causal}")
             return
         if not info.causal or any(m is mask and w == info.window for m, _, w in self._checked):
             return
@@ -128,8 +130,9 @@ class AttentionKernel:
             k0, k1 = key_range(q0, q1, mask.shape[-1], info.causal, info.window)
             if visible_outside(mask, q0, q1, k0, k1):
                 raise HeadscopeError(
-                    f"layer {info.layer}: the attention mask lets queries {q0}..{q1 - 1} see keys outside {k0}..{k1 - 1}, "
-                    f"which a causal layer with sliding window {info.window} cannot; statistics would be wrong")
+                    f"layer {info.layer}: the attention mask lets queries {q0}..{q1 - 1} see keys outside "
+                    f"{k0}..{k1 - 1}, which a causal layer with sliding window {info.window} cannot; statistics "
+                    f"would be wrong")
         self._checked.append((mask, info.layer, info.window))
 
     def forward(self, info: _LayerInfo, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -148,11 +151,11 @@ class AttentionKernel:
                                      info=info, consumers=tuple(self.consumers))
         out = sdpa_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
         with torch.no_grad():  # statistics never take part in a backward pass
-            for q0, k0, probs in iter_blocks(query.detach(), key.detach(), mask, block=self.block, scaling=scaling,
-                                             causal=info.causal, window=info.window, causal_without_mask=causal):
-                block = AttentionBlock(info.layer, q0, k0, probs, kv_length)
+            for blk in iter_blocks(query.detach(), key.detach(), mask, layer=info.layer, block=self.block,
+                                   scaling=scaling, causal=info.causal, window=info.window,
+                                   causal_without_mask=causal):
                 for fn in list(self.consumers):
-                    fn(block)
+                    fn(blk)
         return out
 
     def _start_forward(self, *_: Any) -> None:
@@ -188,9 +191,10 @@ def check_kernel_support(hm: HeadModel) -> None:
             continue
         if "ALL_ATTENTION_FUNCTIONS" not in source:
             raise HeadscopeError(
-                f"{cls.__name__} (layer {layer} of {hm.name!r}, model type {hm.config.model_type!r}) computes attention "
-                f"itself instead of calling transformers' AttentionInterface, so the statistics kernel cannot serve it; "
-                f"families checked with transformers 5: bert, roberta, electra, gpt2, llama, mistral, qwen2")
+                f"{cls.__name__} (layer {layer} of {hm.name!r}, model type {hm.config.model_type!r}) computes "
+                f"attention itself instead of calling transformers' AttentionInterface, so the statistics kernel "
+                f"cannot serve it; families checked with transformers 5: bert, roberta, electra, gpt2, llama, "
+                f"mistral, qwen2")
 
 
 @contextmanager
