@@ -6,22 +6,23 @@ import argparse
 import csv
 import io
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from .. import plots
+from ..artifacts import MODEL_DIR, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, PRUNE_JSON, REDUNDANCY_CSV, outputs
 from ..curves import PARTIAL_JSON, UNITS, PruneResult, check_args, clear_partial, prune_curve, pruned_model
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..importance import CRITERIA
-from ..io import atomic_write_bytes, atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
 from ._common import add_data_args, add_model_arg, add_out_args
 
-OUTPUTS = ["prune_curve.csv", "prune_curve.png", "redundancy.csv", "prune.json"]
+OUTPUTS = outputs("prune")  # prune_curve.csv, prune_curve.png, redundancy.csv, prune.json (+ model/)
 
 
 def parse_share(text: str) -> float:
@@ -89,40 +90,9 @@ def _csv(records: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def plot_curve(res: PruneResult) -> bytes:
-    """prune_curve.png: fraction of heads removed vs the metric, with and without recovery."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    conv = math.exp if res.metric == "lm_loss" else (lambda v: v)
-    label = "perplexity" if res.metric == "lm_loss" else res.metric
-    x = [r.fraction_removed for r in res.rows]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
-    ax.plot(x, [conv(r.metric) for r in res.rows], "o-", label="pruned (gates)")
-    if res.recover_steps:
-        ax.plot(x, [conv(r.metric_recovered) for r in res.rows], "s--",
-                label=f"pruned + recovery ({res.recover_steps} steps/point)")
-    base = conv(res.baseline)
-    limit = base * (1 + res.target_drop) if (res.metric == "lm_loss" or not res.higher_is_better) \
-        else base - abs(base) * res.target_drop
-    ax.axhline(limit, color="grey", lw=0.8, ls=":", label=f"{res.target_drop:.0%} drop")
-    ax.set_xlabel("fraction of heads removed")
-    ax.set_ylabel(label)
-    ax.set_title(f"{res.model}: pruning by {res.method}", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    will = OUTPUTS + (["model"] if args.save_model else [])
+    will = OUTPUTS + ([MODEL_DIR.name] if args.save_model else [])
     out = prepare_out_dir(out, args.force, will)  # refuse before any slow work
     check_args(args.fraction, args.target_drop, args.step, args.recover, args.method)  # before the model loads
     if args.force:
@@ -150,15 +120,18 @@ def run(args: argparse.Namespace) -> int:
         from ..prune import n_parameters
 
         small = pruned_model(hm, res)
-        save_pruned(small, out / "model", force=args.force)
-        summary["saved_model"] = {"path": str(out / "model"), "parameters": n_parameters(small),
+        save_pruned(small, out / MODEL_DIR.name, force=args.force)
+        summary["saved_model"] = {"path": str(out / MODEL_DIR.name), "parameters": n_parameters(small),
                                   "parameters_original": n_parameters(hm),
                                   "heads_kept": sum(small.heads_in_layer(l) for l in range(small.n_layers)),
                                   "recovered_weights": bool(res.recover_steps)}
-    atomic_write_text(out / "prune_curve.csv", _csv(res.curve_records()))
-    atomic_write_text(out / "redundancy.csv", _csv(res.redundancy()))
-    atomic_write_bytes(out / "prune_curve.png", plot_curve(res))
-    atomic_write_text(out / "prune.json", json.dumps(summary, indent=2, default=str) + "\n")
+    curve = res.curve_records()
+    atomic_write_text(out / PRUNE_CURVE_CSV.name, _csv(curve))
+    atomic_write_text(out / REDUNDANCY_CSV.name, _csv(res.redundancy()))
+    plots.prune_curve(curve, metric=res.metric, baseline=res.baseline, target_drop=res.target_drop,
+                      higher_is_better=res.higher_is_better, recover_steps=res.recover_steps,
+                      title=f"{res.model}: pruning by {res.method}", path=out / PRUNE_CURVE_PNG.name)
+    atomic_write_text(out / PRUNE_JSON.name, json.dumps(summary, indent=2, default=str) + "\n")
     clear_partial(out)  # the run is complete: its checkpoint is no longer needed
     _print(res, summary)
     print(f"\nwrote {', '.join(str(out / n) for n in will)}", file=sys.stderr)

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from ..artifacts import IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, outputs
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
 from ..errors import HeadscopeError, did_you_mean
 from ..eval.evaluate import read_task_data
@@ -17,7 +18,7 @@ from ..models import load_model
 from ..table import parse_head
 from ._common import add_data_args, add_model_arg, add_out_args, grid
 
-OUTPUTS = ["importance.csv", "importance.json", "rank_correlation.csv"]
+OUTPUTS = outputs("score")  # importance.csv, importance.json, rank_correlation.csv
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
                   limit=args.limit if isinstance(data, str) else None, progress=True)
     corr = rank_correlations(table)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "importance.csv")
-    table.to_json(out / "importance.json")
-    atomic_write_text(out / "rank_correlation.csv", corr.to_csv(float_format="%.4f", lineterminator="\n"))
+    table.to_csv(out / IMPORTANCE_CSV.name)
+    table.to_json(out / IMPORTANCE_JSON.name)
+    atomic_write_text(out / RANK_CORRELATION_CSV.name, corr.to_csv(float_format="%.4f", lineterminator="\n"))
 
     m = table.meta
     value = m["metric_value"]
