@@ -73,7 +73,13 @@ class Trainer:
         check_settings(steps, lr, weight_decay, grad_clip, warmup, schedule)
         self.model = model
         groups = list(params)
-        self.params = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+        chosen = {id(p) for g in groups for p in (g["params"] if isinstance(g, dict) else [g])}
+        # In the model's own order, whatever the grouping: the gradient norm that clipping computes is a
+        # float sum, and its order decides the last bits (a plain AdamW over model.parameters() sums so).
+        self.params = [p for p in model.parameters() if id(p) in chosen]
+        if len(self.params) != len(chosen):
+            raise HeadscopeError(f"{len(chosen) - len(self.params)} of the parameters to train are not "
+                                 f"parameters of the model being trained")
         if not self.params:
             raise HeadscopeError("nothing to train: no parameter requires a gradient")
         self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, weight_decay=weight_decay)

@@ -53,9 +53,9 @@ def evaluate(model: TinyLM, cfg: SweepConfig, corpus: Corpus | None) -> dict[str
 def trainer_for(cfg: SweepConfig, model: TinyLM) -> Trainer:
     """The sweep's optimizer settings: AdamW (0.9, 0.95), weight decay on matrices only, clip 1.0,
     linear warm-up then cosine to lr/10, batches from a generator seeded by `cfg.seed`."""
-    # One parameter group per parameter keeps the parameters (and so the gradient-norm sum that clipping
-    # uses) in the model's own order, as a plain AdamW over model.parameters() would.
-    groups = [{"params": [p], "weight_decay": cfg.weight_decay if p.dim() >= 2 else 0.0} for p in model.parameters()]
+    # Weight decay on matrices only; the Trainer clips gradients in the model's own parameter order.
+    groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
     return Trainer(model, groups, lr=cfg.lr, steps=cfg.steps, weight_decay=cfg.weight_decay, betas=BETAS,
                    grad_clip=GRAD_CLIP, warmup=cfg.warmup, schedule="cosine", min_lr_ratio=MIN_LR_RATIO,
                    seed=cfg.seed, desc=f"{cfg.task} {cfg.label}")
