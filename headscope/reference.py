@@ -161,7 +161,9 @@ class MultiHeadAttention(nn.Module):
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
         # Softmax in float32 (as LLaMA does) so half-precision weights still sum to 1.
-        weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # [batch, head, q, k]
+        # Half-precision scores are widened for the softmax (as transformers does); float64 stays float64.
+        wide = torch.float64 if scores.dtype == torch.float64 else torch.float32
+        weights = F.softmax(scores, dim=-1, dtype=wide).to(q.dtype)  # [batch, head, q, k]
         if allowed is not None:
             # A row with no allowed key is NaN after softmax; every entry of such a row is disallowed,
             # so this zeroes it while leaving ordinary rows (already 0 on masked keys) unchanged.
