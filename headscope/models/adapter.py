@@ -211,7 +211,7 @@ class HeadModel:
                 )
             if given is not None and tuple(given.shape) != (shape[0],):
                 raise HeadscopeError(f"layer {layer}: {name}_bias has shape {tuple(given.shape)}; expected ({shape[0]},)")
-        layout.write_qkv(self.layers[layer], self.spec, w)
+        layout.write_qkv(self.layers[layer], self.spec, w, d)
         self.set_head_counts(layer, h, g)
 
     def out_weight(self, layer: int) -> torch.Tensor:

@@ -36,7 +36,7 @@ LOAD_WITH = ("headscope.load_model(path) or headscope.models.checkpoint.load_che
 
 # The spec attributes the copied slicing code reads.
 _SPEC_FIELDS = ("layers", "attention", "out_proj", "q_proj", "k_proj", "v_proj", "qkv_proj", "conv1d",
-                "head_count_attrs")
+                "qkv_layout", "head_count_attrs", "config_head_attrs")
 
 
 def auto_class(config: Any) -> type:
@@ -74,7 +74,10 @@ def save_model(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
     """
     path = Path(path)
     with atomic_dir(path, force=force) as tmp:
-        hm.model.save_pretrained(tmp)
+        # A pruned checkpoint keeps the module's own parameter names: its loaders (load_checkpoint, and the
+        # trust_remote_code class, which transformers treats as custom code) apply none of transformers'
+        # renamings of legacy checkpoint keys (GPT-NeoX's embed_out <-> lm_head).
+        hm.model.save_pretrained(tmp, save_original_format=not hm.pruned)
         if hm.tokenizer is not None:
             hm.tokenizer.save_pretrained(tmp)
         if hm.pruned:

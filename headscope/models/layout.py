@@ -1,9 +1,12 @@
 """Weight layout of attention projections: Q/K/V per head, resizing projections, slicing heads.
 
 Every function takes a layer block and a spec-like object (attribute paths `q_proj`, `k_proj`,
-`v_proj` or fused `qkv_proj`, `out_proj`, `attention`, `conv1d`, `head_count_attrs`) and plain
-numbers. Weights are exchanged in Linear layout, `[out_features, in_features]`, whatever the
-storage (GPT-2's Conv1D stores `[in, out]`; its fused c_attn holds q, then k, then v rows).
+`v_proj` or fused `qkv_proj`, `out_proj`, `attention`, `conv1d`, `qkv_layout`, `head_count_attrs`,
+`config_head_attrs`) and plain numbers. Weights are exchanged in Linear layout,
+`[out_features, in_features]`, whatever the storage. Fused projections come in two layouts:
+"stacked" holds all q rows, then k, then v (GPT-2's Conv1D c_attn, stored `[in, out]`; Phi-3's
+qkv_proj, whose k and v blocks are n_kv_heads wide); "per_head" holds each head's q, k and v rows
+together, head after head (GPT-NeoX's query_key_value: [h0 q, h0 k, h0 v, h1 q, ...]).
 
 Self-contained on purpose: this module imports only the standard library and torch, because
 `headscope.models.checkpoint.save_model` copies its source verbatim into a pruned checkpoint as
@@ -112,10 +115,25 @@ def read_qkv(block: nn.Module, spec: Any, n_heads: int, n_kv_heads: int, d_head:
     def bias_of(module: nn.Module) -> torch.Tensor | None:
         return None if getattr(module, "bias", None) is None else module.bias.detach()
 
+    if spec.qkv_proj and spec.qkv_layout == "per_head":
+        fused = get_path(block, spec.qkv_proj)
+        w = linear_weight(fused, spec.conv1d).detach()
+        check_per_head(n_heads, n_kv_heads)
+        # [heads * 3 * d_head, in] -> [heads, (q, k, v), d_head, in]: one part across all heads.
+        parts = w.reshape(n_heads, 3, d_head, -1)
+        q, k, v = (parts[:, i].reshape(n_heads * d_head, -1) for i in range(3))
+        b = bias_of(fused)
+        qb, kb, vb = (None, None, None) if b is None else (b.reshape(n_heads, 3, d_head)[:, i].reshape(-1)
+                                                          for i in range(3))
+        return QKVWeights(q, k, v, qb, kb, vb)
     if spec.qkv_proj:
         fused = get_path(block, spec.qkv_proj)
-        sizes = [n_heads * d_head, n_kv_heads * d_head, n_kv_heads * d_head]
-        q, k, v = torch.split(linear_weight(fused, spec.conv1d).detach(), sizes, dim=0)
+        w = linear_weight(fused, spec.conv1d).detach()
+        # K and V take what the q rows leave: the module's own width, which GQA conversion may change
+        # before the config's KV head count follows (or the other way round).
+        kv_rows = (w.shape[0] - n_heads * d_head) // 2
+        sizes = [n_heads * d_head, kv_rows, kv_rows]
+        q, k, v = torch.split(w, sizes, dim=0)
         b = bias_of(fused)
         qb, kb, vb = (None, None, None) if b is None else torch.split(b, sizes)
         return QKVWeights(q, k, v, qb, kb, vb)
@@ -124,8 +142,27 @@ def read_qkv(block: nn.Module, spec: Any, n_heads: int, n_kv_heads: int, d_head:
     return QKVWeights(q, k, v, *(bias_of(m) for m in mods))
 
 
-def write_qkv(block: nn.Module, spec: Any, w: QKVWeights) -> None:
+def check_per_head(n_heads: int, n_kv_heads: int) -> None:
+    """Refuse a per-head fused layout with shared K/V: each head's q, k and v rows sit together there."""
+    if n_heads != n_kv_heads:
+        raise ValueError(f"a per-head fused QKV projection gives every query head its own K/V; got {n_heads} query "
+                         f"heads and {n_kv_heads} KV heads")
+
+
+def interleave_per_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d_head: int) -> torch.Tensor:
+    """Rows (or bias values) of q, k and v, each `[heads * d_head, ...]`, as [h0 q, h0 k, h0 v, h1 q, ...]."""
+    rest = q.shape[1:]
+    parts = [t.reshape(-1, d_head, *rest) for t in (q, k, v)]  # [heads, d_head, ...] each
+    return torch.stack(parts, 1).reshape(-1, *rest)  # [heads * 3 * d_head, ...]
+
+
+def write_qkv(block: nn.Module, spec: Any, w: QKVWeights, d_head: int) -> None:
     """Write Q, K and V (Linear layout) into one layer block, fusing them when the family does."""
+    if spec.qkv_proj and spec.qkv_layout == "per_head":
+        check_per_head(w.q.shape[0] // d_head, w.k.shape[0] // d_head)
+        bias = None if w.q_bias is None else interleave_per_head(w.q_bias, w.k_bias, w.v_bias, d_head)
+        write_weight(block, spec.qkv_proj, interleave_per_head(w.q, w.k, w.v, d_head), bias, spec.conv1d)
+        return
     if spec.qkv_proj:
         bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias, w.v_bias])
         write_weight(block, spec.qkv_proj, torch.cat([w.q, w.k, w.v]), bias, spec.conv1d)
@@ -135,13 +172,49 @@ def write_qkv(block: nn.Module, spec: Any, w: QKVWeights) -> None:
         write_weight(block, path, weight, bias, spec.conv1d)
 
 
+class LayerConfig:
+    """One layer's view of the model config shared by all layers, with its own head counts.
+
+    Some attention forwards read a head count from that shared config (Phi-3 splits its fused
+    projection at `config.num_attention_heads * head_dim`), which a layer pruned to fewer heads must
+    not see. This view answers the overridden names itself and everything else (the attention
+    implementation included) from the shared config, so later changes to it are still seen.
+    """
+
+    def __init__(self, base: Any, overrides: dict[str, Any]) -> None:
+        self.__dict__["_base"] = base
+        self.__dict__["_overrides"] = dict(overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        # Dunders must not reach the shared config: copy.deepcopy would copy the config, not this view.
+        if name.startswith("__") or "_base" not in self.__dict__:
+            raise AttributeError(name)
+        overrides = self.__dict__["_overrides"]
+        return overrides[name] if name in overrides else getattr(self.__dict__["_base"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._overrides:
+            self._overrides[name] = value
+        else:
+            setattr(self._base, name, value)
+
+    def __repr__(self) -> str:
+        return f"LayerConfig({type(self._base).__name__}, overrides={self._overrides})"
+
+
 def set_head_count_attrs(attention: nn.Module, spec: Any, n_heads: int, n_kv_heads: int, d_head: int) -> None:
     """Update the head-count attributes the attention forward reads (after its projections were resized)."""
     values = {"heads": n_heads, "width": n_heads * d_head, "kv_heads": n_kv_heads,
-              "groups": n_heads // max(n_kv_heads, 1)}
+              "groups": n_heads // max(n_kv_heads, 1), "d_head": d_head}
     for attr, quantity in spec.head_count_attrs:
         if hasattr(attention, attr):
             setattr(attention, attr, values[quantity])
+    config_attrs = spec.config_head_attrs
+    if config_attrs and hasattr(attention, "config"):
+        base = attention.config._base if isinstance(attention.config, LayerConfig) else attention.config
+        # Only counts that differ from the shared config need the layer's own view.
+        overrides = {attr: values[q] for attr, q in config_attrs if getattr(base, attr, None) != values[q]}
+        attention.config = LayerConfig(base, overrides) if overrides else base
 
 
 class EmptyAttention(nn.Module):
@@ -179,7 +252,10 @@ def slice_block(block: nn.Module, spec: Any, d_head: int, group_size: int, now: 
     keep_kv, now_kv = kv_heads_for(keep, group_size), kv_heads_for(now, group_size)
     pos_q = [now.index(h) for h in keep]  # positions in the current (possibly already pruned) layout
     pos_kv = [now_kv.index(k) for k in keep_kv]
-    if spec.qkv_proj:
+    if spec.qkv_proj and spec.qkv_layout == "per_head":
+        # Fused [h0 q, h0 k, h0 v, h1 q, ...]: a head's 3 * d_head rows go or stay together.
+        parts = [(spec.qkv_proj, head_features(pos_q, 3 * d))]
+    elif spec.qkv_proj:
         # Fused [q; k; v] output: the q block is len(now) heads wide, k and v len(now_kv) each.
         wq, wkv = len(now) * d, len(now_kv) * d
         idx = torch.cat([head_features(pos_q, d), head_features(pos_kv, d, wq), head_features(pos_kv, d, wq + wkv)])

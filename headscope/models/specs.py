@@ -27,19 +27,28 @@ class AttentionSpec:
     q_proj: str | None = None  # separate projections (BERT, LLaMA)
     k_proj: str | None = None
     v_proj: str | None = None
-    qkv_proj: str | None = None  # fused [q; k; v] projection (GPT-2)
+    qkv_proj: str | None = None  # fused projection (GPT-2, Phi-3, GPT-NeoX)
+    # How a fused projection orders its rows: "stacked" = all q, then all k, then all v (GPT-2, Phi-3);
+    # "per_head" = each head's q, k, v together, head after head (GPT-NeoX).
+    qkv_layout: str = "stacked"
     conv1d: bool = False  # GPT-2's Conv1D stores weights as [in, out]
     causal: bool = False
     # Attributes of the attention module that its forward reads and physical pruning must update,
     # with the quantity each holds: "heads" (query heads kept), "width" (heads * d_head) or
     # "groups" (query heads per kept KV head). Attributes a module lacks are skipped.
     head_count_attrs: tuple[tuple[str, str], ...] = ()
+    # Config attributes the attention forward reads for its own sizes (Phi-3 splits its fused output at
+    # config.num_attention_heads * head_dim), same quantities: a pruned layer gets its own view of them.
+    config_head_attrs: tuple[tuple[str, str], ...] = ()
     # Whether the family's config stores the number of KV heads (`num_key_value_heads`), so a
     # checkpoint with fewer KV heads than query heads (GQA/MQA) loads in plain transformers.
     kv_heads_in_config: bool = False
     # Whether the position table reserves `pad_token_id + 1` leading slots (RoBERTa counts positions
     # from padding_idx + 1), so usable positions are max_position_embeddings minus that.
     position_offset_from_pad: bool = False
+    # For the supported-families table: well-known models of the family, and what is special about it.
+    examples: str = ""
+    notes: str = ""
 
     def describe(self) -> str:
         """One line for listings: family and the model types it covers."""
@@ -56,11 +65,14 @@ BERT = AttentionSpec(
     k_proj="attention.self.key",
     v_proj="attention.self.value",
     head_count_attrs=(("num_attention_heads", "heads"), ("all_head_size", "width")),
+    examples="BERT, all-MiniLM-L6-v2 (built-in `minilm`), ELECTRA",
+    notes="encoder; output projection outside the self-attention module",
 )
 
 # The BERT layout with RoBERTa's position numbering.
 ROBERTA = replace(BERT, family="roberta", model_types=("roberta", "xlm-roberta", "camembert"),
-                  position_offset_from_pad=True)
+                  position_offset_from_pad=True, examples="RoBERTa, XLM-R, CamemBERT",
+                  notes="BERT layout; positions counted from pad_token_id + 1")
 
 GPT2 = AttentionSpec(
     family="gpt2",
@@ -72,6 +84,8 @@ GPT2 = AttentionSpec(
     conv1d=True,
     causal=True,
     head_count_attrs=(("num_heads", "heads"), ("split_size", "width")),
+    examples="GPT-2, DistilGPT-2",
+    notes="fused stacked c_attn stored as Conv1D ([in, out]); learned positions",
 )
 
 LLAMA = AttentionSpec(
@@ -86,9 +100,72 @@ LLAMA = AttentionSpec(
     causal=True,
     head_count_attrs=(("num_key_value_groups", "groups"), ("num_heads", "heads"), ("num_key_value_heads", "kv_heads")),
     kv_heads_in_config=True,
+    examples="LLaMA 2/3, SmolLM2 (built-in `smollm2`), Mistral, Qwen2/2.5",
+    notes="RoPE; Mistral and Qwen2 may use a sliding window",
 )
 
-SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA)
+# The LLaMA layout plus extras that change no weight layout: q_norm / k_norm normalise each head's
+# d_head features with one weight shared by every head, so slicing heads never touches them.
+QWEN3 = replace(LLAMA, family="qwen3", model_types=("qwen3",), examples="Qwen3 0.6B-32B",
+                notes="q_norm / k_norm per head (shared by all heads, not sliced); head_dim != d_model / heads")
+GEMMA3 = replace(
+    LLAMA, family="gemma3", model_types=("gemma3_text",), examples="Gemma-3 270M (built-in `gemma3`, MQA), 1B",
+    notes="q_norm / k_norm per head; scale query_pre_attn_scalar^-0.5; head_dim != d_model / heads; sliding and "
+          "global layers (layer_types)")
+GEMMA2 = replace(LLAMA, family="gemma2", model_types=("gemma2",), examples="Gemma-2 2B/9B",
+                 notes="attention logits soft-capped (attn_logit_softcapping); sliding and global layers")
+STARCODER2 = replace(LLAMA, family="starcoder2", model_types=("starcoder2",), examples="StarCoder2 3B/7B",
+                     notes="biases on every projection; sliding window")
+
+PHI3 = AttentionSpec(
+    family="phi3",
+    model_types=("phi3",),
+    layers="layers",
+    attention="self_attn",
+    out_proj="self_attn.o_proj",
+    qkv_proj="self_attn.qkv_proj",
+    causal=True,
+    head_count_attrs=(("num_key_value_groups", "groups"), ("num_key_value_heads", "kv_heads")),
+    config_head_attrs=(("num_attention_heads", "heads"),),
+    kv_heads_in_config=True,
+    examples="Phi-3 mini/medium, Phi-4-mini",
+    notes="fused stacked qkv_proj [q; k; v] with GQA; splits it at config.num_attention_heads (a pruned layer "
+          "gets its own view of the config)",
+)
+
+GPT_NEOX = AttentionSpec(
+    family="gpt_neox",
+    model_types=("gpt_neox",),
+    layers="layers",
+    attention="attention",
+    out_proj="attention.dense",
+    qkv_proj="attention.query_key_value",
+    qkv_layout="per_head",
+    causal=True,
+    # Its forward infers the head count from the fused width; the one size it reads, head_size, is
+    # d_head, which pruning keeps.
+    head_count_attrs=(("head_size", "d_head"),),
+    examples="Pythia 14M-12B, GPT-NeoX-20B",
+    notes="fused query_key_value interleaved per head [h0 q, k, v, h1 ...]; partial rotary (rotary_pct)",
+)
+
+OPT = AttentionSpec(
+    family="opt",
+    model_types=("opt",),
+    layers="decoder.layers",
+    attention="self_attn",
+    out_proj="self_attn.out_proj",
+    q_proj="self_attn.q_proj",
+    k_proj="self_attn.k_proj",
+    v_proj="self_attn.v_proj",
+    causal=True,
+    head_count_attrs=(("num_heads", "heads"),),
+    examples="OPT 125M-66B",
+    notes="biases on every projection; learned positions; queries scaled before the attention call",
+)
+
+SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA, QWEN3, GEMMA3, GEMMA2, STARCODER2, PHI3, GPT_NEOX,
+                                    OPT)
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 

@@ -1,7 +1,9 @@
 """Tiny randomly initialised models built from configs: for tests, benchmarks and learning.
 
 Fixed seed, float32, eager attention. Each tiny config has 2 layers and at least 4 query heads;
-the LLaMA-family ones are GQA (6 query heads sharing 2 KV heads).
+the LLaMA-family ones, Qwen3, Gemma-2, StarCoder2 and Phi-3 are GQA (6 or 4 query heads sharing 2
+KV heads), Gemma-3 is MQA like the real 270M (4 query heads, 1 KV head). Where a family's head_dim
+may differ from d_model / heads (Qwen3, Gemma), it does here, so the two cannot be confused.
 """
 
 from __future__ import annotations
@@ -30,6 +32,31 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA),
     "mistral": ("MistralConfig", "MistralForCausalLM", _LLAMA),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA, "head_dim": 12}),
+    # One sliding layer (window 4) then a global one, like the real model's 5:1 pattern; the scaling
+    # query_pre_attn_scalar (24) is not head_dim (16), so using the wrong one shows.
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=16, intermediate_size=64, max_position_embeddings=64, query_pre_attn_scalar=24, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Soft-capping at 2.0 bends the logits of this tiny model's attention (its raw logits reach ~5).
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=64, max_position_embeddings=64, query_pre_attn_scalar=16, sliding_window=4,
+        attn_logit_softcapping=2.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {**_LLAMA, "sliding_window": 5, "use_bias": True,
+                                                                 "bos_token_id": 1, "eos_token_id": 2,
+                                                                 "residual_dropout": 0.0, "embedding_dropout": 0.0}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {**_LLAMA, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+                                               "resid_pdrop": 0.0, "embd_pdrop": 0.0}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, rotary_pct=0.25, attention_bias=True, hidden_dropout=0.0,
+        attention_dropout=0.0, bos_token_id=1, eos_token_id=2)),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+        max_position_embeddings=64, word_embed_proj_dim=32, dropout=0.0, attention_dropout=0.0,
+        pad_token_id=1, bos_token_id=2, eos_token_id=2)),
 }
 TINY_FAMILIES = tuple(_TINY)
 
