@@ -31,8 +31,8 @@ _LAZY = {
     "run_sweep": "sweep", "convert_to_gqa": "gqa", "convert_and_evaluate": "gqa",
     # Q3: which heads are redundant
     "evaluate": "eval.evaluate", "score": "importance", "rank_correlations": "importance",
-    "prune_heads": "prune", "save_pruned": "prune", "load_pruned": "prune", "prune_curve": "curves",
-    # checkpoints of pruned or converted models (save_pruned/load_pruned are their earlier names)
+    "prune_heads": "prune", "prune_curve": "curves",
+    # checkpoints of pruned or converted models
     "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint",
     # the report
     "render_report": "report",
@@ -47,6 +47,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "STATISTICS",
+    "__version__",
     "HeadModel",
     "HeadStats",
     "HeadTable",

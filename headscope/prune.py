@@ -20,7 +20,6 @@ forward runs on an empty layer.)
 
 Saving and loading live in `headscope.models.checkpoint` (`save_model`, `load_checkpoint`; a
 saved pruned model also loads with `AutoModel*.from_pretrained(path, trust_remote_code=True)`).
-`save_pruned` and `load_pruned` below are their names from before, kept for existing scripts.
 """
 
 from __future__ import annotations
@@ -33,16 +32,10 @@ import torch
 
 from .errors import HeadscopeError
 from .models.adapter import HeadModel
-from .models.checkpoint import load_checkpoint, save_model
 from .models.specs import SPECS
 from .table import head_name, parse_head
 
 log = logging.getLogger(__name__)
-
-# Earlier names of the checkpoint functions (docs/pruning.md, README).
-save_pruned = save_model
-load_pruned = load_checkpoint
-
 
 # --- which heads ---------------------------------------------------------------------------------
 def kept_heads(hm: HeadModel) -> dict[int, list[int]]:

@@ -207,6 +207,6 @@ class MultiHeadAttention(nn.Module):
 
     def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
         """Bytes this layer adds to a KV cache per token: 2 (K and V) * n_kv_heads * d_head * bytes(dtype)."""
-        from .kv import dtype_bits
+        from .kv import dtype_bits  # kv reads model configs (transformers); the reference module stays light
 
         return 2 * self.n_kv_heads * self.d_head * dtype_bits(dtype) // 8

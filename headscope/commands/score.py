@@ -6,6 +6,7 @@ import argparse
 import sys
 
 import numpy as np
+import torch
 
 from ..artifacts import IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, outputs
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
@@ -49,8 +50,6 @@ def parse_pruned(text: str | None, n_layers: int, n_heads: int):
     """A gate tensor with the listed heads at 0 (None when nothing is listed)."""
     if not text:
         return None
-    import torch
-
     gates = torch.ones(n_layers, n_heads)
     for item in text.split(","):
         if item.strip():
