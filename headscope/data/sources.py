@@ -177,14 +177,17 @@ def treebank_path(name_or_path: str | Path) -> Path:
     """A CoNLL-U file: a built-in treebank name (`ewt-test`, `gum-test`) or a path to one."""
     if isinstance(name_or_path, str) and name_or_path in TREEBANKS:
         return Path(str(resources.files("headscope").joinpath(f"resources/ud/{TREEBANKS[name_or_path]}")))
-    p = Path(name_or_path)
+    return _existing_file(name_or_path, "treebank", "a .conllu file", TREEBANKS)
+
+
+def _existing_file(path: str | Path, what: str, kinds: str, names: Any) -> Path:
+    """`path` as a Path when it is an existing file, else an error naming the built-in `names` too."""
+    p = Path(path)
     if not p.exists():
-        raise HeadscopeError(
-            f"treebank {str(name_or_path)!r} is neither a built-in one{did_you_mean(str(name_or_path), TREEBANKS)} "
-            f"({', '.join(TREEBANKS)}) nor an existing .conllu file")
+        raise HeadscopeError(f"{what} file {str(p)!r} does not exist; give {kinds}, or a built-in "
+                             f"name{did_you_mean(str(path), names)}: {', '.join(names)}")
     if p.is_dir():
-        raise HeadscopeError(f"treebank path {str(p)!r} is a directory; give a .conllu file or one of "
-                             f"{', '.join(TREEBANKS)}")
+        raise HeadscopeError(f"{what} path {str(p)!r} is a directory; give {kinds}")
     return p
 
 
@@ -232,13 +235,7 @@ def read_texts(data: str | Path | None = None, limit: int | None = None) -> Text
         text = resources.files("headscope").joinpath("resources/sample_en.txt").read_text(encoding="utf-8")
         texts, source = [t for t in text.splitlines() if t.strip()], SAMPLE
     else:
-        p = Path(data)
-        if not p.exists():
-            raise HeadscopeError(
-                f"data file {str(p)!r} does not exist; give a .txt, .jsonl or .conllu file, or a built-in "
-                f"name{did_you_mean(str(data), BUILTIN_NAMES)}: {', '.join(BUILTIN_NAMES)}")
-        if p.is_dir():
-            raise HeadscopeError(f"data path {str(p)!r} is a directory; give a .txt, .jsonl or .conllu file")
+        p = _existing_file(data, "data", "a .txt, .jsonl or .conllu file", BUILTIN_NAMES)
         source = str(p)
         suffix = p.suffix.lower()
         if suffix == ".conllu":
