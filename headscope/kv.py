@@ -306,8 +306,8 @@ def human_bytes(n: float) -> str:
 
 
 def _builtin_config(name: str) -> dict[str, Any]:
-    """The config of a built-in model without loading weights (the float copy's config.json for smollm2)."""
-    name_text = "SmolLM2-135M-Instruct" if name == "smollm2" else BUILTINS[name].description.split(" (")[0]
+    """The config of a built-in model without loading weights (a GGUF built-in: its float copy's config.json)."""
+    name_text = BUILTINS[name].description.split(" (")[0]
     return {**builtin_config_dict(name), "_name": name_text}
 
 

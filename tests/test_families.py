@@ -16,6 +16,8 @@ import subprocess
 import sys
 import textwrap
 
+import gguf
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -23,11 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from families import BY_HAND, DECODERS, FAMILIES, KV_FAMILIES, model, prunable_heads
-from headscope import head_gates, on_attention_weights
+from headscope import HeadscopeError, head_gates, load_model, on_attention_weights
 from headscope.analyze import run_stats
 from headscope.gqa import expand_kv_heads, pool_kv_heads
 from headscope.kv import kv_cache_bytes
-from headscope.models import QKVWeights, SPECS, supported_model_types
+from headscope.models import SPECS, QKVWeights, spec_for, supported_model_types
 from headscope.models.checkpoint import PRUNING_FILE, load_checkpoint, save_model
 from headscope.prune import prune_heads, pruned_gates
 from headscope.stats import STATISTICS
@@ -304,3 +306,42 @@ def test_phi3_pruned_layer_reads_its_own_head_count():
     assert twin.model.layers[1].self_attn.config._attn_implementation == "sdpa"
     assert small.attention(1).config._attn_implementation == "eager"
     assert not hasattr(_MODELS["phi3"].config, "headscope_pruning")  # the input model is untouched
+
+
+# --- bad input ---------------------------------------------------------------------------------------------
+
+
+def test_an_unsupported_family_lists_the_supported_ones_and_the_guide(tmp_path):
+    want = r"model type 'xlnet' is not supported; supported: bert, camembert, .*gemma3_text.*opt.*xlm-roberta\. .*" \
+           r"docs/families\.md, \"Adding a family\""
+    with pytest.raises(HeadscopeError, match=want):
+        spec_for("xlnet")
+    transformers.XLNetConfig(vocab_size=50, d_model=16, n_layer=1, n_head=2, d_inner=32).save_pretrained(tmp_path)
+    with pytest.raises(HeadscopeError, match=want):  # before any weight is read
+        load_model(str(tmp_path))
+    with pytest.raises(HeadscopeError, match="'gemma3' is not supported \\(did you mean 'gemma2'"):
+        spec_for("gemma3")  # the multimodal wrapper; its text model is gemma3_text
+
+
+def _fake_gguf(path, architecture: str) -> None:
+    """A small but well-formed GGUF file (header, a few keys, one tensor) written by the gguf package."""
+    w = gguf.GGUFWriter(str(path), architecture)
+    w.add_block_count(2)
+    w.add_context_length(64)
+    w.add_embedding_length(32)
+    w.add_head_count(4)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_gguf_file_transformers_cannot_read_is_a_clear_error(tmp_path):
+    _fake_gguf(tmp_path / "encoder.gguf", "bert")  # a real architecture name that transformers' GGUF reader lacks
+    with pytest.raises(HeadscopeError, match=r"cannot read the GGUF file .*encoder\.gguf.*architecture bert is not "
+                                             r"supported.*reads GGUF files of these architectures: .*gemma3.*llama"):
+        load_model(str(tmp_path / "encoder.gguf"))
+    (tmp_path / "not.gguf").write_bytes(b"NOTAGGUF" + bytes(64))
+    with pytest.raises(HeadscopeError, match=r"cannot read the GGUF file .*not\.gguf.*magic"):
+        load_model(str(tmp_path / "not.gguf"))

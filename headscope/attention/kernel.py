@@ -22,6 +22,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
+from ..models.specs import supported_model_types
 from .blocks import AttentionBlock, check_block, iter_blocks, key_range, visible_outside
 
 KERNEL_NAME = "headscope_stats"
@@ -193,8 +194,7 @@ def check_kernel_support(hm: HeadModel) -> None:
             raise HeadscopeError(
                 f"{cls.__name__} (layer {layer} of {hm.name!r}, model type {hm.config.model_type!r}) computes "
                 f"attention itself instead of calling transformers' AttentionInterface, so the statistics kernel "
-                f"cannot serve it; families checked with transformers 5: bert, roberta, electra, gpt2, llama, "
-                f"mistral, qwen2")
+                f"cannot serve it; model types checked with transformers 5: {', '.join(supported_model_types())}")
 
 
 @contextmanager

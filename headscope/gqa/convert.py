@@ -26,8 +26,9 @@ SUPPORTED_MODEL_TYPES = tuple(t for spec in SPECS if spec.kv_heads_in_config for
 Groups = Sequence[Sequence[int]]  # one layer: groups[new_kv_head] = [old kv heads]
 
 
-def check_convertible(hm: HeadModel, kv_heads: int) -> None:
-    """Raise a clear error unless `hm` can be converted to `kv_heads` KV heads."""
+def check_convertible(hm: HeadModel, kv_heads: int, *, merge: bool = True) -> None:
+    """Raise a clear error unless `hm` can be converted to `kv_heads` KV heads (`merge=False`: only
+    permuted or expanded, which an MQA model allows too)."""
     mt = hm.config.model_type
     if not hm.spec.kv_heads_in_config:
         raise HeadscopeError(
@@ -39,6 +40,12 @@ def check_convertible(hm: HeadModel, kv_heads: int) -> None:
         raise HeadscopeError(f"--kv-heads must be a whole number, got {kv_heads!r}")
     n_kv, n_heads = hm.n_kv_heads, hm.n_heads
     divisors = [g for g in range(1, n_kv + 1) if n_kv % g == 0]
+    if merge and n_kv == 1:
+        raise HeadscopeError(
+            f"{hm.name!r} has a single KV head already (MQA: all {n_heads} query heads share it), so there are no KV "
+            f"heads to merge and --kv-heads {kv_heads} cannot change it; an MQA model cannot lose KV heads "
+            f"(headscope.gqa.expand_kv_heads goes the other way: one KV head per query head)"
+        )
     if kv_heads < 1:
         raise HeadscopeError(f"--kv-heads must be at least 1 (1 = MQA), got {kv_heads}; choose one of {divisors}")
     if kv_heads > n_kv:
@@ -156,7 +163,7 @@ def permute_query_heads(hm: HeadModel, orders: dict[int, Sequence[int]] | Sequen
     columns of o_proj move together; for GQA the query heads of each KV head must stay together and the
     KV heads (k_proj/v_proj rows) move with them, since query head h reads KV head h // group_size.
     """
-    check_convertible(hm, hm.n_kv_heads)
+    check_convertible(hm, hm.n_kv_heads, merge=False)
     items = orders.items() if isinstance(orders, dict) else enumerate(orders)
     out = _copy(hm, hm.name, hm.source)
     for layer, order in items:
@@ -172,7 +179,7 @@ def expand_kv_heads(hm: HeadModel) -> HeadModel:
     does at run time, so outputs are unchanged; the cache grows by the group size. Useful to study
     regrouping from an MHA starting point.
     """
-    check_convertible(hm, hm.n_kv_heads)
+    check_convertible(hm, hm.n_kv_heads, merge=False)
     g, d = hm.group_size, hm.d_head
 
     def repeat(t: torch.Tensor | None) -> torch.Tensor | None:

