@@ -1,10 +1,11 @@
-"""`headscope models`: the built-in models, whether each is installed, and how to install it."""
+"""`headscope models`: the built-in models, whether each is installed, and the supported families."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..models import builtin_status, supported_model_types
+from ..models import builtin_status
+from ..models.specs import ADDING_A_FAMILY, families_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,5 +18,10 @@ def run(args: argparse.Namespace) -> int:
     for b, ok in builtin_status():
         state = "installed" if ok else f"not installed -> {b.install}"
         print(f"  {b.name:<9} {b.description}\n            {state}")
-    print(f"\nAny model directory or hub id of these types also works: {', '.join(supported_model_types())}")
+        if b.terms:
+            print(f"            {b.terms}")
+    print("\nAny model directory, .gguf file or hub id of these families also works:\n")
+    print(families_table())
+    print(f"Prune removes query heads (a KV head goes only with all the query heads that read it); GQA convert merges "
+          f"KV heads. Another family: {ADDING_A_FAMILY}.")
     return 0

@@ -88,7 +88,7 @@ GPT2 = AttentionSpec(
     causal=True,
     head_count_attrs=(("num_heads", "heads"), ("split_size", "width")),
     examples="GPT-2, DistilGPT-2",
-    notes="fused stacked c_attn stored as Conv1D ([in, out]); learned positions",
+    notes="Conv1D stores weights [in, out]; learned positions",
 )
 
 LLAMA = AttentionSpec(
@@ -132,8 +132,8 @@ PHI3 = AttentionSpec(
     config_head_attrs=(("num_attention_heads", "heads"),),
     kv_heads_in_config=True,
     examples="Phi-3 mini/medium, Phi-4-mini",
-    notes="fused stacked qkv_proj [q; k; v] with GQA; splits it at config.num_attention_heads (a pruned layer "
-          "gets its own view of the config)",
+    notes="GQA inside one fused projection, split at config.num_attention_heads (a pruned layer gets its own "
+          "view of the config)",
 )
 
 GPT_NEOX = AttentionSpec(
@@ -149,7 +149,7 @@ GPT_NEOX = AttentionSpec(
     # d_head, which pruning keeps.
     head_count_attrs=(("head_size", "d_head"),),
     examples="Pythia 14M-12B, GPT-NeoX-20B",
-    notes="fused query_key_value interleaved per head [h0 q, k, v, h1 ...]; partial rotary (rotary_pct)",
+    notes="partial rotary (rotary_pct); the head count is inferred from the fused width",
 )
 
 OPT = AttentionSpec(
@@ -187,3 +187,23 @@ def spec_for(model_type: str) -> AttentionSpec:
             f"supported: {', '.join(supported_model_types())}. A new family is one AttentionSpec in "
             f"headscope/models/specs.py plus a tiny config: see {ADDING_A_FAMILY}"
         ) from None
+
+
+def _layout_text(spec: AttentionSpec) -> str:
+    if not spec.qkv_proj:
+        return "separate q, k, v"
+    order = "per head [h0 q, k, v, h1 ...]" if spec.qkv_layout == "per_head" else "stacked [q; k; v]"
+    return f"fused, {order}" + (", Conv1D" if spec.conv1d else "")
+
+
+def families_table() -> str:
+    """The supported families as a Markdown table, generated from SPECS (docs/families.md holds a copy)."""
+    rows = ["| family | model_type | examples | kind | Q/K/V layout | KV heads | prune | GQA convert | notes |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for s in SPECS:
+        kv = "from num_key_value_heads (MHA, GQA or MQA)" if s.kv_heads_in_config else "one per query head (MHA)"
+        rows.append(" | ".join([
+            f"| {s.family}", ", ".join(f"`{t}`" for t in s.model_types), s.examples,
+            "decoder" if s.causal else "encoder", _layout_text(s), kv, "yes" if s.head_count_attrs else "no",
+            "yes" if s.kv_heads_in_config else "no", f"{s.notes} |"]))
+    return "\n".join(rows) + "\n"
