@@ -11,8 +11,13 @@ import importlib
 import logging
 import pkgutil
 import sys
+import traceback
+import warnings
+
+import transformers
 
 from . import commands
+from .commands._common import check_common
 from .version import __version__
 from .errors import HeadscopeError
 
@@ -31,7 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_libraries(verbose: bool) -> None:
+    """Keep transformers' progress bars and repeated warnings off a normal run's terminal."""
+    if not verbose:
+        transformers.utils.logging.disable_progress_bar()  # the "Loading weights" bar on every load
+        transformers.utils.logging.set_verbosity_error()
+    # One copy of each warning: the default filter can repeat one per call site and module.
+    warnings.simplefilter("once")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb; user errors exit 2 with one line, unexpected ones exit 1 with one line (-v: traceback)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -40,14 +55,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        _quiet_libraries(args.verbose)
+        check_common(args)  # every shared option is checked before a verb loads anything
         return int(args.func(args) or 0)
     except (HeadscopeError, FileNotFoundError, KeyError) as e:
+        if args.verbose:
+            traceback.print_exc()
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"headscope {args.verb}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"headscope {args.verb}: interrupted; no output was left half-written", file=sys.stderr)
         return 130
+    except Exception as e:  # the safety net: a bug or an unforeseen input, never a bare traceback
+        if args.verbose:
+            traceback.print_exc()
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"headscope {args.verb}: unexpected {type(e).__name__}: {detail} "
+              f"(run with -v for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ class HeadscopeError(ValueError):
     """A user-facing error (bad input, unsupported model, refused overwrite)."""
 
 
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """'1 head', '2 heads' (or `many` for irregular plurals): counts in user-facing messages."""
+    return f"{n} {noun if n == 1 else (many or noun + 's')}"
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return a ' (did you mean X?)' hint when `word` is close to one of `choices`, else ''."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

@@ -116,11 +116,37 @@ def atomic_dir(path: str | Path, *, force: bool = False) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def prepare_out_dir(out: str | Path, force: bool, will_write: list[str]) -> Path:
-    """Refuse (without `force`) to write into an output folder that already holds results."""
+def check_writable_dir(out: str | Path, option: str = "--out") -> Path:
+    """Refuse an output folder that names a file or cannot be created or written, before any work.
+
+    Nothing is left behind: a probe file is created and removed in the nearest existing ancestor,
+    and the folder itself is made later, when the results exist.
+    """
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise HeadscopeError(f"output path {str(out)!r} exists and is not a directory; choose another --out")
+        raise HeadscopeError(f"{option} {str(out)!r} is a file, not a directory; choose a directory path")
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise HeadscopeError(f"{option} {str(out)!r} cannot be created: {str(probe)!r} is a file; "
+                             f"choose a path under a directory")
+    try:  # a real probe, not os.access: root passes access checks on read-only mounts and /proc
+        fd, name = tempfile.mkstemp(prefix=".headscope-probe.", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise HeadscopeError(f"{option} {str(out)!r} cannot be written: {str(probe)!r} refuses new files "
+                             f"({e.strerror or e}); choose a writable directory") from None
+    return out
+
+
+def prepare_out_dir(out: str | Path, force: bool, will_write: list[str]) -> Path:
+    """Refuse (without `force`) to write into an output folder that already holds results, or one that
+    cannot be written (see `check_writable_dir`)."""
+    out = check_writable_dir(out)
     if out.is_dir() and not force:
         clash = [n for n in will_write if (out / n).exists()]
         if clash:

@@ -6,9 +6,62 @@ import argparse
 import math
 
 import numpy as np
+import torch
 
 from ..data import DEFAULT_LIMIT
+from ..errors import HeadscopeError
 from ..table import HeadTable
+
+# Count options any verb may define (argparse dest -> the option as the user typed it); each must be >= 1.
+POSITIVE = {"batch_size": "--batch-size", "max_length": "--max-length", "limit": "--limit",
+            "heldout_limit": "--heldout-limit", "data_limit": "--data-limit", "steps": "--steps",
+            "seq": "--seq", "batch": "--batch", "layers": "--layers", "d_model": "--d-model",
+            "eval_tokens": "--eval-tokens", "ig_steps": "--ig-steps", "search_candidates": "--search-candidates"}
+# Options that must be >= 0.
+NON_NEGATIVE = {"sentences": "--sentences", "recover": "--recover", "uptrain": "--uptrain", "top": "--top"}
+# Learning rates: finite and > 0.
+RATES = {"lr": "--lr", "recover_lr": "--recover-lr"}
+
+
+def check_device(device: str) -> str:
+    """Refuse a torch device string that does not parse or names hardware this machine lacks."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise HeadscopeError(f"--device {device!r} is not a torch device; use cpu, cuda, cuda:0 or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise HeadscopeError(f"--device {device!r}: CUDA is not available on this machine "
+                                 f"(torch {torch.__version__}); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise HeadscopeError(f"--device {device!r}: this machine has {torch.cuda.device_count()} CUDA "
+                                 f"device(s), numbered from 0; use cuda:0")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise HeadscopeError(f"--device {device!r}: MPS is not available on this machine; use --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise HeadscopeError(f"--device {device!r}: headscope runs on cpu, cuda or mps; use --device cpu")
+    return device
+
+
+def check_common(args: argparse.Namespace) -> None:
+    """Validate the options many verbs share (counts, rates, device), before any verb does work.
+
+    The CLI calls this for every verb, so a verb gets these checks by naming its options as here.
+    """
+    for dest, flag in POSITIVE.items():
+        v = getattr(args, dest, None)
+        if v is not None and v < 1:
+            raise HeadscopeError(f"{flag} must be at least 1; got {v}")
+    for dest, flag in NON_NEGATIVE.items():
+        v = getattr(args, dest, None)
+        if v is not None and v < 0:
+            raise HeadscopeError(f"{flag} must be 0 or more; got {v}")
+    for dest, flag in RATES.items():
+        v = getattr(args, dest, None)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise HeadscopeError(f"{flag} must be a positive number like 1e-3; got {v}")
+    if getattr(args, "device", None) is not None:
+        check_device(args.device)
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from ..artifacts import SWEEP_CSV, SWEEP_RUNS, outputs
 from ..errors import HeadscopeError
+from ..io import check_writable_dir
 from ..sweep import plan_sweep, plot_sweep, run_sweep
 
 OUTPUTS = outputs("sweep")  # sweep.csv, runs/, sweep_quality.png, sweep_speed.png
@@ -72,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable_dir(args.out)  # before any training: a file or read-only --out fails now, not after
     if args.threads is not None:
         if args.threads < 1:
             raise HeadscopeError(f"--threads must be positive; got {args.threads}")

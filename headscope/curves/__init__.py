@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from ..eval.wordsim import wordsim_measure
 from .checkpoint import PARTIAL_JSON, PARTIAL_STATE, clear_partial
-from .loop import check_args, prune_curve
+from .loop import check_args, check_target_drop, prune_curve
 from .recovery import Recovery
 from .results import CurveRow, PruneResult, pruned_model, relative_drop
 from .units import UNITS, candidate_units, check_unit, default_unit
 
 __all__ = ["PARTIAL_JSON", "PARTIAL_STATE", "UNITS", "CurveRow", "PruneResult", "Recovery", "candidate_units",
-           "check_args", "check_unit", "clear_partial", "default_unit", "prune_curve", "pruned_model",
+           "check_args", "check_target_drop", "check_unit", "clear_partial", "default_unit", "prune_curve", "pruned_model",
            "relative_drop", "wordsim_measure"]

@@ -58,6 +58,14 @@ def check_args(fraction: float | None, target_drop: float | None, step: float, r
         raise HeadscopeError("give a fraction of heads to remove (e.g. 0.4) or a target drop (e.g. 0.01 for 1%)")
 
 
+def check_target_drop(metric: str, target_drop: float | None) -> None:
+    """Refuse a target drop a bounded metric cannot reach (e.g. 200% of fidelity, a cosine)."""
+    bound = METRICS.get(metric).max_drop
+    if target_drop is not None and bound is not None and target_drop >= bound:
+        raise HeadscopeError(f"target drop {target_drop:.0%} cannot be reached with metric {metric!r}: its largest "
+                             f"possible drop is {bound:.0%}; give a target drop below it, e.g. 1% or 5%")
+
+
 def prune_curve(
     hm: HeadModel,
     data: Any,
@@ -99,6 +107,7 @@ def prune_curve(
     per_step = max(1, int(round(step * total)))
 
     prep, metric = prepare(hm, data, metric, max_length)
+    check_target_drop(metric, target_drop)  # 'auto' is resolved only now; before any pruning
     evalprep = prep if heldout is None else prepare(hm, heldout, metric, max_length)[0]
     entry = METRICS.get(metric)
     higher = entry.higher_is_better

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
-from .sources import TextSource, read_texts
+from .sources import TextSource, keep_text, read_texts
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,7 @@ def prepare_tokens(hm: HeadModel, data: Any, max_length: int, limit: int | None 
         ids = [list(map(int, t)) for t in data][:limit]
         if not ids or any(len(t) == 0 for t in ids):
             raise HeadscopeError("token-id data must hold at least one non-empty sequence")
+        _check_vocab(hm, ids)
         long = [len(t) for t in ids if len(t) > max_length]
         if long:
             log.warning("%d sequence(s) were longer than %d tokens and were truncated", len(long), max_length)
@@ -189,14 +190,41 @@ def prepare_tokens(hm: HeadModel, data: Any, max_length: int, limit: int | None 
         source = data if limit is None else TextSource(data.texts[:limit], data.source,
                                                        data.sentences[:limit] if data.sentences else None)
     else:
-        texts = [t for t in data if t.strip()][:limit]
-        if not texts:
-            raise HeadscopeError("no text to analyse: the list is empty or holds only blank strings")
-        source = TextSource(texts, "in-memory")
+        source = TextSource(keep_text([t for t in data if t.strip()], "in-memory")[:limit], "in-memory")
     if hm.tokenizer is None:
         raise HeadscopeError("this model has no tokenizer: pass token ids (a list of lists of ints) instead of text")
     ids, word_ids, truncated = tokenize(hm.tokenizer, source, max_length, by_words=by_words)
+    ids, word_ids, source = _drop_tokenless(hm, ids, word_ids, source)
     return Tokens(ids, source.source, max_length, truncated, source, word_ids)
+
+
+def _check_vocab(hm: HeadModel, ids: list[list[int]]) -> None:
+    """Refuse token ids outside the model's embedding table (they would fail deep inside a forward pass)."""
+    vocab = int(hm.model.get_input_embeddings().num_embeddings)
+    for i, seq in enumerate(ids):
+        bad = [t for t in seq if not 0 <= t < vocab]
+        if bad:
+            raise HeadscopeError(f"token-id sequence {i} holds id {bad[0]}, outside the vocabulary of {hm.name} "
+                                 f"({vocab} ids: 0..{vocab - 1}); give ids from the model's tokenizer")
+
+
+def _drop_tokenless(hm: HeadModel, ids: list[list[int]], word_ids: list[list[int | None]] | None,
+                    source: TextSource) -> tuple[list[list[int]], list[list[int | None]] | None, TextSource]:
+    """Skip passages that tokenise to special tokens only (nothing the tokenizer knows as text): they
+    would be scored as [CLS]/[SEP] alone. Refuse when none is left."""
+    # [UNK] stands for real text the vocabulary lacks, so it counts as text; [CLS]/[SEP]/BOS/EOS do not.
+    special = set(hm.tokenizer.all_special_ids) - {getattr(hm.tokenizer, "unk_token_id", None)}
+    keep = [i for i, t in enumerate(ids) if any(x not in special for x in t)]
+    if len(keep) == len(ids):
+        return ids, word_ids, source
+    if not keep:
+        raise HeadscopeError(f"no text left in {source.source!r} after tokenisation: all {len(ids)} passage(s) "
+                             f"become special tokens only for {hm.name}'s tokenizer; give real text")
+    log.warning("skipped %d passage(s) of %s that tokenise to special tokens only",
+                len(ids) - len(keep), source.source)
+    sents = [source.sentences[i] for i in keep] if source.sentences is not None else None
+    return ([ids[i] for i in keep], [word_ids[i] for i in keep] if word_ids is not None else None,
+            TextSource([source.texts[i] for i in keep], source.source, sents))
 
 
 def pad_id(hm: HeadModel) -> int:

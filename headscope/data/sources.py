@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import unicodedata
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -73,6 +74,26 @@ class TextSource:
         return len(self.texts)
 
 
+def is_text(passage: str) -> bool:
+    """Whether a passage holds a printable character (not only whitespace, NUL or other control bytes)."""
+    return any(not ch.isspace() and not unicodedata.category(ch).startswith("C") for ch in passage)
+
+
+def keep_text(texts: list[str], source: str) -> list[str]:
+    """The passages that are text; the others (blank, control bytes) are skipped with a warning, and
+    an error says so when none is left, so nonsense is never analysed as if it were text."""
+    kept = [t for t in texts if is_text(t)]
+    skipped = len(texts) - len(kept)
+    if not kept:
+        raise HeadscopeError(
+            f"no text found in {source!r}: {'it is empty' if not texts else f'all {len(texts)} passage(s) are blank or control bytes (e.g. NUL)'}; "
+            f"give UTF-8 text, one passage a line (.txt) or a 'text' field per line (.jsonl)")
+    if skipped:
+        log.warning("skipped %d passage%s of %s that held no text (blank or control bytes only)",
+                    skipped, "" if skipped == 1 else "s", source)
+    return kept
+
+
 def _read_lines(path: Path) -> list[str]:
     """Read a UTF-8 file as lines, naming file:line of the first byte that is not UTF-8."""
     raw = path.read_bytes()
@@ -93,13 +114,14 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
     path = treebank_path(path)
     sentences: list[Sentence] = []
     cur: dict[str, list[Any]] = {"words": [], "heads": [], "deprels": [], "misc": [], "space": []}
-    sent_id, bad, bad_count = "", False, 0
+    sent_id, bad, bad_lines, bad_sentences = "", False, 0, 0
     doc_id, n_docs = "", 0
     range_end, range_space = 0, True  # a multiword token's SpaceAfter applies to its last word
 
     def flush() -> None:
-        nonlocal sent_id, bad, range_end
+        nonlocal sent_id, bad, range_end, bad_sentences
         range_end = 0
+        bad_sentences += bad
         if cur["words"] and not bad:
             sentences.append(Sentence(cur["words"], cur["heads"], cur["deprels"], cur["misc"], sent_id, cur["space"],
                                       doc_id))
@@ -137,7 +159,7 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
             if strict:
                 raise HeadscopeError(f"{path}:{lineno}: malformed CoNLL-U line: {problem}")
             log.warning("%s:%d: malformed CoNLL-U line (%s); skipping its sentence", path, lineno, problem)
-            bad, bad_count = True, bad_count + 1
+            bad, bad_lines = True, bad_lines + 1
             continue
         cur["words"].append(cols[1])
         cur["heads"].append(int(cols[6]) if cols[6].isdigit() else -1)
@@ -150,8 +172,9 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
             space = False  # inside a multiword token ("do" of "don't")
         cur["space"].append(space)
     flush()
-    if bad_count:
-        log.warning("%s: skipped %d sentence(s) with malformed lines", path, bad_count)
+    if bad_lines:
+        log.warning("%s: skipped %d sentence%s with %d malformed line%s", path, bad_sentences,
+                    "" if bad_sentences == 1 else "s", bad_lines, "" if bad_lines == 1 else "s")
     return sentences
 
 
@@ -242,9 +265,9 @@ def read_texts(data: str | Path | None = None, limit: int | None = None) -> Text
             sentences = read_conllu(p)
             texts = [s.text for s in sentences]
         elif suffix == ".jsonl":
-            texts = [obj["text"] for obj in read_jsonl(p)]
+            texts = keep_text([obj["text"] for obj in read_jsonl(p)], source)
         else:
-            texts = [t for t in _read_lines(p) if t.strip()]
+            texts = keep_text([t for t in _read_lines(p) if t.strip()], source)
     if limit is not None:
         texts = texts[:limit]
         sentences = sentences[:limit] if sentences is not None else None

@@ -76,6 +76,7 @@ def register_metric(
     details: Callable[[float, float], dict[str, float]] | None = None,
     drop: Callable[[float, float], float] | None = None,
     derived: dict[str, Callable[[float], float]] | None = None,
+    max_drop: float | None = None,
 ) -> Callable[[RowFn], RowFn]:
     """Decorator: register a row function as metric `name`, with every field a stage reads.
 
@@ -88,6 +89,8 @@ def register_metric(
       is minimised at the reference (its gradient there vanishes). `details(num, den)`: extra
       figures for `MetricResult.details`. `drop(base, value)`: the relative drop (default: relative
       change, signed so that worse is positive). `derived`: per-value columns, e.g. perplexity.
+      `max_drop`: the largest relative drop a bounded metric can show (None: unbounded); a target
+      drop at or above it is refused, since no pruning could ever exceed it.
     """
 
     def default_drop(base: float, value: float) -> float:
@@ -98,7 +101,7 @@ def register_metric(
         name, help=help, higher_is_better=higher_is_better, usable=usable, loss=loss,
         recovery_loss=recovery_loss, needs_labels=needs_labels, needs_reference=needs_reference,
         min_tokens=min_tokens, probe_loss=probe_loss, details=details or (lambda num, den: {}),
-        drop=drop or default_drop, derived=dict(derived or {}))
+        drop=drop or default_drop, derived=dict(derived or {}), max_drop=max_drop)
 
 
 # --- model kinds ----------------------------------------------------------------------------
@@ -243,7 +246,7 @@ def _recover_classifier(student: HeadModel, teacher: HeadModel, ids: torch.Tenso
 @register_metric(
     "accuracy",
     help="share of passages whose predicted class equals the label (classification heads, labelled jsonl)",
-    higher_is_better=True, usable=_accuracy_usable, needs_labels=True,
+    higher_is_better=True, usable=_accuracy_usable, needs_labels=True, max_drop=1.0,  # accuracy falls to 0 at worst
     loss=_classifier_ce, recovery_loss=_recover_classifier)
 def accuracy(hm: HeadModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
              labels: torch.Tensor | None = None, ref_pooled: torch.Tensor | None = None,
@@ -286,6 +289,7 @@ def _distill_hidden(student: HeadModel, teacher: HeadModel, ids: torch.Tensor, m
     "fidelity",
     help="mean cosine between mean-pooled final hidden states and the unpruned model's (1 = unchanged)",
     higher_is_better=True, usable=lambda hm, labelled: None, needs_reference=True,
+    max_drop=2.0,  # a cosine falls from 1 to -1 at worst
     loss=lambda rm: (1.0 - rm.num, rm.den), probe_loss=_fidelity_probe_loss, recovery_loss=_distill_hidden)
 def fidelity(hm: HeadModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
              labels: torch.Tensor | None = None, ref_pooled: torch.Tensor | None = None,

@@ -14,6 +14,7 @@ from ..artifacts import (
     SIMILARITY_MATRICES,
     SIMILARITY_NPZ,
 )
+from ..errors import plural
 from .sources import Part, Sources, clean
 
 # The pairs named in the summary sentence, in this order.
@@ -66,8 +67,8 @@ def similarity_part(src: Sources, n_layers: int, n_heads: int) -> Part:
     if clusters is not None:
         sim["clusters"] = [clean(c) for c in clusters["clusters"]]
         multi = [c for c in clusters["clusters"] if len(c["heads"]) > 1]
-        part.say("q1", f"{len(multi)} redundancy clusters of near-duplicate heads "
-                       f"({sum(len(c['heads']) for c in multi)} heads in all)." if multi else
+        part.say("q1", f"{plural(len(multi), 'redundancy cluster')} of near-duplicate heads "
+                       f"({plural(sum(len(c['heads']) for c in multi), 'head')} in all)." if multi else
                        "No two heads are near-duplicates: every redundancy cluster holds one head.")
     if arrays is not None and n_layers * n_heads <= MAX_MATRIX_HEADS:
         sim["matrices"] = {m: quantised(np.asarray(arrays[m], float)) for m in SIMILARITY_MATRICES}

@@ -1,0 +1,152 @@
+"""Every bad input a user can give: one line `headscope VERB: error: ...`, exit 2, nothing written (issue 16)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from headscope import analyze
+from headscope.cli import main
+from headscope.curves import check_target_drop
+from headscope.data import read_conllu, read_texts
+from headscope.errors import HeadscopeError
+from headscope.models.tiny import tiny_model
+from test_artifacts import tiny_bert_dir
+
+
+def listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def refused(tmp_path: Path, capsys, argv: list[str], message: str, code: int = 2) -> str:
+    """Run the CLI inside tmp_path; assert the exit code, one error line holding `message`, and no new file."""
+    before = listing(tmp_path)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        rc = main(argv)
+    finally:
+        os.chdir(cwd)
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("headscope ")]
+    assert rc == code, err
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err, err
+    assert listing(tmp_path) == before
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["analyze", "--batch-size", "0"], "--batch-size must be at least 1; got 0"),
+    (["similar", "--max-length", "0"], "--max-length must be at least 1; got 0"),
+    (["analyze", "--limit", "-3"], "--limit must be at least 1; got -3"),
+    (["analyze", "--device", "bogus"], "--device 'bogus' is not a torch device"),
+    (["sweep", "--lr", "-1"], "--lr must be a positive number"),
+    (["prune", "--target-drop", "1%", "--recover-lr", "nan"], "--recover-lr must be a positive number"),
+    (["report", "--sentences=-5"], "--sentences must be 0 or more"),
+    (["prune", "--target-drop", "200%", "--metric", "fidelity"], "largest possible drop is 200%"),
+    (["roles", "--treebank", "missing.conllu"], "treebank file 'missing.conllu' does not exist"),
+])
+def test_cli_options_refused_before_work(tmp_path, capsys, argv, message):
+    line = refused(tmp_path, capsys, argv, message)
+    assert line.startswith(f"headscope {argv[0]}: error: ") and "[Errno" not in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda(tmp_path, capsys):
+    refused(tmp_path, capsys, ["analyze", "--device", "cuda"], "CUDA is not available on this machine")
+
+
+def test_out_naming_a_file_or_unwritable(tmp_path, capsys):
+    (tmp_path / "f").write_text("mine")
+    refused(tmp_path, capsys, ["sweep", "--steps", "1", "--out", "f"], "--out 'f' is a file")
+    refused(tmp_path, capsys, ["analyze", "--out", "f/sub"], "'f' is a file")
+    refused(tmp_path, capsys, ["kv", "--classic", "--out", "/proc/headscope-test"], "cannot be written")
+    assert (tmp_path / "f").read_text() == "mine"
+
+
+@pytest.mark.parametrize("name,content", [
+    ("blank.jsonl", '{"text": ""}\n{"text": "   "}\n'),
+    ("nul.txt", "\x00\x00\x00\n\x01\x02\n"),
+])
+def test_data_without_text(tmp_path, capsys, name, content):
+    (tmp_path / name).write_text(content)
+    refused(tmp_path, capsys, ["analyze", "--data", name], "blank or control bytes")
+    with pytest.raises(HeadscopeError, match="blank or control bytes"):
+        read_texts(tmp_path / name)
+
+
+def test_control_passages_skipped_with_a_count(tmp_path, caplog):
+    (tmp_path / "mixed.txt").write_text("a real sentence\n\x00\x00\n")
+    with caplog.at_level(logging.WARNING):
+        assert read_texts(tmp_path / "mixed.txt").texts == ["a real sentence"]
+    assert "skipped 1 passage of" in caplog.text
+
+
+def test_malformed_conllu_counts_sentences(tmp_path, caplog):
+    bad = "".join(f"{i}\tw\t_\t_\t_\t_\tX\tdep\t_\t_\n" for i in range(1, 5))  # four lines, one sentence
+    (tmp_path / "bad.conllu").write_text(bad + "\n")
+    with caplog.at_level(logging.WARNING):
+        assert read_conllu(tmp_path / "bad.conllu") == []
+    assert "skipped 1 sentence with 4 malformed lines" in caplog.text
+
+
+def test_unexpected_error_one_line_exit_1(tmp_path, capsys, monkeypatch):
+    import headscope.commands.analyze as cmd
+
+    def boom(*a, **k):
+        raise RuntimeError("something broke\nsecond line")
+
+    monkeypatch.setattr(cmd, "read_texts", boom)
+    line = refused(tmp_path, capsys, ["analyze"], "unexpected RuntimeError: something broke", code=1)
+    assert "run with -v for the traceback" in line
+    assert main(["-v", "analyze", "--out", str(tmp_path / "o")]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_api_token_ids_outside_the_vocabulary():
+    hm = tiny_model("bert")
+    vocab = hm.model.get_input_embeddings().num_embeddings
+    with pytest.raises(HeadscopeError, match=f"id {vocab + 5}, outside the vocabulary"):
+        analyze(hm, [[1, 2, vocab + 5]])
+    with pytest.raises(HeadscopeError, match="outside the vocabulary"):
+        analyze(hm, [[-1, 2]])
+
+
+def test_api_text_empty_after_tokenisation(tmp_path):
+    from headscope import load_model
+
+    hm = load_model(str(tiny_bert_dir(tmp_path)))
+    with pytest.raises(HeadscopeError, match="special tokens only"):
+        analyze(hm, ["[SEP]", "[CLS] [SEP]"])
+
+
+def test_api_target_drop_bounds():
+    with pytest.raises(HeadscopeError, match="largest possible drop is 100%"):
+        check_target_drop("accuracy", 1.5)
+    check_target_drop("lm_loss", 5.0)  # perplexity can grow without bound
+    check_target_drop("fidelity", 0.5)
+
+
+def test_api_report_options_refused_before_work(tmp_path):
+    from headscope.report import render_report
+
+    with pytest.raises(HeadscopeError, match="--sentences must be 0 or more"):
+        render_report(tmp_path / "r", model=None, sentences=-5)
+    assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("files,message", [
+    ({}, "is not a model directory: it has no config.json"),
+    ({"config.json": '{"model_type": "bert"}'}, "has a config.json but no weights"),
+    ({"config.json": '{"model_type": "foo_bar"}'}, "model type 'foo_bar' is not supported; supported: "),
+])
+def test_model_directories_that_are_not_models(tmp_path, capsys, files, message):
+    (tmp_path / "m").mkdir()
+    for name, text in files.items():
+        (tmp_path / "m" / name).write_text(text)
+    refused(tmp_path, capsys, ["analyze", "m"], message)
