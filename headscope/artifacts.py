@@ -21,8 +21,8 @@ from .errors import HeadscopeError, did_you_mean
 from .stats import STATISTICS
 
 __all__ = [
-    "ARTIFACTS", "Artifact", "Field", "artifact", "outputs", "producers",
-    "HEADS_CSV", "HEADS_JSON", "ROLES_JSON", "SYNTAX_CSV", "SIMILAR_PAIRS_CSV", "SIMILARITY_NPZ", "CLUSTERS_JSON",
+    "ARTIFACTS", "Artifact", "Field", "PROVENANCE_FILES", "artifact", "outputs", "producers", "provenance_file",
+    "HEADS_CSV", "HEADS_JSON", "ROLES_CSV", "KV_JSON", "ROLES_JSON", "SYNTAX_CSV", "SIMILAR_PAIRS_CSV", "SIMILARITY_NPZ", "CLUSTERS_JSON",
     "IMPORTANCE_CSV", "IMPORTANCE_JSON", "RANK_CORRELATION_CSV", "PRUNE_CURVE_CSV", "PRUNE_CURVE_PNG",
     "REDUNDANCY_CSV", "PRUNE_JSON", "MODEL_DIR", "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
@@ -124,13 +124,24 @@ def _f(name: str, meaning: str = "", when: str = "") -> Field:
 
 
 _HEAD_KEYS = (_f("layer", "layer index, from 0"), _f("head", "head index within the layer, from 0"))
-_ROLES = "roles"  # the verb that adds role columns to heads.csv
-_TABLE_JSON = (_f("n_layers"), _f("n_heads"), _f("meta", "model, data, settings and versions behind the numbers"),
+_ROLES = "roles"  # the verb that writes the role columns
+_PROVENANCE = _f("provenance", "verb, model (name, config and weights fingerprints), data (source, passages, "
+                               "sha256), options and versions: see headscope.provenance",
+                 # optional only so that files written before provenance was recorded still read
+                 "every run (absent from files written before headscope recorded provenance)")
+_TABLE_JSON = (_f("n_layers"), _f("n_heads"),
+               _f("meta", "model, data, settings and versions behind the numbers; meta.provenance: see "
+                          "headscope.provenance"),
                _f("columns", "column names"), _f("rows", "one object per head: layer, head, then the columns"))
 
-HEADS_CSV = Artifact(
-    "heads.csv", "csv", {"analyze": "", "roles": ""}, "per-head attention statistics (one row per head)",
-    (*_HEAD_KEYS, *(_f(k, v) for k, v in STATISTICS.items()),
+_STATS = (*_HEAD_KEYS, *(_f(k, v) for k, v in STATISTICS.items()))
+HEADS_CSV = Artifact("heads.csv", "csv", {"analyze": ""}, "per-head attention statistics (one row per head)",
+                     _STATS)
+# roles writes its own table (analyze's statistics on its passages, then the role columns) so that it
+# never replaces analyze's heads.csv beside heads.json; roles.json holds its metadata and provenance.
+ROLES_CSV = Artifact(
+    "roles.csv", "csv", {"roles": ""}, "heads.csv's statistics on the roles passages, then every role column",
+    (*_STATS,
      _f("roles", "roles found above their baselines by headscope roles (';'-separated)", _ROLES),
      _f("offset_<offset>_mass", "weight on the token at a fixed offset (m3 = three back, p2 = two ahead)", _ROLES),
      _f("sink_mass", "weight on the sink: the first token, or the special token the model rests on", _ROLES),
@@ -152,7 +163,7 @@ ROLES_JSON = Artifact(
                      "uniform_distance for mean_distance"),
      _f("roles", "L3H7 -> the roles the head holds"), _f("census", "role -> [{head, score, baseline}], best first"),
      _f("syntax", "per relation: accuracies and the best fixed-offset baseline (null without --treebank)"),
-     _f("coreference", "antecedent accuracies and baselines (null without --coref)")))
+     _f("coreference", "antecedent accuracies and baselines (null without --coref)"), _PROVENANCE))
 SYNTAX_CSV = Artifact(
     "syntax.csv", "csv", {"roles": "--treebank"}, "dependency-relation accuracy of every head, then each "
     "relation's best fixed-offset baseline",
@@ -183,7 +194,7 @@ SIMILARITY_NPZ = Artifact(
 CLUSTERS_JSON = Artifact(
     "clusters.json", "json", {"similar": ""}, "near-duplicate clusters of heads",
     (_f("js_max", "every pair in a cluster has js <= this"), _f("cka_min", "every pair in a cluster has cka >= this"),
-     _f("rule"), _f("clusters", "[{heads, size, max_js, mean_js, min_cka, mean_cka}]"), _f("meta")))
+     _f("rule"), _f("clusters", "[{heads, size, max_js, mean_js, min_cka, mean_cka}]"), _f("meta"), _PROVENANCE))
 IMPORTANCE_CSV = Artifact(
     "importance.csv", "csv", {"score": ""}, "importance of every head by each criterion (higher = more important)",
     (*_HEAD_KEYS, _f("importance_<method>", "importance by this criterion (higher = more important; NaN = pruned)")))
@@ -222,7 +233,8 @@ PRUNE_JSON = Artifact(
      _f("within", "'1%' -> {fraction_removed, n_removed, metric, drop, recovered?}"), _f("points"),
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("step"),
      _f("fraction"), _f("seed"), _f("recover_lr"),
-     _f("saved_model", "{path, parameters, parameters_original, heads_kept, recovered_weights}", "--save-model")))
+     _f("saved_model", "{path, parameters, parameters_original, heads_kept, recovered_weights}", "--save-model"),
+     _PROVENANCE))
 MODEL_DIR = Artifact("model", "dir", {"prune": "--save-model", "gqa": ""},
                      "a loadable checkpoint of the pruned or converted model")
 KV_CSV = Artifact(
@@ -234,6 +246,8 @@ KV_CSV = Artifact(
      _f("bytes_per_token", "K and V of every layer for one token"), _f("seq_len"), _f("batch"),
      _f("bytes_per_sequence"), _f("cache_bytes", "the whole batch"), _f("vs_mha", "bytes relative to MHA"),
      _f("note")))
+KV_JSON = Artifact("kv.json", "json", {"kv": "--out"}, "kv.csv's provenance: the model (config fingerprint) "
+                   "and settings behind it", (_PROVENANCE,))
 SWEEP_CSV = Artifact(
     "sweep.csv", "csv", {"sweep": ""}, "one row per trained configuration",
     (_f("task", "ptb, xor or pair"), _f("d_model"), _f("n_layers"), _f("n_heads", "query heads"),
@@ -274,14 +288,27 @@ GQA_JSON = Artifact(
      _f("heldout_tokens"), _f("ppl_before"), _f("ppl_after"), _f("kl_after", "KL to the original, nats/token"),
      _f("ppl_uptrained", "null without --uptrain"), _f("kl_uptrained", "null without --uptrain"),
      _f("uptrain", "uptraining settings and losses", "--uptrain"),
-     _f("kv_bytes_before", "{measured, calculated, seq_len, batch, dtype, match}"), _f("kv_bytes_after")))
+     _f("kv_bytes_before", "{measured, calculated, seq_len, batch, dtype, match}"), _f("kv_bytes_after"),
+     _PROVENANCE))
 REPORT_HTML = Artifact("report.html", "html", {"report": ""}, "the offline report page")
 
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
-    HEADS_CSV, HEADS_JSON, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
+    HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
-    PRUNE_JSON, MODEL_DIR, KV_CSV, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG, SWEEP_SPEED_PNG, GQA_JSON,
+    PRUNE_JSON, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG, SWEEP_SPEED_PNG, GQA_JSON,
     REPORT_HTML)}
+
+
+# The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold
+# it, so a CSV's provenance is its verb's JSON in the same folder.
+PROVENANCE_FILES: dict[str, str] = {"analyze": HEADS_JSON.name, "roles": ROLES_JSON.name, "similar": CLUSTERS_JSON.name,
+                                    "score": IMPORTANCE_JSON.name, "prune": PRUNE_JSON.name, "kv": KV_JSON.name,
+                                    "gqa": GQA_JSON.name}
+
+
+def provenance_file(name: str) -> str | None:
+    """The JSON file (same folder) holding the provenance of output file `name`, or None (sweep, report)."""
+    return PROVENANCE_FILES.get(artifact(name).verb)
 
 
 def artifact(name: str) -> Artifact:

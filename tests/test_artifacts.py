@@ -102,7 +102,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         "prune": ["prune", bert, "--fraction", "25%", "--step", "0.125", "--recover", "1", "--wordsim",
                   "--wordsim-recovered", "--save-model", *small],
         "prune_lm": ["prune", str(llama), "--fraction", "20%", "--step", "0.2", "--data", str(text), *small],
-        "kv": ["kv", "smollm2", "--classic"],
+        "kv": ["kv", bert, "--classic"],  # the report below is for this BERT: kv.csv must be of the same model
         "sweep": ["sweep", "--d-model", "8", "--heads", "1,2", "--steps", "2", "--seq", "16", "--batch", "2",
                   "--eval-tokens", "32", "--no-progress"],
         "gqa": ["gqa", str(llama), "--kv-heads", "3", "--uptrain", "1", "--data", str(text), "--heldout", str(text)],
@@ -170,7 +170,7 @@ def test_command_outputs_are_the_declared_names():
     from headscope.commands import analyze, gqa, prune, roles, score, similar, sweep
 
     assert analyze.OUTPUTS == ["heads.csv", "heads.json"]
-    assert roles.OUTPUTS == ["heads.csv", "roles.json", "syntax.csv"]
+    assert roles.OUTPUTS == ["roles.csv", "roles.json", "syntax.csv"]
     assert similar.OUTPUTS == ["similar_pairs.csv", "similarity.npz", "clusters.json"]
     assert score.OUTPUTS == ["importance.csv", "importance.json", "rank_correlation.csv"]
     assert prune.OUTPUTS == ["prune_curve.csv", "prune_curve.png", "redundancy.csv", "prune.json"]
@@ -182,9 +182,9 @@ def test_heads_csv_from_analyze_and_roles(runs):
     from headscope.syntax import RELATIONS
 
     check_csv(runs["analyze"] / "heads.csv", A.HEADS_CSV, set())
-    check_csv(runs["roles"] / "heads.csv", A.HEADS_CSV, {"roles", "roles --treebank", "roles --coref"},
+    check_csv(runs["roles"] / "roles.csv", A.ROLES_CSV, {"roles", "roles --treebank", "roles --coref"},
               {"offset_<offset>_mass": ["offset_m3_mass", "offset_m2_mass", "offset_p2_mass", "offset_p3_mass"]})
-    syntax = A.HEADS_CSV.members("syntax_<relation>", header(runs["roles"] / "heads.csv"))
+    syntax = A.ROLES_CSV.members("syntax_<relation>", header(runs["roles"] / "roles.csv"))
     assert syntax and set(syntax) <= {f"syntax_{r}" for r in RELATIONS}, syntax
     check_keys(runs["analyze"] / "heads.json", A.HEADS_JSON)
 
@@ -254,7 +254,7 @@ def test_report_reads_every_verbs_real_files(runs):
 
 
 def test_declaration_helpers():
-    assert A.producers("heads.csv") == ["analyze", "roles"] and A.artifact("kv.csv").verb == "kv"
+    assert A.producers("heads.csv") == ["analyze"] and A.producers("roles.csv") == ["roles"] and A.artifact("kv.csv").verb == "kv"
     with pytest.raises(HeadscopeError, match="did you mean 'heads.csv'"):
         A.artifact("head.csv")
     with pytest.raises(HeadscopeError, match="did you mean 'prune'"):

@@ -270,7 +270,7 @@ def test_declarations_name_every_file_the_report_reads():
 
     readable = {n for n, a in A.ARTIFACTS.items() if a.kind in ("csv", "json", "npz")}
     assert set(Sources.scan([]).found) == set()  # nothing found in no directory
-    assert {"heads.csv", "roles.json", "syntax.csv", "similar_pairs.csv", "similarity.npz", "clusters.json",
+    assert {"heads.csv", "roles.csv", "roles.json", "kv.json", "syntax.csv", "similar_pairs.csv", "similarity.npz", "clusters.json",
             "importance.csv", "rank_correlation.csv", "prune_curve.csv", "redundancy.csv", "prune.json", "kv.csv",
             "sweep.csv", "gqa.json"} <= readable
     assert all(n.startswith("report-") and n.endswith(".png") for n in figure_names())

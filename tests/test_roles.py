@@ -246,7 +246,7 @@ def test_cli_roles_writes_contract_files(tmp_path, minilm):
     assert rc == 0
     import pandas as pd
 
-    df = pd.read_csv(out / "heads.csv", keep_default_na=False)
+    df = pd.read_csv(out / "roles.csv", keep_default_na=False)
     assert list(df.columns[:2]) == ["layer", "head"] and len(df) == 72
     assert df[["layer", "head"]].values.tolist() == sorted(df[["layer", "head"]].values.tolist())
     assert "roles" in df.columns and all(c == c.lower() and " " not in c for c in df.columns)

@@ -10,6 +10,7 @@ from ..artifacts import HEADS_CSV, HEADS_JSON, outputs
 from ..data import read_texts
 from ..io import prepare_out_dir
 from ..models import load_model
+from ..provenance import provenance
 from ..stats import STATISTICS
 from ._common import add_data_args, add_model_arg, add_out_args, grid
 
@@ -32,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     hm = load_model(args.model, device=args.device)
     table = analyze(hm, source, max_length=args.max_length, batch_size=args.batch_size,
                     seed=args.seed, progress=True)
+    table = table.with_columns(meta={"provenance": provenance("analyze", hm, source, args)})
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / HEADS_CSV.name)
     table.to_json(out / HEADS_JSON.name)

@@ -21,6 +21,7 @@ from ..gqa import (
 from ..io import atomic_write_text, prepare_out_dir
 from ..kv import human_bytes
 from ..models import load_model
+from ..provenance import provenance
 from ..models.checkpoint import save_model
 
 OUTPUTS = outputs("gqa")  # model/, gqa.json
@@ -81,11 +82,13 @@ def run(args: argparse.Namespace) -> int:
     heldout = read_texts(args.heldout, args.heldout_limit)
     hm = load_model(args.model, device=args.device)
     check_convertible(hm, args.kv_heads)
+    prov = provenance("gqa", hm, data, args, heldout=heldout)  # the original model
     final, report = convert_and_evaluate(
         hm, args.kv_heads, args.grouping, data=data, heldout=heldout, uptrain_steps=args.uptrain, loss=args.loss,
         lr=args.lr, train=args.train, max_length=args.max_length, batch_size=args.batch_size, fallback=not args.no_fallback,
         seed=args.seed, search_candidates=args.search_candidates, progress=True)
     save_model(final, out / MODEL_DIR.name, force=args.force)
+    report = {**report, "provenance": prov}
     atomic_write_text(out / GQA_JSON.name, json.dumps(report, indent=2) + "\n")
 
     r = report

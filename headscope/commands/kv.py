@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 from typing import Any
 
-from ..artifacts import KV_CSV
+from ..artifacts import KV_CSV, KV_JSON
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
+from ..provenance import config_fingerprint, provenance, shape_record
 from ..kv import DTYPE_BITS, attention_shape, classic_rows, human_bytes, layouts, load_config, normalize_dtype
 
 CSV_COLUMNS = KV_CSV.columns()
@@ -84,12 +86,17 @@ def run(args: argparse.Namespace) -> int:
     dtype = normalize_dtype(args.dtype)
     if args.model is None and not args.classic:
         raise HeadscopeError("give a MODEL (built-in name, model directory or config.json) or --classic")
-    out = prepare_out_dir(args.out, args.force, [KV_CSV.name]) if args.out else None
+    out = prepare_out_dir(args.out, args.force, [KV_CSV.name, KV_JSON.name]) if args.out else None
     bits = DTYPE_BITS[dtype]
     csv_rows: list[dict[str, Any]] = []
+    model_info = None
     if args.model is not None:
         config = load_config(args.model)
         shape = attention_shape(config)
+        # kv reads a config only: its provenance fingerprints the config (no weights are loaded).
+        model_info = {"name": str(args.model), "model_type": shape.model_type,
+                      "shape": shape_record(shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.d_head),
+                      "config_sha256": config_fingerprint(config), "fingerprint": None}
         rows = layouts(shape, args.seq, args.batch, dtype, _parse_kv_heads(args.kv_heads))
         print(f"{shape.name} ({shape.model_type}): {shape.n_layers} layers, {shape.n_heads} query heads, "
               f"{shape.n_kv_heads} KV heads ({shape.layout}), d_head {shape.d_head}; "
@@ -119,5 +126,7 @@ def run(args: argparse.Namespace) -> int:
         for r in csv_rows:
             w.writerow({**r, "vs_mha": f"{r['vs_mha']:.6g}"})
         atomic_write_text(out / KV_CSV.name, buf.getvalue())
-        print(f"wrote {out / KV_CSV.name}")
+        prov = provenance("kv", options=args, model_info=model_info)
+        atomic_write_text(out / KV_JSON.name, json.dumps({"provenance": prov}, indent=1) + "\n")
+        print(f"wrote {out / KV_CSV.name} and {out / KV_JSON.name}")
     return 0

@@ -12,8 +12,9 @@ from typing import Any
 
 from .. import plots
 from ..artifacts import MODEL_DIR, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, PRUNE_JSON, REDUNDANCY_CSV, outputs
-from ..curves import PARTIAL_JSON, UNITS, PruneResult, check_args, clear_partial, prune_curve, pruned_model
+from ..curves import PARTIAL_JSON, UNITS, PruneResult, check_args, check_target_drop, clear_partial, prune_curve, pruned_model
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
+from ..errors import plural
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
@@ -21,6 +22,7 @@ from ..importance import CRITERIA
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
 from ..models.checkpoint import save_model
+from ..provenance import provenance
 from ..prune import n_parameters
 from ._common import add_data_args, add_model_arg, add_out_args
 
@@ -97,11 +99,14 @@ def run(args: argparse.Namespace) -> int:
     will = OUTPUTS + ([MODEL_DIR.name] if args.save_model else [])
     out = prepare_out_dir(out, args.force, will)  # refuse before any slow work
     check_args(args.fraction, args.target_drop, args.step, args.recover, args.method)  # before the model loads
+    if args.metric != "auto":
+        check_target_drop(args.metric, args.target_drop)
     if args.force:
         clear_partial(out)
     data = read_task_data(args.data, args.limit)  # bad data fails before the model loads
     heldout = read_task_data(args.heldout, args.heldout_limit or args.limit) if args.heldout else None
     hm = load_model(args.model, device=args.device)
+    prov = provenance("prune", hm, data, args, heldout=heldout)  # before pruning: the model as loaded
     extra = {w: wordsim_measure(w) for w in WORDSIM} if args.wordsim else None
     try:
         res = prune_curve(hm, data, method=args.method, fraction=args.fraction, target_drop=args.target_drop,
@@ -130,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     plots.prune_curve(curve, metric=res.metric, baseline=res.baseline, target_drop=res.target_drop,
                       higher_is_better=res.higher_is_better, recover_steps=res.recover_steps,
                       title=f"{res.model}: pruning by {res.method}", path=out / PRUNE_CURVE_PNG.name)
+    summary["provenance"] = prov
     atomic_write_text(out / PRUNE_JSON.name, json.dumps(summary, indent=2, default=str) + "\n")
     clear_partial(out)  # the run is complete: its checkpoint is no longer needed
     _print(res, summary)
@@ -157,9 +163,10 @@ def _print(res: PruneResult, summary: dict[str, Any]) -> None:
         print(line)
     print()
     for lv, w in summary["within"].items():
-        s = f"largest fraction within {lv}: {w['fraction_removed']:.3f} ({w['n_removed']} heads)"
+        s = f"largest fraction within {lv}: {w['fraction_removed']:.3f} ({plural(w['n_removed'], 'head')})"
         if "recovered" in w:
-            s += f"; with recovery {w['recovered']['fraction_removed']:.3f} ({w['recovered']['n_removed']} heads)"
+            s += (f"; with recovery {w['recovered']['fraction_removed']:.3f} "
+                  f"({plural(w['recovered']['n_removed'], 'head')})")
         print(s)
     print(f"\nredundancy per layer at {res.target_drop:.2%} drop (removable / heads):")
     print("  " + " ".join(f"L{r['layer']}:{r['removable']}/{r['heads']}" for r in res.redundancy()))

@@ -1,4 +1,4 @@
-"""`headscope roles [MODEL]`: role census with baselines -> heads.csv, roles.json, syntax.csv."""
+"""`headscope roles [MODEL]`: role census with baselines -> roles.csv, roles.json, syntax.csv."""
 
 from __future__ import annotations
 
@@ -9,23 +9,24 @@ import json
 import math
 import sys
 
-from ..artifacts import HEADS_CSV, ROLES_JSON, SYNTAX_CSV, outputs
+from ..artifacts import ROLES_CSV, ROLES_JSON, SYNTAX_CSV, outputs
 from ..data import read_conllu, read_texts
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
+from ..provenance import provenance
 from ..roles import roles, syntax_rows
 from ..coref import read_documents
 from ..syntax import RELATIONS
 from ..table import to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args
 
-OUTPUTS = outputs("roles", optional=True)  # heads.csv, roles.json, syntax.csv (with --treebank)
+OUTPUTS = outputs("roles", optional=True)  # roles.csv, roles.json, syntax.csv (with --treebank)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("roles", help="role census: previous-token, sink, induction, syntactic, coreference heads ...",
                        description="Score every head for each role beside a baseline and name the heads that pass "
-                                   "(see docs/roles.md). Writes heads.csv (with a `roles` column), roles.json "
+                                   "(see docs/roles.md). Writes roles.csv (analyze's statistics and a `roles` column), roles.json "
                                    "(every score, baseline and threshold) and syntax.csv (with --treebank).")
     add_model_arg(p)
     add_data_args(p)
@@ -43,7 +44,7 @@ def _f(v: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
-    read_texts(args.data, args.limit)  # bad input fails before the model loads
+    source = read_texts(args.data, args.limit)  # bad input fails before the model loads
     if args.treebank:
         read_conllu(args.treebank)
     if args.coref:
@@ -51,11 +52,11 @@ def run(args: argparse.Namespace) -> int:
     hm = load_model(args.model, device=args.device)
     table = roles(hm, args.data, treebank=args.treebank, coref=args.coref, max_length=args.max_length,
                   batch_size=args.batch_size, limit=args.limit, seed=args.seed, progress=True)
-    report = table.meta["roles"]
+    report = {**table.meta["roles"], "provenance": provenance("roles", hm, source, args)}
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / HEADS_CSV.name)
+    table.to_csv(out / ROLES_CSV.name)
     atomic_write_text(out / ROLES_JSON.name, json.dumps(to_jsonable(report), indent=1, allow_nan=False) + "\n")
-    written = [HEADS_CSV.name, ROLES_JSON.name]
+    written = [ROLES_CSV.name, ROLES_JSON.name]
     rows = syntax_rows(report)
     if rows:
         buf = io.StringIO()

@@ -16,6 +16,7 @@ from ..eval.metrics import METRICS
 from ..importance import CRITERIA, parse_methods, rank_correlations, score
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
+from ..provenance import provenance
 from ..table import parse_head
 from ._common import add_data_args, add_model_arg, add_out_args, grid
 
@@ -72,10 +73,12 @@ def run(args: argparse.Namespace) -> int:
     data = read_task_data(args.data, args.limit)  # bad data fails before the model loads
     hm = load_model(args.model, device=args.device)
     gates = parse_pruned(args.pruned, hm.n_layers, hm.n_heads)
+    prov = provenance("score", hm, data, args)  # before scoring: the model as loaded
     table = score(hm, data, methods, metric=args.metric, gates=gates, max_length=args.max_length,
                   batch_size=args.batch_size, ig_steps=args.ig_steps, seed=args.seed,
                   limit=args.limit if isinstance(data, str) else None, progress=True)
     corr = rank_correlations(table)
+    table = table.with_columns(meta={"provenance": prov})
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / IMPORTANCE_CSV.name)
     table.to_json(out / IMPORTANCE_JSON.name)

@@ -11,6 +11,7 @@ from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
+from ..provenance import provenance
 from ..similarity import DEFAULT_CKA_MIN, DEFAULT_JS_MAX, LN2, check_thresholds, similarity
 from ..table import to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(out / CLUSTERS_JSON.name, json.dumps(to_jsonable({
         "js_max": args.js_max, "cka_min": args.cka_min,
         "rule": "complete linkage: every pair inside a cluster has js <= js_max and cka >= cka_min",
-        "clusters": clusters, "meta": sim.meta}), indent=1, allow_nan=False) + "\n")
+        "clusters": clusters, "meta": sim.meta, "provenance": provenance("similar", hm, source, args)}), indent=1, allow_nan=False) + "\n")
 
     m = sim.meta
     print(f"{hm.name}: {m['n_layers']} layers x {m['n_heads']} heads = {sim.n} heads, {len(pairs)} pairs; "

@@ -21,14 +21,16 @@ from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import load_model
 from ..models.adapter import HeadModel
+from ..provenance import model_record, provenance
 from .build import collect, figure_names
 from .examples import example_maps
+from .mixing import check_one_model
 from .html import page
 from .sources import Sources, read_heads
 
 log = logging.getLogger(__name__)
 
-__all__ = ["REPORT_NAME", "render_report", "report_data"]
+__all__ = ["REPORT_NAME", "check_report_args", "render_report", "report_data"]
 
 REPORT_NAME = REPORT_HTML.name
 
@@ -58,7 +60,9 @@ def report_data(
     dirs = [Path(d) for d in (from_dirs or [])] + [out]
     src = Sources.scan(dirs)
     hm: HeadModel | None
+    check_report_args(sentences, max_length, limit)
     hm = load_model(model, device=device) if isinstance(model, str) else model
+    check_one_model(src, model_record(hm) if hm is not None else None)  # before any work: never mix models
     table = read_heads(src)
     texts = None
     token_ids = None
@@ -76,6 +80,9 @@ def report_data(
         if table is None:
             log.info("no usable heads.csv in %s; computing the statistics", ", ".join(map(str, dirs)))
             table = analyze(hm, data, max_length=max_length, limit=limit, progress=progress)
+            table = table.with_columns(meta={"provenance": provenance(
+                "report", hm, read_texts(data, limit) if data is None or isinstance(data, (str, Path)) else data,
+                {"max_length": max_length, "limit": limit})})
             if src.get(HEADS_CSV.name) is None:  # never replace a file the user has, even an unusable one
                 out.mkdir(parents=True, exist_ok=True)
                 table.to_csv(out / HEADS_CSV.name)
@@ -94,6 +101,16 @@ def report_data(
     out.mkdir(parents=True, exist_ok=True)
     return collect(table, src, out, examples, model_meta, _special_names(hm), write_plots=write_plots,
                    config=hm.config if hm is not None else None)
+
+
+def check_report_args(sentences: int, max_length: int | None, limit: int | None) -> None:
+    """Refuse report options out of range before anything is loaded or computed."""
+    if not isinstance(sentences, int) or sentences < 0:
+        raise HeadscopeError(f"--sentences must be 0 or more (0 = no example maps); got {sentences}")
+    if max_length is not None and max_length < 2:
+        raise HeadscopeError(f"--max-length must be at least 2 tokens; got {max_length}")
+    if limit is not None and limit < 1:
+        raise HeadscopeError(f"--limit must be at least 1; got {limit}")
 
 
 def render_report(
@@ -116,6 +133,7 @@ def render_report(
     """
     out = Path(out_dir)
     names = [REPORT_NAME, *figure_names()]
+    check_report_args(sentences, max_length, limit)
     prepare_out_dir(out, force, names)
     d = report_data(out, model, from_dirs, data, sentences, max_length, limit, True, device, progress)
     path = out / REPORT_NAME

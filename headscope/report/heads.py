@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import plots
-from ..artifacts import HEADS_CSV
+from ..artifacts import HEADS_CSV, ROLES_CSV
 from ..table import HeadTable
 from .sources import Part, Sources, clean
 
@@ -82,7 +82,7 @@ def heads_part(table: HeadTable | None, src: Sources, out: Path | None, special_
     columns = {name: clean(np.asarray(arr).ravel().tolist()) for name, arr in table.columns.items()
                if np.asarray(arr).dtype.kind == "f"}
     part.data["columns"] = columns
-    part.data["descriptions"] = {c: HEADS_CSV.meaning(c) for c in [*columns, "roles"] if HEADS_CSV.meaning(c)}
+    part.data["descriptions"] = {c: ROLES_CSV.meaning(c) for c in [*columns, "roles"] if ROLES_CSV.meaning(c)}
     if "roles" in table:
         part.data["roles"] = [";".join(role_names(table["roles"][l, h])) for l, h in table.heads()]
     part.say("q1", *summarise_heads(table, special_names))

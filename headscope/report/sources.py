@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..artifacts import ARTIFACTS, HEADS_CSV, HEADS_JSON, artifact
+from ..artifacts import ARTIFACTS, HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, artifact
 from ..table import HeadTable, to_jsonable
 
 log = logging.getLogger(__name__)
@@ -185,18 +185,31 @@ class Sources:
 
 
 def read_heads(src: Sources) -> HeadTable | None:
-    """heads.csv as a HeadTable (meta from heads.json beside it); None when absent or unusable."""
-    path = src.get(HEADS_CSV.name)
+    """heads.csv (analyze) as a HeadTable, meta from heads.json beside it; without one, roles.csv (the
+    same statistics on the roles passages, plus the role columns) and roles.json's provenance.
+    None when neither is present and usable."""
+    name, meta_name = HEADS_CSV.name, HEADS_JSON.name
+    path = src.get(name)
+    if path is None and src.get(ROLES_CSV.name) is not None:
+        name, meta_name = ROLES_CSV.name, ROLES_JSON.name
+        path = src.get(name)
     if path is None:
         return None
     try:
         table = HeadTable.from_csv(path)
     except Exception as e:
-        src.fault(HEADS_CSV.name, f"cannot be read ({e})")
+        src.fault(name, f"cannot be read ({e})")
         return None
-    if src.lacks(HEADS_CSV.name, ["layer", "head", *table.columns]):
+    if src.lacks(name, ["layer", "head", *table.columns]):
         return None
-    js = path.with_name(HEADS_JSON.name)
+    js = path.with_name(meta_name)
+    if name == ROLES_CSV.name:
+        try:
+            prov = json.loads(js.read_text(encoding="utf-8")).get("provenance") if js.is_file() else None
+        except Exception as e:  # the numbers are in the CSV; the provenance only labels them
+            log.warning("cannot read %s (%s)", js, e)
+            prov = None
+        return table.with_columns(meta={"provenance": prov, "source_file": str(path)} if prov else {"source_file": str(path)})
     if js.is_file():
         try:
             data = json.loads(js.read_text(encoding="utf-8"))

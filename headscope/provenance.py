@@ -1,0 +1,117 @@
+"""Provenance: which verb, model, data, options and versions produced an output (one builder for every verb).
+
+Every verb's JSON output carries `provenance(...)`; the report compares the records of the files it
+reads and refuses to put one model's numbers beside another's.
+
+The model fingerprint is cheap and deterministic, not a full weight hash: sha256 over the config
+(sorted JSON, without keys that name paths or versions), then, for every parameter in name order,
+its name, shape and dtype and the bytes of at most `SAMPLES` elements taken at evenly spaced flat
+indices (always the first and the last). Two models differ in it unless they share the config, every
+parameter's shape and the sampled values; a 135M-parameter model takes a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .version import versions
+
+__all__ = ["SAMPLES", "config_fingerprint", "data_fingerprint", "model_fingerprint", "model_record",
+           "provenance", "same_model", "shape_record"]
+
+SAMPLES = 256  # elements sampled per parameter tensor
+# Config keys that change with where or how a model was saved, not with what it computes.
+_VOLATILE = ("_name_or_path", "transformers_version", "_commit_hash", "torch_dtype", "dtype")
+
+
+def config_fingerprint(config: Any) -> str:
+    """sha256 of a config (a transformers config or a dict) as sorted JSON, without path/version keys."""
+    d = config if isinstance(config, Mapping) else config.to_dict()
+    d = {k: v for k, v in d.items() if k not in _VOLATILE}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@torch.no_grad()
+def model_fingerprint(model: torch.nn.Module, config: Any) -> str:
+    """sha256 over the config fingerprint and every parameter's name, shape, dtype and sampled values."""
+    h = hashlib.sha256(config_fingerprint(config).encode())
+    for name, p in sorted(model.state_dict().items()):
+        flat = p.detach().reshape(-1)
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
+        if flat.numel():
+            idx = torch.linspace(0, flat.numel() - 1, min(SAMPLES, flat.numel())).round().long()
+            h.update(flat[idx.to(flat.device)].float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def model_record(hm: Any) -> dict[str, Any]:
+    """name, source, model_type, config and config+weights fingerprints of a loaded HeadModel."""
+    return {"name": hm.name, "source": str(getattr(hm, "source", hm.name)), "model_type": hm.config.model_type,
+            "shape": shape_record(hm.n_layers, hm.n_heads, hm.n_kv_heads, hm.d_head),
+            "config_sha256": config_fingerprint(hm.config), "fingerprint": model_fingerprint(hm.model, hm.config)}
+
+
+def shape_record(n_layers: int, n_heads: int, n_kv_heads: int, d_head: int) -> dict[str, int]:
+    """The attention shape a record can be compared on when no weights were read (kv reads a config only)."""
+    return {"n_layers": int(n_layers), "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads), "d_head": int(d_head)}
+
+
+def data_fingerprint(data: Any) -> dict[str, Any]:
+    """source, passages and the sha256 of the passages (texts joined by newlines, or token ids)."""
+    if isinstance(data, (str, Path)):  # a labelled jsonl given by path: hash the file as it is
+        raw = Path(data).read_bytes()
+        return {"source": str(data), "passages": len(raw.splitlines()), "sha256": hashlib.sha256(raw).hexdigest()}
+    texts = getattr(data, "texts", data)
+    if isinstance(texts, Sequence) and texts and not isinstance(texts[0], str):
+        blob, source = json.dumps([list(map(int, t)) for t in texts]).encode(), "token-ids"
+    else:
+        blob, source = "\n".join(texts).encode("utf-8"), "in-memory"
+    return {"source": str(getattr(data, "source", source)), "passages": len(texts),
+            "sha256": hashlib.sha256(blob).hexdigest()}
+
+
+def _options(options: argparse.Namespace | Mapping[str, Any] | None) -> dict[str, Any]:
+    d = vars(options) if isinstance(options, argparse.Namespace) else dict(options or {})
+    return {k: (v if isinstance(v, (str, int, float, bool, type(None), list)) else str(v))
+            for k, v in sorted(d.items()) if k not in ("func", "verb") and not callable(v)}
+
+
+def provenance(verb: str, model: Any = None, data: Any = None,
+               options: argparse.Namespace | Mapping[str, Any] | None = None,
+               model_info: Mapping[str, Any] | None = None, heldout: Any = None) -> dict[str, Any]:
+    """The provenance record every output JSON carries: verb, model, data, options, versions.
+
+    `model` is a loaded HeadModel; `model_info` stands in for it where only a config is read (kv).
+    `data` (and `heldout`, the evaluation passages of prune and gqa) is a TextSource, a list of passages
+    or token-id lists, a labelled jsonl path, or a ready `data_fingerprint` dict.
+    """
+    rec: dict[str, Any] = {"verb": verb}
+    rec["model"] = model_record(model) if model is not None else (dict(model_info) if model_info else None)
+    for key, value in (("data", data), ("heldout", heldout)):
+        if value is None or isinstance(value, Mapping):
+            rec[key] = dict(value) if value else None
+        else:
+            rec[key] = data_fingerprint(value)
+    rec["options"] = _options(options)
+    rec["versions"] = versions()
+    return rec
+
+
+def same_model(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool | None:
+    """Whether two provenance model records name the same model: weights fingerprints when both have
+    one, else model type and attention shape (a config read as a file and one loaded by transformers
+    differ in their default keys); None when either record is missing."""
+    if not a or not b:
+        return None
+    if a.get("fingerprint") and b.get("fingerprint"):
+        return a["fingerprint"] == b["fingerprint"]
+    if a.get("shape") and b.get("shape"):
+        return a["shape"] == b["shape"] and a.get("model_type") == b.get("model_type")
+    return None

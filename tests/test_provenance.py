@@ -1,0 +1,70 @@
+"""Provenance in every verb's JSON, and the report's refusal to mix models (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from headscope.artifacts import outputs
+from headscope.cli import main
+from headscope.models.tiny import tiny_model
+from headscope.provenance import data_fingerprint, model_fingerprint, same_model
+from test_artifacts import tiny_bert_dir, tiny_llama_dir
+from test_bad_input import listing
+
+
+def test_fingerprint_follows_weights_and_config():
+    a, b = tiny_model("bert", seed=0), tiny_model("bert", seed=0)
+    assert model_fingerprint(a.model, a.config) == model_fingerprint(b.model, b.config)
+    with torch.no_grad():
+        next(iter(b.model.parameters())).view(-1)[0] += 1.0  # the first element is always sampled
+    assert model_fingerprint(a.model, a.config) != model_fingerprint(b.model, b.config)
+    c = tiny_model("bert", seed=1)
+    assert model_fingerprint(a.model, a.config) != model_fingerprint(c.model, c.config)
+    assert data_fingerprint(["a b", "c"])["sha256"] != data_fingerprint(["a b", "d"])["sha256"]
+
+
+def test_analyze_and_kv_record_provenance(tmp_path):
+    bert = str(tiny_bert_dir(tmp_path))
+    assert main(["analyze", bert, "--limit", "2", "--max-length", "16", "--out", str(tmp_path / "a")]) == 0
+    prov = json.loads((tmp_path / "a" / "heads.json").read_text())["meta"]["provenance"]
+    assert prov["verb"] == "analyze" and prov["model"]["fingerprint"] and prov["data"]["passages"] == 2
+    assert prov["options"]["limit"] == 2 and {"headscope", "transformers"} <= set(prov["versions"])
+    assert main(["kv", bert, "--out", str(tmp_path / "k")]) == 0
+    kv = json.loads((tmp_path / "k" / "kv.json").read_text())["provenance"]
+    assert kv["verb"] == "kv" and same_model(kv["model"], prov["model"]) is True
+
+
+def test_roles_never_writes_analyzes_files():
+    assert "heads.csv" not in outputs("roles", optional=True)
+    assert not set(outputs("roles", optional=True)) & set(outputs("analyze", optional=True))
+
+
+def test_report_refuses_another_models_kv(tmp_path, capsys):
+    bert = str(tiny_bert_dir(tmp_path))
+    llama, _ = tiny_llama_dir(tmp_path)
+    assert main(["analyze", bert, "--limit", "2", "--max-length", "16", "--out", str(tmp_path / "a")]) == 0
+    assert main(["kv", str(llama), "--out", str(tmp_path / "k")]) == 0
+    capsys.readouterr()
+    before = listing(tmp_path)
+    rc = main(["report", bert, "--from", str(tmp_path / "k"), "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "report does not mix models" in err and "Traceback" not in err, err
+    assert listing(tmp_path) == before
+    # Without a model, the first file's provenance is the reference: still refused.
+    assert main(["report", "--no-model", "--from", str(tmp_path / "k"), "--out", str(tmp_path / "a")]) == 2
+    assert listing(tmp_path) == before
+
+
+def test_report_keeps_a_users_truncated_heads_csv(tmp_path, capsys):
+    bert = str(tiny_bert_dir(tmp_path))
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "heads.csv").write_text("layer,head,entropy\n0,0,0.5\n")
+    before = (out / "heads.csv").read_bytes()
+    cwd = os.getcwd()
+    main(["report", bert, "--sentences", "0", "--limit", "2", "--out", str(out)])
+    os.chdir(cwd)
+    assert (out / "heads.csv").read_bytes() == before
