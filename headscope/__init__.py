@@ -11,7 +11,7 @@ from typing import Any
 
 
 from .analyze import analyze  # noqa: E402
-from .version import __version__  # noqa: E402
+from .version import __version__  # noqa: E402, F401  (headscope.__version__)
 from .data import read_conllu, read_texts  # noqa: E402
 from .errors import HeadscopeError  # noqa: E402
 from .hooks import capture_head_outputs, head_gates, on_attention_weights  # noqa: E402
@@ -47,7 +47,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "STATISTICS",
-    "__version__",
     "HeadModel",
     "HeadStats",
     "HeadTable",
