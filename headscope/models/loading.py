@@ -261,6 +261,7 @@ def load_model(
         path = str(path) if path.exists() else name_or_path
     if (Path(path) / PRUNING_FILE).exists():  # per-layer head counts need our loader
         return load_checkpoint(path, device=device, dtype=dtype)
+    _check_model_dir(Path(path), name_or_path)
     try:
         config = transformers.AutoConfig.from_pretrained(path)
     except OSError as e:
@@ -273,6 +274,27 @@ def load_model(
     model.to(device).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     return HeadModel(model=model, tokenizer=tokenizer, name=name, source=source)
+
+
+def _check_model_dir(path: Path, name: str) -> None:
+    """A local directory holds config.json of a supported family and weights, or a HeadscopeError saying
+    which is missing (transformers would raise a bare ValueError or OSError deep in loading)."""
+    if not path.is_dir():
+        return  # a hub id
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        raise HeadscopeError(f"{name!r} is not a model directory: it has no config.json; give a folder saved by "
+                             f"save_pretrained (config.json + weights), a built-in name ({', '.join(BUILTINS)}) or a hub id")
+    try:
+        model_type = json.loads(cfg.read_text(encoding="utf-8")).get("model_type")
+    except (ValueError, AttributeError):
+        raise HeadscopeError(f"{str(cfg)!r} is not a JSON object; give the config.json save_pretrained writes") from None
+    if not model_type:
+        raise HeadscopeError(f"{str(cfg)!r} has no model_type; give the config.json save_pretrained writes")
+    spec_for(model_type)  # an unsupported family: the error lists the supported ones
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise HeadscopeError(f"model directory {name!r} has a config.json but no weights (*.safetensors or *.bin); "
+                             f"save the model with save_pretrained, or give another directory")
 
 
 def load_gguf(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> HeadModel:
