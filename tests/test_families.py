@@ -34,6 +34,8 @@ from headscope.models import SPECS, QKVWeights, spec_for, supported_model_types
 from headscope.models.checkpoint import PRUNING_FILE, load_checkpoint, save_model
 from headscope.models.specs import families_table
 from headscope.prune import prune_heads, pruned_gates
+from headscope.importance.scoring import score
+from headscope.similarity import similarity
 from headscope.stats import STATISTICS
 
 TOL = 1e-5
@@ -171,6 +173,20 @@ def test_sliding_windows_and_softcap_matter():
             a = hm.model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[0]
             b = other(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[0]
         assert _maxdiff(a, b) > 1e-2, f"{family}: {override} changed nothing"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_similar_and_score_run(family):
+    """The verbs above the adapter (similarity over weights and attention maps, importance by gradient
+    and by ablation) run on every family and give one finite number per head."""
+    hm = _MODELS[family]
+    sim = similarity(hm, SEQS, max_length=16, batch_size=2)
+    n = hm.n_layers * hm.n_heads
+    assert all(np.asarray(m).shape == (n, n) for m in sim.matrices.values())
+    table = score(hm, SEQS, ("gradient", "ablation"), max_length=16, batch_size=2)
+    for name in ("gradient", "ablation"):
+        col = table[f"importance_{name}"]
+        assert col.shape == (hm.n_layers, hm.n_heads) and np.isfinite(col).all(), f"{family} {name}"
 
 
 # --- pruning --------------------------------------------------------------------------------------------
