@@ -77,10 +77,15 @@ def data_fingerprint(data: Any) -> dict[str, Any]:
             "sha256": hashlib.sha256(blob).hexdigest()}
 
 
+# Where and how loudly to write, not what was computed: left out so that the same run into another
+# folder (or resumed with --force off) writes byte-identical files.
+_NOT_OPTIONS = ("func", "verb", "out", "force", "verbose", "no_progress")
+
+
 def _options(options: argparse.Namespace | Mapping[str, Any] | None) -> dict[str, Any]:
     d = vars(options) if isinstance(options, argparse.Namespace) else dict(options or {})
     return {k: (v if isinstance(v, (str, int, float, bool, type(None), list)) else str(v))
-            for k, v in sorted(d.items()) if k not in ("func", "verb") and not callable(v)}
+            for k, v in sorted(d.items()) if k not in _NOT_OPTIONS and not callable(v)}
 
 
 def provenance(verb: str, model: Any = None, data: Any = None,
