@@ -38,6 +38,15 @@ def config_fingerprint(config: Any) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def sample_indices(n: int, k: int = SAMPLES) -> torch.Tensor:
+    """`min(k, n)` evenly spaced indices into n elements, first and last included, in exact integer
+    arithmetic (a float32 linspace rounds indices past 2**24, e.g. to n itself for a 262k x 640 embedding)."""
+    k = min(k, n)
+    if k == 1:
+        return torch.zeros(1, dtype=torch.long)
+    return torch.arange(k, dtype=torch.long) * (n - 1) // (k - 1)
+
+
 @torch.no_grad()
 def model_fingerprint(model: torch.nn.Module, config: Any) -> str:
     """sha256 over the config fingerprint and every parameter's name, shape, dtype and sampled values."""
@@ -46,7 +55,7 @@ def model_fingerprint(model: torch.nn.Module, config: Any) -> str:
         flat = p.detach().reshape(-1)
         h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
         if flat.numel():
-            idx = torch.linspace(0, flat.numel() - 1, min(SAMPLES, flat.numel())).round().long()
+            idx = sample_indices(flat.numel())
             h.update(flat[idx.to(flat.device)].float().cpu().numpy().tobytes())
     return h.hexdigest()
 

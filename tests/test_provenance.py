@@ -68,3 +68,14 @@ def test_report_keeps_a_users_truncated_heads_csv(tmp_path, capsys):
     main(["report", bert, "--sentences", "0", "--limit", "2", "--out", str(out)])
     os.chdir(cwd)
     assert (out / "heads.csv").read_bytes() == before
+
+
+def test_fingerprint_samples_stay_inside_large_tensors():
+    """Gemma-3's embedding has 262,144 x 640 = 167,772,160 elements: past 2**24 a float32 linspace
+    rounds the last index up to the size itself."""
+    from headscope.provenance import sample_indices
+
+    for n in (1, 2, 255, 256, 257, 2**24 + 1, 167_772_160, 10**10):
+        idx = sample_indices(n)
+        assert idx[0] == 0 and idx[-1] == n - 1 and len(idx) == min(256, n)
+        assert bool((idx[1:] > idx[:-1]).all())
