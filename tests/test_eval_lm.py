@@ -78,3 +78,17 @@ def test_half_precision_logits_are_widened():
 def test_perplexity():
     assert perplexity(2 * math.log(3), 2) == pytest.approx(3.0)
     assert math.isnan(perplexity(1.0, 0)) and perplexity(1e6, 1) == math.inf
+
+
+def test_target_nll_counts_only_positions_with_a_target():
+    from headscope.eval.lm import target_nll
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 4, 7, generator=g)
+    targets = torch.tensor([[1, -100, 3, 0], [-100, -100, 6, 2]])
+    nll, n, correct = target_nll(logits, targets)
+    want = sum(-torch.log_softmax(logits[b, t], -1)[targets[b, t]].item()
+               for b in range(2) for t in range(4) if targets[b, t] != -100)
+    assert n == 5 and nll.item() == pytest.approx(want, rel=1e-6)
+    assert correct == sum(int(logits[b, t].argmax() == targets[b, t])
+                          for b in range(2) for t in range(4) if targets[b, t] != -100)

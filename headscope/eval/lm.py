@@ -77,6 +77,19 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     return (kl * keep).sum() / keep.sum().clamp_min(1)
 
 
+def target_nll(logits: torch.Tensor, targets: torch.Tensor,
+               ignore_index: int = -100) -> tuple[torch.Tensor, int, int]:
+    """Summed NLL, count and correct argmax predictions over positions whose target is not `ignore_index`.
+
+    For models trained on explicit (input, target) windows, such as the sweep's, where targets are
+    already shifted and positions without a target carry `ignore_index`.
+    """
+    keep = targets != ignore_index
+    picked, gold = logits[keep], targets[keep]  # [counted, vocab], [counted]
+    nll = F.cross_entropy(picked, gold, reduction="sum")
+    return nll, int(keep.sum()), int((picked.argmax(-1) == gold).sum())
+
+
 def perplexity(nll_sum: float, count: float) -> float:
     """exp of the mean NLL; inf when it would overflow, nan without counted positions."""
     if not count:
@@ -130,5 +143,5 @@ def compare_lms(reference: nn.Module, candidates: Mapping[str, nn.Module], batch
     return out
 
 
-__all__ = ["compare_lms", "counted_positions", "distillation_loss", "kl_per_position", "kl_sums", "nll_sums",
+__all__ = ["compare_lms", "counted_positions", "distillation_loss", "kl_per_position", "kl_sums", "nll_sums", "target_nll",
            "perplexity"]

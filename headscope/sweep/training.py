@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..corpora import Corpus, load_corpus
+from ..eval.lm import target_nll
 from ..train import Trainer
 from .config import SweepConfig
 from .model import (
@@ -39,11 +40,10 @@ def evaluate(model: TinyLM, cfg: SweepConfig, corpus: Corpus | None) -> dict[str
     model.eval()
     nll, n, correct = 0.0, 0, 0
     for x, y in eval_batches(cfg.task, cfg.batch, cfg.seq, cfg.seed, cfg.eval_tokens, corpus):
-        logits = model(x)
-        mask = y != -100
-        nll += F.cross_entropy(logits[mask], y[mask], reduction="sum").item()
-        correct += (logits[mask].argmax(-1) == y[mask]).sum().item()
-        n += int(mask.sum())
+        batch_nll, batch_n, batch_correct = target_nll(model(x), y)
+        nll += batch_nll.item()
+        correct += batch_correct
+        n += batch_n
     loss = nll / n
     out = {"val_loss": loss, "val_ppl": math.exp(loss), "val_bits_per_token": loss / math.log(2), "val_acc": correct / n}
     out["val_word_ppl"] = math.exp(loss * corpus.tokens_per_word) if corpus is not None else float("nan")
