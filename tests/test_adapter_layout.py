@@ -11,26 +11,18 @@ import copy
 import pytest
 import torch
 
+from families import BY_HAND
 from headscope import HeadscopeError
 from headscope.models import QKVWeights, attention_counts
 from headscope.models.tiny import tiny_config, tiny_model
 
-FAMILIES = ["bert", "roberta", "electra", "gpt2", "llama", "mistral", "qwen2"]
 TOL = 1e-5
 
 
 def _by_hand(hm, layer: int) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    """[q, k, v] weights as [out, in] and their biases, straight from the family's modules."""
-    block = hm.layers[layer]
-    if hm.config.model_type in ("bert", "roberta", "electra"):
-        mods = [block.attention.self.query, block.attention.self.key, block.attention.self.value]
-        return [m.weight for m in mods], [m.bias for m in mods]
-    if hm.config.model_type == "gpt2":
-        w, b = block.attn.c_attn.weight, block.attn.c_attn.bias  # Conv1D: [d_model, 3 * d_model]
-        d = hm.d_model
-        return [w[:, i * d:(i + 1) * d].T for i in range(3)], [b[i * d:(i + 1) * d] for i in range(3)]
-    mods = [block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj]
-    return [m.weight for m in mods], [m.bias for m in mods]
+    """[q, k, v] weights as [out, in] and their biases, straight from the family's modules (the one
+    by-hand reader of tests/families.py)."""
+    return BY_HAND[hm.config.model_type](hm.layers[layer], hm)
 
 
 def _out(hm, ids):
@@ -43,20 +35,7 @@ def _ids():
     return torch.randint(5, 120, (2, 9), generator=torch.Generator().manual_seed(4))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_qkv_weights_equal_the_modules_read_by_hand(family):
-    hm = tiny_model(family, init_std=0.2)
-    for layer in range(hm.n_layers):
-        w = hm.qkv_weights(layer)
-        weights, biases = _by_hand(hm, layer)
-        for name, got, want in zip("qkv", (w.q, w.k, w.v), weights):
-            assert torch.equal(got, want), f"{family} L{layer} {name}: max abs diff {(got - want).abs().max():.3g}"
-        for name, got, want in zip("qkv", (w.q_bias, w.k_bias, w.v_bias), biases):
-            assert (got is None) == (want is None), f"{family} L{layer} {name}_bias presence"
-            if want is not None:
-                assert torch.equal(got, want), f"{family} L{layer} {name}_bias differs"
-        assert w.q.shape == (hm.n_heads * hm.d_head, hm.d_model)
-        assert w.k.shape == w.v.shape == (hm.n_kv_heads * hm.d_head, hm.d_model)
+# qkv_weights against the modules read by hand: tests/test_families.py, on every family of the list.
 
 
 def test_gpt2_fused_split_reproduces_c_attn():
