@@ -8,8 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
+from families import padded_ids  # noqa: E402
 from headscope.models.tiny import tiny_model  # noqa: E402
 
 
@@ -22,12 +22,7 @@ def tiny(request):
 @pytest.fixture
 def tiny_ids():
     """Random token ids [3, 12] and a right-padded mask (rows of length 12, 9, 5)."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(5, 120, (3, 12), generator=g)
-    mask = torch.ones(3, 12, dtype=torch.long)
-    mask[1, 9:] = 0
-    mask[2, 5:] = 0
-    return ids, mask
+    return padded_ids()
 
 
 @pytest.fixture(scope="session")

@@ -96,3 +96,13 @@ def prunable_heads(hm: HeadModel, draw: Callable) -> list[tuple[int, int]]:
                 picked = draw(st.lists(st.integers(0, g - 1), min_size=n, max_size=n, unique=True))
                 heads += [(layer, k * g + i) for i in picked]
     return heads
+
+
+def padded_ids() -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [3, 12] and a right-padded mask (rows of 12, 9 and 5 tokens): the tests' usual batch."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 120, (3, 12), generator=g)
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, 9:] = 0
+    mask[2, 5:] = 0
+    return ids, mask

@@ -25,13 +25,13 @@ import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from families import BY_HAND, DECODERS, FAMILIES, KV_FAMILIES, model, prunable_heads
+from families import BY_HAND, DECODERS, FAMILIES, KV_FAMILIES, model, padded_ids, prunable_heads
 from headscope import HeadscopeError, head_gates, load_model, on_attention_weights
 from headscope.analyze import run_stats
 from headscope.gqa import expand_kv_heads, pool_kv_heads
 from headscope.kv import kv_cache_bytes
 from headscope.models import SPECS, QKVWeights, spec_for, supported_model_types
-from headscope.models.checkpoint import PRUNING_FILE, load_checkpoint, save_model
+from headscope.models.checkpoint import PRUNING_FILE, save_model
 from headscope.models.specs import families_table
 from headscope.prune import prune_heads, pruned_gates
 from headscope.importance.scoring import score
@@ -44,16 +44,6 @@ _G = torch.Generator().manual_seed(3)
 SEQS = [[3] + torch.randint(5, 120, (n - 1,), generator=_G).tolist() for n in (23, 17, 9, 4)]
 # One model per family for the hypothesis tests (built once; prune_heads never changes its input).
 _MODELS = {f: model(f) for f in FAMILIES}
-
-
-def _ids() -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids [3, 12] and a right-padded mask (rows of 12, 9 and 5 tokens)."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(5, 120, (3, 12), generator=g)
-    mask = torch.ones(3, 12, dtype=torch.long)
-    mask[1, 9:] = 0
-    mask[2, 5:] = 0
-    return ids, mask
 
 
 def _out(hm, ids, mask, gates=None) -> torch.Tensor:
@@ -91,7 +81,7 @@ def test_every_supported_model_type_is_in_the_family_list():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_captured_attention_equals_output_attentions(family):
-    hm, (ids, mask) = _MODELS[family], _ids()
+    hm, (ids, mask) = _MODELS[family], padded_ids()
     captured = {}
     with torch.no_grad(), on_attention_weights(hm, lambda l, p: captured.__setitem__(l, p.clone())):
         out = hm.model(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
@@ -123,7 +113,7 @@ def test_writing_weights_back_and_permuting_heads_keep_the_function(family):
     """set_qkv_weights(qkv_weights()) is in place and exact; permuting query heads (with their KV heads)
     leaves the output unchanged and moves the rows the by-hand reader sees."""
     hm = model(family)
-    ids, mask = _ids()
+    ids, mask = padded_ids()
     before = _out(hm, ids, mask)
     params = {id(p) for p in hm.model.parameters()}
     for layer in range(hm.n_layers):
@@ -162,7 +152,7 @@ def test_kernel_statistics_equal_eager(family):
 def test_sliding_windows_and_softcap_matter():
     """The tiny configs exercise what makes their families different: without the window (or the
     soft-cap) the attention changes, so a kernel ignoring them would fail the test above."""
-    ids, mask = _ids()
+    ids, mask = padded_ids()
     for family, override in (("gemma3_text", {"layer_types": ["full_attention"] * 2}),
                              ("starcoder2", {"sliding_window": None}), ("gemma2", {"attn_logit_softcapping": None})):
         hm = _MODELS[family]
@@ -196,7 +186,7 @@ def test_similar_and_score_run(family):
 def test_pruned_equals_gated(family, data):
     hm = _MODELS[family]
     heads = prunable_heads(hm, data.draw)
-    ids, mask = _ids()
+    ids, mask = padded_ids()
     gated = _out(hm, ids, mask, pruned_gates(hm, heads))
     pruned = prune_heads(hm, heads)
     diff = _maxdiff(gated, _out(pruned, ids, mask))
@@ -212,7 +202,7 @@ def _prune_set(hm) -> dict[int, list[int]]:
 def test_pruned_checkpoints_reload_in_a_fresh_process(tmp_path):
     """Every family, pruned and saved; ONE fresh process loads each with load_checkpoint and with
     plain transformers (trust_remote_code runs the loader saved beside the weights)."""
-    ids, mask = _ids()
+    ids, mask = padded_ids()
     torch.save({"ids": ids, "mask": mask}, tmp_path / "inputs.pt")
     want, paths = {}, {}
     for family in FAMILIES:
@@ -251,7 +241,7 @@ def test_gqa_checkpoints_reload_in_plain_transformers(family, tmp_path):
     """Expanding KV heads keeps the function exactly; pooling them (where there are several) gives a
     model that plain transformers reloads from its config alone (num_key_value_heads)."""
     hm = _MODELS[family]
-    ids, mask = _ids()
+    ids, mask = padded_ids()
     expanded = expand_kv_heads(hm)
     assert expanded.n_kv_heads == hm.n_heads
     assert _maxdiff(_out(expanded, ids, mask), _out(hm, ids, mask)) < TOL
