@@ -24,6 +24,7 @@ from torch import nn
 from ..errors import HeadscopeError
 from ..io import atomic_dir
 from . import layout
+from .config import ATTN_IMPLEMENTATION
 from .adapter import PRUNING_CONFIG_KEY, HeadModel
 
 log = logging.getLogger(__name__)
@@ -161,12 +162,12 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     if (path / "tokenizer_config.json").exists():
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     if not kept:
-        model = auto_class(config).from_pretrained(path, dtype=dtype, attn_implementation="eager")
+        model = auto_class(config).from_pretrained(path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
         model.to(device).eval()
         return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))
     if hasattr(config, PRUNING_CONFIG_KEY):
         delattr(config, PRUNING_CONFIG_KEY)  # the model is built unpruned; slice_heads records it again
-    config._attn_implementation = "eager"
+    config._attn_implementation = ATTN_IMPLEMENTATION
     hm = HeadModel(model=auto_class(config).from_config(config).eval(), tokenizer=tokenizer, name=str(path),
                    source=str(path))
     for layer, keep in sorted(kept.items()):

@@ -20,6 +20,9 @@ KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "n_kv_heads")
 DMODEL_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
 DHEAD_KEYS = ("head_dim", "d_head", "d_kv")
 
+# The attention kernel every loader asks transformers for (one place to change it).
+ATTN_IMPLEMENTATION = "eager"
+
 
 @dataclass(frozen=True)
 class AttentionCounts:

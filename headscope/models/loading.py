@@ -16,6 +16,7 @@ import transformers
 
 from ..errors import HeadscopeError, did_you_mean
 from ..io import atomic_dir
+from .config import ATTN_IMPLEMENTATION
 from .adapter import HeadModel
 from .checkpoint import PRUNING_FILE, auto_class, load_checkpoint
 from .specs import spec_for
@@ -270,7 +271,7 @@ def load_model(
             f"(HF_HUB_OFFLINE is {os.environ.get('HF_HUB_OFFLINE', 'unset')}); local directories need config.json"
         ) from None
     spec_for(config.model_type)  # fail early, before loading weights, on unsupported families
-    model = auto_class(config).from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    model = auto_class(config).from_pretrained(path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     model.to(device).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     return HeadModel(model=model, tokenizer=tokenizer, name=name, source=source)
@@ -304,7 +305,7 @@ def load_gguf(path: str | Path, *, device: str | torch.device = "cpu", dtype: to
     spec_for(config.model_type)  # fail early, before reading the weights, on unsupported families
     with _gguf_errors(path):
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                                  attn_implementation="eager")
+                                                                  attn_implementation=ATTN_IMPLEMENTATION)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model.hf_quantizer = None  # dequantised: plain floats from here on
     model.to(device).eval()
