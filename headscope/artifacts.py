@@ -25,7 +25,7 @@ __all__ = [
     "HEADS_CSV", "HEADS_JSON", "ROLES_CSV", "KV_JSON", "ROLES_JSON", "SYNTAX_CSV", "SIMILAR_PAIRS_CSV", "SIMILARITY_NPZ", "CLUSTERS_JSON",
     "IMPORTANCE_CSV", "IMPORTANCE_JSON", "RANK_CORRELATION_CSV", "PRUNE_CURVE_CSV", "PRUNE_CURVE_PNG",
     "REDUNDANCY_CSV", "PRUNE_JSON", "MODEL_DIR", "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
-    "SWEEP_SPEED_PNG", "GQA_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
+    "SWEEP_SPEED_PNG", "GQA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
 ]
 
 KINDS = ("csv", "json", "npz", "png", "dir", "html")
@@ -248,6 +248,37 @@ KV_CSV = Artifact(
      _f("note")))
 KV_JSON = Artifact("kv.json", "json", {"kv": "--out"}, "kv.csv's provenance: the model (config fingerprint) "
                    "and settings behind it", (_PROVENANCE,))
+# headscope kvcache: one row per cache evaluated (the full cache, then per budget the score-chosen
+# and the random control). The quality-vs-bytes chart reads kv_bytes_per_token / kv_fraction against
+# perplexity and needle_accuracy; rows of other methods (MLA, GQA) can share these column names.
+KVCACHE_CSV = Artifact(
+    "kvcache.csv", "csv", {"kvcache": ""}, "head-aware KV caches against the full cache: bytes, perplexity, needles",
+    (_f("method", "'full' (every KV head full), 'score' (full KV heads chosen by chosen_by), 'random' (the same "
+                  "number of full KV heads at random: the control at equal bytes)"),
+     _f("chosen_by", "the score that chose the full heads (e.g. retrieval_score, or a column of a heads/roles "
+                     "file); empty for full and random"),
+     _f("budget", "asked share of KV heads kept full, in (0, 1] (1 for full)"),
+     _f("kv_fraction", "share of KV heads kept full as done (bytes per token relative to the full cache)"),
+     _f("full_kv_heads", "KV heads kept full, all layers"), _f("windowed_kv_heads", "KV heads freed: sink + window"),
+     _f("windowed_query_heads", "query heads reading a windowed KV head"),
+     _f("sink", "tokens at the start every windowed head keeps"),
+     _f("window", "recent tokens every windowed head keeps, the current one included"),
+     _f("context", "tokens per passage (perplexity) and per needle prompt"), _f("dtype", "cache dtype"),
+     _f("kv_bytes_per_token", "bytes one more token costs once windows are full: 2 x d_head x bytes x full KV heads"),
+     _f("kv_bytes_formula", "K and V bytes one decoding step reads at `context` tokens, by the formula"),
+     _f("kv_bytes_measured", "the same, measured from the tensors the cache handed to attention"),
+     _f("kv_ratio", "kv_bytes_measured relative to the full cache's"),
+     _f("perplexity", "on the long text, every position predicted through this cache"),
+     _f("ppl_tokens", "predictions perplexity averages over"),
+     _f("needle_accuracy", "share of needle prompts whose generated answer holds the needle"),
+     _f("needles", "needle prompts asked"), _f("uptrain_steps", "training steps after windowing (0: none)"),
+     _f("seed", "seed of the random choice and of the needle set")))
+KVCACHE_JSON = Artifact(
+    "kvcache.json", "json", {"kvcache": ""}, "kvcache.csv's settings, each cache's full KV heads, answers, provenance",
+    (_f("model"), _f("n_layers"), _f("n_heads"), _f("n_kv_heads"), _f("d_head"),
+     _f("settings", "sink, window, context, budgets, score source, data, needle settings"),
+     _f("rows", "kvcache.csv's rows, each with `full_heads` (per layer, the KV heads kept full) and needle answers"),
+     _PROVENANCE))
 SWEEP_CSV = Artifact(
     "sweep.csv", "csv", {"sweep": ""}, "one row per trained configuration",
     (_f("task", "ptb, xor or pair"), _f("d_model"), _f("n_layers"), _f("n_heads", "query heads"),
@@ -296,14 +327,15 @@ ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
     PRUNE_JSON, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG, SWEEP_SPEED_PNG, GQA_JSON,
-    REPORT_HTML)}
+    KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold
 # it, so a CSV's provenance is its verb's JSON in the same folder.
 PROVENANCE_FILES: dict[str, str] = {"analyze": HEADS_JSON.name, "roles": ROLES_JSON.name, "similar": CLUSTERS_JSON.name,
                                     "score": IMPORTANCE_JSON.name, "prune": PRUNE_JSON.name, "kv": KV_JSON.name,
-                                    "gqa": GQA_JSON.name}
+                                    "gqa": GQA_JSON.name,
+                                    "kvcache": KVCACHE_JSON.name}
 
 
 def provenance_file(name: str) -> str | None:
