@@ -7,14 +7,14 @@ Stages read and change attention weights only through `HeadModel`'s layout metho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from ..errors import HeadscopeError
-from . import layout
+from . import dispatch, layout
 from .config import attention_counts
 from .layout import QKVWeights
 from .specs import AttentionSpec, get_path, spec_for
@@ -22,6 +22,8 @@ from .specs import AttentionSpec, get_path, spec_for
 # Config attribute recording the kept heads of a physically pruned model, {"layer": [original ids]},
 # so the record travels in config.json.
 PRUNING_CONFIG_KEY = "headscope_pruning"
+# The same for FFN neurons: {"layer": [original neuron ids kept]} (per-layer FFN widths).
+FFN_CONFIG_KEY = "headscope_ffn"
 
 
 @dataclass
@@ -42,10 +44,9 @@ class HeadModel:
         self.spec = spec_for(self.config.model_type)
         if not self.name:
             self.name = getattr(self.config, "_name_or_path", "") or self.config.model_type
-        impl = getattr(self.config, "_attn_implementation", None)
-        if impl not in (None, "eager"):
-            # sdpa/flash return no attention weights; statistics need them.
-            self.model.set_attn_implementation("eager")
+        # The model keeps the attention kernel it was loaded with (sdpa by default): statistics come from
+        # the statistics kernel beside it, and full-map consumers switch to eager only while they run
+        # (`hooks.on_attention_weights`), so no kernel is forced here.
 
     # --- shape of the attention -------------------------------------------------------------
     @property
@@ -139,6 +140,58 @@ class HeadModel:
         projections were resized by pruning or GQA conversion)."""
         layout.set_head_count_attrs(self.attention(layer), self.spec, n_heads, n_kv_heads, self.d_head)
 
+    # --- feed-forward neurons ---------------------------------------------------------------
+    @property
+    def has_ffn(self) -> bool:
+        """Whether the family's spec says where its FFN neurons live (so they can be scored and pruned)."""
+        return bool(self.spec.ffn_in and self.spec.ffn_out)
+
+    def ffn_out(self, layer: int) -> nn.Module:
+        """The FFN output projection of `layer`; its input is the neurons' activations `[batch, pos, n_neurons]`."""
+        if not self.has_ffn:
+            raise HeadscopeError(f"the {self.spec.family} family declares no FFN modules (ffn_in / ffn_out in "
+                                 f"headscope/models/specs.py); FFN neurons cannot be reached")
+        return get_path(self.layers[layer], self.spec.ffn_out)
+
+    def ffn_in(self, layer: int) -> list[nn.Module]:
+        """The FFN input-side projections of `layer` (up / gate / fc1), whose output rows are the neurons."""
+        self.ffn_out(layer)  # the same check
+        return [get_path(self.layers[layer], p) for p in self.spec.ffn_in]
+
+    def ffn_size(self, layer: int) -> int:
+        """FFN neurons currently present in `layer` (differs per layer after physical pruning)."""
+        return int(layout.linear_weight(self.ffn_out(layer), self.spec.conv1d).shape[1])
+
+    def kept_neurons(self, layer: int) -> list[int]:
+        """Original ids of the FFN neurons present in `layer` (recorded in `config.headscope_ffn` by `slice_ffn`)."""
+        recorded = getattr(self.config, FFN_CONFIG_KEY, None) or {}
+        kept = recorded.get(str(layer), recorded.get(layer))
+        return list(range(self.ffn_size(layer))) if kept is None else [int(i) for i in kept]
+
+    @property
+    def ffn_pruned(self) -> bool:
+        """Whether any layer has lost FFN neurons to physical pruning."""
+        return bool(getattr(self.config, FFN_CONFIG_KEY, None))
+
+    def slice_ffn(self, layer: int, keep: Sequence[int]) -> None:
+        """Physically keep only FFN neurons `keep` (original ids) in `layer`, in place; recorded in
+        `config.headscope_ffn` so checkpoints reload with per-layer widths."""
+        keep = sorted(int(i) for i in set(keep))
+        now = self.kept_neurons(layer)
+        gone = [i for i in keep if i not in now]
+        if gone:
+            raise HeadscopeError(f"layer {layer}: FFN neuron(s) {gone[:5]} are not in the layer; neurons can be "
+                                 f"removed, not added back")
+        if not keep:
+            raise HeadscopeError(f"layer {layer}: keep at least one FFN neuron (to remove the whole layer, drop "
+                                 f"its block)")
+        if keep == now:
+            return
+        record = {str(l): self.kept_neurons(l) for l in range(self.n_layers)}
+        layout.slice_ffn(self.layers[layer], self.spec, [now.index(i) for i in keep])
+        record[str(layer)] = keep
+        setattr(self.config, FFN_CONFIG_KEY, record)
+
     # --- weight layout ---------------------------------------------------------------------
     def kv_heads_in_layer(self, layer: int) -> list[int]:
         """Original ids of the KV heads present in `layer` (those its kept query heads read)."""
@@ -166,6 +219,11 @@ class HeadModel:
         if h == 0:
             empty = self.out_weight(layer).detach().new_zeros(0, self.d_model)
             return QKVWeights(empty, empty, empty)
+        if dispatch.is_dispatched(self.model):  # offloaded weights: read a copy, loaded for the moment
+            with dispatch.loaded(list(self.projections(layer).values())):
+                w = layout.read_qkv(self.layers[layer], self.spec, h, g, d)
+                return QKVWeights(**{f.name: None if getattr(w, f.name) is None else getattr(w, f.name).clone()
+                                     for f in fields(w)})
         return layout.read_qkv(self.layers[layer], self.spec, h, g, d)
 
     def set_qkv_weights(self, layer: int, weights: QKVWeights) -> None:
@@ -211,15 +269,22 @@ class HeadModel:
                 )
             if given is not None and tuple(given.shape) != (shape[0],):
                 raise HeadscopeError(f"layer {layer}: {name}_bias has shape {tuple(given.shape)}; expected ({shape[0]},)")
+        if dispatch.is_dispatched(self.model):  # written in memory: an offload store would reload the old ones
+            dispatch.materialize(list(self.projections(layer).values()))
         layout.write_qkv(self.layers[layer], self.spec, w, d)
         self.set_head_counts(layer, h, g)
 
     def out_weight(self, layer: int) -> torch.Tensor:
         """Output projection weight as `[d_model, n_heads * d_head]` (Linear layout)."""
+        if dispatch.is_dispatched(self.model) and dispatch.offloaded(self.out_proj(layer)):
+            with dispatch.loaded([self.out_proj(layer)]):  # a copy, loaded for the moment
+                return layout.linear_weight(self.out_proj(layer), self.spec.conv1d).detach().clone()
         return layout.linear_weight(self.out_proj(layer), self.spec.conv1d)
 
     def set_out_weight(self, layer: int, weight: torch.Tensor) -> None:
         """Copy `weight` (`[d_model, heads * d_head]`, Linear layout) into the output projection, in place."""
+        if dispatch.is_dispatched(self.model):  # copied in memory: an offload store would reload the old one
+            dispatch.materialize([self.out_proj(layer)])
         now = self.out_weight(layer)
         if tuple(weight.shape) != tuple(now.shape):
             raise HeadscopeError(f"layer {layer}: output weight has shape {tuple(weight.shape)}; expected "
@@ -300,6 +365,8 @@ class HeadModel:
         self.check_slice(layer, keep)
         if keep == now:
             return
+        if dispatch.is_dispatched(self.model):  # offloaded weights are read into memory to be sliced
+            dispatch.materialize(list(self.projections(layer).values()))
         layout.slice_block(self.layers[layer], self.spec, self.d_head, self.group_size, now, keep)
         record = {str(l): self.kept_heads(l) for l in range(self.n_layers)}
         record[str(layer)] = keep
@@ -307,7 +374,13 @@ class HeadModel:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where inputs go: the parameters' device, or a dispatched model's main device (`device_map`)."""
+        return dispatch.input_device(self.model)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating dtype the weights compute in (statistics still accumulate in float64)."""
+        return next(p.dtype for p in self.model.parameters() if p.is_floating_point())
 
     def check_head(self, layer: int, head: int) -> None:
         """Raise a clear error when (layer, head) does not exist in this model."""

@@ -24,12 +24,13 @@ from torch import nn
 from ..errors import HeadscopeError
 from ..io import atomic_dir
 from . import layout
-from .config import ATTN_IMPLEMENTATION
-from .adapter import PRUNING_CONFIG_KEY, HeadModel
+from .config import attn_implementation_for
+from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 
 log = logging.getLogger(__name__)
 
 PRUNING_FILE = "headscope_pruning.json"
+MLA_FILE = "headscope_mla.json"  # an MLA-converted model (headscope.mla.checkpoint saves and loads it)
 FORMAT_VERSION = 1
 REMOTE_MODULE = "modeling_headscope_pruned"
 LOAD_WITH = ("headscope.load_model(path) or headscope.models.checkpoint.load_checkpoint(path), "
@@ -37,7 +38,7 @@ LOAD_WITH = ("headscope.load_model(path) or headscope.models.checkpoint.load_che
 
 # The spec attributes the copied slicing code reads.
 _SPEC_FIELDS = ("layers", "attention", "out_proj", "q_proj", "k_proj", "v_proj", "qkv_proj", "conv1d",
-                "qkv_layout", "head_count_attrs", "config_head_attrs")
+                "qkv_layout", "head_count_attrs", "config_head_attrs", "ffn_in", "ffn_in_parts", "ffn_out")
 
 
 def auto_class(config: Any) -> type:
@@ -61,6 +62,7 @@ def pruning_record(hm: HeadModel) -> dict[str, Any]:
         "kept_heads": {str(l): k for l, k in kept.items()},
         "pruned_heads": [f"L{l}H{h}" for l, k in kept.items() for h in range(hm.n_heads) if h not in k],
         "n_heads_kept": sum(map(len, kept.values())),
+        **({"kept_neurons": {str(l): hm.kept_neurons(l) for l in range(hm.n_layers)}} if hm.ffn_pruned else {}),
         "source": hm.source or hm.name,
         "transformers": transformers.__version__,
         "load_with": LOAD_WITH,
@@ -78,10 +80,11 @@ def save_model(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
         # A pruned checkpoint keeps the module's own parameter names: its loaders (load_checkpoint, and the
         # trust_remote_code class, which transformers treats as custom code) apply none of transformers'
         # renamings of legacy checkpoint keys (GPT-NeoX's embed_out <-> lm_head).
-        hm.model.save_pretrained(tmp, save_original_format=not hm.pruned)
+        sliced = hm.pruned or hm.ffn_pruned
+        hm.model.save_pretrained(tmp, save_original_format=not sliced)
         if hm.tokenizer is not None:
             hm.tokenizer.save_pretrained(tmp)
-        if hm.pruned:
+        if sliced:
             (tmp / PRUNING_FILE).write_text(json.dumps(pruning_record(hm), indent=2) + "\n", encoding="utf-8")
             _write_remote_code(hm, tmp)
     log.info("saved %s to %s", hm.name, path)
@@ -119,9 +122,13 @@ class {cls}(transformers.{arch}):
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         layers = get_path(self.base_model, SPEC.layers)
-        for layer, keep in sorted((int(k), list(v)) for k, v in config.headscope_pruning.items()):
+        for layer, keep in sorted((int(k), list(v)) for k, v in (getattr(config, "headscope_pruning", None) or {{}}).items()):
             if len(keep) != N_HEADS:
                 slice_block(layers[layer], SPEC, D_HEAD, GROUP_SIZE, list(range(N_HEADS)), keep)
+        # FFN neurons kept per layer (original ids = positions in the freshly built, unpruned layer).
+        for layer, keep in sorted((int(k), list(v)) for k, v in (getattr(config, "headscope_ffn", None) or {{}}).items()):
+            if len(keep) != linear_weight(get_path(layers[layer], SPEC.ffn_out), SPEC.conv1d).shape[1]:
+                slice_ffn(layers[layer], SPEC, keep)
 '''
     return header + inspect.getsource(layout) + tail, cls
 
@@ -156,22 +163,30 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     if not (path / "config.json").exists():
         raise HeadscopeError(f"{str(path)!r} is not a saved model (no config.json); give a folder written by "
                              f"save_model (headscope prune/gqa --out OUT writes OUT/model)")
+    if (path / MLA_FILE).exists():  # latent-attention modules: built by headscope.mla before the weights load
+        from ..mla.checkpoint import load_mla
+        return load_mla(path, device=device, dtype=dtype)
     config = transformers.AutoConfig.from_pretrained(path)
     kept = _kept_heads(path, config)
+    neurons = {int(l): [int(i) for i in k] for l, k in (getattr(config, FFN_CONFIG_KEY, None) or {}).items()}
     tokenizer = None
     if (path / "tokenizer_config.json").exists():
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    if not kept:
-        model = auto_class(config).from_pretrained(path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    if not kept and not neurons:
+        model = auto_class(config).from_pretrained(path, dtype=dtype,
+                                                   attn_implementation=attn_implementation_for(auto_class(config), config))
         model.to(device).eval()
         return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))
-    if hasattr(config, PRUNING_CONFIG_KEY):
-        delattr(config, PRUNING_CONFIG_KEY)  # the model is built unpruned; slice_heads records it again
-    config._attn_implementation = ATTN_IMPLEMENTATION
+    for key in (PRUNING_CONFIG_KEY, FFN_CONFIG_KEY):
+        if hasattr(config, key):
+            delattr(config, key)  # the model is built unpruned; slice_heads / slice_ffn record it again
+    config._attn_implementation = attn_implementation_for(auto_class(config), config)
     hm = HeadModel(model=auto_class(config).from_config(config).eval(), tokenizer=tokenizer, name=str(path),
                    source=str(path))
     for layer, keep in sorted(kept.items()):
         hm.slice_heads(layer, keep)
+    for layer, keep in sorted(neurons.items()):
+        hm.slice_ffn(layer, keep)
     _load_weights(hm.model, path)
     hm.model.to(device=device, dtype=dtype).eval()
     return hm

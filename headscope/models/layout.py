@@ -276,3 +276,25 @@ def slice_block(block: nn.Module, spec: Any, d_head: int, group_size: int, now: 
         set_path(block, spec.attention, EmptyAttention(inner, get_path(block, spec.out_proj) if inner else None))
         return
     set_head_count_attrs(get_path(block, spec.attention), spec, len(keep), len(keep_kv), d)
+
+
+def slice_ffn(block: nn.Module, spec: Any, keep: Sequence[int]) -> None:
+    """Keep only the FFN neurons at positions `keep` (in the layer as it is now) of one layer block, in place.
+
+    Each input-side projection (`spec.ffn_in`; `spec.ffn_in_parts` stacked blocks of neurons each, e.g.
+    Phi-3's [gate; up]) keeps those output rows and their bias; the output projection (`spec.ffn_out`)
+    keeps those input columns and its own bias. A layer may keep no neuron: its FFN then adds the bias only.
+    """
+    keep = [int(i) for i in keep]
+    out = get_path(block, spec.ffn_out)
+    width = linear_weight(out, spec.conv1d).shape[1]
+    for path in spec.ffn_in:
+        module = get_path(block, path)
+        idx = torch.tensor([p * width + i for p in range(spec.ffn_in_parts) for i in keep], dtype=torch.long,
+                           device=module.weight.device)
+        bias = None if getattr(module, "bias", None) is None else module.bias.detach().index_select(0, idx)
+        set_path(block, path, resized(module, linear_weight(module, spec.conv1d).detach().index_select(0, idx), bias,
+                                      spec.conv1d))
+    cols = torch.tensor(keep, dtype=torch.long, device=out.weight.device)
+    set_path(block, spec.ffn_out, resized(out, linear_weight(out, spec.conv1d).detach().index_select(1, cols), None,
+                                          spec.conv1d, keep_bias=True))

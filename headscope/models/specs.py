@@ -49,6 +49,16 @@ class AttentionSpec:
     # Whether the position table reserves `pad_token_id + 1` leading slots (RoBERTa counts positions
     # from padding_idx + 1), so usable positions are max_position_embeddings minus that.
     position_offset_from_pad: bool = False
+    # Feed-forward (MLP) sub-layer, relative to one layer block: the input-side projections whose output
+    # rows are the hidden neurons (up / gate, fc1, BERT's intermediate.dense), each holding `ffn_in_parts`
+    # stacked blocks of n_neurons rows (Phi-3's fused gate_up_proj: 2), and the output projection whose
+    # input columns are the neurons (down_proj, fc2, BERT's output.dense). Empty: neurons cannot be pruned.
+    ffn_in: tuple[str, ...] = ()
+    ffn_in_parts: int = 1
+    ffn_out: str | None = None
+    # Config attribute holding the FFN width (intermediate_size, n_inner, ffn_dim); per-layer widths after
+    # pruning are recorded beside it in config.headscope_ffn.
+    ffn_size_attr: str | None = None
     # For the supported-families table: well-known models of the family, and what is special about it.
     examples: str = ""
     notes: str = ""
@@ -68,6 +78,7 @@ BERT = AttentionSpec(
     k_proj="attention.self.key",
     v_proj="attention.self.value",
     head_count_attrs=(("num_attention_heads", "heads"), ("all_head_size", "width")),
+    ffn_in=("intermediate.dense",), ffn_out="output.dense", ffn_size_attr="intermediate_size",
     examples="BERT, all-MiniLM-L6-v2 (built-in `minilm`), ELECTRA",
     notes="encoder; output projection outside the self-attention module",
 )
@@ -87,6 +98,7 @@ GPT2 = AttentionSpec(
     conv1d=True,
     causal=True,
     head_count_attrs=(("num_heads", "heads"), ("split_size", "width")),
+    ffn_in=("mlp.c_fc",), ffn_out="mlp.c_proj", ffn_size_attr="n_inner",
     examples="GPT-2, DistilGPT-2",
     notes="Conv1D stores weights [in, out]; learned positions",
 )
@@ -103,6 +115,7 @@ LLAMA = AttentionSpec(
     causal=True,
     head_count_attrs=(("num_key_value_groups", "groups"), ("num_heads", "heads"), ("num_key_value_heads", "kv_heads")),
     kv_heads_in_config=True,
+    ffn_in=("mlp.gate_proj", "mlp.up_proj"), ffn_out="mlp.down_proj", ffn_size_attr="intermediate_size",
     examples="LLaMA 2/3, SmolLM2 (built-in `smollm2`), Mistral, Qwen2/2.5",
     notes="RoPE; Mistral and Qwen2 may use a sliding window",
 )
@@ -118,6 +131,7 @@ GEMMA3 = replace(
 GEMMA2 = replace(LLAMA, family="gemma2", model_types=("gemma2",), examples="Gemma-2 2B/9B",
                  notes="attention logits soft-capped (attn_logit_softcapping); sliding and global layers")
 STARCODER2 = replace(LLAMA, family="starcoder2", model_types=("starcoder2",), examples="StarCoder2 3B/7B",
+                     ffn_in=("mlp.c_fc",), ffn_out="mlp.c_proj",
                      notes="biases on every projection; sliding window")
 
 PHI3 = AttentionSpec(
@@ -131,6 +145,7 @@ PHI3 = AttentionSpec(
     head_count_attrs=(("num_key_value_groups", "groups"), ("num_key_value_heads", "kv_heads")),
     config_head_attrs=(("num_attention_heads", "heads"),),
     kv_heads_in_config=True,
+    ffn_in=("mlp.gate_up_proj",), ffn_in_parts=2, ffn_out="mlp.down_proj", ffn_size_attr="intermediate_size",
     examples="Phi-3 mini/medium, Phi-4-mini",
     notes="GQA inside one fused projection, split at config.num_attention_heads (a pruned layer gets its own "
           "view of the config)",
@@ -148,6 +163,7 @@ GPT_NEOX = AttentionSpec(
     # Its forward infers the head count from the fused width; the one size it reads, head_size, is
     # d_head, which pruning keeps.
     head_count_attrs=(("head_size", "d_head"),),
+    ffn_in=("mlp.dense_h_to_4h",), ffn_out="mlp.dense_4h_to_h", ffn_size_attr="intermediate_size",
     examples="Pythia 14M-12B, GPT-NeoX-20B",
     notes="partial rotary (rotary_pct); the head count is inferred from the fused width",
 )
@@ -163,6 +179,7 @@ OPT = AttentionSpec(
     v_proj="self_attn.v_proj",
     causal=True,
     head_count_attrs=(("num_heads", "heads"),),
+    ffn_in=("fc1",), ffn_out="fc2", ffn_size_attr="ffn_dim",
     examples="OPT 125M-66B",
     notes="biases on every projection; learned positions; queries scaled before the attention call",
 )
