@@ -79,3 +79,25 @@ def test_fingerprint_samples_stay_inside_large_tensors():
         idx = sample_indices(n)
         assert idx[0] == 0 and idx[-1] == n - 1 and len(idx) == min(256, n)
         assert bool((idx[1:] > idx[:-1]).all())
+
+
+def test_report_shows_each_files_provenance_and_flags_different_data(tmp_path, capsys):
+    from headscope.report import report_data
+
+    bert = "minilm"  # roles needs a real vocabulary for its induction sequences
+    assert main(["analyze", bert, "--limit", "3", "--max-length", "16", "--out", str(tmp_path / "a")]) == 0
+    assert main(["roles", bert, "--limit", "2", "--max-length", "16", "--out", str(tmp_path / "r")]) == 0
+    capsys.readouterr()
+    d = report_data(tmp_path / "rep", None, [tmp_path / "a", tmp_path / "r"], write_plots=False)
+    about = [p for p in d["panels"] if p["place"] == "about"]
+    assert len(about) == 1
+    rows = {r["file"].rsplit("/", 1)[-1]: r for r in about[0]["rows"]}
+    assert rows["heads.csv"]["verb"] == "analyze" and rows["heads.csv"]["passages"] == 3
+    assert rows["roles.csv"]["verb"] == "roles" and rows["roles.csv"]["passages"] == 2
+    assert rows["heads.csv"]["fingerprint"] == rows["roles.csv"]["fingerprint"]
+    flagged = [m for m in d["problems"] if "different data" in m]
+    assert len(flagged) == 1 and "3 passages" in flagged[0] and "2 passages" in flagged[0], d["problems"]
+    # The same data on both: nothing flagged.
+    assert main(["roles", bert, "--limit", "3", "--max-length", "16", "--out", str(tmp_path / "r"), "--force"]) == 0
+    d = report_data(tmp_path / "rep", None, [tmp_path / "a", tmp_path / "r"], write_plots=False)
+    assert not [m for m in d["problems"] if "different data" in m], d["problems"]

@@ -62,7 +62,7 @@ def report_data(
     hm: HeadModel | None
     check_report_args(sentences, max_length, limit)
     hm = load_model(model, device=device) if isinstance(model, str) else model
-    check_one_model(src, model_record(hm) if hm is not None else None)  # before any work: never mix models
+    records = check_one_model(src, model_record(hm) if hm is not None else None)  # before any work: never mix models
     table = read_heads(src)
     texts = None
     token_ids = None
@@ -88,6 +88,7 @@ def report_data(
                 table.to_csv(out / HEADS_CSV.name)
                 table.to_json(out / HEADS_JSON.name)
                 src.found[HEADS_CSV.name] = out / HEADS_CSV.name
+                records[HEADS_CSV.name] = table.meta["provenance"]
     model_meta: dict[str, Any] = {}
     if hm is not None:
         model_meta = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads,
@@ -100,7 +101,7 @@ def report_data(
     examples = example_maps(hm, texts, sentences, token_ids) if hm is not None else []
     out.mkdir(parents=True, exist_ok=True)
     return collect(table, src, out, examples, model_meta, _special_names(hm), write_plots=write_plots,
-                   config=hm.config if hm is not None else None)
+                   config=hm.config if hm is not None else None, records=records)
 
 
 def check_report_args(sentences: int, max_length: int | None, limit: int | None) -> None:

@@ -3,6 +3,9 @@
 Each section module reads its files through `Sources` (by the names declared in
 `headscope.artifacts`) and returns a `Part`: its data, its summary sentences and, when its files are
 absent or unusable, a note saying which verb to run or what is wrong with the file.
+
+A new section needs no page code: its module returns a Part whose `panel(...)` calls add titled
+tables and figures at the end of a question (see `sources.Part.panel`); add its call to `collect`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from . import pruning, sweep
 from .gqa import gqa_part
 from .heads import GRID_PLOT_COLUMNS, grid_plot_name, heads_part
 from .kv import kv_part
+from .origins import provenance_part
 from .pruning import importance_part, prune_part
 from .roles import roles_part
 from .similarity import similarity_part
@@ -34,7 +38,8 @@ def figure_names() -> list[str]:
 
 def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dict[str, Any]],
             model_meta: dict[str, Any], special_names: str = "special tokens",
-            write_plots: bool = True, config: Any = None) -> dict[str, Any]:
+            write_plots: bool = True, config: Any = None,
+            records: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report's data: every section present or a note saying why not, plus the summary sentences."""
     meta = {**model_meta, **({k: v for k, v in table.meta.items() if k not in ("stats", "versions")}
                               if table is not None else {})}
@@ -50,10 +55,12 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
         gqa_part(src, meta.get("model_type")),
         importance_part(src, n_layers, n_heads, fig_dir),
         prune_part(src, fig_dir),
+        provenance_part(src, records or {}),
     ]
     data: dict[str, Any] = {"model": clean(meta), "n_layers": n_layers, "n_heads": n_heads, "missing": {},
                             "text": {"q1": [], "q2": [], "q3": []}, "descriptions": {}, "columns": {},
-                            "examples": examples, "plots": {}, "plots_written": []}
+                            "examples": examples, "plots": {}, "plots_written": [],
+                            "panels": []}
     if not examples:
         data["missing"]["examples"] = NO_EXAMPLES
     for p in parts:
@@ -66,10 +73,11 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
             data["text"][q] += sentences
         data["missing"].update(p.missing)
         data["plots_written"] += p.plots
+        data["panels"] += p.panels
     # Importance criteria are grid columns too: the page colours heads by them beside the statistics.
     for name, values in data.pop("importance").items():
         data["columns"].setdefault(name, values)
         data["descriptions"].setdefault(name, IMPORTANCE_CSV.meaning(name))
-    data["problems"] = list(src.problems.values())
+    data["problems"] = list(src.problems.values()) + ([data.pop("data_mismatch")] if "data_mismatch" in data else [])
     data["sources"] = {k: str(v) for k, v in src.found.items()}
     return data

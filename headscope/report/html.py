@@ -43,7 +43,7 @@ def page(data: dict[str, Any]) -> str:
 <body>
 <header><h1 id="title">{title}</h1><div class="meta" id="meta"></div></header>
 <nav><a href="#q1">1. What do the heads learn?</a><a href="#q2">2. Are more heads better?</a>
-<a href="#q3">3. Which heads are redundant?</a></nav>
+<a href="#q3">3. Which heads are redundant?</a><a href="#about">About</a></nav>
 <main>
 <section class="q" id="q1">
 <h2>1. What do the heads learn?</h2>
@@ -61,6 +61,7 @@ def page(data: dict[str, Any]) -> str:
 <div id="syntax"></div>
 <h3>Similar heads and redundancy clusters</h3>
 <div id="similarity"></div>
+<div id="q1-panels"></div>
 </section>
 <section class="q" id="q2">
 <h2>2. Are more heads better?</h2>
@@ -71,6 +72,7 @@ def page(data: dict[str, Any]) -> str:
 <div id="kv"></div>
 <h3>MHA &rarr; GQA conversion</h3>
 <div id="gqa"></div>
+<div id="q2-panels"></div>
 </section>
 <section class="q" id="q3">
 <h2>3. Which heads are redundant?</h2>
@@ -85,6 +87,11 @@ def page(data: dict[str, Any]) -> str:
 <div id="redundancy"></div>
 <h3>The pruned model</h3>
 <div id="speedup"></div>
+<div id="q3-panels"></div>
+</section>
+<section class="q" id="about">
+<h2>About this report</h2>
+<div id="about-panels"></div>
 </section>
 </main>
 <footer>Written by headscope; works offline (no scripts, fonts or images are loaded from anywhere).</footer>

@@ -48,6 +48,10 @@ class Table:
     rows: list[dict[str, Any]]
 
 
+# Where generic panels go: after each question's own sections, or in "about" (the page's end).
+PANEL_PLACES = ("q1", "q2", "q3", "about")
+
+
 @dataclass
 class Part:
     """What one section adds to the page: its data, sentences per question, notes and figures."""
@@ -56,10 +60,23 @@ class Part:
     text: dict[str, list[str]] = field(default_factory=dict)  # "q1" | "q2" | "q3" -> sentences
     missing: dict[str, str] = field(default_factory=dict)  # page key -> why the section is empty
     plots: list[str] = field(default_factory=list)  # figure files written beside the page
+    panels: list[dict[str, Any]] = field(default_factory=list)  # generic panels, see `panel`
 
     def say(self, question: str, *sentences: str) -> None:
         """Add plain-language sentences to a question's summary."""
         self.text.setdefault(question, []).extend(sentences)
+
+    def panel(self, question: str, title: str, columns: Sequence[str] = (), rows: Sequence[Any] = (),
+              text: Sequence[str] = (), plot: str | None = None, note: str | None = None) -> None:
+        """Add a panel the page draws at the end of `question` ("q1" | "q2" | "q3" | "about") with no
+        page code of its own: a title, sentences, an optional figure (a data: URL) and a table of `rows`
+        (dicts keyed by `columns`, or lists in their order). `note` stands in for an empty panel, saying
+        which verb to run. A new report section needs only its module and a line in `build.collect`."""
+        if question not in PANEL_PLACES:
+            raise ValueError(f"panel place {question!r}; use one of {', '.join(PANEL_PLACES)}")
+        rows = [dict(zip(columns, r)) if not isinstance(r, dict) else r for r in rows]
+        self.panels.append({"place": question, "title": title, "text": list(text), "plot": plot,
+                            "columns": list(columns), "rows": clean(rows), "note": note})
 
 
 @dataclass

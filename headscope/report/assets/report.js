@@ -506,6 +506,21 @@
     } else sp.appendChild(missing('prune_summary'));
   }
 
+  // --- generic panels: sections that need no page code of their own (report/sources.py Part.panel) ----
+  function renderPanels() {
+    (D.panels || []).forEach(function (p) {
+      var box = $(p.place + '-panels');
+      if (!box) return;
+      box.appendChild(el('h3', { text: p.title }));
+      (p.text || []).forEach(function (s) { box.appendChild(richText(s)); });
+      if (p.plot) box.appendChild(el('img', { cls: 'plot', src: p.plot, alt: p.title }));
+      if (p.rows && p.rows.length) {
+        var t = table(p.columns, p.rows);
+        box.appendChild(p.rows.length > 12 ? collapsible(p.title + ' (' + p.rows.length + ' rows)', t) : t);
+      } else if (p.note) box.appendChild(el('p', { cls: 'missing' }, richText(p.note)));
+    });
+  }
+
   renderHeader();
   renderGrid();
   renderCensus();
@@ -513,6 +528,7 @@
   renderSimilarity();
   renderQ2();
   renderQ3();
+  renderPanels();
   var hint = $('head-detail');
   if (!selected && hint.childNodes.length === 0) {
     hint.appendChild(el('p', { cls: 'hint', text: 'Click a head in the grid to see its attention maps and role scores.' }));
