@@ -104,6 +104,10 @@ def test_csv_and_json_written(tmp_path):
     assert df["val_loss"].tolist() == pytest.approx([r["val_loss"] for r in rows], abs=1e-12)
     record = json.loads((tmp_path / "runs" / f"{rows[0]['key']}.json").read_text())
     assert record["config"]["n_heads"] == 1 and record["row"]["val_loss"] == rows[0]["val_loss"]
+    prov = record["provenance"]  # issue 16: every run traceable to its model shape, data and versions
+    assert prov["verb"] == "sweep" and prov["model"]["shape"]["n_heads"] == 1
+    assert prov["data"]["sha256"] == record["data"] and prov["options"]["n_heads"] == 1
+    assert {"headscope", "transformers", "torch"} <= set(prov["versions"])
     plots = S.plot_sweep(rows, tmp_path)
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
 

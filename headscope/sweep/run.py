@@ -17,15 +17,24 @@ from ..artifacts import SWEEP_CSV, SWEEP_RUNS
 from ..corpora import load_corpus
 from ..errors import HeadscopeError
 from ..io import atomic_write_text
+from ..provenance import provenance, shape_record
 from .config import SWEEP_VERSION, SweepConfig, config_key
 from .tasks import synthetic_fingerprint
 from .training import train_config
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CSV_COLUMNS", "run_sweep", "write_csv"]
+__all__ = ["CSV_COLUMNS", "run_provenance", "run_sweep", "write_csv"]
 
 CSV_COLUMNS = SWEEP_CSV.columns()
+
+
+def run_provenance(cfg: SweepConfig, data_fp: str) -> dict[str, object]:
+    """The provenance record of one configuration's run: a model trained from scratch on `cfg.task`."""
+    model = {"name": cfg.label, "source": "trained from scratch by headscope sweep", "model_type": "sweep",
+             "shape": shape_record(cfg.n_layers, cfg.n_heads, cfg.kv_heads, cfg.head_dim)}
+    data = {"source": cfg.task if cfg.task != "ptb" else f"ptb ({cfg.tokenization} tokens)", "sha256": data_fp}
+    return provenance("sweep", model_info=model, data=data, options=asdict(cfg))
 
 
 def write_csv(path: Path, rows: list[dict[str, object]]) -> None:
@@ -66,7 +75,8 @@ def run_sweep(
             row = train_config(cfg, corpus if cfg.task == "ptb" else None, progress=progress, on_step=on_step)
             row["key"] = key
             record = {"key": key, "config": asdict(cfg), "data": data_fp, "version": SWEEP_VERSION,
-                      "torch": torch.__version__, "python": platform.python_version(), "row": row}
+                      "torch": torch.__version__, "python": platform.python_version(), "row": row,
+                      "provenance": run_provenance(cfg, data_fp)}
             atomic_write_text(path, json.dumps(record, indent=1, sort_keys=True))
         rows.append(row)
         write_csv(out / SWEEP_CSV.name, rows)
