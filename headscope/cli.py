@@ -16,7 +16,7 @@ import warnings
 
 import transformers
 
-from . import commands
+from . import commands, distributed
 from .commands._common import check_common
 from .version import __version__
 from .errors import HeadscopeError
@@ -56,23 +56,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         _quiet_libraries(args.verbose)
-        check_common(args)  # every shared option is checked before a verb loads anything
-        return int(args.func(args) or 0)
+        if getattr(args, "workers", 1) != 1 and not distributed.launched():  # --workers N: start N ranks
+            distributed.check_workers(args.workers)
+            check_common(args)  # refused once, here, before any process starts
+            return distributed.launch(sys.argv[1:] if argv is None else list(argv), args.workers)
+        with distributed.session(args):  # torchrun's ranks: join, stop together on failure (no-op alone)
+            distributed.check_workers(getattr(args, "workers", 1))
+            check_common(args)  # every shared option is checked before a verb loads anything
+            return int(args.func(args) or 0)
     except (HeadscopeError, FileNotFoundError, KeyError) as e:
         if args.verbose:
             traceback.print_exc()
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"headscope {args.verb}: error: {msg}", file=sys.stderr)
+        if distributed.is_main():  # one line per run: rank 0 speaks for every rank
+            print(f"headscope {args.verb}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"headscope {args.verb}: interrupted; no output was left half-written", file=sys.stderr)
+        if distributed.is_main():
+            print(f"headscope {args.verb}: interrupted; no output was left half-written", file=sys.stderr)
         return 130
     except Exception as e:  # the safety net: a bug or an unforeseen input, never a bare traceback
         if args.verbose:
             traceback.print_exc()
         detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"headscope {args.verb}: unexpected {type(e).__name__}: {detail} "
-              f"(run with -v for the traceback)", file=sys.stderr)
+        if distributed.is_main():
+            print(f"headscope {args.verb}: unexpected {type(e).__name__}: {detail} "
+                  f"(run with -v for the traceback)", file=sys.stderr)
         return 1
 
 

@@ -8,11 +8,11 @@ import sys
 from ..analyze import analyze
 from ..artifacts import HEADS_CSV, HEADS_JSON, outputs
 from ..data import read_texts
+from ..distributed import add_workers_arg, check_ranks, is_main
 from ..io import prepare_out_dir
-from ..models import load_model
 from ..provenance import provenance
 from ..stats import STATISTICS
-from ._common import add_data_args, add_model_arg, add_out_args, grid
+from ._common import add_data_args, add_model_arg, add_out_args, grid, load_from_args
 
 OUTPUTS = outputs("analyze")  # heads.csv, heads.json
 
@@ -24,15 +24,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_data_args(p)
     add_out_args(p)
+    add_workers_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     source = read_texts(args.data, args.limit)  # bad data fails before the model loads
-    hm = load_model(args.model, device=args.device)
+    check_ranks(len(source), "passages")  # torchrun / --workers: every rank needs a passage
+    hm = load_from_args(args)
     table = analyze(hm, source, max_length=args.max_length, batch_size=args.batch_size,
                     seed=args.seed, progress=True)
+    if not is_main():  # every rank holds the merged table; rank 0 alone writes and prints
+        return 0
     table = table.with_columns(meta={"provenance": provenance("analyze", hm, source, args)})
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / HEADS_CSV.name)

@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data import Tokens, batches, pad_id
+from ..distributed import all_reduce_totals, is_main, owns
 from ..eval.evaluate import MetricResult, Reference, accumulate, finish, repeat_rows
 from ..eval.metrics import final_hidden, row_metric
 from ..hooks import head_gates, on_head_outputs
@@ -152,7 +153,8 @@ def ablation_scan(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.Tens
     active = [[h for h in range(H) if float(base[l, h]) != 0.0] for l in range(L)]
     n_batches = (len(prep.ids) + batch_size - 1) // batch_size
     bar = tqdm(total=n_batches * sum(map(len, active)), desc="ablation" + ("_mean" if mean else ""),
-               unit="head", disable=not progress, leave=False)
+               unit="head", disable=not (progress and is_main()), leave=False)
+    n_pass = 0
     with torch.inference_mode():
         for b in batches(prep.ids, batch_size, pad_id=pad_id(hm)):
             ids, mask = b.input_ids.to(hm.device), b.attention_mask.to(hm.device)
@@ -167,6 +169,10 @@ def ablation_scan(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.Tens
                 for s in range(0, len(active[layer]), k_max):
                     heads = active[layer][s:s + k_max]
                     k = len(heads)
+                    n_pass += 1
+                    if not owns(n_pass - 1):  # torchrun / --workers: another rank runs this pass
+                        bar.update(k)
+                        continue
                     with ExitStack() as stack:
                         if reuse_prefix and layer > 0:
                             entering = _map_tensors(outs[layer - 1], lambda t: repeat_rows(t, k))
@@ -178,6 +184,7 @@ def ablation_scan(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.Tens
                         accumulate(totals[layer][h], rm, slice(i * B, (i + 1) * B))
                     bar.update(k)
     bar.close()
+    totals = all_reduce_totals(totals)  # each rank summed its own passes; the base pass ran on every rank
     values = np.full((L, H), np.nan)
     for layer in range(L):
         for h in active[layer]:
@@ -186,7 +193,8 @@ def ablation_scan(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.Tens
 
 
 @CRITERIA.register("ablation", help="metric change when the head is zeroed (exact; prefix reused)",
-                   needs_gradient=False, cost="layers l..L-1 once per head and batch (prefix reused)")
+                   needs_gradient=False, cost="layers l..L-1 once per head and batch (prefix reused)",
+                   sharded=True)
 def ablation(ctx: ScoreContext) -> np.ndarray:
     """Exact single-head zero-ablation: the metric change when the head's output is zeroed, signed so
     that a worse metric is a positive importance (loss rise, or fidelity/accuracy drop)."""
@@ -197,7 +205,7 @@ def ablation(ctx: ScoreContext) -> np.ndarray:
 
 
 @CRITERIA.register("ablation_mean", help="metric change when the head's output is replaced by its data mean",
-                   needs_gradient=False, cost="one pass for the means, then as ablation")
+                   needs_gradient=False, cost="one pass for the means, then as ablation", sharded=True)
 def ablation_mean(ctx: ScoreContext) -> np.ndarray:
     """As `ablation`, but the head's output is replaced by its mean over the data (mean over real
     tokens of every passage, under the current mask), which keeps the head's constant contribution."""

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..data import Tokens
+from ..distributed import run_on_main
 from ..errors import HeadscopeError
 from ..eval.evaluate import MetricResult, Reference, evaluate_prepared, make_reference, prepare
 from ..eval.metrics import METRICS, resolve_metric
@@ -63,8 +64,10 @@ def score(
         # Criteria sharing one computation are timed as one entry, e.g. "gradient+gradient_raw+taylor".
         group = [m for m in chosen if shares(CRITERIA.get(m)) == shares(CRITERIA.get(method))]
         t0 = time.perf_counter()
-        for m in group:
-            cols[m] = np.array(CRITERIA.get(m).fn(ctx), dtype=float)
+        for m in group:  # torchrun / --workers: `sharded` criteria split their work, the others run on rank 0
+            fn = CRITERIA.get(m).fn
+            cols[m] = np.array(fn(ctx) if CRITERIA.get(m).meta.get("sharded") else run_on_main(lambda: fn(ctx)),
+                               dtype=float)
         timings["+".join(group)] = time.perf_counter() - t0
     base_result: MetricResult = ctx.base_result or evaluate_prepared(hm, prep, metric, gates=base,
                                                                      reference=reference, batch_size=batch_size)
