@@ -15,7 +15,7 @@ SCORES = np.array([[0.9, 0.0, 0.1, 0.2, 0.0, 0.05],
 
 
 def test_kv_head_score_is_the_best_query_head_of_its_group():
-    assert np.allclose(kv_head_scores(SCORES, 3), [[0.9, 0.2, 0.05], [0.3, 0.8, 0.0]]  # NaN never wins)
+    assert np.allclose(kv_head_scores(SCORES, 3), [[0.9, 0.2, 0.05], [0.3, 0.8, 0.0]])  # NaN never wins
 
 
 def test_top_keeps_the_best_kv_heads_and_counts_riders():
