@@ -10,12 +10,14 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import batches, pad_id, prepare_tokens, resolve_max_length, token_classes
+from .distributed import all_reduce_stats, is_main, shard_batches
 from .models.adapter import HeadModel
 from .stats import DEFAULT_BLOCK, HeadStats, check_block, collect_stats, collect_stats_kernel
 from .table import HeadTable
 from .version import versions
 
 log = logging.getLogger(__name__)
+
 
 def run_stats(hm: HeadModel, ids: list[list[int]], batch_size: int, progress: bool = False, *,
               block: int = DEFAULT_BLOCK, eager: bool = False) -> HeadStats:
@@ -50,17 +52,25 @@ def analyze(
     limit: int | None = None,
     seed: int = 0,
     progress: bool = False,
+    block: int = DEFAULT_BLOCK,
+    eager: bool = False,
 ) -> HeadTable:
     """Per-head attention statistics of `hm` over `data` (default: the built-in English sample).
 
     `data` is a path (.txt / .jsonl / .conllu), a TextSource, a list of strings, or a list of
     token-id lists. Returns a HeadTable whose columns are listed in `headscope.stats.STATISTICS`.
+    Statistics come from the statistics kernel in blocks of `block` queries (the model keeps its sdpa
+    forward); `eager=True` reads them from eager attention's full T x T maps instead (the reference:
+    same numbers, memory and time growing as T^2), switching the model to eager for the run only.
     """
+    check_block(block)
     torch.manual_seed(seed)
     np.random.seed(seed)
     max_len = resolve_max_length(hm, max_length)
     tokens = prepare_tokens(hm, data, max_len, limit)
-    stats = run_stats(hm, tokens.ids, batch_size, progress)
+    # torchrun / --workers: each rank scans whole batches of its own, the sums are added (headscope.distributed)
+    stats = all_reduce_stats(run_stats(hm, shard_batches(tokens.ids, batch_size), batch_size, progress and is_main(),
+                                       block=block, eager=eager))
     return table_from_stats(hm, stats, {
         "data": tokens.source, "passages": len(tokens), "truncated": tokens.truncated, "max_length": max_len,
         "batch_size": batch_size, "seed": seed,

@@ -80,7 +80,7 @@ def head_gates(hm: HeadModel, gates: torch.Tensor) -> Iterator[None]:
             g = g[:, kept[layer]]
         if g.shape[0] != z.shape[0]:
             raise HeadscopeError(f"per-row gates have {g.shape[0]} rows but the batch has {z.shape[0]}")
-        return z * g[:, None, :, None].to(z.dtype)
+        return z * g[:, None, :, None].to(device=z.device, dtype=z.dtype)  # a dispatched layer may run elsewhere
 
     with on_head_outputs(hm, apply, layers=active):
         yield
@@ -98,10 +98,31 @@ def capture_head_outputs(hm: HeadModel, store: dict[int, torch.Tensor]) -> Itera
 
 
 @contextmanager
+def eager_attention(hm: HeadModel) -> Iterator[None]:
+    """Run `hm` with eager attention while active (it returns full weights), then restore its kernel.
+
+    Models load with sdpa (faster, no weights); the reference path and full-map consumers switch here.
+    Nested use, or a model already eager, changes nothing.
+    """
+    previous = hm.config._attn_implementation
+    if previous == "eager":
+        yield
+        return
+    try:
+        hm.model.set_attn_implementation("eager")
+        yield
+    finally:
+        if hm.config._attn_implementation != previous:
+            hm.model.set_attn_implementation(previous)
+
+
+@contextmanager
 def on_attention_weights(hm: HeadModel, fn: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
     """Call `fn(layer, probs [batch, head, query, key])` as each layer computes its attention.
 
-    On a physically pruned model `head` runs over `hm.kept_heads(layer)`. Needs the eager kernel (HeadModel switches to it): sdpa/flash return no weights.
+    The full-map reference path: the model runs with eager attention while active (sdpa and flash
+    return no weights), so every layer holds a T x T map; `on_attention_blocks` gives the same rows
+    without it. On a physically pruned model `head` runs over `hm.kept_heads(layer)`.
     """
     handles = []
 
@@ -110,21 +131,22 @@ def on_attention_weights(hm: HeadModel, fn: Callable[[int, torch.Tensor], None])
             weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
             if weights is None:
                 raise HeadscopeError(
-                    f"layer {layer} returned no attention weights; load the model with "
-                    f"attn_implementation='eager' (sdpa and flash attention do not return them)"
+                    f"layer {layer} returned no attention weights under {hm.config._attn_implementation!r}; "
+                    f"its attention module ({type(module).__name__}) gives weights only under eager attention"
                 )
             fn(layer, weights)
 
         return hook
 
-    try:
-        for layer in range(hm.n_layers):
-            if hm.heads_in_layer(layer):  # a layer pruned to no heads computes no attention
-                handles.append(hm.attention(layer).register_forward_hook(make_hook(layer)))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    with eager_attention(hm):
+        try:
+            for layer in range(hm.n_layers):
+                if hm.heads_in_layer(layer):  # a layer pruned to no heads computes no attention
+                    handles.append(hm.attention(layer).register_forward_hook(make_hook(layer)))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
 
 
 @contextmanager

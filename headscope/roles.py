@@ -33,9 +33,10 @@ from tqdm.auto import tqdm
 from .analyze import table_from_stats
 from .data import Sentence, batches, pad_id, prepare_tokens, read_conllu, resolve_max_length, token_classes
 from .errors import HeadscopeError
-from .hooks import on_attention_weights
+from .hooks import on_attention_blocks
 from .models.adapter import HeadModel
-from .stats import HeadStats, allowed_keys, collect_stats
+from .attention.blocks import n_visible_keys
+from .stats import HeadStats, allowed_keys, collect_stats_kernel
 from .coref import coreference_accuracy, read_documents
 from .syntax import RELATIONS, dependency_accuracy
 from .table import HeadTable, head_name
@@ -129,10 +130,12 @@ class RoleReducer:
         dev = self.hm.device
         self.mask, self.delim, self.rare = attention_mask.to(dev), delimiter.to(dev), rare.to(dev)
 
-    def __call__(self, layer: int, probs: torch.Tensor) -> None:
+    def __call__(self, layer: int, q_start: int, probs: torch.Tensor) -> None:
+        """One block of queries `[q_start, q_start + q_block)`: probs `[batch, head, q_block, key]`."""
         with torch.no_grad():
-            allowed = allowed_keys(self.mask, self.hm.causal, self.hm.sliding_window(layer))
-            reduce_roles(self.stats, layer, probs.float(), allowed, self.delim, self.rare)
+            allowed = allowed_keys(self.mask, self.hm.causal, self.hm.sliding_window(layer),
+                                   queries=(q_start, q_start + probs.shape[2]))  # [batch, q_block, key]
+            reduce_roles(self.stats, layer, probs.float(), allowed, self.delim, self.rare, q_start=q_start)
 
 
 def _add(stats: HeadStats, name: str, layer: int, per_head: torch.Tensor, count: torch.Tensor, n_heads: int) -> None:
@@ -142,26 +145,32 @@ def _add(stats: HeadStats, name: str, layer: int, per_head: torch.Tensor, count:
 
 
 def reduce_roles(stats: HeadStats, layer: int, p: torch.Tensor, allowed: torch.Tensor,
-                 delimiter: torch.Tensor, rare: torch.Tensor) -> None:
-    """Add one layer's role sums: `p` `[batch, head, q, k]`, `allowed` `[batch, q, k]`, key flags `[batch, k]`.
+                 delimiter: torch.Tensor, rare: torch.Tensor, *, q_start: int = 0) -> None:
+    """Add one layer's role sums for queries `q_start ..`: `p` `[batch, head, q, k]` (all keys),
+    `allowed` `[batch, q, k]` for the same queries, key flags `[batch, k]`.
 
+    The sums add over queries, so a layer may come whole (q_start 0, q = k) or in blocks of queries.
     Each score `<name>` has a twin `<name>_uniform`: what a head spreading its weight evenly over
     the allowed keys would score on the same queries.
     """
-    _, h, t, _ = p.shape
+    _, h, nq, t = p.shape
     al = allowed.double()
     n_keys = al.sum(-1)  # [batch, q]
     inv = torch.where(n_keys > 0, 1.0 / n_keys.clamp(min=1), torch.zeros_like(n_keys))
-    pos = torch.arange(t, device=p.device)
+    qpos = torch.arange(q_start, q_start + nq, device=p.device)
+    kpos = torch.arange(t, device=p.device)
+    rows = slice(q_start, q_start + nq)
     for k in OFFSETS:
-        diag = torch.diagonal(p, offset=k, dim1=-2, dim2=-1).double()  # [b, h, t-|k|]
-        ok = torch.diagonal(al, offset=k, dim1=-2, dim2=-1)  # [b, t-|k|]
-        q_inv = inv[:, : t - abs(k)] if k >= 0 else inv[:, abs(k):]
+        # query q_start + i and key q_start + i + k lie on the block's diagonal q_start + k
+        diag = torch.diagonal(p, offset=q_start + k, dim1=-2, dim2=-1).double()  # [b, h, n]
+        ok = torch.diagonal(al, offset=q_start + k, dim1=-2, dim2=-1)  # [b, n]
+        first = max(0, -(q_start + k))
+        q_inv = inv[:, first:first + ok.shape[-1]]
         name = f"offset_{'m' if k < 0 else 'p'}{abs(k)}_mass"
         _add(stats, name, layer, (diag * ok[:, None]).sum((0, 2)), ok.sum(), h)
         _add(stats, name + "_uniform", layer, (q_inv * ok).sum(), ok.sum(), h)
 
-    q_after = (n_keys > 0).double() * (pos[None, :] > 0).double()  # queries after the first token
+    q_after = (n_keys > 0).double() * (qpos[None, :] > 0).double()  # queries after the first token
     _add(stats, "sink_mass", layer, (p[..., 0].double() * q_after[:, None]).sum((0, 2)), q_after.sum(), h)
     _add(stats, "sink_mass_uniform", layer, (inv * q_after * al[..., 0]).sum(), q_after.sum(), h)
 
@@ -172,11 +181,11 @@ def reduce_roles(stats: HeadStats, layer: int, p: torch.Tensor, allowed: torch.T
         _add(stats, name, layer, (mass * q[:, None]).sum((0, 2)), q.sum(), h)
         _add(stats, name + "_uniform", layer, (ak.sum(-1) * inv * q).sum(), q.sum(), h)
 
-    delim = delimiter.bool() & (pos[None, :] > 0)
+    delim = delimiter.bool() & (kpos[None, :] > 0)
     keyed("delimiter_mass", delim, n_keys > 0)
-    keyed("rare_word_mass", rare.bool(), (n_keys > 0) & ~rare.bool() & ~delimiter.bool())
+    keyed("rare_word_mass", rare.bool(), (n_keys > 0) & ~rare.bool()[:, rows] & ~delimiter.bool()[:, rows])
 
-    dist = (pos[:, None] - pos[None, :]).abs().double()  # [q, k]
+    dist = (qpos[:, None] - kpos[None, :]).abs().double()  # [q, k]
     qv = (n_keys > 0).double()
     _add(stats, "uniform_distance", layer, ((al * dist).sum(-1) * inv * qv).sum(), qv.sum(), h)
 
@@ -201,7 +210,8 @@ def _text_pass(hm: HeadModel, data: Any, max_len: int, batch_size: int, limit: i
     reducer = RoleReducer(hm, role_stats)
     bar = tqdm(total=len(ids), desc="roles: text", unit="passage", disable=not progress, leave=False)
     try:
-        with collect_stats(hm, stats, flags) as session, on_attention_weights(hm, reducer), torch.inference_mode():
+        with collect_stats_kernel(hm, stats, flags) as session, on_attention_blocks(hm, reducer), \
+                torch.inference_mode():
             for batch in batches(ids, batch_size, pad_id=pad_id(hm)):
                 session.set_batch(batch.attention_mask, batch.input_ids)
                 tok = batch.input_ids
@@ -277,17 +287,18 @@ def induction_scores(hm: HeadModel, n_sequences: int = 32, length: int = 24, see
     second = torch.arange(length) + start + length  # query positions
     t = ids.shape[1]
 
-    def on_attn(layer: int, probs: torch.Tensor) -> None:
-        p = probs.detach().double()  # [b, h, q, k]
-        mask = torch.ones(p.shape[0], t, dtype=torch.long, device=p.device)
-        n_keys = allowed_keys(mask, hm.causal, hm.sliding_window(layer)).sum(-1).double()  # [b, q]
+    def on_attn(layer: int, q_start: int, probs: torch.Tensor) -> None:
+        p = probs.detach().double()  # [b, h, q_block, k]: queries q_start ..
+        ones = torch.ones(p.shape[0], t, dtype=torch.long, device=p.device)
+        n_keys = n_visible_keys(ones, hm.causal, hm.sliding_window(layer)).double()  # [b, q]
         for name, shift, n in (("duplicate", 0, length), ("induction", 1, length - 1)):
             q = second[:n]
+            q = q[(q >= q_start) & (q < q_start + p.shape[2])]  # this block's queries
             k = q - length + shift
-            sums[name][layer] += p[:, :, q, k].sum((0, 2)).cpu().numpy()
+            sums[name][layer] += p[:, :, q - q_start, k].sum((0, 2)).cpu().numpy()
             base[name][layer] += float((1.0 / n_keys[:, q]).sum())
 
-    with on_attention_weights(hm, on_attn), torch.inference_mode():
+    with on_attention_blocks(hm, on_attn), torch.inference_mode():
         for s in range(0, len(ids), batch_size):
             chunk = ids[s:s + batch_size]
             hm.model(input_ids=chunk.to(hm.device), attention_mask=torch.ones_like(chunk).to(hm.device), use_cache=False)

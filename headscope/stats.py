@@ -94,16 +94,22 @@ class HeadStats:
                    {k: np.array(v, dtype=float) for k, v in d["counts"].items()}, d["tokens"], d["passages"])
 
 
-def allowed_keys(attention_mask: torch.Tensor, causal: bool, window: int | None = None) -> torch.Tensor:
-    """Which keys each query may attend to, `[batch, query, key]` bool (right padding assumed)."""
+def allowed_keys(attention_mask: torch.Tensor, causal: bool, window: int | None = None,
+                 queries: tuple[int, int] | None = None) -> torch.Tensor:
+    """Which keys each query may attend to, `[batch, query, key]` bool (right padding assumed).
+
+    `queries=(start, end)` gives only those rows, `[batch, end - start, key]` (a block of queries: no T x T).
+    """
     valid = attention_mask.bool()  # [batch, pos]
     t = valid.shape[1]
-    allowed = valid[:, None, :] & valid[:, :, None]
-    pos = torch.arange(t, device=valid.device)
+    q0, q1 = queries if queries is not None else (0, t)
+    allowed = valid[:, None, :] & valid[:, q0:q1, None]
+    qpos = torch.arange(q0, q1, device=valid.device)
+    kpos = torch.arange(t, device=valid.device)
     if causal:
-        allowed = allowed & (pos[None, :] <= pos[:, None])
+        allowed = allowed & (kpos[None, :] <= qpos[:, None])
     if window is not None:
-        allowed = allowed & ((pos[:, None] - pos[None, :]) < window)
+        allowed = allowed & ((qpos[:, None] - kpos[None, :]) < window)
     return allowed
 
 

@@ -34,7 +34,7 @@ import torch
 
 from .data import Sentence
 from .errors import HeadscopeError
-from .hooks import on_attention_weights
+from .hooks import on_attention_blocks
 
 log = logging.getLogger(__name__)
 
@@ -105,16 +105,32 @@ def align_words(tokenizer: Any, words: Sequence[str], space_after: Sequence[bool
 
 
 # --- word-level attention ------------------------------------------------------------------------
+def _word_onehot(word_of: torch.Tensor, n_words: int, dtype: torch.dtype) -> torch.Tensor:
+    """`[batch, pos, word]` one-hot of each token's word (special/padding tokens: all zeros)."""
+    return torch.nn.functional.one_hot((word_of + 1).clamp(min=0), n_words + 1)[..., 1:].to(dtype)
+
+
+def word_attention_sum(probs: torch.Tensor, word_of: torch.Tensor, n_words: int, q_start: int = 0) -> torch.Tensor:
+    """Word attention of queries `q_start ..` before averaging: probs `[batch, head, q, k]` (all keys) ->
+    `[batch, head, word, word]`, summed over attended and attending pieces. Blocks of queries add up."""
+    onehot = _word_onehot(word_of, n_words, probs.dtype)  # [b, t, w]
+    summed = torch.einsum("bhqk,bkw->bhqw", probs, onehot)  # attended pieces summed
+    rows = onehot[:, q_start:q_start + probs.shape[2]]  # [b, q, w]: the attending pieces of these queries
+    return torch.einsum("bqv,bhqw->bhvw", rows, summed)
+
+
 def word_attention(probs: torch.Tensor, word_of: torch.Tensor, n_words: int) -> torch.Tensor:
     """Token attention `[batch, head, q, k]` -> word attention `[batch, head, word, word]`.
 
     `word_of` is `[batch, pos]` (word index, -1 for special/padding tokens). Sum over the attended
     word's pieces, mean over the attending word's pieces; rows of words without tokens are NaN.
     """
-    onehot = torch.nn.functional.one_hot((word_of + 1).clamp(min=0), n_words + 1)[..., 1:].to(probs.dtype)  # [b, t, w]
-    summed = torch.einsum("bhqk,bkw->bhqw", probs, onehot)  # attended pieces summed
-    per_word = torch.einsum("bqv,bhqw->bhvw", onehot, summed)  # attending pieces summed
-    count = onehot.sum(1)  # [b, w]
+    return _word_mean(word_attention_sum(probs, word_of, n_words), word_of, n_words)
+
+
+def _word_mean(per_word: torch.Tensor, word_of: torch.Tensor, n_words: int) -> torch.Tensor:
+    """Summed word attention `[batch, head, word, word]` divided by the attending word's piece count."""
+    count = _word_onehot(word_of, n_words, per_word.dtype).sum(1)  # [b, w]
     return per_word / count[:, None, :, None]  # 0/0 -> NaN for words without tokens
 
 
@@ -209,19 +225,25 @@ def stream_word_attention(hm: Any, inputs: Sequence[Aligned], batch_size: int,
                           progress: Any = None) -> None:
     """Run `inputs` through `hm` in batches and call `fn(layer, input_index, word_attn[head, w, w])`.
 
-    Each layer's map is reduced to word level and handed over at once, then dropped: memory holds
-    one batch of one layer, never the data set.
+    Each layer's attention arrives in blocks of queries (the statistics kernel: no T x T map), is summed
+    to word level and handed over after its last block: memory holds one batch's word maps, never the
+    data set.
     """
     order = np.argsort([len(a.ids) for a in inputs], kind="stable")
     state: dict[str, Any] = {}
 
-    def on_attn(layer: int, probs: torch.Tensor) -> None:
-        w = word_attention(probs.detach().float(), state["word_of"], state["n_words"]).cpu().numpy()
+    def on_attn(layer: int, q_start: int, probs: torch.Tensor) -> None:
+        part = word_attention_sum(probs.detach().float(), state["word_of"], state["n_words"], q_start)
+        acc = state["acc"]
+        acc[layer] = part if q_start == 0 else acc[layer] + part
+        if q_start + probs.shape[2] < probs.shape[3]:
+            return  # more blocks of this layer's queries to come
+        w = _word_mean(acc.pop(layer), state["word_of"], state["n_words"]).cpu().numpy()
         for r, idx in enumerate(state["index"]):
             n = inputs[idx].n_words
             fn(layer, idx, w[r, :, :n, :n])
 
-    with on_attention_weights(hm, on_attn), torch.inference_mode():
+    with on_attention_blocks(hm, on_attn), torch.inference_mode():
         for start in range(0, len(order), batch_size):
             index = [int(i) for i in order[start:start + batch_size]]
             width = max(len(inputs[i].ids) for i in index)
@@ -233,7 +255,7 @@ def stream_word_attention(hm: Any, inputs: Sequence[Aligned], batch_size: int,
                 ids[r, :n] = torch.tensor(inputs[i].ids)
                 mask[r, :n] = 1
                 word_of[r, :n] = torch.tensor(inputs[i].word_of)
-            state.update(index=index, word_of=word_of.to(hm.device),
+            state.update(index=index, word_of=word_of.to(hm.device), acc={},
                          n_words=max(inputs[i].n_words for i in index))
             hm.model(input_ids=ids.to(hm.device), attention_mask=mask.to(hm.device), use_cache=False)
             if progress is not None:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import HeadscopeError
-from ..hooks import on_attention_weights
+from ..hooks import on_attention_blocks
 from ..models.adapter import HeadModel
 
 log = logging.getLogger(__name__)
@@ -87,11 +87,12 @@ def attention_maps(hm: HeadModel, ids: Sequence[int]) -> np.ndarray:
         raise HeadscopeError(f"example sentence has {n} tokens; keep examples short (<= {MAX_TOKENS})")
     maps = np.zeros((hm.n_layers, hm.n_heads, n, n), dtype=np.float32)
 
-    def keep(layer: int, probs: torch.Tensor) -> None:
-        maps[layer, : probs.shape[1]] = probs[0].detach().float().cpu().numpy()
+    def keep(layer: int, q_start: int, probs: torch.Tensor) -> None:  # probs [1, head, q_block, key]
+        maps[layer, : probs.shape[1], q_start:q_start + probs.shape[2]] = probs[0].detach().float().cpu().numpy()
 
     x = torch.tensor([list(ids)], dtype=torch.long, device=hm.device)
-    with on_attention_weights(hm, keep), torch.inference_mode():
+    # Rows arrive in blocks from the statistics kernel; only this short example is ever held whole.
+    with on_attention_blocks(hm, keep), torch.inference_mode():
         hm.model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False)
     return maps
 
