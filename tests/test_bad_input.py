@@ -150,3 +150,30 @@ def test_model_directories_that_are_not_models(tmp_path, capsys, files, message)
     for name, text in files.items():
         (tmp_path / "m" / name).write_text(text)
     refused(tmp_path, capsys, ["analyze", "m"], message)
+
+
+def test_a_normal_run_prints_no_loading_bar_and_each_warning_once(tmp_path):
+    """A run's stderr holds our progress and messages only: transformers' "Loading weights" bar is off and
+    a warning raised on every batch is printed once (issue 16), in a fresh process as a user runs it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import warnings, sys\n"
+        "import headscope\n"
+        "A = sys.modules['headscope.analyze']\n"
+        "real = A.run_stats\n"
+        "def noisy(*a, **k):\n"
+        "    for _ in range(3):  # the same message from two call sites, three times each\n"
+        "        warnings.warn('the same warning on every batch', UserWarning)\n"
+        "        warnings.warn('the same warning on every batch', UserWarning)\n"
+        "    return real(*a, **k)\n"
+        "A.run_stats = noisy\n"
+        "from headscope.cli import main\n"
+        f"sys.exit(main(['analyze', 'minilm', '--limit', '2', '--max-length', '16', '--out', {str(tmp_path / 'o')!r}]))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Loading weights" not in r.stderr, r.stderr
+    assert r.stderr.count("the same warning on every batch") == 1, r.stderr
