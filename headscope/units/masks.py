@@ -32,8 +32,8 @@ UNIT_KINDS = ("head", "attention", "block", "ffn")
 
 @dataclass
 class UnitMask:
-    """What is off: heads `[L, H]`, attention sub-layers `[L]`, blocks `[L]`, FFN neurons {layer: [I]}.
-    1 = kept, 0 = removed; None = all kept."""
+    """What is off: heads `[L, H]`, attention sub-layers `[L]`, blocks `[L]`, FFN neurons {layer: [I]}
+    (or per row, {layer: [batch, I]}). 1 = kept, 0 = removed; None = all kept."""
 
     heads: torch.Tensor | None = None
     attention: torch.Tensor | None = None
@@ -90,7 +90,8 @@ def _block_hook(gate: float):
 def _ffn_hook(gate: torch.Tensor):
     def hook(module: Any, args: tuple) -> tuple:
         a = args[0]  # [batch, pos, n_neurons]
-        return (a * gate.to(a.dtype), *args[1:])
+        g = gate.to(a.dtype)
+        return (a * (g[:, None, :] if g.dim() == 2 else g), *args[1:])  # per-row gates [batch, n_neurons]
 
     return hook
 
