@@ -25,7 +25,7 @@ __all__ = [
     "HEADS_CSV", "HEADS_JSON", "ROLES_CSV", "KV_JSON", "ROLES_JSON", "SYNTAX_CSV", "SIMILAR_PAIRS_CSV", "SIMILARITY_NPZ", "CLUSTERS_JSON",
     "IMPORTANCE_CSV", "IMPORTANCE_JSON", "RANK_CORRELATION_CSV", "PRUNE_CURVE_CSV", "PRUNE_CURVE_PNG",
     "REDUNDANCY_CSV", "PRUNE_JSON", "MODEL_DIR", "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
-    "SWEEP_SPEED_PNG", "GQA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
+    "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
 ]
 
 KINDS = ("csv", "json", "npz", "png", "dir", "html")
@@ -152,7 +152,11 @@ ROLES_CSV = Artifact(
      _f("duplicate_score", "weight on earlier copies of the current token (repeated text)", _ROLES),
      _f("syntax_<relation>", "accuracy of the head at finding this dependency relation's other word",
         "roles --treebank"),
-     _f("coref_accuracy", "how often the head's strongest antecedent is the gold one", "roles --coref")))
+     _f("coref_accuracy", "how often the head's strongest antecedent is the gold one", "roles --coref"),
+     _f("retrieval_score", "Wu et al. 2024's needle-copy score at --long tokens (docs/long_context.md)", "roles --long"),
+     _f("streaming_share", "weight on sink + recent window at --long tokens (DuoAttention's split)", "roles --long"),
+     _f("echo_far", "weight on earlier copies of the current token at least 256 tokens back", "roles --long"),
+     _f("induction_far", "weight on the tokens after such copies (induction at long range)", "roles --long")))
 HEADS_JSON = Artifact("heads.json", "json", {"analyze": ""}, "heads.csv with its metadata", _TABLE_JSON)
 ROLES_JSON = Artifact(
     "roles.json", "json", {"roles": ""}, "every role score, its baseline and threshold, and the census",
@@ -163,7 +167,9 @@ ROLES_JSON = Artifact(
                      "uniform_distance for mean_distance"),
      _f("roles", "L3H7 -> the roles the head holds"), _f("census", "role -> [{head, score, baseline}], best first"),
      _f("syntax", "per relation: accuracies and the best fixed-offset baseline (null without --treebank)"),
-     _f("coreference", "antecedent accuracies and baselines (null without --coref)"), _PROVENANCE))
+     _f("coreference", "antecedent accuracies and baselines (null without --coref)"),
+     _f("long_context", "long-range scores, baselines, census, needle haystacks and text windows", "roles --long"),
+     _PROVENANCE))
 SYNTAX_CSV = Artifact(
     "syntax.csv", "csv", {"roles": "--treebank"}, "dependency-relation accuracy of every head, then each "
     "relation's best fixed-offset baseline",
@@ -235,7 +241,7 @@ PRUNE_JSON = Artifact(
      _f("fraction"), _f("seed"), _f("recover_lr"),
      _f("saved_model", "{path, parameters, parameters_original, heads_kept, recovered_weights}", "--save-model"),
      _PROVENANCE))
-MODEL_DIR = Artifact("model", "dir", {"prune": "--save-model", "gqa": ""},
+MODEL_DIR = Artifact("model", "dir", {"prune": "--save-model", "gqa": "", "mla": ""},
                      "a loadable checkpoint of the pruned or converted model")
 KV_CSV = Artifact(
     "kv.csv", "csv", {"kv": "--out"}, "KV-cache bytes of the model's layouts and of classic configs",
@@ -321,20 +327,33 @@ GQA_JSON = Artifact(
      _f("uptrain", "uptraining settings and losses", "--uptrain"),
      _f("kv_bytes_before", "{measured, calculated, seq_len, batch, dtype, match}"), _f("kv_bytes_after"),
      _PROVENANCE))
+MLA_JSON = Artifact(
+    "mla.json", "json", {"mla": ""}, "MHA/GQA -> MLA: perplexity before / after conversion / after uptraining, KV bytes",
+    (_f("model"), _f("model_type"), _f("n_layers"), _f("n_heads"), _f("n_kv_heads"), _f("d_head"), _f("d_model"),
+     _f("kv_rank", "latent width per token and layer"), _f("full_rank", "the rank that loses nothing"),
+     _f("rope_dims", "key dimensions per KV head that keep RoPE"), _f("selection", "2-norm or high"),
+     _f("frequencies", "per layer, the kept rotary frequencies of each KV head"),
+     _f("data"), _f("data_passages"), _f("heldout"), _f("heldout_passages"), _f("max_length"),
+     _f("heldout_tokens"), _f("ppl_before"), _f("ppl_after"), _f("kl_after", "KL to the original, nats/token"),
+     _f("ppl_uptrained", "null without --uptrain"), _f("kl_uptrained", "null without --uptrain"),
+     _f("uptrain", "uptraining settings and losses", "--uptrain"),
+     _f("kv_bytes_before", "{measured, calculated, bytes_per_token, formula, seq_len, batch, dtype, match}"),
+     _f("kv_bytes_after"), _f("kv_bytes_per_token_before"), _f("kv_bytes_per_token_after"),
+     _f("kv_fraction", "cache bytes after / before"), _PROVENANCE))
 REPORT_HTML = Artifact("report.html", "html", {"report": ""}, "the offline report page")
 
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
     PRUNE_JSON, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG, SWEEP_SPEED_PNG, GQA_JSON,
-    KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML)}
+    MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold
 # it, so a CSV's provenance is its verb's JSON in the same folder.
 PROVENANCE_FILES: dict[str, str] = {"analyze": HEADS_JSON.name, "roles": ROLES_JSON.name, "similar": CLUSTERS_JSON.name,
                                     "score": IMPORTANCE_JSON.name, "prune": PRUNE_JSON.name, "kv": KV_JSON.name,
-                                    "gqa": GQA_JSON.name,
+                                    "gqa": GQA_JSON.name, "mla": MLA_JSON.name,
                                     "kvcache": KVCACHE_JSON.name}
 
 
