@@ -317,6 +317,18 @@ def check_workers(workers: int) -> None:
                              f"give one or the other")
 
 
+def rendezvous_store() -> Any:
+    """A TCPStore hosted by this (launching) process on a free port the OS picks: ranks join it."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+
+def rank_env(r: int, world: int, port: int) -> dict[str, str]:
+    """torchrun's variables for rank `r` of `world` on this machine, joining the store on `port`."""
+    return {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True"}  # the store is ours (as torchrun's agent hosts its own)
+
+
 def launch(argv: Sequence[str], workers: int, *, grace_s: float = 30.0) -> int:
     """Run `python -m headscope ARGV` as `workers` ranks on this machine; return rank 0's exit code.
 
@@ -327,14 +339,11 @@ def launch(argv: Sequence[str], workers: int, *, grace_s: float = 30.0) -> int:
     next collective; any still running `grace_s` seconds later are terminated.
     """
     check_workers(workers)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = rendezvous_store()
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
-    procs = []
-    for r in range(workers):
-        env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(workers),
-               "LOCAL_WORLD_SIZE": str(workers), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
-               "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": threads}
-        procs.append(subprocess.Popen([sys.executable, "-m", "headscope", *argv], env=env))
+    procs = [subprocess.Popen([sys.executable, "-m", "headscope", *argv],
+                              env={**os.environ, **rank_env(r, workers, store.port), "OMP_NUM_THREADS": threads})
+             for r in range(workers)]
     try:
         deadline = None
         while any(p.poll() is None for p in procs):
@@ -367,5 +376,5 @@ def launch(argv: Sequence[str], workers: int, *, grace_s: float = 30.0) -> int:
 
 __all__ = ["RankCrashed", "RankFailed", "active", "add_workers_arg", "all_reduce_stats", "all_reduce_totals",
            "backend_for", "check", "check_ranks", "check_workers", "fail", "init", "is_main", "launch",
-           "launched", "local", "owner", "owns", "rank", "rank_device", "run_on_main", "session",
-           "shard_batches", "shutdown", "world_size"]
+           "launched", "local", "owner", "owns", "rank", "rank_device", "rank_env", "rendezvous_store",
+           "run_on_main", "session", "shard_batches", "shutdown", "world_size"]
