@@ -103,7 +103,8 @@ def tokenize(
         if word_ids is not None:
             word_ids.append(wid)
     if truncated:
-        log.warning("%d passage(s) were longer than %d tokens and were truncated", truncated, max_length)
+        log.warning("%d passage(s) were longer than %d tokens and were truncated (their later tokens are not "
+                    "analysed; windows over whole passages: headscope.data.prepare_windows)", truncated, max_length)
     return ids, word_ids, truncated
 
 
@@ -156,6 +157,91 @@ class Tokens:
     def n_tokens(self) -> int:
         """Real tokens over all passages."""
         return sum(len(t) for t in self.ids)
+
+
+# --- windows over long passages ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """One window of a long passage: tokens `[start, start + len(ids))` of passage `passage` (its
+    content, without the tokenizer's special tokens), framed by those tokens again.
+
+    Only queries at window positions `[count_from, count_to)` are counted, so that every position of
+    the passage (its frame included) is counted exactly once over all its windows.
+    """
+
+    passage: int
+    start: int
+    ids: list[int]
+    count_from: int
+    count_to: int
+
+
+def window_starts(n: int, length: int, stride: int) -> list[tuple[int, int, int]]:
+    """Windows `(start, end, count_from)` over `n` tokens: starts 0, stride, 2 * stride, ... each
+    `length` long (the last cut at `n`), until one reaches the end. A window counts only the tokens past
+    the end of the window before it, so each token is counted once, and every counted token of a
+    later window has at least `length - stride` tokens of context before it."""
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= length:
+        raise HeadscopeError(f"--stride must be between 1 and the window length {length}; got {stride!r} "
+                             f"(stride = window length: windows side by side, no overlap)")
+    out, prev_end, start = [], 0, 0
+    while True:
+        end = min(start + length, n)
+        out.append((start, end, prev_end - start))
+        if end >= n:
+            return out
+        prev_end, start = end, start + stride
+
+
+def prepare_windows(hm: HeadModel, data: Any, length: int, stride: int | None = None,
+                    limit: int | None = None) -> tuple[list[Window], TextSource]:
+    """Every passage of `data` cut into windows of `length` tokens (never truncated): a passage that
+    fits is one window; a longer one gets windows every `stride` tokens (default: `length`, no
+    overlap), each framed by the tokenizer's special tokens (e.g. [CLS] ... [SEP]) like a passage."""
+    if hm.tokenizer is None:
+        raise HeadscopeError("windows over text need the model's tokenizer")
+    limit_positions = hm.max_positions
+    if limit_positions is not None and length > limit_positions:
+        raise HeadscopeError(f"window length {length} exceeds {hm.name}'s {limit_positions} positions; "
+                             f"use at most {limit_positions}")
+    source = data if isinstance(data, TextSource) else read_texts(data, limit)
+    prefix, suffix = _frame(hm.tokenizer)
+    inner = length - len(prefix) - len(suffix)
+    if inner < 1:
+        raise HeadscopeError(f"window length {length} leaves no room for text beside the tokenizer's "
+                             f"{len(prefix) + len(suffix)} special tokens")
+    stride = inner if stride is None else stride
+    if isinstance(stride, int) and not isinstance(stride, bool) and stride > inner and stride <= length:
+        stride = inner  # the frame's tokens take part of the window
+    out: list[Window] = []
+    for i, text in enumerate(source.texts):
+        content = list(hm.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not content:
+            continue
+        spans = window_starts(len(content), inner, stride)
+        for w, (s, e, c) in enumerate(spans):
+            first, last = w == 0, w == len(spans) - 1
+            ids = prefix + content[s:e] + suffix
+            count_from = 0 if first else len(prefix) + c
+            count_to = len(ids) if last else len(prefix) + (e - s)
+            out.append(Window(i, s, ids, count_from, count_to))
+    if not out:
+        raise HeadscopeError(f"no text left in {source.source!r} after tokenisation")
+    n_long = sum(1 for w in out if w.start > 0)
+    if n_long:
+        log.info("%s: %d window(s) of %d tokens (stride %d) over %d passage(s)", source.source, len(out), length,
+                 stride, len(source.texts))
+    return out, source
+
+
+def _frame(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts before and after a passage (none for SmolLM2)."""
+    full = list(tokenizer("a")["input_ids"])
+    plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    for i in range(len(full) - len(plain) + 1):
+        if full[i:i + len(plain)] == plain:
+            return full[:i], full[i + len(plain):]
+    return [], []
 
 
 def resolve_max_length(hm: HeadModel, max_length: int | None) -> int:
