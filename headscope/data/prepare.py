@@ -197,14 +197,20 @@ def prepare_windows(hm: HeadModel, data: Any, length: int, stride: int | None = 
                     limit: int | None = None) -> tuple[list[Window], TextSource]:
     """Every passage of `data` cut into windows of `length` tokens (never truncated): a passage that
     fits is one window; a longer one gets windows every `stride` tokens (default: `length`, no
-    overlap), each framed by the tokenizer's special tokens (e.g. [CLS] ... [SEP]) like a passage."""
+    overlap), each framed by the tokenizer's special tokens (e.g. [CLS] ... [SEP]) like a passage.
+    `data`: a built-in name or path (as `read_texts`), a TextSource, or a list of strings."""
     if hm.tokenizer is None:
         raise HeadscopeError("windows over text need the model's tokenizer")
     limit_positions = hm.max_positions
     if limit_positions is not None and length > limit_positions:
         raise HeadscopeError(f"window length {length} exceeds {hm.name}'s {limit_positions} positions; "
                              f"use at most {limit_positions}")
-    source = data if isinstance(data, TextSource) else read_texts(data, limit)
+    if isinstance(data, TextSource):
+        source = data
+    elif data is None or isinstance(data, (str, Path)):
+        source = read_texts(data, limit)
+    else:
+        source = TextSource(keep_text([t for t in data if t.strip()], "in-memory")[:limit], "in-memory")
     prefix, suffix = _frame(hm.tokenizer)
     inner = length - len(prefix) - len(suffix)
     if inner < 1:
