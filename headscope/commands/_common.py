@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..data import DEFAULT_LIMIT
 from ..errors import HeadscopeError
+from ..io import check_writable_dir
+from ..models.loading import check_device_map, load_model, resolve_dtype
 from ..table import HeadTable
 
 # Count options any verb may define (argparse dest -> the option as the user typed it); each must be >= 1.
@@ -62,12 +67,105 @@ def check_common(args: argparse.Namespace) -> None:
             raise HeadscopeError(f"{flag} must be a positive number like 1e-3; got {v}")
     if getattr(args, "device", None) is not None:
         check_device(args.device)
+    if hasattr(args, "dtype"):
+        check_placement(args)
+
+
+def check_placement(args: argparse.Namespace) -> None:
+    """Validate --dtype, --device-map, --max-memory and --offload-dir (and their combinations)."""
+    resolve_dtype(args.dtype)
+    check_device_map(read_device_map(args.device_map), args.device)
+    if args.device_map is None:
+        for flag, v in (("--max-memory", args.max_memory), ("--offload-dir", args.offload_dir)):
+            if v is not None:
+                raise HeadscopeError(f"{flag} places a model spread over devices; give --device-map auto with it")
+        return
+    parse_max_memory(args.max_memory)
+    if args.offload_dir is not None:
+        check_writable_dir(args.offload_dir, option="--offload-dir")
+
+
+def read_device_map(value: str | None) -> str | dict | None:
+    """--device-map as accelerate takes it: a strategy name as given, or a .json file's {module: device} dict."""
+    if value is None or not value.endswith(".json"):
+        return value
+    try:
+        mapping = json.loads(Path(value).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise HeadscopeError(f"--device-map {value!r} cannot be read ({e.strerror or type(e).__name__}); give a "
+                             f"JSON file {{\"module name\": device}} or a strategy such as auto") from None
+    except ValueError as e:
+        raise HeadscopeError(f"--device-map {value!r} is not JSON ({e}); write {{\"model.layers.0\": 0, "
+                             f"\"model.layers.1\": \"cpu\", \"lm_head\": \"disk\"}}") from None
+    if not isinstance(mapping, dict) or not mapping:
+        raise HeadscopeError(f"--device-map {value!r} must hold a non-empty JSON object {{module name: device}}")
+    for module, device in mapping.items():
+        if isinstance(device, bool) or not isinstance(device, (int, str)):
+            raise HeadscopeError(f"--device-map {value!r}: module {module!r} has device {device!r}; use a GPU "
+                                 f"index, \"cpu\", \"disk\", \"mps\" or \"cuda:N\"")
+        if device != "disk":
+            try:
+                check_device(f"cuda:{device}" if isinstance(device, int) else device)
+            except HeadscopeError as e:
+                raise HeadscopeError(f"--device-map {value!r}, module {module!r}: {e}") from None
+    return mapping
+
+
+def parse_max_memory(text: str | None) -> dict[int | str, str] | None:
+    """`--max-memory 0=20GiB,cpu=60GiB` as accelerate's max_memory dict, each device and size checked."""
+    if text is None:
+        return None
+    out: dict[int | str, str] = {}
+    for item in text.split(","):
+        key, sep, size = (part.strip() for part in item.partition("="))
+        if not sep or not key or not size:
+            raise HeadscopeError(f"--max-memory {text!r}: {item.strip()!r} is not DEVICE=SIZE; write e.g. "
+                                 f"0=20GiB,cpu=60GiB (a GPU index, cpu or mps, then bytes or a size like 500MiB)")
+        if key.isdigit():
+            dev: int | str = int(key)
+            if dev >= torch.cuda.device_count():
+                raise HeadscopeError(f"--max-memory {text!r}: GPU {dev} does not exist (this machine has "
+                                     f"{torch.cuda.device_count()} CUDA device(s)); name cpu, or GPUs from 0")
+        elif key in ("cpu", "mps"):
+            dev = key
+        else:
+            raise HeadscopeError(f"--max-memory {text!r}: {key!r} is not a device; use a GPU index (0, 1, ...), "
+                                 f"cpu or mps")
+        if not re.fullmatch(r"\d+(\.\d+)?\s*([KMGT]i?B)?", size, flags=re.IGNORECASE):
+            raise HeadscopeError(f"--max-memory {text!r}: {size!r} is not a size; use bytes or e.g. 500MiB, 20GiB, 2GB")
+        out[dev] = size if not size.isdigit() else int(size)
+    return out
+
+
+def load_from_args(args: argparse.Namespace):
+    """The verb's model, loaded as --device / --dtype / --device-map (--max-memory, --offload-dir) say."""
+    return load_model(args.model, device=args.device, dtype=args.dtype, device_map=read_device_map(args.device_map),
+                      max_memory=parse_max_memory(args.max_memory), offload_folder=args.offload_dir)
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default="minilm",
                    help="built-in name (minilm, smollm2), a model directory, or a hub id (default: minilm)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_device_args(p)
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    """--device, --dtype and the big-model placement options every model-loading verb shares."""
+    p.add_argument("--device", default=None, help="torch device for the whole model: cpu, cuda, cuda:1, mps "
+                                                  "(default: cpu; not with --device-map)")
+    p.add_argument("--dtype", default="float32", metavar="{float32,bfloat16,float16}",
+                   help="weights' dtype (default float32); statistics accumulate in float64 whatever it is. "
+                        "float16 on CPU is slow (see docs/devices.md)")
+    p.add_argument("--device-map", default=None, metavar="{auto,balanced,balanced_low_0,sequential,FILE.json}",
+                   help="spread a model too large for one device over GPUs, CPU memory and disk "
+                        "(accelerate's big-model dispatch), by a strategy or a JSON file {module: device}; "
+                        "not with --device")
+    p.add_argument("--max-memory", default=None, metavar="DEV=SIZE,...",
+                   help="with --device-map: memory each device may hold, e.g. 0=20GiB,1=20GiB,cpu=60GiB "
+                        "(the rest goes to disk)")
+    p.add_argument("--offload-dir", default=None, metavar="DIR",
+                   help="with --device-map: folder for weights offloaded to disk (default: a temporary folder, "
+                        "removed afterwards)")
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:

@@ -6,6 +6,9 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
+import tempfile
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +19,9 @@ import transformers
 
 from ..errors import HeadscopeError, did_you_mean
 from ..io import atomic_dir
-from .config import ATTN_IMPLEMENTATION
+from .config import attn_implementation_for
 from .adapter import HeadModel
-from .checkpoint import PRUNING_FILE, auto_class, load_checkpoint
+from .checkpoint import MLA_FILE, PRUNING_FILE, auto_class, load_checkpoint
 from .specs import spec_for
 
 log = logging.getLogger(__name__)
@@ -235,13 +238,105 @@ def _float_copy(b: BuiltinModel) -> Path:
     return target
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# accelerate's placement strategies for device_map (a dict {module name: device} is also accepted).
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A dtype name (float32, bfloat16, float16) or torch dtype as a torch dtype, or a HeadscopeError."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+        name = str(dtype).removeprefix("torch.")
+    else:
+        name = str(dtype)
+        if name in DTYPES:
+            return DTYPES[name]
+    raise HeadscopeError(f"dtype {name!r} is not supported{did_you_mean(name, DTYPES)}; use one of "
+                         f"{', '.join(DTYPES)} (statistics accumulate in float64 whatever the weights' dtype)")
+
+
+def check_device_map(device_map: Any, device: Any = None) -> None:
+    """Refuse a device map that is not a strategy name or a {module: device} dict, or one given with a device."""
+    if device_map is None:
+        return
+    if device is not None:
+        raise HeadscopeError(f"give a device (--device) or a device map (--device-map), not both: got device "
+                             f"{str(device)!r} and device map {device_map!r}; a device map places every module itself")
+    if isinstance(device_map, dict):
+        if not device_map:
+            raise HeadscopeError("the device map is empty; give {module name: device} or one of "
+                                 + ", ".join(DEVICE_MAP_STRATEGIES))
+        return
+    if device_map not in DEVICE_MAP_STRATEGIES:
+        raise HeadscopeError(f"device map {device_map!r} is not a placement strategy"
+                             f"{did_you_mean(str(device_map), DEVICE_MAP_STRATEGIES)}; use one of "
+                             f"{', '.join(DEVICE_MAP_STRATEGIES)} or a dict {{module name: device}}")
+
+
+def _dispatch_kwargs(device_map: Any, max_memory: dict | None, offload_folder: str | Path | None) -> dict[str, Any]:
+    """from_pretrained's keyword arguments for accelerate's big-model dispatch (empty without a device map).
+
+    Weights that fit nowhere else go to disk, into `offload_folder`, or else into a temporary folder
+    removed with the model (transformers reads safetensors checkpoints in place and writes nothing there).
+    """
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            raise HeadscopeError("max_memory and offload_folder place a dispatched model: give a device map "
+                                 "(--device-map auto) with them")
+        return {}
+    if offload_folder is None:
+        offload_folder = tempfile.mkdtemp(prefix="headscope-offload-")
+    return {"device_map": device_map, "max_memory": max_memory, "offload_folder": str(offload_folder)}
+
+
+def _keep_offload_folder(model: torch.nn.Module, kwargs: dict[str, Any], given: str | Path | None) -> None:
+    """Remove the temporary offload folder when the model is garbage-collected (a folder the user gave stays)."""
+    if kwargs and given is None:
+        model._headscope_offload_dir = kwargs["offload_folder"]
+        weakref.finalize(model, shutil.rmtree, kwargs["offload_folder"], ignore_errors=True)
+
+
+@contextmanager
+def _dispatch_errors(name: str, device_map: Any) -> Iterator[None]:
+    """Turn transformers' and accelerate's refusals to dispatch into one clear HeadscopeError."""
+    if device_map is None:
+        yield
+        return
+    try:
+        yield
+    except HeadscopeError:
+        raise
+    except (ValueError, KeyError, RuntimeError, TypeError, NotImplementedError) as e:
+        detail = str(e).strip().splitlines()[0][:300].rstrip(".") if str(e).strip() else type(e).__name__
+        raise HeadscopeError(f"{name!r} cannot be dispatched with device map {device_map!r}: {detail}. "
+                             f"Load it on one device instead (--device cpu or --device cuda)") from None
+
+
 def load_model(
     name_or_path: str = "minilm",
     *,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype = torch.float32,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    offload_folder: str | Path | None = None,
 ) -> HeadModel:
-    """Load a built-in model (`minilm`, `smollm2`, `gemma3`), a local HF directory or a hub id, eager attention."""
+    """Load a built-in model (`minilm`, `smollm2`, `gemma3`), a local HF directory or a hub id.
+
+    `device` (default cpu) puts the whole model on one device; `device_map` ("auto", "balanced",
+    "sequential" or {module: device}) instead spreads it over GPUs, CPU memory and disk with
+    accelerate (`max_memory` {0: "20GiB", "cpu": "60GiB"} caps each; disk weights go to
+    `offload_folder`, default a temporary folder). `dtype`: float32, bfloat16 or float16.
+    """
+    dtype = resolve_dtype(dtype)
+    check_device_map(device_map, device)
+    dispatch = _dispatch_kwargs(device_map, max_memory, offload_folder)
+    device = "cpu" if device is None else device
+    if dtype == torch.float16 and not dispatch and torch.device(device).type == "cpu":
+        log.warning("float16 on CPU: torch computes it correctly but slowly (a 512 x 512 matmul ran 12x slower than "
+                    "float32 here); bfloat16 or float32 are faster on CPU, float16 is meant for GPUs")
     if name_or_path in BUILTINS:
         b = BUILTINS[name_or_path]
         path = _float_copy(b) if b.gguf_file else _locate(b)
@@ -258,9 +353,19 @@ def load_model(
             )
         name, source = name_or_path, str(path)
         if path.is_file() and path.suffix == ".gguf":
+            if dispatch:
+                raise HeadscopeError(f"{name_or_path!r} is a GGUF file, which is dequantised whole into memory and "
+                                     f"cannot be dispatched with a device map; convert it to a transformers folder "
+                                     f"(save_pretrained) first, or load it with --device")
             return load_gguf(path, device=device, dtype=dtype)
         path = str(path) if path.exists() else name_or_path
-    if (Path(path) / PRUNING_FILE).exists():  # per-layer head counts need our loader
+    # MLA attention modules and per-layer head counts need our loader, which builds the model whole in memory.
+    own = [f for f in (MLA_FILE, PRUNING_FILE) if (Path(path) / f).exists()]
+    if own:
+        if dispatch:
+            raise HeadscopeError(f"{name_or_path!r} is a checkpoint headscope changed ({own[0]}): its loader builds "
+                                 f"it whole in memory, so it cannot be dispatched with a device map; load it with "
+                                 f"--device cpu or --device cuda")
         return load_checkpoint(path, device=device, dtype=dtype)
     _check_model_dir(Path(path), name_or_path)
     try:
@@ -271,9 +376,18 @@ def load_model(
             f"(HF_HUB_OFFLINE is {os.environ.get('HF_HUB_OFFLINE', 'unset')}); local directories need config.json"
         ) from None
     spec_for(config.model_type)  # fail early, before loading weights, on unsupported families
-    model = auto_class(config).from_pretrained(path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
-    model.to(device).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    with _dispatch_errors(name_or_path, device_map):
+        cls = auto_class(config)
+        model = cls.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation_for(cls, config),
+                                    **dispatch)
+    _keep_offload_folder(model, dispatch, offload_folder)
+    if not dispatch:  # a dispatched model is already placed, module by module
+        model.to(device)
+    model.eval()
+    local = Path(path).is_dir()
+    # A local folder saved without a tokenizer (a model built from a config) loads with none; callers pass ids.
+    has_tokenizer = not local or any((Path(path) / f).exists() for f in ("tokenizer_config.json", "tokenizer.json"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path) if has_tokenizer else None
     return HeadModel(model=model, tokenizer=tokenizer, name=name, source=source)
 
 
@@ -305,7 +419,7 @@ def load_gguf(path: str | Path, *, device: str | torch.device = "cpu", dtype: to
     spec_for(config.model_type)  # fail early, before reading the weights, on unsupported families
     with _gguf_errors(path):
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                                  attn_implementation=ATTN_IMPLEMENTATION)
+                                                                  attn_implementation=attn_implementation_for(transformers.AutoModelForCausalLM, config))
         tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model.hf_quantizer = None  # dequantised: plain floats from here on
     model.to(device).eval()
