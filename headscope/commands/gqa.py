@@ -20,7 +20,7 @@ from ..gqa import (
 )
 from ..io import atomic_write_text, prepare_out_dir
 from ..kv import human_bytes
-from ..models import load_model
+from ._common import add_device_args, load_from_args
 from ..provenance import provenance
 from ..models.checkpoint import save_model
 
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-fallback", action="store_true",
                    help="keep similarity groups even when adjacent groups do better on --data")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_device_args(p)
     p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
     p.add_argument("--force", action="store_true", help="overwrite OUT/model and OUT/gqa.json")
     p.set_defaults(func=run)
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         raise HeadscopeError(f"--max-length must be at least 2 tokens, got {args.max_length}")
     data = read_texts(args.data, args.data_limit)  # bad data fails before the model loads
     heldout = read_texts(args.heldout, args.heldout_limit)
-    hm = load_model(args.model, device=args.device)
+    hm = load_from_args(args)
     check_convertible(hm, args.kv_heads)
     prov = provenance("gqa", hm, data, args, heldout=heldout)  # the original model
     final, report = convert_and_evaluate(

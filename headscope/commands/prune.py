@@ -20,11 +20,10 @@ from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..importance import CRITERIA
 from ..io import atomic_write_text, prepare_out_dir
-from ..models import load_model
 from ..models.checkpoint import save_model
 from ..provenance import provenance
 from ..prune import n_parameters
-from ._common import add_data_args, add_model_arg, add_out_args
+from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
 
 OUTPUTS = outputs("prune")  # prune_curve.csv, prune_curve.png, redundancy.csv, prune.json (+ model/)
 
@@ -105,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         clear_partial(out)
     data = read_task_data(args.data, args.limit)  # bad data fails before the model loads
     heldout = read_task_data(args.heldout, args.heldout_limit or args.limit) if args.heldout else None
-    hm = load_model(args.model, device=args.device)
+    hm = load_from_args(args)
     prov = provenance("prune", hm, data, args, heldout=heldout)  # before pruning: the model as loaded
     extra = {w: wordsim_measure(w) for w in WORDSIM} if args.wordsim else None
     try:

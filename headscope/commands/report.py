@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..report import render_report
-from ._common import add_model_arg
+from ..io import prepare_out_dir
+from ..report import REPORT_NAME, render_report
+from ..report.build import figure_names
+from ._common import add_model_arg, load_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = render_report(args.out, model=None if args.no_model else args.model, from_dirs=args.from_dirs,
+    model = None
+    if not args.no_model:  # a clashing --out is refused before a (possibly large) model loads
+        prepare_out_dir(args.out, args.force, [REPORT_NAME, *figure_names()])
+        model = load_from_args(args)
+    path = render_report(args.out, model=model, from_dirs=args.from_dirs,
                          data=args.data, sentences=args.sentences, force=args.force, max_length=args.max_length,
                          limit=args.limit, device=args.device, progress=True)
     size = path.stat().st_size

@@ -12,13 +12,12 @@ import sys
 from ..artifacts import ROLES_CSV, ROLES_JSON, SYNTAX_CSV, outputs
 from ..data import read_conllu, read_texts
 from ..io import atomic_write_text, prepare_out_dir
-from ..models import load_model
 from ..provenance import provenance
 from ..roles import roles, syntax_rows
 from ..coref import read_documents
 from ..syntax import RELATIONS
 from ..table import to_jsonable
-from ._common import add_data_args, add_model_arg, add_out_args
+from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
 
 OUTPUTS = outputs("roles", optional=True)  # roles.csv, roles.json, syntax.csv (with --treebank)
 
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         read_conllu(args.treebank)
     if args.coref:
         read_documents(args.coref)
-    hm = load_model(args.model, device=args.device)
+    hm = load_from_args(args)
     table = roles(hm, args.data, treebank=args.treebank, coref=args.coref, max_length=args.max_length,
                   batch_size=args.batch_size, limit=args.limit, seed=args.seed, progress=True)
     report = {**table.meta["roles"], "provenance": provenance("roles", hm, source, args)}

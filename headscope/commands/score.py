@@ -15,10 +15,9 @@ from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..importance import CRITERIA, parse_methods, rank_correlations, score
 from ..io import atomic_write_text, prepare_out_dir
-from ..models import load_model
 from ..provenance import provenance
 from ..table import parse_head
-from ._common import add_data_args, add_model_arg, add_out_args, grid
+from ._common import add_data_args, add_model_arg, add_out_args, grid, load_from_args
 
 OUTPUTS = outputs("score")  # importance.csv, importance.json, rank_correlation.csv
 
@@ -71,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         raise HeadscopeError(f"--ig-steps must be at least 1, got {args.ig_steps}")
     out = prepare_out_dir(args.out, args.force, OUTPUTS)
     data = read_task_data(args.data, args.limit)  # bad data fails before the model loads
-    hm = load_model(args.model, device=args.device)
+    hm = load_from_args(args)
     gates = parse_pruned(args.pruned, hm.n_layers, hm.n_heads)
     prov = provenance("score", hm, data, args)  # before scoring: the model as loaded
     table = score(hm, data, methods, metric=args.metric, gates=gates, max_length=args.max_length,

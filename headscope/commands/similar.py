@@ -10,11 +10,10 @@ from ..artifacts import CLUSTERS_JSON, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, output
 from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
-from ..models import load_model
 from ..provenance import provenance
 from ..similarity import DEFAULT_CKA_MIN, DEFAULT_JS_MAX, LN2, check_thresholds, similarity
 from ..table import to_jsonable
-from ._common import add_data_args, add_model_arg, add_out_args
+from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
 
 OUTPUTS = outputs("similar")  # similar_pairs.csv, similarity.npz, clusters.json
 
@@ -47,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise HeadscopeError(f"--top must be 0 or more, got {args.top}")
     check_thresholds(args.js_max, args.cka_min)
     source = read_texts(args.data, args.limit)  # bad data fails before the model loads
-    hm = load_model(args.model, device=args.device)
+    hm = load_from_args(args)
     sim = similarity(hm, source, max_length=args.max_length, batch_size=args.batch_size,
                      js_max_tokens=args.js_max_tokens, seed=args.seed, progress=True)
     clusters = sim.clusters(args.js_max, args.cka_min)
