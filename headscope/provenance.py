@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .models.dispatch import state_items
 from .version import versions
 
 __all__ = ["SAMPLES", "config_fingerprint", "data_fingerprint", "model_fingerprint", "model_record",
@@ -51,7 +52,7 @@ def sample_indices(n: int, k: int = SAMPLES) -> torch.Tensor:
 def model_fingerprint(model: torch.nn.Module, config: Any) -> str:
     """sha256 over the config fingerprint and every parameter's name, shape, dtype and sampled values."""
     h = hashlib.sha256(config_fingerprint(config).encode())
-    for name, p in sorted(model.state_dict().items()):
+    for name, p in state_items(model):  # sorted by name; offloaded weights read one at a time
         flat = p.detach().reshape(-1)
         h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
         if flat.numel():

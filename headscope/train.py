@@ -82,6 +82,9 @@ class Trainer:
                                  f"parameters of the model being trained")
         if not self.params:
             raise HeadscopeError("nothing to train: no parameter requires a gradient")
+        if any(p.is_meta for p in self.params):  # offloaded by a device map: reloaded from its store every forward
+            raise HeadscopeError("cannot train parameters offloaded by a device map (--device-map); train a model "
+                                 "that fits on one device (--device), or train fewer parameters")
         self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, weight_decay=weight_decay)
         self.lr, self.steps, self.warmup, self.schedule, self.min_lr_ratio = lr, steps, warmup, schedule, min_lr_ratio
         self.grad_clip = grad_clip

@@ -25,6 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import HeadscopeError
+from ..models.dispatch import input_device
 
 
 def counted_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -106,7 +107,7 @@ class _Inputs(Protocol):
 
 
 def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    return input_device(model)  # a dispatched model's main device (its offloaded parameters sit on meta)
 
 
 def compare_lms(reference: nn.Module, candidates: Mapping[str, nn.Module], batches: Iterable[_Inputs], *,

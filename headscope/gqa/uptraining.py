@@ -17,6 +17,7 @@ from ..data import Batch
 from ..errors import HeadscopeError
 from ..eval.lm import distillation_loss, nll_sums
 from ..models.adapter import HeadModel
+from ..models.dispatch import input_device
 from ..train import Trainer
 from .evaluate import token_batches
 
@@ -48,11 +49,11 @@ def check_uptrain(steps: int, loss: str, train: str, teacher: HeadModel | None) 
 
 def uptrain_loss(model: torch.nn.Module, batch: Batch, loss: str, teacher: torch.nn.Module | None = None) -> torch.Tensor:
     """The uptraining loss of `model` on one batch: `distillation_loss` to `teacher` ("kd") or mean NLL ("lm")."""
-    device = next(model.parameters()).device
+    device = input_device(model)
     ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
     logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     if loss == "kd":
-        t_dev = next(teacher.parameters()).device
+        t_dev = input_device(teacher)
         with torch.no_grad():
             t_logits = teacher(input_ids=ids.to(t_dev), attention_mask=mask.to(t_dev), use_cache=False).logits
         return distillation_loss(logits, t_logits.to(device), mask)
