@@ -195,8 +195,9 @@ def check_ranks(n: int, what: str = "passages") -> None:
     """Refuse more ranks than units of work (each rank must get at least one)."""
     w = world_size()
     if w > n:
-        raise HeadscopeError(f"{w} processes (torchrun --nproc-per-node / --workers) but only {n} {what}; "
-                             f"use at most {n} processes, or more data")
+        raise HeadscopeError(f"{w} processes (torchrun --nproc-per-node / --workers) but only {n} "
+                             f"{what if n != 1 else what.rstrip('s')}; use at most {n} process{'es' if n != 1 else ''}"
+                             f", or more data")
 
 
 def owner(i: int, world: int | None = None) -> int:

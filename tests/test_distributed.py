@@ -182,5 +182,5 @@ def test_more_workers_than_passages_is_one_line_and_writes_nothing(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == ("headscope analyze: error: 2 processes (torchrun --nproc-per-node / --workers) "
-                                "but only 1 passages; use at most 1 processes, or more data"), r.stderr
+                                "but only 1 passage; use at most 1 process, or more data"), r.stderr
     assert not (tmp_path / "res").exists()
