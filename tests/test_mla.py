@@ -252,3 +252,20 @@ def test_cli_end_to_end_and_bad_input_leaves_nothing(tmp_path, capsys):
     assert type(load_model(str(out / "model")).attention(0)).__name__ == "MLAAttention"
     assert main(args) == 2
     assert "--force" in capsys.readouterr().err
+
+
+# --- real weights -----------------------------------------------------------------------------------
+def test_smollm2_exact_at_full_rank_and_cache_bytes(smollm2):
+    """SmolLM2 (30 layers, 9 query / 3 KV heads, d_head 64): every frequency + full rank 192 => its own logits;
+    MHA2MLA's default (8 RoPE dims per KV head) at rank 48 caches (48 + 3 x 8) / (2 x 3 x 64) of the bytes."""
+    ids = smollm2.tokenizer(["The cat sat on the mat because it was tired."], return_tensors="pt").input_ids
+    assert mla.full_rank(smollm2, 64) == 192 and mla.full_rank(smollm2, 8) == 360
+    exact = mla.convert_to_mla(smollm2, 192, 64, selection="high", allow_full_rank=True)
+    close(logits(exact, ids), logits(smollm2, ids), 2e-4)
+    small = mla.convert_to_mla(smollm2, 48, 8, data=[ids[0].tolist()])
+    with torch.no_grad():
+        out = small.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, min_new_tokens=2,
+                                   do_sample=False, return_dict_in_generate=True,
+                                   pad_token_id=smollm2.tokenizer.eos_token_id)
+    seq = ids.shape[1] + 1
+    assert cache_bytes(out.past_key_values) == 30 * (48 + 3 * 8) * 4 * seq

@@ -19,6 +19,7 @@ from . import pruning, sweep
 from .gqa import gqa_part
 from .heads import GRID_PLOT_COLUMNS, grid_plot_name, heads_part
 from .kv import kv_part
+from .kv_quality import kv_quality_part
 from .origins import provenance_part
 from .pruning import importance_part, prune_part
 from .roles import roles_part
@@ -53,6 +54,7 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
         sweep.sweep_part(src, fig_dir),
         kv_part(src, meta, config),
         gqa_part(src, meta.get("model_type")),
+        kv_quality_part(src),
         importance_part(src, n_layers, n_heads, fig_dir),
         prune_part(src, fig_dir),
         provenance_part(src, records or {}),
