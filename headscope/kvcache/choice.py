@@ -127,22 +127,34 @@ def choose_random(n_layers: int, n_kv_heads: int, n_full: int, seed: int, budget
 _COLUMN = re.compile(r"^-?[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def read_scores(path: str | Path, column: str, n_layers: int, n_heads: int) -> np.ndarray:
-    """`[n_layers, n_heads]` scores from column `column` of a per-head CSV (heads.csv, roles.csv, importance.csv:
-    columns `layer`, `head`, ...). A leading '-' negates the column (keep the lowest full)."""
+def check_scores_file(path: str | Path, column: str) -> tuple[Path, str]:
+    """Refuse a missing file, a bad column name, or a CSV without `layer`, `head` and the column (header only);
+    returns the path and the column's name without its '-'."""
     p = Path(path)
     if not p.is_file():
         raise HeadscopeError(f"--from {str(path)!r} is not a file; give a heads.csv or roles.csv written by headscope")
     if not _COLUMN.match(column):
         raise HeadscopeError(f"--by {column!r} is not a column name; give e.g. retrieval_score or -streaming_share")
-    sign, name = (-1.0, column[1:]) if column.startswith("-") else (1.0, column)
+    name = column[1:] if column.startswith("-") else column
+    try:
+        with p.open(newline="", encoding="utf-8") as f:
+            fields = next(csv.reader(f), [])
+    except UnicodeDecodeError:
+        raise HeadscopeError(f"--from {str(path)!r} is not UTF-8 text; give a CSV written by headscope") from None
+    missing = [c for c in ("layer", "head", name) if c not in fields]
+    if missing:
+        raise HeadscopeError(f"{p} has no column {missing[0]!r}{did_you_mean(missing[0], fields)}; its columns: "
+                             f"{', '.join(fields) or '(none)'}")
+    return p, name
+
+
+def read_scores(path: str | Path, column: str, n_layers: int, n_heads: int) -> np.ndarray:
+    """`[n_layers, n_heads]` scores from column `column` of a per-head CSV (heads.csv, roles.csv, importance.csv:
+    columns `layer`, `head`, ...). A leading '-' negates the column (keep the lowest full)."""
+    p, name = check_scores_file(path, column)
+    sign = -1.0 if column.startswith("-") else 1.0
     with p.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        fields = reader.fieldnames or []
-        missing = [c for c in ("layer", "head", name) if c not in fields]
-        if missing:
-            raise HeadscopeError(f"{p} has no column {missing[0]!r}{did_you_mean(missing[0], fields)}; its columns: "
-                                 f"{', '.join(fields)}")
         out = np.full((n_layers, n_heads), np.nan)
         for lineno, row in enumerate(reader, start=2):
             try:
@@ -159,5 +171,5 @@ def read_scores(path: str | Path, column: str, n_layers: int, n_heads: int) -> n
     return out
 
 
-__all__ = ["Choice", "choose_full", "choose_random", "choose_threshold", "choose_top", "kv_head_scores", "n_full_for",
+__all__ = ["Choice", "check_scores_file", "choose_full", "choose_random", "choose_threshold", "choose_top", "kv_head_scores", "n_full_for",
            "parse_budget", "parse_budgets", "read_scores"]

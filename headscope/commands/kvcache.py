@@ -1,0 +1,166 @@
+"""`headscope kvcache MODEL --keep-full 25%`: head-aware KV caches (full KV for chosen heads, sink +
+window for the rest) against the full cache and a random choice at equal bytes -> kvcache.csv, kvcache.json."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..artifacts import KVCACHE_CSV, KVCACHE_JSON, outputs
+from ..data import read_texts
+from ..errors import HeadscopeError
+from ..io import atomic_write_text, prepare_out_dir
+from ..kv import attention_shape, human_bytes, load_config
+from ..kvcache.cache import SUPPORTED, check_supported, check_window
+from ..kvcache.choice import check_scores_file, parse_budgets, read_scores
+from ..kvcache.evaluate import DEFAULT_CHUNK, long_passages_ids
+from ..kvcache.run import Settings, check_context, compare, retrieval_scores
+from ..models import BUILTINS, load_model
+from ..provenance import provenance
+from ..table import to_jsonable
+
+OUTPUTS = outputs("kvcache")  # kvcache.csv, kvcache.json
+IN_PROCESS_SCORES = ("retrieval_score",)  # scores --by can compute without --from
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "kvcache", help="head-aware KV cache: full KV for chosen heads, sink + window for the rest (DuoAttention-style)",
+        description="Keep the full KV cache only for the KV heads a per-head score ranks highest (default: Wu et al.'s "
+                    "retrieval score, measured here on needle haystacks), and only the first --sink and the last "
+                    "--window tokens for the others; evaluate perplexity on long text, needle retrieval and KV bytes "
+                    "read per decoding step, against the full cache and a random choice of full heads at equal bytes. "
+                    "A KV head is windowed only when all its query heads are (GQA). See docs/kvcache.md.")
+    p.add_argument("model", help="built-in name (smollm2), a model directory, or a hub id; families: "
+                                 + ", ".join(SUPPORTED) + " with 2+ KV heads per layer")
+    p.add_argument("--keep-full", default=None, metavar="SHARE[,SHARE...]",
+                   help="share of KV heads kept full, in (0, 1]: 25%% or 0.25; several give one cache each "
+                        "(e.g. 12.5%%,25%%,50%%; default 25%%)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="instead of --keep-full: keep full every KV head with a query head scoring at least this")
+    p.add_argument("--by", default="retrieval_score", metavar="COLUMN",
+                   help="the per-head score, higher = keep full ('-COLUMN': lower = keep full). Without --from only "
+                        "retrieval_score, measured on --score-haystacks needles (default: retrieval_score)")
+    p.add_argument("--from", dest="scores_file", default=None, metavar="FILE",
+                   help="a per-head CSV (heads.csv, roles.csv from `headscope roles --long N`, importance.csv) "
+                        "holding --by")
+    p.add_argument("--score-haystacks", type=int, default=4, metavar="N",
+                   help="needle haystacks that measure the retrieval score (other facts than the evaluation "
+                        "needles; default 4)")
+    p.add_argument("--sink", type=int, default=4, help="first tokens every windowed head keeps (default 4)")
+    p.add_argument("--window", type=int, default=256,
+                   help="recent tokens every windowed head keeps, the current one included (default 256)")
+    p.add_argument("--context", type=int, default=2048, help="tokens per passage and per needle prompt (default 2048)")
+    p.add_argument("--data", default="ptb-long",
+                   help="long text for perplexity: ptb-long, gum-long or a file; the first --context tokens of each "
+                        "passage that has them (default ptb-long)")
+    p.add_argument("--passages", type=int, default=2, help="passages for perplexity (default 2)")
+    p.add_argument("--needles", type=int, default=4,
+                   help="needle-in-a-haystack prompts answered by greedy generation through each cache (default 4; 0: none)")
+    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
+                   help=f"tokens per prefill forward (default {DEFAULT_CHUNK}; memory ~ chunk x vocabulary)")
+    p.add_argument("--no-random", action="store_true", help="skip the random control at equal bytes")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random control, ties and needles (default 0)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
+    p.add_argument("--force", action="store_true", help="overwrite kvcache.csv and kvcache.json in --out")
+    p.set_defaults(func=run)
+
+
+def _precheck_model(name: str, context: int) -> None:
+    """Refuse an unsupported family, an MQA model or a too long context from the config alone, before weights load."""
+    if name not in BUILTINS and not Path(name).expanduser().is_dir():
+        return  # a hub id: checked once loaded
+    cfg = load_config(name)
+    shape = attention_shape(cfg)
+    if shape.model_type not in SUPPORTED:
+        raise HeadscopeError(f"model type {shape.model_type!r} ({name}) is not supported by the head-aware KV cache; "
+                             f"supported: {', '.join(SUPPORTED)}")
+    if shape.n_kv_heads == 1:
+        raise HeadscopeError(
+            f"{name!r} is MQA (1 KV head per layer, shared by all {shape.n_heads} query heads): a KV head can be "
+            f"windowed only when all its query heads are, so windowing here drops a whole layer's long-range "
+            f"attention, a layer choice rather than a head choice; use a model with 2 or more KV heads per layer")
+    check_context(context, 0, 0, cfg.get("max_position_embeddings"))
+
+
+def _check_args(args: argparse.Namespace) -> tuple[list[float], Any]:
+    """Every option, before any model loads: budgets, window, counts, the score source, the data."""
+    if args.threshold is not None and args.keep_full is not None:
+        raise HeadscopeError("give --keep-full (a share of KV heads) or --threshold (a score), not both")
+    budgets = parse_budgets(args.keep_full or "25%")
+    check_window(args.sink, args.window)
+    for flag, value, low in (("--context", args.context, 2), ("--passages", args.passages, 1),
+                             ("--needles", args.needles, 0), ("--chunk", args.chunk, 1),
+                             ("--score-haystacks", args.score_haystacks, 1)):
+        if value < low:
+            raise HeadscopeError(f"{flag} must be at least {low}; got {value}")
+    check_context(args.context, args.sink, args.window)
+    if args.threshold is not None and not math.isfinite(args.threshold):
+        raise HeadscopeError(f"--threshold must be a finite number; got {args.threshold}")
+    if args.scores_file is None and args.by not in IN_PROCESS_SCORES:
+        raise HeadscopeError(f"--by {args.by!r} needs --from FILE (a heads.csv or roles.csv holding it); without "
+                             f"--from headscope measures only {', '.join(IN_PROCESS_SCORES)}")
+    if args.scores_file is not None:
+        check_scores_file(args.scores_file, args.by)
+    data = read_texts(args.data)
+    _precheck_model(args.model, args.context)
+    return budgets, data
+
+
+def run(args: argparse.Namespace) -> int:
+    out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
+    budgets, data = _check_args(args)
+    hm = load_model(args.model, device=args.device)
+    check_context(args.context, args.sink, args.window, hm.max_positions)
+    if hm.tokenizer is None:
+        raise HeadscopeError(f"{hm.name} has no tokenizer; kvcache builds text")
+    passages = long_passages_ids(hm.tokenizer, data.texts, args.context, args.passages)
+    settings = Settings(sink=args.sink, window=args.window, context=args.context, budgets=tuple(budgets),
+                        threshold=args.threshold, needles=args.needles, chunk=args.chunk,
+                        random_control=not args.no_random, seed=args.seed)
+    score_info: dict[str, Any] = {"by": args.by, "from": args.scores_file}
+    if args.scores_file is not None:
+        scores = read_scores(args.scores_file, args.by, hm.n_layers, hm.n_heads)
+    else:
+        check_supported(hm)  # before the scoring pass
+        scores, info = retrieval_scores(hm, args.context, args.score_haystacks, args.seed, progress=True)
+        score_info.update(info)
+    rows = compare(hm, passages, scores, args.by, settings, progress=True)
+
+    columns = KVCACHE_CSV.columns()
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    report = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads,
+              "d_head": hm.d_head,
+              "settings": {"sink": args.sink, "window": args.window, "context": args.context, "budgets": budgets,
+                           "threshold": args.threshold, "scores": score_info, "data": data.source,
+                           "passages": len(passages), "needles": args.needles, "chunk": args.chunk,
+                           "random_control": not args.no_random, "seed": args.seed},
+              "rows": rows, "provenance": provenance("kvcache", hm, data, args)}
+    atomic_write_text(out / KVCACHE_CSV.name, buf.getvalue())
+    atomic_write_text(out / KVCACHE_JSON.name, json.dumps(to_jsonable(report), indent=2) + "\n")
+
+    print(f"{hm.name}: {hm.n_layers} layers x {hm.n_kv_heads} KV heads ({hm.group_size} query heads each); "
+          f"sink {args.sink} + window {args.window}; {len(passages)} passage(s) of {args.context} tokens from "
+          f"{data.source}; {args.needles} needle(s); full heads by {args.by}"
+          f"{' from ' + args.scores_file if args.scores_file else ''}")
+    print(f"{'cache':<16} {'KV full':>8} {'freed':>6} {'riders':>6} {'bytes/step':>12} {'ratio':>6} "
+          f"{'perplexity':>11} {'needles':>8}")
+    for r in rows:
+        label = r["method"] if r["method"] == "full" else f"{r['method']} {r['budget']:.1%}"
+        print(f"{label:<16} {r['full_kv_heads']:>8} {r['windowed_kv_heads']:>6} {r['riders']:>6} "
+              f"{human_bytes(r['kv_bytes_measured']):>12} {r['kv_ratio']:>6.3f} {r['perplexity']:>11.3f} "
+              f"{r['needle_accuracy']:>8.2f}")
+    print(f"bytes/step: K and V read by one decoding step at {args.context} tokens, measured = formula in every row")
+    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
+    return 0
