@@ -181,8 +181,8 @@ def run_on_main(fn: Callable[[], T]) -> T:
         try:
             with local():
                 result = fn()
-        except BaseException as e:
-            check(e)
+        except Exception as e:
+            fail(e)
             raise
     check()
     box = [result]
@@ -280,7 +280,6 @@ def add_workers_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=1,
                    help="processes that share the scan (default 1); the same as `torchrun --nproc-per-node N "
                         "-m headscope ...`, see docs/distributed.md")
-    p.set_defaults(data_parallel=True)
 
 
 @contextmanager
@@ -298,12 +297,12 @@ def session(args: argparse.Namespace) -> Iterator[None]:
         args.device = rank_device(args.device)
     init(getattr(args, "device", None) or "cpu")
     try:
-        if not getattr(args, "data_parallel", False):
+        if not hasattr(args, "workers"):  # the verbs that split their work take --workers
             raise HeadscopeError(f"{args.verb} does not run data-parallel; run it as one process "
                                  f"(data-parallel verbs: analyze, score)")
         yield
         check()  # rank 0 may still fail while writing: the others wait to hear
-    except BaseException as e:
+    except Exception as e:  # Ctrl-C reaches every rank itself (and the launcher stops them)
         fail(e)
         raise
     finally:

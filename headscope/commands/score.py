@@ -10,6 +10,7 @@ import torch
 
 from ..artifacts import IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, outputs
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
+from ..distributed import add_workers_arg, is_main
 from ..errors import HeadscopeError, did_you_mean
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
@@ -32,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_data_args(p)
     add_out_args(p)
+    add_workers_arg(p)
     p.add_argument("--method", default="gradient,ablation",
                    help=f"comma-separated: {', '.join(CRITERIA)}, or all (default: gradient,ablation)")
     p.add_argument("--metric", default="auto",
@@ -76,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     table = score(hm, data, methods, metric=args.metric, gates=gates, max_length=args.max_length,
                   batch_size=args.batch_size, ig_steps=args.ig_steps, seed=args.seed,
                   limit=args.limit if isinstance(data, str) else None, progress=True)
+    if not is_main():  # every rank holds the merged table; rank 0 alone writes and prints
+        return 0
     corr = rank_correlations(table)
     table = table.with_columns(meta={"provenance": prov})
     out.mkdir(parents=True, exist_ok=True)
