@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+import logging
+
 from ..errors import HeadscopeError
+
+log = logging.getLogger(__name__)
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 DECODER_LAYER_KEYS = ("decoder_layers", "num_decoder_layers")
@@ -20,8 +24,27 @@ KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "n_kv_heads")
 DMODEL_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
 DHEAD_KEYS = ("head_dim", "d_head", "d_kv")
 
-# The attention kernel every loader asks transformers for (one place to change it).
-ATTN_IMPLEMENTATION = "eager"
+# The attention kernel every loader asks transformers for (one place to change it). Statistics do not
+# need eager's weights: the statistics kernel recomputes them blockwise beside sdpa, and the full-map
+# reference path (`hooks.on_attention_weights`, `run_stats(..., eager=True)`) switches to eager while active.
+ATTN_IMPLEMENTATION = "sdpa"
+# What a family without sdpa in transformers loads with instead (e.g. gemma2: sdpa has no soft-capping).
+FALLBACK_ATTN_IMPLEMENTATION = "eager"
+
+
+def attn_implementation_for(auto_cls: Any, config: Any) -> str:
+    """The attention implementation to load `config` with through `auto_cls` (a transformers Auto class):
+    ATTN_IMPLEMENTATION where the model class supports it, else eager (logged, so the fallback is visible)."""
+    mapping = getattr(auto_cls, "_model_mapping", None)
+    try:
+        cls = mapping[type(config)] if mapping is not None else auto_cls
+    except KeyError:
+        return ATTN_IMPLEMENTATION  # transformers itself says what is wrong with this config
+    if ATTN_IMPLEMENTATION == "sdpa" and not getattr(cls, "_supports_sdpa", False):
+        log.info("%s has no sdpa attention in transformers; loading it with %s attention",
+                 getattr(cls, "__name__", cls), FALLBACK_ATTN_IMPLEMENTATION)
+        return FALLBACK_ATTN_IMPLEMENTATION
+    return ATTN_IMPLEMENTATION
 
 
 @dataclass(frozen=True)
