@@ -1,4 +1,6 @@
-"""`headscope roles [MODEL]`: role census with baselines -> roles.csv, roles.json, syntax.csv."""
+"""`headscope roles [MODEL]`: role census with baselines -> roles.csv, roles.json, syntax.csv; with
+`--long N` the long-range roles too (retrieval, streaming, echo, induction at N tokens) and, with
+`--export-card FILE`, a head card for KV-compression tools."""
 
 from __future__ import annotations
 
@@ -8,16 +10,25 @@ import io
 import json
 import math
 import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ..artifacts import ROLES_CSV, ROLES_JSON, SYNTAX_CSV, outputs
 from ..data import read_conllu, read_texts
 from ..io import atomic_write_text, prepare_out_dir
+from ..models import load_model
+from ..longctx import CARD_SCORES, LONG_SCORES, check_long_args, head_card, long_roles, write_card
+from ..attention import DEFAULT_BLOCK
+from ..data.sources import LONG_SOURCES
 from ..provenance import provenance
 from ..roles import roles, syntax_rows
 from ..coref import read_documents
 from ..syntax import RELATIONS
-from ..table import to_jsonable
-from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
+from ..errors import HeadscopeError
+from ..table import HeadTable, to_jsonable
+from ._common import add_data_args, add_model_arg, add_out_args
 
 OUTPUTS = outputs("roles", optional=True)  # roles.csv, roles.json, syntax.csv (with --treebank)
 
@@ -33,6 +44,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "or a CoNLL-U file")
     p.add_argument("--coref", default=None, help="coreference data: gum-test (built in: UD English-GUM test split) or a CoNLL-U file "
                         "with CorefUD Entity= annotations")
+    g = p.add_argument_group("long-range roles (docs/long_context.md)")
+    g.add_argument("--long", type=int, default=None, metavar="N",
+                   help="also score retrieval (needle copy, Wu et al. 2024), streaming (sink + recent share), echo and "
+                        "induction at long range on sequences of N tokens (at most the model's positions)")
+    g.add_argument("--long-data", default="gum-long",
+                   help=f"long text for the streaming/echo/induction windows: {', '.join(LONG_SOURCES)} (default "
+                        f"gum-long) or a file; passages longer than N are cut into windows, never truncated")
+    g.add_argument("--long-windows", type=int, default=2, help="windows of long text to score (default 2)")
+    g.add_argument("--stride", type=int, default=None,
+                   help="tokens between the starts of a long passage's windows (default N: side by side); each "
+                        "position's query is counted in one window only")
+    g.add_argument("--haystacks", type=int, default=4,
+                   help="needle-in-a-haystack sequences for the retrieval score (default 4; depths 0.1, 0.35, 0.6, 0.85 in turn)")
+    g.add_argument("--block", type=int, default=DEFAULT_BLOCK,
+                   help=f"queries per block of the statistics kernel (default {DEFAULT_BLOCK}; memory ~ block x N per head)")
+    g.add_argument("--export-card", default=None, metavar="FILE",
+                   help='write per-head scores as {"layer-head": [scores]} (the Retrieval Head / HeadKV format); needs --long')
+    g.add_argument("--card-score", default="retrieval", choices=list(CARD_SCORES),
+                   help="score the card holds (default retrieval: one value per answered haystack)")
     add_out_args(p)
     p.set_defaults(func=run)
 
@@ -43,19 +73,37 @@ def _f(v: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
+    long_n = getattr(args, "long", None)
+    if long_n is not None:
+        check_long_args(None, long_n, args.haystacks, args.long_windows, args.stride, args.block)
+        if args.long_windows:
+            read_texts(args.long_data)
+    card = _check_card(args)
     source = read_texts(args.data, args.limit)  # bad input fails before the model loads
     if args.treebank:
         read_conllu(args.treebank)
     if args.coref:
         read_documents(args.coref)
-    hm = load_from_args(args)
+    hm = load_model(args.model, device=args.device)
     table = roles(hm, args.data, treebank=args.treebank, coref=args.coref, max_length=args.max_length,
                   batch_size=args.batch_size, limit=args.limit, seed=args.seed, progress=True)
     report = {**table.meta["roles"], "provenance": provenance("roles", hm, source, args)}
+    card_values, card_note = None, ""
+    if long_n is not None:
+        check_long_args(hm, long_n, args.haystacks, args.long_windows, args.stride, args.block)
+        lr = long_roles(hm, long_n, data=args.long_data, stride=args.stride, windows=args.long_windows,
+                        haystacks=args.haystacks, block=args.block, seed=args.seed, progress=True)
+        table, report = merge_long(table, report, lr)
+        if card is not None:
+            card_values, card_note = head_card(lr, args.card_score)
+            report["long_context"]["card"] = {"file": str(card), "score": args.card_score, "note": card_note}
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / ROLES_CSV.name)
     atomic_write_text(out / ROLES_JSON.name, json.dumps(to_jsonable(report), indent=1, allow_nan=False) + "\n")
-    written = [ROLES_CSV.name, ROLES_JSON.name]
+    written = [str(out / ROLES_CSV.name), str(out / ROLES_JSON.name)]
+    if card_values is not None:
+        write_card(card, card_values)
+        written.append(str(card))
     rows = syntax_rows(report)
     if rows:
         buf = io.StringIO()
@@ -64,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
         atomic_write_text(out / SYNTAX_CSV.name, buf.getvalue())
-        written.append(SYNTAX_CSV.name)
+        written.append(str(out / SYNTAX_CSV.name))
 
     t = report["text"]
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_heads} heads, {t['passages']} passages from {t['data']}; "
@@ -92,5 +140,61 @@ def run(args: argparse.Namespace) -> int:
         print(f"\ncoreference ({c['anaphors']} anaphors): best head {c['best_head']} {_f(c['best_accuracy'])}, "
               f"nearest mention {_f(c['nearest_mention_baseline'])}, same head word {_f(c['same_head_word_baseline'])}, "
               f"chance {_f(c['chance'])}")
-    print(f"\nwrote {', '.join(str(out / n) for n in written)}", file=sys.stderr)
+    lc = report.get("long_context")
+    if lc:
+        _print_long(lc)
+        if card_note:
+            print(f"  head card: {card_note}")
+    print(f"\nwrote {', '.join(written)}", file=sys.stderr)
     return 0
+
+
+def _check_card(args: argparse.Namespace) -> Path | None:
+    """The head-card path, refused before any work when it cannot be written or would replace a file."""
+    if getattr(args, "export_card", None) is None:
+        return None
+    if args.long is None:
+        raise HeadscopeError("--export-card needs --long N (the card holds long-range scores)")
+    p = Path(args.export_card)
+    if p.is_dir():
+        raise HeadscopeError(f"--export-card {str(p)!r} is a directory; give a file name such as card.json")
+    if p.exists() and not args.force:
+        raise HeadscopeError(f"--export-card {str(p)!r} exists; pass --force to replace it")
+    if p.parent.exists() and not p.parent.is_dir():
+        raise HeadscopeError(f"--export-card {str(p)!r} lies under a file")
+    return p
+
+
+def merge_long(table: HeadTable, report: dict[str, Any], lr: dict[str, Any]) -> tuple[HeadTable, dict[str, Any]]:
+    """roles.csv gains the long-range score columns and roles; roles.json their census and `long_context`."""
+    shape = (table.n_layers, table.n_heads)
+    cols = {name: np.asarray(lr["scores"][name], float) if name in lr["scores"] else np.full(shape, np.nan)
+            for name in LONG_SCORES}
+    role_col = np.array(table["roles"], dtype=object).reshape(shape)
+    roles_map = dict(report["roles"])
+    for head, names in lr["roles"].items():
+        l, h = (int(x) for x in head[1:].split("H"))
+        role_col[l, h] = ";".join([r for r in str(role_col[l, h]).split(";") if r] + names)
+        roles_map[head] = list(roles_map.get(head, [])) + names
+    table = table.with_columns({"roles": role_col, **cols})
+    report = {**report, "roles": roles_map, "census": {**report["census"], **lr["census"]}, "long_context": lr}
+    return table, report
+
+
+def _print_long(lc: dict[str, Any]) -> None:
+    """The long-range census, needle accuracy and the windows scored."""
+    print(f"\nlong-range roles at {lc['length']} tokens (score/baseline)")
+    t = lc.get("text")
+    if t:
+        print(f"  text: {t['windows']} window(s) of {t['data']}, {t['counted_tokens']} queries counted; streaming = "
+              f"sink {t['sink']} + recent {t['recent']}, echo/induction at distance >= {t['far']}")
+    n = lc.get("needles")
+    if n:
+        print(f"  needles: {len(n['haystacks'])} haystack(s), answered exactly {n['needle_accuracy']:.2f}, "
+              f"answer tokens right {n['token_accuracy']:.2f}; retrieval score over the {n['succeeded']} answered")
+    for role, heads in lc["census"].items():
+        shown = ", ".join(f"{e['head']} {_f(e['score'])}/{_f(e['baseline'])}" for e in heads[:8])
+        more = f" (+{len(heads) - 8} more)" if len(heads) > 8 else ""
+        print(f"  {role:<22} {len(heads):>3}  {shown}{more}")
+    if not lc["census"]:
+        print("  no head passes a long-range role's rule")
