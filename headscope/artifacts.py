@@ -24,7 +24,8 @@ __all__ = [
     "ARTIFACTS", "Artifact", "Field", "PROVENANCE_FILES", "artifact", "outputs", "producers", "provenance_file",
     "HEADS_CSV", "HEADS_JSON", "ROLES_CSV", "KV_JSON", "ROLES_JSON", "SYNTAX_CSV", "SIMILAR_PAIRS_CSV", "SIMILARITY_NPZ", "CLUSTERS_JSON",
     "IMPORTANCE_CSV", "IMPORTANCE_JSON", "RANK_CORRELATION_CSV", "PRUNE_CURVE_CSV", "PRUNE_CURVE_PNG",
-    "REDUNDANCY_CSV", "PRUNE_JSON", "MODEL_DIR", "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
+    "REDUNDANCY_CSV", "PRUNE_JSON", "UNIT_CURVE_CSV", "UNIT_CURVE_PNG", "UNITS_JSON", "UNIT_IMPORTANCE_CSV",
+    "UNIT_IMPORTANCE_JSON", "MODEL_DIR", "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
 ]
 
@@ -241,7 +242,44 @@ PRUNE_JSON = Artifact(
      _f("fraction"), _f("seed"), _f("recover_lr"),
      _f("saved_model", "{path, parameters, parameters_original, heads_kept, recovered_weights}", "--save-model"),
      _PROVENANCE))
-MODEL_DIR = Artifact("model", "dir", {"prune": "--save-model", "gqa": "", "mla": ""},
+# Units beyond heads: `prune --unit attention|block|ffn|mix` and `score --unit attention|block|ffn` write these
+# files instead of the head files, so they are declared under those modes (outputs("prune --unit")), not
+# as files every prune or score run writes.
+_UNIT = ""
+UNIT_CURVE_CSV = Artifact(
+    "unit_curve.csv", "csv", {"prune --unit": _UNIT}, "the metric against the share of parameters removed, for units "
+    "beyond heads (attention sub-layers, blocks, FFN neurons, a mix); written instead of prune_curve.csv",
+    (_f("step", "point, 0 = unpruned"), _f("unit", "attention, block, ffn or mix"),
+     _f("fraction_params", "share of all parameters removed"), _f("params_removed"),
+     _f("metric", "the metric with those units switched off"), _f("drop", "relative drop (lm_loss: perplexity increase)"),
+     _f("perplexity", "exp(metric)", "lm_loss metric"),
+     _f("metric_recovered", "after distillation recovery (empty without --recover)"), _f("drop_recovered"),
+     _f("perplexity_recovered", "exp(metric_recovered)", "lm_loss metric"),
+     _f("latency_s", "median seconds of one forward pass of the physically pruned model (empty without --latency)"),
+     _f("speedup", "original latency / this latency"), _f("flop_speedup", "original FLOPs / these FLOPs (ideal)"),
+     _f("removed", "units removed: A3 = attention of layer 3, B7 = block 7, F2:n = n FFN neurons of layer 2")))
+UNIT_CURVE_PNG = Artifact("unit_curve.png", "png", {"prune --unit": _UNIT}, "the unit curve (and speedups)")
+UNITS_JSON = Artifact(
+    "units.json", "json", {"prune --unit": _UNIT}, "the unit curve's settings, points and the unit scores behind its order",
+    (_f("model"), _f("unit"), _f("method"), _f("metric"), _f("higher_is_better"), _f("n_parameters"),
+     _f("baseline"), _f("points", "the rows of unit_curve.csv"), _f("scores", "unit kind -> scores (ffn: per layer)"),
+     _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("fraction"),
+     _f("step"), _f("seed"), _f("recover_steps"), _f("recover_lr"), _f("score_seconds"), _f("n_layers"),
+     _f("saved_model", "{path, parameters, parameters_original}", "--save-model"), _PROVENANCE))
+UNIT_IMPORTANCE_CSV = Artifact(
+    "unit_importance.csv", "csv", {"score --unit": ""},
+    "importance of every attention sub-layer, block or FFN neuron (higher = more important); written instead "
+    "of importance.csv",
+    (_f("unit", "attention, block or ffn"), _f("layer"), _f("index", "neuron id (ffn), else 0"),
+     _f("importance_<method>", "importance by this criterion (higher = more important)")))
+UNIT_IMPORTANCE_JSON = Artifact(
+    "unit_importance.json", "json", {"score --unit": ""},
+    "settings of unit_importance.csv, the unablated metric and the time each method took",
+    (_f("model"), _f("unit"), _f("methods"), _f("metric"), _f("metric_value"), _f("data"), _f("passages"),
+     _f("tokens_seen"), _f("seconds", "method -> seconds"), _f("forward_passes", "per batch, for ablation"),
+     _PROVENANCE))
+UNIT_ARTIFACTS = (UNIT_CURVE_CSV, UNIT_CURVE_PNG, UNITS_JSON, UNIT_IMPORTANCE_CSV, UNIT_IMPORTANCE_JSON)
+MODEL_DIR = Artifact("model", "dir", {"prune": "--save-model", "gqa": "", "mla": "", "prune --unit": "--save-model"},
                      "a loadable checkpoint of the pruned or converted model")
 KV_CSV = Artifact(
     "kv.csv", "csv", {"kv": "--out"}, "KV-cache bytes of the model's layouts and of classic configs",
@@ -345,13 +383,14 @@ REPORT_HTML = Artifact("report.html", "html", {"report": ""}, "the offline repor
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
-    PRUNE_JSON, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG, SWEEP_SPEED_PNG, GQA_JSON,
+    PRUNE_JSON, *UNIT_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG, SWEEP_SPEED_PNG, GQA_JSON,
     MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold
 # it, so a CSV's provenance is its verb's JSON in the same folder.
-PROVENANCE_FILES: dict[str, str] = {"analyze": HEADS_JSON.name, "roles": ROLES_JSON.name, "similar": CLUSTERS_JSON.name,
+PROVENANCE_FILES: dict[str, str] = {"prune --unit": UNITS_JSON.name, "score --unit": UNIT_IMPORTANCE_JSON.name,
+                                    "analyze": HEADS_JSON.name, "roles": ROLES_JSON.name, "similar": CLUSTERS_JSON.name,
                                     "score": IMPORTANCE_JSON.name, "prune": PRUNE_JSON.name, "kv": KV_JSON.name,
                                     "gqa": GQA_JSON.name, "mla": MLA_JSON.name,
                                     "kvcache": KVCACHE_JSON.name}

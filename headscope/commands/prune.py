@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import plots
-from ..artifacts import MODEL_DIR, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, PRUNE_JSON, REDUNDANCY_CSV, outputs
+from ..artifacts import (MODEL_DIR, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, PRUNE_JSON, REDUNDANCY_CSV, UNIT_CURVE_CSV,
+                         UNIT_CURVE_PNG, UNITS_JSON, outputs)
 from ..curves import PARTIAL_JSON, UNITS, PruneResult, check_args, check_target_drop, clear_partial, prune_curve, pruned_model
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
 from ..errors import plural
@@ -23,9 +24,13 @@ from ..io import atomic_write_text, prepare_out_dir
 from ..models.checkpoint import save_model
 from ..provenance import provenance
 from ..prune import n_parameters
+from ..errors import HeadscopeError
+from ..units.curve import CURVE_UNITS, DEFAULT_METHOD, check_curve_args, unit_curve
+from ..units.plot import unit_curve_plot
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
 
 OUTPUTS = outputs("prune")  # prune_curve.csv, prune_curve.png, redundancy.csv, prune.json (+ model/)
+UNIT_OUTPUTS = outputs("prune --unit")  # unit_curve.csv, unit_curve.png, units.json (+ model/)
 
 
 def parse_share(text: str) -> float:
@@ -56,14 +61,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-drop", type=parse_share, default=None,
                    help="stop once the metric drops by more than this, e.g. 1%% (for LMs: perplexity increase); "
                         "with --fraction too, the fraction is the cap")
-    p.add_argument("--method", default="gradient",
+    p.add_argument("--method", default=None,
                    help="importance criterion: " + "; ".join(CRITERIA.help_lines())
-                        + " (default: gradient)")
+                        + " (default: gradient). With --unit attention/block/ffn/mix: "
+                        + ", ".join(f"{u}: {m}" for u, m in DEFAULT_METHOD.items())
+                        + " (block also ablation; ffn also activation; mix also ablation+activation)")
     p.add_argument("--metric", default="auto", help=f"auto or one of {', '.join(METRICS)}")
     p.add_argument("--step", type=parse_share, default=0.05, help="share of heads removed per step (default 5%%)")
-    p.add_argument("--unit", choices=UNITS, default=None,
+    p.add_argument("--unit", choices=UNITS + CURVE_UNITS, default=None,
                    help="what goes at once: head (MHA), slice = one query head of every KV group, group = a "
-                        "whole KV group (default: head for MHA, slice for GQA)")
+                        "whole KV group (default: head for MHA, slice for GQA); or beyond heads: attention = a "
+                        "whole attention sub-layer, block = a whole layer, ffn = FFN neurons, mix = attention "
+                        "sub-layers and FFN neurons; these write unit_curve.csv/.png and units.json, with "
+                        "--fraction and --step as shares of all parameters")
+    p.add_argument("--latency", action="store_true",
+                   help="with --unit attention/block/ffn/mix: prune each point physically and time a forward "
+                        "pass against the FLOP-ideal speedup")
     p.add_argument("--recover", type=int, default=0, metavar="N",
                    help="fine-tuning steps between pruning steps (default 0: no recovery)")
     p.add_argument("--recover-lr", type=float, default=5e-5, help="recovery learning rate (default 5e-5)")
@@ -94,6 +107,12 @@ def _csv(records: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.unit in CURVE_UNITS:
+        return run_units(args)
+    if args.latency:
+        raise HeadscopeError("--latency needs --unit attention, block, ffn or mix (head curves: see "
+                             "benchmarks/bench_prune.py)")
+    args.method = args.method or "gradient"
     out = Path(args.out)
     will = OUTPUTS + ([MODEL_DIR.name] if args.save_model else [])
     out = prepare_out_dir(out, args.force, will)  # refuse before any slow work
@@ -173,3 +192,55 @@ def _print(res: PruneResult, summary: dict[str, Any]) -> None:
         m = summary["saved_model"]
         print(f"\npruned model: {m['heads_kept']} heads, {m['parameters']:,} parameters "
               f"(was {m['parameters_original']:,}) in {m['path']}")
+
+
+def run_units(args: argparse.Namespace) -> int:
+    """`prune --unit attention|block|ffn|mix`: the metric against the share of parameters removed."""
+    will = UNIT_OUTPUTS + ([MODEL_DIR.name] if args.save_model else [])
+    if args.target_drop is not None:
+        raise HeadscopeError(f"--target-drop is for head units; with --unit {args.unit} give --fraction, the share "
+                             f"of parameters to remove (e.g. 0.3)")
+    if args.fraction is None:
+        raise HeadscopeError(f"--unit {args.unit} needs --fraction, the share of all parameters to remove (e.g. 0.3)")
+    if args.wordsim or args.wordsim_recovered:
+        raise HeadscopeError("--wordsim is for head units; unit curves record the metric only")
+    check_curve_args(args.unit, args.fraction, args.step, args.recover, args.method)
+    if args.metric != "auto":
+        METRICS.get(args.metric)  # an unknown metric raises, with a did-you-mean
+    out = prepare_out_dir(Path(args.out), args.force, will)  # refuse before any slow work
+    data = read_task_data(args.data, args.limit)  # bad data fails before the model loads
+    heldout = read_task_data(args.heldout, args.heldout_limit or args.limit) if args.heldout else None
+    hm = load_from_args(args)
+    prov = provenance("prune", hm, data, args, heldout=heldout)
+    curve = unit_curve(hm, data, unit=args.unit, method=args.method, fraction=args.fraction, step=args.step,
+                       heldout=heldout, metric=args.metric, recover_steps=args.recover, recover_lr=args.recover_lr,
+                       max_length=args.max_length, batch_size=args.batch_size, seed=args.seed,
+                       latency=args.latency, progress=True)
+    summary = curve.summary()
+    if args.save_model:
+        small = curve.pruned_model(hm)
+        save_model(small, out / MODEL_DIR.name, force=args.force)
+        summary["saved_model"] = {"path": str(out / MODEL_DIR.name), "parameters": n_parameters(small),
+                                  "parameters_original": n_parameters(hm)}
+    records = curve.records()
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / UNIT_CURVE_CSV.name, _csv(records))
+    unit_curve_plot(records, metric=curve.metric, title=f"{curve.model}: {curve.unit} by {curve.method}",
+                    path=out / UNIT_CURVE_PNG.name)
+    summary["provenance"] = prov
+    atomic_write_text(out / UNITS_JSON.name, json.dumps(summary, indent=2, default=str) + "\n")
+    to_ppl = METRICS.get(curve.metric).derived.get("perplexity")
+    name = "perplexity" if to_ppl else curve.metric
+    conv = to_ppl or (lambda v: v)
+    print(f"{curve.model}: removing {curve.unit} units by {curve.method}; {name} on {summary['heldout']}")
+    print(f"{'params':>7} {name:>12} {'drop':>8}" + (f" {'recovered':>12}" if args.recover else "")
+          + (f" {'speedup':>8} {'ideal':>6}" if args.latency else "") + "  removed")
+    for r in curve.points:
+        line = f"{r.fraction_params:>7.1%} {conv(r.metric):>12.4f} {r.drop:>8.2%}"
+        if args.recover:
+            line += f" {conv(r.metric_recovered):>12.4f}"
+        if args.latency:
+            line += f" {r.speedup:>8.2f} {r.flop_speedup:>6.2f}"
+        print(line + "  " + " ".join(r.removed[-6:]))
+    print(f"\nwrote {', '.join(str(out / n) for n in will)}", file=sys.stderr)
+    return 0

@@ -18,6 +18,7 @@ from ..importance import CRITERIA, parse_methods, rank_correlations, score
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import provenance
 from ..table import parse_head
+from ._score_units import run_units
 from ._common import add_data_args, add_model_arg, add_out_args, grid, load_from_args
 
 OUTPUTS = outputs("score")  # importance.csv, importance.json, rank_correlation.csv
@@ -34,7 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_data_args(p)
     add_out_args(p)
     add_workers_arg(p)
-    p.add_argument("--method", default="gradient,ablation",
+    p.add_argument("--unit", default="head", choices=("head", "attention", "block", "ffn"),
+                   help="what to score: head (default), attention = whole attention sub-layers, block = whole "
+                        "layers, ffn = FFN neurons; units beyond heads write unit_importance.csv/.json "
+                        "(methods: attention ablation; block block_influence, ablation; ffn taylor, activation)")
+    p.add_argument("--method", default=None,
                    help=f"comma-separated: {', '.join(CRITERIA)}, or all (default: gradient,ablation)")
     p.add_argument("--metric", default="auto",
                    help=f"auto (lm_loss for causal LMs, accuracy for classifiers on labelled jsonl, "
@@ -64,7 +69,9 @@ def parse_pruned(text: str | None, n_layers: int, n_heads: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    methods = parse_methods(args.method)  # unknown methods fail before anything loads
+    if args.unit != "head":
+        return run_units(args)
+    methods = parse_methods(args.method or "gradient,ablation")  # unknown methods fail before anything loads
     if args.metric != "auto" and args.metric not in METRICS:
         raise HeadscopeError(f"unknown metric {args.metric!r}{did_you_mean(args.metric, METRICS)}; "
                              f"choose auto or one of {', '.join(METRICS)}")

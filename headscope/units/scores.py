@@ -166,3 +166,60 @@ def ffn_scores(hm: HeadModel, prep: Tokens, metric: str, *, reference: Reference
 
 
 __all__ = ["FFN_METHODS", "LAYER_METHODS", "block_influence", "ffn_scores", "layer_ablation", "layer_scores"]
+
+
+UNIT_SCORE_METHODS = {"attention": ("ablation",), "block": ("block_influence", "ablation"),
+                      "ffn": ("taylor", "activation")}
+
+
+def score_units(hm: HeadModel, data: Any, unit: str, methods: Any = None, *, metric: str = "auto",
+                max_length: int | None = None, batch_size: int = 16, seed: int = 0, limit: int | None = None,
+                progress: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every attention sub-layer, block or FFN neuron scored by each method: (rows, meta).
+
+    Rows are {unit, layer, index, importance_<method>...}; meta holds the metric, timings and the forward
+    passes per batch (ablation: L + 1, the prefix reused).
+    """
+    import time
+
+    from ..errors import HeadscopeError, did_you_mean
+    from ..eval.evaluate import evaluate_prepared, make_reference, prepare
+
+    check_unit_kind(hm, unit)
+    allowed = UNIT_SCORE_METHODS[unit]
+    chosen = list(allowed) if methods in (None, "", "all") else \
+        [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
+    for m in chosen:
+        if m not in allowed:
+            raise HeadscopeError(f"unit {unit!r} is scored by {', '.join(allowed)}, not {m!r}"
+                                 f"{did_you_mean(m, allowed)}")
+    prep, metric = (data, metric) if isinstance(data, Tokens) else prepare(hm, data, metric, max_length, limit)
+    ref = make_reference(hm, prep, batch_size=batch_size) if METRICS.get(metric).needs_reference else None
+    cols: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    for m in chosen:
+        t0 = time.perf_counter()
+        if unit == "ffn":  # one pass gives both FFN scores
+            if m not in cols:
+                cols.update(ffn_scores(hm, prep, metric, reference=ref, batch_size=batch_size, seed=seed,
+                                       progress=progress))
+        else:
+            cols[m] = layer_scores(hm, prep, metric, unit, m, reference=ref, batch_size=batch_size,
+                                   progress=progress)
+        seconds[m] = time.perf_counter() - t0
+    rows: list[dict[str, Any]] = []
+    for layer in range(hm.n_layers):
+        for i in range(hm.ffn_size(layer) if unit == "ffn" else 1):
+            row: dict[str, Any] = {"unit": unit, "layer": layer, "index": i}
+            for m in chosen:
+                row[f"importance_{m}"] = float(cols[m][layer][i] if unit == "ffn" else cols[m][layer])
+            rows.append(row)
+    base = evaluate_prepared(hm, prep, metric, reference=ref, batch_size=batch_size)
+    meta = {"model": hm.name, "unit": unit, "methods": chosen, "metric": metric, "metric_value": base.value,
+            "data": prep.source, "passages": len(prep.ids), "tokens_seen": prep.n_tokens, "seconds": seconds,
+            "forward_passes": {"ablation": hm.n_layers + 1, "block_influence": 1, "taylor": 1,
+                               "activation": 1}}
+    return rows, meta
+
+
+__all__ += ["UNIT_SCORE_METHODS", "score_units"]

@@ -1,0 +1,48 @@
+"""The unit curve's figure: the metric (perplexity for LMs) against the share of parameters removed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def unit_curve_plot(records: Sequence[dict[str, Any]], *, metric: str, title: str, path: str | Path) -> Path:
+    """Draw the curve (and the recovered curve, and measured vs FLOP-ideal speedup when present) to `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..io import atomic_write_bytes
+
+    name = "perplexity" if "perplexity" in records[0] else "metric"
+    x = [100 * r["fraction_params"] for r in records]
+    has_speed = records[0].get("speedup") is not None
+    fig, axes = plt.subplots(1, 2 if has_speed else 1, figsize=(10 if has_speed else 5.5, 3.8), squeeze=False)
+    ax = axes[0][0]
+    ax.plot(x, [r[name] for r in records], "o-", label="removed")
+    if records[0].get("metric_recovered") is not None:
+        ax.plot(x, [r[f"{name}_recovered"] if name == "perplexity" else r["metric_recovered"] for r in records],
+                "s--", label="removed + recovery")
+    ax.set_xlabel("parameters removed (%)")
+    ax.set_ylabel(name if name != "metric" else metric)
+    if name == "perplexity":
+        ax.set_yscale("log")
+    ax.legend()
+    ax.set_title(title, fontsize=9)
+    if has_speed:
+        ax2 = axes[0][1]
+        ax2.plot(x, [r["speedup"] for r in records], "o-", label="measured")
+        ax2.plot(x, [r["flop_speedup"] for r in records], "k:", label="FLOP-ideal")
+        ax2.set_xlabel("parameters removed (%)")
+        ax2.set_ylabel("forward speedup (x)")
+        ax2.legend()
+    fig.tight_layout()
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    path = Path(path)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
