@@ -30,6 +30,7 @@ _LAZY = {
     "MultiHeadAttention": "reference", "kv_bytes_per_token": "kv", "kv_cache_bytes": "kv",
     "run_sweep": "sweep", "convert_to_gqa": "gqa", "convert_and_evaluate": "gqa",
     "convert_to_mla": "mla",
+    "HeadAwareCache": "kvcache", "HeadPlan": "kvcache", "head_aware_attention": "kvcache",
     # Q3: which heads are redundant
     "evaluate": "eval.evaluate", "score": "importance", "rank_correlations": "importance",
     "prune_heads": "prune", "prune_curve": "curves",
