@@ -173,3 +173,55 @@ def test_long_args_refused():
         check_long_args(None, 64, 0, 0, None, 16)
     with pytest.raises(HeadscopeError, match="encoder"):
         check_long_args(tiny_model("bert"), 64, 1, 1, None, 16)
+
+
+# --- the roles verb ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv,msg", [
+    (["--long", "256", "--block", "0"], "block size"),
+    (["--long", "256", "--stride", "0"], "--stride"),
+    (["--long", "256", "--stride", "300"], "--stride"),
+    (["--long", "32"], "--long must be"),
+    (["--long", "256", "--long-data", "gum-lng"], "did you mean"),
+    (["--export-card", "c.json"], "needs --long"),
+])
+def test_cli_long_bad_input_before_any_model(tmp_path, capsys, argv, msg):
+    from headscope.cli import main
+
+    out = tmp_path / "out"
+    # "nomodel" would fail to load: the error must come first, and nothing be written
+    assert main(["roles", "nomodel", "--out", str(out), *argv]) == 2
+    assert msg in capsys.readouterr().err and not out.exists()
+
+
+def test_cli_card_refuses_existing_file(tmp_path, capsys):
+    from headscope.cli import main
+
+    card = tmp_path / "card.json"
+    card.write_text("{}")
+    assert main(["roles", "nomodel", "--out", str(tmp_path / "o"), "--long", "256", "--export-card", str(card)]) == 2
+    assert "--force" in capsys.readouterr().err and card.read_text() == "{}"
+
+
+@pytest.mark.real
+def test_cli_long_roles_smollm2(tmp_path, smollm2):
+    """The verb end to end on SmolLM2 (short: 160 tokens, one window, one haystack): columns, JSON, card."""
+    import pandas as pd
+
+    from headscope import artifacts as A
+    from headscope.cli import main
+
+    out, card = tmp_path / "out", tmp_path / "card.json"
+    rc = main(["roles", "smollm2", "--limit", "2", "--long", "160", "--long-windows", "1", "--haystacks", "1",
+               "--export-card", str(card), "--out", str(out)])
+    assert rc == 0
+    df = pd.read_csv(out / "roles.csv", keep_default_na=False)
+    assert {"retrieval_score", "streaming_share", "echo_far", "induction_far"} <= set(df.columns)
+    assert all(A.ROLES_CSV.field_for(c) is not None for c in df.columns)  # every column declared
+    rep = json.loads((out / "roles.json").read_text())
+    lc = rep["long_context"]
+    assert lc["length"] == 160 and lc["needles"]["haystacks"][0]["tokens"] <= 160
+    assert lc["text"]["windows"] == 1 and lc["text"]["counted_tokens"] == 160
+    head_list = json.loads(card.read_text())
+    assert len(head_list) == 30 * 9 and all(len(v) == 1 for v in head_list.values())
+    best = max(head_list.items(), key=lambda kv: np.mean(kv[1]))
+    assert np.mean(best[1]) > 0.1  # SmolLM2 copies the 6-digit code: some head's top-1 key follows it
