@@ -67,7 +67,7 @@ def check_common(args: argparse.Namespace) -> None:
             raise HeadscopeError(f"{flag} must be a positive number like 1e-3; got {v}")
     if getattr(args, "device", None) is not None:
         check_device(args.device)
-    if hasattr(args, "dtype"):
+    if hasattr(args, "device_map"):  # the verbs that load a model (kv's own --dtype is a cache dtype)
         check_placement(args)
 
 
