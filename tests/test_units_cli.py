@@ -1,0 +1,102 @@
+"""`prune --unit` and `score --unit` end to end on a tiny LLaMA: the declared files and columns, the saved
+model reloads and scores what the curve says, and bad input is one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from headscope import artifacts as A
+from headscope.cli import main
+from headscope.errors import HeadscopeError
+from headscope.eval.evaluate import evaluate
+from headscope.models.checkpoint import load_checkpoint
+from headscope.units import check_unit_kind
+from tests.families import model
+from tests.test_artifacts import check_csv, check_keys, tiny_llama_dir
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> tuple[Path, Path]:
+    return tiny_llama_dir(tmp_path_factory.mktemp("units"))
+
+
+def test_prune_unit_files_and_saved_model(llama, tmp_path):
+    src, text = llama
+    out = tmp_path / "p"
+    argv = ["prune", str(src), "--unit", "mix", "--fraction", "0.5", "--step", "0.2", "--recover", "1",
+            "--latency", "--save-model", "--data", str(text), "--max-length", "16", "--out", str(out)]
+    assert main(argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(A.outputs("prune --unit", optional=True))
+    check_csv(out / "unit_curve.csv", A.UNIT_CURVE_CSV, {"lm_loss metric"})
+    summary = check_keys(out / "units.json", A.UNITS_JSON, {"saved_model"})
+    last = summary["points"][-1]
+    assert last["fraction_params"] > 0.2 and any(r.startswith("A") for r in last["removed"])
+    # The saved model is physically smaller by what the curve says, and scores the recovered metric.
+    small = load_checkpoint(out / "model")
+    n = sum(p.numel() for p in {id(p): p for p in small.model.parameters()}.values())
+    assert summary["saved_model"]["parameters"] == n
+    assert summary["n_parameters"] - n == last["params_removed"]
+    got = evaluate(small, str(text), "lm_loss", max_length=16).value
+    assert abs(got - last["metric_recovered"]) < 1e-4, (got, last["metric_recovered"])
+
+
+def test_score_unit_files(llama, tmp_path):
+    src, text = llama
+    for unit, methods in (("block", ["block_influence", "ablation"]), ("ffn", ["taylor", "activation"])):
+        out = tmp_path / unit
+        assert main(["score", str(src), "--unit", unit, "--data", str(text), "--max-length", "16", "--out", str(out)]) == 0
+        assert sorted(p.name for p in out.iterdir()) == sorted(A.outputs("score --unit"))
+        check_csv(out / "unit_importance.csv", A.UNIT_IMPORTANCE_CSV, set(),
+                  {"importance_<method>": [f"importance_{m}" for m in methods]})
+        meta = check_keys(out / "unit_importance.json", A.UNIT_IMPORTANCE_JSON)
+        assert meta["forward_passes"]["ablation"] == 3  # L + 1 for the 2-layer model
+        rows = (out / "unit_importance.csv").read_text().splitlines()
+        assert len(rows) == 1 + (2 if unit == "block" else 2 * 96)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--unit", "block", "--fraction", "0.95"], "would remove every layer"),
+    (["--unit", "ffn", "--fraction", "1.5"], "fraction must be in"),
+    (["--unit", "block", "--fraction", "0.3", "--method", "taylor"], "not 'taylor'"),
+    (["--unit", "attention", "--target-drop", "1%"], "--target-drop is for head units"),
+    (["--unit", "ffn"], "needs --fraction"),
+])
+def test_prune_unit_bad_input(llama, tmp_path, capsys, argv, message):
+    src, text = llama
+    out = tmp_path / "o"
+    assert main(["prune", str(src), *argv, "--data", str(text), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and err[0].startswith("headscope prune: error:"), err
+    assert not out.exists()
+
+
+def test_score_unit_bad_method(llama, tmp_path, capsys):
+    src, text = llama
+    assert main(["score", str(src), "--unit", "ffn", "--method", "ablation", "--data", str(text),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "scored by taylor, activation" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_unit_the_family_cannot_express():
+    hm = model("llama")
+    hm.spec = replace(hm.spec, ffn_in=(), ffn_out=None)  # a family whose spec declares no FFN
+    with pytest.raises(HeadscopeError, match="cannot be expressed for the llama family"):
+        check_unit_kind(hm, "ffn")
+    from headscope.units.curve import unit_curve
+    with pytest.raises(HeadscopeError, match="cannot be expressed"):
+        unit_curve(hm, [[5, 6, 7, 8]], unit="mix", fraction=0.3)
+    one = model("gpt2")
+    import transformers as tf
+    from headscope.models import HeadModel
+    cfg = one.config
+    cfg.n_layer = 1
+    torch.manual_seed(0)
+    hm1 = HeadModel(model=tf.GPT2LMHeadModel(cfg).eval(), name="one-block")
+    with pytest.raises(HeadscopeError, match="needs at least 2"):
+        check_unit_kind(hm1, "block")
