@@ -20,6 +20,7 @@ from .gqa import gqa_part
 from .heads import GRID_PLOT_COLUMNS, grid_plot_name, heads_part
 from .kv import kv_part
 from .kv_quality import kv_quality_part
+from .longctx import longctx_part
 from .origins import provenance_part
 from .pruning import importance_part, prune_part
 from .roles import roles_part
@@ -50,6 +51,7 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
     parts: list[Part] = [
         heads_part(table, src, fig_dir, special_names),
         roles_part(src, n_layers, n_heads),
+        longctx_part(src),
         similarity_part(src, n_layers, n_heads),
         sweep.sweep_part(src, fig_dir),
         kv_part(src, meta, config),
