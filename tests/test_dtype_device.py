@@ -223,6 +223,8 @@ def _run(tmp_path: Path, argv: list[str]) -> int:
 
 def test_cli_dispatched_analyze_equals_in_memory(tmp_path, bert_dir):
     small = ["--limit", "3", "--max-length", "16"]
+    placed = load_model(bert_dir, device_map="auto", max_memory={"cpu": 60000}).model.hf_device_map
+    assert {"cpu", "disk"} <= set(placed.values()), placed  # what --max-memory cpu=60000 does below
     assert _run(tmp_path, ["analyze", bert_dir, *small, "--out", "mem"]) == 0
     assert _run(tmp_path, ["analyze", bert_dir, *small, "--out", "disp", "--device-map", "auto",
                            "--max-memory", "cpu=60000", "--offload-dir", "off"]) == 0
@@ -231,6 +233,10 @@ def test_cli_dispatched_analyze_equals_in_memory(tmp_path, bert_dir):
     assert prov["disp"]["model"]["fingerprint"] == prov["mem"]["model"]["fingerprint"]
     assert prov["disp"]["options"]["device_map"] == "auto"
     assert _run(tmp_path, ["analyze", bert_dir, *small, "--out", "bf", "--dtype", "bfloat16"]) == 0
+    # Gradient importance: backward through modules whose weights are reloaded from disk at every forward.
+    for run, opts in (("smem", []), ("sdisp", ["--device-map", "auto", "--max-memory", "cpu=60000"])):
+        assert _run(tmp_path, ["score", bert_dir, *small, "--method", "gradient", "--out", run, *opts]) == 0
+    assert (tmp_path / "smem" / "importance.csv").read_text() == (tmp_path / "sdisp" / "importance.csv").read_text()
 
 
 @pytest.mark.parametrize("argv,message", [
