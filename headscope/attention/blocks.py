@@ -173,7 +173,8 @@ class BlockStats:
 
     def __init__(self, valid: torch.Tensor, special: torch.Tensor, punct: torch.Tensor, causal: bool,
                  window: int | None) -> None:
-        self.valid, self.special, self.punct = valid.bool(), special.float(), punct.float()
+        self.valid = valid.bool()
+        self.flags = torch.stack([special.float(), punct.float()], dim=-1)  # [batch, T, 2]: one matmul reads both
         self.causal, self.window = causal, window
         self.rows: torch.Tensor | None = None  # [statistic, batch, head, T]
 
@@ -190,7 +191,8 @@ class BlockStats:
         qpos = torch.arange(q0, q1, device=p.device)
         kpos = torch.arange(k0, k1, device=p.device)
         dist = (qpos[:, None] - kpos[None, :]).abs().float()  # [q, k]
-        rows["mean_distance"].copy_(torch.einsum("bhqk,qk->bhq", p, dist))
+        # a broadcast product reads p once in place; einsum would first copy p into a q-major layout
+        rows["mean_distance"].copy_((p * dist).sum(-1))
         for name, offset in _DIAGONALS.items():
             # key = query + offset lies on the block's diagonal shifted by the difference of its starts
             shift = q0 - k0 + offset
@@ -199,8 +201,9 @@ class BlockStats:
             rows[name][..., first_row:first_row + diag.shape[-1]].copy_(diag)
         if k0 == 0:  # key 0 lies outside a later block's window: its weight there is 0
             rows["first_token_mass"].copy_(p[..., 0])
-        rows["special_mass"].copy_(torch.einsum("bhqk,bk->bhq", p, self.special[:, k0:k1]))
-        rows["punct_mass"].copy_(torch.einsum("bhqk,bk->bhq", p, self.punct[:, k0:k1]))
+        masses = torch.bmm(p.reshape(b, h * nq, -1), self.flags[:, k0:k1]).view(b, h, nq, 2)  # [batch, head, q, 2]
+        rows["special_mass"].copy_(masses[..., 0])
+        rows["punct_mass"].copy_(masses[..., 1])
 
     def totals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """{statistic: (sum over queries `[head]` float64, count)} over every block added; then starts afresh."""
