@@ -174,13 +174,20 @@ def test_workers_flag_equals_one_process(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "s.txt", "two"], "no temp folder left behind"
 
 
-def test_more_workers_than_passages_is_one_line_and_writes_nothing(tmp_path):
+def test_more_ranks_than_passages_stops_analyze_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """Each rank runs this check with torchrun's WORLD_SIZE (no group is needed for it); the CLI then
+    prints rank 0's line once (test_a_failing_rank... shows the one-line path across real ranks)."""
     data = tmp_path / "s.txt"
     data.write_text(SENTENCES[0] + "\n")
-    r = subprocess.run([sys.executable, "-m", "headscope", "analyze", "minilm", "--data", str(data), "--workers", "2",
-                        "--out", str(tmp_path / "res")], env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2, r.stderr
-    assert r.stderr.strip() == ("headscope analyze: error: 2 processes (torchrun --nproc-per-node / --workers) "
-                                "but only 1 passage; use at most 1 process, or more data"), r.stderr
-    assert not (tmp_path / "res").exists()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    import headscope.commands.analyze as cmd
+    from headscope.cli import build_parser
+
+    loaded = []
+    monkeypatch.setattr(cmd, "load_from_args", lambda args: loaded.append(args))
+    args = build_parser().parse_args(["analyze", "minilm", "--data", str(data), "--out", str(tmp_path / "res")])
+    with pytest.raises(HeadscopeError) as e:
+        cmd.run(args)
+    assert str(e.value) == ("2 processes (torchrun --nproc-per-node / --workers) but only 1 passage; "
+                            "use at most 1 process, or more data")
+    assert not loaded and not (tmp_path / "res").exists()
