@@ -124,6 +124,9 @@ def test_dispatched_statistics_gates_capture_equal(pair):
     a, b = _columns(analyze(ref, IDS, batch_size=2)), _columns(analyze(hm, IDS, batch_size=2))
     for c in a:  # the same float32 arithmetic in the same order: equal to the last bit
         assert np.array_equal(a[c], b[c]), f"{c}: max abs diff {np.abs(a[c] - b[c]).max():.3g}"
+    e = _columns(analyze(hm, IDS, batch_size=2, eager=True))  # eager attention's full maps, switched for the run
+    for c in a:
+        assert np.allclose(a[c], e[c], rtol=1e-5, atol=1e-6), f"{c}: max abs diff {np.abs(a[c] - e[c]).max():.3g}"
     ids = torch.tensor([IDS[2]])
     gates = torch.ones(ref.n_layers, ref.n_heads)
     gates[1, 2], gates[0, 5] = 0.0, 0.5
@@ -167,6 +170,20 @@ def test_dispatched_pruning(pair, tmp_path):
     save_model(pb, tmp_path / "pruned")
     with torch.no_grad():
         assert torch.equal(want, load_model(str(tmp_path / "pruned")).model(ids).logits)
+
+
+def test_dispatched_gqa_conversion(pair):
+    from headscope.gqa import convert_to_gqa
+
+    ref, hm = pair
+    a, b = convert_to_gqa(ref, 1), convert_to_gqa(hm, 1)  # 2 -> 1 KV heads: K/V projections change shape
+    assert b.n_kv_heads == 1 and b.qkv_weights(1).k.shape == a.qkv_weights(1).k.shape == (ref.d_head, ref.d_model)
+    ids = torch.tensor([IDS[2]])
+    with torch.no_grad():
+        want = a.model(ids).logits
+        assert torch.equal(want, b.model(ids).logits), f"max abs diff {(want - b.model(ids).logits).abs().max():.3g}"
+        assert not torch.equal(want, ref.model(ids).logits)  # the conversion changed something
+        assert torch.equal(ref.model(ids).logits, hm.model(ids).logits)  # and left the dispatched input alone
 
 
 def test_max_memory_forces_disk_offload(llama_dir, tmp_path):
