@@ -25,7 +25,7 @@ __all__ = [
     "HEADS_CSV", "HEADS_JSON", "ROLES_CSV", "KV_JSON", "ROLES_JSON", "SYNTAX_CSV", "SIMILAR_PAIRS_CSV", "SIMILARITY_NPZ", "CLUSTERS_JSON",
     "IMPORTANCE_CSV", "IMPORTANCE_JSON", "RANK_CORRELATION_CSV", "PRUNE_CURVE_CSV", "PRUNE_CURVE_PNG",
     "REDUNDANCY_CSV", "PRUNE_JSON", "UNIT_CURVE_CSV", "UNIT_CURVE_PNG", "UNITS_JSON", "UNIT_IMPORTANCE_CSV",
-    "UNIT_IMPORTANCE_JSON", "MODEL_DIR", "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
+    "UNIT_IMPORTANCE_JSON", "TASKS_CSV", "TASK_CORRELATION_CSV", "TASK_SPECIFIC_CSV", "TASKS_JSON", "MODEL_DIR", "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
 ]
 
@@ -279,6 +279,21 @@ UNIT_IMPORTANCE_JSON = Artifact(
      _f("tokens_seen"), _f("seconds", "method -> seconds"), _f("forward_passes", "per batch, for ablation"),
      _PROVENANCE))
 UNIT_ARTIFACTS = (UNIT_CURVE_CSV, UNIT_CURVE_PNG, UNITS_JSON, UNIT_IMPORTANCE_CSV, UNIT_IMPORTANCE_JSON)
+TASKS_CSV = Artifact(
+    "tasks.csv", "csv", {"tasks": ""}, "importance of every head under each task (higher = more important)",
+    (*_HEAD_KEYS, _f("importance_<task>", "importance for this task")))
+TASK_CORRELATION_CSV = Artifact(
+    "task_correlation.csv", "csv", {"tasks": ""}, "task x task Spearman rank correlation of head importance (a "
+    "square matrix: the first column and the header name the tasks)",
+    (_f("", "task names (the index column)"), _f("<task>", "correlation with this task")))
+TASK_SPECIFIC_CSV = Artifact(
+    "task_specific.csv", "csv", {"tasks": ""}, "heads in the top 10% for one task and the bottom half for another",
+    (_f("task"), _f("other"), _f("head", "L3H7"), _f("layer"), _f("head_id"),
+     _f("rank_task", "1 = most important for task"), _f("rank_other"),
+     _f("percentile_other", "place in the other task's ranking, 0 = most important, 1 = least")))
+TASKS_JSON = Artifact("tasks.json", "json", {"tasks": ""}, "tasks.csv with its metadata (tasks, data, method)",
+                      _TABLE_JSON)
+TASK_ARTIFACTS = (TASKS_CSV, TASK_CORRELATION_CSV, TASK_SPECIFIC_CSV, TASKS_JSON)
 MODEL_DIR = Artifact("model", "dir", {"prune": "--save-model", "gqa": "", "mla": "", "prune --unit": "--save-model"},
                      "a loadable checkpoint of the pruned or converted model")
 KV_CSV = Artifact(
@@ -383,13 +398,14 @@ REPORT_HTML = Artifact("report.html", "html", {"report": ""}, "the offline repor
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
-    PRUNE_JSON, *UNIT_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG, SWEEP_SPEED_PNG, GQA_JSON,
+    PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG, SWEEP_SPEED_PNG, GQA_JSON,
     MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold
 # it, so a CSV's provenance is its verb's JSON in the same folder.
 PROVENANCE_FILES: dict[str, str] = {"prune --unit": UNITS_JSON.name, "score --unit": UNIT_IMPORTANCE_JSON.name,
+                                    "tasks": TASKS_JSON.name,
                                     "analyze": HEADS_JSON.name, "roles": ROLES_JSON.name, "similar": CLUSTERS_JSON.name,
                                     "score": IMPORTANCE_JSON.name, "prune": PRUNE_JSON.name, "kv": KV_JSON.name,
                                     "gqa": GQA_JSON.name, "mla": MLA_JSON.name,

@@ -4,11 +4,13 @@
 layers), removes them in order of importance (least important first) and measures the metric on the
 held-out data at each point:
 
-- `attention` / `block`: one point per removed sub-layer or block, until the parameter cap;
-- `ffn`: FFN neurons ranked across all layers (at least one stays per layer), one point per `step` of
-  the parameters;
+- `attention` / `block`: whole sub-layers or blocks, least important first;
+- `ffn`: FFN neurons ranked across all layers (at least one stays per layer);
 - `mix`: attention sub-layers and FFN neurons, each in its own order, always taking next from the kind
   that has given up fewer parameters so far (so both give about half of what is removed).
+
+A point is measured each time the removed units pass another `step` of all parameters, up to `fraction`
+(units are never split, so a point may overshoot its step by part of one unit).
 
 With `recover_steps`, each point is recovered from the original weights with the units masked, through
 the shared training loop (`curves.recovery.Recovery`: `train.Trainer`, the metric's recovery loss, i.e.
@@ -278,13 +280,13 @@ def unit_curve(hm: HeadModel, data: Any, *, unit: str = "block", method: str | N
     recovered_state = None
     points = [UnitPoint(0, [], 0, 0.0, base, 0.0, base if recover_steps else None, 0.0 if recover_steps else None,
                         base_lat if latency else None, 1.0 if latency else None, 1.0 if latency else None)]
-    # Cut points: every unit for layers, every `step` of the parameters for neurons.
+    # Cut points: each time the removed parameters pass another `step`.
     cuts, acc, next_cut = [], 0.0, step
     for i, (kind, _, _, p) in enumerate(order):
         if (acc + p) / total > fraction + 1e-12 or (unit == "block" and i + 1 >= hm.n_layers):
             break  # past the cap, or the last block (one always stays)
         acc += p
-        if unit in ("attention", "block") or acc / total >= next_cut - 1e-12:
+        if acc / total >= next_cut - 1e-12:
             cuts.append(i + 1)
             while acc / total >= next_cut - 1e-12:
                 next_cut += step

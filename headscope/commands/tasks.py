@@ -1,0 +1,77 @@
+"""`headscope tasks [MODEL] --tasks lm_ptb,lm_gum,...`: the same heads scored under several tasks ->
+tasks.csv, task_correlation.csv, task_specific.csv, tasks.json."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+
+from ..artifacts import TASK_CORRELATION_CSV, TASK_SPECIFIC_CSV, TASKS_CSV, TASKS_JSON, outputs
+from ..importance import CRITERIA
+from ..importance.tasks import TASKS, check_tasks_usable, parse_tasks, task_correlations, task_importance, task_specific
+from ..io import atomic_write_text, prepare_out_dir
+from ..provenance import provenance
+from ._common import add_model_arg, add_out_args, load_from_args
+
+OUTPUTS = outputs("tasks")  # tasks.csv, task_correlation.csv, task_specific.csv, tasks.json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tasks", help="head importance under several tasks, their rank correlation, task-specific heads",
+        description="Score the same heads under several tasks and write tasks.csv (importance per task), "
+                    "task_correlation.csv (task x task Spearman), task_specific.csv (heads in the top 10%% of one "
+                    "task and the bottom half of another) and tasks.json. Tasks: " + "; ".join(TASKS.help_lines()))
+    add_model_arg(p)
+    add_out_args(p)
+    p.add_argument("--tasks", default="fidelity,wordsim,syntax",
+                   help=f"comma-separated, at least two of {', '.join(TASKS)}; a task's own data after '=', e.g. "
+                        f"classification=labels.jsonl, lm_ptb=ptb-test (default: fidelity,wordsim,syntax)")
+    p.add_argument("--method", default="taylor",
+                   help=f"criterion for the metric tasks (lm_*, fidelity, classification): {', '.join(CRITERIA)} "
+                        f"(default taylor)")
+    p.add_argument("--limit", type=int, default=64, help="passages (sentences) per task (default 64)")
+    p.add_argument("--max-length", type=int, default=64, help="tokens per passage (default 64)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    tasks = parse_tasks(args.tasks)  # unknown tasks, labelled tasks without labels: before anything loads
+    CRITERIA.get(args.method)
+    out = prepare_out_dir(args.out, args.force, OUTPUTS)
+    hm = load_from_args(args)
+    check_tasks_usable(hm, tasks)
+    prov = provenance("tasks", hm, None, args)
+    table = task_importance(hm, tasks, method=args.method, limit=args.limit, max_length=args.max_length,
+                            batch_size=args.batch_size, seed=args.seed, progress=True)
+    corr = task_correlations(table)
+    specific = task_specific(table)
+    table = table.with_columns(meta={"provenance": prov})
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / TASKS_CSV.name)
+    table.to_json(out / TASKS_JSON.name)
+    atomic_write_text(out / TASK_CORRELATION_CSV.name, corr.to_csv(float_format="%.4f", lineterminator="\n"))
+    buf = io.StringIO()
+    fields = [f.name for f in TASK_SPECIFIC_CSV.fields]
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    for r in specific:
+        w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+    atomic_write_text(out / TASK_SPECIFIC_CSV.name, buf.getvalue())
+    print(f"{hm.name}: {table.n_layers} layers x {table.n_heads} heads; tasks "
+          + ", ".join(f"{t} ({s:.0f} s)" for t, s in table.meta["seconds"].items()))
+    print("\nSpearman rank correlation between tasks:")
+    print(corr.round(2).to_string())
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for r in specific:
+        pairs.setdefault((r["task"], r["other"]), []).append(r["head"])
+    if pairs:
+        print("\nheads in the top 10% for one task and the bottom half for another:")
+        for (t, o), heads in pairs.items():
+            print(f"  {t} not {o}: {' '.join(heads)}")
+    print(f"\nwrote {', '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
+    return 0

@@ -1,0 +1,87 @@
+"""Importance across tasks: parsing and refusals, the correlation matrix against scipy, task-specific heads on
+a hand-made table, metric tasks against `score`, and MiniLM end to end (fidelity, word similarity, syntax)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from headscope import artifacts as A
+from headscope.cli import main
+from headscope.errors import HeadscopeError
+from headscope.importance import score
+from headscope.importance.tasks import parse_tasks, task_correlations, task_importance, task_specific
+from headscope.table import HeadTable
+from tests.families import model
+
+IDS = [[5, 17, 33, 8, 90, 41, 12, 7, 66], [9, 3, 71, 28, 54, 19], [44, 10, 101, 6, 23, 88, 15]]
+
+
+def test_parse_tasks_refusals(tmp_path):
+    with pytest.raises(HeadscopeError, match="needs labelled data"):
+        parse_tasks("lm_ptb,classification")
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"text": "no label here"}\n')
+    with pytest.raises(HeadscopeError, match="has no labels"):
+        parse_tasks(f"lm_ptb,classification={plain}")
+    with pytest.raises(HeadscopeError, match="did you mean 'wordsim'"):
+        parse_tasks("lm_ptb,wordsin")
+    with pytest.raises(HeadscopeError, match="at least two tasks"):
+        parse_tasks("lm_ptb")
+    labelled = tmp_path / "l.jsonl"
+    labelled.write_text('{"text": "good", "label": 1}\n')
+    assert parse_tasks(f"lm_ptb, classification={labelled}") == {"lm_ptb": None, "classification": str(labelled)}
+
+
+def test_task_importance_columns_equal_score_and_correlations_equal_scipy():
+    hm = model("llama")
+    t = task_importance(hm, {"lm_ptb": IDS, "fidelity": IDS}, method="ablation", limit=None, max_length=16,
+                        batch_size=2)
+    want = score(hm, IDS, ("ablation",), metric="lm_loss", max_length=16, batch_size=2)["importance_ablation"]
+    np.testing.assert_array_equal(t["importance_lm_ptb"], want)
+    corr = task_correlations(t)
+    rho = spearmanr(np.ravel(t["importance_lm_ptb"]), np.ravel(t["importance_fidelity"])).statistic
+    assert abs(corr.loc["lm_ptb", "fidelity"] - rho) < 1e-12
+    with pytest.raises(HeadscopeError, match="does not apply"):
+        task_importance(model("bert"), {"lm_ptb": IDS, "fidelity": IDS})
+
+
+def test_task_specific_on_a_hand_made_table():
+    # 2 x 5 heads: task a ranks L0H0 first, b ranks it last; L1H4 is near the top for both.
+    a = np.array([[10, 1, 2, 3, 4], [5, 6, 7, 8, 9.5]])
+    b = np.array([[0, 9, 8, 7, 6], [5, 4, 3, 2, 10]])
+    t = HeadTable(2, 5, {"importance_a": a, "importance_b": b}, {})
+    rows = task_specific(t, top=0.3)  # top 3 of 10
+    a_not_b = {r["head"] for r in rows if r["task"] == "a"}
+    b_not_a = {r["head"] for r in rows if r["task"] == "b"}
+    # top-3 of a: L0H0 (10), L1H4 (9.5), L1H3 (8); in b they rank 10, 1 and 9 of 10: L0H0 and L1H3 go
+    assert a_not_b == {"L0H0", "L1H3"}
+    assert b_not_a == {"L0H1", "L0H2"}  # top-3 of b: L1H4, L0H1, L0H2; L0H1 and L0H2 are in a's bottom half
+    r = next(r for r in rows if r["head"] == "L0H0")
+    assert (r["rank_task"], r["rank_other"], r["percentile_other"]) == (1, 10, 1.0)
+
+
+def test_cli_tasks_bad_input_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["tasks", "minilm", "--tasks", "fidelity,classification", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs labelled data" in err[0] and err[0].startswith("headscope tasks: error:")
+    assert not out.exists()
+
+
+def test_minilm_tasks_end_to_end(tmp_path):
+    out = tmp_path / "t"
+    assert main(["tasks", "minilm", "--tasks", "fidelity,wordsim,syntax", "--limit", "12", "--max-length", "32",
+                 "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(A.outputs("tasks"))
+    head = (out / "tasks.csv").read_text().splitlines()[0].split(",")
+    assert head == ["layer", "head", "importance_fidelity", "importance_wordsim", "importance_syntax"]
+    corr = (out / "task_correlation.csv").read_text().splitlines()
+    assert corr[0] == ",fidelity,wordsim,syntax" and len(corr) == 4
+    meta = json.loads((out / "tasks.json").read_text())["meta"]
+    assert meta["provenance"]["verb"] == "tasks" and set(meta["tasks"]) == {"fidelity", "wordsim", "syntax"}
+    syntax = np.loadtxt(out / "tasks.csv", delimiter=",", skiprows=1)[:, 4]
+    assert 0.3 < syntax.max() <= 1.0  # some head follows some relation far above chance (accuracies in [0, 1])
