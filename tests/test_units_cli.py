@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,6 +66,7 @@ def test_score_unit_files(llama, tmp_path):
     (["--unit", "block", "--fraction", "0.3", "--method", "taylor"], "not 'taylor'"),
     (["--unit", "attention", "--target-drop", "1%"], "--target-drop is for head units"),
     (["--unit", "ffn"], "needs --fraction"),
+    (["--unit", "block", "--fraction", "0.3"], "no block unit fits in 30%"),  # a block holds 38.8%
 ])
 def test_prune_unit_bad_input(llama, tmp_path, capsys, argv, message):
     src, text = llama
@@ -100,3 +102,33 @@ def test_unit_the_family_cannot_express():
     hm1 = HeadModel(model=tf.GPT2LMHeadModel(cfg).eval(), name="one-block")
     with pytest.raises(HeadscopeError, match="needs at least 2"):
         check_unit_kind(hm1, "block")
+
+
+def test_report_section_reads_unit_curve_and_tasks(llama, tmp_path):
+    from headscope.importance.tasks import task_specific
+    from headscope.report.sources import Sources
+    from headscope.report.units import units_part
+    from headscope.table import HeadTable
+
+    empty = units_part(Sources.scan([tmp_path]))
+    assert [p["note"] is not None for p in empty.panels] == [True, True]
+    src, text = llama
+    out = tmp_path / "p"
+    assert main(["prune", str(src), "--unit", "block", "--fraction", "0.45", "--step", "0.1", "--data", str(text),
+                 "--max-length", "16", "--out", str(out)]) == 0
+    t = HeadTable(1, 4, {"importance_a": np.array([[4.0, 3, 2, 1]]), "importance_b": np.array([[1.0, 2, 3, 4]])}, {})
+    import csv as _csv
+
+    from headscope.importance.tasks import task_correlations
+    task_correlations(t).to_csv(out / "task_correlation.csv")
+    rows = task_specific(t)
+    with open(out / "task_specific.csv", "w", newline="") as f:
+        w = _csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    part = units_part(Sources.scan([out]))
+    titles = [p["title"] for p in part.panels]
+    assert titles == ["Units beyond heads: block (block_influence)", "Head importance across tasks"]
+    assert part.panels[1]["rows"][0]["b"] == pytest.approx(-1.0)
+    assert any("agree least (Spearman -1.00)" in s for s in part.text["q3"])
+    assert any(s.startswith("Removing block units") for s in part.text["q3"])

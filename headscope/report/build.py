@@ -25,6 +25,7 @@ from .origins import provenance_part
 from .pruning import importance_part, prune_part
 from .roles import roles_part
 from .similarity import similarity_part
+from .units import units_part
 from .sources import Part, Sources, clean
 
 __all__ = ["collect", "figure_names"]
@@ -59,6 +60,7 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
         kv_quality_part(src),
         importance_part(src, n_layers, n_heads, fig_dir),
         prune_part(src, fig_dir),
+        units_part(src),
         provenance_part(src, records or {}),
     ]
     data: dict[str, Any] = {"model": clean(meta), "n_layers": n_layers, "n_heads": n_heads, "missing": {},

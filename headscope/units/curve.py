@@ -135,10 +135,16 @@ def check_curve_args(unit: str, fraction: float, step: float, recover_steps: int
 
 
 def check_fraction(hm: HeadModel, unit: str, fraction: float) -> None:
-    """Refuse a block fraction that would remove every layer (before any scoring or file is written)."""
+    """Refuse a block fraction that would remove every layer, or one below the smallest unit (before any
+    scoring or file is written)."""
+    total = n_parameters(hm)
+    kinds = ("attention", "ffn") if unit == "mix" else (unit,)
+    smallest_unit = min(unit_parameters(hm, k, l) for k in kinds for l in range(hm.n_layers))
+    if smallest_unit / total > fraction:
+        raise HeadscopeError(f"no {unit} unit fits in {fraction:.0%} of the parameters (the smallest holds "
+                             f"{smallest_unit / total:.1%}); raise the fraction")
     if unit != "block":
         return
-    total = n_parameters(hm)
     blocks = sum(unit_parameters(hm, "block", l) for l in range(hm.n_layers))
     smallest = min(unit_parameters(hm, "block", l) for l in range(hm.n_layers))
     if fraction >= blocks / total - 1e-12:
