@@ -114,6 +114,18 @@ def _check_args(args: argparse.Namespace) -> tuple[list[float], Any]:
     return budgets, data
 
 
+def _row_line(r: dict[str, Any]) -> str:
+    label = r["method"] if r["method"] == "full" else f"{r['method']} {r['budget']:.1%}"
+    return (f"{label:<16} {r['full_kv_heads']:>8} {r['windowed_kv_heads']:>6} {r['riders']:>6} "
+            f"{human_bytes(r['kv_bytes_measured']):>12} {r['kv_ratio']:>6.3f} {r['perplexity']:>11.3f} "
+            f"{r['needle_accuracy']:>8.2f}")
+
+
+def _print_row(r: dict[str, Any]) -> None:
+    """Each cache's row on stderr as soon as it is measured (a long run shows its results as it goes)."""
+    print(f"done: {_row_line(r)}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     budgets, data = _check_args(args)
@@ -132,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         check_supported(hm)  # before the scoring pass
         scores, info = retrieval_scores(hm, args.context, args.score_haystacks, args.seed, progress=True)
         score_info.update(info)
-    rows = compare(hm, passages, scores, args.by, settings, progress=True)
+    rows = compare(hm, passages, scores, args.by, settings, progress=True, on_row=_print_row)
 
     columns = KVCACHE_CSV.columns()
     buf = io.StringIO()
@@ -157,10 +169,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'cache':<16} {'KV full':>8} {'freed':>6} {'riders':>6} {'bytes/step':>12} {'ratio':>6} "
           f"{'perplexity':>11} {'needles':>8}")
     for r in rows:
-        label = r["method"] if r["method"] == "full" else f"{r['method']} {r['budget']:.1%}"
-        print(f"{label:<16} {r['full_kv_heads']:>8} {r['windowed_kv_heads']:>6} {r['riders']:>6} "
-              f"{human_bytes(r['kv_bytes_measured']):>12} {r['kv_ratio']:>6.3f} {r['perplexity']:>11.3f} "
-              f"{r['needle_accuracy']:>8.2f}")
+        print(_row_line(r))
     print(f"bytes/step: K and V read by one decoding step at {args.context} tokens, measured = formula in every row")
     print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
     return 0

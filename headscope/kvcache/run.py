@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -88,8 +88,9 @@ def haystacks_for(hm: HeadModel, s: Settings) -> list[Any]:
 
 
 def compare(hm: HeadModel, passages: Sequence[Sequence[int]], scores: np.ndarray | None, chosen_by: str, s: Settings,
-            progress: bool = False) -> list[dict[str, Any]]:
-    """kvcache.csv's rows (plus `full_heads`, `riders`, `answers`, `bytes_stored` for the JSON)."""
+            progress: bool = False, on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """kvcache.csv's rows (plus `full_heads`, `riders`, `answers`, `bytes_stored` for the JSON); `on_row` sees
+    each row as soon as its cache is evaluated (long runs)."""
     check_supported(hm)
     param = next(hm.model.parameters())
     dtype, nbytes = normalize_dtype(param.dtype), param.element_size()
@@ -118,6 +119,8 @@ def compare(hm: HeadModel, passages: Sequence[Sequence[int]], scores: np.ndarray
             "seed": s.seed,
             "full_heads": c.full_heads(), "riders": c.riders, "bytes_stored": ppl["bytes_stored"][-1],
             "answers": needles["answers"]})
+        if on_row is not None:
+            on_row(rows[-1])
     return rows
 
 
