@@ -1,6 +1,12 @@
 """Benchmark `similarity`: time beside a plain forward, the weight-space part, and streaming memory.
 
   nice python benchmarks/bench_similarity.py [--quick]
+  nice python benchmarks/bench_similarity.py --peak smollm2 [--limit N]   # similar's peak beside analyze's
+
+`--peak` runs, each in a fresh process and side by side: loading the model only, `headscope analyze`,
+`headscope similar` (minibatch CKA, the default) and `headscope similar --cka exact`, on the same data,
+and prints each one's peak RSS and wall time, and similar's peak minus analyze's (issue 12: at most
++300 MiB).
 
 Each configuration runs in a fresh subprocess (peak RSS never goes down inside a process) and
 reports: plain eager forward over the same batches, the data part (JS + CKA, weights=False), the
@@ -57,11 +63,58 @@ def one(model: str, data: str, n: int | None, js_max_tokens: int | None) -> dict
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
+def peak_one(verb: str, model: str, limit: int | None) -> dict:
+    """Run one verb through the CLI in this (fresh) process; its peak RSS and wall time."""
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    t0 = time.perf_counter()
+    if verb == "load":
+        import headscope
+
+        headscope.load_model(model)
+    else:
+        from headscope.cli import main as cli
+
+        extra = ["--limit", str(limit)] if limit else []
+        argv = {"analyze": ["analyze"], "similar": ["similar"], "similar-exact": ["similar", "--cka", "exact"]}[verb]
+        with tempfile.TemporaryDirectory() as out:
+            rc = cli([*argv, model, *extra, "--out", out + "/o"])
+            if rc:
+                raise SystemExit(f"{verb} exited {rc}")
+    return {"verb": verb, "model": model, "limit": limit, "wall_s": round(time.perf_counter() - t0, 1),
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--peak", metavar="MODEL", help="peak memory of similar beside analyze on MODEL")
+    ap.add_argument("--limit", type=int, default=None, help="with --peak: first N passages of the sample")
+    ap.add_argument("--peak-one", nargs=2, metavar=("VERB", "MODEL"), help=argparse.SUPPRESS)
     ap.add_argument("--one", nargs=4, metavar=("MODEL", "DATA", "N", "JS_MAX_TOKENS"), help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="MiniLM only")
     args = ap.parse_args()
+    if args.peak_one:
+        print(json.dumps(peak_one(*args.peak_one, args.limit)))
+        return
+    if args.peak:
+        rows = {}
+        for verb in ("load", "analyze", "similar", "similar-exact"):
+            cmd = [sys.executable, __file__, "--peak-one", verb, args.peak]
+            if args.limit:
+                cmd += ["--limit", str(args.limit)]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode:
+                print(json.dumps({"verb": verb, "error": out.stderr[-2000:]}), flush=True)
+                continue
+            rows[verb] = json.loads(out.stdout.strip().splitlines()[-1])
+            print(json.dumps(rows[verb]), flush=True)
+        if "analyze" in rows and "similar" in rows:
+            print(f"similar peak - analyze peak: {rows['similar']['peak_rss_mib'] - rows['analyze']['peak_rss_mib']} MiB "
+                  f"(target <= 300)")
+        return
     if args.one:
         model, data, n, k = args.one
         print(json.dumps(one(model, data, int(n) or None, int(k) or None)))

@@ -9,8 +9,11 @@ Every matrix is `[N, N]` over all N = n_layers * n_heads heads, head index `laye
 - `ov_*_cos`, `qk_*_cos`: mean cosine of the principal angles between the heads' OV and QK
   subspaces (1 = the same subspace, 0 = orthogonal).
 
-Data is streamed: per batch, all layers' attention maps and head outputs are held at once, reduced
-to sums (JS sums, a centred cross-covariance of head outputs) and dropped.
+Data is streamed: per batch, every layer's attention arrives from the statistics kernel in blocks
+of queries (never a T x T map), reduced at once to the entries of the selected queries; JS needs
+every head's row of the same query together, so those entries and the head outputs of one batch are
+held until the forward ends, then reduced to sums (JS sums; per-minibatch unbiased HSIC for CKA,
+or with `cka="exact"` a centred cross-covariance of all head outputs) and dropped.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .attention import DEFAULT_BLOCK, check_block
 from .data import batches, pad_id, prepare_tokens, resolve_max_length
 from .errors import HeadscopeError
-from .hooks import on_attention_weights, on_head_outputs
+from .hooks import on_attention_blocks, on_head_outputs
 from .io import atomic_write_bytes
 from .models.adapter import HeadModel
 from .table import head_name, parse_head
@@ -58,6 +62,13 @@ METRICS: dict[str, str] = {
 # Default near-duplicate thresholds (see docs/similarity.md for how they were chosen).
 DEFAULT_JS_MAX = 0.05
 DEFAULT_CKA_MIN = 0.8
+
+# Tokens per CKA minibatch: Gram matrices of N x 256^2 floats (see MinibatchCKA).
+DEFAULT_CKA_BATCH = 256
+# CKA estimators: minibatch (memory O(N batch^2)), or the exact full-data scatter ((N d_head)^2 float64).
+CKA_ESTIMATORS = ("minibatch", "exact")
+# Tokens waiting in the CKA pool, from which minibatches are drawn at random (mixing passages).
+DEFAULT_CKA_POOL = 2048
 
 # Elements in one chunk of the pairwise computations: small enough to stay in cache and reuse
 # allocator memory (measured: 2^19 is 3x faster than 2^23 for JS on 2 cores).
@@ -274,11 +285,139 @@ class StreamingCKA:
         return out.cpu().numpy()
 
 
+def hsic1_linear(x: Any, y: Any) -> float:
+    """Unbiased HSIC (Song et al. 2012) of two feature matrices `[samples, features]`, linear kernel,
+    computed directly from the Gram matrices with zeroed diagonals (the reference for `MinibatchCKA`)."""
+    x = torch.as_tensor(np.asarray(x), dtype=torch.float64)
+    y = torch.as_tensor(np.asarray(y), dtype=torch.float64)
+    n = x.shape[0]
+    if x.dim() != 2 or y.dim() != 2 or y.shape[0] != n or n < 4:
+        raise HeadscopeError(f"unbiased HSIC needs two [samples, features] matrices with the same samples, at "
+                             f"least 4; got {tuple(x.shape)} and {tuple(y.shape)}")
+    k = (x @ x.T).fill_diagonal_(0)
+    l = (y @ y.T).fill_diagonal_(0)
+    one = torch.ones(n, dtype=torch.float64)
+    value = (torch.trace(k @ l) + (one @ k @ one) * (one @ l @ one) / ((n - 1) * (n - 2))
+             - 2 / (n - 2) * (one @ k @ l @ one))
+    return float(value / (n * (n - 3)))
+
+
+class MinibatchCKA:
+    """Linear CKA between N groups of d features from minibatch unbiased HSIC (Nguyen, Raghu and Kornblith 2021).
+
+    CKA_ij = mean HSIC_1(i, j) / sqrt(mean HSIC_1(i, i) * mean HSIC_1(j, j)), the means over
+    minibatches weighted by their size. Memory: the pool `[pool, N, dim]`, one minibatch's Gram
+    matrices `[N, batch, batch]` and the `[N, N]` sums; never `(N dim)^2`.
+
+    HSIC_1 treats a minibatch's samples as independent; tokens of one passage are not, so a minibatch
+    drawn from few passages overstates CKA (measured on MiniLM, PTB: up to +0.17 with minibatches cut
+    from consecutive passages, within 0.007 of the full-data CKA when shuffled over all the data).
+    Samples therefore wait in a pool of `pool` rows and minibatches are drawn from it at random
+    (seeded) whenever it overflows, and from what is left at the end: data that fits in the pool is
+    mixed completely; beyond it, the share of same-passage pairs is about L / pool for passages of L
+    tokens (see docs/similarity.md).
+
+    With the linear kernel HSIC_1 is unchanged by adding a constant to the features, so each
+    minibatch is centred first (less cancellation in float32). For centred X (K = X X^T, a_t = K_tt):
+    n (n - 3) HSIC_1 = tr(K L) + tr K tr L / ((n - 1)(n - 2)) - n / (n - 2) a.b, and tr(K L) is the
+    inner product of the two Gram matrices: one `[N, n^2] @ [n^2, N]` product gives every pair.
+    `transforms` maps an output name to `[N, k, dim]` (group i's features x -> R_i x first) or None.
+    """
+
+    def __init__(self, n_groups: int, dim: int, batch: int = DEFAULT_CKA_BATCH,
+                 transforms: dict[str, torch.Tensor | None] | None = None, pool: int = DEFAULT_CKA_POOL,
+                 seed: int = 0, device: torch.device | str = "cpu") -> None:
+        check_cka_batch(batch)
+        if isinstance(pool, bool) or not isinstance(pool, int) or pool < 0:
+            raise HeadscopeError(f"the CKA pool must be a whole number of tokens >= 0; got {pool!r}")
+        self.n_groups, self.dim, self.batch, self.pool = n_groups, dim, batch, pool
+        self.transforms = {"cka": None} if transforms is None else dict(transforms)
+        self.sums = {k: torch.zeros(n_groups, n_groups, dtype=torch.float64, device=device) for k in self.transforms}
+        self.count = 0  # samples in the minibatches added so far
+        self.minibatches = 0
+        self._pool: torch.Tensor | None = None  # [tokens, N, dim] waiting to be drawn
+        self._gen = torch.Generator().manual_seed(seed)
+
+    def update(self, x: torch.Tensor) -> None:
+        """Add samples `x [T, n_groups, dim]` (or `[T, n_groups * dim]`)."""
+        x = x.reshape(x.shape[0], self.n_groups, -1)
+        if x.shape[2] != self.dim:
+            raise HeadscopeError(f"features have width {x.shape[1] * x.shape[2]}; expected {self.n_groups} x {self.dim}")
+        if x.shape[0] == 0:
+            return
+        self._pool = x if self._pool is None else torch.cat([self._pool, x])
+        # Full minibatches leave once the pool overflows, keeping at least 4 samples behind so that
+        # the last minibatch is never too small for the unbiased estimator (n >= 4).
+        extra = self._pool.shape[0] - max(self.pool, 4)
+        if extra >= self.batch:
+            self._draw(extra // self.batch)
+
+    def finish(self) -> None:
+        """Draw every sample left in the pool: full minibatches, then the last one of 4 .. batch + 3 samples."""
+        if self._pool is None or self._pool.shape[0] == 0:
+            return
+        left = self._pool.shape[0]
+        if left < 4 and self.count == 0:
+            raise HeadscopeError(f"CKA needs at least 4 tokens; the data gave {left}")
+        self._draw(max(0, (left - 4) // self.batch))
+        rest, self._pool = self._pool, None
+        if rest.shape[0] >= 4:
+            self._add(rest)
+        elif rest.shape[0]:
+            log.warning("CKA: %d token(s) left after %d minibatches were not used", rest.shape[0], self.minibatches)
+
+    def _draw(self, k: int) -> None:
+        """Add `k` minibatches of `batch` samples drawn at random from the pool; the rest stays."""
+        perm = torch.randperm(self._pool.shape[0], generator=self._gen).to(self._pool.device)
+        for i in range(k):
+            self._add(self._pool[perm[i * self.batch:(i + 1) * self.batch]])
+        self._pool = self._pool[perm[k * self.batch:]]
+
+    def _add(self, x: torch.Tensor) -> None:
+        """One minibatch `x [n, N, dim]`: add n * HSIC_1 of every pair, per output."""
+        n = x.shape[0]
+        work = torch.float64 if x.dtype == torch.float64 else torch.float32
+        x = x.to(self.sums[next(iter(self.sums))].device, work)
+        for name, r in self.transforms.items():
+            f = x if r is None else torch.einsum("tnd,nkd->tnk", x, r.to(x.device, work))  # [n, N, k]
+            f = (f - f.mean(0)).permute(1, 0, 2)  # [N, n, k], centred per group
+            gram = f @ f.transpose(1, 2)  # [N, n, n]
+            diag = gram.diagonal(dim1=1, dim2=2)  # [N, n]: |x_t|^2
+            flat = gram.reshape(self.n_groups, n * n)
+            tr_kl = (flat @ flat.T).double()  # [N, N]
+            a_b = (diag @ diag.T).double()
+            tr = diag.sum(-1).double()
+            hsic = (tr_kl + tr[:, None] * tr[None, :] / ((n - 1) * (n - 2)) - n / (n - 2) * a_b) / (n * (n - 3))
+            self.sums[name] += n * hsic  # minibatches weighted by their size
+            del gram, flat, f
+        self.count += n
+        self.minibatches += 1
+
+    def cka(self) -> dict[str, np.ndarray]:
+        """{output name: `[N, N]` CKA}; draws what waits in the pool first. NaN where a group's HSIC is not positive."""
+        self.finish()
+        out = {}
+        for name, s in self.sums.items():
+            self_hsic = s.diagonal().clamp_min(0)
+            den = (self_hsic[:, None] * self_hsic[None, :]).sqrt()
+            m = torch.where(den > 0, s / den.clamp_min(1e-300), torch.full_like(s, float("nan")))
+            out[name] = ((m + m.T) / 2).cpu().numpy()  # unbiased: may dip below 0 for unrelated heads
+        return out
+
+
 def check_thresholds(js_max: float, cka_min: float) -> None:
     """Raise a clear error unless 0 < js_max <= ln 2 and 0 <= cka_min < 1."""
     if not 0 < js_max <= LN2 or not 0 <= cka_min < 1:
         raise HeadscopeError(f"near-duplicate thresholds need 0 < js_max <= ln 2 = {LN2:.3f} and "
                              f"0 <= cka_min < 1; got js_max={js_max}, cka_min={cka_min}")
+
+
+def check_cka_batch(batch: int) -> int:
+    """`batch` as an int, or a clear error unless it is a whole number of tokens >= 8."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 8:
+        raise HeadscopeError(f"the CKA minibatch must be a whole number of tokens, at least 8; got {batch!r} "
+                             f"(default {DEFAULT_CKA_BATCH}; memory grows as heads x batch^2)")
+    return batch
 
 
 # --- the result -------------------------------------------------------------------------------------
@@ -420,14 +559,25 @@ def similarity(
     js_max_tokens: int | None = None,
     seed: int = 0,
     weights: bool = True,
+    cka: str = "minibatch",
+    cka_batch: int = DEFAULT_CKA_BATCH,
+    cka_pool: int = DEFAULT_CKA_POOL,
+    block: int = DEFAULT_BLOCK,
     progress: bool = False,
 ) -> Similarity:
     """Pairwise similarity of all heads of `hm` over `data` (default: the built-in English sample).
 
     `data` takes the same forms as `headscope.analyze`. `js_max_tokens` caps the number of query
     tokens JS is averaged over (a seeded uniform sample), for big models; CKA always uses every
-    non-padding token. `weights=False` skips the weight-space angles.
+    non-padding token. `cka="minibatch"` (default) estimates CKA minibatch by minibatch (`MinibatchCKA`:
+    `cka_batch` tokens drawn from a pool of `cka_pool`; memory O(heads x cka_batch^2)); `cka="exact"` keeps the full
+    `(heads x d_head)^2` cross-covariance (small models; the reference). Attention maps come from
+    the statistics kernel in blocks of `block` queries. `weights=False` skips the weight-space angles.
     """
+    if cka not in CKA_ESTIMATORS:
+        raise HeadscopeError(f"CKA estimator {cka!r} is not one of {', '.join(CKA_ESTIMATORS)}")
+    check_cka_batch(cka_batch)
+    check_block(block)
     max_len = resolve_max_length(hm, max_length)
     tokens = prepare_tokens(hm, data, max_len, limit)
     ids, source, truncated = tokens.ids, tokens.source, tokens.truncated
@@ -440,29 +590,36 @@ def similarity(
     device = hm.device
     js_sum = torch.zeros(n, n, dtype=torch.float64, device=device)
     n_queries, n_tokens = 0, 0
-    cka = StreamingCKA(n, hm.d_head, device=device)
+    r = torch.cat([torch.linalg.qr(layer_weights(hm, l).o.double())[1] for l in range(n_layers)])  # [N, d, d]
+    if cka == "exact":
+        exact = StreamingCKA(n, hm.d_head, device=device)
+    else:
+        mini = MinibatchCKA(n, hm.d_head, cka_batch, {"cka": r.to(device), "cka_z": None}, pool=cka_pool,
+                            seed=seed, device=device)
 
-    maps: dict[int, torch.Tensor] = {}
+    maps: dict[int, list[torch.Tensor]] = {}
     outputs: dict[int, torch.Tensor] = {}
     cur: dict[str, torch.Tensor] = {}
 
-    def keep_map(layer: int, probs: torch.Tensor) -> None:
-        # Reduce at once to the selected (query, key) entries: [head, entries].
-        maps[layer] = probs.permute(1, 0, 2, 3)[:, cur["entries"]]
+    def keep_block(layer: int, q_start: int, probs: torch.Tensor) -> None:
+        # probs [batch, head, q_block, key]: keep only the selected (query, key) entries -> [head, entries]
+        entries = cur["entries"][:, q_start:q_start + probs.shape[2]].to(probs.device)
+        if bool(entries.any()):  # layers of a dispatched model may sit on other devices: gather on hm.device
+            maps.setdefault(layer, []).append(probs.permute(1, 0, 2, 3)[:, entries].to(device))
 
     def keep_z(layer: int, z: torch.Tensor) -> None:
-        outputs[layer] = z[cur["tokens"]]  # [tokens, head, d_head]
+        outputs[layer] = z[cur["tokens"].to(z.device)].to(device)  # [tokens, head, d_head]
 
     n_batches = (len(ids) + batch_size - 1) // batch_size
     bar = tqdm(total=n_batches, desc="similar", unit="batch", disable=not progress, leave=False)
     try:
-        with on_attention_weights(hm, keep_map), on_head_outputs(hm, keep_z), torch.inference_mode():
+        with on_attention_blocks(hm, keep_block, block), on_head_outputs(hm, keep_z), torch.inference_mode():
             for batch in batches(ids, batch_size, pad_id=pad_id(hm)):
                 valid = batch.attention_mask.bool().to(device)  # [B, P]
                 width = valid.shape[1]
                 queries = torch.zeros_like(valid)
-                for r, i in enumerate(batch.index):
-                    queries[r, : len(selection[i])] = torch.from_numpy(selection[i])
+                for row, i in enumerate(batch.index):
+                    queries[row, : len(selection[i])] = torch.from_numpy(selection[i])
                 entries = queries[:, :, None] & valid[:, None, :]  # [B, Q, K]
                 if hm.causal:
                     entries &= torch.ones(width, width, dtype=torch.bool, device=device).tril()
@@ -470,26 +627,42 @@ def similarity(
                 maps.clear()
                 outputs.clear()
                 hm.model(**batch.model_inputs(device), use_cache=False)
-                if len(maps) != n_layers or len(outputs) != n_layers:
-                    raise HeadscopeError(f"captured {len(maps)} attention maps and {len(outputs)} head outputs "
-                                         f"for {n_layers} layers; the model's forward skipped some layers")
-                js_sum += pairwise_js_sums(torch.cat([maps[l] for l in range(n_layers)]))
+                if len(outputs) != n_layers:
+                    raise HeadscopeError(f"captured head outputs for {len(outputs)} of {n_layers} layers; "
+                                         f"the model's forward skipped some layers")
+                if bool(queries.any()):
+                    if len(maps) != n_layers:
+                        raise HeadscopeError(f"captured attention for {len(maps)} of {n_layers} layers; "
+                                             f"the model's forward skipped some layers")
+                    # every layer's blocks arrive in the same (block, batch, query, key) order
+                    js_sum += pairwise_js_sums(torch.cat([torch.cat(maps[l], dim=1) for l in range(n_layers)]))
                 n_queries += int(queries.sum())
-                cka.update(torch.cat([outputs[l] for l in range(n_layers)], dim=1))  # [tokens, N, d_head]
-                n_tokens += int(valid.sum())
                 maps.clear()
+                feats = torch.cat([outputs[l] for l in range(n_layers)], dim=1)  # [tokens, N, d_head]
+                if cka == "exact":
+                    exact.update(feats)
+                else:
+                    mini.update(feats)
+                n_tokens += int(valid.sum())
                 outputs.clear()
                 bar.update(1)
     finally:
         bar.close()
 
-    r = torch.cat([torch.linalg.qr(layer_weights(hm, l).o.double())[1] for l in range(n_layers)])  # [N, d, d]
-    matrices = {"js": (js_sum / max(n_queries, 1)).cpu().numpy(), "cka": cka.cka(r), "cka_z": cka.cka()}
+    if cka == "exact":
+        cka_matrices = {"cka": exact.cka(r), "cka_z": exact.cka()}
+        cka_meta: dict[str, Any] = {"cka_estimator": "exact"}
+    else:
+        cka_matrices = mini.cka()
+        cka_meta = {"cka_estimator": "minibatch unbiased HSIC", "cka_batch": cka_batch,
+                    "cka_pool": cka_pool, "cka_minibatches": mini.minibatches}
+        n_tokens = mini.count
+    matrices = {"js": (js_sum / max(n_queries, 1)).cpu().numpy(), **cka_matrices}
     if weights:
         matrices.update(weight_similarity(hm))
     meta = {"model": hm.name, "model_source": hm.source, "model_type": hm.config.model_type,
             "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,
             "causal": hm.causal, "data": source, "passages": len(ids), "truncated": truncated,
             "max_length": max_len, "batch_size": batch_size, "js_queries": n_queries, "cka_tokens": n_tokens,
-            "js_max_tokens": js_max_tokens, "seed": seed, "js_log_base": "e", "versions": versions()}
+            **cka_meta, "js_max_tokens": js_max_tokens, "seed": seed, "js_log_base": "e", "versions": versions()}
     return Similarity(n_layers, n_heads, matrices, meta)

@@ -22,8 +22,10 @@ from headscope.errors import HeadscopeError
 from headscope.models.tiny import tiny_model
 from headscope.similarity import (
     LN2,
+    MinibatchCKA,
     Similarity,
     StreamingCKA,
+    hsic1_linear,
     layer_weights,
     linear_cka,
     principal_cosines,
@@ -196,7 +198,7 @@ def test_linear_cka_invariant_to_rotation_and_isotropic_scaling_only():
 
 def test_cka_on_model_equals_explicit_contributions(tiny):
     ids = passages(2)
-    sim = similarity(tiny, ids, batch_size=4, weights=False)
+    sim = similarity(tiny, ids, batch_size=4, weights=False, cka="exact")
     zs: list[np.ndarray] = []
     for seq in ids:  # each passage alone: no padding anywhere
         store: dict = {}
@@ -231,6 +233,126 @@ def test_js_max_tokens_samples_queries(tiny):
     assert maxdiff(few["js"], full["js"]) > 0  # a different set of queries
     with pytest.raises(HeadscopeError, match="at least 1"):
         similarity(tiny, ids, js_max_tokens=0)
+
+
+# --- minibatch CKA --------------------------------------------------------------------------------
+def test_hsic1_closed_form_equals_gram_formula_and_ignores_shifts():
+    """MinibatchCKA's centred closed form of HSIC_1 equals Song et al.'s Gram formula (hsic1_linear),
+    computed directly, on one minibatch of random features, through a per-group transform too."""
+    g = torch.Generator().manual_seed(5)
+    n_groups, d, n = 4, 3, 37
+    x = torch.randn(n, n_groups, d, generator=g, dtype=torch.float64) + 7.0  # a large mean
+    x[:, 1] = x[:, 0] @ torch.randn(d, d, generator=g, dtype=torch.float64) + 0.3 * x[:, 1]
+    r = torch.randn(n_groups, 5, d, generator=g, dtype=torch.float64)
+    acc = MinibatchCKA(n_groups, d, batch=n, transforms={"raw": None, "w": r}, pool=n)
+    acc.update(x)
+    cka = acc.cka()
+    assert acc.minibatches == 1 and acc.count == n
+    y = torch.einsum("tnd,nkd->tnk", x, r)
+    for name, f in (("raw", x), ("w", y)):
+        h = np.array([[hsic1_linear(f[:, i], f[:, j]) for j in range(n_groups)] for i in range(n_groups)])
+        got = acc.sums[name].numpy() / n
+        assert maxdiff(got, h) < 1e-9 * np.abs(h).max(), f"{name}: {maxdiff(got, h):.3g}"
+        ref = h / np.sqrt(np.outer(np.diag(h), np.diag(h)))
+        assert maxdiff(cka[name], ref) < 1e-10, f"{name}: {maxdiff(cka[name], ref):.3g}"
+    # the Gram formula on uncentred features cancels terms ~(100 / spread)^4 larger than its result:
+    # float64 keeps about 8 digits of it here
+    shifted = hsic1_linear(x[:, 0] + 100.0, x[:, 1] - 3.0)
+    assert abs(shifted - hsic1_linear(x[:, 0], x[:, 1])) < 1e-6 * abs(shifted)
+
+
+def test_minibatch_cka_averages_minibatches_drawn_from_the_pool():
+    """Several minibatches: the sums are the size-weighted HSIC_1 of the pool's seeded draws, every
+    sample is used once, and the result does not depend on how the stream was cut into updates."""
+    g = torch.Generator().manual_seed(6)
+    n_groups, d, n = 3, 4, 70
+    x = torch.randn(n, n_groups, d, generator=g, dtype=torch.float64)
+    x[:, 2] = x[:, 0] + 0.5 * x[:, 2]
+    acc = MinibatchCKA(n_groups, d, batch=16, pool=n)
+    acc.update(x[:30])
+    acc.update(x[30:])
+    acc.finish()
+    assert acc.count == n and acc.minibatches == 5  # 4 x 16, then the last 6 (4 .. batch + 3 samples)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    parts = [perm[0:16], perm[16:32], perm[32:48], perm[48:64], perm[64:]]
+    ref = sum(len(p) * np.array([[hsic1_linear(x[p, i], x[p, j]) for j in range(n_groups)]
+                                 for i in range(n_groups)]) for p in parts)
+    assert maxdiff(acc.sums["cka"].numpy(), ref) < 1e-9 * np.abs(ref).max()
+    whole = MinibatchCKA(n_groups, d, batch=16, pool=n)
+    whole.update(x)
+    assert maxdiff(whole.cka()["cka"], acc.cka()["cka"]) < 1e-12
+
+
+def test_minibatch_cka_tracks_exact_cka_on_many_samples():
+    """Independent samples (no passages): with 40 minibatches the estimate is within 0.01 of the exact
+    full-data CKA on every pair (both estimate the same population CKA; their gap shrinks with data)."""
+    g = torch.Generator().manual_seed(7)
+    n_groups, d, n = 6, 8, 10240
+    x = torch.randn(n, n_groups, d, generator=g)
+    mix = torch.randn(n_groups, n_groups, generator=g) * 0.6
+    x = torch.einsum("tnd,mn->tmd", x, torch.eye(n_groups) + mix)  # correlated groups: CKA 0.1 .. 0.9
+    acc = MinibatchCKA(n_groups, d, batch=256, pool=1024)
+    for s in range(0, n, 500):
+        acc.update(x[s:s + 500])
+    exact = StreamingCKA(n_groups, d)
+    exact.update(x)
+    got, ref = acc.cka()["cka"], exact.cka()
+    assert np.ptp(ref[np.triu_indices(n_groups, 1)]) > 0.3  # a real range of similarities
+    assert maxdiff(got, ref) < 0.01, f"minibatch vs exact CKA: {maxdiff(got, ref):.4f}"
+
+
+def test_minibatch_cka_options_are_checked():
+    with pytest.raises(HeadscopeError, match="at least 8"):
+        MinibatchCKA(2, 3, batch=4)
+    with pytest.raises(HeadscopeError, match="pool"):
+        MinibatchCKA(2, 3, pool=-1)
+    acc = MinibatchCKA(2, 3, batch=8)
+    acc.update(torch.randn(3, 2, 3))
+    with pytest.raises(HeadscopeError, match="at least 4 tokens"):
+        acc.cka()
+    with pytest.raises(HeadscopeError, match="not one of"):
+        similarity(tiny_model("gpt2"), [[5, 6, 7]], cka="biased")
+
+
+@pytest.mark.parametrize("name", ["minilm", "smollm2"])
+def test_minibatch_cka_on_real_models(name, request):
+    """Real weights, the first 8 built-in sentences (~200 tokens: one minibatch of 256). The minibatch
+    estimate equals the unbiased HSIC CKA computed directly from the head outputs (hsic1_linear, 40
+    pairs). Against the exact full-data CKA (a biased estimator) it is lower on average and finds no
+    cluster the exact one does not: on ~200 tokens the biased CKA is inflated (measured up to 0.09 on
+    MiniLM, shrinking with the tokens: docs/similarity.md), so the 0.01 agreement of issue 12 is not
+    reachable at this size by any unbiased estimator."""
+    from headscope.data import read_texts
+
+    hm = request.getfixturevalue(name)
+    texts = read_texts(None).texts[:8]
+    mini = similarity(hm, texts, weights=False)
+    assert mini.meta["cka_minibatches"] == 1
+    store: dict = {}
+    zs = []
+    for seq in mini_ids(hm, texts):
+        with torch.no_grad(), capture_head_outputs(hm, store):
+            hm.model(input_ids=torch.tensor([seq]), use_cache=False)
+        zs.append(torch.cat([store[l][0] for l in range(hm.n_layers)], dim=1).double())  # [T, N, d]
+    z = torch.cat(zs)
+    rng = np.random.default_rng(0)
+    for i, j in rng.integers(0, mini.n, size=(40, 2)):
+        h = hsic1_linear(z[:, i], z[:, j]) / math.sqrt(hsic1_linear(z[:, i], z[:, i]) * hsic1_linear(z[:, j], z[:, j]))
+        assert abs(mini["cka_z"][i, j] - h) < 1e-4, (i, j, mini["cka_z"][i, j], h)
+    exact = similarity(hm, texts, weights=False, cka="exact")
+    assert maxdiff(exact["js"], mini["js"]) == 0  # JS does not depend on the CKA estimator
+    iu = np.triu_indices(mini.n, 1)
+    gap = mini["cka"][iu] - exact["cka"][iu]
+    assert gap.mean() < 0, f"mean gap {gap.mean():.4f}"  # the biased estimator's inflation, removed
+    exact_clusters = [set(c["heads"]) for c in exact.clusters()]
+    for c in mini.clusters():  # lower, never inflated: every near-duplicate group is one the exact CKA finds
+        assert any(set(c["heads"]) <= e for e in exact_clusters), (c["heads"], exact_clusters)
+
+
+def mini_ids(hm, texts):
+    from headscope.data import prepare_tokens, resolve_max_length
+
+    return prepare_tokens(hm, texts, resolve_max_length(hm, None)).ids
 
 
 # --- weights --------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import provenance
-from ..similarity import DEFAULT_CKA_MIN, DEFAULT_JS_MAX, LN2, check_thresholds, similarity
+from ..similarity import (CKA_ESTIMATORS, DEFAULT_CKA_BATCH, DEFAULT_CKA_MIN, DEFAULT_CKA_POOL, DEFAULT_JS_MAX, LN2,
+                          check_cka_batch, check_thresholds, similarity)
 from ..table import to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
 
@@ -37,6 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"near-duplicate: every pair in a cluster has js <= this (default {DEFAULT_JS_MAX})")
     p.add_argument("--cka-min", type=float, default=DEFAULT_CKA_MIN,
                    help=f"near-duplicate: every pair in a cluster has cka >= this (default {DEFAULT_CKA_MIN})")
+    p.add_argument("--cka", choices=CKA_ESTIMATORS, default="minibatch",
+                   help="CKA estimator: minibatch unbiased HSIC (Nguyen et al. 2021; memory heads x batch^2, the "
+                        "default) or exact (the full (heads x d_head)^2 float64 cross-covariance: small models only)")
+    p.add_argument("--cka-batch", type=int, default=DEFAULT_CKA_BATCH,
+                   help=f"tokens per CKA minibatch (default {DEFAULT_CKA_BATCH}, at least 8)")
+    p.add_argument("--cka-pool", type=int, default=DEFAULT_CKA_POOL,
+                   help=f"tokens pooled before minibatches are drawn at random from them, mixing passages "
+                        f"(default {DEFAULT_CKA_POOL}; memory pool x heads x d_head)")
     p.set_defaults(func=run)
 
 
@@ -45,10 +54,14 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise HeadscopeError(f"--top must be 0 or more, got {args.top}")
     check_thresholds(args.js_max, args.cka_min)
+    check_cka_batch(args.cka_batch)
+    if args.cka_pool < 0:
+        raise HeadscopeError(f"--cka-pool must be 0 or more tokens, got {args.cka_pool}")
     source = read_texts(args.data, args.limit)  # bad data fails before the model loads
     hm = load_from_args(args)
     sim = similarity(hm, source, max_length=args.max_length, batch_size=args.batch_size,
-                     js_max_tokens=args.js_max_tokens, seed=args.seed, progress=True)
+                     js_max_tokens=args.js_max_tokens, seed=args.seed, cka=args.cka, cka_batch=args.cka_batch,
+                     cka_pool=args.cka_pool, progress=True)
     clusters = sim.clusters(args.js_max, args.cka_min)
     pairs = sim.pairs()
     out.mkdir(parents=True, exist_ok=True)
