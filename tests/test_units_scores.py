@@ -106,3 +106,32 @@ def test_ffn_activation_score_by_hand():
         hook.remove()
     want = (sums / count * hm.model.model.layers[1].mlp.down_proj.weight.detach().double().norm(dim=0)).numpy()
     np.testing.assert_allclose(scores["activation"][1], want, rtol=1e-9)
+
+
+def test_layer_scan_costs_L_plus_1_passes_with_half_the_block_evaluations():
+    """Per batch: one unablated pass + one pass per layer; with the prefix reused, ablating layer l runs
+    blocks l..L-1 only, so the scan evaluates L + L(L+1)/2 blocks instead of L + L^2."""
+    hm = model("llama", seed=0)
+    import transformers as tf
+    from headscope.models import HeadModel
+    cfg = hm.config
+    cfg.num_hidden_layers = 6
+    torch.manual_seed(0)
+    deep = HeadModel(model=tf.LlamaForCausalLM(cfg).eval(), name="tiny-llama6")
+    prep = prepare_tokens(deep, TEXT_IDS, 16)  # 3 passages: one batch
+    calls = {"blocks": 0, "passes": 0}
+    # Counted inside the block (its MLP): a stubbed prefix block returns the cached output without running it.
+    hooks = [b.mlp.register_forward_hook(lambda *a: calls.__setitem__("blocks", calls["blocks"] + 1))
+             for b in deep.layers]
+    hooks.append(deep.model.model.register_forward_hook(lambda *a: calls.__setitem__("passes", calls["passes"] + 1)))
+    try:
+        L = deep.n_layers
+        for reuse, blocks in ((True, L + L * (L + 1) // 2), (False, L + L * L)):
+            calls.update(blocks=0, passes=0)
+            layer_ablation(deep, prep, "lm_loss", "block", batch_size=8, reuse_prefix=reuse)
+            assert calls["passes"] == L + 1
+            # A dropped block still computes once (its output is then replaced by its input).
+            assert calls["blocks"] == blocks, (reuse, calls)
+    finally:
+        for h in hooks:
+            h.remove()
