@@ -11,6 +11,9 @@ OUT=${1:-bench-mla}
 HS=${HEADSCOPE:-.venv/bin/headscope}
 read -r -a COMMON <<< "${SETTINGS:---uptrain 32 --lr 1e-3 --data-limit 400 --heldout-limit 100 --max-length 64 --batch-size 8}"
 export HF_HUB_OFFLINE=1
+# One thread per run: on an oversubscribed machine two OpenMP threads spend minutes in barrier waits
+# (one LAPACK SVD of a 360 x 576 matrix stalled for over 20 min with 2 threads at load 30).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mkdir -p "$OUT"
 uptime
 # all four at once: each run is one process that mostly waits for its share of the loaded CPUs
