@@ -603,7 +603,12 @@ def similarity(
 
     def keep_block(layer: int, q_start: int, probs: torch.Tensor) -> None:
         # probs [batch, head, q_block, key]: keep only the selected (query, key) entries -> [head, entries]
-        entries = cur["entries"][:, q_start:q_start + probs.shape[2]].to(probs.device)
+        q_end = q_start + probs.shape[2]
+        entries = cur["queries"][:, q_start:q_end, None] & cur["tokens"][:, None, :]  # [B, q_block, K], never K x K
+        if hm.causal:
+            qpos = torch.arange(q_start, q_end, device=entries.device)
+            entries = entries & (torch.arange(entries.shape[2], device=entries.device)[None, :] <= qpos[:, None])
+        entries = entries.to(probs.device)
         if bool(entries.any()):  # layers of a dispatched model may sit on other devices: gather on hm.device
             maps.setdefault(layer, []).append(probs.permute(1, 0, 2, 3)[:, entries].to(device))
 
@@ -616,14 +621,10 @@ def similarity(
         with on_attention_blocks(hm, keep_block, block), on_head_outputs(hm, keep_z), torch.inference_mode():
             for batch in batches(ids, batch_size, pad_id=pad_id(hm)):
                 valid = batch.attention_mask.bool().to(device)  # [B, P]
-                width = valid.shape[1]
                 queries = torch.zeros_like(valid)
                 for row, i in enumerate(batch.index):
                     queries[row, : len(selection[i])] = torch.from_numpy(selection[i])
-                entries = queries[:, :, None] & valid[:, None, :]  # [B, Q, K]
-                if hm.causal:
-                    entries &= torch.ones(width, width, dtype=torch.bool, device=device).tril()
-                cur["entries"], cur["tokens"] = entries, valid
+                cur["queries"], cur["tokens"] = queries, valid
                 maps.clear()
                 outputs.clear()
                 hm.model(**batch.model_inputs(device), use_cache=False)
