@@ -72,16 +72,34 @@ def test_cli_tasks_bad_input_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_wordsim_task_is_the_ablation_of_each_head(monkeypatch):
+    """With a stand-in measure whose value is known for every gate setting (a weighted sum of the gates), the
+    task returns exactly each head's weight: base minus the value with that head zeroed."""
+    import headscope.eval.wordsim as ws
+    from headscope.importance.tasks import TASKS, TaskContext
+
+    hm = model("bert")
+    weights = np.arange(hm.n_layers * hm.n_heads, dtype=float).reshape(hm.n_layers, hm.n_heads) / 10
+
+    def fake(m, which="wordsim353", gates=None, batch_size=64):
+        g = np.ones_like(weights) if gates is None else gates.numpy()
+        return float((weights * g).sum())
+
+    monkeypatch.setattr(ws, "wordsim_spearman", fake)
+    got = TASKS.get("wordsim").fn(TaskContext(hm, None, "taylor", None, None, 4, 0))
+    np.testing.assert_allclose(got, weights, atol=1e-12)
+
+
 def test_minilm_tasks_end_to_end(tmp_path):
     out = tmp_path / "t"
-    assert main(["tasks", "minilm", "--tasks", "fidelity,wordsim,syntax", "--limit", "12", "--max-length", "32",
+    assert main(["tasks", "minilm", "--tasks", "fidelity,syntax", "--limit", "12", "--max-length", "32",
                  "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(A.outputs("tasks"))
     head = (out / "tasks.csv").read_text().splitlines()[0].split(",")
-    assert head == ["layer", "head", "importance_fidelity", "importance_wordsim", "importance_syntax"]
+    assert head == ["layer", "head", "importance_fidelity", "importance_syntax"]
     corr = (out / "task_correlation.csv").read_text().splitlines()
-    assert corr[0] == ",fidelity,wordsim,syntax" and len(corr) == 4
+    assert corr[0] == ",fidelity,syntax" and len(corr) == 3
     meta = json.loads((out / "tasks.json").read_text())["meta"]
-    assert meta["provenance"]["verb"] == "tasks" and set(meta["tasks"]) == {"fidelity", "wordsim", "syntax"}
-    syntax = np.loadtxt(out / "tasks.csv", delimiter=",", skiprows=1)[:, 4]
+    assert meta["provenance"]["verb"] == "tasks" and set(meta["tasks"]) == {"fidelity", "syntax"}
+    syntax = np.loadtxt(out / "tasks.csv", delimiter=",", skiprows=1)[:, 3]
     assert 0.3 < syntax.max() <= 1.0  # some head follows some relation far above chance (accuracies in [0, 1])
