@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from .data import batches, pad_id, prepare_tokens, resolve_max_length, token_classes
 from .distributed import all_reduce_stats, is_main, shard_batches
 from .models.adapter import HeadModel
+from .attention.kernel import check_output
 from .stats import DEFAULT_BLOCK, HeadStats, check_block, collect_stats, collect_stats_kernel
 from .table import HeadTable
 from .version import versions
@@ -20,18 +21,21 @@ log = logging.getLogger(__name__)
 
 
 def run_stats(hm: HeadModel, ids: list[list[int]], batch_size: int, progress: bool = False, *,
-              block: int = DEFAULT_BLOCK, eager: bool = False) -> HeadStats:
+              block: int = DEFAULT_BLOCK, eager: bool = False, output: str = "sdpa") -> HeadStats:
     """Stream token-id sequences through the model in batches and return the summed statistics.
 
     Attention statistics come from the statistics kernel in blocks of `block` queries (no T x T map);
     `eager=True` reads them from eager attention's full maps instead (the reference; same numbers).
+    `output="blocks"` has the kernel compute each layer's output from its own blocks instead of calling
+    sdpa as well (eager's output; one attention per layer instead of two).
     """
     check_block(block)
+    check_output(output)
     stats = HeadStats(hm.n_layers, hm.n_heads)
     flags = token_classes(hm)
     n_batches = (len(ids) + batch_size - 1) // batch_size
     bar = tqdm(total=n_batches, desc="analyze", unit="batch", disable=not progress, leave=False)
-    collector = collect_stats(hm, stats, flags) if eager else collect_stats_kernel(hm, stats, flags, block)
+    collector = collect_stats(hm, stats, flags) if eager else collect_stats_kernel(hm, stats, flags, block, output)
     try:
         with collector as session, torch.inference_mode():
             for batch in batches(ids, batch_size, pad_id=pad_id(hm)):

@@ -225,16 +225,17 @@ class StatsSession:
 
 @contextmanager
 def collect_stats_kernel(hm: HeadModel, stats: HeadStats, token_flags: TokenClasses,
-                         block: int = DEFAULT_BLOCK) -> Iterator["KernelStatsSession"]:
+                         block: int = DEFAULT_BLOCK, output: str = "sdpa") -> Iterator["KernelStatsSession"]:
     """`collect_stats` through the statistics kernel: sdpa computes the model, the attention
     statistics come in blocks of `block` queries (memory O(block x T) per head, no T x T map).
 
     Same sums and counts as `collect_stats`; call `session.set_batch(...)` before each forward.
+    `output="blocks"` computes each layer's output from the same blocks (eager's output, no sdpa call).
     """
     check_block(block)
     session = KernelStatsSession(hm, stats, token_flags)
     with ExitStack() as stack:
-        kernel = stack.enter_context(stats_kernel(hm, block))
+        kernel = stack.enter_context(stats_kernel(hm, block, output))
         stack.enter_context(kernel.consumer(session.on_block))
         stack.enter_context(on_head_outputs(hm, session.on_outputs))
         yield session

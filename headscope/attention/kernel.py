@@ -30,6 +30,10 @@ KERNEL_NAME = "headscope_stats"
 DEFAULT_BLOCK = 128
 
 BlockFn = Callable[[AttentionBlock], None]
+# Where a layer's output comes from while consumers are attached: "sdpa" (transformers' own sdpa call,
+# then the blocks for the statistics) or "blocks" (probs @ V of the very blocks the statistics read:
+# eager's output, one attention computed instead of two).
+OUTPUTS = ("sdpa", "blocks")
 
 
 @dataclass(frozen=True)
@@ -99,8 +103,8 @@ def _blockwise_output(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
 class AttentionKernel:
     """The statistics kernel bound to one model while `stats_kernel` is active; consumers attach here."""
 
-    def __init__(self, hm: HeadModel, block: int) -> None:
-        self.hm, self.block = hm, block
+    def __init__(self, hm: HeadModel, block: int, output: str = "sdpa") -> None:
+        self.hm, self.block, self.output = hm, block, output
         self.consumers: list[BlockFn] = []
         self.layers = [l for l in range(hm.n_layers) if hm.heads_in_layer(l)]  # empty layers compute no attention
         self._seen: set[int] = set()
@@ -147,7 +151,7 @@ class AttentionKernel:
         causal = _causal_without_mask(module, query, mask, kwargs)
         self._check_mask(info, mask, causal, t)
         self._seen.add(info.layer)
-        if kwargs.get("softcap") is not None:
+        if kwargs.get("softcap") is not None or self.output == "blocks":
             return _blockwise_output(module, query, key, value, mask, scaling, dropout, kwargs, block=self.block,
                                      info=info, consumers=tuple(self.consumers))
         out = sdpa_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
@@ -197,14 +201,24 @@ def check_kernel_support(hm: HeadModel) -> None:
                 f"cannot serve it; model types checked with transformers 5: {', '.join(supported_model_types())}")
 
 
+def check_output(output: str) -> str:
+    """`output` if it names a way to compute the layer's output (OUTPUTS), else a clear error."""
+    if output not in OUTPUTS:
+        raise HeadscopeError(f"kernel output {output!r} is not known; choose one of {', '.join(OUTPUTS)} "
+                             f"(sdpa: transformers' sdpa computes it; blocks: from the statistics' own blocks)")
+    return output
+
+
 @contextmanager
-def stats_kernel(hm: HeadModel, block: int = DEFAULT_BLOCK) -> Iterator[AttentionKernel]:
+def stats_kernel(hm: HeadModel, block: int = DEFAULT_BLOCK, output: str = "sdpa") -> Iterator[AttentionKernel]:
     """Run `hm`'s attention through the statistics kernel while active, then restore its implementation.
 
-    Yields the `AttentionKernel`; attach consumers with `kernel.consumer(fn)`. Nested use on the same
-    model yields the kernel already active (the block size must agree).
+    Yields the `AttentionKernel`; attach consumers with `kernel.consumer(fn)`. While consumers are attached,
+    each layer's output comes from `output` (see OUTPUTS; without consumers it is always sdpa's). Nested
+    use on the same model yields the kernel already active (the block size must agree).
     """
     check_block(block)
+    check_output(output)
     active = next((k for k, _ in _ACTIVE.values() if k.hm.model is hm.model), None)
     if active is not None:
         if active.block != block:
@@ -214,7 +228,7 @@ def stats_kernel(hm: HeadModel, block: int = DEFAULT_BLOCK) -> Iterator[Attentio
         return
     check_kernel_support(hm)
     _register()
-    kernel = AttentionKernel(hm, block)
+    kernel = AttentionKernel(hm, block, output)
     previous = hm.config._attn_implementation
     handles = []
     try:
