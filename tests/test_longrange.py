@@ -121,8 +121,11 @@ def test_retrieval_counter_known_answer_and_blocks():
 
 def test_decide_long_rule():
     s = {"retrieval_score": np.array([[0.5, 0.05, 0.5]]), "retrieval_score_uniform": np.array([[0.01, 0.01, 0.2]])}
+    s.update({"streaming_share": np.array([[0.95, 0.95, 0.85]]), "streaming_share_uniform": np.array([[0.34, 0.5, 0.1]])})
     roles = decide_long(s, LongThresholds())
-    assert roles == {(0, 0): ["retrieval"]}  # 0.05 is below 0.1; 0.5 is not 3x of 0.2
+    # retrieval: 0.05 is below 0.1; 0.5 is not 3x of 0.2. streaming: 0.95 is 0.61 above 0.34 but only 0.45
+    # above 0.5; 0.85 is below 0.9
+    assert roles == {(0, 0): ["retrieval", "streaming"]}
 
 
 def test_haystack_spans(minilm):
