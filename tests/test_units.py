@@ -150,3 +150,34 @@ def test_refuses_removing_every_layer():
         drop_blocks(hm, [0, 1])
     with pytest.raises(HeadscopeError, match="every FFN neuron"):
         prune_units(hm, UnitMask(ffn={0: torch.zeros(hm.ffn_size(0))}))
+
+
+def test_smollm2_pruned_equals_masked(smollm2):
+    """Real weights: SmolLM2 without block 29, the attention sub-layer of layer 28 and every third FFN
+    neuron of layer 0 computes what the masked model does, and is smaller by exactly those parameters."""
+    hm = smollm2
+    enc = hm.tokenizer(["The cat sat on the mat.", "Prices rose sharply in May"], return_tensors="pt", padding=True)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    block = torch.ones(hm.n_layers)
+    block[29] = 0
+    attention = torch.ones(hm.n_layers)
+    attention[28] = 0
+    ffn = {0: (torch.arange(hm.ffn_size(0)) % 3 != 0).float()}
+    m = UnitMask(block=block, attention=attention, ffn=ffn)
+    with torch.no_grad():
+        with unit_masks(hm, m):
+            want = hm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        small = prune_units(hm, m)
+        got = small.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        plain = hm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    # Relative to the largest logit, as test_gemma3 does: float32 sums in another order differ by ~1e-5 of it.
+    scale = (want * mask[..., None]).abs().max().item()
+    d = ((got - want) * mask[..., None]).abs().max().item() / scale
+    assert d < 1e-5, f"pruned != masked: max abs diff {d * scale:.3g} ({d:.3g} of the largest logit {scale:.3g})"
+    assert ((plain - want) * mask[..., None]).abs().max().item() > 1.0  # the mask changes the logits a lot
+    from headscope.prune import n_parameters
+    from headscope.units import unit_parameters
+    gone = unit_parameters(hm, "block", 29) + unit_parameters(hm, "attention", 28) + \
+        unit_parameters(hm, "ffn", 0) * int((ffn[0] == 0).sum())
+    assert n_parameters(hm) - n_parameters(small) == round(gone)
+    assert small.n_layers == 29 and small.heads_in_layer(28) == 0 and small.ffn_size(0) == 1024
