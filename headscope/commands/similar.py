@@ -11,8 +11,17 @@ from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import provenance
-from ..similarity import (CKA_ESTIMATORS, DEFAULT_CKA_BATCH, DEFAULT_CKA_MIN, DEFAULT_CKA_POOL, DEFAULT_JS_MAX, LN2,
-                          check_cka_batch, check_thresholds, similarity)
+from ..similarity import (
+    CKA_ESTIMATORS,
+    DEFAULT_CKA_BATCH,
+    DEFAULT_CKA_MIN,
+    DEFAULT_CKA_POOL,
+    DEFAULT_JS_MAX,
+    LN2,
+    check_cka_batch,
+    check_thresholds,
+    similarity,
+)
 from ..table import to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
 
