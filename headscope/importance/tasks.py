@@ -115,8 +115,12 @@ def syntax(ctx: TaskContext) -> np.ndarray:
     from ..syntax import dependency_accuracy
 
     sentences = read_conllu(ctx.data or "ewt-test")[: ctx.limit or None]
-    counts = dependency_accuracy(ctx.hm, sentences, ctx.max_length or 128, ctx.batch_size, pad_id=pad_id(ctx.hm),
-                                 progress=ctx.progress or None)
+    bar = tqdm(total=len(sentences), desc="syntax", unit="sentence", disable=not ctx.progress, leave=False)
+    try:
+        counts = dependency_accuracy(ctx.hm, sentences, ctx.max_length or 128, ctx.batch_size,
+                                     pad_id=pad_id(ctx.hm), progress=bar)
+    finally:
+        bar.close()
     rels = counts.relations(min_count=5) or counts.relations()
     return np.nanmax(np.stack([counts.accuracy(r, "dep_to_head") for r in rels]), axis=0)
 
