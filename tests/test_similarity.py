@@ -507,6 +507,17 @@ def test_cli_writes_outputs_and_refuses_overwrite(tmp_path, capsys):
     assert main(["similar", "minilm", "--out", str(tmp_path / "p"), "--cka-min", "1.5"]) == 2
 
 
+def test_cli_refuses_bad_cka_options_before_loading(tmp_path, capsys, monkeypatch):
+    import headscope.commands.similar as verb
+
+    monkeypatch.setattr(verb, "load_from_args", lambda args: pytest.fail("the model loaded"))
+    assert main(["similar", "minilm", "--out", str(tmp_path / "a"), "--cka-batch", "4"]) == 2
+    assert "at least 8" in capsys.readouterr().err
+    assert main(["similar", "minilm", "--out", str(tmp_path / "b"), "--cka-pool", "-1"]) == 2
+    assert "--cka-pool" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 # --- real weights ---------------------------------------------------------------------------------
 def test_minilm_broad_heads_l0h7_l0h11_are_the_closest_patterns(minilm):
     """Measured on MiniLM: L0H7 and L0H11 are the lowest-JS pair on the first 6, the first 10 and all
