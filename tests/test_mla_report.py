@@ -82,3 +82,18 @@ def test_part_has_chart_table_and_the_published_rows(runs):
 def test_nothing_found_says_which_verbs_to_run(tmp_path):
     part = kv_quality_part(Sources.scan([tmp_path]))
     assert "headscope mla" in part.panels[0]["note"] and part.panels[0]["rows"] == []
+
+
+def test_files_of_another_model_are_left_out_and_named(runs, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    m = json.loads((runs / "r4" / "mla.json").read_text())
+    m["provenance"]["model"]["fingerprint"] = "0" * 64  # as if converted from another model
+    m["kv_rank"] = 5
+    (other / "mla.json").write_text(json.dumps(m))
+    skipped: list[str] = []
+    table = rows(Sources.scan([runs / "r4", other]), skipped)
+    assert [r["setting"].split()[1] for r in table if r["method"] == "MLA"] == ["4"]
+    assert skipped == [str(other / "mla.json")]
+    part = kv_quality_part(Sources.scan([runs / "r4", other]))
+    assert any("Left out" in t and str(other) in t for t in part.panels[0]["text"])

@@ -18,8 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import GQA_JSON, KVCACHE_CSV, MLA_JSON, artifact
+from ..artifacts import GQA_JSON, KVCACHE_CSV, KVCACHE_JSON, MLA_JSON, artifact
 from ..plots import figure, save_png
+from .mixing import read_provenance
 from .sources import Part, Sources, data_url
 
 COLUMNS = ["method", "setting", "kv_bytes_per_token", "kv_share", "ppl_converted", "ppl_uptrained", "uptrain_steps",
@@ -39,8 +40,12 @@ MHA2MLA_CITE = ("Ji et al. 2025, \"Towards Economical Inference: Enabling DeepSe
                 "Any Transformer-based LLMs\", arXiv:2502.14837v1, Table 1 (SmolLM-135M rows)")
 
 
-def _all(src: Sources, name: str) -> list[tuple[Path, Any]]:
-    """Every readable copy of declared file `name` in the search directories: (path, JSON object or CSV rows)."""
+def _all(src: Sources, name: str, seen: dict[str, Any]) -> list[tuple[Path, Any]]:
+    """Every readable copy of declared file `name` in the search directories: (path, JSON object or CSV rows).
+
+    Files of another model than the first one found (provenance fingerprint; kvcache.csv's is in the
+    kvcache.json beside it) are left out and named in seen["skipped"]: one chart never mixes models.
+    """
     found = []
     art = artifact(name)
     for d in src.dirs:
@@ -50,15 +55,22 @@ def _all(src: Sources, name: str) -> list[tuple[Path, Any]]:
         try:
             if art.kind == "json":
                 data = json.loads(path.read_text(encoding="utf-8"))
-                if isinstance(data, dict) and not art.missing(list(data)):
-                    found.append((path, data))
+                if not isinstance(data, dict) or art.missing(list(data)):
+                    continue
             else:
                 with path.open(encoding="utf-8", newline="") as f:
-                    rows = list(csv.DictReader(f))
-                if rows and not art.missing(list(rows[0])):
-                    found.append((path, rows))
+                    data = list(csv.DictReader(f))
+                if not data or art.missing(list(data[0])):
+                    continue
         except (OSError, ValueError):
             continue  # the section that owns the file reports what is wrong with it
+        rec = read_provenance(path if art.kind == "json" else path.with_name(KVCACHE_JSON.name)) or {}
+        fingerprint = (rec.get("model") or {}).get("fingerprint")
+        if fingerprint is not None:
+            if seen.setdefault("fingerprint", fingerprint) != fingerprint:
+                seen["skipped"].append(str(path))
+                continue
+        found.append((path, data))
     return found
 
 
@@ -70,10 +82,13 @@ def _per_token(k: dict[str, Any]) -> float:
     return k["measured"] / (k["batch"] * k["seq_len"])
 
 
-def rows(src: Sources) -> list[dict[str, Any]]:
-    """One row per cache: the originals (once per evaluation text), GQA, MLA and head-aware caches."""
+def rows(src: Sources, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per cache: the originals (once per evaluation text), GQA, MLA and head-aware caches.
+
+    Files from another model than the first one read are left out and their paths added to `skipped`."""
     out: list[dict[str, Any]] = []
     originals: dict[str, dict[str, Any]] = {}
+    seen: dict[str, Any] = {"skipped": [] if skipped is None else skipped}
 
     def original(r: dict[str, Any], per_token: float, text: str) -> None:
         kv_heads = r.get("n_kv_heads", r.get("n_kv_heads_before"))
@@ -82,7 +97,7 @@ def rows(src: Sources) -> list[dict[str, Any]]:
                                     "ppl_uptrained": None, "uptrain_steps": 0, "ppl_ratio_converted": 1.0,
                                     "ppl_ratio_uptrained": None, "needle_accuracy": None, "evaluated_on": text})
 
-    for _, g in _all(src, GQA_JSON.name):
+    for _, g in _all(src, GQA_JSON.name, seen):
         text = f"{g['heldout']} ({g['heldout_passages']} passages, <= {g['max_length']} tokens)"
         before, after = _per_token(g["kv_bytes_before"]), _per_token(g["kv_bytes_after"])
         original(g, before, text)
@@ -95,7 +110,7 @@ def rows(src: Sources) -> list[dict[str, Any]]:
                     "ppl_ratio_converted": _ratio(g["ppl_after"], g["ppl_before"]),
                     "ppl_ratio_uptrained": _ratio(g["ppl_uptrained"], g["ppl_before"]),
                     "needle_accuracy": None, "evaluated_on": text})
-    for _, m in sorted(_all(src, MLA_JSON.name), key=lambda pm: pm[1]["kv_rank"]):
+    for _, m in sorted(_all(src, MLA_JSON.name, seen), key=lambda pm: pm[1]["kv_rank"]):
         text = f"{m['heldout']} ({m['heldout_passages']} passages, <= {m['max_length']} tokens)"
         original(m, m["kv_bytes_per_token_before"], text)
         out.append({"method": "MLA", "setting": f"rank {m['kv_rank']} + {m['rope_dims']} RoPE dims/KV head "
@@ -106,7 +121,7 @@ def rows(src: Sources) -> list[dict[str, Any]]:
                     "ppl_ratio_converted": _ratio(m["ppl_after"], m["ppl_before"]),
                     "ppl_ratio_uptrained": _ratio(m["ppl_uptrained"], m["ppl_before"]),
                     "needle_accuracy": None, "evaluated_on": text})
-    for _, table in _all(src, KVCACHE_CSV.name):
+    for _, table in _all(src, KVCACHE_CSV.name, seen):
         num = lambda v: float(v) if v not in (None, "") else None  # noqa: E731
         full = next((r for r in table if r["method"] == "full"), None)
         full_ppl = num(full["perplexity"]) if full else None
@@ -152,7 +167,8 @@ def kv_quality_figure(table: list[dict[str, Any]], path: Path | None = None) -> 
 def kv_quality_part(src: Sources) -> Part:
     """The chart and the table (q2), MHA2MLA's published table beside them, or a note naming the verbs to run."""
     part = Part()
-    table = rows(src)
+    skipped: list[str] = []
+    table = rows(src, skipped)
     if not any(r["method"] != "original" for r in table):
         part.panel("q2", "KV-cache bytes against quality", note="no gqa.json, mla.json or kvcache.csv found: run "
                    "`headscope gqa MODEL --kv-heads 1 --uptrain 32`, `headscope mla MODEL --kv-rank R --uptrain 32` "
@@ -161,7 +177,8 @@ def kv_quality_part(src: Sources) -> Part:
     part.panel("q2", "KV-cache bytes against quality", COLUMNS, table, plot=data_url(kv_quality_figure(table)),
                text=["Each cache's bytes per token relative to the original model's cache, against its perplexity "
                      "relative to the original's on the same text (open markers: converted; filled: after the "
-                     "uptraining steps shown). Rows evaluated on different texts share only these ratios."])
+                     "uptraining steps shown). Rows evaluated on different texts share only these ratios."]
+               + ([f"Left out (another model than the rows shown): {', '.join(skipped)}."] if skipped else []))
     best = [r for r in table if r["method"] == "MLA" and r["ppl_ratio_uptrained"] is not None]
     if best:
         r = min(best, key=lambda r: r["kv_share"])
