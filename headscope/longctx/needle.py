@@ -15,8 +15,9 @@ token equal to t. Wu counts during greedy generation; here the answer is fed (te
 step producing answer token a is the query at position a - 1. Where the model's own argmax at every
 answer step is the answer token, greedy generation would have produced exactly these steps, so the two
 agree; `token_accuracy` says how often that holds. Like Wu (who keeps a test only when the answer's
-ROUGE recall exceeds 50), a haystack counts towards the score only when the model gets more than half of
-the answer tokens right; the score over all haystacks is reported too.
+ROUGE recall exceeds 50), a haystack counts towards the score only when greedy decoding would produce
+more than half of the answer (`greedy_prefix`: answer tokens right before the first wrong one); the score
+over all haystacks is reported too.
 """
 
 from __future__ import annotations

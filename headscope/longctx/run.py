@@ -119,12 +119,15 @@ def needle_pass(hm: HeadModel, length: int, haystacks: int, depths: tuple[float,
             pred = logits[: a1 - a0].argmax(-1).cpu()
             right = (pred == torch.tensor(hay.ids[a0:a1])).double()
             acc = float(right.mean())
+            # greedy decoding follows the teacher-forced steps only up to the first wrong token
+            prefix = int(right.cumprod(0).sum())
             per_hay.append(counter.hits.copy())
             chance.append(counter.chance())
             rows.append({"depth": hay.depth, "tokens": len(hay.ids), "needle": list(hay.needle),
                          "answer": list(hay.answer), "fact": hay.fact, "answer_text": hay.answer_text,
                          "predicted": hm.tokenizer.decode(pred.tolist()), "token_accuracy": acc,
-                         "exact": bool(right.all()), "succeeded": acc > 0.5, "chance": chance[-1]})
+                         "greedy_prefix": prefix, "exact": bool(right.all()),
+                         "succeeded": prefix / len(right) > 0.5, "chance": chance[-1]})
             bar.update(1)
     finally:
         bar.close()
