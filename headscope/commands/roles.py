@@ -18,7 +18,6 @@ import numpy as np
 from ..artifacts import ROLES_CSV, ROLES_JSON, SYNTAX_CSV, outputs
 from ..data import read_conllu, read_texts
 from ..io import atomic_write_text, prepare_out_dir
-from ..models import load_model
 from ..longctx import CARD_SCORES, LONG_SCORES, check_long_args, head_card, long_roles, write_card
 from ..attention import DEFAULT_BLOCK
 from ..data.sources import LONG_SOURCES
@@ -28,7 +27,7 @@ from ..coref import read_documents
 from ..syntax import RELATIONS
 from ..errors import HeadscopeError
 from ..table import HeadTable, to_jsonable
-from ._common import add_data_args, add_model_arg, add_out_args
+from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
 
 OUTPUTS = outputs("roles", optional=True)  # roles.csv, roles.json, syntax.csv (with --treebank)
 
@@ -84,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         read_conllu(args.treebank)
     if args.coref:
         read_documents(args.coref)
-    hm = load_model(args.model, device=args.device)
+    hm = load_from_args(args)
     table = roles(hm, args.data, treebank=args.treebank, coref=args.coref, max_length=args.max_length,
                   batch_size=args.batch_size, limit=args.limit, seed=args.seed, progress=True)
     report = {**table.meta["roles"], "provenance": provenance("roles", hm, source, args)}
