@@ -337,6 +337,7 @@ KVCACHE_JSON = Artifact(
     (_f("model"), _f("n_layers"), _f("n_heads"), _f("n_kv_heads"), _f("d_head"),
      _f("settings", "sink, window, context, budgets, score source, data, needle settings"),
      _f("rows", "kvcache.csv's rows, each with `full_heads` (per layer, the KV heads kept full) and needle answers"),
+     _f("scores", "[layer][head] the score that chose the full heads (as used: '-COLUMN' negated)"),
      _PROVENANCE))
 SWEEP_CSV = Artifact(
     "sweep.csv", "csv", {"sweep": ""}, "one row per trained configuration",

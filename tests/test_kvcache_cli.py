@@ -55,6 +55,7 @@ def test_kvcache_run_with_retrieval_scores(llama, tmp_path):
     assert rows[1]["chosen_by"] == "retrieval_score" and rows[2]["chosen_by"] == ""
     assert report["settings"]["scores"]["haystacks"] == 1 and report["provenance"]["verb"] == "kvcache"
     assert len(report["rows"][1]["full_heads"]) == 2 and len(report["rows"][1]["answers"]) == 2
+    assert np.asarray(report["scores"], float).shape == (2, 6)
 
 
 def test_kvcache_threshold_from_a_scores_file(llama, tmp_path):

@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                            "threshold": args.threshold, "scores": score_info, "data": data.source,
                            "passages": len(passages), "needles": args.needles, "chunk": args.chunk,
                            "random_control": not args.no_random, "seed": args.seed},
-              "rows": rows, "provenance": provenance("kvcache", hm, data, args)}
+              "rows": rows, "scores": scores.tolist(), "provenance": provenance("kvcache", hm, data, args)}
     atomic_write_text(out / KVCACHE_CSV.name, buf.getvalue())
     atomic_write_text(out / KVCACHE_JSON.name, json.dumps(to_jsonable(report), indent=2) + "\n")
 
