@@ -10,7 +10,8 @@
 #
 # Environment: DEVICE (cuda), DTYPE (bfloat16), LIMIT (64 passages), MAXLEN (256 tokens), MODEL (smollm2),
 # PY (.venv/bin/python if present, else python), OUT (a fresh temporary folder, removed at the end
-# unless KEEP=1). Exits non-zero at the first step that fails.
+# unless KEEP=1), STEPS (which steps after the plain forward; default all: analyze similar ablation
+# prune gqa). Exits non-zero at the first step that fails.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -27,6 +28,8 @@ mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1
 [[ "${KEEP:-0}" == 1 ]] || trap 'rm -rf "$OUT"' EXIT
 
+STEPS=${STEPS:-analyze similar ablation prune gqa}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 COMMON=(--device "$DEVICE" --dtype "$DTYPE")
 DATA=(--data ptb-valid --limit "$LIMIT" --max-length "$MAXLEN")
 
@@ -67,19 +70,21 @@ if device.startswith("cuda"):
     print("peak GPU memory MiB", torch.cuda.max_memory_allocated() // 2**20)
 PYEOF
 
-run_step analyze "$PY" -m headscope analyze "$MODEL" "${COMMON[@]}" "${DATA[@]}" --out "$OUT/analyze"
-run_step similar "$PY" -m headscope similar "$MODEL" "${COMMON[@]}" "${DATA[@]}" --js-max-tokens 2000 --out "$OUT/similar"
-run_step ablation "$PY" -m headscope score "$MODEL" "${COMMON[@]}" "${DATA[@]}" --method ablation --out "$OUT/score"
-run_step prune "$PY" -m headscope prune "$MODEL" "${COMMON[@]}" "${DATA[@]}" --method gradient --fraction 0.2 \
+want analyze && run_step analyze "$PY" -m headscope analyze "$MODEL" "${COMMON[@]}" "${DATA[@]}" --out "$OUT/analyze"
+want similar && run_step similar "$PY" -m headscope similar "$MODEL" "${COMMON[@]}" "${DATA[@]}" --js-max-tokens 2000 --out "$OUT/similar"
+want ablation && run_step ablation "$PY" -m headscope score "$MODEL" "${COMMON[@]}" "${DATA[@]}" --method ablation --out "$OUT/score"
+want prune && run_step prune "$PY" -m headscope prune "$MODEL" "${COMMON[@]}" "${DATA[@]}" --method gradient --fraction 0.2 \
     --step 0.1 --save-model --out "$OUT/prune"
-run_step gqa "$PY" -m headscope gqa "$MODEL" "${COMMON[@]}" --kv-heads 1 --data ptb-valid --data-limit "$LIMIT" \
+want gqa && run_step gqa "$PY" -m headscope gqa "$MODEL" "${COMMON[@]}" --kv-heads 1 --data ptb-valid --data-limit "$LIMIT" \
     --heldout ptb-test --heldout-limit "$LIMIT" --max-length "$MAXLEN" --out "$OUT/gqa"
 
 echo "ratios to the plain forward process (${WALL[plain]} s, model load included):"
-for name in analyze similar ablation prune gqa; do
+for name in $STEPS; do
     "$PY" -c "print(f'  {\"$name\":<10} {${WALL[$name]} / ${WALL[plain]}:6.2f}x')"
 done
-for f in analyze/heads.csv similar/similar_pairs.csv score/importance.csv prune/prune.json gqa/gqa.json; do
-    [[ -s "$OUT/$f" ]] || { echo "gpu_check: missing output $f" >&2; exit 1; }
+declare -A OUTPUT=([analyze]=analyze/heads.csv [similar]=similar/similar_pairs.csv [ablation]=score/importance.csv
+                   [prune]=prune/prune.json [gqa]=gqa/gqa.json)
+for name in $STEPS; do
+    [[ -s "$OUT/${OUTPUT[$name]}" ]] || { echo "gpu_check: missing output ${OUTPUT[$name]}" >&2; exit 1; }
 done
 echo "gpu_check: every step ran and wrote its outputs"
