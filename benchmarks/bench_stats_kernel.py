@@ -106,12 +106,13 @@ def plot(results: list[dict], title: str, path: str) -> None:
 
     from headscope.plots import figure, save_png
 
-    fig, axes = figure(9.5, 3.6, 1, 2)
+    fig, axes = figure(10.5, 3.6, 1, 2)
+    fig.subplots_adjust(wspace=0.3)
     styles = {"sdpa": ("plain sdpa forward", "k", "o"), "eager": ("old path: eager, full T x T maps", "tab:red", "s"),
               "kernel": ("statistics kernel (sdpa output + blocks)", "tab:blue", "^"),
               "fused": ("statistics kernel, output from its blocks", "tab:green", "v")}
     for ax, key, label in ((axes[0, 0], "cpu_seconds", "CPU seconds per forward (1 thread)"),
-                           (axes[0, 1], "growth_mib", "peak RSS growth over the loaded model, MiB")):
+                           (axes[0, 1], "growth_mib", "peak RSS growth over the model, MiB")):
         for mode, (name, color, marker) in styles.items():
             rows = sorted((r for r in results if r["mode"] == mode), key=lambda r: r["T"])
             if rows:
