@@ -10,6 +10,7 @@ original architecture and slices the recorded heads out of it before the weights
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import logging
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 
 PRUNING_FILE = "headscope_pruning.json"
 MLA_FILE = "headscope_mla.json"  # an MLA-converted model (headscope.mla.checkpoint saves and loads it)
+# Checkpoints in a layout a stage owns (not plain transformers, not a head pruning): marker file ->
+# "module:function" of the stage's loader, imported by name when such a checkpoint is loaded, so the
+# foundation never imports a stage (tests/test_import_graph.py).
+STAGE_LOADERS = {MLA_FILE: "headscope.mla.checkpoint:load_mla"}
 FORMAT_VERSION = 1
 REMOTE_MODULE = "modeling_headscope_pruned"
 LOAD_WITH = ("headscope.load_model(path) or headscope.models.checkpoint.load_checkpoint(path), "
@@ -163,9 +168,10 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     if not (path / "config.json").exists():
         raise HeadscopeError(f"{str(path)!r} is not a saved model (no config.json); give a folder written by "
                              f"save_model (headscope prune/gqa --out OUT writes OUT/model)")
-    if (path / MLA_FILE).exists():  # latent-attention modules: built by headscope.mla before the weights load
-        from ..mla.checkpoint import load_mla
-        return load_mla(path, device=device, dtype=dtype)
+    for marker, loader in STAGE_LOADERS.items():  # a layout a stage owns: that stage's loader builds it
+        if (path / marker).exists():
+            module, fn = loader.split(":")
+            return getattr(importlib.import_module(module), fn)(path, device=device, dtype=dtype)
     config = transformers.AutoConfig.from_pretrained(path)
     kept = _kept_heads(path, config)
     neurons = {int(l): [int(i) for i in k] for l, k in (getattr(config, FFN_CONFIG_KEY, None) or {}).items()}
