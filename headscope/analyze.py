@@ -21,13 +21,14 @@ log = logging.getLogger(__name__)
 
 
 def run_stats(hm: HeadModel, ids: list[list[int]], batch_size: int, progress: bool = False, *,
-              block: int = DEFAULT_BLOCK, eager: bool = False, output: str = "sdpa") -> HeadStats:
+              block: int = DEFAULT_BLOCK, eager: bool = False, output: str = "blocks") -> HeadStats:
     """Stream token-id sequences through the model in batches and return the summed statistics.
 
     Attention statistics come from the statistics kernel in blocks of `block` queries (no T x T map);
     `eager=True` reads them from eager attention's full maps instead (the reference; same numbers).
-    `output="blocks"` has the kernel compute each layer's output from its own blocks instead of calling
-    sdpa as well (eager's output; one attention per layer instead of two).
+    By default (`output="blocks"`) the kernel computes each layer's output from the very blocks the
+    statistics read (eager's output, one attention per layer); `output="sdpa"` calls sdpa for the output
+    as well (measured slower at every T: docs/stats_kernel.md).
     """
     check_block(block)
     check_output(output)
