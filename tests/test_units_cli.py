@@ -3,7 +3,6 @@ model reloads and scores what the curve says, and bad input is one line, exit 2,
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 

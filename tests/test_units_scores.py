@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from headscope.data import prepare_tokens
-from headscope.eval.evaluate import evaluate_prepared
 from headscope.units import UnitMask, unit_masks
 from headscope.units.scores import block_influence, ffn_scores, layer_ablation
 from tests.families import model

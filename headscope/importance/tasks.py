@@ -29,7 +29,6 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..data import read_texts
 from ..errors import HeadscopeError, did_you_mean
 from ..eval.evaluate import is_labelled
 from ..eval.metrics import METRICS

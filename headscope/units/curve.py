@@ -33,11 +33,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ..curves.recovery import Recovery
-from ..data import Tokens, batches, pad_id
+from ..data import batches, pad_id
 from ..errors import HeadscopeError, did_you_mean
-from ..eval.evaluate import Reference, evaluate_prepared, make_reference, prepare
+from ..eval.evaluate import evaluate_prepared, make_reference, prepare
 from ..eval.metrics import METRICS
-from ..models import layout
 from ..models.adapter import HeadModel
 from ..prune import n_parameters
 from .masks import UnitMask, check_unit_kind, unit_masks

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import HeadscopeError
 from ..models.adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
-from ..models.layout import get_path, set_path
+from ..models.layout import set_path
 from .masks import UnitMask, check_unit_kind
 
 log = logging.getLogger(__name__)
