@@ -226,7 +226,8 @@ def test_cli_end_to_end_and_bad_input_leaves_nothing(tmp_path, capsys):
     for bad, says in ((["--kv-rank", "24", "--rope-dims", "4"], "the full rank"),
                       (["--kv-rank", "4", "--rope-dims", "3"], "--rope-dims must be an even number"),
                       (["--kv-rank", "4", "--rope-dims", "12"], "from 2 to d_head = 8"),
-                      (["--kv-rank", "0"], "--kv-rank must be at least 1")):
+                      (["--kv-rank", "0"], "--kv-rank must be at least 1"),
+                      (["--kv-rank", "4", "--device-map", "auto"], "cannot convert a dispatched model")):
         assert main(["mla", str(src), *bad, *common]) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, err

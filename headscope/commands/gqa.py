@@ -7,13 +7,10 @@ import json
 import sys
 
 from ..artifacts import GQA_JSON, MODEL_DIR, outputs
-from ..data import DEFAULT_LIMIT, read_texts
+from ..data import read_texts
 from ..errors import HeadscopeError
 from ..gqa import (
-    DEFAULT_DATA,
-    DEFAULT_HELDOUT,
     GROUPINGS,
-    LOSSES,
     TRAINABLE,
     check_convertible,
     convert_and_evaluate,
@@ -21,6 +18,7 @@ from ..gqa import (
 from ..io import atomic_write_text, prepare_out_dir
 from ..kv import human_bytes
 from ._common import add_device_args, load_from_args
+from ._uptrain import add_uptrain_args
 from ..provenance import provenance
 from ..models.checkpoint import save_model
 
@@ -43,31 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--search-candidates", type=int, default=8, metavar="N",
                    help="--grouping search: seeded (--seed) random groupings tried per layer besides adjacent and "
                         "similarity (default 8)")
-    p.add_argument("--uptrain", type=int, default=0, metavar="N", help="uptraining steps after conversion (default 0)")
-    p.add_argument("--loss", choices=LOSSES, default="kd",
-                   help="uptraining loss: kd = KL to the original model's next-token distribution, "
-                        "lm = next-token cross-entropy (default: kd)")
     p.add_argument("--train", choices=TRAINABLE, default="attention",
                    help="what uptraining updates: attention = q/k/v/o projections, all = every parameter "
                         "(default: attention)")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate for uptraining (default 1e-3)")
-    p.add_argument("--data", default=DEFAULT_DATA,
-                   help="calibration text for similarity grouping, search and uptraining: a built-in corpus "
-                        "(ptb-train|ptb-valid|ptb-test, ewt-test, gum-test, sample) or a .txt/.jsonl/.conllu file "
-                        f"(default: {DEFAULT_DATA})")
-    p.add_argument("--heldout", default=DEFAULT_HELDOUT,
-                   help=f"held-out text for perplexity, same forms as --data (default: {DEFAULT_HELDOUT})")
-    p.add_argument("--data-limit", type=int, default=None, metavar="N",
-                   help=f"passages of --data to use (default: the first {DEFAULT_LIMIT} of a built-in corpus, "
-                        "all of a file)")
-    p.add_argument("--heldout-limit", type=int, default=None, metavar="N",
-                   help=f"passages of --heldout to use (default: the first {DEFAULT_LIMIT} of a built-in corpus, "
-                        "all of a file)")
-    p.add_argument("--max-length", type=int, default=64, help="tokens per passage (default 64)")
-    p.add_argument("--batch-size", type=int, default=8, help="passages per step (default 8)")
     p.add_argument("--no-fallback", action="store_true",
                    help="keep similarity groups even when adjacent groups do better on --data")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    add_uptrain_args(p, "calibration text for similarity grouping, search and uptraining")
     add_device_args(p)
     p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
     p.add_argument("--force", action="store_true", help="overwrite OUT/model and OUT/gqa.json")

@@ -7,15 +7,15 @@ import json
 import sys
 
 from ..artifacts import MLA_JSON, MODEL_DIR, outputs
-from ..data import DEFAULT_LIMIT, read_texts
+from ..data import read_texts
 from ..errors import HeadscopeError
-from ..gqa import DEFAULT_DATA, DEFAULT_HELDOUT, LOSSES
 from ..io import atomic_write_text, prepare_out_dir
 from ..kv import human_bytes
 from ..mla import SELECTIONS, SUPPORTED_MODEL_TYPES, check_mla
 from ..mla.checkpoint import save_mla
 from ..mla.recipe import convert_and_evaluate
-from ..models import load_model
+from ._common import add_device_args, load_from_args
+from ._uptrain import add_uptrain_args
 from ..provenance import provenance
 
 OUTPUTS = outputs("mla")  # model/, mla.json
@@ -40,22 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--selection", choices=SELECTIONS, default="2-norm",
                    help="which rotary frequencies stay: 2-norm = largest mean ||q_f|| x ||k_f|| on --data "
                         "(MHA2MLA), high = the fastest ones (default: 2-norm)")
-    p.add_argument("--uptrain", type=int, default=0, metavar="N", help="uptraining steps after conversion (default 0)")
-    p.add_argument("--loss", choices=LOSSES, default="kd",
-                   help="uptraining loss: kd = KL to the original model, lm = next-token cross-entropy (default kd)")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate for uptraining (default 1e-3)")
-    p.add_argument("--data", default=DEFAULT_DATA,
-                   help=f"calibration and uptraining text: a built-in corpus or a .txt/.jsonl/.conllu file "
-                        f"(default: {DEFAULT_DATA})")
-    p.add_argument("--heldout", default=DEFAULT_HELDOUT, help=f"held-out text for perplexity (default: {DEFAULT_HELDOUT})")
-    p.add_argument("--data-limit", type=int, default=None, metavar="N",
-                   help=f"passages of --data (default: the first {DEFAULT_LIMIT} of a built-in corpus, all of a file)")
-    p.add_argument("--heldout-limit", type=int, default=None, metavar="N",
-                   help=f"passages of --heldout (default: the first {DEFAULT_LIMIT} of a built-in corpus, all of a file)")
-    p.add_argument("--max-length", type=int, default=64, help="tokens per passage (default 64)")
-    p.add_argument("--batch-size", type=int, default=8, help="passages per step (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_uptrain_args(p, "calibration and uptraining text")
+    add_device_args(p)
     p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
     p.add_argument("--force", action="store_true", help="overwrite OUT/model and OUT/mla.json")
     p.set_defaults(func=run)
@@ -71,10 +57,14 @@ def run(args: argparse.Namespace) -> int:
                              f"2 dimensions); got {args.rope_dims}")
     if args.max_length < 2:
         raise HeadscopeError(f"--max-length must be at least 2 tokens, got {args.max_length}")
+    if args.device_map is not None:
+        raise HeadscopeError("mla builds new latent-attention modules in memory and cannot convert a dispatched "
+                             f"model (--device-map {args.device_map}); use --device (and --dtype bfloat16 to halve "
+                             "the memory)")
     out = prepare_out_dir(args.out, args.force, OUTPUTS)
     data = read_texts(args.data, args.data_limit)
     heldout = read_texts(args.heldout, args.heldout_limit)
-    hm = load_model(args.model, device=args.device)
+    hm = load_from_args(args)
     check_mla(hm, args.kv_rank, args.rope_dims)
     prov = provenance("mla", hm, data, args, heldout=heldout)
     final, report = convert_and_evaluate(

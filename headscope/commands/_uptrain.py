@@ -1,0 +1,34 @@
+"""Options shared by the verbs that convert a model and uptrain it by distillation (gqa, mla)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..data import DEFAULT_LIMIT
+from ..gqa import DEFAULT_DATA, DEFAULT_HELDOUT, LOSSES
+
+
+def add_uptrain_args(p: argparse.ArgumentParser, data_use: str) -> None:
+    """--uptrain, --loss, --lr, the calibration and held-out text, passage sizes and --seed.
+
+    `data_use` says what the verb reads --data for (e.g. "calibration and uptraining text").
+    """
+    p.add_argument("--uptrain", type=int, default=0, metavar="N", help="uptraining steps after conversion (default 0)")
+    p.add_argument("--loss", choices=LOSSES, default="kd",
+                   help="uptraining loss: kd = KL to the original model's next-token distribution, "
+                        "lm = next-token cross-entropy (default: kd)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate for uptraining (default 1e-3)")
+    p.add_argument("--data", default=DEFAULT_DATA,
+                   help=f"{data_use}: a built-in corpus (ptb-train|ptb-valid|ptb-test, ewt-test, gum-test, sample) "
+                        f"or a .txt/.jsonl/.conllu file (default: {DEFAULT_DATA})")
+    p.add_argument("--heldout", default=DEFAULT_HELDOUT,
+                   help=f"held-out text for perplexity, same forms as --data (default: {DEFAULT_HELDOUT})")
+    p.add_argument("--data-limit", type=int, default=None, metavar="N",
+                   help=f"passages of --data to use (default: the first {DEFAULT_LIMIT} of a built-in corpus, "
+                        "all of a file)")
+    p.add_argument("--heldout-limit", type=int, default=None, metavar="N",
+                   help=f"passages of --heldout to use (default: the first {DEFAULT_LIMIT} of a built-in corpus, "
+                        "all of a file)")
+    p.add_argument("--max-length", type=int, default=64, help="tokens per passage (default 64)")
+    p.add_argument("--batch-size", type=int, default=8, help="passages per step (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
