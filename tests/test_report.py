@@ -100,7 +100,8 @@ def write_outputs(out: Path, n_layers: int, n_heads: int, rng: np.random.Generat
     (out / "gqa.json").write_text(json.dumps({
         **{k: None for k in A.GQA_JSON.required()}, "model": "tiny", "n_kv_heads_before": 4, "n_kv_heads_after": 2,
         "grouping_used": "mean", "ppl_before": 20.0, "ppl_after": 24.0,
-        "kv_bytes_before": {"measured": 2048}, "kv_bytes_after": {"measured": 1024}}))
+        "kv_bytes_before": {"measured": 2048, "batch": 2, "seq_len": 8},
+        "kv_bytes_after": {"measured": 1024, "batch": 2, "seq_len": 8}}))
     return {"grad": grad, "prev": prev}
 
 

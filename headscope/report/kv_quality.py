@@ -78,8 +78,12 @@ def _ratio(a: Any, b: Any) -> float | None:
     return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
 
 
-def _per_token(k: dict[str, Any]) -> float:
-    return k["measured"] / (k["batch"] * k["seq_len"])
+def _per_token(k: Any) -> float | None:
+    """Measured cache bytes per token of a kv_bytes record, or None when it lacks measured/batch/seq_len."""
+    try:
+        return k["measured"] / (k["batch"] * k["seq_len"])
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 def rows(src: Sources, skipped: list[str] | None = None) -> list[dict[str, Any]]:
@@ -97,9 +101,13 @@ def rows(src: Sources, skipped: list[str] | None = None) -> list[dict[str, Any]]
                                     "ppl_uptrained": None, "uptrain_steps": 0, "ppl_ratio_converted": 1.0,
                                     "ppl_ratio_uptrained": None, "needle_accuracy": None, "evaluated_on": text})
 
-    for _, g in _all(src, GQA_JSON.name, seen):
+    for path, g in _all(src, GQA_JSON.name, seen):
         text = f"{g['heldout']} ({g['heldout_passages']} passages, <= {g['max_length']} tokens)"
-        before, after = _per_token(g["kv_bytes_before"]), _per_token(g["kv_bytes_after"])
+        before, after = _per_token(g.get("kv_bytes_before")), _per_token(g.get("kv_bytes_after"))
+        if before is None or after is None:  # said up front with the other unusable files
+            src.problems[f"{path}:kv_bytes"] = (f"{path} has no measured KV bytes per token (kv_bytes_before/after "
+                                                f"need measured, batch and seq_len); rerun `headscope gqa` to chart it")
+            continue
         original(g, before, text)
         steps = (g.get("uptrain") or {}).get("steps", 0)
         layout = "MQA" if g["n_kv_heads_after"] == 1 else "GQA"
