@@ -32,7 +32,9 @@ def _received(monkeypatch, tmp_path, verb: str, *argv: str) -> dict[str, TextSou
         raise Stop
 
     module = {"score": score_cmd, "prune": prune_cmd}[verb]
-    monkeypatch.setattr(module, "load_model", lambda *a, **k: tiny_model("gpt2"))
+    from headscope.commands import _common  # every verb loads through _common.load_from_args
+
+    monkeypatch.setattr(_common, "load_model", lambda *a, **k: tiny_model("gpt2"))
     monkeypatch.setattr(module, {"score": "score", "prune": "prune_curve"}[verb], stage)
     parser = argparse.ArgumentParser()
     module.register(parser.add_subparsers())
