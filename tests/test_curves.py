@@ -231,7 +231,6 @@ def test_cli_interrupted_prune_with_recovery_resumes_to_identical_files(tmp_path
     optimizer and batch generator) and writes the same bytes as an uninterrupted run.
 
     The model is a tiny GPT-2 reading MiniLM's tokenizer (so recovery is LM distillation, and fast)."""
-    import headscope.commands.prune as prune_cmd
     import headscope.importance as importance
     from headscope.curves import PARTIAL_STATE
     from headscope.models.adapter import HeadModel
@@ -240,7 +239,9 @@ def test_cli_interrupted_prune_with_recovery_resumes_to_identical_files(tmp_path
         tiny = tiny_model("gpt2", init_std=0.2, vocab_size=minilm.tokenizer.vocab_size)
         return HeadModel(model=tiny.model, tokenizer=minilm.tokenizer, name="tiny-gpt2", source="config")
 
-    monkeypatch.setattr(prune_cmd, "load_model", load)
+    from headscope.commands import _common  # every verb loads through _common.load_from_args
+
+    monkeypatch.setattr(_common, "load_model", load)
     # Batches of 2 of the 6 passages: a resumed run that drew other batches would train differently.
     argv = ["prune", "tiny", "--fraction", "50%", "--step", "0.25", "--limit", "6", "--max-length", "16",
             "--batch-size", "2", "--recover", "2", "--recover-lr", "1e-3"]
