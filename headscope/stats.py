@@ -19,7 +19,6 @@ from .attention.kernel import DEFAULT_BLOCK, stats_kernel
 from .data import TokenClasses
 from .hooks import on_attention_weights, on_head_outputs
 from .models.adapter import HeadModel
-from .table import HeadTable
 
 # Column name -> what it means (README documents the same list).
 STATISTICS: dict[str, str] = {

@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-import transformers as tf
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tokenizer_models
 from transformers import PreTrainedTokenizerFast

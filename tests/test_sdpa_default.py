@@ -82,7 +82,7 @@ def test_full_maps_switch_to_eager_only_while_active(family):
     eager, fast = twins(family)
     impl = fast.config._attn_implementation
     ids, mask = padded_ids()
-    got, want = {}, {}
+    got = {}
     with torch.no_grad():
         with on_attention_weights(fast, lambda l, p: got.__setitem__(l, p.clone())):
             assert fast.config._attn_implementation == "eager"

@@ -104,7 +104,7 @@ def convert_to_mla(hm: HeadModel, kv_rank: int, rope_dims: int | None = None, *,
     install_mla(model, record)
     out = HeadModel(model=model, tokenizer=hm.tokenizer, name=f"{hm.name}-mla{kv_rank}", source=hm.source)
     setattr(model.config, MLA_CONFIG_KEY, record)
-    d, g = hm.d_head, hm.n_kv_heads
+    d = hm.d_head
     for layer, w in enumerate(weights):
         att = out.attention(layer)
         rope_rows, nope_rows = [], []

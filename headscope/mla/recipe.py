@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..gqa.evaluate import compare, measure_kv_bytes
 from ..gqa.recipe import DEFAULT_DATA, DEFAULT_HELDOUT, _texts
