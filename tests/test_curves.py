@@ -205,9 +205,9 @@ def test_cli_writes_curve_redundancy_and_a_loadable_model(tmp_path, minilm, caps
     assert rc == 0
     names = sorted(p.name for p in out.iterdir())
     assert names == ["model", "prune.json", "prune_curve.csv", "prune_curve.png", "redundancy.csv"], names
-    rows = list(csv.DictReader((out / "prune_curve.csv").open()))
+    rows = list(csv.DictReader((out / "prune_curve.csv").read_text().splitlines()))
     assert [int(r["n_removed"]) for r in rows] == [0, 4, 7]  # 5% of 72 heads = 4 per step, capped at 7
-    red = list(csv.DictReader((out / "redundancy.csv").open()))
+    red = list(csv.DictReader((out / "redundancy.csv").read_text().splitlines()))
     summary = json.loads((out / "prune.json").read_text())
     assert sum(int(r["removable"]) for r in red) == len(summary["heads_removed_within_target"])
     assert (out / "prune_curve.png").read_bytes()[:4] == b"\x89PNG"

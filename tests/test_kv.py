@@ -262,7 +262,7 @@ def test_cli_writes_csv_matching_the_calculator(tmp_path, capsys):
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "GQA *" in printed and "binary" in printed and "LLaMA-2-70B" in printed
-    rows = list(csv.DictReader((out / "kv.csv").open()))
+    rows = list(csv.DictReader((out / "kv.csv").read_text().splitlines()))
     model_rows = [r for r in rows if r["source"] == "model"]
     assert [int(r["n_kv_heads"]) for r in model_rows] == [8, 2, 1]
     for r in model_rows:
