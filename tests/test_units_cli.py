@@ -131,3 +131,19 @@ def test_report_section_reads_unit_curve_and_tasks(llama, tmp_path):
     assert part.panels[1]["rows"][0]["b"] == pytest.approx(-1.0)
     assert any("agree least (Spearman -1.00)" in s for s in part.text["q3"])
     assert any(s.startswith("Removing block units") for s in part.text["q3"])
+
+
+def test_curve_ends_at_the_most_that_fits_under_the_fraction():
+    """The last point is the largest removal under --fraction even when it falls short of another whole step
+    (a SmolLM2 mix curve asked for 20% once stopped at its 10% point)."""
+    from headscope.units.curve import unit_curve
+
+    hm = model("llama")
+    ids = [[5, 6, 7, 8, 9, 10, 11, 12]] * 2
+    curve = unit_curve(hm, ids, unit="ffn", method="activation", fraction=0.3, step=0.25)
+    fracs = [p.fraction_params for p in curve.points]
+    assert fracs[0] == 0.0 and all(a < b for a, b in zip(fracs, fracs[1:]))
+    assert fracs[-1] <= 0.3 + 1e-12 and len(fracs) == 3, fracs  # 0, the 25% step, and the rest up to 30%
+    last = curve.points[-1]
+    per_neuron = last.params_removed / sum(int(r.split(":")[1]) for r in last.removed)
+    assert (0.3 - fracs[-1]) * curve.n_parameters < per_neuron + 1e-6  # not one more neuron would fit

@@ -10,7 +10,8 @@ held-out data at each point:
   that has given up fewer parameters so far (so both give about half of what is removed).
 
 A point is measured each time the removed units pass another `step` of all parameters, up to `fraction`
-(units are never split, so a point may overshoot its step by part of one unit).
+(units are never split, so a point may overshoot its step by part of one unit); the last point is the
+most that fits under `fraction`, even when it falls short of a whole step.
 
 With `recover_steps`, each point is recovered from the original weights with the units masked, through
 the shared training loop (`curves.recovery.Recovery`: `train.Trainer`, the metric's recovery loss, i.e.
@@ -286,15 +287,18 @@ def unit_curve(hm: HeadModel, data: Any, *, unit: str = "block", method: str | N
     points = [UnitPoint(0, [], 0, 0.0, base, 0.0, base if recover_steps else None, 0.0 if recover_steps else None,
                         base_lat if latency else None, 1.0 if latency else None, 1.0 if latency else None)]
     # Cut points: each time the removed parameters pass another `step`.
-    cuts, acc, next_cut = [], 0.0, step
+    cuts, acc, next_cut, fits = [], 0.0, step, 0
     for i, (kind, _, _, p) in enumerate(order):
         if (acc + p) / total > fraction + 1e-12 or (unit == "block" and i + 1 >= hm.n_layers):
             break  # past the cap, or the last block (one always stays)
         acc += p
+        fits = i + 1
         if acc / total >= next_cut - 1e-12:
             cuts.append(i + 1)
             while acc / total >= next_cut - 1e-12:
                 next_cut += step
+    if fits and (not cuts or cuts[-1] != fits):
+        cuts.append(fits)  # the last point is the most that fits under the cap, even short of a whole step
     if not cuts and order:
         raise HeadscopeError(f"no {unit} unit fits in {fraction:.0%} of the parameters (the smallest holds "
                              f"{min(o[3] for o in order) / total:.1%}); raise the fraction")
