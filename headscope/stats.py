@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from .attention.blocks import AttentionBlock, BlockStats, check_block
+from .attention.blocks import DEFAULT_TILE, BlockRows, BlockStats, check_block
 from .attention.kernel import DEFAULT_BLOCK, stats_kernel
 from .data import TokenClasses
 from .hooks import on_attention_weights, on_head_outputs
@@ -224,9 +224,11 @@ class StatsSession:
 
 @contextmanager
 def collect_stats_kernel(hm: HeadModel, stats: HeadStats, token_flags: TokenClasses,
-                         block: int = DEFAULT_BLOCK, output: str = "sdpa") -> Iterator["KernelStatsSession"]:
+                         block: int = DEFAULT_BLOCK, output: str = "sdpa",
+                         tile: int = DEFAULT_TILE) -> Iterator["KernelStatsSession"]:
     """`collect_stats` through the statistics kernel: sdpa computes the model, the attention
-    statistics come in blocks of `block` queries (memory O(block x T) per head, no T x T map).
+    statistics come in blocks of `block` queries, each walking its keys in tiles of `tile` with an
+    online softmax (memory O(block x tile) per head whatever T; no T x T map, no probabilities).
 
     Same sums and counts as `collect_stats`; call `session.set_batch(...)` before each forward.
     `output="blocks"` computes each layer's output from the same blocks (eager's output, no sdpa call).
@@ -234,8 +236,8 @@ def collect_stats_kernel(hm: HeadModel, stats: HeadStats, token_flags: TokenClas
     check_block(block)
     session = KernelStatsSession(hm, stats, token_flags)
     with ExitStack() as stack:
-        kernel = stack.enter_context(stats_kernel(hm, block, output))
-        stack.enter_context(kernel.consumer(session.on_block))
+        kernel = stack.enter_context(stats_kernel(hm, block, output, tile))
+        stack.enter_context(kernel.rows_consumer(session.on_rows, session.columns))
         stack.enter_context(on_head_outputs(hm, session.on_outputs))
         yield session
 
@@ -251,19 +253,26 @@ class KernelStatsSession(StatsSession):
         super().set_batch(attention_mask, input_ids)
         self._acc = {}
 
-    def on_block(self, block: AttentionBlock) -> None:
+    def _layer_stats(self, layer: int) -> BlockStats:
         if self.mask is None:
             raise RuntimeError("collect_stats_kernel: call session.set_batch(...) before each forward pass")
-        if tuple(self.mask.shape) != (block.probs.shape[0], block.kv_length):
-            raise RuntimeError(f"collect_stats_kernel: set_batch got a mask of shape {tuple(self.mask.shape)} but the "
-                               f"forward pass has batch {block.probs.shape[0]} x {block.kv_length} tokens")
-        layer = block.layer
         if layer not in self._acc:
             self._acc[layer] = BlockStats(self.mask, self.special, self.punct, self.hm.causal,
                                           self.hm.sliding_window(layer))
-        acc = self._acc[layer]
-        acc.add(block)
-        if block.last:
+        return self._acc[layer]
+
+    def columns(self, layer: int) -> torch.Tensor:
+        """The key columns this layer's statistics weigh (special, punctuation), `[batch, T, 2]`."""
+        return self._layer_stats(layer).columns()
+
+    def on_rows(self, rows: BlockRows) -> None:
+        if tuple(self.mask.shape) != (rows.entropy.shape[0], rows.kv_length):
+            raise RuntimeError(f"collect_stats_kernel: set_batch got a mask of shape {tuple(self.mask.shape)} but the "
+                               f"forward pass has batch {rows.entropy.shape[0]} x {rows.kv_length} tokens")
+        layer = rows.layer
+        acc = self._layer_stats(layer)
+        acc.add(rows)
+        if rows.last:
             for name, (total, count) in acc.totals().items():
                 self.stats.add(name, layer, total, count, self.heads[layer])
             del self._acc[layer]

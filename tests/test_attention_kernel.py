@@ -40,10 +40,10 @@ def flags(vocab: int = 120) -> TokenClasses:
     return TokenClasses(special, punct)
 
 
-def collect(hm, *, kernel: bool, block: int = 128, batch_size: int = 3, seqs=SEQS) -> HeadStats:
+def collect(hm, *, kernel: bool, block: int = 128, batch_size: int = 3, seqs=SEQS, tile: int = 1024) -> HeadStats:
     """Statistics of `seqs` through the kernel or through eager's full maps (today's reference)."""
     stats = HeadStats(hm.n_layers, hm.n_heads)
-    ctx = collect_stats_kernel(hm, stats, flags(), block) if kernel else collect_stats(hm, stats, flags())
+    ctx = collect_stats_kernel(hm, stats, flags(), block, tile=tile) if kernel else collect_stats(hm, stats, flags())
     with ctx as session, torch.no_grad():
         for batch in batches(seqs, batch_size, pad_id=0):
             session.set_batch(batch.attention_mask, batch.input_ids)
@@ -73,6 +73,40 @@ def test_kernel_statistics_equal_eager(model, block):
     eager = collect(model, kernel=False)
     assert_stats_equal(collect(model, kernel=True, block=block), eager)
     assert eager.sums["special_mass"].any() and eager.sums["punct_mass"].any()
+
+
+@pytest.mark.parametrize("block, tile", [(1, 1), (3, 2), (8, 5), (T, 7), (5, T)])
+def test_online_softmax_over_key_tiles_equals_eager(model, block, tile, monkeypatch):
+    """Keys walked in tiles shorter than the sequence (running maximum rescaled between tiles; the near
+    keys and key 0 in other tiles than the diagonal; windows starting inside a tile): eager's statistics,
+    and no logits wider than a tile are ever computed."""
+    import headscope.attention.blocks as blocks
+
+    widths = []
+    original = blocks.masked_logits
+
+    def recording(query, key, mask, q0, q1, k0, k1, **kwargs):
+        widths.append((q1 - q0, k1 - k0))
+        return original(query, key, mask, q0, q1, k0, k1, **kwargs)
+
+    monkeypatch.setattr(blocks, "masked_logits", recording)
+    got = collect(model, kernel=True, block=block, tile=tile)
+    assert widths and max(q for q, _ in widths) <= block and max(k for _, k in widths) <= tile
+    assert_stats_equal(got, collect(model, kernel=False))
+
+
+def test_rows_from_probabilities_when_another_consumer_reads_them(model):
+    """With a consumer of probabilities attached too, the statistics are read from the blocks' probabilities
+    (`rows_from_block`) instead of the tiled walk: the same numbers."""
+    stats = HeadStats(model.n_layers, model.n_heads)
+    seen = []
+    with collect_stats_kernel(model, stats, flags(), 3) as session, torch.no_grad(), \
+            on_attention_blocks(model, lambda layer, q0, probs: seen.append(layer), block=3):
+        for batch in batches(SEQS, 3, pad_id=0):
+            session.set_batch(batch.attention_mask, batch.input_ids)
+            model.model(**batch.model_inputs(), use_cache=False)
+    assert seen
+    assert_stats_equal(stats, collect(model, kernel=False))
 
 
 @pytest.mark.parametrize("family", ["roberta", "electra"])
@@ -267,6 +301,46 @@ def test_softcap_output_and_blocks_equal_eager(block):
     # and outside any kernel context (no consumers), the same output
     out2, _ = stats_attention_forward(attn, q, k, v, mask, scaling=0.3, softcap=5.0)
     assert (out2 - want_out).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("block, tile", [(1, 1), (4, 3), (16, 5), (16, 64)])
+def test_rows_walk_equals_eager_with_softcap_and_padding(block, tile):
+    """The tiled online-softmax walk (`fused_rows`) on one soft-capped GQA layer with right padding: the
+    output and every per-query value equal eager's full map, computed by hand."""
+    hm = tiny_model("llama")
+    attn = hm.attention(0)
+    g = torch.Generator().manual_seed(1)
+    b, h, kv, t, d = 2, hm.n_heads, hm.n_kv_heads, 13, hm.d_head
+    q, k, v = (torch.randn(b, n, t, d, generator=g) * 3 for n in (h, kv, kv))
+    mask = torch.ones(b, 1, t, t, dtype=torch.bool).tril()
+    mask[1, :, :, 9:] = False  # right padding in row 1
+    cols = torch.rand(b, t, 2, generator=g)
+    want_out, p = _eager_softcap(q, k, v, mask, 0.3, 5.0)  # p [batch, head, q, k]
+    got = []
+    with torch.no_grad(), stats_kernel(hm, block, output="blocks", tile=tile) as kernel, \
+            kernel.rows_consumer(got.append, lambda layer: cols):
+        kernel._start_forward()
+        out, _ = stats_attention_forward(attn, q, k, v, mask, scaling=0.3, softcap=5.0)
+    assert len(got) == -(-t // block)
+    cat = lambda name: torch.cat([getattr(r, name) for r in got], dim=2)  # noqa: E731
+    pos = torch.arange(t)
+    want = {"entropy": -torch.special.xlogy(p, p).sum(-1), "max_weight": p.amax(-1),
+            "mean_distance": (p * (pos[:, None] - pos[None, :]).abs()).sum(-1), "first": p[..., 0],
+            "weighted": p @ cols[:, None]}
+    checks = {name: (cat(name) - w).abs().max().item() for name, w in want.items()}
+    near = cat("near")
+    for n, offset in enumerate((-1, 0, 1)):
+        diag = torch.diagonal(p, offset=offset, dim1=-2, dim2=-1)
+        lo = max(0, -offset)
+        checks[f"near{offset:+d}"] = (near[..., lo:lo + diag.shape[-1], n] - diag).abs().max().item()
+    checks["output"] = (out - want_out).abs().max().item()
+    assert max(checks.values()) < 1e-5, checks
+
+
+def test_tile_size_must_be_positive():
+    with pytest.raises(HeadscopeError, match="tile size must be a positive number of keys, got 0"):
+        with stats_kernel(tiny_model("llama"), tile=0):
+            pass
 
 
 REAL_TEXTS = ["The quick brown fox, which was hungry, jumped over the lazy dog near the river bank.",

@@ -5,6 +5,12 @@ head, never T x T. For causal layers the keys stop at the block's last query, an
 starts them at the first key the block's first query may see, so the masked-out triangle is never
 computed. The probabilities are eager attention's, row for row: the same logits, scaling,
 soft-capping and mask, so statistics summed over blocks equal those of the full map.
+
+Consumers that only need per-query values (the statistics of `BlockStats`) take a faster path,
+`fused_rows`: each block of queries walks its keys in tiles with an online softmax (running row maximum,
+rescaled sums, as flash attention does), so memory is O(block x tile) whatever T, the probabilities are
+never normalised or handed out, and one matmul per tile gives the layer's output together with the
+attention-weighted sums the statistics need (`BlockRows`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,13 @@ from typing import Iterator
 import torch
 
 from ..errors import HeadscopeError
+
+# Keys per tile of `fused_rows`: logits take batch x heads x block x DEFAULT_TILE floats at a time.
+DEFAULT_TILE = 1024
+# Eager's fill value for masked logits: a row with no key left becomes uniform, not NaN.
+_FLOOR = torch.finfo(torch.float32).min
+# Key offsets whose weight BlockRows.near keeps for each query: previous token, itself, next token.
+NEAR_OFFSETS = (-1, 0, 1)
 
 
 @dataclass(frozen=True)
@@ -55,11 +68,11 @@ class AttentionBlock:
         return self.probs if pad == (0, 0) else torch.nn.functional.pad(self.probs, pad)
 
 
-def check_block(block: int) -> int:
-    """`block` as an int, or a clear error when it is not a positive number of queries."""
+def check_block(block: int, what: str = "block size", unit: str = "queries", example: int = 128) -> int:
+    """`block` as an int, or a clear error when it is not a positive number of `unit`."""
     if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-        raise HeadscopeError(f"block size must be a positive number of queries, got {block!r}; "
-                             f"e.g. 128 (memory per head grows as block x sequence length)")
+        raise HeadscopeError(f"{what} must be a positive number of {unit}, got {block!r}; "
+                             f"e.g. {example} (attention memory per head grows with it)")
     return block
 
 
@@ -83,6 +96,30 @@ def _logits(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Ten
     return scores.view(b, h, nq, nk)
 
 
+def masked_logits(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, q_start: int, q_end: int,
+                  k_start: int, k_end: int, *, scaling: float, softcap: float | None = None,
+                  causal_without_mask: bool = False) -> torch.Tensor:
+    """Eager attention's logits for queries `[q_start, q_end)` over keys `[k_start, k_end)`,
+    `[batch, head, q_block, k_block]` float32: scaled, soft-capped, masked (masked keys get eager's fill
+    value); see `block_attention` for the arguments."""
+    scores = _logits(query[:, :, q_start:q_end].float(), key[:, :, k_start:k_end].float(), scaling)
+    if softcap is not None:
+        scores.div_(softcap).tanh_().mul_(softcap)
+    if mask is not None:
+        m = mask[:, :, q_start:q_end, k_start:k_end]
+        if m.dtype == torch.bool:
+            scores.masked_fill_(~m, _FLOOR)
+        else:
+            scores.add_(m.to(scores.dtype))
+    elif causal_without_mask and max(q_start + 1, k_start) < k_end:
+        # Keys up to the block's first query are visible to all its queries: only the tail needs the triangle.
+        c0 = max(q_start + 1, k_start)
+        qpos = torch.arange(q_start, q_end, device=scores.device)
+        kpos = torch.arange(c0, k_end, device=scores.device)
+        scores[..., c0 - k_start:].masked_fill_(kpos[None, :] > qpos[:, None], _FLOOR)
+    return scores
+
+
 def block_attention(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, q_start: int, q_end: int,
                     k_start: int, k_end: int, *, scaling: float, softcap: float | None = None,
                     causal_without_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -94,24 +131,8 @@ def block_attention(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor |
     case `causal_without_mask` says whether a causal triangle applies (as sdpa's `is_causal`).
     Returns probs `[batch, head, q_block, k_block]` float32, entropy and max weight `[batch, head, q_block]`.
     """
-    q = query[:, :, q_start:q_end].float()
-    k = key[:, :, k_start:k_end].float()
-    scores = _logits(q, k, scaling)  # [batch, head, q_block, k_block], ours to change in place
-    if softcap is not None:
-        scores.div_(softcap).tanh_().mul_(softcap)
-    floor = torch.finfo(scores.dtype).min  # eager's fill value: a row with no key left becomes uniform, not NaN
-    if mask is not None:
-        m = mask[:, :, q_start:q_end, k_start:k_end]
-        if m.dtype == torch.bool:
-            scores.masked_fill_(~m, floor)
-        else:
-            scores.add_(m.to(scores.dtype))
-    elif causal_without_mask and max(q_start + 1, k_start) < k_end:
-        # Keys up to the block's first query are visible to all its queries: only the tail needs the triangle.
-        c0 = max(q_start + 1, k_start)
-        qpos = torch.arange(q_start, q_end, device=scores.device)
-        kpos = torch.arange(c0, k_end, device=scores.device)
-        scores[..., c0 - k_start:].masked_fill_(kpos[None, :] > qpos[:, None], floor)
+    scores = masked_logits(query, key, mask, q_start, q_end, k_start, k_end, scaling=scaling, softcap=softcap,
+                           causal_without_mask=causal_without_mask)
     # Shifting each row by its maximum makes the largest shifted logit 0, so the largest weight is 1 / Z:
     # entropy = log Z - sum_k p_k * shifted_k needs no logarithm per key (xlogy would).
     scores.sub_(scores.amax(dim=-1, keepdim=True))
@@ -119,6 +140,141 @@ def block_attention(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor |
     max_weight = probs.amax(dim=-1)
     entropy = -torch.log(max_weight) - torch.einsum("bhqk,bhqk->bhq", probs, scores)
     return probs, entropy, max_weight
+
+
+@dataclass(frozen=True)
+class BlockRows:
+    """What one block of queries' attention gives per query, without the probabilities themselves.
+
+    Every tensor is `[batch, head, q_block]` float32 unless said otherwise; row i is query `q_start + i`.
+    `near[..., n]` is the weight on key `query + NEAR_OFFSETS[n]` (0 where that key is outside the
+    sequence or invisible); `first` the weight on key 0; `weighted` `[batch, head, q_block, c]` the
+    attention-weighted sums of the `c` key columns the consumer asked for.
+    """
+
+    layer: int
+    q_start: int
+    kv_length: int
+    entropy: torch.Tensor  # nats
+    max_weight: torch.Tensor
+    mean_distance: torch.Tensor  # expected |query - key| in tokens
+    near: torch.Tensor  # [batch, head, q_block, len(NEAR_OFFSETS)]
+    first: torch.Tensor
+    weighted: torch.Tensor  # [batch, head, q_block, c]
+
+    @property
+    def q_end(self) -> int:
+        return self.q_start + self.entropy.shape[2]
+
+    @property
+    def last(self) -> bool:
+        """Whether this is the layer's last block of queries in this forward pass."""
+        return self.q_end == self.kv_length
+
+
+def rows_from_block(block: AttentionBlock, columns: torch.Tensor) -> BlockRows:
+    """`BlockRows` read from a block's probabilities; `columns` `[batch, T, c]` are the key columns."""
+    p = block.probs.float()  # [batch, head, q, k]
+    b, h, nq, _ = p.shape
+    q0, q1, k0, k1 = block.q_start, block.q_end, block.k_start, block.k_end
+    qpos = torch.arange(q0, q1, device=p.device)
+    kpos = torch.arange(k0, k1, device=p.device)
+    dist = (qpos[:, None] - kpos[None, :]).abs().float()  # [q, k]
+    # a broadcast product reads p once in place; einsum would first copy p into a q-major layout
+    mean_distance = (p * dist).sum(-1)
+    near = p.new_zeros(b, h, nq, len(NEAR_OFFSETS))
+    for n, offset in enumerate(NEAR_OFFSETS):
+        # key = query + offset lies on the block's diagonal shifted by the difference of its starts
+        shift = q0 - k0 + offset
+        diag = torch.diagonal(p, offset=shift, dim1=-2, dim2=-1)  # [batch, head, n]: rows max(0, -shift) ..
+        first_row = max(0, -shift)
+        near[..., first_row:first_row + diag.shape[-1], n] = diag
+    first = p[..., 0] if k0 == 0 else p.new_zeros(b, h, nq)  # key 0 lies outside a later block's window
+    cols = columns[:, k0:k1].float()
+    weighted = torch.bmm(p.reshape(b, h * nq, -1), cols).view(b, h, nq, cols.shape[-1])
+    return BlockRows(block.layer, q0, block.kv_length, block.entropy, block.max_weight, mean_distance, near, first,
+                     weighted)
+
+
+def key_side(value: torch.Tensor | None, columns: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """The matrix `fused_rows` multiplies each tile's weights by, `[batch * kv_head, T, C]` float32:
+    the values (when the output is wanted), a column of ones (the softmax's sum), the key's position,
+    then the consumer's key columns `[batch, T, c]` (the same for every KV head)."""
+    b, t, _ = columns.shape
+    parts = [] if value is None else [value.float()]  # [batch, kv_head, T, d_head]
+    ones = columns.new_ones(b, n_kv, t, 1, dtype=torch.float32)
+    pos = torch.arange(t, device=columns.device, dtype=torch.float32).view(1, 1, t, 1).expand(b, n_kv, t, 1)
+    parts += [ones, pos, columns.float()[:, None].expand(b, n_kv, t, columns.shape[-1])]
+    return torch.cat(parts, dim=-1).reshape(b * n_kv, t, -1)
+
+
+def fused_rows(query: torch.Tensor, key: torch.Tensor, side: torch.Tensor, mask: torch.Tensor | None, *,
+               layer: int, q_start: int, q_end: int, n_value: int, scaling: float, causal: bool,
+               window: int | None, softcap: float | None = None, causal_without_mask: bool = False,
+               tile: int = DEFAULT_TILE) -> tuple[torch.Tensor | None, BlockRows]:
+    """One block of queries' output and `BlockRows` in a single online-softmax walk over tiles of keys.
+
+    query `[batch, head, T, d_head]`, key `[batch, kv_head, T, d_head]` (after RoPE), `side` from
+    `key_side` (its first `n_value` columns the values, or none), mask as for `block_attention`.
+    Per tile: the logits as eager computes them (`masked_logits`), the running row maximum m, weights
+    e = exp(s - m) rescaled when m grows, and one matmul e @ side. At the end Z = sum e, the largest
+    weight is 1 / Z, the entropy log Z - sum e (s - m) / Z (no logarithm per key), the output and the
+    weighted sums are divided by Z. Memory: O(batch x heads x block x tile), whatever T.
+    Returns the output block `[batch, head, q_block, n_value]` (None when `n_value` is 0) and the rows.
+    """
+    b, h, _, _ = query.shape
+    kv, kv_length = key.shape[1], key.shape[2]
+    nq, width = q_end - q_start, side.shape[-1]
+    rows = (h // kv) * nq  # query heads of one KV head, each with its block of queries: one matmul
+    k_start, k_end = key_range(q_start, q_end, kv_length, causal, window)
+    new = query.new_empty(0, dtype=torch.float32)
+    m = new.new_full((b * kv, rows, 1), _FLOOR)  # running maximum logit per query
+    acc = new.new_zeros(b * kv, rows, width)  # sum_k e_k * side_k
+    ent = new.new_zeros(b * kv, rows, 1)  # sum_k e_k * (s_k - m)
+    dist = None if causal else new.new_zeros(b, h, nq)  # sum_k e_k * |q - k| (not linear in k both ways)
+    near = new.new_full((b, h, nq, len(NEAR_OFFSETS)), _FLOOR)  # logits of the near keys
+    first = new.new_full((b, h, nq), _FLOOR)  # logit of key 0
+    qpos = torch.arange(q_start, q_end, device=query.device)
+    for k0 in range(k_start, k_end, tile):
+        k1 = min(k0 + tile, k_end)
+        s = masked_logits(query, key, mask, q_start, q_end, k0, k1, scaling=scaling, softcap=softcap,
+                          causal_without_mask=causal_without_mask)  # [batch, head, q, k]
+        for n, offset in enumerate(NEAR_OFFSETS):
+            shift = q_start - k0 + offset
+            diag = torch.diagonal(s, offset=shift, dim1=-2, dim2=-1)
+            first_row = max(0, -shift)
+            near[..., first_row:first_row + diag.shape[-1], n] = diag
+        if k0 == 0:
+            first.copy_(s[..., 0])
+        flat = s.view(b * kv, rows, k1 - k0)
+        m_new = torch.maximum(m, flat.amax(dim=-1, keepdim=True))
+        scale = torch.exp(m - m_new)  # rescales what earlier tiles summed against the smaller maximum
+        flat.sub_(m_new)
+        e = torch.exp(flat)
+        # sum e (s - m_new) = scale * (sum e_old (s - m_old) + (m_old - m_new) * Z_old) + this tile's part
+        # (scale * (m_old - m_new) first: a row that saw only masked keys so far has m_old = floor, scale 0)
+        ent = scale * ent + scale * (m - m_new) * acc[..., n_value:n_value + 1] + torch.linalg.vecdot(e, flat)[..., None]
+        if dist is not None:
+            kpos = torch.arange(k0, k1, device=query.device)
+            d = (qpos[:, None] - kpos[None, :]).abs().float()  # [q, k]
+            dist = scale.view(b, h, nq) * dist + (e.view(b, h, nq, -1) * d).sum(-1)
+        acc.mul_(scale).baddbmm_(e, side[:, k0:k1])
+        m = m_new
+    z = acc[..., n_value]  # [batch * kv_head, rows]
+    inv = 1.0 / z
+    entropy = torch.log(z) - ent[..., 0] * inv
+    view = (b, h, nq)
+    m_q = m.view(b, h, nq)
+    inv_q = inv.view(view)
+    if dist is None:  # causal: |q - k| = q - k
+        mean_distance = qpos.float() - (acc[..., n_value + 1] * inv).view(view)
+    else:
+        mean_distance = dist * inv_q
+    out = None if n_value == 0 else (acc[..., :n_value] * inv[..., None]).view(b, h, nq, n_value)
+    weighted = (acc[..., n_value + 2:] * inv[..., None]).view(b, h, nq, width - n_value - 2)
+    return out, BlockRows(layer, q_start, kv_length, entropy.view(view), inv_q, mean_distance,
+                          torch.exp(near - m_q[..., None]) * inv_q[..., None], torch.exp(first - m_q) * inv_q,
+                          weighted)
 
 
 def visible_outside(mask: torch.Tensor, q_start: int, q_end: int, k_start: int, k_end: int) -> bool:
@@ -166,7 +322,8 @@ _DIAGONALS = {"prev_token_mass": -1, "self_mass": 0, "next_token_mass": 1}
 class BlockStats:
     """`headscope.stats.reduce_attention`'s statistics of one layer, fed one block of queries at a time.
 
-    `valid` `[batch, T]` marks real tokens; `special` / `punct` `[batch, T]` flag keys. Each block's
+    `valid` `[batch, T]` marks real tokens; `special` / `punct` `[batch, T]` flag keys, and `columns()`
+    gives them as the key columns each block's `BlockRows.weighted` must hold. Each block's
     per-query values go into `[batch, head, T]` rows (memory O(T), not T x T); after the layer's last
     block, `totals()` gives {name: (sum [head] float64, count)} with the same masks as the full map.
     """
@@ -178,32 +335,23 @@ class BlockStats:
         self.causal, self.window = causal, window
         self.rows: torch.Tensor | None = None  # [statistic, batch, head, T]
 
-    def add(self, block: AttentionBlock) -> None:
+    def columns(self) -> torch.Tensor:
+        """Key columns whose attention-weighted sums `add` reads: special, punctuation `[batch, T, 2]`."""
+        return self.flags
+
+    def add(self, rows: "BlockRows") -> None:
         """Add one block's per-query values."""
-        p = block.probs.float()  # [batch, head, q, k]
-        b, h, nq, _ = p.shape
-        q0, q1, k0, k1 = block.q_start, block.q_end, block.k_start, block.k_end
         if self.rows is None:
-            self.rows = p.new_zeros(len(_ROWS), b, h, block.kv_length)
-        rows = {name: self.rows[i, :, :, q0:q1] for i, name in enumerate(_ROWS)}  # views [batch, head, q]
-        rows["entropy"].copy_(block.entropy)
-        rows["max_weight"].copy_(block.max_weight)
-        qpos = torch.arange(q0, q1, device=p.device)
-        kpos = torch.arange(k0, k1, device=p.device)
-        dist = (qpos[:, None] - kpos[None, :]).abs().float()  # [q, k]
-        # a broadcast product reads p once in place; einsum would first copy p into a q-major layout
-        rows["mean_distance"].copy_((p * dist).sum(-1))
+            b, h, _ = rows.entropy.shape
+            self.rows = rows.entropy.new_zeros(len(_ROWS), b, h, rows.kv_length)
+        q0, q1 = rows.q_start, rows.q_end
+        values = {"entropy": rows.entropy, "max_weight": rows.max_weight, "mean_distance": rows.mean_distance,
+                  "first_token_mass": rows.first, "special_mass": rows.weighted[..., 0],
+                  "punct_mass": rows.weighted[..., 1]}
         for name, offset in _DIAGONALS.items():
-            # key = query + offset lies on the block's diagonal shifted by the difference of its starts
-            shift = q0 - k0 + offset
-            diag = torch.diagonal(p, offset=shift, dim1=-2, dim2=-1)  # [batch, head, n]: rows max(0, -shift) ..
-            first_row = max(0, -shift)
-            rows[name][..., first_row:first_row + diag.shape[-1]].copy_(diag)
-        if k0 == 0:  # key 0 lies outside a later block's window: its weight there is 0
-            rows["first_token_mass"].copy_(p[..., 0])
-        masses = torch.bmm(p.reshape(b, h * nq, -1), self.flags[:, k0:k1]).view(b, h, nq, 2)  # [batch, head, q, 2]
-        rows["special_mass"].copy_(masses[..., 0])
-        rows["punct_mass"].copy_(masses[..., 1])
+            values[name] = rows.near[..., NEAR_OFFSETS.index(offset)]
+        for i, name in enumerate(_ROWS):
+            self.rows[i, :, :, q0:q1].copy_(values[name])
 
     def totals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """{statistic: (sum over queries `[head]` float64, count)} over every block added; then starts afresh."""

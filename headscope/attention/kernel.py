@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import torch
@@ -23,13 +23,16 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
 from ..models.specs import supported_model_types
-from .blocks import AttentionBlock, check_block, iter_blocks, key_range, visible_outside
+from .blocks import (DEFAULT_TILE, AttentionBlock, BlockRows, check_block, fused_rows, iter_blocks, key_range,
+                     key_side, rows_from_block, visible_outside)
 
 KERNEL_NAME = "headscope_stats"
 # Queries per block: probabilities take batch x heads x DEFAULT_BLOCK x T floats at a time.
 DEFAULT_BLOCK = 128
 
 BlockFn = Callable[[AttentionBlock], None]
+RowsFn = Callable[[BlockRows], None]
+ColumnsFn = Callable[[int], torch.Tensor]  # layer -> key columns [batch, T, c] whose weighted sums a RowsFn reads
 # Where a layer's output comes from while consumers are attached: "sdpa" (transformers' own sdpa call,
 # then the blocks for the statistics) or "blocks" (probs @ V of the very blocks the statistics read:
 # eager's output, one attention computed instead of two).
@@ -56,7 +59,7 @@ def stats_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
     if scaling is None:
         scaling = query.shape[-1] ** -0.5  # eager's default, so output and probabilities agree
     entry = _ACTIVE.get(id(module))
-    if entry is None or not entry[0].consumers:
+    if entry is None or not (entry[0].consumers or entry[0].row_consumers):
         if kwargs.get("softcap") is None:
             return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                           dropout=dropout, **kwargs)
@@ -103,9 +106,10 @@ def _blockwise_output(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
 class AttentionKernel:
     """The statistics kernel bound to one model while `stats_kernel` is active; consumers attach here."""
 
-    def __init__(self, hm: HeadModel, block: int, output: str = "sdpa") -> None:
-        self.hm, self.block, self.output = hm, block, output
+    def __init__(self, hm: HeadModel, block: int, output: str = "sdpa", tile: int = DEFAULT_TILE) -> None:
+        self.hm, self.block, self.output, self.tile = hm, block, output, tile
         self.consumers: list[BlockFn] = []
+        self.row_consumers: list[tuple[RowsFn, ColumnsFn]] = []
         self.layers = [l for l in range(hm.n_layers) if hm.heads_in_layer(l)]  # empty layers compute no attention
         self._seen: set[int] = set()
         self._checked: list[tuple[torch.Tensor, int, int | None]] = []  # masks verified in this forward pass
@@ -118,6 +122,60 @@ class AttentionKernel:
             yield
         finally:
             self.consumers.remove(fn)
+
+    @contextmanager
+    def rows_consumer(self, fn: RowsFn, columns: ColumnsFn) -> Iterator[None]:
+        """While active, `fn(rows)` receives every layer's per-query values (`BlockRows`) block by block
+        (the last one has `.last`); `columns(layer)` gives the key columns `[batch, T, c]` whose
+        attention-weighted sums `rows.weighted` holds.
+
+        While only such consumers are attached and no gradient is wanted, the probabilities are never
+        built: each block walks its keys in tiles with an online softmax (`fused_rows`), memory
+        O(block x tile) whatever T; with `output="blocks"` the same walk gives the layer's output.
+        """
+        entry = (fn, columns)
+        self.row_consumers.append(entry)
+        try:
+            yield
+        finally:
+            self.row_consumers.remove(entry)
+
+    def _block_fns(self, layer: int) -> tuple[BlockFn, ...]:
+        """Every consumer as a block callback: rows consumers get `rows_from_block` of each block."""
+        fns: list[BlockFn] = list(self.consumers)
+        for fn, columns in self.row_consumers:
+            cols = columns(layer)
+            fns.append(lambda blk, fn=fn, cols=cols: fn(rows_from_block(blk, cols)))
+        return tuple(fns)
+
+    def _fused(self, info: _LayerInfo, module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+               value: torch.Tensor, mask: torch.Tensor | None, scaling: float, dropout: float, kwargs: dict,
+               causal: bool) -> tuple[torch.Tensor, None]:
+        """The rows consumers' values through `fused_rows`, and the layer's output: from the same walk with
+        `output="blocks"` or soft-capping (sdpa has none), else transformers' sdpa."""
+        softcap = kwargs.get("softcap")
+        own_output = self.output == "blocks" or softcap is not None
+        parts = [columns(info.layer) for _, columns in self.row_consumers]
+        widths = [p.shape[-1] for p in parts]
+        b, h, t, _ = query.shape
+        with torch.no_grad():
+            side = key_side(value if own_output else None, torch.cat(parts, dim=-1).to(query.device), key.shape[1])
+            n_value = value.shape[-1] if own_output else 0
+            out = query.new_empty(b, h, t, n_value, dtype=value.dtype) if own_output else None
+            for q0 in range(0, t, self.block):
+                q1 = min(q0 + self.block, t)
+                o, rows = fused_rows(query, key, side, mask, layer=info.layer, q_start=q0, q_end=q1, n_value=n_value,
+                                     scaling=scaling, causal=info.causal, window=info.window, softcap=softcap,
+                                     causal_without_mask=causal, tile=self.tile)
+                if out is not None:
+                    out[:, :, q0:q1] = o
+                start = 0
+                for (fn, _), width in zip(self.row_consumers, widths):
+                    fn(replace(rows, weighted=rows.weighted[..., start:start + width]))
+                    start += width
+        if out is None:
+            return sdpa_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
+        return out.transpose(1, 2).contiguous(), None
 
     def _check_mask(self, info: _LayerInfo, mask: torch.Tensor | None, causal_without_mask: bool, t: int) -> None:
         """Refuse masks that let queries see keys the causal / window geometry says they cannot (the
@@ -151,15 +209,19 @@ class AttentionKernel:
         causal = _causal_without_mask(module, query, mask, kwargs)
         self._check_mask(info, mask, causal, t)
         self._seen.add(info.layer)
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
+        if not self.consumers and not grad and not (dropout > 0 and module.training):
+            return self._fused(info, module, query, key, value, mask, scaling, dropout, kwargs, causal)
+        fns = self._block_fns(info.layer)
         if kwargs.get("softcap") is not None or self.output == "blocks":
             return _blockwise_output(module, query, key, value, mask, scaling, dropout, kwargs, block=self.block,
-                                     info=info, consumers=tuple(self.consumers))
+                                     info=info, consumers=fns)
         out = sdpa_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
         with torch.no_grad():  # statistics never take part in a backward pass
             for blk in iter_blocks(query.detach(), key.detach(), mask, layer=info.layer, block=self.block,
                                    scaling=scaling, causal=info.causal, window=info.window,
                                    causal_without_mask=causal):
-                for fn in list(self.consumers):
+                for fn in fns:
                     fn(blk)
         return out
 
@@ -169,7 +231,7 @@ class AttentionKernel:
 
     def _end_forward(self, *_: Any) -> None:
         missing = [l for l in self.layers if l not in self._seen]
-        if self.consumers and missing:
+        if (self.consumers or self.row_consumers) and missing:
             raise HeadscopeError(
                 f"layers {missing} of {self.hm.name!r} did not run through the statistics kernel: their attention "
                 f"does not call transformers' attention interface; use the eager path for this model")
@@ -210,14 +272,17 @@ def check_output(output: str) -> str:
 
 
 @contextmanager
-def stats_kernel(hm: HeadModel, block: int = DEFAULT_BLOCK, output: str = "sdpa") -> Iterator[AttentionKernel]:
+def stats_kernel(hm: HeadModel, block: int = DEFAULT_BLOCK, output: str = "sdpa",
+                 tile: int = DEFAULT_TILE) -> Iterator[AttentionKernel]:
     """Run `hm`'s attention through the statistics kernel while active, then restore its implementation.
 
     Yields the `AttentionKernel`; attach consumers with `kernel.consumer(fn)`. While consumers are attached,
     each layer's output comes from `output` (see OUTPUTS; without consumers it is always sdpa's). Nested
-    use on the same model yields the kernel already active (the block size must agree).
+    use on the same model yields the kernel already active (the block size must agree). `tile` is the
+    number of keys per step of the rows consumers' online-softmax walk (`fused_rows`).
     """
     check_block(block)
+    check_block(tile, "tile size", "keys", 1024)
     check_output(output)
     active = next((k for k, _ in _ACTIVE.values() if k.hm.model is hm.model), None)
     if active is not None:
@@ -228,7 +293,7 @@ def stats_kernel(hm: HeadModel, block: int = DEFAULT_BLOCK, output: str = "sdpa"
         return
     check_kernel_support(hm)
     _register()
-    kernel = AttentionKernel(hm, block, output)
+    kernel = AttentionKernel(hm, block, output, tile)
     previous = hm.config._attn_implementation
     handles = []
     try:
