@@ -147,3 +147,26 @@ def test_curve_ends_at_the_most_that_fits_under_the_fraction():
     last = curve.points[-1]
     per_neuron = last.params_removed / sum(int(r.split(":")[1]) for r in last.removed)
     assert (0.3 - fracs[-1]) * curve.n_parameters < per_neuron + 1e-6  # not one more neuron would fit
+
+
+def test_printed_points_name_every_kind_removed(llama, tmp_path, capsys):
+    """The table `prune --unit mix` prints names the attention sub-layers a point removed, not only its last
+    names (FFN neurons come last, so a mix's attention sub-layers were once cut off the printed line)."""
+    from headscope.commands.prune import removed_text
+
+    names = ["A3", "A0"] + [f"F{l}:{l + 1}" for l in range(8)]
+    text = removed_text(names)
+    assert text.startswith("A3 A0; ") and "FFN: 36 neurons from 8 layers" in text
+    assert "layer 7 8, layer 6 7, layer 5 6" in text
+    src, data = llama
+    out = tmp_path / "mix"
+    assert main(["prune", str(src), "--unit", "mix", "--fraction", "0.5", "--step", "0.2", "--data", str(data),
+                 "--max-length", "16", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    import json
+
+    last = json.loads((out / "units.json").read_text())["points"][-1]["removed"]
+    attn = [n for n in last if n.startswith("A")]
+    n_ffn = sum(int(n.split(":")[1]) for n in last if n.startswith("F"))
+    assert attn and n_ffn
+    assert any(f"{' '.join(attn)}; FFN: {n_ffn} neurons" in line for line in printed), printed

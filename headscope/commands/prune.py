@@ -194,6 +194,20 @@ def _print(res: PruneResult, summary: dict[str, Any]) -> None:
               f"(was {m['parameters_original']:,}) in {m['path']}")
 
 
+def removed_text(removed: list[str]) -> str:
+    """One line for a point's removed units: every attention sub-layer or block by name (in removal order),
+    and the FFN neurons as a count with the layers that gave most. (The line once showed only the last six
+    names; FFN names come last, so a mix curve's attention sub-layers never showed.)"""
+    layers = [n for n in removed if not n.startswith("F")]
+    ffn = [(int(n[1:].split(":")[0]), int(n.split(":")[1])) for n in removed if n.startswith("F")]
+    parts = [" ".join(layers)] if layers else []
+    if ffn:
+        top = sorted(ffn, key=lambda t: (-t[1], t[0]))[:3]
+        parts.append(f"FFN: {sum(c for _, c in ffn)} neurons from {len(ffn)} layers (most: "
+                     + ", ".join(f"layer {l} {c}" for l, c in top) + ")")
+    return "; ".join(parts)
+
+
 def run_units(args: argparse.Namespace) -> int:
     """`prune --unit attention|block|ffn|mix`: the metric against the share of parameters removed."""
     will = UNIT_OUTPUTS + ([MODEL_DIR.name] if args.save_model else [])
@@ -241,6 +255,6 @@ def run_units(args: argparse.Namespace) -> int:
             line += f" {conv(r.metric_recovered):>12.4f}"
         if args.latency:
             line += f" {r.speedup:>8.2f} {r.flop_speedup:>6.2f}"
-        print(line + "  " + " ".join(r.removed[-6:]))
+        print(line + "  " + removed_text(r.removed))
     print(f"\nwrote {', '.join(str(out / n) for n in will)}", file=sys.stderr)
     return 0
