@@ -170,3 +170,35 @@ def test_printed_points_name_every_kind_removed(llama, tmp_path, capsys):
     n_ffn = sum(int(n.split(":")[1]) for n in last if n.startswith("F"))
     assert attn and n_ffn
     assert any(f"{' '.join(attn)}; FFN: {n_ffn} neurons" in line for line in printed), printed
+
+
+def test_unit_curves_plot_draws_each_curve_and_its_recovery(tmp_path):
+    """Several curves on one figure (docs/img/units_smollm2.png): one solid line per curve, a dashed one
+    where the records carry recovered perplexities; no curves is an error."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from headscope.units.plot import unit_curves_plot
+
+    recs = {"block": [{"fraction_params": 0.0, "perplexity": 10.0, "perplexity_recovered": 10.0},
+                      {"fraction_params": 0.1, "perplexity": 20.0, "perplexity_recovered": 15.0}],
+            "heads": [{"fraction_params": 0.0, "perplexity": 10.0, "perplexity_recovered": ""},
+                      {"fraction_params": 0.05, "perplexity": 12.0, "perplexity_recovered": ""}]}
+    seen = []
+    orig = plt.Figure.savefig
+
+    def spy(fig, *a, **k):
+        seen.extend((ln.get_label(), list(ln.get_ydata())) for ln in fig.axes[0].get_lines())
+        return orig(fig, *a, **k)
+
+    plt.Figure.savefig = spy
+    try:
+        path = unit_curves_plot(recs, title="t", path=tmp_path / "c.png")
+    finally:
+        plt.Figure.savefig = orig
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert seen == [("block", [10.0, 20.0]), ("block + recovery", [10.0, 15.0]), ("heads", [10.0, 12.0])]
+    with pytest.raises(ValueError):
+        unit_curves_plot({}, title="t", path=tmp_path / "d.png")

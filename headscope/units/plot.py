@@ -46,3 +46,40 @@ def unit_curve_plot(records: Sequence[dict[str, Any]], *, metric: str, title: st
     path = Path(path)
     atomic_write_bytes(path, buf.getvalue())
     return path
+
+
+def unit_curves_plot(curves: dict[str, Sequence[dict[str, Any]]], *, title: str, path: str | Path) -> Path:
+    """Several unit curves on one figure: perplexity (log scale) against the share of parameters removed, solid
+    without and dashed with recovery, one colour per curve (`curves`: label -> unit_curve.csv records, each with
+    `fraction_params`, `perplexity` and, when recovered, `perplexity_recovered`)."""
+    if not curves:
+        raise ValueError("no curves to draw")
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..io import atomic_write_bytes
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, (label, records) in enumerate(curves.items()):
+        colour = f"C{i}"
+        x = [100 * float(r["fraction_params"]) for r in records]
+        ax.plot(x, [float(r["perplexity"]) for r in records], "o-", color=colour, label=label)
+        rec = [r.get("perplexity_recovered") for r in records]
+        if all(v not in (None, "") for v in rec):
+            ax.plot(x, [float(v) for v in rec], "s--", color=colour, label=f"{label} + recovery")
+    ax.set_xlabel("parameters removed (%)")
+    ax.set_ylabel("held-out perplexity")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    path = Path(path)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
