@@ -212,20 +212,21 @@ def owns(i: int) -> bool:
     return not active() or owner(i) == dist.get_rank()
 
 
-def shard_batches(ids: Sequence[Sequence[int]], batch_size: int, *, rank: int | None = None,
-                  world: int | None = None) -> list[list[int]]:
-    """This rank's passages: whole batches of the single-process run, in the same order.
+def shard_indices(ids: Sequence[Sequence[int]], batch_size: int, *, rank: int | None = None,
+                  world: int | None = None) -> list[int]:
+    """This rank's passages, as indices into `ids`: whole batches of the single-process run, in order.
 
     `data.batches` sorts passages by length and cuts batches of `batch_size`; this takes the batches
-    `owner(k) == rank` and concatenates them, so `batches(shard, batch_size)` rebuilds exactly those
-    batches (every batch but the last is full, and the shard is already sorted): each rank's sums are
-    the single-process run's sums of the same batches, and the merged result equals it to rounding.
+    `owner(k) == rank` and concatenates their passages, so `batches([ids[i] for i in shard], batch_size)`
+    rebuilds exactly those batches (every batch but the last is full, and the shard is already sorted):
+    each rank's sums are the single-process run's sums of the same batches, and the merged result
+    equals it to rounding.
     """
     if world is None:
         world = dist.get_world_size() if active() else 1
         rank = dist.get_rank() if active() else 0
     if world == 1:
-        return [list(t) for t in ids]
+        return list(range(len(ids)))
     if world > len(ids):
         raise HeadscopeError(f"{world} processes but only {len(ids)} passages; use at most {len(ids)} processes")
     order = np.argsort([len(t) for t in ids], kind="stable")
@@ -233,8 +234,14 @@ def shard_batches(ids: Sequence[Sequence[int]], batch_size: int, *, rank: int | 
     if n_batches < world:
         log.warning("%d batches for %d processes: %d process(es) stay idle; a smaller --batch-size spreads the work",
                     n_batches, world, world - n_batches)
-    return [list(ids[int(i)]) for k in range(n_batches) if owner(k, world) == rank
+    return [int(i) for k in range(n_batches) if owner(k, world) == rank
             for i in order[k * batch_size:(k + 1) * batch_size]]
+
+
+def shard_batches(ids: Sequence[Sequence[int]], batch_size: int, *, rank: int | None = None,
+                  world: int | None = None) -> list[list[int]]:
+    """This rank's passages (token ids): `shard_indices`' passages, whole batches of the single-process run."""
+    return [list(ids[i]) for i in shard_indices(ids, batch_size, rank=rank, world=world)]
 
 
 # --- merging --------------------------------------------------------------------------------
@@ -299,7 +306,7 @@ def session(args: argparse.Namespace) -> Iterator[None]:
     try:
         if not hasattr(args, "workers"):  # the verbs that split their work take --workers
             raise HeadscopeError(f"{args.verb} does not run data-parallel; run it as one process "
-                                 f"(data-parallel verbs: analyze, score)")
+                                 f"(data-parallel verbs: analyze, roles, score)")
         yield
         check()  # rank 0 may still fail while writing: the others wait to hear
     except Exception as e:  # Ctrl-C reaches every rank itself (and the launcher stops them)
@@ -377,4 +384,4 @@ def launch(argv: Sequence[str], workers: int, *, grace_s: float = 30.0) -> int:
 __all__ = ["RankCrashed", "RankFailed", "active", "add_workers_arg", "all_reduce_stats", "all_reduce_totals",
            "backend_for", "check", "check_ranks", "check_workers", "fail", "init", "is_main", "launch",
            "launched", "local", "owner", "owns", "rank", "rank_device", "rank_env", "rendezvous_store",
-           "run_on_main", "session", "shard_batches", "shutdown", "world_size"]
+           "run_on_main", "session", "shard_batches", "shard_indices", "shutdown", "world_size"]

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from .analyze import table_from_stats
 from .data import Sentence, batches, pad_id, prepare_tokens, read_conllu, resolve_max_length, token_classes
+from .distributed import all_reduce_stats, is_main, run_on_main, shard_indices
 from .errors import HeadscopeError
 from .hooks import on_attention_blocks
 from .models.adapter import HeadModel
@@ -208,23 +209,29 @@ def _text_pass(hm: HeadModel, data: Any, max_len: int, batch_size: int, limit: i
     stats = HeadStats(hm.n_layers, hm.n_heads)
     role_stats = HeadStats(hm.n_layers, hm.n_heads)  # kept apart so heads.csv gets only analyze's columns from `stats`
     reducer = RoleReducer(hm, role_stats)
-    bar = tqdm(total=len(ids), desc="roles: text", unit="passage", disable=not progress, leave=False)
+    # torchrun / --workers: each rank scans whole batches of its own; every role score is a sum over
+    # queries with its count, so the ranks' HeadStats are added (headscope.distributed)
+    mine = shard_indices(ids, batch_size)
+    bar = tqdm(total=len(mine), desc="roles: text", unit="passage", disable=not progress or not is_main(),
+               leave=False)
     try:
         with collect_stats_kernel(hm, stats, flags) as session, on_attention_blocks(hm, reducer), \
                 torch.inference_mode():
-            for batch in batches(ids, batch_size, pad_id=pad_id(hm)):
+            for batch in batches([ids[i] for i in mine], batch_size, pad_id=pad_id(hm)):
                 session.set_batch(batch.attention_mask, batch.input_ids)
                 tok = batch.input_ids
                 delim = (flags.special[tok] | flags.punct[tok]) & batch.attention_mask.bool()
                 rare = torch.zeros_like(delim)
-                for r, i in enumerate(batch.index):
-                    if rare_targets[i] is not None:
-                        rare[r, : len(rare_targets[i])] = torch.from_numpy(rare_targets[i])
+                for r, j in enumerate(batch.index):
+                    target = rare_targets[mine[j]]
+                    if target is not None:
+                        rare[r, : len(target)] = torch.from_numpy(target)
                 reducer.set_batch(batch.attention_mask, delim, rare)
                 hm.model(**batch.model_inputs(hm.device), use_cache=False)
                 bar.update(len(batch.index))
     finally:
         bar.close()
+    stats, role_stats = all_reduce_stats(stats), all_reduce_stats(role_stats)
     info = {"data": source, "passages": len(ids), "truncated": truncated, "max_length": max_len,
             "rare_word_passages": int(sum(t is not None for t in rare_targets)),
             "first_token_is_special": _first_is_special(hm, ids, flags)}
@@ -403,14 +410,17 @@ def roles(
     stats, role_stats, info = _text_pass(hm, data, max_len, batch_size, limit, progress)
     base = table_from_stats(hm, stats, {**info, "batch_size": batch_size, "seed": seed})
     scores: dict[str, np.ndarray] = {**stats.means(), **role_stats.means()}
-    scores.update(induction_scores(hm, n_sequences, repeat_length, seed, batch_size))
+    # The passes below are not split across ranks (a fixed synthetic pass; per-relation and per-anaphor
+    # argmax counts): rank 0 runs them alone and sends the result to every rank.
+    scores.update(run_on_main(lambda: induction_scores(hm, n_sequences, repeat_length, seed, batch_size)))
 
     pid = pad_id(hm)
     syntax_dict, syntax_info = None, {}
     if tb_sents is not None:
-        bar = tqdm(total=len(tb_sents), desc="roles: treebank", unit="sent", disable=not progress, leave=False)
+        bar = tqdm(total=len(tb_sents), desc="roles: treebank", unit="sent", disable=not progress or not is_main(),
+                   leave=False)
         try:
-            dep = dependency_accuracy(hm, tb_sents, max_len, batch_size, pid, bar)
+            dep = run_on_main(lambda: dependency_accuracy(hm, tb_sents, max_len, batch_size, pid, bar))
         finally:
             bar.close()
         syntax_dict = dep.to_dict(min_count=1)
@@ -423,9 +433,10 @@ def roles(
             scores[f"syntax_{rel}_baseline"] = np.full((hm.n_layers, hm.n_heads), r["baseline"] if r else np.nan)
     coref_dict = None
     if coref_docs is not None:
-        bar = tqdm(desc="roles: coreference", unit="window", disable=not progress, leave=False)
+        bar = tqdm(desc="roles: coreference", unit="window", disable=not progress or not is_main(), leave=False)
         try:
-            cc, items_info = coreference_accuracy(hm, coref_docs, max_len, batch_size, pid, coref_context, bar)
+            cc, items_info = run_on_main(
+                lambda: coreference_accuracy(hm, coref_docs, max_len, batch_size, pid, coref_context, bar))
         finally:
             bar.close()
         coref_dict = {**cc.to_dict(), "file": str(coref), **coref_info, **items_info, "context_sentences": coref_context}

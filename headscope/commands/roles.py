@@ -17,6 +17,7 @@ import numpy as np
 
 from ..artifacts import ROLES_CSV, ROLES_JSON, SYNTAX_CSV, outputs
 from ..data import read_conllu, read_texts
+from ..distributed import add_workers_arg, check_ranks, is_main, local
 from ..io import atomic_write_text, prepare_out_dir
 from ..longctx import CARD_SCORES, LONG_SCORES, check_long_args, head_card, long_roles, write_card
 from ..attention import DEFAULT_BLOCK
@@ -63,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--card-score", default="retrieval", choices=list(CARD_SCORES),
                    help="score the card holds (default retrieval: one value per answered haystack)")
     add_out_args(p)
+    add_workers_arg(p)
     p.set_defaults(func=run)
 
 
@@ -83,15 +85,19 @@ def run(args: argparse.Namespace) -> int:
         read_conllu(args.treebank)
     if args.coref:
         read_documents(args.coref)
+    check_ranks(len(source), "passages")  # torchrun / --workers: every rank needs a passage
     hm = load_from_args(args)
     table = roles(hm, args.data, treebank=args.treebank, coref=args.coref, max_length=args.max_length,
                   batch_size=args.batch_size, limit=args.limit, seed=args.seed, progress=True)
+    if not is_main():  # every rank holds the merged census; rank 0 alone runs --long, writes and prints
+        return 0
     report = {**table.meta["roles"], "provenance": provenance("roles", hm, source, args)}
     card_values, card_note = None, ""
     if long_n is not None:
         check_long_args(hm, long_n, args.haystacks, args.long_windows, args.stride, args.block)
-        lr = long_roles(hm, long_n, data=args.long_data, stride=args.stride, windows=args.long_windows,
-                        haystacks=args.haystacks, block=args.block, seed=args.seed, progress=True)
+        with local():  # not split across ranks (per-window maxima and needle answers): rank 0 alone
+            lr = long_roles(hm, long_n, data=args.long_data, stride=args.stride, windows=args.long_windows,
+                            haystacks=args.haystacks, block=args.block, seed=args.seed, progress=True)
         table, report = merge_long(table, report, lr)
         if card is not None:
             card_values, card_note = head_card(lr, args.card_score)
