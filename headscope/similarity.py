@@ -13,7 +13,8 @@ Data is streamed: per batch, every layer's attention arrives from the statistics
 of queries (never a T x T map), reduced at once to the entries of the selected queries; JS needs
 every head's row of the same query together, so those entries and the head outputs of one batch are
 held until the forward ends, then reduced to sums (JS sums; per-minibatch unbiased HSIC for CKA,
-or with `cka="exact"` a centred cross-covariance of all head outputs) and dropped.
+or with `cka="exact"` a centred cross-covariance of all head outputs; the estimators are in `cka.py`)
+and dropped.
 """
 
 from __future__ import annotations
@@ -30,6 +31,18 @@ import torch
 from tqdm.auto import tqdm
 
 from .attention import DEFAULT_BLOCK, check_block
+# The CKA estimators live in cka.py; their names stay importable from here (the API and `similar` use them).
+from .cka import (  # noqa: F401
+    CKA_ESTIMATORS,
+    DEFAULT_CKA_BATCH,
+    DEFAULT_CKA_POOL,
+    MinibatchCKA,
+    StreamingCKA,
+    _CHUNK,  # one chunk size for every pairwise computation (JS, subspaces, CKA)
+    check_cka_batch,
+    hsic1_linear,
+    linear_cka,
+)
 from .data import batches, pad_id, prepare_tokens, resolve_max_length
 from .errors import HeadscopeError
 from .hooks import on_attention_blocks, on_head_outputs
@@ -62,18 +75,6 @@ METRICS: dict[str, str] = {
 # Default near-duplicate thresholds (see docs/similarity.md for how they were chosen).
 DEFAULT_JS_MAX = 0.05
 DEFAULT_CKA_MIN = 0.8
-
-# Tokens per CKA minibatch: Gram matrices of N x 256^2 floats (see MinibatchCKA).
-DEFAULT_CKA_BATCH = 256
-# CKA estimators: minibatch (memory O(N batch^2)), or the exact full-data scatter ((N d_head)^2 float64).
-CKA_ESTIMATORS = ("minibatch", "exact")
-# Tokens waiting in the CKA pool, from which minibatches are drawn at random (mixing passages).
-DEFAULT_CKA_POOL = 2048
-
-# Elements in one chunk of the pairwise computations: small enough to stay in cache and reuse
-# allocator memory (measured: 2^19 is 3x faster than 2^23 for JS on 2 cores).
-_CHUNK = 1 << 19
-
 
 # --- weights ------------------------------------------------------------------------------------
 @dataclass
@@ -210,214 +211,11 @@ def pairwise_js_sums(probs: torch.Tensor) -> torch.Tensor:
     return js.clamp_min(0.0)  # rounding can leave -1e-17 where the patterns are identical
 
 
-# --- CKA --------------------------------------------------------------------------------------------
-def linear_cka(x: Any, y: Any) -> float:
-    """Linear CKA of two feature matrices `[samples, features]` (Kornblith et al. 2019, feature-space form)."""
-    x = torch.as_tensor(np.asarray(x), dtype=torch.float64)
-    y = torch.as_tensor(np.asarray(y), dtype=torch.float64)
-    if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
-        raise HeadscopeError(f"CKA needs two [samples, features] matrices with the same samples; "
-                             f"got {tuple(x.shape)} and {tuple(y.shape)}")
-    x = x - x.mean(0)
-    y = y - y.mean(0)
-    num = torch.linalg.matrix_norm(y.T @ x) ** 2
-    den = torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)
-    return float(num / den) if den > 0 else float("nan")
-
-
-class StreamingCKA:
-    """Centred cross-covariance of N groups of d features, accumulated batch by batch.
-
-    Each batch is centred on its own mean and merged with the running total by the parallel update
-    of Chan et al. (scatter += batch scatter + n_a n_b / n (mean_a - mean_b)(mean_a - mean_b)^T):
-    the same matrix as sum(x x^T) - n mean mean^T, without its cancellation in float32.
-    """
-
-    def __init__(self, n_groups: int, dim: int, device: torch.device | str = "cpu") -> None:
-        self.n_groups, self.dim = n_groups, dim
-        self.count = 0
-        self.mean = torch.zeros(n_groups * dim, dtype=torch.float64, device=device)
-        self.scatter = torch.zeros(n_groups * dim, n_groups * dim, dtype=torch.float64, device=device)
-
-    def update(self, x: torch.Tensor) -> None:
-        """Add samples `x [T, n_groups, dim]` (or `[T, n_groups * dim]`)."""
-        x = x.reshape(x.shape[0], -1)
-        t = x.shape[0]
-        if t == 0:
-            return
-        if x.shape[1] != self.mean.shape[0]:
-            raise HeadscopeError(f"features have width {x.shape[1]}; expected {self.n_groups} x {self.dim}")
-        work = torch.float64 if x.dtype == torch.float64 else torch.float32
-        x = x.to(self.mean.device, work)
-        mb = x.mean(0)
-        xc = x - mb
-        # Row blocks keep the float32 -> float64 temporary small (SmolLM2: 17280^2 features).
-        rows = max(1, _CHUNK * 16 // xc.shape[1])
-        for r0 in range(0, xc.shape[1], rows):
-            self.scatter[r0:r0 + rows] += (xc[:, r0:r0 + rows].T @ xc).to(torch.float64)
-        delta = mb.to(torch.float64) - self.mean
-        total = self.count + t
-        self.scatter.addr_(delta, delta, alpha=self.count * t / total)
-        self.mean += delta * (t / total)
-        self.count = total
-
-    def cka(self, transform: torch.Tensor | None = None) -> np.ndarray:
-        """`[N, N]` linear CKA between groups; `transform [N, k, dim]` maps group i's features x to R_i x first.
-
-        With R_i the triangular factor of W_O^h (W_O^h = Q R), the CKA is that of the head's
-        residual-stream contributions: they have the same sample Gram matrix as R_i x.
-        """
-        n, d = self.n_groups, self.dim
-        c = self.scatter.view(n, d, n, d)
-        num = torch.empty(n, n, dtype=torch.float64, device=c.device)
-        rows = max(1, _CHUNK // max(1, n * d * d))
-        r = None if transform is None else transform.to(c.device, torch.float64)
-        for i0 in range(0, n, rows):
-            block = c[i0:i0 + rows]  # [c, d, N, d]
-            if r is not None:
-                block = torch.einsum("iab,ibjc->iajc", r[i0:i0 + rows], block)
-                block = torch.einsum("iajc,jdc->iajd", block, r)
-            num[i0:i0 + rows] = (block ** 2).sum((1, 3))
-        self_norm = num.diagonal().sqrt()
-        den = self_norm[:, None] * self_norm[None, :]
-        out = torch.where(den > 0, num / den.clamp_min(1e-300), torch.full_like(num, float("nan")))
-        out = (out + out.T) / 2
-        return out.cpu().numpy()
-
-
-def hsic1_linear(x: Any, y: Any) -> float:
-    """Unbiased HSIC (Song et al. 2012) of two feature matrices `[samples, features]`, linear kernel,
-    computed directly from the Gram matrices with zeroed diagonals (the reference for `MinibatchCKA`)."""
-    x = torch.as_tensor(np.asarray(x), dtype=torch.float64)
-    y = torch.as_tensor(np.asarray(y), dtype=torch.float64)
-    n = x.shape[0]
-    if x.dim() != 2 or y.dim() != 2 or y.shape[0] != n or n < 4:
-        raise HeadscopeError(f"unbiased HSIC needs two [samples, features] matrices with the same samples, at "
-                             f"least 4; got {tuple(x.shape)} and {tuple(y.shape)}")
-    k = (x @ x.T).fill_diagonal_(0)
-    l = (y @ y.T).fill_diagonal_(0)
-    one = torch.ones(n, dtype=torch.float64)
-    value = (torch.trace(k @ l) + (one @ k @ one) * (one @ l @ one) / ((n - 1) * (n - 2))
-             - 2 / (n - 2) * (one @ k @ l @ one))
-    return float(value / (n * (n - 3)))
-
-
-class MinibatchCKA:
-    """Linear CKA between N groups of d features from minibatch unbiased HSIC (Nguyen, Raghu and Kornblith 2021).
-
-    CKA_ij = mean HSIC_1(i, j) / sqrt(mean HSIC_1(i, i) * mean HSIC_1(j, j)), the means over
-    minibatches weighted by their size. Memory: the pool `[pool, N, dim]`, one minibatch's Gram
-    matrices `[N, batch, batch]` and the `[N, N]` sums; never `(N dim)^2`.
-
-    HSIC_1 treats a minibatch's samples as independent; tokens of one passage are not, so a minibatch
-    drawn from few passages overstates CKA (measured on MiniLM, PTB: up to +0.17 with minibatches cut
-    from consecutive passages, within 0.007 of the full-data CKA when shuffled over all the data).
-    Samples therefore wait in a pool of `pool` rows and minibatches are drawn from it at random
-    (seeded) whenever it overflows, and from what is left at the end: data that fits in the pool is
-    mixed completely; beyond it, the share of same-passage pairs is about L / pool for passages of L
-    tokens (see docs/similarity.md).
-
-    With the linear kernel HSIC_1 is unchanged by adding a constant to the features, so each
-    minibatch is centred first (less cancellation in float32). For centred X (K = X X^T, a_t = K_tt):
-    n (n - 3) HSIC_1 = tr(K L) + tr K tr L / ((n - 1)(n - 2)) - n / (n - 2) a.b, and tr(K L) is the
-    inner product of the two Gram matrices: one `[N, n^2] @ [n^2, N]` product gives every pair.
-    `transforms` maps an output name to `[N, k, dim]` (group i's features x -> R_i x first) or None.
-    """
-
-    def __init__(self, n_groups: int, dim: int, batch: int = DEFAULT_CKA_BATCH,
-                 transforms: dict[str, torch.Tensor | None] | None = None, pool: int = DEFAULT_CKA_POOL,
-                 seed: int = 0, device: torch.device | str = "cpu") -> None:
-        check_cka_batch(batch)
-        if isinstance(pool, bool) or not isinstance(pool, int) or pool < 0:
-            raise HeadscopeError(f"the CKA pool must be a whole number of tokens >= 0; got {pool!r}")
-        self.n_groups, self.dim, self.batch, self.pool = n_groups, dim, batch, pool
-        self.transforms = {"cka": None} if transforms is None else dict(transforms)
-        self.sums = {k: torch.zeros(n_groups, n_groups, dtype=torch.float64, device=device) for k in self.transforms}
-        self.count = 0  # samples in the minibatches added so far
-        self.minibatches = 0
-        self._pool: torch.Tensor | None = None  # [tokens, N, dim] waiting to be drawn
-        self._gen = torch.Generator().manual_seed(seed)
-
-    def update(self, x: torch.Tensor) -> None:
-        """Add samples `x [T, n_groups, dim]` (or `[T, n_groups * dim]`)."""
-        x = x.reshape(x.shape[0], self.n_groups, -1)
-        if x.shape[2] != self.dim:
-            raise HeadscopeError(f"features have width {x.shape[1] * x.shape[2]}; expected {self.n_groups} x {self.dim}")
-        if x.shape[0] == 0:
-            return
-        self._pool = x if self._pool is None else torch.cat([self._pool, x])
-        # Full minibatches leave once the pool overflows, keeping at least 4 samples behind so that
-        # the last minibatch is never too small for the unbiased estimator (n >= 4).
-        extra = self._pool.shape[0] - max(self.pool, 4)
-        if extra >= self.batch:
-            self._draw(extra // self.batch)
-
-    def finish(self) -> None:
-        """Draw every sample left in the pool: full minibatches, then the last one of 4 .. batch + 3 samples."""
-        if self._pool is None or self._pool.shape[0] == 0:
-            return
-        left = self._pool.shape[0]
-        if left < 4 and self.count == 0:
-            raise HeadscopeError(f"CKA needs at least 4 tokens; the data gave {left}")
-        self._draw(max(0, (left - 4) // self.batch))
-        rest, self._pool = self._pool, None
-        if rest.shape[0] >= 4:
-            self._add(rest)
-        elif rest.shape[0]:
-            log.warning("CKA: %d token(s) left after %d minibatches were not used", rest.shape[0], self.minibatches)
-
-    def _draw(self, k: int) -> None:
-        """Add `k` minibatches of `batch` samples drawn at random from the pool; the rest stays."""
-        perm = torch.randperm(self._pool.shape[0], generator=self._gen).to(self._pool.device)
-        for i in range(k):
-            self._add(self._pool[perm[i * self.batch:(i + 1) * self.batch]])
-        self._pool = self._pool[perm[k * self.batch:]]
-
-    def _add(self, x: torch.Tensor) -> None:
-        """One minibatch `x [n, N, dim]`: add n * HSIC_1 of every pair, per output."""
-        n = x.shape[0]
-        work = torch.float64 if x.dtype == torch.float64 else torch.float32
-        x = x.to(self.sums[next(iter(self.sums))].device, work)
-        for name, r in self.transforms.items():
-            f = x if r is None else torch.einsum("tnd,nkd->tnk", x, r.to(x.device, work))  # [n, N, k]
-            f = (f - f.mean(0)).permute(1, 0, 2)  # [N, n, k], centred per group
-            gram = f @ f.transpose(1, 2)  # [N, n, n]
-            diag = gram.diagonal(dim1=1, dim2=2)  # [N, n]: |x_t|^2
-            flat = gram.reshape(self.n_groups, n * n)
-            tr_kl = (flat @ flat.T).double()  # [N, N]
-            a_b = (diag @ diag.T).double()
-            tr = diag.sum(-1).double()
-            hsic = (tr_kl + tr[:, None] * tr[None, :] / ((n - 1) * (n - 2)) - n / (n - 2) * a_b) / (n * (n - 3))
-            self.sums[name] += n * hsic  # minibatches weighted by their size
-            del gram, flat, f
-        self.count += n
-        self.minibatches += 1
-
-    def cka(self) -> dict[str, np.ndarray]:
-        """{output name: `[N, N]` CKA}; draws what waits in the pool first. NaN where a group's HSIC is not positive."""
-        self.finish()
-        out = {}
-        for name, s in self.sums.items():
-            self_hsic = s.diagonal().clamp_min(0)
-            den = (self_hsic[:, None] * self_hsic[None, :]).sqrt()
-            m = torch.where(den > 0, s / den.clamp_min(1e-300), torch.full_like(s, float("nan")))
-            out[name] = ((m + m.T) / 2).cpu().numpy()  # unbiased: may dip below 0 for unrelated heads
-        return out
-
-
 def check_thresholds(js_max: float, cka_min: float) -> None:
     """Raise a clear error unless 0 < js_max <= ln 2 and 0 <= cka_min < 1."""
     if not 0 < js_max <= LN2 or not 0 <= cka_min < 1:
         raise HeadscopeError(f"near-duplicate thresholds need 0 < js_max <= ln 2 = {LN2:.3f} and "
                              f"0 <= cka_min < 1; got js_max={js_max}, cka_min={cka_min}")
-
-
-def check_cka_batch(batch: int) -> int:
-    """`batch` as an int, or a clear error unless it is a whole number of tokens >= 8."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 8:
-        raise HeadscopeError(f"the CKA minibatch must be a whole number of tokens, at least 8; got {batch!r} "
-                             f"(default {DEFAULT_CKA_BATCH}; memory grows as heads x batch^2)")
-    return batch
 
 
 # --- the result -------------------------------------------------------------------------------------
