@@ -1,4 +1,5 @@
-"""Options shared by the verbs that convert a model and uptrain it by distillation (gqa, mla)."""
+"""Options shared by the verbs that uptrain a model by distillation (gqa, mla; kvcache takes the training
+options only, its --data and --seed meaning its own evaluation text and seed)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,20 @@ def add_uptrain_args(p: argparse.ArgumentParser, data_use: str) -> None:
 
     `data_use` says what the verb reads --data for (e.g. "calibration and uptraining text").
     """
+    add_training_args(p)
+    _add_data_args(p, data_use)
+
+
+def add_training_args(p: argparse.ArgumentParser) -> None:
+    """--uptrain, --loss and --lr: the uptraining budget every verb that uptrains shares."""
     p.add_argument("--uptrain", type=int, default=0, metavar="N", help="uptraining steps after conversion (default 0)")
     p.add_argument("--loss", choices=LOSSES, default="kd",
                    help="uptraining loss: kd = KL to the original model's next-token distribution, "
                         "lm = next-token cross-entropy (default: kd)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate for uptraining (default 1e-3)")
+
+
+def _add_data_args(p: argparse.ArgumentParser, data_use: str) -> None:
     p.add_argument("--data", default=DEFAULT_DATA,
                    help=f"{data_use}: a built-in corpus (ptb-train|ptb-valid|ptb-test, ewt-test, gum-test, sample) "
                         f"or a .txt/.jsonl/.conllu file (default: {DEFAULT_DATA})")

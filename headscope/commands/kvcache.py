@@ -21,9 +21,12 @@ from ..kvcache.cache import SUPPORTED, check_supported, check_window
 from ..kvcache.choice import check_scores_file, parse_budgets, read_scores
 from ..kvcache.evaluate import DEFAULT_CHUNK, long_passages_ids
 from ..kvcache.run import Settings, check_context, compare, retrieval_scores
+from ..kvcache.uptrain import training_batches
 from ..models import BUILTINS, load_model
 from ..provenance import provenance
 from ..table import to_jsonable
+from ..train import check_settings
+from ._uptrain import add_training_args
 
 OUTPUTS = outputs("kvcache")  # kvcache.csv, kvcache.json
 IN_PROCESS_SCORES = ("retrieval_score",)  # scores --by can compute without --from
@@ -65,6 +68,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="needle-in-a-haystack prompts answered by greedy generation through each cache (default 4; 0: none)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
                    help=f"tokens per prefill forward (default {DEFAULT_CHUNK}; memory ~ chunk x vocabulary)")
+    add_training_args(p)
+    p.add_argument("--train-data", default=None, metavar="DATA",
+                   help="uptraining text, same forms as --data (default: the passages of --data after those "
+                        "perplexity is measured on, so training never sees them)")
+    p.add_argument("--train-length", type=int, default=512, metavar="N",
+                   help="tokens per uptraining passage: the texts cut into consecutive pieces (default 512)")
+    p.add_argument("--train-batch", type=int, default=1, metavar="N", help="passages per uptraining step (default 1)")
     p.add_argument("--no-random", action="store_true", help="skip the random control at equal bytes")
     p.add_argument("--seed", type=int, default=0, help="seed of the random control, ties and needles (default 0)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
@@ -90,7 +100,7 @@ def _precheck_model(name: str, context: int) -> None:
     check_context(context, 0, 0, cfg.get("max_position_embeddings"))
 
 
-def _check_args(args: argparse.Namespace) -> tuple[list[float], Any]:
+def _check_args(args: argparse.Namespace) -> tuple[list[float], Any, Any]:
     """Every option, before any model loads: budgets, window, counts, the score source, the data."""
     if args.threshold is not None and args.keep_full is not None:
         raise HeadscopeError("give --keep-full (a share of KV heads) or --threshold (a score), not both")
@@ -102,6 +112,15 @@ def _check_args(args: argparse.Namespace) -> tuple[list[float], Any]:
         if value < low:
             raise HeadscopeError(f"{flag} must be at least {low}; got {value}")
     check_context(args.context, args.sink, args.window)
+    if args.uptrain < 0:
+        raise HeadscopeError(f"--uptrain must be 0 or more steps; got {args.uptrain}")
+    if args.uptrain:
+        check_settings(args.uptrain, args.lr)
+        for flag, value in (("--train-length", args.train_length), ("--train-batch", args.train_batch)):
+            if value < (2 if flag == "--train-length" else 1):
+                raise HeadscopeError(f"{flag} must be at least {2 if flag == '--train-length' else 1}; got {value}")
+        if args.threshold is not None:
+            raise HeadscopeError("--uptrain trains one model per --keep-full budget; it does not take --threshold")
     if args.threshold is not None and not math.isfinite(args.threshold):
         raise HeadscopeError(f"--threshold must be a finite number; got {args.threshold}")
     if args.scores_file is None and args.by not in IN_PROCESS_SCORES:
@@ -110,12 +129,28 @@ def _check_args(args: argparse.Namespace) -> tuple[list[float], Any]:
     if args.scores_file is not None:
         check_scores_file(args.scores_file, args.by)
     data = read_texts(args.data)
+    train = read_texts(args.train_data) if args.uptrain and args.train_data is not None else None
     _precheck_model(args.model, args.context)
-    return budgets, data
+    return budgets, data, train
+
+
+def _after_evaluation(tokenizer: Any, texts: list[str], context: int, passages: int) -> list[str]:
+    """The texts after the last one `long_passages_ids` takes an evaluation passage from."""
+    taken = 0
+    for i, text in enumerate(texts):
+        taken += len(tokenizer(text, add_special_tokens=True)["input_ids"]) >= context
+        if taken == passages:
+            rest = texts[i + 1:]
+            if not rest:
+                raise HeadscopeError(f"--data has no text left for uptraining after the {passages} evaluation "
+                                     f"passage(s); give --train-data or fewer --passages")
+            return rest
+    raise HeadscopeError("--data has no text left for uptraining; give --train-data")
 
 
 def _row_line(r: dict[str, Any]) -> str:
     label = r["method"] if r["method"] == "full" else f"{r['method']} {r['budget']:.1%}"
+    label += f" +{r['uptrain_steps']}" if r.get("uptrain_steps") else ""
     return (f"{label:<16} {r['full_kv_heads']:>8} {r['windowed_kv_heads']:>6} {r['riders']:>6} "
             f"{human_bytes(r['kv_bytes_measured']):>12} {r['kv_ratio']:>6.3f} {r['perplexity']:>11.3f} "
             f"{r['needle_accuracy']:>8.2f}")
@@ -128,7 +163,7 @@ def _print_row(r: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
-    budgets, data = _check_args(args)
+    budgets, data, train = _check_args(args)
     hm = load_model(args.model, device=args.device)
     check_context(args.context, args.sink, args.window, hm.max_positions)
     if hm.tokenizer is None:
@@ -136,7 +171,16 @@ def run(args: argparse.Namespace) -> int:
     passages = long_passages_ids(hm.tokenizer, data.texts, args.context, args.passages)
     settings = Settings(sink=args.sink, window=args.window, context=args.context, budgets=tuple(budgets),
                         threshold=args.threshold, needles=args.needles, chunk=args.chunk,
-                        random_control=not args.no_random, seed=args.seed)
+                        random_control=not args.no_random, seed=args.seed, uptrain=args.uptrain, loss=args.loss,
+                        lr=args.lr)
+    batches, train_info = [], None
+    if args.uptrain:
+        texts = train.texts if train is not None else _after_evaluation(hm.tokenizer, data.texts, args.context,
+                                                                        len(passages))
+        batches = training_batches(hm.tokenizer, texts, args.train_length, args.train_batch)
+        train_info = {"data": train.source if train is not None else f"{data.source} after the evaluation passages",
+                      "texts": len(texts), "passage_tokens": args.train_length, "batch": args.train_batch,
+                      "batches": len(batches), "steps": args.uptrain, "loss": args.loss, "lr": args.lr}
     score_info: dict[str, Any] = {"by": args.by, "from": args.scores_file}
     if args.scores_file is not None:
         scores = read_scores(args.scores_file, args.by, hm.n_layers, hm.n_heads)
@@ -144,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         check_supported(hm)  # before the scoring pass
         scores, info = retrieval_scores(hm, args.context, args.score_haystacks, args.seed, progress=True)
         score_info.update(info)
-    rows = compare(hm, passages, scores, args.by, settings, progress=True, on_row=_print_row)
+    rows = compare(hm, passages, scores, args.by, settings, progress=True, on_row=_print_row, train_batches=batches)
 
     columns = KVCACHE_CSV.columns()
     buf = io.StringIO()
@@ -157,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
               "settings": {"sink": args.sink, "window": args.window, "context": args.context, "budgets": budgets,
                            "threshold": args.threshold, "scores": score_info, "data": data.source,
                            "passages": len(passages), "needles": args.needles, "chunk": args.chunk,
-                           "random_control": not args.no_random, "seed": args.seed},
+                           "random_control": not args.no_random, "seed": args.seed, "uptrain": train_info},
               "rows": rows, "scores": scores.tolist(), "provenance": provenance("kvcache", hm, data, args)}
     atomic_write_text(out / KVCACHE_CSV.name, buf.getvalue())
     atomic_write_text(out / KVCACHE_JSON.name, json.dumps(to_jsonable(report), indent=2) + "\n")
@@ -170,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
           f"{'perplexity':>11} {'needles':>8}")
     for r in rows:
         print(_row_line(r))
+    if args.uptrain:
+        print(f"+N: after N uptraining steps ({args.loss}, lr {args.lr:g}) on {train_info['batches']} batch(es) of "
+              f"{args.train_batch} x {args.train_length} tokens from {train_info['data']}")
     print(f"bytes/step: K and V read by one decoding step at {args.context} tokens, measured = formula in every row")
     print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
     return 0

@@ -17,6 +17,7 @@ from ..models.adapter import HeadModel
 from .cache import HeadPlan, check_supported
 from .choice import Choice, choose_full, choose_random, choose_threshold, choose_top
 from .evaluate import DEFAULT_CHUNK, evaluate_needles, evaluate_perplexity
+from .uptrain import uptrain_head_aware
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ class Settings:
     chunk: int = DEFAULT_CHUNK
     random_control: bool = True
     seed: int = 0
+    uptrain: int = 0  # steps of distillation under each score choice's masks (0: none); see uptrain.py
+    loss: str = "kd"
+    lr: float = 1e-3
 
 
 def check_context(context: int, sink: int, window: int, max_positions: int | None = None) -> None:
@@ -88,39 +92,57 @@ def haystacks_for(hm: HeadModel, s: Settings) -> list[Any]:
 
 
 def compare(hm: HeadModel, passages: Sequence[Sequence[int]], scores: np.ndarray | None, chosen_by: str, s: Settings,
-            progress: bool = False, on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+            progress: bool = False, on_row: Callable[[dict[str, Any]], None] | None = None,
+            train_batches: Sequence[Any] = ()) -> list[dict[str, Any]]:
     """kvcache.csv's rows (plus `full_heads`, `riders`, `answers`, `bytes_stored` for the JSON); `on_row` sees
-    each row as soon as its cache is evaluated (long runs)."""
+    each row as soon as its cache is evaluated (long runs). With `s.uptrain` steps, each score choice is
+    followed by the same choice after uptraining (`uptrain.uptrain_head_aware` on `train_batches`), evaluated
+    through the same cache."""
     check_supported(hm)
+    if s.uptrain and not train_batches:
+        raise HeadscopeError("uptraining needs training batches")
     param = next(hm.model.parameters())
     dtype, nbytes = normalize_dtype(param.dtype), param.element_size()
     hays = haystacks_for(hm, s) if s.needles else []
     rows: list[dict[str, Any]] = []
     full_measured = None
-    for c in choices(hm, scores, chosen_by, s):
-        plan: HeadPlan = c.plan(hm.group_size, s.sink, s.window)
-        label = c.method if c.method == "full" else f"{c.method} {c.budget:.0%}"
-        ppl = evaluate_perplexity(hm, plan, passages, s.chunk, progress, desc=f"perplexity ({label})")
-        needles = (evaluate_needles(hm, plan, hays, s.chunk, progress, desc=f"needles ({label})") if hays else
+
+    def measure(model: HeadModel, c: Choice, plan: HeadPlan, label: str, steps: int) -> dict[str, Any]:
+        nonlocal full_measured
+        ppl = evaluate_perplexity(model, plan, passages, s.chunk, progress, desc=f"perplexity ({label})")
+        needles = (evaluate_needles(model, plan, hays, s.chunk, progress, desc=f"needles ({label})") if hays else
                    {"needle_accuracy": float("nan"), "needles": 0, "answers": []})
         measured = ppl["bytes_read"][-1]
         formula = plan.bytes_read(s.context, hm.d_head, nbytes)
         if any(b != formula for b in ppl["bytes_read"]):
             raise HeadscopeError(f"{label}: bytes read {ppl['bytes_read']} differ from the formula {formula}")
         full_measured = measured if c.method == "full" else full_measured
-        rows.append({
+        row = {
             "method": c.method, "chosen_by": c.chosen_by, "budget": c.budget, "kv_fraction": plan.fraction_full,
             "full_kv_heads": plan.n_full, "windowed_kv_heads": plan.n_windowed,
             "windowed_query_heads": plan.n_windowed * hm.group_size, "sink": s.sink, "window": s.window,
             "context": s.context, "dtype": dtype, "kv_bytes_per_token": plan.bytes_per_token(hm.d_head, nbytes),
             "kv_bytes_formula": formula, "kv_bytes_measured": measured, "kv_ratio": measured / full_measured,
             "perplexity": ppl["perplexity"], "ppl_tokens": ppl["ppl_tokens"],
-            "needle_accuracy": needles["needle_accuracy"], "needles": needles["needles"], "uptrain_steps": 0,
+            "needle_accuracy": needles["needle_accuracy"], "needles": needles["needles"], "uptrain_steps": steps,
             "seed": s.seed,
             "full_heads": c.full_heads(), "riders": c.riders, "bytes_stored": ppl["bytes_stored"][-1],
-            "answers": needles["answers"]})
+            "answers": needles["answers"]}
+        rows.append(row)
         if on_row is not None:
-            on_row(rows[-1])
+            on_row(row)
+        return row
+
+    for c in choices(hm, scores, chosen_by, s):
+        plan: HeadPlan = c.plan(hm.group_size, s.sink, s.window)
+        label = c.method if c.method == "full" else f"{c.method} {c.budget:.0%}"
+        measure(hm, c, plan, label, 0)
+        if s.uptrain and c.method == "score":
+            student, log_ = uptrain_head_aware(hm, plan, train_batches, s.uptrain, loss=s.loss, lr=s.lr,
+                                               seed=s.seed, progress=progress)
+            row = measure(student, c, plan, f"{label} uptrained", s.uptrain)
+            row["uptrain"] = {"losses": log_.losses, "settings": log_.settings}
+            del student
     return rows
 
 
