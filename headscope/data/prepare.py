@@ -264,8 +264,14 @@ def resolve_max_length(hm: HeadModel, max_length: int | None) -> int:
 
 
 def prepare_tokens(hm: HeadModel, data: Any, max_length: int, limit: int | None = None,
-                   by_words: bool = False) -> Tokens:
-    """Turn any accepted data form (name, path, TextSource, strings, token-id lists) into `Tokens`."""
+                   by_words: bool = False, labels: list[int] | None = None) -> Tokens:
+    """Turn any accepted data form (name, path, TextSource, strings, token-id lists) into `Tokens`.
+
+    `labels` (one class id per passage of a TextSource) travel with their passages: a passage skipped for
+    holding no text takes its label with it.
+    """
+    if labels is not None and not (isinstance(data, TextSource) and len(labels) == len(data) and limit is None):
+        raise HeadscopeError("labels go with a TextSource of as many passages (and no limit)")
     if data is not None and not isinstance(data, (str, Path, TextSource)) and len(data) and \
             not isinstance(data[0], str):
         ids = [list(map(int, t)) for t in data][:limit]
@@ -286,8 +292,9 @@ def prepare_tokens(hm: HeadModel, data: Any, max_length: int, limit: int | None 
     if hm.tokenizer is None:
         raise HeadscopeError("this model has no tokenizer: pass token ids (a list of lists of ints) instead of text")
     ids, word_ids, truncated = tokenize(hm.tokenizer, source, max_length, by_words=by_words)
-    ids, word_ids, source = _drop_tokenless(hm, ids, word_ids, source)
-    return Tokens(ids, source.source, max_length, truncated, source, word_ids)
+    ids, word_ids, source, keep = _drop_tokenless(hm, ids, word_ids, source)
+    return Tokens(ids, source.source, max_length, truncated, source, word_ids,
+                  [labels[i] for i in keep] if labels is not None else None)
 
 
 def _check_vocab(hm: HeadModel, ids: list[list[int]]) -> None:
@@ -301,14 +308,14 @@ def _check_vocab(hm: HeadModel, ids: list[list[int]]) -> None:
 
 
 def _drop_tokenless(hm: HeadModel, ids: list[list[int]], word_ids: list[list[int | None]] | None,
-                    source: TextSource) -> tuple[list[list[int]], list[list[int | None]] | None, TextSource]:
+                    source: TextSource) -> tuple[list[list[int]], list[list[int | None]] | None, TextSource, list[int]]:
     """Skip passages that tokenise to special tokens only (nothing the tokenizer knows as text): they
-    would be scored as [CLS]/[SEP] alone. Refuse when none is left."""
+    would be scored as [CLS]/[SEP] alone. Refuse when none is left. Also returns the kept indices."""
     # [UNK] stands for real text the vocabulary lacks, so it counts as text; [CLS]/[SEP]/BOS/EOS do not.
     special = set(hm.tokenizer.all_special_ids) - {getattr(hm.tokenizer, "unk_token_id", None)}
     keep = [i for i, t in enumerate(ids) if any(x not in special for x in t)]
     if len(keep) == len(ids):
-        return ids, word_ids, source
+        return ids, word_ids, source, keep
     if not keep:
         raise HeadscopeError(f"no text left in {source.source!r} after tokenisation: all {len(ids)} passage(s) "
                              f"become special tokens only for {hm.name}'s tokenizer; give real text")
@@ -316,7 +323,7 @@ def _drop_tokenless(hm: HeadModel, ids: list[list[int]], word_ids: list[list[int
                 len(ids) - len(keep), source.source)
     sents = [source.sentences[i] for i in keep] if source.sentences is not None else None
     return ([ids[i] for i in keep], [word_ids[i] for i in keep] if word_ids is not None else None,
-            TextSource([source.texts[i] for i in keep], source.source, sents))
+            TextSource([source.texts[i] for i in keep], source.source, sents), keep)
 
 
 def pad_id(hm: HeadModel) -> int:

@@ -9,6 +9,7 @@ Built-in names (no file needed, nothing downloaded):
 | `ewt-test`, `gum-test` | UD English-EWT / English-GUM test splits (`resources/ud/`, CC BY-SA / CC BY-NC-SA), one sentence a passage, with their trees |
 | `gum-long` | long passages: the 30 GUM test documents whole, in order, sentences joined by spaces, consecutive documents joined (blank line between) until a passage holds `GUM_LONG_WORDS` words: 4 passages, 4,400-6,900 words (SmolLM2: 5,500-8,800 tokens) |
 | `ptb-long` | long passages: runs of `PTB_LONG_LINES` consecutive lines of the PTB test split joined by spaces: 10 passages, 7,000-9,200 words, the last 3,800 (SmolLM2: 4,700-11,600 tokens) |
+| `polarity` | labelled: Pang & Lee's 200 movie-review sentences, 100 `neg` then 100 `pos` (lower-cased, tokenised with spaces; the test data of the PyPI `gensim` wheel); `read_labelled` gives the labels |
 
 A built-in corpus gives its first `DEFAULT_LIMIT` passages unless a limit is given; the sample and
 the user's own files (`.txt` one passage a line, `.jsonl` with a `text` field, `.conllu`) are read
@@ -18,6 +19,7 @@ everywhere.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import unicodedata
@@ -44,7 +46,9 @@ DEFAULT_LIMIT = 200
 PTB_LONG_LINES = 400
 GUM_LONG_WORDS = 6000
 LONG_SOURCES = ("gum-long", "ptb-long")
-BUILTIN_NAMES = ("sample", *PTB, *TREEBANKS, *LONG_SOURCES)
+# Labelled built-in sets (text + class label): name -> file in the gensim wheel's test data.
+LABELLED = {"polarity": "pang_lee_polarity.cor"}
+BUILTIN_NAMES = ("sample", *PTB, *TREEBANKS, *LONG_SOURCES, *LABELLED)
 
 
 @dataclass
@@ -227,6 +231,32 @@ def long_passages(name: str) -> list[str]:
                          f"choose {', '.join(LONG_SOURCES)}")
 
 
+def gensim_test_file(name: str) -> Path:
+    """A file of the test data that ships inside the PyPI `gensim` wheel (wordsim353, simlex999, Pang & Lee's
+    polarity sentences)."""
+    spec = importlib.util.find_spec("gensim")
+    if spec is None or not spec.submodule_search_locations:
+        raise HeadscopeError(f"{name} ships inside the gensim wheel's test data: pip install gensim")
+    path = Path(list(spec.submodule_search_locations)[0]) / "test" / "test_data" / name
+    if not path.is_file():
+        raise HeadscopeError(f"{path} is missing from the installed gensim; reinstall it (pip install --force-reinstall gensim)")
+    return path
+
+
+def labelled_builtin(name: str) -> tuple[list[str], list[str], str]:
+    """Texts, labels and source of a labelled built-in set (`polarity`: fastText-style `__label__neg text` lines)."""
+    if name not in LABELLED:
+        raise HeadscopeError(f"unknown labelled set {name!r}{did_you_mean(name, LABELLED)}; choose {', '.join(LABELLED)}")
+    texts, labels = [], []
+    # The file is Windows-1252 (0x97 em dashes, 0xe9 in "clichés"), not UTF-8.
+    for line in gensim_test_file(LABELLED[name]).read_text(encoding="cp1252").splitlines():
+        tag, _, text = line.strip().partition(" ")
+        if tag.startswith("__label__") and is_text(text):
+            texts.append(text.strip())
+            labels.append(tag.removeprefix("__label__"))
+    return texts, labels, f"gensim:{LABELLED[name]}"
+
+
 def treebank_path(name_or_path: str | Path) -> Path:
     """A CoNLL-U file: a built-in treebank name (`ewt-test`, `gum-test`) or a path to one."""
     if isinstance(name_or_path, str) and name_or_path in TREEBANKS:
@@ -271,7 +301,7 @@ def read_texts(data: str | Path | None = None, limit: int | None = None) -> Text
 
     None or `sample` -> the built-in sample; `ptb-train|ptb-valid|ptb-test` -> PTB sentences;
     `ewt-test|gum-test` -> UD sentences with their trees; `gum-long|ptb-long` -> long passages
-    (whole GUM documents, runs of PTB lines; read whole); `.txt` one passage a line; `.jsonl` with a
+    (whole GUM documents, runs of PTB lines; read whole); `polarity` -> its sentences (labels: `labelled_builtin`); `.txt` one passage a line; `.jsonl` with a
     `text` field; `.conllu` sentences rebuilt from the word column. `limit` keeps the first N (a
     built-in corpus gives `DEFAULT_LIMIT` without one).
     """
@@ -288,6 +318,8 @@ def read_texts(data: str | Path | None = None, limit: int | None = None) -> Text
         limit = DEFAULT_LIMIT if limit is None else limit
     elif name in LONG_SOURCES:
         texts, source = long_passages(name), f"long:{name}"
+    elif name in LABELLED:
+        texts, _, source = labelled_builtin(name)
     elif data is None or name in ("sample", SAMPLE):
         text = resources.files("headscope").joinpath("resources/sample_en.txt").read_text(encoding="utf-8")
         texts, source = [t for t in text.splitlines() if t.strip()], SAMPLE

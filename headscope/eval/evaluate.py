@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..data import TextSource, Tokens, batches, pad_id, prepare_tokens, read_jsonl, read_texts, resolve_max_length
+from ..data import (LABELLED, TextSource, Tokens, batches, labelled_builtin, pad_id, prepare_tokens, read_jsonl,
+                    read_texts, resolve_max_length)
 from ..errors import HeadscopeError, did_you_mean
 from ..hooks import head_gates
 from ..models.adapter import HeadModel
@@ -83,7 +84,11 @@ def _label_id(hm: HeadModel, label: Any, where: str) -> int:
 
 
 def read_labelled(path: str | Path) -> tuple[list[str], list[Any]]:
-    """Texts and labels of a jsonl file whose lines hold `text` and `label`."""
+    """Texts and labels of a labelled built-in set (`polarity`) or of a jsonl file whose lines hold `text`
+    and `label`."""
+    if isinstance(path, str) and path in LABELLED:
+        texts, labels, _ = labelled_builtin(path)
+        return texts, labels
     rows = read_jsonl(path, required=("text", "label"))
     if not rows:
         raise HeadscopeError(f"no labelled lines in {str(path)!r}")
@@ -91,7 +96,10 @@ def read_labelled(path: str | Path) -> tuple[list[str], list[Any]]:
 
 
 def is_labelled(data: Any) -> bool:
-    """Whether `data` is labelled: a jsonl file whose first line has a `label`, or a list of dicts."""
+    """Whether `data` is labelled: a labelled built-in set (`polarity`), a jsonl file whose first line has a
+    `label`, or a list of dicts."""
+    if isinstance(data, str) and data in LABELLED:
+        return True
     if isinstance(data, (str, Path)) and str(data).lower().endswith(".jsonl") and Path(data).exists():
         for line in Path(data).read_text(encoding="utf-8").splitlines():
             if line.strip():
@@ -133,8 +141,7 @@ def prepare(hm: HeadModel, data: Any, metric: str = "auto", max_length: int | No
             texts, raw, where, source = [d["text"] for d in data], [d["label"] for d in data], "item", "in-memory"
         texts, raw = texts[:limit], raw[:limit]
         labels = [_label_id(hm, lab, f"{where} (passage {i})") for i, lab in enumerate(raw)]
-        tokens = prepare_tokens(hm, TextSource(texts, source), max_len)
-        tokens.labels = labels
+        tokens = prepare_tokens(hm, TextSource(texts, source), max_len, labels=labels)
     else:
         if isinstance(data, (list, tuple)) and data and isinstance(data[0], dict):
             data = [d.get("text", "") for d in data]

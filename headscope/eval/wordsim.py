@@ -7,15 +7,14 @@ as sentence-transformers pools MiniLM. Pruning curves record it as an extra meas
 
 from __future__ import annotations
 
-import importlib.util
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
 from ..data import batches, pad_id
+from ..data.sources import gensim_test_file
 from ..errors import HeadscopeError, did_you_mean
 from ..hooks import head_gates
 from ..models.adapter import HeadModel
@@ -29,10 +28,7 @@ def read_word_pairs(which: str = "wordsim353") -> list[tuple[str, str, float]]:
     if which not in WORDSIM:
         raise HeadscopeError(f"unknown word-similarity set {which!r}{did_you_mean(which, WORDSIM)}; "
                              f"choose one of {', '.join(WORDSIM)}")
-    spec = importlib.util.find_spec("gensim")
-    if spec is None or not spec.submodule_search_locations:
-        raise HeadscopeError("wordsim353/simlex999 ship inside the gensim wheel: pip install gensim")
-    path = Path(list(spec.submodule_search_locations)[0]) / "test" / "test_data" / WORDSIM[which]
+    path = gensim_test_file(WORDSIM[which])
     pairs = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip() or line.startswith("#"):
