@@ -21,8 +21,14 @@ IDS = [[5, 17, 33, 8, 90, 41, 12, 7, 66], [9, 3, 71, 28, 54, 19], [44, 10, 101, 
 
 
 def test_parse_tasks_refusals(tmp_path):
-    with pytest.raises(HeadscopeError, match="needs labelled data"):
-        parse_tasks("lm_ptb,classification")
+    # classification's default data is the built-in labelled `polarity`; unlabelled data is refused
+    assert parse_tasks("lm_ptb,classification") == {"lm_ptb": None, "classification": None}
+    with pytest.raises(HeadscopeError, match="needs labelled data.*'ptb-valid' has no labels"):
+        parse_tasks("lm_ptb,classification=ptb-valid")
+    for bad, msg in (("abc", "context length in tokens"), ("10", "--long must be an integer of at least 64")):
+        with pytest.raises(HeadscopeError, match=msg):
+            parse_tasks(f"lm_ptb,retrieval={bad}")
+    assert parse_tasks("lm_ptb,retrieval=4096")["retrieval"] == "4096"
     plain = tmp_path / "plain.jsonl"
     plain.write_text('{"text": "no label here"}\n')
     with pytest.raises(HeadscopeError, match="has no labels"):
@@ -66,10 +72,46 @@ def test_task_specific_on_a_hand_made_table():
 
 def test_cli_tasks_bad_input_writes_nothing(tmp_path, capsys):
     out = tmp_path / "o"
-    assert main(["tasks", "minilm", "--tasks", "fidelity,classification", "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "needs labelled data" in err[0] and err[0].startswith("headscope tasks: error:")
-    assert not out.exists()
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"text": "no label here"}\n')
+    for tasks, msg in ((f"fidelity,classification={plain}", "needs labelled data"),
+                       ("fidelity,retrieval=9", "--long must be an integer of at least 64"),
+                       ("fidelity,retrieval", "does not apply to"),  # minilm is an encoder: no needle test
+                       ):
+        assert main(["tasks", "minilm", "--tasks", tasks, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0] and err[0].startswith("headscope tasks: error:"), err
+        assert not out.exists()
+
+
+def test_retrieval_task_uses_answered_haystacks_else_all(monkeypatch):
+    """The retrieval task is Wu et al.'s score over the haystacks the model answered; when it answered none,
+    every haystack's copy score, and tasks.json's task_info says which (a stand-in long_roles report)."""
+    import headscope.longctx as longctx
+    from headscope.importance.tasks import TASKS, TaskContext
+
+    hm = model("llama")
+    answered = np.full((hm.n_layers, hm.n_heads), 0.25)
+    every = np.full((hm.n_layers, hm.n_heads), 0.5)
+    calls = []
+
+    def fake(m, length, *, windows, haystacks, seed, progress):
+        calls.append((length, windows, haystacks))
+        ok = fake.succeeded
+        return {"needles": {"succeeded": ok, "needle_accuracy": ok / haystacks, "token_accuracy": 0.9},
+                "scores": {"retrieval_score": answered if ok else np.full_like(answered, np.nan),
+                           "retrieval_score_all": every}}
+
+    monkeypatch.setattr(longctx, "long_roles", fake)
+    fn = TASKS.get("retrieval").fn
+    for ok, want, says in ((2, answered, "answered haystacks"), (0, every, "answered no haystack")):
+        fake.succeeded = ok
+        ctx = TaskContext(hm, "64", "taylor", None, None, 4, 0)
+        np.testing.assert_array_equal(fn(ctx), want)
+        assert ctx.info["answered"] == ok and says in ctx.info["score"] and ctx.info["length"] == 64
+    assert calls == [(64, 0, 4), (64, 0, 4)]  # needles only, at the task's length
+    with pytest.raises(HeadscopeError, match="exceeds"):
+        fn(TaskContext(hm, str(hm.max_positions + 1), "taylor", None, None, 4, 0))
 
 
 def test_wordsim_task_is_the_ablation_of_each_head(monkeypatch):
@@ -103,3 +145,22 @@ def test_minilm_tasks_end_to_end(tmp_path):
     assert meta["provenance"]["verb"] == "tasks" and set(meta["tasks"]) == {"fidelity", "syntax"}
     syntax = np.loadtxt(out / "tasks.csv", delimiter=",", skiprows=1)[:, 3]
     assert 0.3 < syntax.max() <= 1.0  # some head follows some relation far above chance (accuracies in [0, 1])
+
+
+@pytest.mark.real
+def test_smollm2_retrieval_and_probe_classification_end_to_end(tmp_path):
+    """SmolLM2 through the CLI with the two tasks that need no file: needle retrieval at 160 tokens and
+    polarity through a linear probe; tasks.json says how each was measured."""
+    out = tmp_path / "t"
+    assert main(["tasks", "smollm2", "--tasks", "retrieval=160,classification", "--method", "taylor",
+                 "--limit", "8", "--max-length", "32", "--out", str(out)]) == 0
+    meta = json.loads((out / "tasks.json").read_text())["meta"]
+    info = meta["task_info"]
+    assert info["retrieval"]["length"] == 160 and info["retrieval"]["haystacks"] == 4
+    probe = info["classification"]["classifier"]
+    assert probe["labels"] == ["neg", "pos"] and probe["test_accuracy"] > probe["majority_share"]
+    assert info["classification"]["scored_passages"] == 8
+    table = np.loadtxt(out / "tasks.csv", delimiter=",", skiprows=1)
+    assert table.shape == (30 * 9, 4)
+    assert table[:, 2].max() > 0.1  # some head copies the 6-digit code (Wu et al.'s score; maximum 7/16)
+    assert np.isfinite(table[:, 3]).all() and (table[:, 3] != 0).any()

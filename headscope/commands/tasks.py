@@ -28,11 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_out_args(p)
     p.add_argument("--tasks", default="fidelity,wordsim,syntax",
                    help=f"comma-separated, at least two of {', '.join(TASKS)}; a task's own data after '=', e.g. "
-                        f"classification=labels.jsonl, lm_ptb=ptb-test (default: fidelity,wordsim,syntax)")
+                        f"classification=labels.jsonl (default: the built-in polarity sentences), lm_ptb=ptb-test, "
+                        f"retrieval=4096 (the context length) (default: fidelity,wordsim,syntax)")
     p.add_argument("--method", default="taylor",
                    help=f"criterion for the metric tasks (lm_*, fidelity, classification): {', '.join(CRITERIA)} "
                         f"(default taylor)")
-    p.add_argument("--limit", type=int, default=64, help="passages (sentences) per task (default 64)")
+    p.add_argument("--limit", type=int, default=64,
+                   help="passages (sentences) per task (default 64; classification through a probe: passages scored, "
+                        "the probe is fitted on its whole half)")
     p.add_argument("--max-length", type=int, default=64, help="tokens per passage (default 64)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)

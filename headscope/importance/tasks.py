@@ -11,8 +11,15 @@ important for that task). The built-in ones:
   zeroed (one wordsim evaluation per head);
 - `syntax`: the head's own dependency accuracy (Clark et al. 2019, `syntax.dependency_accuracy`, best
   relation, dependent to head) on `ewt-test`: what the "syntax heads" are;
-- `classification`: accuracy on labelled data (jsonl with `text` and `label`, given as the task's data)
-  for a sequence-classification model, same criterion. It needs labels: refused without them.
+- `classification`: accuracy on labelled data (default the built-in `polarity` sentences, or a jsonl with
+  `text` and `label` given as the task's data), same criterion. A sequence-classification model is scored
+  as it is; a model without a classification head gets a linear probe (`eval.probe`) fitted on a stratified
+  half of the data with every head on, and the heads are scored on the other half through it;
+- `retrieval`: Wu et al.'s needle-copy retrieval score (`headscope.longctx`) at a long context (the task's
+  data: the context length, default 2,048 tokens or the model's positions if fewer) on
+  `RETRIEVAL_HAYSTACKS` needle haystacks: the heads that copy the needle when the model retrieves it.
+  Averaged over the haystacks the model answered, or over all of them when it answered none (tasks.json
+  says which). Causal LMs only.
 
 `task_importance` scores every chosen task into one `HeadTable` (columns `importance_<task>`);
 `task_correlations` is the task x task Spearman matrix; `task_specific` lists the heads in the top of one
@@ -21,14 +28,16 @@ task and the bottom half of another.
 
 from __future__ import annotations
 
+import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..data import LABELLED, Tokens
 from ..errors import HeadscopeError, did_you_mean
 from ..eval.evaluate import is_labelled
 from ..eval.metrics import METRICS
@@ -38,6 +47,8 @@ from ..table import HeadTable
 from ..version import versions
 from .criteria import CRITERIA
 from .scoring import rank_correlations, score
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,6 +63,7 @@ class TaskContext:
     batch_size: int
     seed: int
     progress: bool = False
+    info: dict[str, Any] = field(default_factory=dict)  # what a task reports about itself (tasks.json's task_info)
 
 
 TaskFn = Callable[[TaskContext], np.ndarray]
@@ -124,14 +136,77 @@ def syntax(ctx: TaskContext) -> np.ndarray:
     return np.nanmax(np.stack([counts.accuracy(r, "dep_to_head") for r in rels]), axis=0)
 
 
-def _needs_classifier(hm: HeadModel) -> str | None:
-    return METRICS.get("accuracy").usable(hm, True)
-
-
-@TASKS.register("classification", help="accuracy on labelled jsonl (text, label) given as the task's data, "
-                "by --method", data=None, usable=_needs_classifier, needs_labels=True)
+@TASKS.register("classification", help="accuracy on labelled data (default: the built-in polarity sentences; or "
+                "classification=FILE.jsonl), by --method; a model without a classification head gets a linear "
+                "probe fitted on half of the data and is scored on the other half", data="polarity",
+                usable=_needs_tokenizer, needs_labels=True)
 def classification(ctx: TaskContext) -> np.ndarray:
-    return _metric_task(ctx, ctx.data, "accuracy")
+    from ..eval.metrics import has_classifier
+    from ..eval.probe import fit_probe
+
+    data = ctx.data or "polarity"
+    if has_classifier(ctx.hm):
+        ctx.info["classifier"] = "the model's own classification head"
+        return _metric_task(ctx, data, "accuracy")
+    probe = fit_probe(ctx.hm, data, max_length=ctx.max_length, batch_size=ctx.batch_size, seed=ctx.seed)
+    ctx.info["classifier"] = probe.summary()
+    test = probe.test
+    if ctx.limit is not None and ctx.limit < len(test):
+        test = Tokens(test.ids[: ctx.limit], test.source, test.max_length, test.truncated, None, None,
+                      test.labels[: ctx.limit])
+    ctx.info["scored_passages"] = len(test)
+    table = score(probe.hm, test, (ctx.method,), metric="accuracy", batch_size=ctx.batch_size, seed=ctx.seed,
+                  progress=ctx.progress)
+    ctx.info["accuracy"] = table.meta["metric_value"]
+    return np.asarray(table[f"importance_{ctx.method}"], float)
+
+
+# Needle haystacks the retrieval task scores on (depths 0.1, 0.35, 0.6, 0.85 in turn).
+RETRIEVAL_HAYSTACKS = 4
+RETRIEVAL_LENGTH = 2048
+
+
+def retrieval_length(hm: HeadModel | None, data: Any) -> int:
+    """The retrieval task's context length: its data (an integer), else 2,048 or the model's positions."""
+    if data is not None:
+        try:
+            length = int(str(data))
+        except ValueError:
+            raise HeadscopeError(f"the retrieval task's data is a context length in tokens (retrieval=2048); "
+                                 f"got {data!r}") from None
+    else:
+        length = RETRIEVAL_LENGTH if hm is None or hm.max_positions is None else min(RETRIEVAL_LENGTH, hm.max_positions)
+    from ..longctx.run import check_long_args
+
+    check_long_args(hm, length, RETRIEVAL_HAYSTACKS, 0, None, 128)
+    return length
+
+
+def _needs_causal_tokenizer(hm: HeadModel) -> str | None:
+    if not hm.causal:
+        return "the needle test needs a causal LM (a decoder)"
+    return _needs_tokenizer(hm)
+
+
+@TASKS.register("retrieval", help="Wu et al.'s needle-copy retrieval score at long context (data: the context "
+                f"length, default {RETRIEVAL_LENGTH}; {RETRIEVAL_HAYSTACKS} needle haystacks; causal LMs)",
+                data=str(RETRIEVAL_LENGTH), usable=_needs_causal_tokenizer, needs_labels=False)
+def retrieval(ctx: TaskContext) -> np.ndarray:
+    from ..longctx import long_roles
+
+    length = retrieval_length(ctx.hm, ctx.data)
+    lc = long_roles(ctx.hm, length, windows=0, haystacks=RETRIEVAL_HAYSTACKS, seed=ctx.seed, progress=ctx.progress)
+    needles = lc["needles"]
+    answered = int(needles["succeeded"])
+    ctx.info.update({"length": length, "haystacks": RETRIEVAL_HAYSTACKS, "answered": answered,
+                     "needle_accuracy": needles["needle_accuracy"], "token_accuracy": needles["token_accuracy"]})
+    if answered:
+        ctx.info["score"] = "retrieval_score (answered haystacks, as Wu et al.)"
+        return np.asarray(lc["scores"]["retrieval_score"], float)
+    ctx.info["score"] = "retrieval_score_all (the model answered no haystack: every haystack's copy score)"
+    log.warning("retrieval task: %s answered none of the %d haystacks at %d tokens; scoring every haystack's "
+                "copy score", ctx.hm.name, RETRIEVAL_HAYSTACKS, length)
+    return np.asarray(lc["scores"]["retrieval_score_all"], float)
 
 
 def parse_tasks(spec: str | Sequence[str]) -> dict[str, Any]:
@@ -149,9 +224,12 @@ def parse_tasks(spec: str | Sequence[str]) -> dict[str, Any]:
                                  f"(a task's data after '=', e.g. classification=labels.jsonl)")
         data = data.strip() or None
         entry = TASKS.get(name)
-        if entry.needs_labels and (data is None or not is_labelled(data)):
+        if entry.needs_labels and not is_labelled(data or entry.data):
             raise HeadscopeError(f"task {name!r} needs labelled data: give {name}=FILE.jsonl with a 'text' and a "
-                                 f"'label' on every line" + (f" ({data!r} has no labels)" if data else ""))
+                                 f"'label' on every line, or a labelled built-in ({', '.join(LABELLED)})"
+                                 + (f" ({data!r} has no labels)" if data else ""))
+        if name == "retrieval":
+            retrieval_length(None, data)
         out[name] = data
     if len(out) < 2:
         raise HeadscopeError(f"give at least two tasks to compare (got {', '.join(out) or 'none'}); "
@@ -161,10 +239,12 @@ def parse_tasks(spec: str | Sequence[str]) -> dict[str, Any]:
 
 def check_tasks_usable(hm: HeadModel, tasks: dict[str, Any]) -> None:
     """Refuse a task the model cannot do (an LM task on an encoder, classification without a classifier)."""
-    for name in tasks:
+    for name, data in tasks.items():
         why = TASKS.get(name).usable(hm)
         if why:
             raise HeadscopeError(f"task {name!r} does not apply to {hm.name}: {why}")
+        if name == "retrieval":
+            retrieval_length(hm, data)
 
 
 def task_importance(hm: HeadModel, tasks: dict[str, Any] | str, *, method: str = "taylor",
@@ -178,17 +258,20 @@ def task_importance(hm: HeadModel, tasks: dict[str, Any] | str, *, method: str =
     check_tasks_usable(hm, tasks)
     cols: dict[str, np.ndarray] = {}
     seconds: dict[str, float] = {}
+    info: dict[str, dict[str, Any]] = {}
     for name, data in tasks.items():
         t0 = time.perf_counter()
         ctx = TaskContext(hm, data, method, limit, max_length, batch_size, seed, progress)
         v = np.asarray(TASKS.get(name).fn(ctx), float)
+        if ctx.info:
+            info[name] = ctx.info
         if v.shape != (hm.n_layers, hm.n_heads):
             raise HeadscopeError(f"task {name!r} returned shape {v.shape}; expected {(hm.n_layers, hm.n_heads)}")
         cols[f"importance_{name}"] = v
         seconds[name] = time.perf_counter() - t0
     meta = {"model": hm.name, "model_type": hm.config.model_type, "n_layers": hm.n_layers, "n_heads": hm.n_heads,
             "tasks": {n: (d if d is not None else TASKS.get(n).data) for n, d in tasks.items()}, "method": method,
-            "limit": limit, "max_length": max_length, "seed": seed, "seconds": seconds,
+            "limit": limit, "max_length": max_length, "seed": seed, "seconds": seconds, "task_info": info,
             "convention": "higher importance = more important for that task", "versions": versions()}
     return HeadTable(hm.n_layers, hm.n_heads, cols, meta)
 
