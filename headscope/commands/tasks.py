@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tasks", help="head importance under several tasks, their rank correlation, task-specific heads",
         description="Score the same heads under several tasks and write tasks.csv (importance per task), "
-                    "task_correlation.csv (task x task Spearman), task_specific.csv (heads in the top 10%% of one "
+                    "task_correlation.csv (task x task Spearman), task_specific.csv (heads in the top 10% of one "
                     "task and the bottom half of another) and tasks.json. Tasks: " + "; ".join(TASKS.help_lines()))
     add_model_arg(p)
     add_out_args(p)

@@ -78,7 +78,8 @@ class ProbeForSequenceClassification(nn.Module):
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         hidden = self.wrapped.base_model(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
         pooled = mean_pool(hidden, mask)
-        return SequenceClassifierOutput(logits=self.probe(pooled.to(self.probe.weight.dtype)))
+        w = self.probe.weight  # the probe sits on the input device; a dispatched model ends elsewhere
+        return SequenceClassifierOutput(logits=self.probe(pooled.to(device=w.device, dtype=w.dtype)))
 
 
 @dataclass
@@ -193,7 +194,8 @@ def fit_probe(hm: HeadModel, data: Any = "polarity", *, train_share: float = 0.5
     y_train = torch.tensor(train.labels)
     w, b = fit_logistic(x_train, y_train, len(names), l2)
     dtype = hm.dtype
-    model = ProbeForSequenceClassification(hm.model, w.to(dtype), b.to(dtype), names).to(hm.device)
+    model = ProbeForSequenceClassification(hm.model, w.to(dtype), b.to(dtype), names)
+    model.probe.to(hm.device)  # only the probe: moving the wrapper would move (and undo the dispatch of) the model
     probed = HeadModel(model, hm.tokenizer, name=hm.name, source=hm.source)
 
     def acc(x: torch.Tensor, y: list[int]) -> float:
