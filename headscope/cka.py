@@ -2,7 +2,9 @@
 
 - `linear_cka(x, y)`: the batch formula of Kornblith et al. 2019 on two feature matrices (the reference).
 - `StreamingCKA`: the centred cross-covariance of all groups, accumulated batch by batch; exact over
-  all samples (the biased estimator), memory `(N dim)^2` float64 (`headscope similar --cka exact`).
+  all samples (the biased estimator), memory `(N dim)^2` float64 (the in-memory reference).
+- `SpilledExactCKA`: the same exact CKA in bounded memory, the samples spilled to disk and read back
+  once per block of groups (`headscope similar --cka exact`).
 - `hsic1_linear(x, y)`: unbiased HSIC (Song et al. 2012) from the Gram matrices (the reference for
   `MinibatchCKA`).
 - `MinibatchCKA`: CKA from minibatch unbiased HSIC (Nguyen, Raghu and Kornblith 2021), memory
@@ -12,6 +14,8 @@
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +31,8 @@ DEFAULT_CKA_BATCH = 256
 CKA_ESTIMATORS = ("minibatch", "exact")
 # Tokens waiting in the CKA pool, from which minibatches are drawn at random (mixing passages).
 DEFAULT_CKA_POOL = 2048
+# Bytes the exact CKA may hold in memory (`SpilledExactCKA`: one block of cross-covariance rows at a time).
+DEFAULT_CKA_MEMORY = 192 * 2**20
 
 # Elements in one chunk of the pairwise computations: small enough to stay in cache and reuse
 # allocator memory (measured: 2^19 is 3x faster than 2^23 for JS on 2 cores).
@@ -90,21 +96,124 @@ class StreamingCKA:
         residual-stream contributions: they have the same sample Gram matrix as R_i x.
         """
         n, d = self.n_groups, self.dim
-        c = self.scatter.view(n, d, n, d)
-        num = torch.empty(n, n, dtype=torch.float64, device=c.device)
-        rows = max(1, _CHUNK // max(1, n * d * d))
-        r = None if transform is None else transform.to(c.device, torch.float64)
-        for i0 in range(0, n, rows):
-            block = c[i0:i0 + rows]  # [c, d, N, d]
-            if r is not None:
-                block = torch.einsum("iab,ibjc->iajc", r[i0:i0 + rows], block)
-                block = torch.einsum("iajc,jdc->iajd", block, r)
-            num[i0:i0 + rows] = (block ** 2).sum((1, 3))
-        self_norm = num.diagonal().sqrt()
-        den = self_norm[:, None] * self_norm[None, :]
-        out = torch.where(den > 0, num / den.clamp_min(1e-300), torch.full_like(num, float("nan")))
-        out = (out + out.T) / 2
-        return out.cpu().numpy()
+        r = None if transform is None else transform.to(self.scatter.device, torch.float64)
+        return _cka_from_squares(_squared_norms(self.scatter.view(n, d, n, d), 0, r))
+
+
+def _squared_norms(c: torch.Tensor, i0: int, r: torch.Tensor | None) -> torch.Tensor:
+    """|R_i C_ij R_j^T|_F^2 for the rows `c [b, d, N, d]` of the cross-covariance (groups i0 .. i0 + b) and every
+    group j: `[b, N]` float64 (R = identity when `r` is None)."""
+    b, d, n, _ = c.shape
+    num = torch.empty(b, n, dtype=torch.float64, device=c.device)
+    rows = max(1, _CHUNK // max(1, n * d * d))
+    for k0 in range(0, b, rows):
+        block = c[k0:k0 + rows]  # [rows, d, N, d]
+        if r is not None:
+            block = torch.einsum("iab,ibjc->iajc", r[i0 + k0:i0 + k0 + block.shape[0]], block)
+            block = torch.einsum("iajc,jdc->iajd", block, r)
+        num[k0:k0 + rows] = (block ** 2).sum((1, 3))
+    return num
+
+
+def _cka_from_squares(num: torch.Tensor) -> np.ndarray:
+    """CKA_ij = |C_ij|^2 / (|C_ii| |C_jj|) from the `[N, N]` squared norms (NaN where a group has no variance)."""
+    self_norm = num.diagonal().sqrt()
+    den = self_norm[:, None] * self_norm[None, :]
+    out = torch.where(den > 0, num / den.clamp_min(1e-300), torch.full_like(num, float("nan")))
+    out = (out + out.T) / 2
+    return out.cpu().numpy()
+
+
+class SpilledExactCKA:
+    """The exact full-data CKA of `StreamingCKA` (the same numbers) in bounded memory, the samples on disk.
+
+    `StreamingCKA` holds the whole centred cross-covariance, `(N dim)^2` float64: 2.4 GB for SmolLM2's 270
+    heads, 137 GB for Llama-3-8B's 1,024. Here samples are appended to a file as they come (`spill_dir`,
+    default the system's temporary folder; `N dim` floats a token: 69 KB for SmolLM2) with their float64
+    sum, and `ckas()` reads the file back once per block of groups: centred on the exact mean, each token
+    chunk adds its block rows `[b, dim, N, dim]` of the cross-covariance (float32 products, float64 sums,
+    as `StreamingCKA` does per batch), whose squared norms `|R_i C_ij R_j^T|^2` are all the CKA needs. The
+    block is as many groups as fit in `memory` bytes (with one chunk of samples and the float32 product),
+    so the peak stays near `memory` whatever N and the data; the cost is one read of the file per block
+    and the same arithmetic as the in-memory scatter, `(N dim)^2` per sample.
+    """
+
+    def __init__(self, n_groups: int, dim: int, memory: int = DEFAULT_CKA_MEMORY, spill_dir: str | None = None,
+                 device: torch.device | str = "cpu") -> None:
+        self.n_groups, self.dim, self.device = n_groups, dim, torch.device(device)
+        width = n_groups * dim
+        self.block = check_cka_memory(memory, n_groups, dim)
+        # token chunk read back at once: about a quarter of the budget as float32
+        self.chunk = max(1, int(memory) // 4 // (width * 4))
+        self.count = 0
+        self.dtype: torch.dtype | None = None
+        self._sum: torch.Tensor | None = None
+        self._dir = tempfile.TemporaryDirectory(prefix="headscope-cka-", dir=spill_dir)
+        self._path = Path(self._dir.name) / "samples.bin"
+        self._file = open(self._path, "wb")
+
+    def update(self, x: torch.Tensor) -> None:
+        """Add samples `x [T, n_groups, dim]` (or `[T, n_groups * dim]`): appended to the spill file."""
+        x = x.reshape(x.shape[0], -1)
+        if x.shape[1] != self.n_groups * self.dim:
+            raise HeadscopeError(f"features have width {x.shape[1]}; expected {self.n_groups} x {self.dim}")
+        if x.shape[0] == 0:
+            return
+        if self.dtype is None:
+            self.dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+            self._sum = torch.zeros(x.shape[1], dtype=torch.float64)
+        x = x.detach().to("cpu", self.dtype).contiguous()
+        self._file.write(x.numpy().tobytes())
+        self._sum += x.sum(0, dtype=torch.float64)
+        self.count += x.shape[0]
+
+    def ckas(self, transforms: dict[str, torch.Tensor | None]) -> dict[str, np.ndarray]:
+        """{name: `[N, N]` CKA} for each transform (`[N, k, dim]` or None), from one read of the file per block."""
+        if self.count == 0:
+            raise HeadscopeError("CKA needs samples; none were added")
+        self._file.flush()
+        n, d = self.n_groups, self.dim
+        np_dtype = np.float64 if self.dtype == torch.float64 else np.float32
+        samples = np.memmap(self._path, dtype=np_dtype, mode="r", shape=(self.count, n * d))
+        mean = (self._sum / self.count).to(self.device)
+        rs = {k: None if r is None else r.to(self.device, torch.float64) for k, r in transforms.items()}
+        num = {k: torch.empty(n, n, dtype=torch.float64, device=self.device) for k in transforms}
+        for g0 in range(0, n, self.block):
+            g1 = min(n, g0 + self.block)
+            c = torch.zeros((g1 - g0) * d, n * d, dtype=torch.float64, device=self.device)
+            for t0 in range(0, self.count, self.chunk):
+                xc = torch.from_numpy(np.array(samples[t0:t0 + self.chunk])).to(self.device) - mean.to(self.dtype)
+                c += (xc[:, g0 * d:g1 * d].T @ xc).to(torch.float64)
+            c = c.view(g1 - g0, d, n, d)
+            for k, r in rs.items():
+                num[k][g0:g1] = _squared_norms(c, g0, r)
+            del c
+        del samples
+        return {k: _cka_from_squares(v) for k, v in num.items()}
+
+    def cka(self, transform: torch.Tensor | None = None) -> np.ndarray:
+        """`[N, N]` CKA, as `StreamingCKA.cka`."""
+        return self.ckas({"cka": transform})["cka"]
+
+    def close(self) -> None:
+        """Delete the spill file (also done when the object is garbage-collected)."""
+        if not self._file.closed:
+            self._file.close()
+        self._dir.cleanup()
+
+
+def check_cka_memory(memory: int, n_groups: int, dim: int) -> int:
+    """The groups per block `SpilledExactCKA` can hold in `memory` bytes, or a clear error when not even one fits."""
+    if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
+        raise HeadscopeError(f"the exact CKA's memory budget must be a positive number of bytes; got {memory!r}")
+    per_group = dim * n_groups * dim * 12  # its float64 rows of the cross-covariance and their float32 product
+    usable = memory - memory // 4  # a quarter goes to the chunk of samples read back
+    if usable < per_group:
+        need = -(-per_group * 4 // 3) // 2**20 + 1
+        raise HeadscopeError(f"--cka-memory {memory / 2**20:.0f} MiB holds no block of the exact CKA "
+                             f"({n_groups} heads x d_head {dim}: one head's rows need {per_group / 2**20:.1f} MiB); "
+                             f"give at least {need} MiB")
+    return min(n_groups, usable // per_group)
 
 
 def hsic1_linear(x: Any, y: Any) -> float:

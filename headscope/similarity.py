@@ -35,11 +35,14 @@ from .attention import DEFAULT_BLOCK, check_block
 from .cka import (  # noqa: F401
     CKA_ESTIMATORS,
     DEFAULT_CKA_BATCH,
+    DEFAULT_CKA_MEMORY,
     DEFAULT_CKA_POOL,
     MinibatchCKA,
+    SpilledExactCKA,
     StreamingCKA,
     _CHUNK,  # one chunk size for every pairwise computation (JS, subspaces, CKA)
     check_cka_batch,
+    check_cka_memory,
     hsic1_linear,
     linear_cka,
 )
@@ -360,6 +363,7 @@ def similarity(
     cka: str = "minibatch",
     cka_batch: int = DEFAULT_CKA_BATCH,
     cka_pool: int = DEFAULT_CKA_POOL,
+    cka_memory: int = DEFAULT_CKA_MEMORY,
     block: int = DEFAULT_BLOCK,
     progress: bool = False,
 ) -> Similarity:
@@ -368,8 +372,9 @@ def similarity(
     `data` takes the same forms as `headscope.analyze`. `js_max_tokens` caps the number of query
     tokens JS is averaged over (a seeded uniform sample), for big models; CKA always uses every
     non-padding token. `cka="minibatch"` (default) estimates CKA minibatch by minibatch (`MinibatchCKA`:
-    `cka_batch` tokens drawn from a pool of `cka_pool`; memory O(heads x cka_batch^2)); `cka="exact"` keeps the full
-    `(heads x d_head)^2` cross-covariance (small models; the reference). Attention maps come from
+    `cka_batch` tokens drawn from a pool of `cka_pool`; memory O(heads x cka_batch^2)); `cka="exact"` computes the
+    full-data CKA of the `(heads x d_head)^2` cross-covariance (`SpilledExactCKA`: head outputs spilled to the
+    temporary folder, at most `cka_memory` bytes of it in memory at once). Attention maps come from
     the statistics kernel in blocks of `block` queries. `weights=False` skips the weight-space angles.
     """
     if cka not in CKA_ESTIMATORS:
@@ -390,7 +395,7 @@ def similarity(
     n_queries, n_tokens = 0, 0
     r = torch.cat([torch.linalg.qr(layer_weights(hm, l).o.double())[1] for l in range(n_layers)])  # [N, d, d]
     if cka == "exact":
-        exact = StreamingCKA(n, hm.d_head, device=device)
+        exact = SpilledExactCKA(n, hm.d_head, cka_memory, device=device)
     else:
         mini = MinibatchCKA(n, hm.d_head, cka_batch, {"cka": r.to(device), "cka_z": None}, pool=cka_pool,
                             seed=seed, device=device)
@@ -445,12 +450,20 @@ def similarity(
                 n_tokens += int(valid.sum())
                 outputs.clear()
                 bar.update(1)
+    except BaseException:
+        if cka == "exact":
+            exact.close()
+        raise
     finally:
         bar.close()
 
     if cka == "exact":
-        cka_matrices = {"cka": exact.cka(r), "cka_z": exact.cka()}
-        cka_meta: dict[str, Any] = {"cka_estimator": "exact"}
+        try:
+            cka_matrices = exact.ckas({"cka": r, "cka_z": None})
+        finally:
+            exact.close()
+        cka_meta: dict[str, Any] = {"cka_estimator": "exact", "cka_memory": cka_memory,
+                                    "cka_blocks": -(-n // exact.block)}
     else:
         cka_matrices = mini.cka()
         cka_meta = {"cka_estimator": "minibatch unbiased HSIC", "cka_batch": cka_batch,

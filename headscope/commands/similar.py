@@ -14,11 +14,13 @@ from ..provenance import provenance
 from ..similarity import (
     CKA_ESTIMATORS,
     DEFAULT_CKA_BATCH,
+    DEFAULT_CKA_MEMORY,
     DEFAULT_CKA_MIN,
     DEFAULT_CKA_POOL,
     DEFAULT_JS_MAX,
     LN2,
     check_cka_batch,
+    check_cka_memory,
     check_thresholds,
     similarity,
 )
@@ -49,12 +51,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"near-duplicate: every pair in a cluster has cka >= this (default {DEFAULT_CKA_MIN})")
     p.add_argument("--cka", choices=CKA_ESTIMATORS, default="minibatch",
                    help="CKA estimator: minibatch unbiased HSIC (Nguyen et al. 2021; memory heads x batch^2, the "
-                        "default) or exact (the full (heads x d_head)^2 float64 cross-covariance: small models only)")
+                        "default) or exact (the full-data CKA of the (heads x d_head)^2 cross-covariance, computed "
+                        "in blocks of at most --cka-memory with the head outputs spilled to the temporary folder, "
+                        "TMPDIR: heads x d_head x 4 bytes a token)")
     p.add_argument("--cka-batch", type=int, default=DEFAULT_CKA_BATCH,
                    help=f"tokens per CKA minibatch (default {DEFAULT_CKA_BATCH}, at least 8)")
     p.add_argument("--cka-pool", type=int, default=DEFAULT_CKA_POOL,
                    help=f"tokens pooled before minibatches are drawn at random from them, mixing passages "
                         f"(default {DEFAULT_CKA_POOL}; memory pool x heads x d_head)")
+    p.add_argument("--cka-memory", type=int, default=DEFAULT_CKA_MEMORY // 2**20, metavar="MiB",
+                   help=f"with --cka exact: MiB of the cross-covariance held at once (default "
+                        f"{DEFAULT_CKA_MEMORY // 2**20}); less memory means more reads of the spilled outputs")
     p.set_defaults(func=run)
 
 
@@ -66,11 +73,15 @@ def run(args: argparse.Namespace) -> int:
     check_cka_batch(args.cka_batch)
     if args.cka_pool < 0:
         raise HeadscopeError(f"--cka-pool must be 0 or more tokens, got {args.cka_pool}")
+    if args.cka_memory < 1:
+        raise HeadscopeError(f"--cka-memory must be at least 1 MiB, got {args.cka_memory}")
     source = read_texts(args.data, args.limit)  # bad data fails before the model loads
     hm = load_from_args(args)
+    if args.cka == "exact":  # one head's block must fit: known once the model's shape is
+        check_cka_memory(args.cka_memory * 2**20, hm.n_layers * hm.n_heads, hm.d_head)
     sim = similarity(hm, source, max_length=args.max_length, batch_size=args.batch_size,
                      js_max_tokens=args.js_max_tokens, seed=args.seed, cka=args.cka, cka_batch=args.cka_batch,
-                     cka_pool=args.cka_pool, progress=True)
+                     cka_pool=args.cka_pool, cka_memory=args.cka_memory * 2**20, progress=True)
     clusters = sim.clusters(args.js_max, args.cka_min)
     pairs = sim.pairs()
     out.mkdir(parents=True, exist_ok=True)
