@@ -114,6 +114,9 @@ def main() -> None:
         if "analyze" in rows and "similar" in rows:
             print(f"similar peak - analyze peak: {rows['similar']['peak_rss_mib'] - rows['analyze']['peak_rss_mib']} MiB "
                   f"(target <= 300)")
+        if "analyze" in rows and "similar-exact" in rows:
+            print(f"similar --cka exact peak - analyze peak: "
+                  f"{rows['similar-exact']['peak_rss_mib'] - rows['analyze']['peak_rss_mib']} MiB")
         return
     if args.one:
         model, data, n, k = args.one

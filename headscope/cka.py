@@ -173,22 +173,28 @@ class SpilledExactCKA:
             raise HeadscopeError("CKA needs samples; none were added")
         self._file.flush()
         n, d = self.n_groups, self.dim
-        np_dtype = np.float64 if self.dtype == torch.float64 else np.float32
-        samples = np.memmap(self._path, dtype=np_dtype, mode="r", shape=(self.count, n * d))
-        mean = (self._sum / self.count).to(self.device)
+        mean = (self._sum / self.count).to(self.dtype)
         rs = {k: None if r is None else r.to(self.device, torch.float64) for k, r in transforms.items()}
         num = {k: torch.empty(n, n, dtype=torch.float64, device=self.device) for k in transforms}
-        for g0 in range(0, n, self.block):
-            g1 = min(n, g0 + self.block)
-            c = torch.zeros((g1 - g0) * d, n * d, dtype=torch.float64, device=self.device)
-            for t0 in range(0, self.count, self.chunk):
-                xc = torch.from_numpy(np.array(samples[t0:t0 + self.chunk])).to(self.device) - mean.to(self.dtype)
-                c += (xc[:, g0 * d:g1 * d].T @ xc).to(torch.float64)
-            c = c.view(g1 - g0, d, n, d)
-            for k, r in rs.items():
-                num[k][g0:g1] = _squared_norms(c, g0, r)
-            del c
-        del samples
+        # One reused buffer read straight from the file (a memory map would count its pages as resident).
+        buf = torch.empty(min(self.chunk, self.count), n * d, dtype=self.dtype)
+        with open(self._path, "rb", buffering=0) as f:
+            for g0 in range(0, n, self.block):
+                g1 = min(n, g0 + self.block)
+                c = torch.zeros((g1 - g0) * d, n * d, dtype=torch.float64, device=self.device)
+                f.seek(0)
+                for t0 in range(0, self.count, self.chunk):
+                    rows = min(self.chunk, self.count - t0)
+                    view = memoryview(buf.numpy()).cast("B")
+                    got = f.readinto(view[: rows * n * d * buf.element_size()])
+                    if got != rows * n * d * buf.element_size():
+                        raise HeadscopeError(f"the CKA spill file {self._path} is short: read {got} bytes")
+                    xc = buf[:rows].sub_(mean).to(self.device)  # centred in place on the exact mean
+                    c += xc[:, g0 * d:g1 * d].T @ xc  # float32 product added into float64
+                c = c.view(g1 - g0, d, n, d)
+                for k, r in rs.items():
+                    num[k][g0:g1] = _squared_norms(c, g0, r)
+                del c
         return {k: _cka_from_squares(v) for k, v in num.items()}
 
     def cka(self, transform: torch.Tensor | None = None) -> np.ndarray:
@@ -266,7 +272,10 @@ class MinibatchCKA:
         self.sums = {k: torch.zeros(n_groups, n_groups, dtype=torch.float64, device=device) for k in self.transforms}
         self.count = 0  # samples in the minibatches added so far
         self.minibatches = 0
-        self._pool: torch.Tensor | None = None  # [tokens, N, dim] waiting to be drawn
+        # The pool: one buffer of pool + batch rows [rows, N, dim], filled in place (never concatenated
+        # and copied: that doubled SmolLM2's 140 MB pool at every batch); `_n` rows hold samples.
+        self._buf: torch.Tensor | None = None
+        self._n = 0
         self._gen = torch.Generator().manual_seed(seed)
 
     def update(self, x: torch.Tensor) -> None:
@@ -276,33 +285,50 @@ class MinibatchCKA:
             raise HeadscopeError(f"features have width {x.shape[1] * x.shape[2]}; expected {self.n_groups} x {self.dim}")
         if x.shape[0] == 0:
             return
-        self._pool = x if self._pool is None else torch.cat([self._pool, x])
         # Full minibatches leave once the pool overflows, keeping at least 4 samples behind so that
         # the last minibatch is never too small for the unbiased estimator (n >= 4).
-        extra = self._pool.shape[0] - max(self.pool, 4)
-        if extra >= self.batch:
-            self._draw(extra // self.batch)
+        keep = max(self.pool, 4)
+        if self._buf is None:
+            self._buf = x.new_empty(keep + self.batch, self.n_groups, self.dim)
+        while x.shape[0]:
+            take = min(self._buf.shape[0] - self._n, x.shape[0])
+            self._buf[self._n:self._n + take] = x[:take]
+            self._n += take
+            x = x[take:]
+            if self._n - keep >= self.batch:
+                self._draw_one()
 
     def finish(self) -> None:
         """Draw every sample left in the pool: full minibatches, then the last one of 4 .. batch + 3 samples."""
-        if self._pool is None or self._pool.shape[0] == 0:
+        left = self._n
+        if left == 0:
             return
-        left = self._pool.shape[0]
         if left < 4 and self.count == 0:
             raise HeadscopeError(f"CKA needs at least 4 tokens; the data gave {left}")
-        self._draw(max(0, (left - 4) // self.batch))
-        rest, self._pool = self._pool, None
-        if rest.shape[0] >= 4:
-            self._add(rest)
-        elif rest.shape[0]:
-            log.warning("CKA: %d token(s) left after %d minibatches were not used", rest.shape[0], self.minibatches)
-
-    def _draw(self, k: int) -> None:
-        """Add `k` minibatches of `batch` samples drawn at random from the pool; the rest stays."""
-        perm = torch.randperm(self._pool.shape[0], generator=self._gen).to(self._pool.device)
+        k = max(0, (left - 4) // self.batch)
+        perm = torch.randperm(left, generator=self._gen).to(self._buf.device)
         for i in range(k):
-            self._add(self._pool[perm[i * self.batch:(i + 1) * self.batch]])
-        self._pool = self._pool[perm[k * self.batch:]]
+            self._add(self._buf[perm[i * self.batch:(i + 1) * self.batch]])
+        rest = perm[k * self.batch:]
+        if len(rest) >= 4:
+            self._add(self._buf[rest])
+        elif len(rest):
+            log.warning("CKA: %d token(s) left after %d minibatches were not used", len(rest), self.minibatches)
+        self._buf, self._n = None, 0
+
+    def _draw_one(self) -> None:
+        """Add one minibatch of `batch` samples drawn at random from the pool, and close the gaps they leave
+        with the last rows (moved in place: at most `batch` rows are copied)."""
+        n, b = self._n, self.batch
+        perm = torch.randperm(n, generator=self._gen).to(self._buf.device)
+        drawn = perm[:b]
+        self._add(self._buf[drawn])
+        holes = drawn[drawn < n - b].sort().values
+        tail = torch.ones(b, dtype=torch.bool, device=drawn.device)
+        tail[drawn[drawn >= n - b] - (n - b)] = False
+        fillers = torch.arange(n - b, n, device=drawn.device)[tail]  # tail rows not drawn: one per hole
+        self._buf[holes] = self._buf[fillers]
+        self._n = n - b
 
     def _add(self, x: torch.Tensor) -> None:
         """One minibatch `x [n, N, dim]`: add n * HSIC_1 of every pair, per output."""

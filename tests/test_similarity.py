@@ -283,6 +283,23 @@ def test_minibatch_cka_averages_minibatches_drawn_from_the_pool():
     assert maxdiff(whole.cka()["cka"], acc.cka()["cka"]) < 1e-12
 
 
+def test_minibatch_pool_uses_every_sample_once_whatever_the_updates(monkeypatch):
+    """The pool is one buffer filled in place: with draws while the stream goes on (pool 20, minibatches of 8,
+    updates of 7, 13, 1, 30 and 9 samples), every sample lands in exactly one minibatch, every minibatch but the
+    last holds 8, and the pool never holds more than pool + batch rows."""
+    acc = MinibatchCKA(1, 1, batch=8, pool=20)
+    seen: list[list[int]] = []
+    monkeypatch.setattr(acc, "_add", lambda x: seen.append([int(v) for v in x[:, 0, 0]]))
+    t = 0
+    for size in (7, 13, 1, 30, 9):
+        acc.update(torch.arange(t, t + size, dtype=torch.float32).view(size, 1, 1))
+        t += size
+        assert acc._buf.shape[0] == 28 and 0 <= acc._n <= 27
+    acc.finish()
+    assert sorted(i for mb in seen for i in mb) == list(range(t))
+    assert [len(mb) for mb in seen[:-1]] == [8] * (len(seen) - 1) and 4 <= len(seen[-1]) <= 8 + 3
+
+
 def test_minibatch_cka_tracks_exact_cka_on_many_samples():
     """Independent samples (no passages): with 40 minibatches the estimate is within 0.01 of the exact
     full-data CKA on every pair (both estimate the same population CKA; their gap shrinks with data)."""

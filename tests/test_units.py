@@ -189,3 +189,27 @@ def test_smollm2_pruned_equals_masked(smollm2):
         unit_parameters(hm, "ffn", 0) * int((ffn[0] == 0).sum())
     assert n_parameters(hm) - n_parameters(small) == round(gone)
     assert small.n_layers == 29 and small.heads_in_layer(28) == 0 and small.ffn_size(0) == 1024
+
+
+def test_latency_times_original_and_pruned_in_turn(monkeypatch):
+    """`--latency`'s timing: after a warm-up each, the original and the pruned model run in turn in every repeat,
+    and the speedup is the median of the per-repeat ratios (a fake clock the two fake models advance by 2 and 1,
+    except one disturbed repeat, which the median ignores)."""
+    import types
+
+    import headscope.units.curve as curve
+
+    clock = {"t": 0.0}
+    calls: list[str] = []
+    cost = {"base": [2.0] * 6, "small": [1.0, 1.0, 1.0, 9.0, 1.0, 1.0]}  # warm-up first; one slow repeat
+
+    def fake(name):
+        def forward(**kw):
+            calls.append(name)
+            clock["t"] += cost[name][calls.count(name) - 1]
+        return types.SimpleNamespace(model=forward)
+
+    monkeypatch.setattr(curve.time, "perf_counter", lambda: clock["t"])
+    seconds, speedup = curve.time_speedup(fake("base"), fake("small"), None, None, 5)
+    assert calls == ["base", "small"] + ["base", "small"] * 5
+    assert seconds == 1.0 and speedup == 2.0

@@ -76,7 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--fraction and --step as shares of all parameters")
     p.add_argument("--latency", action="store_true",
                    help="with --unit attention/block/ffn/mix: prune each point physically and time a forward "
-                        "pass against the FLOP-ideal speedup")
+                        "pass against the original's (in turn, 5 repeats, median ratio) beside the FLOP-ideal "
+                        "speedup")
     p.add_argument("--recover", type=int, default=0, metavar="N",
                    help="fine-tuning steps between pruning steps (default 0: no recovery)")
     p.add_argument("--recover-lr", type=float, default=5e-5, help="recovery learning rate (default 5e-5)")

@@ -17,7 +17,8 @@ With `recover_steps`, each point is recovered from the original weights with the
 the shared training loop (`curves.recovery.Recovery`: `train.Trainer`, the metric's recovery loss, i.e.
 `eval.lm.distillation_loss` from the unpruned model for causal LMs). With `latency`, each point is also
 pruned physically (`units.physical.prune_units`) and one forward pass over a fixed batch is timed against
-the original's, beside the FLOP-ideal speedup (matmul FLOPs of the two models on that batch).
+the original's, the two in turn in each of `latency_repeats` repeats (the speedup is the median of the
+per-repeat ratios), beside the FLOP-ideal speedup (matmul FLOPs of the two models on that batch).
 """
 
 from __future__ import annotations
@@ -230,6 +231,26 @@ def time_forward(hm: HeadModel, ids: torch.Tensor, mask: torch.Tensor, repeats: 
     return float(np.median(out))
 
 
+def time_speedup(base: HeadModel, small: HeadModel, ids: torch.Tensor, mask: torch.Tensor,
+                 repeats: int) -> tuple[float, float]:
+    """(median seconds of `small`'s forward, median of the per-repeat ratios base / small), the two timed in
+    turn in every repeat after a warm-up each, so that drift and load hit both alike (a single-shot time of
+    each, one after the other, is off by up to +-20% on a shared or virtual machine)."""
+    times, ratios = [], []
+    with torch.inference_mode():
+        for m in (base, small):
+            m.model(input_ids=ids, attention_mask=mask, use_cache=False)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            base.model(input_ids=ids, attention_mask=mask, use_cache=False)
+            t1 = time.perf_counter()
+            small.model(input_ids=ids, attention_mask=mask, use_cache=False)
+            t2 = time.perf_counter()
+            times.append(t2 - t1)
+            ratios.append((t1 - t0) / (t2 - t1))
+    return float(np.median(times)), float(np.median(ratios))
+
+
 class _UnitRecovery(Recovery):
     """`Recovery` with unit masks instead of head gates while training."""
 
@@ -242,7 +263,7 @@ class _UnitRecovery(Recovery):
 def unit_curve(hm: HeadModel, data: Any, *, unit: str = "block", method: str | None = None,
                fraction: float = 0.5, step: float = 0.05, heldout: Any = None, metric: str = "auto",
                recover_steps: int = 0, recover_lr: float = 5e-5, max_length: int | None = None,
-               batch_size: int = 16, seed: int = 0, latency: bool = False, latency_repeats: int = 3,
+               batch_size: int = 16, seed: int = 0, latency: bool = False, latency_repeats: int = 5,
                progress: bool = False) -> UnitCurve:
     """Remove `unit`s least important first up to `fraction` of all parameters; the metric at each point."""
     check_curve_args(unit, fraction, step, recover_steps, method)
@@ -318,8 +339,7 @@ def unit_curve(hm: HeadModel, data: Any, *, unit: str = "block", method: str | N
             del rec
         if latency:
             small = prune_units(hm, mask)
-            pt.latency_s = time_forward(small, *lat_batch, latency_repeats)
-            pt.speedup = base_lat / pt.latency_s
+            pt.latency_s, pt.speedup = time_speedup(hm, small, *lat_batch, latency_repeats)
             pt.flop_speedup = base_flops / matmul_flops(small, int(lat_batch[1].sum()), lat_batch[0].shape[1])
             # Physically removed = counted: the parameter share is what the smaller model really lost.
             pt.params_removed = total - n_parameters(small)
@@ -340,4 +360,4 @@ def unit_curve(hm: HeadModel, data: Any, *, unit: str = "block", method: str | N
 
 
 __all__ = ["CURVE_UNITS", "DEFAULT_METHOD", "UNIT_METHODS", "UnitCurve", "UnitPoint", "check_curve_args", "matmul_flops",
-           "time_forward", "unit_curve"]
+           "time_forward", "time_speedup", "unit_curve"]
