@@ -1,7 +1,9 @@
 """Importance across tasks: the same heads scored under several tasks, and where the rankings disagree.
 
 A task is an entry of `TASKS`, registered beside its scoring function: `fn(ctx) -> [L, H]` (higher = more
-important for that task). The built-in ones:
+important for that task), with its default `data`, `usable(hm)` (why the model cannot do it, or None),
+`needs_labels` and, optionally, `check_data(hm or None, data)` (refuses bad task data before, and again
+after, the model loads). The built-in ones:
 
 - `lm_ptb`, `lm_gum`: next-token loss on PTB (`ptb-valid`) or on GUM's text (`gum-test`, other genres:
   interviews, travel guides, fiction, ...), by an importance criterion of `CRITERIA` (`--method`);
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..attention import DEFAULT_BLOCK
 from ..data import LABELLED, Tokens
 from ..errors import HeadscopeError, did_you_mean
 from ..eval.evaluate import is_labelled
@@ -167,7 +170,8 @@ RETRIEVAL_LENGTH = 2048
 
 
 def retrieval_length(hm: HeadModel | None, data: Any) -> int:
-    """The retrieval task's context length: its data (an integer), else 2,048 or the model's positions."""
+    """The retrieval task's context length: its data (an integer), else 2,048 or the model's positions.
+    Refuses a bad length (with `hm` None: what needs no model; with `hm`: beyond its positions too)."""
     if data is not None:
         try:
             length = int(str(data))
@@ -178,7 +182,7 @@ def retrieval_length(hm: HeadModel | None, data: Any) -> int:
         length = RETRIEVAL_LENGTH if hm is None or hm.max_positions is None else min(RETRIEVAL_LENGTH, hm.max_positions)
     from ..longctx.run import check_long_args
 
-    check_long_args(hm, length, RETRIEVAL_HAYSTACKS, 0, None, 128)
+    check_long_args(hm, length, RETRIEVAL_HAYSTACKS, 0, None, DEFAULT_BLOCK)
     return length
 
 
@@ -190,7 +194,8 @@ def _needs_causal_tokenizer(hm: HeadModel) -> str | None:
 
 @TASKS.register("retrieval", help="Wu et al.'s needle-copy retrieval score at long context (data: the context "
                 f"length, default {RETRIEVAL_LENGTH}; {RETRIEVAL_HAYSTACKS} needle haystacks; causal LMs)",
-                data=str(RETRIEVAL_LENGTH), usable=_needs_causal_tokenizer, needs_labels=False)
+                data=str(RETRIEVAL_LENGTH), usable=_needs_causal_tokenizer, needs_labels=False,
+                check_data=retrieval_length)
 def retrieval(ctx: TaskContext) -> np.ndarray:
     from ..longctx import long_roles
 
@@ -228,8 +233,8 @@ def parse_tasks(spec: str | Sequence[str]) -> dict[str, Any]:
             raise HeadscopeError(f"task {name!r} needs labelled data: give {name}=FILE.jsonl with a 'text' and a "
                                  f"'label' on every line, or a labelled built-in ({', '.join(LABELLED)})"
                                  + (f" ({data!r} has no labels)" if data else ""))
-        if name == "retrieval":
-            retrieval_length(None, data)
+        if "check_data" in entry.meta:  # a task that checks its own data (retrieval: a context length)
+            entry.check_data(None, data)
         out[name] = data
     if len(out) < 2:
         raise HeadscopeError(f"give at least two tasks to compare (got {', '.join(out) or 'none'}); "
@@ -240,11 +245,12 @@ def parse_tasks(spec: str | Sequence[str]) -> dict[str, Any]:
 def check_tasks_usable(hm: HeadModel, tasks: dict[str, Any]) -> None:
     """Refuse a task the model cannot do (an LM task on an encoder, classification without a classifier)."""
     for name, data in tasks.items():
-        why = TASKS.get(name).usable(hm)
+        entry = TASKS.get(name)
+        why = entry.usable(hm)
         if why:
             raise HeadscopeError(f"task {name!r} does not apply to {hm.name}: {why}")
-        if name == "retrieval":
-            retrieval_length(hm, data)
+        if "check_data" in entry.meta:
+            entry.check_data(hm, data)
 
 
 def task_importance(hm: HeadModel, tasks: dict[str, Any] | str, *, method: str = "taylor",
