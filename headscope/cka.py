@@ -178,6 +178,8 @@ class SpilledExactCKA:
         num = {k: torch.empty(n, n, dtype=torch.float64, device=self.device) for k in transforms}
         # One reused buffer read straight from the file (a memory map would count its pages as resident).
         buf = torch.empty(min(self.chunk, self.count), n * d, dtype=self.dtype)
+        view = memoryview(buf.numpy()).cast("B")
+        row_bytes = n * d * buf.element_size()
         with open(self._path, "rb", buffering=0) as f:
             for g0 in range(0, n, self.block):
                 g1 = min(n, g0 + self.block)
@@ -185,9 +187,8 @@ class SpilledExactCKA:
                 f.seek(0)
                 for t0 in range(0, self.count, self.chunk):
                     rows = min(self.chunk, self.count - t0)
-                    view = memoryview(buf.numpy()).cast("B")
-                    got = f.readinto(view[: rows * n * d * buf.element_size()])
-                    if got != rows * n * d * buf.element_size():
+                    got = f.readinto(view[: rows * row_bytes])
+                    if got != rows * row_bytes:
                         raise HeadscopeError(f"the CKA spill file {self._path} is short: read {got} bytes")
                     xc = buf[:rows].sub_(mean).to(self.device)  # centred in place on the exact mean
                     c += xc[:, g0 * d:g1 * d].T @ xc  # float32 product added into float64
