@@ -8,8 +8,9 @@ trains with; the `lm` loss is the mean next-token NLL from `headscope.eval.lm.nl
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ContextManager, Sequence
 
 import torch
 
@@ -61,6 +62,43 @@ def uptrain_loss(model: torch.nn.Module, batch: Batch, loss: str, teacher: torch
     return nll.sum() / count.sum().clamp_min(1)
 
 
+def run_uptraining(out: HeadModel, chosen: Sequence[torch.nn.Parameter], batches: Sequence[Batch], steps: int, *,
+                   loss: str, teacher: torch.nn.Module | None, lr: float, seed: int, desc: str,
+                   weight_decay: float = 0.0, during: ContextManager[Any] | None = None,
+                   progress: bool = False) -> list[float]:
+    """`steps` AdamW steps of `out` (a private copy) on its `chosen` parameters through `train.Trainer`, every
+    other parameter frozen meanwhile and restored after; `uptrain_loss` per batch, gradients clipped to
+    `GRAD_CLIP`; batches visited in an order shuffled with `seed` (the trainer's generator), reshuffled when
+    exhausted; `during` (e.g. the head-aware cache's training masks) is entered around the run. The losses.
+
+    The one uptraining loop of `gqa`, `mla` and `kvcache --uptrain`."""
+    # Dropout, where a model has any, draws from torch's global generator: seed it for repeatable runs.
+    torch.manual_seed(seed)
+    chosen_ids = {id(p) for p in chosen}
+    # Frozen on the private copy only (no weight gradients computed for them), restored below.
+    frozen = [p for p in out.model.parameters() if id(p) not in chosen_ids and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    order: list[int] = []
+
+    def next_batch(generator: torch.Generator) -> Batch:
+        if not order:  # a new pass over the data, in a new order
+            order.extend(torch.randperm(len(batches), generator=generator).tolist())
+        return batches[order.pop()]
+
+    def loss_fn(batch: Batch) -> torch.Tensor:
+        return uptrain_loss(out.model, batch, loss, teacher)
+
+    try:
+        with during if during is not None else nullcontext():
+            trainer = Trainer(out.model, [p for p in chosen if p.requires_grad], lr=lr, steps=steps,
+                              weight_decay=weight_decay, grad_clip=GRAD_CLIP, seed=seed, desc=desc)
+            return trainer.run(steps, next_batch, loss_fn, progress=progress)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
 def _trainable(hm: HeadModel, train: str) -> list[torch.nn.Parameter]:
     """The parameters `train` selects: every layer's q/k/v/o projections, or all of them."""
     if train == "all":
@@ -91,29 +129,7 @@ def uptrain(student: HeadModel, data: Any, steps: int, *, teacher: HeadModel | N
     if steps == 0:
         return out, log_
     todo = token_batches(student, data, max_length, batch_size, limit)
-    # Dropout, where a model has any, draws from torch's global generator: seed it for repeatable runs.
-    torch.manual_seed(seed)
-    chosen = _trainable(out, train)
-    chosen_ids = {id(p) for p in chosen}
-    # Frozen on the private copy only (no weight gradients computed for them), restored below.
-    frozen = [p for p in out.model.parameters() if id(p) not in chosen_ids and p.requires_grad]
-    for p in frozen:
-        p.requires_grad_(False)
-    order: list[int] = []
-
-    def next_batch(generator: torch.Generator) -> Batch:
-        if not order:  # a new pass over the data, in a new order
-            order.extend(torch.randperm(len(todo), generator=generator).tolist())
-        return todo[order.pop()]
-
-    def loss_fn(batch: Batch) -> torch.Tensor:
-        return uptrain_loss(out.model, batch, loss, teacher.model if teacher is not None else None)
-
-    try:
-        trainer = Trainer(out.model, [p for p in chosen if p.requires_grad], lr=lr, steps=steps,
-                          weight_decay=weight_decay, grad_clip=GRAD_CLIP, seed=seed, desc=f"uptrain ({loss})")
-        log_.losses = trainer.run(steps, next_batch, loss_fn, progress=progress)
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
+    log_.losses = run_uptraining(out, _trainable(out, train), todo, steps, loss=loss,
+                                 teacher=teacher.model if teacher is not None else None, lr=lr, seed=seed,
+                                 desc=f"uptrain ({loss})", weight_decay=weight_decay, progress=progress)
     return out, log_

@@ -29,9 +29,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ..data import Batch
 from ..errors import HeadscopeError
 from ..eval.lm import distillation_loss
-from ..gqa.uptraining import GRAD_CLIP, UptrainLog, check_uptrain, uptrain_loss
+from ..gqa.uptraining import GRAD_CLIP, UptrainLog, check_uptrain, run_uptraining, uptrain_loss
 from ..models.adapter import HeadModel
-from ..train import Trainer
 from .cache import HeadPlan, _gather_heads, check_supported, windowed_mask
 
 MASKED_NAME = "headscope_kvcache_masked"
@@ -146,30 +145,10 @@ def uptrain_head_aware(hm: HeadModel, plan: HeadPlan, batches: Sequence[Batch], 
     log_ = UptrainLog(settings=settings)
     if steps == 0:
         return out, log_
-    torch.manual_seed(seed)
     chosen = [p for layer in range(out.n_layers) for p in out.attention(layer).parameters()]
-    ids = {id(p) for p in chosen}
-    frozen = [p for p in out.model.parameters() if id(p) not in ids and p.requires_grad]
-    for p in frozen:
-        p.requires_grad_(False)
-    order: list[int] = []
-
-    def next_batch(generator: torch.Generator) -> Batch:
-        if not order:
-            order.extend(torch.randperm(len(batches), generator=generator).tolist())
-        return batches[order.pop()]
-
-    def loss_fn(batch: Batch) -> torch.Tensor:
-        return uptrain_loss(out.model, batch, loss, hm.model)
-
-    try:
-        with windowed_training(out, plan):
-            trainer = Trainer(out.model, chosen, lr=lr, steps=steps, grad_clip=GRAD_CLIP, seed=seed,
-                              desc=f"uptrain head-aware {plan.fraction_full:.1%} ({loss})")
-            log_.losses = trainer.run(steps, next_batch, loss_fn, progress=progress)
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
+    log_.losses = run_uptraining(out, chosen, batches, steps, loss=loss, teacher=hm.model, lr=lr, seed=seed,
+                                 desc=f"uptrain head-aware {plan.fraction_full:.1%} ({loss})",
+                                 during=windowed_training(out, plan), progress=progress)
     return out, log_
 
 

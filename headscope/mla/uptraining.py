@@ -12,13 +12,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import torch
-
-from ..data import Batch
 from ..gqa.evaluate import token_batches
-from ..gqa.uptraining import GRAD_CLIP, UptrainLog, check_uptrain, uptrain_loss
+from ..gqa.uptraining import GRAD_CLIP, UptrainLog, check_uptrain, run_uptraining
 from ..models.adapter import HeadModel
-from ..train import Trainer
 
 
 def uptrain_mla(student: HeadModel, data: Any, steps: int, *, teacher: HeadModel | None, loss: str = "kd",
@@ -34,27 +30,8 @@ def uptrain_mla(student: HeadModel, data: Any, steps: int, *, teacher: HeadModel
     if steps == 0:
         return out, log_
     todo = token_batches(student, data, max_length, batch_size, None)
-    torch.manual_seed(seed)
     chosen = [p for layer in range(out.n_layers) for p in out.attention(layer).parameters()]
-    ids = {id(p) for p in chosen}
-    frozen = [p for p in out.model.parameters() if id(p) not in ids and p.requires_grad]
-    for p in frozen:
-        p.requires_grad_(False)
-    order: list[int] = []
-
-    def next_batch(generator: torch.Generator) -> Batch:
-        if not order:
-            order.extend(torch.randperm(len(todo), generator=generator).tolist())
-        return todo[order.pop()]
-
-    def loss_fn(batch: Batch) -> torch.Tensor:
-        return uptrain_loss(out.model, batch, loss, teacher.model if teacher is not None else None)
-
-    try:
-        trainer = Trainer(out.model, chosen, lr=lr, steps=steps, grad_clip=GRAD_CLIP, seed=seed,
-                          desc=f"uptrain MLA ({loss})")
-        log_.losses = trainer.run(steps, next_batch, loss_fn, progress=progress)
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
+    log_.losses = run_uptraining(out, chosen, todo, steps, loss=loss,
+                                 teacher=teacher.model if teacher is not None else None, lr=lr, seed=seed,
+                                 desc=f"uptrain MLA ({loss})", progress=progress)
     return out, log_
