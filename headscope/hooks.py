@@ -15,6 +15,7 @@ import torch
 from .attention.kernel import DEFAULT_BLOCK, stats_kernel
 from .errors import HeadscopeError
 from .models.adapter import HeadModel
+from .models.config import attention_implementation
 
 # Called with (layer, head_outputs [batch, pos, n_heads, d_head]); may return a replacement.
 HeadOutputFn = Callable[[int, torch.Tensor], "torch.Tensor | None"]
@@ -104,16 +105,8 @@ def eager_attention(hm: HeadModel) -> Iterator[None]:
     Models load with sdpa (faster, no weights); the reference path and full-map consumers switch here.
     Nested use, or a model already eager, changes nothing.
     """
-    previous = hm.config._attn_implementation
-    if previous == "eager":
+    with attention_implementation(hm.model, "eager"):
         yield
-        return
-    try:
-        hm.model.set_attn_implementation("eager")
-        yield
-    finally:
-        if hm.config._attn_implementation != previous:
-            hm.model.set_attn_implementation(previous)
 
 
 @contextmanager

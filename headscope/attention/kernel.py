@@ -10,18 +10,17 @@ the 4D mask built for that name (`AttentionMaskInterface`; ours is sdpa's), `sca
 from __future__ import annotations
 
 import inspect
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
+from ..models.config import attention_implementation
 from ..models.specs import supported_model_types
 from .blocks import (DEFAULT_TILE, AttentionBlock, BlockRows, check_block, fused_rows, iter_blocks, key_range,
                      key_side, rows_from_block, visible_outside)
@@ -238,14 +237,6 @@ class AttentionKernel:
         self._checked = []
 
 
-def _register() -> None:
-    """Register the kernel and its mask builder (sdpa's) with transformers; idempotent."""
-    if KERNEL_NAME not in AttentionInterface._global_mapping:
-        AttentionInterface.register(KERNEL_NAME, stats_attention_forward)
-    if KERNEL_NAME not in AttentionMaskInterface._global_mapping:
-        AttentionMaskInterface.register(KERNEL_NAME, sdpa_mask)
-
-
 def check_kernel_support(hm: HeadModel) -> None:
     """A clear error unless every attention module of `hm` dispatches through transformers' registry."""
     for layer in range(hm.n_layers):
@@ -292,15 +283,11 @@ def stats_kernel(hm: HeadModel, block: int = DEFAULT_BLOCK, output: str = "sdpa"
         yield active
         return
     check_kernel_support(hm)
-    _register()
     kernel = AttentionKernel(hm, block, output, tile)
-    previous = hm.config._attn_implementation
     handles = []
+    stack = ExitStack()
     try:
-        hm.model.set_attn_implementation(KERNEL_NAME)
-        if hm.config._attn_implementation != KERNEL_NAME:
-            raise HeadscopeError(f"{type(hm.model).__name__} refused attention implementation {KERNEL_NAME!r} (it "
-                                 f"stays {hm.config._attn_implementation!r}); the statistics kernel cannot serve it")
+        stack.enter_context(attention_implementation(hm.model, KERNEL_NAME, stats_attention_forward))
         for layer in kernel.layers:
             _ACTIVE[id(hm.attention(layer))] = (kernel, _LayerInfo(layer, hm.causal, hm.sliding_window(layer)))
         base = hm.model.base_model
@@ -312,5 +299,4 @@ def stats_kernel(hm: HeadModel, block: int = DEFAULT_BLOCK, output: str = "sdpa"
             h.remove()
         for layer in kernel.layers:
             _ACTIVE.pop(id(hm.attention(layer)), None)
-        if hm.config._attn_implementation != previous:
-            hm.model.set_attn_implementation(previous)
+        stack.close()  # the model's own attention implementation back

@@ -26,13 +26,13 @@ from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
-from transformers import AttentionInterface, DynamicCache
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
+from ..models.config import attention_implementation
 
 ATTENTION_NAME = "headscope_kvcache"
 # Families whose attention hands the cache's output straight to transformers' attention interface
@@ -313,25 +313,12 @@ def kvcache_attention(module: nn.Module, query: torch.Tensor, key: Any, value: A
     return out, None
 
 
-def _register() -> None:
-    if ATTENTION_NAME not in AttentionInterface._global_mapping:
-        AttentionInterface.register(ATTENTION_NAME, kvcache_attention)
-    if ATTENTION_NAME not in AttentionMaskInterface._global_mapping:
-        AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
-
-
 @contextmanager
 def head_aware_attention(hm: HeadModel) -> Iterator[HeadModel]:
     """Run `hm` with the head-aware attention function while active (a plain cache or none then runs
     exactly as sdpa), and restore its attention implementation after."""
-    _register()
-    previous = hm.config._attn_implementation
-    try:
-        hm.model.set_attn_implementation(ATTENTION_NAME)
+    with attention_implementation(hm.model, ATTENTION_NAME, kvcache_attention):
         yield hm
-    finally:
-        if hm.config._attn_implementation != previous:
-            hm.model.set_attn_implementation(previous)
 
 
 __all__ = ["ATTENTION_NAME", "SUPPORTED", "HeadAwareCache", "HeadAwareLayer", "HeadPlan", "HeadSplitKV",

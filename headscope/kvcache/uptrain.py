@@ -22,15 +22,14 @@ from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..data import Batch
 from ..errors import HeadscopeError
 from ..eval.lm import distillation_loss
 from ..gqa.uptraining import GRAD_CLIP, UptrainLog, check_uptrain, run_uptraining, uptrain_loss
 from ..models.adapter import HeadModel
+from ..models.config import attention_implementation
 from .cache import HeadPlan, _gather_heads, check_supported, windowed_mask
 
 MASKED_NAME = "headscope_kvcache_masked"
@@ -71,13 +70,6 @@ def masked_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     return out.index_copy(2, idx, o), None
 
 
-def _register() -> None:
-    if MASKED_NAME not in AttentionInterface._global_mapping:
-        AttentionInterface.register(MASKED_NAME, masked_attention)
-    if MASKED_NAME not in AttentionMaskInterface._global_mapping:
-        AttentionMaskInterface.register(MASKED_NAME, sdpa_mask)
-
-
 @contextmanager
 def windowed_training(hm: HeadModel, plan: HeadPlan) -> Iterator[HeadModel]:
     """While active, `hm`'s forward without a cache attends as `HeadAwareCache(plan)` would: windowed heads see
@@ -87,20 +79,16 @@ def windowed_training(hm: HeadModel, plan: HeadPlan) -> Iterator[HeadModel]:
         raise HeadscopeError(f"the plan ({plan.n_layers} layers x {plan.n_kv_heads} KV heads, groups of "
                              f"{plan.group_size}) does not fit {hm.name} ({hm.n_layers} x {hm.n_kv_heads}, "
                              f"groups of {hm.group_size})")
-    _register()
-    previous = hm.config._attn_implementation
     modules = [hm.attention(layer) for layer in range(hm.n_layers)]
     try:
         for layer, m in enumerate(modules):
             setattr(m, _PLAN_ATTR, (plan.full[layer], plan.windowed(layer), plan.sink, plan.window))
-        hm.model.set_attn_implementation(MASKED_NAME)
-        yield hm
+        with attention_implementation(hm.model, MASKED_NAME, masked_attention):
+            yield hm
     finally:
         for m in modules:
             if hasattr(m, _PLAN_ATTR):
                 delattr(m, _PLAN_ATTR)
-        if hm.config._attn_implementation != previous:
-            hm.model.set_attn_implementation(previous)
 
 
 def training_batches(tokenizer: Any, texts: Sequence[str], length: int, batch_size: int = 1) -> list[Batch]:

@@ -8,10 +8,10 @@ calculator (configs of families headscope cannot load, never loading weights) re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
-
 import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import HeadscopeError
 
@@ -30,6 +30,36 @@ DHEAD_KEYS = ("head_dim", "d_head", "d_kv")
 ATTN_IMPLEMENTATION = "sdpa"
 # What a family without sdpa in transformers loads with instead (e.g. gemma2: sdpa has no soft-capping).
 FALLBACK_ATTN_IMPLEMENTATION = "eager"
+
+
+@contextmanager
+def attention_implementation(model: Any, name: str, fn: Callable[..., Any] | None = None) -> Iterator[None]:
+    """Run `model` (a transformers model) with attention implementation `name` while active, then restore the
+    one it had, also after an error. With `fn`, `name` is first registered with transformers' attention
+    registry (`AttentionInterface`; masks built as for sdpa, `AttentionMaskInterface`) unless it already is.
+    A model that keeps another implementation (its attention does not dispatch by name) is a clear error.
+
+    The one switch for headscope's own attention functions (the statistics kernel, the head-aware cache and
+    its training masks) and for eager's full maps."""
+    if fn is not None:
+        from transformers import AttentionInterface  # the registries: only code that registers needs them
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        if name not in AttentionInterface._global_mapping:
+            AttentionInterface.register(name, fn)
+        if name not in AttentionMaskInterface._global_mapping:
+            AttentionMaskInterface.register(name, sdpa_mask)
+    previous = model.config._attn_implementation
+    try:
+        if previous != name:
+            model.set_attn_implementation(name)
+            if model.config._attn_implementation != name:
+                raise HeadscopeError(f"{type(model).__name__} refused attention implementation {name!r} (it stays "
+                                     f"{model.config._attn_implementation!r})")
+        yield
+    finally:
+        if model.config._attn_implementation != previous:
+            model.set_attn_implementation(previous)
 
 
 def attn_implementation_for(auto_cls: Any, config: Any) -> str:
