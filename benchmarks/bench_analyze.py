@@ -33,7 +33,7 @@ def throughput(model: str, n: int, batch_size: int, max_length: int, repeats: in
     import torch
 
     import headscope
-    from headscope.analyze import run_stats
+    from headscope.learned.analyze import run_stats
     from headscope.data import pad_id, prepare_tokens
     from headscope.data import batches
 
@@ -70,7 +70,7 @@ def memory_child(model: str, n: int, mode: str, max_length: int) -> None:
     import torch
 
     import headscope
-    from headscope.analyze import run_stats
+    from headscope.learned.analyze import run_stats
     from headscope.data import pad_id, prepare_tokens
     from headscope.data import batches
 

@@ -32,10 +32,10 @@ import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 from headscope import load_model  # noqa: E402
-from headscope.gqa.convert import adjacent_groups, pool_kv_heads  # noqa: E402
-from headscope.kvcache import HeadAwareCache, head_aware_attention  # noqa: E402
-from headscope.kvcache.choice import choose_random, n_full_for  # noqa: E402
-from headscope.mla import convert_to_mla, default_rope_dims  # noqa: E402
+from headscope.capacity.gqa.convert import adjacent_groups, pool_kv_heads  # noqa: E402
+from headscope.capacity.kvcache import HeadAwareCache, head_aware_attention  # noqa: E402
+from headscope.capacity.kvcache.choice import choose_random, n_full_for  # noqa: E402
+from headscope.capacity.mla import convert_to_mla, default_rope_dims  # noqa: E402
 
 
 def fill(cache, layers: int, shapes: tuple[tuple[int, int], tuple[int, int]], tokens: int, gen: torch.Generator) -> int:

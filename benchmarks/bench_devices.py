@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from headscope import load_model
-from headscope.analyze import analyze
+from headscope.learned.analyze import analyze
 
 
 def main() -> None:

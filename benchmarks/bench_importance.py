@@ -56,7 +56,7 @@ def main() -> None:
     import torch
 
     import headscope
-    from headscope.importance import ablation_scan, gradient_scores, ig_scores
+    from headscope.redundancy.importance import ablation_scan, gradient_scores, ig_scores
     from headscope.eval.evaluate import evaluate_prepared, make_reference, prepare
 
     torch.set_num_threads(args.threads)

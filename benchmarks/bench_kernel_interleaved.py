@@ -29,7 +29,7 @@ def main() -> None:
 
     import headscope
     from bench_stats_kernel import passage_ids
-    from headscope.analyze import run_stats
+    from headscope.learned.analyze import run_stats
 
     torch.set_num_threads(1)
     hm = headscope.load_model(args.model)

@@ -30,8 +30,8 @@ import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 from headscope import load_model  # noqa: E402
-from headscope.kvcache import HeadAwareCache, HeadPlan, head_aware_attention  # noqa: E402
-from headscope.kvcache.choice import choose_random, n_full_for  # noqa: E402
+from headscope.capacity.kvcache import HeadAwareCache, HeadPlan, head_aware_attention  # noqa: E402
+from headscope.capacity.kvcache.choice import choose_random, n_full_for  # noqa: E402
 
 
 def fill(cache, n_layers: int, n_kv: int, d_head: int, tokens: int, gen: torch.Generator) -> None:

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from headscope import load_model  # noqa: E402
 from headscope.models.adapter import HeadModel  # noqa: E402
-from headscope.prune import prune_heads  # noqa: E402
+from headscope.redundancy.pruning.heads import prune_heads  # noqa: E402
 
 SHAPES = {"minilm": (4, 128), "smollm2": (1, 128)}  # (batch, tokens)
 

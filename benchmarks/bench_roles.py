@@ -25,7 +25,7 @@ def child(limit: int, repeat: int = 1) -> None:
 
     import headscope
     from headscope.data import TextSource, read_conllu
-    from headscope.roles import roles
+    from headscope.learned.roles import roles
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     hm = headscope.load_model("minilm")

@@ -39,7 +39,7 @@ def one(model: str, data: str, n: int | None, js_max_tokens: int | None) -> dict
     import headscope
     from headscope.data import pad_id, prepare_tokens, resolve_max_length
     from headscope.data import batches, read_texts
-    from headscope.similarity import similarity, weight_similarity
+    from headscope.learned.similarity import similarity, weight_similarity
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     hm = headscope.load_model(model)

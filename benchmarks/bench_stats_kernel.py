@@ -56,7 +56,7 @@ def child(model: str, mode: str, length: int, block: int, repeats: int, batch: i
     import torch
 
     import headscope
-    from headscope.analyze import run_stats
+    from headscope.learned.analyze import run_stats
 
     torch.set_num_threads(threads)
     hm = headscope.load_model(model)

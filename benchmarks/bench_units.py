@@ -38,7 +38,7 @@ def main() -> None:
     import headscope
     from headscope.eval.evaluate import evaluate_prepared, make_reference, prepare
     from headscope.eval.metrics import METRICS
-    from headscope.units.scores import block_influence, layer_ablation
+    from headscope.redundancy.importance.units import block_influence, layer_ablation
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     hm = headscope.load_model(args.model)

@@ -33,9 +33,9 @@ import torch  # noqa: E402
 from headscope import load_model  # noqa: E402
 from headscope.data import prepare_tokens  # noqa: E402
 from headscope.models.adapter import HeadModel  # noqa: E402
-from headscope.prune import n_parameters  # noqa: E402
-from headscope.units import UnitMask, prune_units  # noqa: E402
-from headscope.units.curve import matmul_flops  # noqa: E402
+from headscope.redundancy.pruning.heads import n_parameters  # noqa: E402
+from headscope.redundancy.pruning import UnitMask, prune_units  # noqa: E402
+from headscope.redundancy.curves.units_loop import matmul_flops  # noqa: E402
 
 
 def mask_from_names(hm: HeadModel, names: list[str], align: int = 0) -> UnitMask:

@@ -25,7 +25,7 @@ import torch
 import headscope
 from headscope.data import batches, pad_id, prepare_tokens, resolve_max_length
 from headscope.hooks import on_head_outputs
-from headscope.similarity import DEFAULT_CKA_BATCH, DEFAULT_CKA_POOL, MinibatchCKA, StreamingCKA, layer_weights
+from headscope.learned.similarity import DEFAULT_CKA_BATCH, DEFAULT_CKA_POOL, MinibatchCKA, StreamingCKA, layer_weights
 
 
 def pool_groups(lengths: list[int], pool: int, seed: int = 0) -> list[list[int]]:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import headscope
-from headscope.cka import MinibatchCKA, StreamingCKA, hsic1_linear
+from headscope.learned.cka import MinibatchCKA, StreamingCKA, hsic1_linear
 from headscope.data import batches, prepare_tokens, resolve_max_length
 from headscope.table import head_name
 

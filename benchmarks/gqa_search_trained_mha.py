@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gqa_similarity_trained_mha as base  # noqa: E402  (same directory; reuses its training and CSV code)
 
-from headscope import gqa  # noqa: E402
+from headscope.capacity import gqa
 from headscope.data import ptb_sentences  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

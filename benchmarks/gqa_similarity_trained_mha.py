@@ -39,7 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import torch
 
-from headscope import gqa
+from headscope.capacity import gqa
 from headscope.data import ptb_sentences
 from headscope.io import atomic_write_text
 from headscope.models.adapter import HeadModel

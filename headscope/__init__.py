@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 
-from .analyze import analyze  # noqa: E402
+from .learned.analyze import analyze  # noqa: E402
 from .version import __version__  # noqa: E402, F401  (headscope.__version__)
 from .data import read_conllu, read_texts  # noqa: E402
 from .errors import HeadscopeError  # noqa: E402
@@ -20,20 +20,21 @@ from .stats import STATISTICS, HeadStats  # noqa: E402
 from .table import HeadTable, head_name, parse_head  # noqa: E402
 
 # public name -> module that defines it (imported lazily). `role_census` and `head_similarity` are
-# the functions headscope.roles.roles and headscope.similarity.similarity: a package attribute named
+# the functions headscope.learned.roles.roles and headscope.learned.similarity.similarity: a package attribute named
 # like a submodule would be replaced by the module as soon as the submodule is imported.
 _RENAMED = {"role_census": ("roles", "roles"), "head_similarity": ("similarity", "similarity")}
 _LAZY = {
     # Q1: what heads learn
-    "role_census": "roles", "head_similarity": "similarity", "Similarity": "similarity",
+    "role_census": "learned.roles", "head_similarity": "learned.similarity", "Similarity": "learned.similarity",
     # Q2: are more heads better
-    "MultiHeadAttention": "reference", "kv_bytes_per_token": "kv", "kv_cache_bytes": "kv",
-    "run_sweep": "sweep", "convert_to_gqa": "gqa", "convert_and_evaluate": "gqa",
-    "convert_to_mla": "mla",
-    "HeadAwareCache": "kvcache", "HeadPlan": "kvcache", "head_aware_attention": "kvcache",
+    "MultiHeadAttention": "capacity.mha", "kv_bytes_per_token": "capacity.kv_bytes",
+    "kv_cache_bytes": "capacity.kv_bytes",
+    "run_sweep": "capacity.sweep", "convert_to_gqa": "capacity.gqa", "convert_and_evaluate": "capacity.gqa",
+    "convert_to_mla": "capacity.mla",
+    "HeadAwareCache": "capacity.kvcache", "HeadPlan": "capacity.kvcache", "head_aware_attention": "capacity.kvcache",
     # Q3: which heads are redundant
-    "evaluate": "eval.evaluate", "score": "importance", "rank_correlations": "importance",
-    "prune_heads": "prune", "prune_curve": "curves",
+    "evaluate": "eval.evaluate", "score": "redundancy.importance", "rank_correlations": "redundancy.importance",
+    "prune_heads": "redundancy.pruning.heads", "prune_curve": "redundancy.curves",
     # checkpoints of pruned or converted models
     "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint",
     # the report

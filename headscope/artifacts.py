@@ -17,11 +17,16 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from pathlib import Path
+from typing import Any
+
 from .errors import HeadscopeError, did_you_mean
+from .io import atomic_write_text, csv_columns, csv_text
 from .stats import STATISTICS
 
 __all__ = [
     "ARTIFACTS", "Artifact", "Field", "PROVENANCE_FILES", "artifact", "outputs", "producers", "provenance_file",
+    "write_csv",
     "HEADS_CSV", "HEADS_JSON", "ROLES_CSV", "KV_JSON", "ROLES_JSON", "SYNTAX_CSV", "SIMILAR_PAIRS_CSV", "SIMILARITY_NPZ", "CLUSTERS_JSON",
     "IMPORTANCE_CSV", "IMPORTANCE_JSON", "RANK_CORRELATION_CSV", "PRUNE_CURVE_CSV", "PRUNE_CURVE_PNG",
     "REDUNDANCY_CSV", "PRUNE_JSON", "UNIT_CURVE_CSV", "UNIT_CURVE_PNG", "UNITS_JSON", "UNIT_IMPORTANCE_CSV",
@@ -440,3 +445,21 @@ def outputs(verb: str, optional: bool = False) -> list[str]:
 def producers(name: str) -> list[str]:
     """The verbs that write file `name`, first the one to suggest."""
     return list(artifact(name).verbs)
+
+
+def write_csv(folder: str | Path, declared: Artifact, rows: Sequence[Mapping[str, Any]],
+              columns: Sequence[str] | None = None) -> Path:
+    """Write `rows` as the CSV file `declared` into `folder` (atomically) and return its path.
+
+    Columns are `columns`, or every key of the rows in the order they first appear; they must match the
+    declaration (required fields present, nothing undeclared, in the declared order), so a writer cannot
+    drift from what the report and the docs read. Cells are formatted by `headscope.io.format_cell`."""
+    if declared.kind != "csv":
+        raise ValueError(f"{declared.name} is a {declared.kind} file, not a CSV")
+    cols = list(columns) if columns is not None else csv_columns(rows)
+    problems = declared.check(cols)
+    if problems:
+        raise ValueError(f"rows for {declared.name} do not match its declaration: {'; '.join(problems)}")
+    path = Path(folder) / declared.name
+    atomic_write_text(path, csv_text(rows, cols))
+    return path

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import math
 import os
 import secrets
 import shutil
@@ -9,7 +12,8 @@ import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Iterator
 
 from .errors import HeadscopeError
 
@@ -38,6 +42,40 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# The one float format of every CSV headscope writes: six significant digits (what a reader compares at a
+# glance; the JSON beside a CSV keeps full precision). NaN and None are empty cells, as pandas reads them.
+FLOAT_FORMAT = ".6g"
+
+
+def format_cell(value: Any) -> str:
+    """One CSV cell: floats in FLOAT_FORMAT, NaN/None empty, everything else as `str` gives it."""
+    if value is None:
+        return ""
+    if isinstance(value, float):  # numpy floats are floats too
+        return "" if math.isnan(value) else format(value, FLOAT_FORMAT)
+    return str(value)
+
+
+def csv_columns(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Every key of `rows`, in the order they first appear."""
+    keys: dict[str, None] = {}
+    for r in rows:
+        keys.update(dict.fromkeys(r))
+    return list(keys)
+
+
+def csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """CSV text of `rows` (dicts) under a header of `columns` (default: `csv_columns(rows)`); a key a row
+    lacks is an empty cell. The one CSV writer: `headscope.artifacts.write_csv` and `HeadTable.to_csv` use it."""
+    cols = list(columns) if columns is not None else csv_columns(rows)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([format_cell(r.get(c)) for c in cols])
+    return buf.getvalue()
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

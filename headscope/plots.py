@@ -2,7 +2,7 @@
 
 Each function takes rows shaped like the file the figure is drawn from (the columns declared in
 `headscope.artifacts`), returns the PNG bytes and, given a path, also writes them atomically.
-The head-count sweep's figures live beside the sweep, in `headscope.sweep.plots`.
+The head-count sweep's figures live beside the sweep, in `headscope.capacity.sweep.plots`.
 """
 
 from __future__ import annotations

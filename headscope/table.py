@@ -7,7 +7,6 @@ needs and returns a new table with its own columns added; inputs are never modif
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from .errors import HeadscopeError, did_you_mean
-from .io import atomic_write_text
+from .io import atomic_write_text, csv_text
 
 KEY_COLUMNS = ("layer", "head")
 
@@ -141,11 +140,10 @@ class HeadTable:
             cols[name] = values.reshape(n_layers, n_heads)
         return cls(n_layers, n_heads, cols, dict(meta or {}))
 
-    def to_csv(self, path: str | Path | None = None, float_format: str = "%.6g") -> str:
-        """heads.csv: one row per head, first columns `layer,head`; written atomically if `path`."""
-        buf = io.StringIO()
-        self.to_pandas().to_csv(buf, index=False, float_format=float_format, lineterminator="\n")
-        text = buf.getvalue()
+    def to_csv(self, path: str | Path | None = None) -> str:
+        """heads.csv: one row per head, first columns `layer,head`; written atomically if `path`.
+        Cells as every headscope CSV writes them (`headscope.io.csv_text`)."""
+        text = csv_text(self.to_records(), [*KEY_COLUMNS, *self.columns])
         if path is not None:
             atomic_write_text(path, text)
         return text

@@ -8,10 +8,12 @@ import headscope
 
 
 def test_every_public_name_resolves():
-    for name in ("roles", "similarity", "importance", "prune", "curves", "gqa", "kv", "reference", "sweep"):
+    for name in ("learned.analyze", "learned.roles", "learned.similarity", "redundancy.importance",
+                 "redundancy.pruning.heads", "redundancy.curves", "capacity.gqa", "capacity.kv_bytes", "capacity.mha",
+                 "capacity.sweep"):
         importlib.import_module(f"headscope.{name}")  # importing submodules must not shadow exports
     for name in headscope.__all__:
         obj = getattr(headscope, name)
         assert callable(obj) or isinstance(obj, dict), name
-    assert headscope.role_census.__module__ == "headscope.roles"
-    assert headscope.head_similarity.__module__ == "headscope.similarity"
+    assert headscope.role_census.__module__ == "headscope.learned.roles"
+    assert headscope.head_similarity.__module__ == "headscope.learned.similarity"

@@ -179,7 +179,7 @@ def test_command_outputs_are_the_declared_names():
 
 
 def test_heads_csv_from_analyze_and_roles(runs):
-    from headscope.syntax import RELATIONS
+    from headscope.learned.syntax import RELATIONS
 
     check_csv(runs["analyze"] / "heads.csv", A.HEADS_CSV, set())
     check_csv(runs["roles"] / "roles.csv", A.ROLES_CSV, {"roles", "roles --treebank", "roles --coref"},
@@ -203,7 +203,7 @@ def test_similar_files(runs):
 
 
 def test_score_files(runs):
-    from headscope.importance import parse_methods
+    from headscope.redundancy.importance import parse_methods
 
     methods = parse_methods("all")
     check_csv(runs["score"] / "importance.csv", A.IMPORTANCE_CSV, set(),

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from headscope import HeadscopeError, HeadStats, on_attention_weights
-from headscope.analyze import run_stats
+from headscope.learned.analyze import run_stats
 from headscope.attention import KERNEL_NAME, stats_kernel
 from headscope.attention.kernel import stats_attention_forward
 from headscope.data import TokenClasses, batches
 from headscope.hooks import on_attention_blocks
 from headscope.models.tiny import tiny_model
-from headscope.prune import prune_heads
+from headscope.redundancy.pruning.heads import prune_heads
 from headscope.stats import STATISTICS, collect_stats, collect_stats_kernel
 
 # Four passages of 23, 17, 9 and 4 tokens: batches of 3 are right-padded, and T = 23 is prime, so

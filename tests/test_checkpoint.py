@@ -17,7 +17,7 @@ from headscope import HeadscopeError, load_model
 from headscope.io import atomic_dir
 from headscope.models.checkpoint import PRUNING_FILE, REMOTE_MODULE, load_checkpoint, save_model
 from headscope.models.tiny import tiny_model
-from headscope.prune import prune_heads
+from headscope.redundancy.pruning.heads import prune_heads
 
 TOL = 1e-5
 

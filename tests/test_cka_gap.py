@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from headscope.similarity import similarity
+from headscope.learned.similarity import similarity
 
 
 def test_minibatch_cka_within_001_of_exact_on_minilm_ptb(minilm):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from headscope import HeadscopeError
-from headscope.curves import (
+from headscope.redundancy.curves import (
     PARTIAL_JSON,
     candidate_units,
     prune_curve,
@@ -18,9 +18,9 @@ from headscope.curves import (
     relative_drop,
 )
 from headscope.eval.evaluate import evaluate
-from headscope.importance import score
+from headscope.redundancy.importance import score
 from headscope.models.tiny import tiny_model
-from headscope.prune import kept_heads, prune_heads, pruned_gates
+from headscope.redundancy.pruning.heads import kept_heads, prune_heads, pruned_gates
 
 
 def _data(n: int = 10, length: int = 14, seed: int = 0) -> list[list[int]]:
@@ -149,7 +149,7 @@ def test_bad_input():
 
 
 def test_interrupted_run_resumes_to_the_same_curve(tmp_path, monkeypatch):
-    import headscope.importance as importance
+    import headscope.redundancy.importance as importance
 
     hm = tiny_model("gpt2", init_std=0.2)
     data = _data(6)
@@ -231,8 +231,8 @@ def test_cli_interrupted_prune_with_recovery_resumes_to_identical_files(tmp_path
     optimizer and batch generator) and writes the same bytes as an uninterrupted run.
 
     The model is a tiny GPT-2 reading MiniLM's tokenizer (so recovery is LM distillation, and fast)."""
-    import headscope.importance as importance
-    from headscope.curves import PARTIAL_STATE
+    import headscope.redundancy.importance as importance
+    from headscope.redundancy.curves import PARTIAL_STATE
     from headscope.models.adapter import HeadModel
 
     def load(*args, **kwargs):

@@ -11,8 +11,8 @@ import copy
 
 import torch
 
-from headscope import gqa
-from headscope.curves.recovery import Recovery
+from headscope.capacity import gqa
+from headscope.redundancy.curves.recovery import Recovery
 from headscope.data import batches, pad_id, prepare_tokens
 from headscope.eval.lm import distillation_loss
 from headscope.eval.metrics import METRICS

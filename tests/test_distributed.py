@@ -21,11 +21,11 @@ import torch
 import torch.multiprocessing as mp
 
 from headscope import distributed as hd
-from headscope.analyze import analyze
+from headscope.learned.analyze import analyze
 from headscope.cli import main
 from headscope.data import batches
 from headscope.errors import HeadscopeError
-from headscope.importance import score
+from headscope.redundancy.importance import score
 from headscope.models.tiny import tiny_model
 
 SENTENCES = ["The cat sat on the mat.", "A dog barked loudly at night, then slept.",
@@ -134,7 +134,7 @@ def _cli(rank: int, world: int, port: int, out: str, fail_rank: int) -> None:
         def broken(*args, **kwargs):
             raise ValueError("injected failure")
 
-        importlib.import_module("headscope.analyze").run_stats = broken  # the module, not the function
+        importlib.import_module("headscope.learned.analyze").run_stats = broken  # the module, not the function
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         rc = main(["analyze", "minilm", "--data", f"{out}/s.txt", "--batch-size", "2", "--out", f"{out}/res"])

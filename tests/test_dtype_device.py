@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from headscope import load_model
-from headscope.analyze import analyze
+from headscope.learned.analyze import analyze
 from headscope.cli import main
 from headscope.errors import HeadscopeError
 from headscope.eval.lm import compare_lms
@@ -23,7 +23,7 @@ from headscope.models.checkpoint import save_model
 from headscope.models.dispatch import input_device, is_dispatched
 from headscope.models.loading import resolve_dtype
 from headscope.models.tiny import tiny_model
-from headscope.prune import prune_heads
+from headscope.redundancy.pruning.heads import prune_heads
 from headscope.provenance import model_fingerprint
 from headscope.train import Trainer
 from test_artifacts import tiny_bert_dir
@@ -173,7 +173,7 @@ def test_dispatched_pruning(pair, tmp_path):
 
 
 def test_dispatched_gqa_conversion(pair):
-    from headscope.gqa import convert_to_gqa
+    from headscope.capacity.gqa import convert_to_gqa
 
     ref, hm = pair
     a, b = convert_to_gqa(ref, 1), convert_to_gqa(hm, 1)  # 2 -> 1 KV heads: K/V projections change shape

@@ -27,15 +27,15 @@ from hypothesis import strategies as st
 
 from families import BY_HAND, DECODERS, FAMILIES, KV_FAMILIES, model, padded_ids, prunable_heads
 from headscope import HeadscopeError, head_gates, load_model, on_attention_weights
-from headscope.analyze import run_stats
-from headscope.gqa import expand_kv_heads, pool_kv_heads
-from headscope.kv import kv_cache_bytes
+from headscope.learned.analyze import run_stats
+from headscope.capacity.gqa import expand_kv_heads, pool_kv_heads
+from headscope.capacity.kv_bytes import kv_cache_bytes
 from headscope.models import SPECS, QKVWeights, spec_for, supported_model_types
 from headscope.models.checkpoint import PRUNING_FILE, save_model
 from headscope.models.specs import families_table
-from headscope.prune import prune_heads, pruned_gates
-from headscope.importance.scoring import score
-from headscope.similarity import similarity
+from headscope.redundancy.pruning.heads import prune_heads, pruned_gates
+from headscope.redundancy.importance.scoring import score
+from headscope.learned.similarity import similarity
 from headscope.stats import STATISTICS
 
 TOL = 1e-5

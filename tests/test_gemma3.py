@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from headscope import HeadscopeError, analyze, head_gates, load_model
-from headscope.analyze import run_stats
+from headscope.learned.analyze import run_stats
 from headscope.cli import main
 from headscope.data import prepare_tokens
-from headscope.gqa import check_convertible
-from headscope.kv import attention_shape, kv_bytes_per_token, kv_cache_bytes
+from headscope.capacity.gqa import check_convertible
+from headscope.capacity.kv_bytes import attention_shape, kv_bytes_per_token, kv_cache_bytes
 from headscope.models.layout import EmptyAttention
-from headscope.prune import prune_heads, pruned_gates
+from headscope.redundancy.pruning.heads import prune_heads, pruned_gates
 from headscope.stats import STATISTICS
 
 pytestmark = pytest.mark.real

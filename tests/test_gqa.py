@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tokenizer_models
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from headscope import gqa
+from headscope.capacity import gqa
 from headscope.errors import HeadscopeError
 from headscope.models.adapter import HeadModel
 from headscope.models.checkpoint import save_model
@@ -210,7 +210,7 @@ def test_similarity_falls_back_to_adjacent_when_worse_on_calibration_data(monkey
     tie_kv_heads(hm, [(0, 1), (2, 3), (4, 5)])  # adjacent groups are exact
     texts = [list(range(5, 40)), list(range(60, 90))]
     # force a clustering that mixes the identical pairs: it must lose to adjacent on the calibration text
-    # (patched where every grouping calls it: headscope.gqa.clustering)
+    # (patched where every grouping calls it: headscope.capacity.gqa.clustering)
     monkeypatch.setattr(gqa.clustering, "balanced_partition", lambda dist, k: [[0, 2], [1, 4], [3, 5]])
     plan = gqa.plan_groups(hm, 3, "similarity", texts)
     assert plan["calibration_kl_adjacent"] < 1e-6 < plan["calibration_kl_similarity"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from headscope import gqa
+from headscope.capacity import gqa
 from headscope.data import batches, pad_id
 from headscope.errors import HeadscopeError
 from headscope.eval.lm import compare_lms

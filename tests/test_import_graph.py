@@ -151,3 +151,46 @@ def test_layout_is_self_contained():
 def test_no_import_cycles():
     found = cycles(import_graph())
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+# The layers of the tree (README, "How the code is organised"): a package may import only the layers listed
+# for it. The foundation imports no question package; each question package stands on the foundation and,
+# where the layout says so, on `learned` (redundancy and capacity read what heads learn, never the reverse).
+FOUNDATION = ("models", "attention", "data", "eval", "uncertainty", "hooks", "stats", "table", "train",
+              "distributed", "io", "artifacts", "registry", "errors", "provenance", "plots", "version")
+LAYERS = {
+    "foundation": ("foundation",),
+    "learned": ("foundation", "learned"),
+    "capacity": ("foundation", "learned", "capacity"),
+    "redundancy": ("foundation", "learned", "redundancy"),
+    "export": ("foundation", "learned", "capacity", "redundancy", "export"),
+    "report": ("foundation", "learned", "capacity", "redundancy", "export", "report"),
+    "commands": ("foundation", "learned", "capacity", "redundancy", "export", "report", "commands"),
+    "cli": ("foundation", "commands", "cli"),
+}
+
+
+def layer_of(module: str) -> str:
+    """The layer a headscope module belongs to ('api' for the package itself and __main__)."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return "api"
+    return "foundation" if parts[1] in FOUNDATION else parts[1]
+
+
+def test_every_module_has_a_layer():
+    unknown = sorted(m for m in import_graph() if layer_of(m) not in (*LAYERS, "api"))
+    assert not unknown, f"modules outside the layers (add their package to FOUNDATION or LAYERS): {unknown}"
+
+
+def test_layers_import_only_what_the_layout_allows():
+    graph = import_graph()
+    bad = {m: sorted(d for d in deps if layer_of(d) not in LAYERS[layer_of(m)])
+           for m, deps in graph.items() if layer_of(m) in LAYERS}
+    bad = {m: d for m, d in bad.items() if d}
+    assert not bad, "imports across the layers:\n" + "\n".join(f"  {m} -> {', '.join(d)}" for m, d in sorted(bad.items()))
+
+
+def test_few_flat_modules_at_the_top():
+    flat = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(flat) <= 15, f"{len(flat)} modules flat at headscope/ (at most 15): {flat}"

@@ -14,7 +14,7 @@ from headscope import capture_head_outputs
 from headscope.cli import main
 from headscope.errors import HeadscopeError
 from headscope.hooks import head_gates, on_head_outputs
-from headscope.importance import (
+from headscope.redundancy.importance import (
     CRITERIA,
     ablation_scan,
     gradient_scores,
@@ -25,7 +25,7 @@ from headscope.importance import (
 )
 from headscope.eval.evaluate import evaluate, make_reference, prepare
 from headscope.eval.metrics import final_hidden, mean_pool
-from headscope.importance.gradients import _probe
+from headscope.redundancy.importance.gradients import _probe
 from headscope.models.tiny import tiny_model
 
 
@@ -248,7 +248,7 @@ def test_a_new_criterion_is_one_registered_function():
     import argparse
 
     from headscope.commands import score as score_cmd
-    from headscope.importance import parse_methods
+    from headscope.redundancy.importance import parse_methods
 
     name = "test_layer_index"
 

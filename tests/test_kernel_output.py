@@ -8,7 +8,7 @@ import torch
 
 from families import FAMILIES, model, padded_ids
 from headscope import HeadscopeError
-from headscope.analyze import run_stats
+from headscope.learned.analyze import run_stats
 from headscope.attention import stats_kernel
 from headscope.stats import STATISTICS
 

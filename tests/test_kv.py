@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from headscope.errors import HeadscopeError
-from headscope.kv import (
+from headscope.capacity.kv_bytes import (
     CLASSIC_CONFIGS,
     attention_shape,
     classic_rows,
@@ -19,7 +19,7 @@ from headscope.kv import (
     layouts,
     load_config,
 )
-from headscope.reference import MultiHeadAttention
+from headscope.capacity.mha import MultiHeadAttention
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 

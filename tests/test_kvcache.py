@@ -11,7 +11,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from headscope.errors import HeadscopeError
-from headscope.kvcache import HeadAwareCache, HeadPlan, check_supported, head_aware_attention, windowed_mask
+from headscope.capacity.kvcache import HeadAwareCache, HeadPlan, check_supported, head_aware_attention, windowed_mask
 from headscope.models.tiny import tiny_model
 
 REF = "test_kvcache_reference"
@@ -202,7 +202,7 @@ def test_chunked_passage_nll_equals_reference():
     """Perplexity through the cache (chunked prefill + a last decoding step) equals the NLL of the
     per-head masked reference, and the last step reads the formula's bytes."""
     from headscope.eval.lm import target_nll
-    from headscope.kvcache.evaluate import evaluate_perplexity
+    from headscope.capacity.kvcache.evaluate import evaluate_perplexity
 
     hm = _model()
     plan = HeadPlan(((1,), (0, 2)), 3, 2, 2, 6)
@@ -220,7 +220,7 @@ def test_chunked_passage_nll_equals_reference():
 
 
 def test_greedy_equals_generate():
-    from headscope.kvcache.evaluate import greedy
+    from headscope.capacity.kvcache.evaluate import greedy
 
     hm = _model()
     plan = HeadPlan(((0,), (2,)), 3, 2, 1, 5)
@@ -236,7 +236,7 @@ def test_smollm2_decoding_equals_masked_reference_and_bytes_formula(smollm2):
     """Real weights (SmolLM2-135M, GQA 9/3): a third of the KV heads full, the rest sink 2 + window 16;
     prefill then decoding through the cache equals the per-head masked reference, and every step reads
     the formula's bytes."""
-    from headscope.kvcache.choice import choose_random
+    from headscope.capacity.kvcache.choice import choose_random
 
     hm = smollm2
     plan = choose_random(hm.n_layers, hm.n_kv_heads, hm.n_layers, seed=0, budget=1 / 3).plan(hm.group_size, 2, 16)

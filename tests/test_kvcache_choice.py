@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from headscope.errors import HeadscopeError
-from headscope.kvcache.choice import (choose_random, choose_threshold, choose_top, kv_head_scores, n_full_for,
+from headscope.capacity.kvcache.choice import (choose_random, choose_threshold, choose_top, kv_head_scores, n_full_for,
                                       parse_budget, parse_budgets, read_scores)
 
 # 2 layers x 6 query heads, groups of 2 (3 KV heads per layer)

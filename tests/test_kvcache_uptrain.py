@@ -12,8 +12,8 @@ import torch
 
 from headscope.cli import main
 from headscope.errors import HeadscopeError
-from headscope.kvcache import HeadAwareCache, HeadPlan, head_aware_attention
-from headscope.kvcache.uptrain import cut_batches, masked_loss, uptrain_head_aware, windowed_training
+from headscope.capacity.kvcache import HeadAwareCache, HeadPlan, head_aware_attention
+from headscope.capacity.kvcache.uptrain import cut_batches, masked_loss, uptrain_head_aware, windowed_training
 from headscope.models.tiny import tiny_model
 from test_bad_input import refused
 from test_kvcache import PLANS, _decode_logits, _reference_logits

@@ -10,9 +10,9 @@ import torch
 
 from headscope.errors import HeadscopeError
 from headscope.hooks import on_attention_blocks, on_attention_weights
-from headscope.longctx import (LongThresholds, PatternReducer, PatternSettings, RetrievalCounter, build_haystack,
+from headscope.learned.longctx import (LongThresholds, PatternReducer, PatternSettings, RetrievalCounter, build_haystack,
                                check_long_args, decide_long, head_card)
-from headscope.longctx.needle import Haystack
+from headscope.learned.longctx.needle import Haystack
 from headscope.models.tiny import tiny_model
 
 SETTINGS = PatternSettings(sink=2, recent=5, far=6)

@@ -14,11 +14,11 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tokenizer_models
 from transformers import PreTrainedTokenizerFast
 
-from headscope import mla
+from headscope.capacity import mla
 from headscope.errors import HeadscopeError
-from headscope.gqa.evaluate import cache_bytes
-from headscope.mla.checkpoint import load_mla, save_mla
-from headscope.mla.recipe import convert_and_evaluate
+from headscope.capacity.convert.evaluate import cache_bytes
+from headscope.capacity.mla.checkpoint import load_mla, save_mla
+from headscope.capacity.mla.to_latent import convert_and_evaluate
 from headscope.models.adapter import HeadModel
 from headscope.models.tiny import tiny_model
 

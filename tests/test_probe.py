@@ -92,7 +92,7 @@ def test_minilm_probe_on_polarity(minilm):
 def test_classification_task_is_ablation_through_the_probe(minilm):
     """The classification task on a classifier-less model: a probe fitted on half of polarity, each head's
     ablation importance = test accuracy with every head on minus accuracy with that head zeroed, by hand."""
-    from headscope.importance.tasks import TASKS, TaskContext
+    from headscope.redundancy.importance.tasks import TASKS, TaskContext
 
     ctx = TaskContext(minilm, None, "ablation", 24, 64, 8, 0)
     got = TASKS.get("classification").fn(ctx)

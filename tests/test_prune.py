@@ -17,7 +17,7 @@ from headscope import HeadscopeError, head_gates
 from headscope.models.checkpoint import PRUNING_FILE, load_checkpoint, save_model
 from headscope.models.layout import EmptyAttention
 from headscope.models.tiny import tiny_model
-from headscope.prune import kept_heads, n_parameters, prune_heads, pruned_gates
+from headscope.redundancy.pruning.heads import kept_heads, n_parameters, prune_heads, pruned_gates
 
 TOL = 1e-5
 
@@ -151,7 +151,7 @@ def test_bad_heads():
 
 
 def test_unsupported_family_is_refused(monkeypatch):
-    import headscope.prune as prune
+    import headscope.redundancy.pruning.heads as prune
 
     import dataclasses
 

@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from headscope import analyze, head_gates, load_model
-from headscope.analyze import run_stats
+from headscope.learned.analyze import run_stats
 from headscope.models.checkpoint import save_model
-from headscope.prune import prune_heads
+from headscope.redundancy.pruning.heads import prune_heads
 from headscope.stats import STATISTICS
 
 SEQS = [[3, 17, 9, 44, 5, 61, 7, 8, 30, 2], [3, 11, 12, 2], [3, 90, 91, 92, 93, 5, 2]]

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from headscope.errors import HeadscopeError
-from headscope.reference import MultiHeadAttention, apply_rope
+from headscope.capacity.mha import MultiHeadAttention, apply_rope
 
 TOL = 1e-5
 

@@ -13,7 +13,7 @@ import torch
 
 from headscope.cli import main
 from headscope.models.tiny import tiny_model
-from headscope.roles import (
+from headscope.learned.roles import (
     Thresholds,
     decide,
     induction_scores,

@@ -18,7 +18,7 @@ import pytest
 from headscope import distributed as hd
 from headscope.cli import main
 from headscope.models.tiny import tiny_model
-from headscope.roles import roles
+from headscope.learned.roles import roles
 
 from test_distributed import SENTENCES, _join, _spawn, one_thread, passages
 

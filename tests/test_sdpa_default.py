@@ -12,7 +12,7 @@ import torch
 
 from families import FAMILIES, model, padded_ids
 from headscope import head_gates, load_model, on_attention_weights
-from headscope.analyze import run_stats
+from headscope.learned.analyze import run_stats
 from headscope.hooks import eager_attention
 from headscope.models.config import attn_implementation_for
 from headscope.models.checkpoint import auto_class

@@ -20,7 +20,7 @@ from headscope import capture_head_outputs, on_attention_weights
 from headscope.cli import main
 from headscope.errors import HeadscopeError
 from headscope.models.tiny import tiny_model
-from headscope.similarity import (
+from headscope.learned.similarity import (
     LN2,
     MinibatchCKA,
     Similarity,
@@ -147,7 +147,7 @@ def test_js_equals_scipy_per_query_reference(tiny):
 
 
 def test_js_bounds_reach_ln2_for_disjoint_distributions():
-    from headscope.similarity import js_divergence, pairwise_js_sums
+    from headscope.learned.similarity import js_divergence, pairwise_js_sums
 
     assert abs(js_divergence([1, 0], [0, 1]) - math.log(2)) < 1e-12
     # Two queries: identical (JS 0) then disjoint (JS ln 2): the sum is ln 2.

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from headscope import HeadStats, analyze
-from headscope.analyze import run_stats
+from headscope.learned.analyze import run_stats
 from headscope.stats import STATISTICS
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from headscope import sweep as S
+from headscope.capacity import sweep as S
 from headscope.cli import main
-from headscope.corpora import eval_windows, load_corpus, random_windows
+from headscope.capacity.sweep.corpora import eval_windows, load_corpus, random_windows
 from headscope.errors import HeadscopeError
 
 TINY = dict(task="ptb", d_model=16, n_layers=2, steps=4, seq=16, batch=4, eval_tokens=256)

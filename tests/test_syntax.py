@@ -11,7 +11,7 @@ import torch
 
 from headscope.data import Sentence, read_conllu
 from headscope.errors import HeadscopeError
-from headscope.coref import (
+from headscope.learned.coref import (
     CorefCounts,
     Document,
     Mention,
@@ -21,7 +21,7 @@ from headscope.coref import (
     read_documents,
 )
 from headscope.hooks import eager_attention
-from headscope.syntax import DependencyCounts, align_words, dependency_accuracy, relation_of, word_attention
+from headscope.learned.syntax import DependencyCounts, align_words, dependency_accuracy, relation_of, word_attention
 
 
 
@@ -262,7 +262,7 @@ def test_read_documents_without_entities(tmp_path):
 def test_minilm_coreference_on_gum(minilm):
     """Measured on the first 100 GUM test sentences: 162 anaphors, best head L1H1 0.54, nearest
     mention 0.22, same head word 0.62, chance 0.15 (docs/roles.md has the full split)."""
-    from headscope.roles import _limit_docs
+    from headscope.learned.roles import _limit_docs
 
     docs, _ = read_documents("gum-test")
     c, info = coreference_accuracy(minilm, _limit_docs(docs, 100), max_length=128)

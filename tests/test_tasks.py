@@ -12,8 +12,8 @@ from scipy.stats import spearmanr
 from headscope import artifacts as A
 from headscope.cli import main
 from headscope.errors import HeadscopeError
-from headscope.importance import score
-from headscope.importance.tasks import parse_tasks, task_correlations, task_importance, task_specific
+from headscope.redundancy.importance import score
+from headscope.redundancy.importance.tasks import parse_tasks, task_correlations, task_importance, task_specific
 from headscope.table import HeadTable
 from tests.families import model
 
@@ -87,8 +87,8 @@ def test_cli_tasks_bad_input_writes_nothing(tmp_path, capsys):
 def test_retrieval_task_uses_answered_haystacks_else_all(monkeypatch):
     """The retrieval task is Wu et al.'s score over the haystacks the model answered; when it answered none,
     every haystack's copy score, and tasks.json's task_info says which (a stand-in long_roles report)."""
-    import headscope.longctx as longctx
-    from headscope.importance.tasks import TASKS, TaskContext
+    import headscope.learned.longctx as longctx
+    from headscope.redundancy.importance.tasks import TASKS, TaskContext
 
     hm = model("llama")
     answered = np.full((hm.n_layers, hm.n_heads), 0.25)
@@ -118,7 +118,7 @@ def test_wordsim_task_is_the_ablation_of_each_head(monkeypatch):
     """With a stand-in measure whose value is known for every gate setting (a weighted sum of the gates), the
     task returns exactly each head's weight: base minus the value with that head zeroed."""
     import headscope.eval.wordsim as ws
-    from headscope.importance.tasks import TASKS, TaskContext
+    from headscope.redundancy.importance.tasks import TASKS, TaskContext
 
     hm = model("bert")
     weights = np.arange(hm.n_layers * hm.n_heads, dtype=float).reshape(hm.n_layers, hm.n_heads) / 10

@@ -10,7 +10,7 @@ import torch
 
 from headscope.errors import HeadscopeError
 from headscope.models.checkpoint import load_checkpoint, save_model
-from headscope.units import UnitMask, drop_blocks, prune_units, unit_masks
+from headscope.redundancy.pruning import UnitMask, drop_blocks, prune_units, unit_masks
 from tests.families import FAMILIES, model, padded_ids
 
 
@@ -183,8 +183,8 @@ def test_smollm2_pruned_equals_masked(smollm2):
     d = ((got - want) * mask[..., None]).abs().max().item() / scale
     assert d < 1e-10, f"pruned != masked: max abs diff {d * scale:.3g} ({d:.3g} of the largest logit {scale:.3g})"
     assert ((plain - want) * mask[..., None]).abs().max().item() > 1.0  # the mask changes the logits a lot
-    from headscope.prune import n_parameters
-    from headscope.units import unit_parameters
+    from headscope.redundancy.pruning.heads import n_parameters
+    from headscope.redundancy.pruning import unit_parameters
     gone = unit_parameters(hm, "block", 29) + unit_parameters(hm, "attention", 28) + \
         unit_parameters(hm, "ffn", 0) * int((ffn[0] == 0).sum())
     assert n_parameters(hm) - n_parameters(small) == round(gone)
@@ -197,7 +197,7 @@ def test_latency_times_original_and_pruned_in_turn(monkeypatch):
     except one disturbed repeat, which the median ignores)."""
     import types
 
-    import headscope.units.curve as curve
+    import headscope.redundancy.curves.units_loop as curve
 
     clock = {"t": 0.0}
     calls: list[str] = []

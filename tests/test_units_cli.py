@@ -15,7 +15,7 @@ from headscope.cli import main
 from headscope.errors import HeadscopeError
 from headscope.eval.evaluate import evaluate
 from headscope.models.checkpoint import load_checkpoint
-from headscope.units import check_unit_kind
+from headscope.redundancy.pruning import check_unit_kind
 from tests.families import model
 from tests.test_artifacts import check_csv, check_keys, tiny_llama_dir
 
@@ -89,7 +89,7 @@ def test_unit_the_family_cannot_express():
     hm.spec = replace(hm.spec, ffn_in=(), ffn_out=None)  # a family whose spec declares no FFN
     with pytest.raises(HeadscopeError, match="cannot be expressed for the llama family"):
         check_unit_kind(hm, "ffn")
-    from headscope.units.curve import unit_curve
+    from headscope.redundancy.curves.units_loop import unit_curve
     with pytest.raises(HeadscopeError, match="cannot be expressed"):
         unit_curve(hm, [[5, 6, 7, 8]], unit="mix", fraction=0.3)
     one = model("gpt2")
@@ -104,7 +104,7 @@ def test_unit_the_family_cannot_express():
 
 
 def test_report_section_reads_unit_curve_and_tasks(llama, tmp_path):
-    from headscope.importance.tasks import task_specific
+    from headscope.redundancy.importance.tasks import task_specific
     from headscope.report.sources import Sources
     from headscope.report.units import units_part
     from headscope.table import HeadTable
@@ -118,7 +118,7 @@ def test_report_section_reads_unit_curve_and_tasks(llama, tmp_path):
     t = HeadTable(1, 4, {"importance_a": np.array([[4.0, 3, 2, 1]]), "importance_b": np.array([[1.0, 2, 3, 4]])}, {})
     import csv as _csv
 
-    from headscope.importance.tasks import task_correlations
+    from headscope.redundancy.importance.tasks import task_correlations
     task_correlations(t).to_csv(out / "task_correlation.csv")
     rows = task_specific(t)
     with open(out / "task_specific.csv", "w", newline="") as f:
@@ -136,7 +136,7 @@ def test_report_section_reads_unit_curve_and_tasks(llama, tmp_path):
 def test_curve_ends_at_the_most_that_fits_under_the_fraction():
     """The last point is the largest removal under --fraction even when it falls short of another whole step
     (a SmolLM2 mix curve asked for 20% once stopped at its 10% point)."""
-    from headscope.units.curve import unit_curve
+    from headscope.redundancy.curves.units_loop import unit_curve
 
     hm = model("llama")
     ids = [[5, 6, 7, 8, 9, 10, 11, 12]] * 2
@@ -180,7 +180,7 @@ def test_unit_curves_plot_draws_each_curve_and_its_recovery(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from headscope.units.plot import unit_curves_plot
+    from headscope.redundancy.curves.plot import unit_curves_plot
 
     recs = {"block": [{"fraction_params": 0.0, "perplexity": 10.0, "perplexity_recovered": 10.0},
                       {"fraction_params": 0.1, "perplexity": 20.0, "perplexity_recovered": 15.0}],

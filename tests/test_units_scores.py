@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from headscope.data import prepare_tokens
-from headscope.units import UnitMask, unit_masks
-from headscope.units.scores import block_influence, ffn_scores, layer_ablation
+from headscope.redundancy.pruning import UnitMask, unit_masks
+from headscope.redundancy.importance.units import block_influence, ffn_scores, layer_ablation
 from tests.families import model
 
 TEXT_IDS = [[5, 17, 33, 8, 90, 41, 12, 7, 66], [9, 3, 71, 28, 54, 19], [44, 10, 101, 6, 23, 88, 15]]

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from headscope import sweep as S
+from headscope.capacity import sweep as S
 from headscope.cli import main
 from headscope.errors import HeadscopeError
 

@@ -14,8 +14,8 @@ from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import provenance
-from ..units.masks import UNIT_KINDS
-from ..units.scores import UNIT_SCORE_METHODS, score_units
+from ..redundancy.pruning.masks import UNIT_KINDS
+from ..redundancy.importance.units import UNIT_SCORE_METHODS, score_units
 from ._common import load_from_args
 
 UNIT_OUTPUTS = outputs("score --unit")  # unit_importance.csv, unit_importance.json

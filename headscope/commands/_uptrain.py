@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..data import DEFAULT_LIMIT
-from ..gqa import DEFAULT_DATA, DEFAULT_HELDOUT, LOSSES
+from ..capacity.gqa import DEFAULT_DATA, DEFAULT_HELDOUT, LOSSES
 
 
 def add_uptrain_args(p: argparse.ArgumentParser, data_use: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analyze import analyze
+from ..learned.analyze import analyze
 from ..artifacts import HEADS_CSV, HEADS_JSON, outputs
 from ..data import read_texts
 from ..distributed import add_workers_arg, check_ranks, is_main

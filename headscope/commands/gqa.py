@@ -9,14 +9,14 @@ import sys
 from ..artifacts import GQA_JSON, MODEL_DIR, outputs
 from ..data import read_texts
 from ..errors import HeadscopeError
-from ..gqa import (
+from ..capacity.gqa import (
     GROUPINGS,
     TRAINABLE,
     check_convertible,
     convert_and_evaluate,
 )
 from ..io import atomic_write_text, prepare_out_dir
-from ..kv import human_bytes
+from ..capacity.kv_bytes import human_bytes
 from ._common import add_device_args, load_from_args
 from ._uptrain import add_uptrain_args
 from ..provenance import provenance

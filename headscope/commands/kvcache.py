@@ -16,12 +16,12 @@ from ..artifacts import KVCACHE_CSV, KVCACHE_JSON, outputs
 from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
-from ..kv import attention_shape, human_bytes, load_config
-from ..kvcache.cache import SUPPORTED, check_supported, check_window
-from ..kvcache.choice import check_scores_file, parse_budgets, read_scores
-from ..kvcache.evaluate import DEFAULT_CHUNK, long_passages_ids
-from ..kvcache.run import Settings, check_context, compare, retrieval_scores
-from ..kvcache.uptrain import training_batches
+from ..capacity.kv_bytes import attention_shape, human_bytes, load_config
+from ..capacity.kvcache.cache import SUPPORTED, check_supported, check_window
+from ..capacity.kvcache.choice import check_scores_file, parse_budgets, read_scores
+from ..capacity.kvcache.evaluate import DEFAULT_CHUNK, long_passages_ids
+from ..capacity.kvcache.compare import Settings, check_context, compare, retrieval_scores
+from ..capacity.kvcache.uptrain import training_batches
 from ..models import BUILTINS, load_model
 from ..provenance import provenance
 from ..table import to_jsonable

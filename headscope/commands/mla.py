@@ -10,10 +10,10 @@ from ..artifacts import MLA_JSON, MODEL_DIR, outputs
 from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
-from ..kv import human_bytes
-from ..mla import SELECTIONS, SUPPORTED_MODEL_TYPES, check_mla
-from ..mla.checkpoint import save_mla
-from ..mla.recipe import convert_and_evaluate
+from ..capacity.kv_bytes import human_bytes
+from ..capacity.mla import SELECTIONS, SUPPORTED_MODEL_TYPES, check_mla
+from ..capacity.mla.checkpoint import save_mla
+from ..capacity.mla.to_latent import convert_and_evaluate
 from ._common import add_device_args, load_from_args
 from ._uptrain import add_uptrain_args
 from ..provenance import provenance

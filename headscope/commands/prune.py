@@ -13,20 +13,20 @@ from typing import Any
 from .. import plots
 from ..artifacts import (MODEL_DIR, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, PRUNE_JSON, REDUNDANCY_CSV, UNIT_CURVE_CSV,
                          UNIT_CURVE_PNG, UNITS_JSON, outputs)
-from ..curves import PARTIAL_JSON, UNITS, PruneResult, check_args, check_target_drop, clear_partial, prune_curve, pruned_model
+from ..redundancy.curves import PARTIAL_JSON, UNITS, PruneResult, check_args, check_target_drop, clear_partial, prune_curve, pruned_model
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
 from ..errors import plural
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
-from ..importance import CRITERIA
+from ..redundancy.importance import CRITERIA
 from ..io import atomic_write_text, prepare_out_dir
 from ..models.checkpoint import save_model
 from ..provenance import provenance
-from ..prune import n_parameters
+from ..redundancy.pruning.heads import n_parameters
 from ..errors import HeadscopeError
-from ..units.curve import CURVE_UNITS, DEFAULT_METHOD, check_curve_args, unit_curve
-from ..units.plot import unit_curve_plot
+from ..redundancy.curves.units_loop import CURVE_UNITS, DEFAULT_METHOD, check_curve_args, unit_curve
+from ..redundancy.curves.plot import unit_curve_plot
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
 
 OUTPUTS = outputs("prune")  # prune_curve.csv, prune_curve.png, redundancy.csv, prune.json (+ model/)

@@ -19,13 +19,13 @@ from ..artifacts import ROLES_CSV, ROLES_JSON, SYNTAX_CSV, outputs
 from ..data import read_conllu, read_texts
 from ..distributed import add_workers_arg, check_ranks, is_main, local
 from ..io import atomic_write_text, prepare_out_dir
-from ..longctx import CARD_SCORES, LONG_SCORES, check_long_args, head_card, long_roles, write_card
+from ..learned.longctx import CARD_SCORES, LONG_SCORES, check_long_args, head_card, long_roles, write_card
 from ..attention import DEFAULT_BLOCK
 from ..data.sources import LONG_SOURCES
 from ..provenance import provenance
-from ..roles import roles, syntax_rows
-from ..coref import read_documents
-from ..syntax import RELATIONS
+from ..learned.roles import roles, syntax_rows
+from ..learned.coref import read_documents
+from ..learned.syntax import RELATIONS
 from ..errors import HeadscopeError
 from ..table import HeadTable, to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args

@@ -14,7 +14,7 @@ from ..distributed import add_workers_arg, is_main
 from ..errors import HeadscopeError, did_you_mean
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
-from ..importance import CRITERIA, parse_methods, rank_correlations, score
+from ..redundancy.importance import CRITERIA, parse_methods, rank_correlations, score
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import provenance
 from ..table import parse_head

@@ -11,7 +11,7 @@ from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import provenance
-from ..similarity import (
+from ..learned.similarity import (
     CKA_ESTIMATORS,
     DEFAULT_CKA_BATCH,
     DEFAULT_CKA_MEMORY,

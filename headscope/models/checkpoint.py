@@ -31,11 +31,11 @@ from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 log = logging.getLogger(__name__)
 
 PRUNING_FILE = "headscope_pruning.json"
-MLA_FILE = "headscope_mla.json"  # an MLA-converted model (headscope.mla.checkpoint saves and loads it)
+MLA_FILE = "headscope_mla.json"  # an MLA-converted model (headscope.capacity.mla.checkpoint saves and loads it)
 # Checkpoints in a layout a stage owns (not plain transformers, not a head pruning): marker file ->
 # "module:function" of the stage's loader, imported by name when such a checkpoint is loaded, so the
 # foundation never imports a stage (tests/test_import_graph.py).
-STAGE_LOADERS = {MLA_FILE: "headscope.mla.checkpoint:load_mla"}
+STAGE_LOADERS = {MLA_FILE: "headscope.capacity.mla.checkpoint:load_mla"}
 FORMAT_VERSION = 1
 REMOTE_MODULE = "modeling_headscope_pruned"
 LOAD_WITH = ("headscope.load_model(path) or headscope.models.checkpoint.load_checkpoint(path), "

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..analyze import analyze
+from ..learned.analyze import analyze
 from ..artifacts import HEADS_CSV, HEADS_JSON, REPORT_HTML
 from ..data import read_texts
 from ..errors import HeadscopeError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..artifacts import GQA_JSON
-from ..gqa import SUPPORTED_MODEL_TYPES
+from ..capacity.gqa import SUPPORTED_MODEL_TYPES
 from .sources import Part, Sources, clean
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import kv as kvmod
+from ..capacity import kv_bytes as kvmod
 from ..artifacts import KV_CSV
 from ..errors import HeadscopeError
 from .sources import Part, Sources, clean
@@ -29,7 +29,7 @@ def kv_view(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]
 
 
 def computed_rows(meta: dict[str, Any], config: Any) -> list[dict[str, Any]]:
-    """kv.csv's rows for this model (its layouts, then the classic configs), computed with headscope.kv."""
+    """kv.csv's rows for this model (its layouts, then the classic configs), computed with headscope.capacity.kv_bytes."""
     cfg = config if config is not None else {
         "_name": meta.get("model", "model"), "model_type": meta.get("model_type", "model"),
         "num_hidden_layers": meta["n_layers"], "num_attention_heads": meta["n_heads"],
@@ -57,7 +57,7 @@ def kv_part(src: Sources, meta: dict[str, Any], config: Any = None) -> Part:
         except HeadscopeError as e:  # a config the calculator cannot read: say so, keep the page
             part.missing["kv"] = f"{src.note(KV_CSV.name)}; computing it here failed: {e}"
             return part
-        source = f"computed here with headscope.kv ({DTYPE} cache, {SEQ_LEN}-token sequence, batch 1)"
+        source = f"computed here with headscope.capacity.kv_bytes ({DTYPE} cache, {SEQ_LEN}-token sequence, batch 1)"
     columns, shown = kv_view(rows)
     part.data["kv"] = {"columns": columns, "rows": shown, "source": source}
     mine = next((r for r, v in zip(rows, shown) if "(this model)" in str(v["layout"])), None)

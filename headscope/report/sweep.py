@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import SWEEP_CSV
-from ..sweep.plots import sweep_figure
-from ..sweep.tasks import SYNTHETIC_TASKS
+from ..capacity.sweep.plots import sweep_figure
+from ..capacity.sweep.tasks import SYNTHETIC_TASKS
 from .sources import Part, Sources, data_url
 
 PLOT_NAMES = {"quality": "report-sweep.png", "speed": "report-sweep-speed.png"}

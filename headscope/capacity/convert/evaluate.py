@@ -1,0 +1,81 @@
+"""How a converted model compares: perplexity and KL to the original (through `headscope.eval.lm`), KV-cache bytes.
+
+Every NLL and KL figure is computed by `headscope.eval.lm` (`compare_lms` on `nll_sums` / `kl_sums`),
+over the same prepared batches (`token_batches`), so the calibration KL of the grouping search, the
+held-out KL in gqa.json and uptraining's distillation loss count the same positions the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...data import Batch, batches, pad_id, prepare_tokens
+from ...eval.lm import compare_lms
+from ..kv_bytes import kv_cache_bytes
+from ...models.adapter import HeadModel
+
+
+def token_batches(hm: HeadModel, data: Any, max_length: int, batch_size: int, limit: int | None) -> list[Batch]:
+    """`data` (any form `prepare_tokens` accepts) as right-padded batches, passages of similar length together."""
+    ids = prepare_tokens(hm, data, max_length, limit).ids
+    return list(batches(ids, batch_size, pad_id(hm)))
+
+
+def compare(reference: HeadModel, candidates: dict[str, HeadModel], data: Any, *, max_length: int = 64,
+            batch_size: int = 8, limit: int | None = None, progress: bool = False) -> dict[str, dict[str, float]]:
+    """One pass over `data`: perplexity of `reference` and of each candidate, and each candidate's mean
+    per-token KL(reference || candidate) in nats (0 = same next-token distributions).
+
+    Perplexity is exp of the mean next-token NLL over all real positions (the first token of a passage
+    is not predicted). Returns {"reference": {"ppl", "tokens"}, name: {"ppl", "kl"}, ...}.
+    """
+    todo = token_batches(reference, data, max_length, batch_size, limit)
+    return compare_lms(reference.model, {name: c.model for name, c in candidates.items()}, todo,
+                       progress=progress)
+
+
+def perplexity(hm: HeadModel, data: Any, **kw: Any) -> float:
+    """Token-level perplexity (exp of the mean next-token NLL over all real positions) on `data`."""
+    return compare(hm, {}, data, **kw)["reference"]["ppl"]
+
+
+def kl_divergence(reference: HeadModel, model: HeadModel, data: Any, **kw: Any) -> float:
+    """Mean per-token KL(reference || model) of next-token distributions on `data`, in nats."""
+    return compare(reference, {"model": model}, data, **kw)["model"]["kl"]
+
+
+# --- KV-cache bytes ------------------------------------------------------------------------------
+def cache_bytes(cache: Any) -> int:
+    """Bytes of all key and value tensors held by a transformers cache (e.g. DynamicCache)."""
+    total = 0
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values):
+            if t is not None:
+                total += t.numel() * t.element_size()
+    return int(total)
+
+
+def measure_kv_bytes(hm: HeadModel, batch: int = 1, prompt_len: int = 16, new_tokens: int = 4,
+                     seed: int = 0) -> tuple[int, int]:
+    """KV-cache bytes after greedy generation of `new_tokens` from random prompts: (bytes, cached length)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = int(hm.model.get_input_embeddings().num_embeddings)
+    ids = torch.randint(0, vocab, (batch, prompt_len), generator=g).to(hm.device)
+    with torch.no_grad():
+        out = hm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                min_new_tokens=new_tokens, do_sample=False, use_cache=True,
+                                return_dict_in_generate=True, pad_token_id=pad_id(hm))
+    # transformers 5 names the returned cache `cache` (older releases: `past_key_values`).
+    cache = getattr(out, "cache", None) or out.past_key_values
+    return cache_bytes(cache), int(cache.get_seq_length())
+
+
+def kv_report(hm: HeadModel, batch: int = 2, prompt_len: int = 16, new_tokens: int = 4) -> dict[str, Any]:
+    """KV-cache bytes measured from a real generation cache beside `headscope.capacity.kv_bytes.kv_cache_bytes`."""
+    measured, seq_len = measure_kv_bytes(hm, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens)
+    dtype = next(hm.model.parameters()).dtype
+    calculated = kv_cache_bytes(hm.config, seq_len, batch=batch, dtype=dtype)
+    return {"measured": measured, "calculated": calculated, "seq_len": seq_len, "batch": batch,
+            "dtype": str(dtype).removeprefix("torch."), "match": measured == calculated}

@@ -1,0 +1,91 @@
+"""Saving and reloading MLA-converted models.
+
+transformers' own MLA layout (DeepSeek-V3: kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim,
+v_head_dim) cannot hold a converted LLaMA exactly: it RMS-normalises the latent (kv_a_layernorm;
+c / rms(c) is not linear, so no weight choice makes it the identity), its RoPE key part is one head
+shared by every query head (a GQA model has one per KV head), and it rotates the first
+qk_rope_head_dim frequencies of its own rotary table, not the frequencies the 2-norm criterion keeps
+per KV head. It also caches the up-projected K and V, not the latent. So a converted model is saved
+as its own architecture plus `headscope_mla.json` and a `modeling_headscope_mla.py` loader (the
+source of `headscope.capacity.mla.modeling`, copied verbatim): `headscope.load_model(path)`,
+`headscope.models.checkpoint.load_checkpoint(path)` and
+`AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)` all load it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from ...errors import HeadscopeError
+from ...io import atomic_dir
+from ...models.adapter import HeadModel
+from ...models.checkpoint import MLA_FILE, _load_weights, auto_class
+from ...models.config import ATTN_IMPLEMENTATION
+from . import modeling
+from .modeling import MLA_CONFIG_KEY, install_mla
+
+REMOTE_MODULE = "modeling_headscope_mla"
+
+
+def remote_code(hm: HeadModel) -> tuple[str, str]:
+    """Source of the `trust_remote_code` loader of the MLA model `hm`, and its class name."""
+    arch = type(hm.model).__name__
+    cls = f"HeadscopeMLA{arch}"
+    tail = f'''
+
+# --- written by headscope.capacity.mla.checkpoint.remote_code ---
+import transformers
+
+
+class {cls}(transformers.{arch}):
+    """{arch} whose attention is the MLA of config.headscope_mla (converted by headscope)."""
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        install_mla(self, config.headscope_mla)
+'''
+    header = ("# Loader for a model converted to multi-head latent attention by headscope (headscope mla).\n"
+              "# Everything above the class at the end is headscope/capacity/mla/modeling.py, copied verbatim.\n")
+    return header + inspect.getsource(modeling) + tail, cls
+
+
+def save_mla(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
+    """Save the MLA model `hm` (weights, config, tokenizer, record, loader) atomically."""
+    record = getattr(hm.config, MLA_CONFIG_KEY, None)
+    if not record:
+        raise HeadscopeError(f"{hm.name!r} is not an MLA model (no config.{MLA_CONFIG_KEY}); convert it first")
+    path = Path(path)
+    with atomic_dir(path, force=force) as tmp:
+        hm.model.save_pretrained(tmp)
+        if hm.tokenizer is not None:
+            hm.tokenizer.save_pretrained(tmp)
+        (tmp / MLA_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        source, cls = remote_code(hm)
+        (tmp / f"{REMOTE_MODULE}.py").write_text(source, encoding="utf-8")
+        cfg_path = tmp / "config.json"
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        auto = auto_class(hm.config).__name__
+        cfg["auto_map"] = {auto: f"{REMOTE_MODULE}.{cls}", "AutoModel": f"{REMOTE_MODULE}.{cls}"}
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def load_mla(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> HeadModel:
+    """Load a model saved by `save_mla`: its architecture is built, given MLA modules, then its weights."""
+    path = Path(path)
+    record: dict[str, Any] = json.loads((path / MLA_FILE).read_text(encoding="utf-8"))
+    config = transformers.AutoConfig.from_pretrained(path)
+    setattr(config, MLA_CONFIG_KEY, record)
+    config._attn_implementation = ATTN_IMPLEMENTATION
+    model = auto_class(config).from_config(config).eval()
+    install_mla(model, record)
+    _load_weights(model, path)
+    model.to(device=device, dtype=dtype).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").exists() else None
+    return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))

@@ -1,0 +1,120 @@
+"""What a sweep trains: one frozen `SweepConfig` per configuration, its resumable key, and the plan
+that expands head counts x KV-head counts x d_head values into valid configurations."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from ...errors import HeadscopeError, did_you_mean
+from .tasks import PAIR_OFFSETS, TASKS, XOR_POSITIONS
+
+__all__ = ["SWEEP_VERSION", "SweepConfig", "config_key", "plan_sweep"]
+
+# Bump when training or evaluation changes in a way that changes results: old results then no longer match.
+SWEEP_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One configuration of a sweep; everything that changes the trained model is a field (and in the key)."""
+
+    task: str
+    d_model: int
+    n_heads: int
+    n_layers: int
+    steps: int
+    seq: int
+    batch: int
+    seed: int = 0
+    n_kv_heads: int | None = None  # None: = n_heads (MHA)
+    d_head: int | None = None  # None: d_model // n_heads
+    lr: float = 3e-3
+    warmup: float = 0.05  # fraction of steps with linear warm-up, then cosine decay to lr/10
+    weight_decay: float = 0.01
+    d_ff_mult: int = 4
+    eval_tokens: int = 65536
+    tokenization: str = "byte"
+    init_std: float | None = None  # None: GPT-2 init (std 0.02, residual projections scaled down)
+
+    @property
+    def kv_heads(self) -> int:
+        """Resolved number of KV heads."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Resolved d_head."""
+        return self.d_model // self.n_heads if self.d_head is None else self.d_head
+
+    @property
+    def label(self) -> str:
+        """Short text name, e.g. 'h=8 kv=8 d_head=32'."""
+        return f"h={self.n_heads} kv={self.kv_heads} d_head={self.head_dim}"
+
+
+def config_key(cfg: SweepConfig, data_fingerprint: str) -> str:
+    """Stable 16-hex-digit key of a configuration on some data: the name of its result file."""
+    config = asdict(cfg)
+    if config["init_std"] is None:
+        del config["init_std"]  # added later: configurations without it keep the keys they had
+    payload = json.dumps({"config": config, "data": data_fingerprint, "version": SWEEP_VERSION}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _check_shape(task: str, d_model: int, n_layers: int, steps: int, seq: int, batch: int) -> None:
+    if task not in TASKS:
+        raise HeadscopeError(f"unknown task {task!r}{did_you_mean(task, TASKS)}; choose one of {', '.join(TASKS)}")
+    for name, v in (("d_model", d_model), ("layers", n_layers), ("steps", steps), ("seq", seq), ("batch", batch)):
+        if v < 1:
+            raise HeadscopeError(f"--{name} must be positive; got {v}")
+    if task == "pair" and seq <= max(PAIR_OFFSETS):
+        raise HeadscopeError(f"the pair task reads offsets {PAIR_OFFSETS}, so --seq must exceed "
+                             f"{max(PAIR_OFFSETS)}; got {seq}")
+    if task == "xor" and seq <= max(XOR_POSITIONS) + 1:
+        raise HeadscopeError(f"the xor task reads the bits at positions {XOR_POSITIONS} and ends with a query token, "
+                             f"so --seq (bits + 1) must be at least {max(XOR_POSITIONS) + 2}; got {seq}")
+
+
+def plan_sweep(
+    task: str, d_model: int, heads: Sequence[int], n_layers: int, steps: int, seq: int, batch: int, seed: int = 0,
+    kv_heads: Sequence[int] | None = None, d_heads: Sequence[int] | None = None, **extra: object,
+) -> tuple[list[SweepConfig], list[str]]:
+    """Expand heads x kv_heads x d_heads into configurations; return (valid configs, messages for skipped ones).
+
+    Without `d_heads`, d_head = d_model / h, so an `h` that does not divide d_model is skipped. A KV-head
+    count that does not divide h (or exceeds it) is skipped for that h. Raises when nothing valid remains.
+    """
+    _check_shape(task, d_model, n_layers, steps, seq, batch)
+    if not heads or any(h < 1 for h in heads):
+        raise HeadscopeError(f"--heads must be positive integers; got {list(heads)}")
+    configs: list[SweepConfig] = []
+    skipped: list[str] = []
+    for h in heads:
+        if not d_heads and d_model % h:
+            skipped.append(f"h={h}: d_model={d_model} is not divisible by {h} heads, so d_head = d_model/h is "
+                           f"not an integer (pass --d-head to set it independently)")
+            continue
+        for kv in (kv_heads or [None]):
+            if kv is not None and (kv < 1 or kv > h or h % kv):
+                skipped.append(f"h={h} kv={kv}: the KV-head count must divide the {h} query heads "
+                               f"(choose from {[g for g in range(1, h + 1) if h % g == 0]})")
+                continue
+            for dh in (d_heads or [None]):
+                if dh is not None and dh < 1:
+                    raise HeadscopeError(f"--d-head must be positive; got {dh}")
+                # Store the defaults as None, so "--kv-heads 8" at h=8 (MHA) or "--d-head 32" at d_model/h = 32
+                # is the same configuration, with the same key, as leaving them out: results are reused.
+                kv_norm = None if kv == h else kv
+                dh_norm = None if dh is not None and dh * h == d_model else dh
+                cfg = SweepConfig(task=task, d_model=d_model, n_heads=h, n_layers=n_layers, steps=steps, seq=seq,
+                                  batch=batch, seed=seed, n_kv_heads=kv_norm, d_head=dh_norm, **extra)  # type: ignore[arg-type]
+                if cfg not in configs:
+                    configs.append(cfg)
+    if not configs:
+        raise HeadscopeError("no valid configuration to train:\n  " + "\n  ".join(skipped) +
+                             f"\nhead counts dividing d_model={d_model}: "
+                             f"{[h for h in range(1, d_model + 1) if d_model % h == 0 and h <= 64]}")
+    return configs, skipped

@@ -1,0 +1,85 @@
+"""Run a sweep resumably: each finished configuration goes to runs/<key>.json at once, and sweep.csv
+is rewritten (atomically) after it; a rerun reuses every configuration whose key already has a result."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ...artifacts import SWEEP_CSV, SWEEP_RUNS
+from .corpora import load_corpus
+from ...errors import HeadscopeError
+from ...io import atomic_write_text
+from ...provenance import provenance, shape_record
+from .config import SWEEP_VERSION, SweepConfig, config_key
+from .tasks import synthetic_fingerprint
+from .training import train_config
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CSV_COLUMNS", "run_provenance", "run_sweep", "write_csv"]
+
+CSV_COLUMNS = SWEEP_CSV.columns()
+
+
+def run_provenance(cfg: SweepConfig, data_fp: str) -> dict[str, object]:
+    """The provenance record of one configuration's run: a model trained from scratch on `cfg.task`."""
+    model = {"name": cfg.label, "source": "trained from scratch by headscope sweep", "model_type": "sweep",
+             "shape": shape_record(cfg.n_layers, cfg.n_heads, cfg.kv_heads, cfg.head_dim)}
+    data = {"source": cfg.task if cfg.task != "ptb" else f"ptb ({cfg.tokenization} tokens)", "sha256": data_fp}
+    return provenance("sweep", model_info=model, data=data, options=asdict(cfg))
+
+
+def write_csv(path: Path, rows: list[dict[str, object]]) -> None:
+    """sweep.csv: the declared columns, one row per configuration (the loss curves stay in runs/)."""
+    atomic_write_text(path, pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(index=False))
+
+
+def run_sweep(
+    configs: Sequence[SweepConfig], out: str | Path, force: bool = False, progress: bool = True,
+    on_step: Callable[[SweepConfig, int, float], None] | None = None,
+    on_config_done: Callable[[SweepConfig, dict[str, object], bool], None] | None = None,
+) -> list[dict[str, object]]:
+    """Train every configuration not already finished in `out` (all of them with `force`); return all rows.
+
+    After each configuration: `out/runs/<key>.json` (the row and its full config), then `out/sweep.csv`
+    (rows of `configs` finished so far, in order), both written atomically. `on_config_done(cfg, row,
+    reused)` is called for each configuration, `reused` True when its result was loaded, not trained.
+    """
+    out = Path(out)
+    runs = out / SWEEP_RUNS.name
+    corpus = None
+    if any(c.task == "ptb" for c in configs):
+        toks = {c.tokenization for c in configs if c.task == "ptb"}
+        if len(toks) > 1:
+            raise HeadscopeError(f"one sweep uses one tokenization; got {sorted(toks)}")
+        corpus = load_corpus("ptb", toks.pop())
+    rows: list[dict[str, object]] = []
+    for cfg in configs:
+        data_fp = corpus.fingerprint if cfg.task == "ptb" and corpus is not None else synthetic_fingerprint(cfg.task)
+        key = config_key(cfg, data_fp)
+        path = runs / f"{key}.json"
+        reused = False
+        if path.exists() and not force:
+            row = json.loads(path.read_text())["row"]
+            reused = True
+            log.info("%s: already finished (%s), skipped", cfg.label, path)
+        else:
+            row = train_config(cfg, corpus if cfg.task == "ptb" else None, progress=progress, on_step=on_step)
+            row["key"] = key
+            record = {"key": key, "config": asdict(cfg), "data": data_fp, "version": SWEEP_VERSION,
+                      "torch": torch.__version__, "python": platform.python_version(), "row": row,
+                      "provenance": run_provenance(cfg, data_fp)}
+            atomic_write_text(path, json.dumps(record, indent=1, sort_keys=True))
+        rows.append(row)
+        write_csv(out / SWEEP_CSV.name, rows)
+        if on_config_done is not None:
+            on_config_done(cfg, row, reused)
+    return rows

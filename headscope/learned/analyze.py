@@ -1,0 +1,92 @@
+"""`analyze`: stream data through a model and return per-head attention statistics."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..data import batches, pad_id, prepare_tokens, resolve_max_length, token_classes
+from ..distributed import all_reduce_stats, is_main, shard_batches
+from ..models.adapter import HeadModel
+from ..attention.kernel import check_output
+from ..stats import DEFAULT_BLOCK, HeadStats, check_block, collect_stats, collect_stats_kernel
+from ..table import HeadTable
+from ..version import versions
+
+log = logging.getLogger(__name__)
+
+
+def run_stats(hm: HeadModel, ids: list[list[int]], batch_size: int, progress: bool = False, *,
+              block: int = DEFAULT_BLOCK, eager: bool = False, output: str = "blocks") -> HeadStats:
+    """Stream token-id sequences through the model in batches and return the summed statistics.
+
+    Attention statistics come from the statistics kernel in blocks of `block` queries (no T x T map);
+    `eager=True` reads them from eager attention's full maps instead (the reference; same numbers).
+    By default (`output="blocks"`) the kernel computes each layer's output from the very blocks the
+    statistics read (eager's output, one attention per layer); `output="sdpa"` calls sdpa for the output
+    as well (measured slower at every T: docs/stats_kernel.md).
+    """
+    check_block(block)
+    check_output(output)
+    stats = HeadStats(hm.n_layers, hm.n_heads)
+    flags = token_classes(hm)
+    n_batches = (len(ids) + batch_size - 1) // batch_size
+    bar = tqdm(total=n_batches, desc="analyze", unit="batch", disable=not progress, leave=False)
+    collector = collect_stats(hm, stats, flags) if eager else collect_stats_kernel(hm, stats, flags, block, output)
+    try:
+        with collector as session, torch.inference_mode():
+            for batch in batches(ids, batch_size, pad_id=pad_id(hm)):
+                session.set_batch(batch.attention_mask, batch.input_ids)
+                hm.model(**batch.model_inputs(hm.device), use_cache=False)
+                bar.update(1)
+    finally:
+        bar.close()
+    return stats
+
+
+def analyze(
+    hm: HeadModel,
+    data: Any = None,
+    *,
+    max_length: int | None = None,
+    batch_size: int = 16,
+    limit: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    block: int = DEFAULT_BLOCK,
+    eager: bool = False,
+) -> HeadTable:
+    """Per-head attention statistics of `hm` over `data` (default: the built-in English sample).
+
+    `data` is a path (.txt / .jsonl / .conllu), a TextSource, a list of strings, or a list of
+    token-id lists. Returns a HeadTable whose columns are listed in `headscope.stats.STATISTICS`.
+    Statistics come from the statistics kernel in blocks of `block` queries (the model keeps its sdpa
+    forward); `eager=True` reads them from eager attention's full T x T maps instead (the reference:
+    same numbers, memory and time growing as T^2), switching the model to eager for the run only.
+    """
+    check_block(block)
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    max_len = resolve_max_length(hm, max_length)
+    tokens = prepare_tokens(hm, data, max_len, limit)
+    # torchrun / --workers: each rank scans whole batches of its own, the sums are added (headscope.distributed)
+    stats = all_reduce_stats(run_stats(hm, shard_batches(tokens.ids, batch_size), batch_size, progress and is_main(),
+                                       block=block, eager=eager))
+    return table_from_stats(hm, stats, {
+        "data": tokens.source, "passages": len(tokens), "truncated": tokens.truncated, "max_length": max_len,
+        "batch_size": batch_size, "seed": seed,
+    })
+
+
+def table_from_stats(hm: HeadModel, stats: HeadStats, meta: dict[str, Any]) -> HeadTable:
+    """A HeadTable of the statistics' means, with model facts, versions and the raw sums in meta."""
+    return HeadTable(hm.n_layers, hm.n_heads, stats.means(), {
+        "model": hm.name, "model_source": hm.source, "model_type": hm.config.model_type,
+        "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,
+        "causal": hm.causal, "tokens_seen": stats.tokens, **meta, "versions": versions(),
+        "stats": stats.to_dict(),
+    })

@@ -1,0 +1,116 @@
+"""The registry of importance criteria, and what every criterion is given.
+
+A criterion is one function `fn(ctx: ScoreContext) -> [L, H] array` (HIGHER = MORE IMPORTANT),
+registered beside its definition with one line of help and its metadata:
+
+- `needs_gradient`: whether it backpropagates to the head gates (costlier, and needs a
+  differentiable metric loss);
+- `cost`: what it costs, in words;
+- `shares` (optional): the name of a computation it shares with other criteria (e.g. the gate
+  gradients behind `gradient`, `gradient_raw` and `taylor`); criteria sharing one are computed by one
+  pass (`ScoreContext.shared`) and timed together.
+
+Adding a criterion is one decorated function and its test; `score`, the CLI's `--method` and its
+help read the registry:
+
+    @CRITERIA.register("my_score", help="what it measures", needs_gradient=False, cost="one forward pass")
+    def my_score(ctx: ScoreContext) -> np.ndarray:
+        ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ...data import Tokens
+from ...errors import HeadscopeError, did_you_mean
+from ...eval.evaluate import MetricResult, Reference, batch_targets
+from ...eval.metrics import METRICS
+from ...models.adapter import HeadModel
+from ...registry import Entry, Registry
+
+CriterionFn = Callable[["ScoreContext"], np.ndarray]
+CRITERIA: Registry[CriterionFn] = Registry("importance criterion")
+
+# Rows per forward pass when several ablations (or IG steps) share one pass via per-row gates.
+ROWS_PER_PASS = 64
+
+
+@dataclass
+class ScoreContext:
+    """Everything a criterion reads: the model, the prepared data, the metric and the current mask."""
+
+    hm: HeadModel
+    prep: Tokens
+    metric: str
+    gates: torch.Tensor  # [L, H] current mask on the model's device; 0 = already pruned
+    reference: Reference | None = None  # the unpruned model's outputs, for metrics that need one
+    batch_size: int = 16
+    ig_steps: int = 16
+    seed: int = 0
+    progress: bool = False
+    base_result: MetricResult | None = None  # the metric under `gates`, when a criterion measured it
+    _shared: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def sign(self) -> float:
+        """+1 when a larger metric is worse (a loss), -1 when larger is better: importance = sign * change."""
+        return -1.0 if METRICS.get(self.metric).higher_is_better else 1.0
+
+    def shared(self, key: str, compute: Callable[[], Any]) -> Any:
+        """`compute()` once per scoring run, for every criterion that shares the computation `key`."""
+        if key not in self._shared:
+            self._shared[key] = compute()
+        return self._shared[key]
+
+
+def shares(entry: Entry[CriterionFn]) -> str:
+    """The computation a criterion shares with others (its own name when none)."""
+    return entry.meta.get("shares", entry.name)
+
+
+def targets(prep: Tokens, metric: str, reference: Reference | None, index: list[int], width: int,
+            device: torch.device) -> dict[str, torch.Tensor | None]:
+    """`batch_targets`, with the reference only for metrics that compare against one."""
+    ref = reference if METRICS.get(metric).needs_reference else None
+    return batch_targets(prep, ref, index, width, device)
+
+
+def parse_methods(methods: str | Sequence[str]) -> list[str]:
+    """Criterion names from a comma-separated string or a list; 'all' means every registered criterion."""
+    items = methods.split(",") if isinstance(methods, str) else list(methods)
+    out: list[str] = []
+    for m in (s.strip() for s in items):
+        if not m:
+            continue
+        if m == "all":
+            out.extend(x for x in CRITERIA if x not in out)
+            continue
+        if m not in CRITERIA:
+            raise HeadscopeError(f"unknown importance method {m!r}{did_you_mean(m, CRITERIA)}; "
+                                 f"choose from {', '.join(CRITERIA)} (or 'all')")
+        if m not in out:
+            out.append(m)
+    if not out:
+        raise HeadscopeError(f"no importance method given; choose from {', '.join(CRITERIA)} (or 'all')")
+    return out
+
+
+def base_gates(hm: HeadModel, gates: torch.Tensor | None) -> torch.Tensor:
+    """The current mask as a float `[L, H]` tensor on the model's device (ones when None)."""
+    want = (hm.n_layers, hm.n_heads)
+    # float64 models (finite-difference tests) get float64 gates; everything else float32.
+    dtype = torch.float64 if next(hm.model.parameters()).dtype == torch.float64 else torch.float32
+    if gates is None:
+        return torch.ones(want, device=hm.device, dtype=dtype)
+    g = torch.as_tensor(gates).to(dtype)
+    if tuple(g.shape) != want:
+        raise HeadscopeError(f"gates have shape {tuple(g.shape)}; expected [n_layers, n_heads] = {list(want)}")
+    return g.detach().to(hm.device)
+
+
+__all__ = ["CRITERIA", "ROWS_PER_PASS", "ScoreContext", "base_gates", "parse_methods", "shares", "targets"]
