@@ -35,7 +35,7 @@ from headscope.data import prepare_tokens  # noqa: E402
 from headscope.models.adapter import HeadModel  # noqa: E402
 from headscope.redundancy.pruning.heads import n_parameters  # noqa: E402
 from headscope.redundancy.pruning import UnitMask, prune_units  # noqa: E402
-from headscope.redundancy.curves.units_loop import matmul_flops  # noqa: E402
+from headscope.redundancy.curves import matmul_flops  # noqa: E402
 
 
 def mask_from_names(hm: HeadModel, names: list[str], align: int = 0) -> UnitMask:

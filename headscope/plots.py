@@ -20,7 +20,8 @@ from matplotlib.figure import Figure
 
 from .io import atomic_write_bytes
 
-__all__ = ["figure", "heads_grid", "importance_grids", "num", "prune_curve", "redundancy_profile", "save_png"]
+__all__ = ["figure", "heads_grid", "importance_grids", "num", "pruning_curve", "pruning_curves", "redundancy_profile",
+           "save_png"]
 
 
 def figure(width: float, height: float, nrows: int = 1, ncols: int = 1) -> tuple[Figure, Any]:
@@ -87,17 +88,22 @@ def importance_grids(columns: Mapping[str, np.ndarray], path: Path | None = None
     return save_png(fig, path)
 
 
-def prune_curve(rows: Sequence[Mapping[str, Any]], *, metric: str, target_drop: float | None = None,
-                baseline: float | None = None, higher_is_better: bool = False, recover_steps: int | None = None,
-                title: str = "pruning curve", path: Path | None = None) -> bytes:
-    """prune_curve.csv as a figure: fraction of heads removed vs the metric (perplexity for lm_loss),
-    with recovery training when the rows have it, and the target-drop limit when `baseline` and
-    `target_drop` are given (prune.json's `baseline`, `target_drop`, `higher_is_better`)."""
+def pruning_curve(rows: Sequence[Mapping[str, Any]], *, metric: str, target_drop: float | None = None,
+                  baseline: float | None = None, higher_is_better: bool = False, recover_steps: int | None = None,
+                  title: str = "pruning curve", path: Path | None = None) -> bytes:
+    """A pruning curve as a figure, for every unit kind: prune_curve.csv (x: share of heads removed) or
+    unit_curve.csv (x: share of parameters) rows against the metric (perplexity, log scale, for lm_loss),
+    with recovery training when the rows have it, the target-drop limit when `baseline` and `target_drop`
+    are given (prune.json's `baseline`, `target_drop`, `higher_is_better`), and, when the rows were timed,
+    the measured forward speedup beside the FLOP-ideal one."""
     lm = metric == "lm_loss"
     y, label = ("perplexity", "perplexity") if lm else ("metric", metric)
-    fig, ax = figure(6.4, 4.2)
-    x = [num(r.get("fraction_removed")) for r in rows]
-    ax.plot(x, [num(r.get(y)) for r in rows], "o-", label="pruned (gates)")
+    heads = "fraction_removed" in rows[0] if rows else True
+    x = [100 * num(r.get("fraction_removed" if heads else "fraction_params")) for r in rows]
+    timed = any(not math.isnan(num(r.get("speedup"))) for r in rows)
+    fig, axes = figure(11.0 if timed else 6.4, 4.2, 1, 2 if timed else 1)
+    ax = axes[0][0] if timed else axes
+    ax.plot(x, [num(r.get(y)) for r in rows], "o-", label="pruned (masked)")
     recovered = [num(r.get(f"{y}_recovered")) for r in rows]
     if any(not math.isnan(v) for v in recovered):
         per_point = f" ({recover_steps} steps/point)" if recover_steps else ""
@@ -107,11 +113,44 @@ def prune_curve(rows: Sequence[Mapping[str, Any]], *, metric: str, target_drop: 
         # For LMs the drop is a perplexity increase; for other metrics a relative fall (or rise).
         limit = base * (1 + target_drop) if (lm or not higher_is_better) else base - abs(base) * target_drop
         ax.axhline(limit, color="grey", lw=0.8, ls=":", label=f"{target_drop:.0%} drop")
-    ax.set_xlabel("fraction of heads removed")
+    if lm:
+        ax.set_yscale("log")
+    ax.set_xlabel("heads removed (%)" if heads else "parameters removed (%)")
     ax.set_ylabel(label)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    if timed:
+        right = axes[0][1]
+        right.plot(x, [num(r.get("speedup")) for r in rows], "o-", label="measured")
+        right.plot(x, [num(r.get("flop_speedup")) for r in rows], "k:", label="FLOP-ideal")
+        right.set_xlabel(ax.get_xlabel())
+        right.set_ylabel("forward speedup (x)")
+        right.legend(fontsize=8)
+        right.grid(alpha=0.3)
+    return save_png(fig, path)
+
+
+def pruning_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], *, title: str,
+                   path: Path | None = None) -> bytes:
+    """Several unit curves on one figure: perplexity (log scale) against the share of parameters removed,
+    solid without and dashed with recovery, one colour per curve (`curves`: label -> unit_curve.csv rows,
+    each with `fraction_params`, `perplexity` and, when recovered, `perplexity_recovered`)."""
+    if not curves:
+        raise ValueError("no curves to draw")
+    fig, ax = figure(6.5, 4.2)
+    for i, (label, rows) in enumerate(curves.items()):
+        colour = f"C{i}"
+        x = [100 * num(r.get("fraction_params")) for r in rows]
+        ax.plot(x, [num(r.get("perplexity")) for r in rows], "o-", color=colour, label=label)
+        rec = [num(r.get("perplexity_recovered")) for r in rows]
+        if rows and not any(math.isnan(v) for v in rec):
+            ax.plot(x, rec, "s--", color=colour, label=f"{label} + recovery")
+    ax.set_xlabel("parameters removed (%)")
+    ax.set_ylabel("held-out perplexity")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title, fontsize=9)
     return save_png(fig, path)
 
 

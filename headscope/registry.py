@@ -80,3 +80,60 @@ class Registry(Generic[F]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class ScopedRegistry(Generic[F]):
+    """Named functions of one kind, each for one or more *scopes* (e.g. the importance criteria of heads,
+    attention sub-layers, blocks and FFN neurons): the same name may mean a different function in another
+    scope ("ablation" of a head and of a block). Without a scope, the default scope is meant."""
+
+    def __init__(self, kind: str, default_scope: str, scopes: tuple[str, ...] = ()) -> None:
+        self.kind, self.default_scope = kind, default_scope
+        # scope -> name -> entry; `scopes` fixes their order (else: the order of first registration)
+        self._entries: dict[str, dict[str, Entry[F]]] = {s: {} for s in (default_scope, *scopes)}
+
+    def register(self, name: str, *, help: str, scope: str | tuple[str, ...] | None = None,
+                 **meta: Any) -> Callable[[F], F]:
+        """Decorator: add the function under `name` in each of `scope` (default: the default scope)."""
+        scopes = (scope,) if isinstance(scope, str) else tuple(scope or (self.default_scope,))
+
+        def add(fn: F) -> F:
+            for s in scopes:
+                entries = self._entries.setdefault(s, {})
+                if name in entries:
+                    raise ValueError(f"{self.kind} {name!r} is registered twice for {s}")
+                entries[name] = Entry(name, fn, help, {**meta, "scope": s})
+            return fn
+
+        return add
+
+    def get(self, name: str, scope: str | None = None) -> Entry[F]:
+        """The entry called `name` in `scope`, or a clear error listing that scope's names."""
+        s = scope or self.default_scope
+        entries = self._entries.get(s, {})
+        if name in entries:
+            return entries[name]
+        where = "" if s == self.default_scope else f" for {s}"
+        raise HeadscopeError(f"unknown {self.kind} {name!r}{where}{did_you_mean(name, entries)}; "
+                             f"choose one of {', '.join(entries) or '(none)'}")
+
+    def names(self, scope: str | None = None) -> tuple[str, ...]:
+        """Names registered in `scope` (default scope when None), in registration order."""
+        return tuple(self._entries.get(scope or self.default_scope, {}))
+
+    def scopes(self) -> tuple[str, ...]:
+        """Every scope with at least one entry (in the order given, then of first registration)."""
+        return tuple(s for s, entries in self._entries.items() if entries)
+
+    def help_lines(self, scope: str | None = None) -> list[str]:
+        """`name: help` for every entry of `scope` (for --help texts and docs)."""
+        return [f"{e.name}: {e.help}" for e in self._entries.get(scope or self.default_scope, {}).values()]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries.get(self.default_scope, {})
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())

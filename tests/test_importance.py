@@ -273,7 +273,7 @@ def test_a_new_criterion_is_one_registered_function():
         assert f"{name}: the head's layer index" in " ".join(sub.choices["score"].format_help().split())
     finally:
         # Registries have no public removal (entries are meant to stay); undo the test's entry.
-        CRITERIA._entries.pop(name, None)
+        CRITERIA._entries["head"].pop(name, None)  # head criteria are the default scope
     assert name not in CRITERIA and name not in parse_methods("all")
 
 

@@ -197,7 +197,7 @@ def test_latency_times_original_and_pruned_in_turn(monkeypatch):
     except one disturbed repeat, which the median ignores)."""
     import types
 
-    import headscope.redundancy.curves.units_loop as curve
+    import headscope.redundancy.curves.latency as curve
 
     clock = {"t": 0.0}
     calls: list[str] = []

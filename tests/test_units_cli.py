@@ -89,7 +89,7 @@ def test_unit_the_family_cannot_express():
     hm.spec = replace(hm.spec, ffn_in=(), ffn_out=None)  # a family whose spec declares no FFN
     with pytest.raises(HeadscopeError, match="cannot be expressed for the llama family"):
         check_unit_kind(hm, "ffn")
-    from headscope.redundancy.curves.units_loop import unit_curve
+    from headscope.redundancy.curves import unit_curve
     with pytest.raises(HeadscopeError, match="cannot be expressed"):
         unit_curve(hm, [[5, 6, 7, 8]], unit="mix", fraction=0.3)
     one = model("gpt2")
@@ -136,7 +136,7 @@ def test_report_section_reads_unit_curve_and_tasks(llama, tmp_path):
 def test_curve_ends_at_the_most_that_fits_under_the_fraction():
     """The last point is the largest removal under --fraction even when it falls short of another whole step
     (a SmolLM2 mix curve asked for 20% once stopped at its 10% point)."""
-    from headscope.redundancy.curves.units_loop import unit_curve
+    from headscope.redundancy.curves import unit_curve
 
     hm = model("llama")
     ids = [[5, 6, 7, 8, 9, 10, 11, 12]] * 2
@@ -145,7 +145,8 @@ def test_curve_ends_at_the_most_that_fits_under_the_fraction():
     assert fracs[0] == 0.0 and all(a < b for a, b in zip(fracs, fracs[1:]))
     assert fracs[-1] <= 0.3 + 1e-12 and len(fracs) == 3, fracs  # 0, the 25% step, and the rest up to 30%
     last = curve.points[-1]
-    per_neuron = last.params_removed / sum(int(r.split(":")[1]) for r in last.removed)
+    so_far = curve.records()[-1]["removed"].split()  # a point's `removed` holds its own step's units only
+    per_neuron = last.params_removed / sum(int(r.split(":")[1]) for r in so_far)
     assert (0.3 - fracs[-1]) * curve.n_parameters < per_neuron + 1e-6  # not one more neuron would fit
 
 
@@ -180,7 +181,7 @@ def test_unit_curves_plot_draws_each_curve_and_its_recovery(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from headscope.redundancy.curves.plot import unit_curves_plot
+    from headscope.plots import pruning_curves
 
     recs = {"block": [{"fraction_params": 0.0, "perplexity": 10.0, "perplexity_recovered": 10.0},
                       {"fraction_params": 0.1, "perplexity": 20.0, "perplexity_recovered": 15.0}],
@@ -195,10 +196,10 @@ def test_unit_curves_plot_draws_each_curve_and_its_recovery(tmp_path):
 
     plt.Figure.savefig = spy
     try:
-        path = unit_curves_plot(recs, title="t", path=tmp_path / "c.png")
+        png = pruning_curves(recs, title="t", path=tmp_path / "c.png")
     finally:
         plt.Figure.savefig = orig
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png[:8] == (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert seen == [("block", [10.0, 20.0]), ("block + recovery", [10.0, 15.0]), ("heads", [10.0, 12.0])]
     with pytest.raises(ValueError):
-        unit_curves_plot({}, title="t", path=tmp_path / "d.png")
+        pruning_curves({}, title="t", path=tmp_path / "d.png")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import sys
 from pathlib import Path
@@ -12,25 +10,24 @@ from typing import Any
 
 from .. import plots
 from ..artifacts import (MODEL_DIR, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, PRUNE_JSON, REDUNDANCY_CSV, UNIT_CURVE_CSV,
-                         UNIT_CURVE_PNG, UNITS_JSON, outputs)
-from ..redundancy.curves import PARTIAL_JSON, UNITS, PruneResult, check_args, check_target_drop, clear_partial, prune_curve, pruned_model
+                         UNIT_CURVE_PNG, UNITS_JSON, outputs, write_csv)
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
-from ..errors import plural
+from ..errors import HeadscopeError, plural
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
-from ..redundancy.importance import CRITERIA
 from ..io import atomic_write_text, prepare_out_dir
 from ..models.checkpoint import save_model
 from ..provenance import provenance
+from ..redundancy.curves import PARTIAL_JSON, CurveResult, check_args, check_target_drop, clear_partial, prune_curve
+from ..redundancy.importance import CRITERIA
 from ..redundancy.pruning.heads import n_parameters
-from ..errors import HeadscopeError
-from ..redundancy.curves.units_loop import CURVE_UNITS, DEFAULT_METHOD, check_curve_args, unit_curve
-from ..redundancy.curves.plot import unit_curve_plot
+from ..redundancy.unit_kinds import LAYER_UNITS, UNITS, unit_kind
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
 
-OUTPUTS = outputs("prune")  # prune_curve.csv, prune_curve.png, redundancy.csv, prune.json (+ model/)
-UNIT_OUTPUTS = outputs("prune --unit")  # unit_curve.csv, unit_curve.png, units.json (+ model/)
+# The files of a head curve and of a curve of units beyond heads (each with model/ under --save-model).
+OUTPUTS = outputs("prune")  # prune_curve.csv, prune_curve.png, redundancy.csv, prune.json
+UNIT_OUTPUTS = outputs("prune --unit")  # unit_curve.csv, unit_curve.png, units.json
 
 
 def parse_share(text: str) -> float:
@@ -63,12 +60,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "with --fraction too, the fraction is the cap")
     p.add_argument("--method", default=None,
                    help="importance criterion: " + "; ".join(CRITERIA.help_lines())
-                        + " (default: gradient). With --unit attention/block/ffn/mix: "
-                        + ", ".join(f"{u}: {m}" for u, m in DEFAULT_METHOD.items())
-                        + " (block also ablation; ffn also activation; mix also ablation+activation)")
+                        + " (default: gradient). With --unit attention/block/ffn/mix the unit's own criteria "
+                        "(defaults: " + ", ".join(f"{u}: {UNITS.get(u).default_method}" for u in LAYER_UNITS)
+                        + "; see `headscope score --unit`)")
     p.add_argument("--metric", default="auto", help=f"auto or one of {', '.join(METRICS)}")
     p.add_argument("--step", type=parse_share, default=0.05, help="share of heads removed per step (default 5%%)")
-    p.add_argument("--unit", choices=UNITS + CURVE_UNITS, default=None,
+    p.add_argument("--unit", choices=list(UNITS), default=None,
                    help="what goes at once: head (MHA), slice = one query head of every KV group, group = a "
                         "whole KV group (default: head for MHA, slice for GQA); or beyond heads: attention = a "
                         "whole attention sub-layer, block = a whole layer, ffn = FFN neurons, mix = attention "
@@ -95,31 +92,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _csv(records: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    keys: list[str] = []
-    for r in records:
-        keys += [k for k in r if k not in keys]
-    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
-    w.writeheader()
-    for r in records:
-        w.writerow({k: ("" if v is None else f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    return buf.getvalue()
+def _check_cli(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """Every option of a prune run checked before any file or model is touched: (unit, head curve?)."""
+    heads = args.unit is None or unit_kind(args.unit).scope == "heads"
+    if heads and args.latency:
+        raise HeadscopeError("--latency needs --unit attention, block, ffn or mix (head curves: see "
+                             "benchmarks/bench_prune.py)")
+    if not heads:
+        if args.target_drop is not None:
+            raise HeadscopeError(f"--target-drop is for head units; with --unit {args.unit} give --fraction, the "
+                                 f"share of parameters to remove (e.g. 0.3)")
+        if args.fraction is None:
+            raise HeadscopeError(f"--unit {args.unit} needs --fraction, the share of all parameters to remove "
+                                 f"(e.g. 0.3)")
+        if args.wordsim or args.wordsim_recovered:
+            raise HeadscopeError("--wordsim is for head units; unit curves record the metric only")
+    if heads:
+        args.method = args.method or "gradient"  # recorded as chosen in prune.json's provenance
+    method = args.method or UNITS.get(args.unit).default_method
+    check_args(args.fraction, args.target_drop, args.step, args.recover, method, args.unit)
+    if args.metric != "auto":
+        METRICS.get(args.metric)  # an unknown metric raises, with a did-you-mean
+        check_target_drop(args.metric, args.target_drop)
+    return args.unit, heads
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.unit in CURVE_UNITS:
-        return run_units(args)
-    if args.latency:
-        raise HeadscopeError("--latency needs --unit attention, block, ffn or mix (head curves: see "
-                             "benchmarks/bench_prune.py)")
-    args.method = args.method or "gradient"
-    out = Path(args.out)
-    will = OUTPUTS + ([MODEL_DIR.name] if args.save_model else [])
-    out = prepare_out_dir(out, args.force, will)  # refuse before any slow work
-    check_args(args.fraction, args.target_drop, args.step, args.recover, args.method)  # before the model loads
-    if args.metric != "auto":
-        check_target_drop(args.metric, args.target_drop)
+    unit, heads = _check_cli(args)
+    files = OUTPUTS if heads else UNIT_OUTPUTS
+    will = files + ([MODEL_DIR.name] if args.save_model else [])
+    out = prepare_out_dir(Path(args.out), args.force, will)  # refuse before any slow work
     if args.force:
         clear_partial(out)
     data = read_task_data(args.data, args.limit)  # bad data fails before the model loads
@@ -130,8 +132,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = prune_curve(hm, data, method=args.method, fraction=args.fraction, target_drop=args.target_drop,
                           step=args.step, recover_steps=args.recover, recover_lr=args.recover_lr, heldout=heldout,
-                          metric=args.metric, unit=args.unit, max_length=args.max_length,
-                          batch_size=args.batch_size, checkpoint=out, extra=extra, extra_on_recovered=args.wordsim_recovered, seed=args.seed, progress=True)
+                          metric=args.metric, unit=unit, max_length=args.max_length, batch_size=args.batch_size,
+                          checkpoint=out, extra=extra, extra_on_recovered=args.wordsim_recovered,
+                          latency=args.latency, seed=args.seed, progress=True)
     except KeyboardInterrupt:
         part = out / PARTIAL_JSON
         if part.exists():
@@ -142,44 +145,64 @@ def run(args: argparse.Namespace) -> int:
         return 130
     summary = res.summary()
     if args.save_model:
-        small = pruned_model(hm, res)
-        save_model(small, out / MODEL_DIR.name, force=args.force)
-        summary["saved_model"] = {"path": str(out / MODEL_DIR.name), "parameters": n_parameters(small),
-                                  "parameters_original": n_parameters(hm),
-                                  "heads_kept": sum(small.heads_in_layer(l) for l in range(small.n_layers)),
-                                  "recovered_weights": bool(res.recover_steps)}
-    curve = res.curve_records()
-    atomic_write_text(out / PRUNE_CURVE_CSV.name, _csv(curve))
-    atomic_write_text(out / REDUNDANCY_CSV.name, _csv(res.redundancy()))
-    plots.prune_curve(curve, metric=res.metric, baseline=res.baseline, target_drop=res.target_drop,
-                      higher_is_better=res.higher_is_better, recover_steps=res.recover_steps,
-                      title=f"{res.model}: pruning by {res.method}", path=out / PRUNE_CURVE_PNG.name)
-    summary["provenance"] = prov
-    atomic_write_text(out / PRUNE_JSON.name, json.dumps(summary, indent=2, default=str) + "\n")
+        summary["saved_model"] = _save(hm, res, out, args.force)
+    _write(res, summary, prov, out)
     clear_partial(out)  # the run is complete: its checkpoint is no longer needed
-    _print(res, summary)
+    (_print if heads else _print_units)(res, summary)
     print(f"\nwrote {', '.join(str(out / n) for n in will)}", file=sys.stderr)
     return 0
 
 
-def _print(res: PruneResult, summary: dict[str, Any]) -> None:
-    to_ppl = METRICS.get(res.metric).derived.get("perplexity")  # shown instead of the metric when it has one
-    name = "perplexity" if to_ppl else res.metric
-    conv = to_ppl or (lambda v: v)
+def _save(hm: Any, res: CurveResult, out: Path, force: bool) -> dict[str, Any]:
+    """Write the physically pruned model to OUT/model; its size for the JSON."""
+    small = res.pruned_model(hm)
+    save_model(small, out / MODEL_DIR.name, force=force)
+    info: dict[str, Any] = {"path": str(out / MODEL_DIR.name), "parameters": n_parameters(small),
+                            "parameters_original": n_parameters(hm)}
+    if res.scope == "heads":
+        info.update({"heads_kept": sum(small.heads_in_layer(l) for l in range(small.n_layers)),
+                     "recovered_weights": bool(res.recover_steps)})
+    return info
+
+
+def _write(res: CurveResult, summary: dict[str, Any], prov: dict[str, Any], out: Path) -> None:
+    """The curve's CSV, figure and JSON (prune_curve.* and redundancy.csv, or unit_curve.* and units.json)."""
+    heads = res.scope == "heads"
+    records = res.records()
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out, PRUNE_CURVE_CSV if heads else UNIT_CURVE_CSV, records)
+    if heads:
+        write_csv(out, REDUNDANCY_CSV, res.redundancy())
+    title = f"{res.model}: pruning by {res.method}" if heads else f"{res.model}: {res.unit} by {res.method}"
+    plots.pruning_curve(records, metric=res.metric, baseline=res.baseline if heads else None,
+                        target_drop=res.target_drop if heads else None, higher_is_better=res.higher_is_better,
+                        recover_steps=res.recover_steps, title=title,
+                        path=out / (PRUNE_CURVE_PNG if heads else UNIT_CURVE_PNG).name)
+    summary["provenance"] = prov
+    atomic_write_text(out / (PRUNE_JSON if heads else UNITS_JSON).name,
+                      json.dumps(summary, indent=2, default=str) + "\n")
+
+
+def _ppl(metric: str) -> tuple[str, Any]:
+    """The name and converter of the figure shown for `metric` (perplexity for lm_loss)."""
+    to_ppl = METRICS.get(metric).derived.get("perplexity")
+    return ("perplexity", to_ppl) if to_ppl else (metric, lambda v: v)
+
+
+def _print(res: CurveResult, summary: dict[str, Any]) -> None:
+    name, conv = _ppl(res.metric)
     print(f"{res.model}: {res.n_layers} layers x {res.n_heads} heads ({res.n_kv_heads} KV), pruning by "
           f"{res.method} ({res.unit}s), {name} on {summary['heldout']}")
     head = f"{'removed':>8} {'fraction':>8} {name:>12} {'drop':>8}"
     if res.recover_steps:
         head += f" {name + ' rec.':>16} {'drop rec.':>9}"
     extra_keys = list(res.rows[0].extra)
-    head += "".join(f" {k:>11}" for k in extra_keys)
-    print(head)
+    print(head + "".join(f" {k:>11}" for k in extra_keys))
     for r in res.rows:
         line = f"{r.n_removed:>8} {r.fraction_removed:>8.3f} {conv(r.metric):>12.4f} {r.drop:>8.2%}"
         if res.recover_steps:
             line += f" {conv(r.metric_recovered):>16.4f} {r.drop_recovered:>9.2%}"
-        line += "".join(f" {r.extra[k]:>11.4f}" for k in extra_keys)
-        print(line)
+        print(line + "".join(f" {r.extra[k]:>11.4f}" for k in extra_keys))
     print()
     for lv, w in summary["within"].items():
         s = f"largest fraction within {lv}: {w['fraction_removed']:.3f} ({plural(w['n_removed'], 'head')})"
@@ -209,53 +232,16 @@ def removed_text(removed: list[str]) -> str:
     return "; ".join(parts)
 
 
-def run_units(args: argparse.Namespace) -> int:
-    """`prune --unit attention|block|ffn|mix`: the metric against the share of parameters removed."""
-    will = UNIT_OUTPUTS + ([MODEL_DIR.name] if args.save_model else [])
-    if args.target_drop is not None:
-        raise HeadscopeError(f"--target-drop is for head units; with --unit {args.unit} give --fraction, the share "
-                             f"of parameters to remove (e.g. 0.3)")
-    if args.fraction is None:
-        raise HeadscopeError(f"--unit {args.unit} needs --fraction, the share of all parameters to remove (e.g. 0.3)")
-    if args.wordsim or args.wordsim_recovered:
-        raise HeadscopeError("--wordsim is for head units; unit curves record the metric only")
-    check_curve_args(args.unit, args.fraction, args.step, args.recover, args.method)
-    if args.metric != "auto":
-        METRICS.get(args.metric)  # an unknown metric raises, with a did-you-mean
-    out = prepare_out_dir(Path(args.out), args.force, will)  # refuse before any slow work
-    data = read_task_data(args.data, args.limit)  # bad data fails before the model loads
-    heldout = read_task_data(args.heldout, args.heldout_limit or args.limit) if args.heldout else None
-    hm = load_from_args(args)
-    prov = provenance("prune", hm, data, args, heldout=heldout)
-    curve = unit_curve(hm, data, unit=args.unit, method=args.method, fraction=args.fraction, step=args.step,
-                       heldout=heldout, metric=args.metric, recover_steps=args.recover, recover_lr=args.recover_lr,
-                       max_length=args.max_length, batch_size=args.batch_size, seed=args.seed,
-                       latency=args.latency, progress=True)
-    summary = curve.summary()
-    if args.save_model:
-        small = curve.pruned_model(hm)
-        save_model(small, out / MODEL_DIR.name, force=args.force)
-        summary["saved_model"] = {"path": str(out / MODEL_DIR.name), "parameters": n_parameters(small),
-                                  "parameters_original": n_parameters(hm)}
-    records = curve.records()
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / UNIT_CURVE_CSV.name, _csv(records))
-    unit_curve_plot(records, metric=curve.metric, title=f"{curve.model}: {curve.unit} by {curve.method}",
-                    path=out / UNIT_CURVE_PNG.name)
-    summary["provenance"] = prov
-    atomic_write_text(out / UNITS_JSON.name, json.dumps(summary, indent=2, default=str) + "\n")
-    to_ppl = METRICS.get(curve.metric).derived.get("perplexity")
-    name = "perplexity" if to_ppl else curve.metric
-    conv = to_ppl or (lambda v: v)
-    print(f"{curve.model}: removing {curve.unit} units by {curve.method}; {name} on {summary['heldout']}")
-    print(f"{'params':>7} {name:>12} {'drop':>8}" + (f" {'recovered':>12}" if args.recover else "")
-          + (f" {'speedup':>8} {'ideal':>6}" if args.latency else "") + "  removed")
-    for r in curve.points:
-        line = f"{r.fraction_params:>7.1%} {conv(r.metric):>12.4f} {r.drop:>8.2%}"
-        if args.recover:
+def _print_units(res: CurveResult, summary: dict[str, Any]) -> None:
+    name, conv = _ppl(res.metric)
+    timed = res.points[0].speedup is not None
+    print(f"{res.model}: removing {res.unit} units by {res.method}; {name} on {summary['heldout']}")
+    print(f"{'params':>7} {name:>12} {'drop':>8}" + (f" {'recovered':>12}" if res.recover_steps else "")
+          + (f" {'speedup':>8} {'ideal':>6}" if timed else "") + "  removed")
+    for r, rec in zip(res.points, res.records(), strict=True):
+        line = f"{r.fraction_removed:>7.1%} {conv(r.metric):>12.4f} {r.drop:>8.2%}"
+        if res.recover_steps:
             line += f" {conv(r.metric_recovered):>12.4f}"
-        if args.latency:
+        if timed:
             line += f" {r.speedup:>8.2f} {r.flop_speedup:>6.2f}"
-        print(line + "  " + removed_text(r.removed))
-    print(f"\nwrote {', '.join(str(out / n) for n in will)}", file=sys.stderr)
-    return 0
+        print(line + "  " + removed_text(rec["removed"].split()))

@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..artifacts import IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, outputs
+from ..artifacts import (IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, UNIT_IMPORTANCE_CSV,
+                         UNIT_IMPORTANCE_JSON, outputs, write_csv)
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
 from ..distributed import add_workers_arg, is_main
 from ..errors import HeadscopeError, did_you_mean
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
-from ..redundancy.importance import CRITERIA, parse_methods, rank_correlations, score
+from ..redundancy.importance import CRITERIA, check_method, parse_methods, rank_correlations, score, score_units
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import provenance
 from ..table import parse_head
-from ._score_units import run_units
 from ._common import add_data_args, add_model_arg, add_out_args, grid, load_from_args
 
 OUTPUTS = outputs("score")  # importance.csv, importance.json, rank_correlation.csv
+UNIT_OUTPUTS = outputs("score --unit")  # unit_importance.csv, unit_importance.json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,10 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_data_args(p)
     add_out_args(p)
     add_workers_arg(p)
-    p.add_argument("--unit", default="head", choices=("head", "attention", "block", "ffn"),
+    p.add_argument("--unit", default="head", choices=CRITERIA.scopes(),
                    help="what to score: head (default), attention = whole attention sub-layers, block = whole "
-                        "layers, ffn = FFN neurons; units beyond heads write unit_importance.csv/.json "
-                        "(methods: attention ablation; block block_influence, ablation; ffn taylor, activation)")
+                        "layers, ffn = FFN neurons; units beyond heads write unit_importance.csv/.json (methods: "
+                        + "; ".join(f"{u} {', '.join(CRITERIA.names(u))}" for u in CRITERIA.scopes() if u != "head")
+                        + ")")
     p.add_argument("--method", default=None,
                    help=f"comma-separated: {', '.join(CRITERIA)}, or all (default: gradient,ablation)")
     p.add_argument("--metric", default="auto",
@@ -70,7 +74,7 @@ def parse_pruned(text: str | None, n_layers: int, n_heads: int):
 
 def run(args: argparse.Namespace) -> int:
     if args.unit != "head":
-        return run_units(args)
+        return _run_units(args)
     methods = parse_methods(args.method or "gradient,ablation")  # unknown methods fail before anything loads
     if args.metric != "auto" and args.metric not in METRICS:
         raise HeadscopeError(f"unknown metric {args.metric!r}{did_you_mean(args.metric, METRICS)}; "
@@ -129,3 +133,46 @@ def _scaled(values: np.ndarray) -> tuple[np.ndarray, float]:
         return np.asarray(values, float), 1.0
     factor = 10.0 ** (-np.floor(np.log10(v.max())))
     return np.asarray(values, float) * factor, float(factor)
+
+
+def _run_units(args: argparse.Namespace) -> int:
+    """`score --unit attention|block|ffn`: every such unit scored; options checked before the model loads."""
+    unit = args.unit
+    methods = None if args.method in (None, "all") else [m.strip() for m in args.method.split(",") if m.strip()]
+    for m in methods or ():
+        check_method(unit, m)
+    if args.metric != "auto":
+        METRICS.get(args.metric)
+    if args.pruned:
+        raise HeadscopeError("--pruned applies to heads; with --unit score the whole model")
+    out = prepare_out_dir(args.out, args.force, UNIT_OUTPUTS)
+    data = read_task_data(args.data, args.limit)
+    hm = load_from_args(args)
+    prov = provenance("score", hm, data, args)
+    rows, meta = score_units(hm, data, unit, methods, metric=args.metric, max_length=args.max_length,
+                             batch_size=args.batch_size, seed=args.seed,
+                             limit=args.limit if isinstance(data, str) else None, progress=True)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out, UNIT_IMPORTANCE_CSV, rows)
+    meta["provenance"] = prov
+    atomic_write_text(out / UNIT_IMPORTANCE_JSON.name, json.dumps(meta, indent=2, default=str) + "\n")
+    _print_units(hm.name, unit, rows, meta)
+    print(f"\nwrote {', '.join(str(out / n) for n in UNIT_OUTPUTS)}", file=sys.stderr)
+    return 0
+
+
+def _print_units(name: str, unit: str, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    print(f"{name}: {unit} importance on {meta['passages']} passages, metric {meta['metric']} = "
+          f"{meta['metric_value']:.4f}")
+    for m in meta["methods"]:
+        col = f"importance_{m}"
+        if unit == "ffn":
+            per_layer: dict[int, list[float]] = {}
+            for r in rows:
+                per_layer.setdefault(r["layer"], []).append(r[col])
+            print(f"  {m}: per-layer mean " + " ".join(f"L{l}:{sum(v) / len(v):.3g}" for l, v in per_layer.items()))
+        else:
+            order = sorted(rows, key=lambda r: r[col])
+            seconds = next(v for k, v in meta["seconds"].items() if m in k.split("+"))
+            print(f"  {m} ({seconds:.1f} s), least important first: "
+                  + " ".join(f"L{r['layer']}:{r[col]:.3g}" for r in order))

@@ -174,7 +174,7 @@ def prune_part(src: Sources, out: Path | None) -> Part:
                 kw = dict(baseline=summary["baseline"], target_drop=summary["target_drop"],
                           higher_is_better=summary["higher_is_better"], recover_steps=summary["recover_steps"],
                           title=f"{summary['model']}: pruning by {summary['method']}")
-            png = plots.prune_curve(rows, metric=metric, path=out / PLOT_NAMES["prune_curve"] if out else None, **kw)
+            png = plots.pruning_curve(rows, metric=metric, path=out / PLOT_NAMES["prune_curve"] if out else None, **kw)
             res["curve"]["plot"] = data_url(png)
             if out is not None:
                 part.plots.append(PLOT_NAMES["prune_curve"])

@@ -1,21 +1,29 @@
-"""Iterative pruning curves with optional recovery, and the layer-wise redundancy profile.
+"""Pruning curves for every unit kind, with optional recovery, and the layer-wise redundancy profile.
 
-- `loop`: `prune_curve`, the curve itself (score, remove the weakest units, measure, repeat);
-- `units`: what goes at once (a head, one query head of every KV group, a whole KV group);
-- `recovery`: the fine-tuned copy between points (through `headscope.train.Trainer`);
-- `checkpoint`: the partial checkpoint an interrupted run resumes from;
-- `results`: `PruneResult` (points, crossings, redundancy, summary) and `pruned_model`.
+- `loop`: `prune_curve`, the one engine (ask the plan for the next units, switch them off, measure, repeat);
+- `plans`: what each point removes (`HeadPlan`: re-scored heads, slices or KV groups; `LayerPlan`:
+  attention sub-layers, blocks, FFN neurons or a mix, scored once);
+- `points`: `CurvePoint`, the one point record;
+- `results`: `CurveResult` (points, crossings, redundancy, the rows of its files, the pruned model);
+- `recovery`: the fine-tuned copy at each point (through `headscope.train.Trainer`);
+- `checkpoint`: the partial checkpoint an interrupted head curve resumes from;
+- `latency`: FLOPs and interleaved forward timings of the physically pruned model.
+
+The figure of a curve is `headscope.plots.pruning_curve`.
 """
 
 from __future__ import annotations
 
 from ...eval.wordsim import wordsim_measure
 from .checkpoint import PARTIAL_JSON, PARTIAL_STATE, clear_partial
-from .loop import check_args, check_target_drop, prune_curve
+from .latency import matmul_flops, time_forward, time_speedup
+from .loop import check_args, check_target_drop, prune_curve, unit_curve
+from .plans import HeadPlan, LayerPlan, candidate_units, check_fraction
+from .points import CurvePoint, relative_drop
 from .recovery import Recovery
-from .results import CurveRow, PruneResult, pruned_model, relative_drop
-from .head_units import UNITS, candidate_units, check_unit, default_unit
+from .results import CurveResult, PruneResult, UnitCurve, pruned_model
 
-__all__ = ["PARTIAL_JSON", "PARTIAL_STATE", "UNITS", "CurveRow", "PruneResult", "Recovery", "candidate_units",
-           "check_args", "check_target_drop", "check_unit", "clear_partial", "default_unit", "prune_curve", "pruned_model",
-           "relative_drop", "wordsim_measure"]
+__all__ = ["PARTIAL_JSON", "PARTIAL_STATE", "CurvePoint", "CurveResult", "HeadPlan", "LayerPlan", "PruneResult",
+           "Recovery", "UnitCurve", "candidate_units", "check_args", "check_fraction", "check_target_drop",
+           "clear_partial", "matmul_flops", "prune_curve", "pruned_model", "relative_drop", "time_forward",
+           "time_speedup", "unit_curve", "wordsim_measure"]

@@ -16,10 +16,9 @@ from typing import Any
 
 from ...errors import HeadscopeError
 from ...io import atomic_write_text
-from ...table import parse_head
 from ...train import Trainer
 from .recovery import Recovery
-from .results import CurveRow
+from .points import CurvePoint
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ PARTIAL_JSON = "prune_curve.partial.json"  # checkpoint of an unfinished run, re
 PARTIAL_STATE = "prune_curve.partial.pt"  # the recovered copy's training state at the last checkpoint
 
 
-def save_partial(folder: Path, settings: dict[str, Any], rows: list[CurveRow], recovery: Recovery | None) -> None:
+def save_partial(folder: Path, settings: dict[str, Any], rows: list[CurvePoint], recovery: Recovery | None) -> None:
     """Write the finished points (and the recovered copy's training state) to `folder`, atomically."""
     folder.mkdir(parents=True, exist_ok=True)
     if recovery is not None:
@@ -40,9 +39,9 @@ def save_partial(folder: Path, settings: dict[str, Any], rows: list[CurveRow], r
 
 
 def resume(folder: Path, settings: dict[str, Any], recovery: Recovery | None
-           ) -> tuple[list[CurveRow], list[tuple[int, int]]]:
-    """The finished points and removed heads of the run saved in `folder` (its recovered copy's state
-    loaded into `recovery`); refuses a run with other settings."""
+           ) -> list[CurvePoint]:
+    """The finished points of the run saved in `folder` (its recovered copy's state loaded into `recovery`);
+    refuses a run with other settings."""
     saved = json.loads((folder / PARTIAL_JSON).read_text(encoding="utf-8"))
     if saved.get("settings") != settings:
         diff = sorted(k for k in set(settings) | set(saved.get("settings", {}))
@@ -50,7 +49,7 @@ def resume(folder: Path, settings: dict[str, Any], recovery: Recovery | None
         raise HeadscopeError(
             f"{folder / PARTIAL_JSON} holds an unfinished run with other settings (differs in: {', '.join(diff)}); "
             f"rerun with the same settings to resume it, or pass --force (or delete the file) to start over")
-    rows = [CurveRow(**r) for r in saved["rows"]]
+    rows = [CurvePoint(**r) for r in saved["rows"]]
     if recovery is not None:
         state_file = folder / PARTIAL_STATE
         blob = Trainer.read(state_file) if state_file.exists() else None
@@ -61,9 +60,8 @@ def resume(folder: Path, settings: dict[str, Any], recovery: Recovery | None
                                  f"delete {PARTIAL_JSON} (or pass --force) to start over")
         recovery.trainer.load_state_dict(blob)
         recovery.n_removed = blob["n_removed"]
-    removed = [parse_head(h) for r in rows for h in r.removed]
-    log.info("resuming from %s: %d points, %d heads removed", folder / PARTIAL_JSON, len(rows), len(removed))
-    return rows, removed
+    log.info("resuming from %s: %d points, %d units removed", folder / PARTIAL_JSON, len(rows), rows[-1].n_removed)
+    return rows
 
 
 def clear_partial(folder: str | Path) -> None:

@@ -1,11 +1,15 @@
-"""Iterative pruning curves: remove the least important heads step by step, measuring the metric at each point.
+"""The one pruning-curve engine, for every unit kind: remove the least important units step by step and
+measure the metric at each point.
 
-`prune_curve` scores every remaining head (with gates of 0 on the heads already removed), removes the
-lowest-scoring units (`units`), measures the metric, and repeats. Scoring always runs on the original
-weights, so the order of removal does not depend on recovery. With `recover_steps`, a copy of the
-model is fine-tuned between steps (`recovery`); that copy carries its training from step to step, and
-its metric is the `metric_recovered` column. With a checkpoint folder the curve is saved after every
-point (`checkpoint`) and a rerun resumes it.
+`prune_curve` asks the unit's plan (`plans`) for the next point's units, switches everything removed so
+far off (`pruning.masks.UnitMask`: head gates, attention sub-layers, blocks, FFN neurons), measures the
+metric on the held-out passages, and repeats until the plan is done, or (with only `target_drop`) past
+the first point whose drop exceeds it. Head plans re-score before every point on the original weights;
+layer plans score once. With `recover_steps` a copy of the model is fine-tuned at every point
+(`recovery`): carried from point to point for heads (its metric is the `metric_recovered` column), or
+from the original weights at each point for units beyond heads. With `latency` each point of a parameter
+curve is also pruned physically and timed against the original (`latency`). With a checkpoint folder a
+head curve is saved after every point (`checkpoint`) and a rerun resumes it.
 """
 
 from __future__ import annotations
@@ -14,27 +18,33 @@ import hashlib
 import json
 import logging
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .. import importance
+from ...data import batches, pad_id
 from ...errors import HeadscopeError
-from ...eval.evaluate import evaluate_prepared, make_reference, prepare
+from ...eval.evaluate import Reference, evaluate_prepared, make_reference, prepare
 from ...eval.metrics import METRICS
-from ..importance import CRITERIA
 from ...models.adapter import HeadModel
-from ..pruning.heads import check_prunable, pruned_gates
-from ...table import head_name
+from ..importance.criteria import check_method
+from ..pruning.heads import check_prunable, n_parameters
+from ..pruning.masks import UnitMask, unit_masks
+from ..pruning.units import prune_units
+from ..unit_kinds import check_unit, default_unit, unit_kind
 from .checkpoint import PARTIAL_JSON, resume, save_partial
+from .latency import matmul_flops, time_forward, time_speedup
+from .plans import HeadPlan, LayerPlan, PlanData, check_fraction, make_plan
+from .points import CurvePoint, relative_drop
 from .recovery import Recovery
-from .results import CurveRow, PruneResult, relative_drop
-from .head_units import candidate_units, check_unit, default_unit
+from .results import CurveResult
 
 log = logging.getLogger(__name__)
+
+Extra = Callable[[HeadModel, torch.Tensor], float]
 
 
 def _fingerprint(obj: Any) -> str:
@@ -42,20 +52,30 @@ def _fingerprint(obj: Any) -> str:
 
 
 def check_args(fraction: float | None, target_drop: float | None, step: float, recover_steps: int,
-               method: str) -> None:
-    """Raise a clear error on a bad fraction, target drop, step, recovery count or method."""
-    CRITERIA.get(method)  # an unknown name raises, with a did-you-mean
-    if fraction is not None and not 0.0 <= fraction < 1.0:
+               method: str, unit: str | None = None) -> None:
+    """Raise a clear error on a bad unit, fraction, target drop, step, recovery count or method (for `unit`;
+    None: a head unit)."""
+    kind = unit_kind(unit or "head")
+    share = "heads" if kind.scope == "heads" else "parameters"
+    check_method(kind.name, method)  # an unknown name raises, with a did-you-mean
+    if kind.scope == "heads" and fraction is not None and not 0.0 <= fraction < 1.0:
         raise HeadscopeError(f"fraction must be in [0, 1) (share of heads to remove), got {fraction}; "
                              f"e.g. 0.4 removes 40% of the heads")
+    if kind.scope != "heads" and fraction is not None and not 0.0 < fraction < 1.0:
+        raise HeadscopeError(f"fraction must be in (0, 1) (share of parameters to remove), got {fraction}")
     if target_drop is not None and not (target_drop >= 0.0 and math.isfinite(target_drop)):
         raise HeadscopeError(f"target drop must be a non-negative share, got {target_drop}; e.g. 0.01 for 1%")
     if not 0.0 < step < 1.0:
-        raise HeadscopeError(f"step must be in (0, 1) (share of heads removed per step), got {step}; e.g. 0.05")
+        raise HeadscopeError(f"step must be in (0, 1) (share of {share} removed per step), got {step}; e.g. 0.05")
     if recover_steps < 0:
         raise HeadscopeError(f"recovery steps must be >= 0, got {recover_steps}")
+    if kind.scope != "heads" and target_drop is not None:
+        raise HeadscopeError(f"a target drop is for head units; with unit {kind.name!r} give a fraction, the share "
+                             f"of parameters to remove (e.g. 0.3)")
     if fraction is None and target_drop is None:
-        raise HeadscopeError("give a fraction of heads to remove (e.g. 0.4) or a target drop (e.g. 0.01 for 1%)")
+        raise HeadscopeError("give a fraction of heads to remove (e.g. 0.4) or a target drop (e.g. 0.01 for 1%)"
+                             if kind.scope == "heads" else
+                             f"unit {kind.name!r} needs a fraction, the share of all parameters to remove (e.g. 0.3)")
 
 
 def check_target_drop(metric: str, target_drop: float | None) -> None:
@@ -66,11 +86,142 @@ def check_target_drop(metric: str, target_drop: float | None) -> None:
                              f"possible drop is {bound:.0%}; give a target drop below it, e.g. 1% or 5%")
 
 
+@dataclass
+class _Measure:
+    """The metric of a model with units switched off, on the held-out passages."""
+
+    evalprep: Any
+    metric: str
+    reference: Reference | None
+    batch_size: int
+
+    def __call__(self, model: HeadModel, mask: UnitMask) -> float:
+        with unit_masks(model, mask):
+            return evaluate_prepared(model, self.evalprep, self.metric, reference=self.reference,
+                                     batch_size=self.batch_size).value
+
+
+@dataclass
+class _Curve:
+    """One run's moving parts: the plan, the measure, recovery, extras, latency and the points so far."""
+
+    hm: HeadModel
+    plan: HeadPlan | LayerPlan
+    measure: _Measure
+    recovery: Recovery | None
+    recover: dict[str, Any]  # steps, lr, batch_size, seed, progress, and the data recovery trains on
+    extras: dict[str, Extra]
+    extra_on_recovered: bool
+    target_drop: float | None
+    target_mode: bool
+    latency: dict[str, Any] | None = None
+    points: list[CurvePoint] = field(default_factory=list)
+    recovered_state: dict[str, torch.Tensor] | None = None
+    recovered_n_removed: int | None = None
+
+    def gates(self, mask: UnitMask) -> torch.Tensor:
+        g = mask.head_gates(self.hm)
+        return g if g is not None else torch.ones(self.hm.n_layers, self.hm.n_heads)
+
+    def baseline(self) -> CurvePoint:
+        empty = UnitMask()
+        base = self.measure(self.hm, empty)
+        rec = self.recover["steps"] > 0
+        ex = {k: fn(self.hm, self.gates(empty)) for k, fn in self.extras.items()}
+        point = CurvePoint(0, 0, 0.0, base, 0.0, base if rec else None, 0.0 if rec else None, extra=ex,
+                           extra_recovered=dict(ex) if rec and self.extra_on_recovered else {},
+                           params_removed=0 if self.plan.scope != "heads" else None)
+        if self.latency is not None:
+            point.latency_s, point.speedup, point.flop_speedup = self.latency["base_s"], 1.0, 1.0
+        return point
+
+    def stop(self) -> bool:
+        """In target mode, past the first point whose (recovered) drop exceeds the target."""
+        last = self.points[-1]
+        track = last.drop_recovered if self.recover["steps"] else last.drop
+        return self.target_mode and track is not None and track > self.target_drop
+
+    def next_point(self) -> CurvePoint | None:
+        units = self.plan.next_units()
+        if units is None:
+            return None
+        mask = self.plan.mask()
+        value = self.measure(self.hm, mask)
+        base = self.points[0].metric
+        metric = self.measure.metric
+        point = CurvePoint(len(self.points), self.plan.n_removed, self.plan.size_removed() / self.plan.total, value,
+                           relative_drop(metric, base, value), removed=self.plan.names(units),
+                           extra={k: fn(self.hm, self.gates(mask)) for k, fn in self.extras.items()},
+                           params_removed=self.plan.params_removed())
+        if self.recover["steps"]:
+            self._recover(point, mask)
+        if self.latency is not None:
+            self._time(point, mask)
+        return point
+
+    def _recover(self, point: CurvePoint, mask: UnitMask) -> None:
+        base, metric, steps = self.points[0].metric, self.measure.metric, self.recover["steps"]
+        if self.recovery is None:  # fresh: recovered from the original weights at every point
+            rec = Recovery(self.hm, self.recover["prep"], metric, self.recover["reference"], lr=self.recover["lr"],
+                           batch_size=self.recover["batch_size"], seed=self.recover["seed"], steps=steps)
+            rec.train(mask, steps)
+            point.metric_recovered = self.measure(rec.hm, mask)
+            point.drop_recovered = relative_drop(metric, base, point.metric_recovered)
+            self.recovered_state, self.recovered_n_removed = rec.hm.model.state_dict(), point.n_removed
+            return
+        before = self.recovery.snapshot() if self.target_mode else None
+        self.recovery.train(mask, steps)
+        point.metric_recovered = self.measure(self.recovery.hm, mask)
+        point.drop_recovered = relative_drop(metric, base, point.metric_recovered)
+        if self.extra_on_recovered:
+            point.extra_recovered = {k: fn(self.recovery.hm, self.gates(mask)) for k, fn in self.extras.items()}
+        if before is not None and point.drop_recovered > self.target_drop:
+            # Past the target: the model worth keeping is the one of the previous point.
+            self.recovery.restore(before, self.points[-1].n_removed)
+        else:
+            self.recovery.n_removed = point.n_removed
+
+    def _time(self, point: CurvePoint, mask: UnitMask) -> None:
+        lat = self.latency
+        small = prune_units(self.hm, mask)
+        point.latency_s, point.speedup = time_speedup(self.hm, small, *lat["batch"], lat["repeats"])
+        point.flop_speedup = lat["base_flops"] / matmul_flops(small, lat["tokens"], lat["seq"])
+        # Physically removed = counted: the parameter share is what the smaller model really lost.
+        point.params_removed = int(self.plan.total) - n_parameters(small)
+        point.fraction_removed = point.params_removed / self.plan.total
+
+
+def _latency_setup(hm: HeadModel, evalprep: Any, batch_size: int, repeats: int) -> dict[str, Any]:
+    b = next(batches(evalprep.ids[:batch_size], batch_size, pad_id=pad_id(hm)))
+    ids, mask = b.input_ids.to(hm.device), b.attention_mask.to(hm.device)
+    tokens, seq = int(mask.sum()), ids.shape[1]
+    return {"batch": (ids, mask), "repeats": repeats, "tokens": tokens, "seq": seq,
+            "base_s": time_forward(hm, ids, mask, repeats), "base_flops": matmul_flops(hm, tokens, seq)}
+
+
+def _check(hm: HeadModel, unit: str | None, method: str | None, fraction: float | None, target_drop: float | None,
+           step: float, recover_steps: int, latency: bool) -> tuple[str, str, str]:
+    """(unit, method, scope) after every check that needs no data."""
+    unit = unit or default_unit(hm)
+    kind = unit_kind(unit)
+    method = method or kind.default_method
+    check_args(fraction, target_drop, step, recover_steps, method, unit)
+    if latency and kind.scope == "heads":
+        raise HeadscopeError("latency is timed for units beyond heads (attention, block, ffn, mix); for head "
+                             "curves see benchmarks/bench_prune.py")
+    if kind.scope == "heads":
+        check_prunable(hm)
+    check_unit(hm, unit)
+    if kind.scope != "heads":
+        check_fraction(hm, unit, fraction)
+    return unit, method, kind.scope
+
+
 def prune_curve(
     hm: HeadModel,
     data: Any,
     *,
-    method: str = "gradient",
+    method: str | None = None,
     fraction: float | None = None,
     target_drop: float | None = None,
     step: float = 0.05,
@@ -82,122 +233,112 @@ def prune_curve(
     max_length: int | None = None,
     batch_size: int = 16,
     checkpoint: str | Path | None = None,
-    extra: dict[str, Callable[[HeadModel, torch.Tensor], float]] | None = None,
+    extra: dict[str, Extra] | None = None,
     extra_on_recovered: bool = False,
+    latency: bool = False,
+    latency_repeats: int = 5,
     seed: int = 0,
     progress: bool = True,
-) -> PruneResult:
-    """Iteratively remove the least important heads of `hm`, re-scoring after each step.
+) -> CurveResult:
+    """Remove `unit`s of `hm` least important first, measuring the metric at each point (module docstring).
 
-    Stops at `fraction` of the heads, or (with only `target_drop`) at the first point whose drop
-    exceeds it. Scores on `data`, measures on `heldout` (default: `data`). With `checkpoint` (a
-    folder), the curve is saved after each step as `prune_curve.partial.json` and a rerun with the
-    same settings resumes from it. `extra` maps names to `fn(model, gates) -> float`, measured
-    at every point (e.g. `eval.wordsim.wordsim_measure("simlex999")`), also on the recovered copy with
+    `unit`: a name in `unit_kinds.UNITS` (default: head for MHA, slice for GQA); `method`: a criterion that
+    orders it (default: the unit's). Head curves stop at `fraction` of the heads, or (with only
+    `target_drop`) at the first point whose drop exceeds it; parameter curves at `fraction` of all
+    parameters. Scores on `data`, measures on `heldout` (default: `data`). With `checkpoint` (a folder) a
+    head curve is saved after each point as `prune_curve.partial.json` and a rerun with the same settings
+    resumes it. `extra` maps names to `fn(model, gates) -> float`, measured at every point of a head curve
+    (e.g. `eval.wordsim.wordsim_measure("simlex999")`), also on the recovered copy with
     `extra_on_recovered`. The input model is not modified.
     """
-    check_args(fraction, target_drop, step, recover_steps, method)
-    check_prunable(hm)
-    unit = unit or default_unit(hm)
-    check_unit(hm, unit)
+    unit, method, scope = _check(hm, unit, method, fraction, target_drop, step, recover_steps, latency)
+    if extra and scope != "heads":
+        raise HeadscopeError("extra measures (--wordsim) are taken on head curves; unit curves record the metric")
     torch.manual_seed(seed)
-    total = hm.n_layers * hm.n_heads
-    cap = fraction if fraction is not None else 0.95
-    stop_n = int(math.floor(cap * total + 1e-9))
-    per_step = max(1, int(round(step * total)))
-
     prep, metric = prepare(hm, data, metric, max_length)
     check_target_drop(metric, target_drop)  # 'auto' is resolved only now; before any pruning
     evalprep = prep if heldout is None else prepare(hm, heldout, metric, max_length)[0]
     entry = METRICS.get(metric)
-    higher = entry.higher_is_better
     ref = make_reference(hm, prep, batch_size=batch_size) if entry.needs_reference else None
-    eval_ref = ref if heldout is None or not entry.needs_reference else \
-        make_reference(hm, evalprep, batch_size=batch_size)
+    eval_ref = ref if heldout is None or ref is None else make_reference(hm, evalprep, batch_size=batch_size)
+    plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress), unit, scope, method, fraction, step)
+    carried = unit_kind(unit).recovery == "carried"
+    recovery = Recovery(hm, prep, metric, ref, lr=recover_lr, batch_size=batch_size, seed=seed, steps=recover_steps,
+                        progress=progress) if recover_steps and carried else None
+    run = _Curve(hm, plan, _Measure(evalprep, metric, eval_ref, batch_size), recovery,
+                 {"steps": recover_steps, "lr": recover_lr, "batch_size": batch_size, "seed": seed, "prep": prep,
+                  "reference": ref},
+                 dict(extra or {}), extra_on_recovered, target_drop, fraction is None and target_drop is not None,
+                 _latency_setup(hm, evalprep, batch_size, latency_repeats) if latency else None)
     settings = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "method": method,
                 "metric": metric, "unit": unit, "step": step, "recover_steps": recover_steps,
                 "recover_lr": recover_lr, "seed": seed, "batch_size": batch_size,
-                "data": _fingerprint(prep.ids), "heldout": _fingerprint(evalprep.ids)}
-
-    def measure(model: HeadModel, gates: torch.Tensor) -> float:
-        return evaluate_prepared(model, evalprep, metric, gates=gates, reference=eval_ref,
-                                 batch_size=batch_size).value
-
-    extras = dict(extra or {})
-    settings["extra"] = sorted(extras)
-    settings["extra_on_recovered"] = extra_on_recovered
-    rows: list[CurveRow] = []
-    removed: list[tuple[int, int]] = []
-    recovery = Recovery(hm, prep, metric, ref, lr=recover_lr, batch_size=batch_size, seed=seed,
-                        steps=recover_steps, progress=progress) if recover_steps else None
-    ckpt = Path(checkpoint) if checkpoint is not None else None
+                "data": _fingerprint(prep.ids), "heldout": _fingerprint(evalprep.ids),
+                "extra": sorted(run.extras), "extra_on_recovered": extra_on_recovered}
+    ckpt = Path(checkpoint) if checkpoint is not None and scope == "heads" else None
     if ckpt is not None and (ckpt / PARTIAL_JSON).exists():
-        rows, removed = resume(ckpt, settings, recovery)
-    if not rows:
-        ones = torch.ones(hm.n_layers, hm.n_heads)
-        base = measure(hm, ones)
-        ex = {k: fn(hm, ones) for k, fn in extras.items()}
-        rows.append(CurveRow(0, 0, 0.0, base, 0.0, base if recovery else None, 0.0 if recovery else None,
-                             extra=ex, extra_recovered=dict(ex) if recovery and extra_on_recovered else {}))
-    base = rows[0].metric
-    target_mode = fraction is None and target_drop is not None
-    bar = tqdm(total=stop_n, initial=len(removed), desc=f"prune ({method})", unit="head", disable=not progress)
+        run.points = resume(ckpt, settings, recovery)
+        plan.resume([h for p in run.points for h in p.removed])  # type: ignore[union-attr]
+    if not run.points:
+        run.points.append(run.baseline())
+    _walk(run, method, ckpt, settings, progress)
+    meta = {"data": prep.source, "heldout": evalprep.source if heldout is not None else "same as data",
+            "passages": len(prep.ids), "heldout_passages": len(evalprep.ids), "max_length": prep.max_length}
+    return _result(run, unit, scope, method, metric, fraction, step, seed, target_drop, recover_steps, recover_lr,
+                   meta)
+
+
+def _walk(run: _Curve, method: str, ckpt: Path | None, settings: dict[str, Any], progress: bool) -> None:
+    """Take points until the plan is done or the target is passed; checkpoint after each."""
+    plan = run.plan
+    heads = plan.scope == "heads"
+    bar = tqdm(total=plan.stop_n if heads else len(plan.cuts), initial=plan.n_removed if heads else 0,
+               desc=f"prune ({method})" if heads else f"{plan.unit} curve", unit="head" if heads else "point",
+               disable=not progress)
     try:
-        while len(removed) < stop_n:
-            last = rows[-1]
-            track = last.drop_recovered if recovery is not None else last.drop
-            if fraction is None and target_drop is not None and track is not None and track > target_drop:
+        while not run.stop():
+            before = plan.n_removed
+            point = run.next_point()
+            if point is None:
                 break
-            gates = pruned_gates(hm, removed) if removed else None
-            table = importance.score(hm, prep, methods=(method,), metric=metric, gates=gates, reference=ref,
-                                     batch_size=batch_size)
-            # A live head without a score (NaN) is never picked: unknown is not "unimportant".
-            scores = np.nan_to_num(np.asarray(table[f"importance_{method}"], dtype=float), nan=np.inf)
-            units = candidate_units(hm, scores, set(removed), unit)
-            chosen: list[tuple[int, int]] = []
-            for _, heads in units:
-                if len(removed) + len(chosen) + len(heads) > stop_n:
-                    break
-                chosen += heads
-                if len(chosen) >= per_step:
-                    break
-            if not chosen:  # the next unit would overshoot the cap
-                break
-            removed += chosen
-            gates = pruned_gates(hm, removed)
-            value = measure(hm, gates)
-            row = CurveRow(len(rows), len(removed), len(removed) / total, value,
-                           relative_drop(metric, base, value), removed=[head_name(l, h) for l, h in chosen],
-                           extra={k: fn(hm, gates) for k, fn in extras.items()})
-            if recovery is not None:
-                before = recovery.snapshot() if target_mode else None
-                recovery.train(gates, recover_steps)
-                rv = measure(recovery.hm, gates)
-                row.metric_recovered, row.drop_recovered = rv, relative_drop(metric, base, rv)
-                if extra_on_recovered:
-                    row.extra_recovered = {k: fn(recovery.hm, gates) for k, fn in extras.items()}
-                if target_mode and row.drop_recovered > target_drop:
-                    # Past the target: the model worth keeping is the one of the previous point.
-                    recovery.restore(before, rows[-1].n_removed)
-                else:
-                    recovery.n_removed = row.n_removed
-            rows.append(row)
-            bar.update(len(chosen))
-            log.info("removed %d/%d heads: %s %.4f (drop %.2f%%)", len(removed), total, metric, value, 100 * row.drop)
+            run.points.append(point)
+            bar.update(plan.n_removed - before if heads else 1)
+            log.info("removed %s: %s %.4f (drop %.2f%%)", point.removed, run.measure.metric, point.metric,
+                     100 * point.drop)
             if ckpt is not None:
-                save_partial(ckpt, settings, rows, recovery)
+                save_partial(ckpt, settings, run.points, run.recovery)
     finally:
         bar.close()
-    result = PruneResult(hm.name, hm.n_layers, hm.n_heads, hm.n_kv_heads, method, metric, higher, unit, rows,
+
+
+def _result(run: _Curve, unit: str, scope: str, method: str, metric: str, fraction: float | None, step: float,
+            seed: int, target_drop: float | None, recover_steps: int, recover_lr: float,
+            meta: dict[str, Any]) -> CurveResult:
+    hm, plan = run.hm, run.plan
+    lr = recover_lr if recover_steps else None
+    if scope == "heads":
+        meta.update({"step": step, "fraction": fraction, "seed": seed, "recover_lr": lr})
+    else:
+        meta.update({"fraction": fraction, "step": step, "seed": seed, "recover_steps": recover_steps,
+                     "recover_lr": lr, "score_seconds": plan.score_seconds,  # type: ignore[union-attr]
+                     "n_layers": hm.n_layers})
+    result = CurveResult(hm.name, hm.n_layers, hm.n_heads, hm.n_kv_heads, unit, scope, method, metric,
+                         METRICS.get(metric).higher_is_better, run.points,
                          target_drop if target_drop is not None else 0.01, recover_steps,
-                         meta={"data": prep.source, "heldout": evalprep.source if heldout is not None else "same as data",
-                               "passages": len(prep.ids), "heldout_passages": len(evalprep.ids),
-                               "max_length": prep.max_length, "step": step, "fraction": fraction, "seed": seed,
-                               "recover_lr": recover_lr if recover_steps else None})
-    if recovery is not None:
-        result.recovered_state = recovery.hm.model.state_dict()
-        result.recovered_n_removed = recovery.n_removed
+                         n_parameters=int(plan.total) if scope != "heads" else n_parameters(hm),
+                         scores=plan.scores, meta=meta, last_mask=plan.mask() if scope != "heads" else None)
+    if run.recovery is not None:
+        result.recovered_state = run.recovery.hm.model.state_dict()
+        result.recovered_n_removed = run.recovery.n_removed
+    elif run.recovered_state is not None:
+        result.recovered_state, result.recovered_n_removed = run.recovered_state, run.recovered_n_removed
     return result
 
 
-__all__ = ["check_args", "prune_curve"]
+def unit_curve(hm: HeadModel, data: Any, *, unit: str = "block", method: str | None = None, fraction: float = 0.5,
+               step: float = 0.05, progress: bool = False, **kw: Any) -> CurveResult:
+    """`prune_curve` of a unit beyond heads (its name before the engines were one)."""
+    return prune_curve(hm, data, unit=unit, method=method, fraction=fraction, step=step, progress=progress, **kw)
+
+
+__all__ = ["check_args", "check_target_drop", "prune_curve", "unit_curve"]

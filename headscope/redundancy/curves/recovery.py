@@ -1,4 +1,5 @@
-"""Recovery: a copy of the model fine-tuned between curve points, with gates fixed at 0 on removed heads.
+"""Recovery: a copy of the model fine-tuned between curve points, with the removed units switched off
+(head gates at 0, or a `UnitMask` for attention sub-layers, blocks and FFN neurons).
 
 It trains through the one training loop (`headscope.train.Trainer`: AdamW at a constant rate, no
 weight decay, a seeded batch generator) on the loss the metric's registry entry names
@@ -26,6 +27,7 @@ from ...eval.metrics import METRICS
 from ...hooks import head_gates
 from ...models.adapter import HeadModel
 from ...train import Trainer
+from ..pruning.masks import UnitMask, unit_masks
 
 
 class Recovery:
@@ -57,9 +59,12 @@ class Recovery:
         targets = batch_targets(self.prep, self.reference, idx, ids.shape[1], self.hm.device)
         return self.entry.recovery_loss(self.hm, self.teacher, ids, mask, targets)
 
-    def train(self, gates: torch.Tensor, steps: int) -> float:
-        """Run `steps` optimizer steps with `gates` applied; returns the mean training loss."""
-        with head_gates(self.hm, gates.to(self.hm.device)):
+    def train(self, off: torch.Tensor | UnitMask, steps: int) -> float:
+        """Run `steps` optimizer steps with `off` applied (head gates `[L, H]` or a UnitMask); returns the mean
+        training loss."""
+        ctx = head_gates(self.hm, off.to(self.hm.device)) if isinstance(off, torch.Tensor) else \
+            unit_masks(self.hm, off)
+        with ctx:
             losses = self.trainer.run(steps, self._batch, self._loss, progress=self.progress)
         return float(np.mean(losses)) if losses else math.nan
 

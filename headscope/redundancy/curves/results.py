@@ -1,16 +1,14 @@
-"""What a pruning curve gives: its points, where it crosses a drop, the per-layer redundancy, and the
-physically pruned model at the chosen point.
+"""What a pruning curve gives, for every unit kind: its points, where it crosses a drop, the per-layer
+redundancy (head curves), the rows of its CSV and JSON files, and the physically pruned model.
 
-Relative drop: read by the metric's registry entry (`drop`): for `lm_loss` the perplexity increase,
-exp(loss - loss_0) - 1; for metrics where higher is better (m_0 - m) / |m_0|. "Within 1%" means
-drop <= 0.01. The largest fraction within a drop is the last point before the curve first exceeds
-it (a later point that dips back under does not count).
+The largest fraction within a drop is the last point before the curve first exceeds it (a later point
+that dips back under does not count).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,44 +17,41 @@ import torch
 from ...errors import HeadscopeError
 from ...eval.metrics import METRICS
 from ...models.adapter import HeadModel
-from ..pruning.heads import prune_heads
 from ...table import HeadTable, head_name, parse_head
+from ..pruning.heads import prune_heads
+from ..pruning.masks import UnitMask
+from ..pruning.units import prune_units
+from .points import CurvePoint
 
 
 @dataclass
-class CurveRow:
-    """One point of a pruning curve."""
-
-    step: int
-    n_removed: int
-    fraction_removed: float
-    metric: float
-    drop: float
-    metric_recovered: float | None = None
-    drop_recovered: float | None = None
-    removed: list[str] = field(default_factory=list)  # heads removed at this step, e.g. ["L3H7"]
-    extra: dict[str, float] = field(default_factory=dict)  # extra measures, e.g. wordsim353 Spearman
-    extra_recovered: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class PruneResult:
-    """A pruning curve plus where it crosses the requested drop and the per-layer redundancy."""
+class CurveResult:
+    """A pruning curve of one unit kind, its settings, and what it needs to build the pruned model."""
 
     model: str
     n_layers: int
     n_heads: int
     n_kv_heads: int
+    unit: str
+    scope: str  # "heads" or "parameters": what fraction_removed is a share of
     method: str
     metric: str
     higher_is_better: bool
-    unit: str
-    rows: list[CurveRow]
+    points: list[CurvePoint]
     target_drop: float
     recover_steps: int
+    n_parameters: int = 0
+    scores: dict[str, Any] = field(default_factory=dict)  # parameter-scope curves: the one-shot unit scores
     meta: dict[str, Any] = field(default_factory=dict)
+    removed_names: list[str] = field(default_factory=list)  # parameter-scope: every unit at the last point
+    last_mask: UnitMask | None = field(default=None, repr=False)  # parameter-scope: what is off at the last point
     recovered_state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
-    recovered_n_removed: int | None = None  # the curve point `recovered_state` belongs to
+    recovered_n_removed: int | None = None  # the point `recovered_state` belongs to (n_removed)
+
+    @property
+    def rows(self) -> list[CurvePoint]:
+        """The points (head curves call them rows)."""
+        return self.points
 
     @property
     def total_heads(self) -> int:
@@ -64,22 +59,20 @@ class PruneResult:
 
     @property
     def baseline(self) -> float:
-        return self.rows[0].metric
+        return self.points[0].metric
 
     def removed_order(self, upto: int | None = None) -> list[tuple[int, int]]:
-        """Heads in the order they were removed, up to `upto` removed heads."""
-        heads = [parse_head(h) for r in self.rows for h in r.removed]
+        """Heads in the order they were removed, up to `upto` removed heads (head curves)."""
+        heads = [parse_head(h) for r in self.points for h in r.removed]
         return heads[:upto] if upto is not None else heads
 
-    def best(self, drop: float | None = None, recovered: bool = False) -> CurveRow:
+    def best(self, drop: float | None = None, recovered: bool = False) -> CurvePoint:
         """The last curve point before the drop first exceeds `drop` (default: target_drop)."""
         limit = self.target_drop if drop is None else drop
-        best = self.rows[0]
-        for r in self.rows:
+        best = self.points[0]
+        for r in self.points:
             d = r.drop_recovered if recovered else r.drop
-            if d is None:
-                break
-            if d > limit + 1e-12:
+            if d is None or d > limit + 1e-12:
                 break
             best = r
         return best
@@ -100,96 +93,144 @@ class PruneResult:
     def redundancy_table(self, drop: float | None = None) -> HeadTable:
         """A HeadTable with `removed_at` (fraction at which each head went; NaN if kept) and `removable`."""
         at = np.full((self.n_layers, self.n_heads), np.nan)
-        for r in self.rows:
+        for r in self.points:
             for h in r.removed:
                 l, hh = parse_head(h)
                 at[l, hh] = r.fraction_removed
-        keep = self.best(drop).n_removed
         removable = np.zeros((self.n_layers, self.n_heads))
-        for l, h in self.removed_order(keep):
+        for l, h in self.removed_order(self.best(drop).n_removed):
             removable[l, h] = 1.0
         return HeadTable(self.n_layers, self.n_heads, {"removed_at": at, "removable": removable},
                          {"model": self.model, "method": self.method, "metric": self.metric,
                           "target_drop": self.target_drop if drop is None else drop})
-
-    def summary(self) -> dict[str, Any]:
-        """What prune.json holds: settings, baseline, and the largest fractions within drops."""
-        levels = sorted({0.01, 0.05, self.target_drop})
-        within = {}
-        for lv in levels:
-            key = f"{lv * 100:g}%"
-            b = self.best(lv)
-            within[key] = {"fraction_removed": b.fraction_removed, "n_removed": b.n_removed,
-                           "metric": b.metric, "drop": b.drop}
-            if self.recover_steps:
-                br = self.best(lv, True)
-                within[key]["recovered"] = {"fraction_removed": br.fraction_removed, "n_removed": br.n_removed,
-                                            "metric": br.metric_recovered, "drop": br.drop_recovered}
-        b = self.best()
-        return {
-            "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
-            "method": self.method, "metric": self.metric, "higher_is_better": self.higher_is_better,
-            "unit": self.unit, "recover_steps": self.recover_steps, "target_drop": self.target_drop,
-            "baseline": self.baseline,
-            "baseline_perplexity": self._derived("perplexity", self.baseline),
-            "largest_fraction_within_target": b.fraction_removed,
-            "heads_removed_within_target": [head_name(l, h) for l, h in self.removed_order(b.n_removed)],
-            "largest_fraction_within_target_recovered":
-                self.best(recovered=True).fraction_removed if self.recover_steps else None,
-            "within": within, "points": len(self.rows), **self.meta,
-        }
 
     def _derived(self, name: str, value: float | None) -> float | None:
         """A figure the metric derives from a value (e.g. perplexity from lm_loss), None when it has none."""
         fn = METRICS.get(self.metric).derived.get(name)
         return fn(value) if fn is not None and value is not None else None
 
-    def curve_records(self) -> list[dict[str, Any]]:
-        """prune_curve.csv rows."""
+    def _metric_columns(self, p: CurvePoint) -> dict[str, Any]:
         derived = METRICS.get(self.metric).derived
-        recs = []
-        for r in self.rows:
-            rec = {"step": r.step, "fraction_removed": r.fraction_removed, "n_removed": r.n_removed,
-                   "metric": r.metric, "drop": r.drop}
-            rec.update({name: fn(r.metric) for name, fn in derived.items()})
-            rec["metric_recovered"] = r.metric_recovered
-            rec["drop_recovered"] = r.drop_recovered
-            rec.update({f"{name}_recovered": self._derived(name, r.metric_recovered) for name in derived})
-            rec.update(r.extra)
-            rec.update({f"{k}_recovered": v for k, v in r.extra_recovered.items()})
-            rec["removed"] = " ".join(r.removed)
-            recs.append(rec)
-        return recs
+        rec: dict[str, Any] = {"metric": p.metric, "drop": p.drop}
+        rec.update({name: fn(p.metric) for name, fn in derived.items()})
+        rec.update({"metric_recovered": p.metric_recovered, "drop_recovered": p.drop_recovered})
+        rec.update({f"{name}_recovered": self._derived(name, p.metric_recovered) for name in derived})
+        return rec
 
+    def records(self) -> list[dict[str, Any]]:
+        """The rows of the curve's CSV: prune_curve.csv (head curves) or unit_curve.csv (parameter scope)."""
+        out = []
+        so_far: list[str] = []
+        for p in self.points:
+            if self.scope == "heads":
+                rec = {"step": p.step, "fraction_removed": p.fraction_removed, "n_removed": p.n_removed,
+                       **self._metric_columns(p), **p.extra,
+                       **{f"{k}_recovered": v for k, v in p.extra_recovered.items()}, "removed": " ".join(p.removed)}
+            else:
+                so_far = _merge_names(so_far, p.removed)
+                rec = {"step": p.step, "unit": self.unit, "fraction_params": p.fraction_removed,
+                       "params_removed": p.params_removed, **self._metric_columns(p),
+                       "latency_s": p.latency_s, "speedup": p.speedup, "flop_speedup": p.flop_speedup,
+                       "removed": " ".join(so_far)}
+            out.append(rec)
+        return out
 
-def relative_drop(metric: str, base: float, value: float) -> float:
-    """How much worse `value` is than `base`, as the metric's entry reads it (perplexity increase for
-    lm_loss, else the relative fall of a higher-is-better metric or rise of a lower-is-better one)."""
-    return METRICS.get(metric).drop(base, value)
+    def curve_records(self) -> list[dict[str, Any]]:
+        """prune_curve.csv rows (the name head curves have always used)."""
+        return self.records()
 
+    def summary(self) -> dict[str, Any]:
+        """What the curve's JSON holds (besides provenance): prune.json or units.json."""
+        return self._head_summary() if self.scope == "heads" else self._unit_summary()
 
-def pruned_model(hm: HeadModel, result: PruneResult, *, drop: float | None = None,
-                 recovered: bool | None = None) -> HeadModel:
-    """The physically pruned model at the largest fraction within `drop` (default: the run's target).
+    def _within(self, level: float) -> dict[str, Any]:
+        b = self.best(level)
+        out: dict[str, Any] = {"fraction_removed": b.fraction_removed, "n_removed": b.n_removed,
+                               "metric": b.metric, "drop": b.drop}
+        if self.recover_steps:
+            br = self.best(level, True)
+            out["recovered"] = {"fraction_removed": br.fraction_removed, "n_removed": br.n_removed,
+                                "metric": br.metric_recovered, "drop": br.drop_recovered}
+        return out
 
-    With a recovery run (the default when it had recovery steps) the recovered weights are used:
-    they exist for the last point of a `fraction` run and the best point of a `target_drop` run.
-    """
-    recovered = bool(result.recover_steps) if recovered is None else recovered
-    if recovered and result.recovered_state is None:
-        raise HeadscopeError("this result holds no recovered weights (run prune_curve with recover_steps > 0)")
-    point = result.rows[-1] if result.meta.get("fraction") is not None else result.best(drop, recovered)
-    heads = result.removed_order(point.n_removed)
-    base = hm
-    if recovered:
-        if point.n_removed != result.recovered_n_removed:
+    def _head_summary(self) -> dict[str, Any]:
+        within = {f"{lv * 100:g}%": self._within(lv) for lv in sorted({0.01, 0.05, self.target_drop})}
+        b = self.best()
+        return {
+            "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+            "method": self.method, "metric": self.metric, "higher_is_better": self.higher_is_better,
+            "unit": self.unit, "recover_steps": self.recover_steps, "target_drop": self.target_drop,
+            "baseline": self.baseline, "baseline_perplexity": self._derived("perplexity", self.baseline),
+            "largest_fraction_within_target": b.fraction_removed,
+            "heads_removed_within_target": [head_name(l, h) for l, h in self.removed_order(b.n_removed)],
+            "largest_fraction_within_target_recovered":
+                self.best(recovered=True).fraction_removed if self.recover_steps else None,
+            "within": within, "points": len(self.points), **self.meta,
+        }
+
+    def _unit_summary(self) -> dict[str, Any]:
+        points, so_far = [], []
+        for p in self.points:
+            so_far = _merge_names(so_far, p.removed)
+            points.append({"step": p.step, "removed": list(so_far), "params_removed": p.params_removed,
+                           "fraction_params": p.fraction_removed, "metric": p.metric, "drop": p.drop,
+                           "metric_recovered": p.metric_recovered, "drop_recovered": p.drop_recovered,
+                           "latency_s": p.latency_s, "speedup": p.speedup, "flop_speedup": p.flop_speedup})
+        return {"model": self.model, "unit": self.unit, "method": self.method, "metric": self.metric,
+                "higher_is_better": self.higher_is_better, "n_parameters": self.n_parameters,
+                "baseline": self.baseline, "points": points, "scores": self.scores, **self.meta}
+
+    def pruned_model(self, hm: HeadModel, *, drop: float | None = None, recovered: bool | None = None) -> HeadModel:
+        """The physically pruned model: head curves at their last point (a fraction run) or the largest
+        fraction within `drop` (default: the run's target), parameter-scope curves at their last point;
+        with the recovered weights when recovery ran (and `recovered` is not False)."""
+        recovered = bool(self.recover_steps) if recovered is None else recovered
+        if recovered and self.recovered_state is None:
+            raise HeadscopeError("this result holds no recovered weights (run the curve with recover_steps > 0)")
+        if self.scope == "heads":
+            point = self.points[-1] if self.meta.get("fraction") is not None else self.best(drop, recovered)
+        else:
+            point = self.points[-1]
+        if recovered and point.n_removed != self.recovered_n_removed:
             raise HeadscopeError(
-                f"recovered weights exist for {result.recovered_n_removed} removed heads, not {point.n_removed}; "
+                f"recovered weights exist for {self.recovered_n_removed} removed units, not {point.n_removed}; "
                 f"rerun with fraction={point.fraction_removed:.4g} to get a recovered model at that point")
-        model = copy.deepcopy(hm.model)
-        model.load_state_dict(result.recovered_state)
-        base = HeadModel(model=model, tokenizer=hm.tokenizer, name=hm.name, source=hm.source)
-    return prune_heads(base, heads) if heads else base
+        base = hm
+        if recovered:
+            model = copy.deepcopy(hm.model)
+            model.load_state_dict(self.recovered_state)
+            base = HeadModel(model=model, tokenizer=hm.tokenizer, name=hm.name, source=hm.source)
+        if self.scope != "heads":
+            return prune_units(base, self.last_mask or UnitMask())
+        heads = self.removed_order(point.n_removed)
+        return prune_heads(base, heads) if heads else base
+
+    def point_dicts(self) -> list[dict[str, Any]]:
+        """Every point as a plain dict (the partial checkpoint's rows)."""
+        return [asdict(p) for p in self.points]
 
 
-__all__ = ["CurveRow", "PruneResult", "pruned_model", "relative_drop"]
+def _merge_names(so_far: list[str], new: list[str]) -> list[str]:
+    """Unit names removed so far: attention sub-layers and blocks in removal order, then FFN neurons as
+    `F<layer>:<count>` per layer (counts added up), layers in order."""
+    names = [n for n in so_far if not n.startswith("F")]
+    counts: dict[int, int] = {}
+    for n in [*so_far, *new]:
+        if n.startswith("F"):
+            layer, count = n[1:].split(":")
+            counts[int(layer)] = counts.get(int(layer), 0) + int(count)
+        elif n not in names:
+            names.append(n)
+    return names + [f"F{l}:{n}" for l, n in sorted(counts.items())]
+
+
+def pruned_model(hm: HeadModel, result: CurveResult, *, drop: float | None = None,
+                 recovered: bool | None = None) -> HeadModel:
+    """`result.pruned_model(hm, drop=..., recovered=...)`."""
+    return result.pruned_model(hm, drop=drop, recovered=recovered)
+
+
+# The names head curves and unit curves used before they shared one engine.
+PruneResult = UnitCurve = CurveResult
+
+__all__ = ["CurveResult", "PruneResult", "UnitCurve", "pruned_model"]

@@ -1,4 +1,4 @@
-"""Head importance: which heads matter for the task metric, by several criteria.
+"""Importance: which heads (and units beyond heads) matter for the task metric, by several criteria.
 
 Every criterion is a HeadTable column ``importance_<method>``; convention: HIGHER = MORE IMPORTANT.
 Heads already pruned by the current mask (``gates`` entry 0) get NaN in every column.
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 # Importing the criterion modules registers their criteria, in this order (the order of 'all').
 from .ablation import ablation_scan, capture_layer_outputs, head_means, skip_prefix
-from .criteria import CRITERIA, ROWS_PER_PASS, ScoreContext, base_gates, parse_methods
+from .criteria import (CRITERIA, ROWS_PER_PASS, SCOPES, ScoreContext, base_gates, check_method, parse_methods,
+                       unit_methods)
 from .gradients import gradient_scores, ig_scores, loss_rows
 from .patterns import pattern_scores
 from .scoring import layer_norms, rank_correlations, score
+from .units import score_units, unit_scores  # the criteria of attention sub-layers, blocks and FFN neurons
 
-__all__ = ["CRITERIA", "ROWS_PER_PASS", "ScoreContext", "ablation_scan", "base_gates", "capture_layer_outputs",
-           "gradient_scores", "head_means", "ig_scores", "layer_norms", "loss_rows", "parse_methods",
-           "pattern_scores", "rank_correlations", "score", "skip_prefix"]
+__all__ = ["CRITERIA", "ROWS_PER_PASS", "SCOPES", "ScoreContext", "ablation_scan", "base_gates", "capture_layer_outputs", "check_method", "gradient_scores", "head_means", "ig_scores", "layer_norms", "loss_rows", "parse_methods", "pattern_scores", "rank_correlations", "score", "score_units", "skip_prefix", "unit_methods", "unit_scores"]

@@ -1,7 +1,10 @@
 """The registry of importance criteria, and what every criterion is given.
 
-A criterion is one function `fn(ctx: ScoreContext) -> [L, H] array` (HIGHER = MORE IMPORTANT),
-registered beside its definition with one line of help and its metadata:
+A criterion is one function `fn(ctx: ScoreContext) -> scores` (HIGHER = MORE IMPORTANT), registered
+beside its definition with one line of help, the unit scope(s) it scores and its metadata. Scopes:
+`head` (the default: `[L, H]`), `attention` and `block` (`[L]`: whole attention sub-layers, whole blocks)
+and `ffn` (`{layer: [neurons]}`); one name may mean a criterion in several scopes (`ablation` of a head,
+of an attention sub-layer, of a block). Metadata:
 
 - `needs_gradient`: whether it backpropagates to the head gates (costlier, and needs a
   differentiable metric loss);
@@ -10,11 +13,15 @@ registered beside its definition with one line of help and its metadata:
   gradients behind `gradient`, `gradient_raw` and `taylor`); criteria sharing one are computed by one
   pass (`ScoreContext.shared`) and timed together.
 
-Adding a criterion is one decorated function and its test; `score`, the CLI's `--method` and its
-help read the registry:
+Adding a criterion is one decorated function and its test; `score`, `prune`, the CLI's `--method` and
+its help read the registry:
 
     @CRITERIA.register("my_score", help="what it measures", needs_gradient=False, cost="one forward pass")
     def my_score(ctx: ScoreContext) -> np.ndarray:
+        ...
+
+    @CRITERIA.register("my_layer_score", scope=("attention", "block"), help=..., needs_gradient=False, cost=...)
+    def my_layer_score(ctx: ScoreContext) -> np.ndarray:  # [L]; ctx.unit says which scope is asked
         ...
 """
 
@@ -31,10 +38,15 @@ from ...errors import HeadscopeError, did_you_mean
 from ...eval.evaluate import MetricResult, Reference, batch_targets
 from ...eval.metrics import METRICS
 from ...models.adapter import HeadModel
-from ...registry import Entry, Registry
+from ...registry import Entry, ScopedRegistry
+from ..unit_kinds import unit_kind
 
-CriterionFn = Callable[["ScoreContext"], np.ndarray]
-CRITERIA: Registry[CriterionFn] = Registry("importance criterion")
+CriterionFn = Callable[["ScoreContext"], Any]
+# The unit scopes criteria are registered for, and what a criterion returns in each.
+SCOPES = {"head": "[n_layers, n_heads]", "attention": "[n_layers]", "block": "[n_layers]",
+          "ffn": "{layer: [neurons]}"}
+CRITERIA: ScopedRegistry[CriterionFn] = ScopedRegistry("importance criterion", default_scope="head",
+                                                       scopes=tuple(SCOPES))
 
 # Rows per forward pass when several ablations (or IG steps) share one pass via per-row gates.
 ROWS_PER_PASS = 64
@@ -54,6 +66,7 @@ class ScoreContext:
     seed: int = 0
     progress: bool = False
     base_result: MetricResult | None = None  # the metric under `gates`, when a criterion measured it
+    unit: str = "head"  # the scope being scored (a criterion registered for several reads it here)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -113,4 +126,21 @@ def base_gates(hm: HeadModel, gates: torch.Tensor | None) -> torch.Tensor:
     return g.detach().to(hm.device)
 
 
-__all__ = ["CRITERIA", "ROWS_PER_PASS", "ScoreContext", "base_gates", "parse_methods", "shares", "targets"]
+def unit_methods(unit: str) -> tuple[str, ...]:
+    """The criteria that can order `unit` (a name in `unit_kinds.UNITS`; mix: every attention + FFN pair)."""
+    scopes = unit_kind(unit).criteria
+    if len(scopes) == 1:
+        return CRITERIA.names(scopes[0])
+    first, second = (CRITERIA.names(s) for s in scopes)
+    return tuple(f"{a}+{b}" for a in first for b in second)
+
+
+def check_method(unit: str, method: str) -> None:
+    """Refuse a criterion that cannot order `unit`, naming those that can."""
+    allowed = unit_methods(unit)
+    if method not in allowed:
+        raise HeadscopeError(f"unit {unit!r} is scored by {', '.join(allowed)}, not {method!r}"
+                             f"{did_you_mean(method, allowed)}")
+
+
+__all__ = ["CRITERIA", "SCOPES", "check_method", "unit_methods", "ROWS_PER_PASS", "ScoreContext", "base_gates", "parse_methods", "shares", "targets"]

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -24,18 +26,14 @@ import torch
 from tqdm.auto import tqdm
 
 from ...data import Tokens, batches, pad_id
-from ...eval.evaluate import MetricResult, Reference, accumulate, finish
+from ...eval.evaluate import MetricResult, Reference, accumulate, evaluate_prepared, finish, make_reference, prepare
 from ...eval.metrics import METRICS, row_metric
 from .ablation import _map_tensors, capture_layer_outputs, skip_prefix
-from .criteria import targets
+from .criteria import CRITERIA, ScoreContext, base_gates, shares, targets, unit_methods
 from .gradients import _probe, loss_rows
 from ...models import layout
 from ...models.adapter import HeadModel
 from ..pruning.masks import UnitMask, check_unit_kind, unit_masks
-
-LAYER_METHODS = ("ablation", "block_influence")
-FFN_METHODS = ("taylor", "activation")
-
 
 def block_influence(hm: HeadModel, prep: Tokens, *, batch_size: int = 16, progress: bool = False) -> np.ndarray:
     """Per block, 1 - mean over real tokens of cos(input, output): `[L]` (ShortGPT's BI; one pass)."""
@@ -107,19 +105,6 @@ def layer_ablation(hm: HeadModel, prep: Tokens, metric: str, unit: str, *, refer
     return values, finish(metric, base_totals, prep.n_tokens)
 
 
-def layer_scores(hm: HeadModel, prep: Tokens, metric: str, unit: str, method: str, *,
-                 reference: Reference | None = None, batch_size: int = 16, progress: bool = False) -> np.ndarray:
-    """`[L]` importance of each attention sub-layer or block by `method` (higher = more important)."""
-    if method == "block_influence":
-        if unit != "block":
-            raise ValueError("block_influence scores blocks only")
-        return block_influence(hm, prep, batch_size=batch_size, progress=progress)
-    values, base = layer_ablation(hm, prep, metric, unit, reference=reference, batch_size=batch_size,
-                                  progress=progress)
-    sign = -1.0 if METRICS.get(metric).higher_is_better else 1.0
-    return sign * (values - base.value)
-
-
 def ffn_scores(hm: HeadModel, prep: Tokens, metric: str, *, reference: Reference | None = None,
                batch_size: int = 16, seed: int = 0, progress: bool = False) -> dict[str, dict[int, np.ndarray]]:
     """Per layer, per FFN neuron: {"taylor": {layer: [I]}, "activation": {layer: [I]}} (see module docstring)."""
@@ -165,11 +150,70 @@ def ffn_scores(hm: HeadModel, prep: Tokens, metric: str, *, reference: Reference
             "activation": {l: (act[l] / max(tokens, 1.0) * col_norm[l]).numpy() for l in range(L)}}
 
 
-__all__ = ["FFN_METHODS", "LAYER_METHODS", "block_influence", "ffn_scores", "layer_ablation", "layer_scores"]
+
+# --- the unit criteria, registered in CRITERIA by scope ----------------------------------------------
+# block_influence first: the order blocks' criteria are listed (and scored by default) in
+@CRITERIA.register("block_influence", scope="block", help="1 - cos(block input, block output) (ShortGPT)",
+                   needs_gradient=False, cost="one forward pass per batch")
+def block_influence_criterion(ctx: ScoreContext) -> np.ndarray:
+    """`[L]`: ShortGPT's Block Influence of each block (`block_influence`)."""
+    return block_influence(ctx.hm, ctx.prep, batch_size=ctx.batch_size, progress=ctx.progress)
 
 
-UNIT_SCORE_METHODS = {"attention": ("ablation",), "block": ("block_influence", "ablation"),
-                      "ffn": ("taylor", "activation")}
+@CRITERIA.register("ablation", scope=("attention", "block"), help="metric change when the unit is switched off "
+                   "(exact; the layers before it run once per batch)", needs_gradient=False,
+                   cost="L + 1 forward passes per batch (prefix reused)")
+def unit_ablation(ctx: ScoreContext) -> np.ndarray:
+    """`[L]`: the metric change when each attention sub-layer or block (`ctx.unit`) is switched off, signed so
+    that a worse metric is a positive importance."""
+    values, base = layer_ablation(ctx.hm, ctx.prep, ctx.metric, ctx.unit, reference=ctx.reference,
+                                  batch_size=ctx.batch_size, progress=ctx.progress)
+    ctx.base_result = base
+    return ctx.sign * (values - base.value)
+
+
+def _ffn(ctx: ScoreContext) -> dict[str, dict[int, np.ndarray]]:
+    return ctx.shared("ffn-pass", lambda: ffn_scores(ctx.hm, ctx.prep, ctx.metric, reference=ctx.reference,
+                                                     batch_size=ctx.batch_size, seed=ctx.seed,
+                                                     progress=ctx.progress))
+
+
+@CRITERIA.register("taylor", scope="ffn", help="|activation x dLoss/dactivation| per neuron (LLM-Pruner)",
+                   needs_gradient=True, cost="one forward+backward per batch", shares="ffn-pass")
+def ffn_taylor(ctx: ScoreContext) -> dict[int, np.ndarray]:
+    """{layer: [I]}: first-order estimate of the loss change when each FFN neuron is zeroed (`ffn_scores`)."""
+    return _ffn(ctx)["taylor"]
+
+
+@CRITERIA.register("activation", scope="ffn", help="mean |activation| x the neuron's output-weight norm (Wanda-like)",
+                   needs_gradient=True, cost="one forward+backward per batch (shared with taylor)", shares="ffn-pass")
+def ffn_activation(ctx: ScoreContext) -> dict[int, np.ndarray]:
+    """{layer: [I]}: mean |activation| over real tokens times the L2 norm of the neuron's output column."""
+    return _ffn(ctx)["activation"]
+
+
+def unit_scores(hm: HeadModel, prep: Tokens, metric: str, unit: str, methods: Sequence[str], *,
+                reference: Reference | None = None, batch_size: int = 16, seed: int = 0,
+                progress: bool = False) -> tuple[dict[str, Any], dict[str, float], ScoreContext]:
+    """Each criterion of `methods` on every `unit`: ({method: scores}, {method(s): seconds}, the context).
+
+    Criteria that share one computation (FFN taylor and activation) run it once and are timed together."""
+    check_unit_kind(hm, unit)
+    for m in methods:
+        CRITERIA.get(m, unit)  # an unknown criterion for this unit raises, with a did-you-mean
+    ctx = ScoreContext(hm, prep, metric, base_gates(hm, None), reference, batch_size, seed=seed,
+                       progress=progress, unit=unit)
+    cols: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    for m in methods:
+        if m in cols:
+            continue
+        group = [x for x in methods if shares(CRITERIA.get(x, unit)) == shares(CRITERIA.get(m, unit))]
+        t0 = time.perf_counter()
+        for x in group:
+            cols[x] = CRITERIA.get(x, unit).fn(ctx)
+        seconds["+".join(group)] = time.perf_counter() - t0
+    return cols, seconds, ctx
 
 
 def score_units(hm: HeadModel, data: Any, unit: str, methods: Any = None, *, metric: str = "auto",
@@ -180,33 +224,15 @@ def score_units(hm: HeadModel, data: Any, unit: str, methods: Any = None, *, met
     Rows are {unit, layer, index, importance_<method>...}; meta holds the metric, timings and the forward
     passes per batch (ablation: L + 1, the prefix reused).
     """
-    import time
-
-    from ...errors import HeadscopeError, did_you_mean
-    from ...eval.evaluate import evaluate_prepared, make_reference, prepare
-
     check_unit_kind(hm, unit)
-    allowed = UNIT_SCORE_METHODS[unit]
-    chosen = list(allowed) if methods in (None, "", "all") else \
+    chosen = list(unit_methods(unit)) if methods in (None, "", "all") else \
         [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
     for m in chosen:
-        if m not in allowed:
-            raise HeadscopeError(f"unit {unit!r} is scored by {', '.join(allowed)}, not {m!r}"
-                                 f"{did_you_mean(m, allowed)}")
+        CRITERIA.get(m, unit)
     prep, metric = (data, metric) if isinstance(data, Tokens) else prepare(hm, data, metric, max_length, limit)
     ref = make_reference(hm, prep, batch_size=batch_size) if METRICS.get(metric).needs_reference else None
-    cols: dict[str, Any] = {}
-    seconds: dict[str, float] = {}
-    for m in chosen:
-        t0 = time.perf_counter()
-        if unit == "ffn":  # one pass gives both FFN scores
-            if m not in cols:
-                cols.update(ffn_scores(hm, prep, metric, reference=ref, batch_size=batch_size, seed=seed,
-                                       progress=progress))
-        else:
-            cols[m] = layer_scores(hm, prep, metric, unit, m, reference=ref, batch_size=batch_size,
+    cols, seconds, _ = unit_scores(hm, prep, metric, unit, chosen, reference=ref, batch_size=batch_size, seed=seed,
                                    progress=progress)
-        seconds[m] = time.perf_counter() - t0
     rows: list[dict[str, Any]] = []
     for layer in range(hm.n_layers):
         for i in range(hm.ffn_size(layer) if unit == "ffn" else 1):
@@ -222,4 +248,4 @@ def score_units(hm: HeadModel, data: Any, unit: str, methods: Any = None, *, met
     return rows, meta
 
 
-__all__ += ["UNIT_SCORE_METHODS", "score_units"]
+__all__ = ["block_influence", "ffn_scores", "layer_ablation", "score_units", "unit_scores"]

@@ -25,9 +25,10 @@ import torch
 from ...errors import HeadscopeError, did_you_mean
 from ...hooks import head_gates
 from ...models.adapter import HeadModel
+from ..unit_kinds import check_unit
 
-# Units a curve or a score can remove. "head" is headscope's original unit (see curves/units.py).
-UNIT_KINDS = ("head", "attention", "block", "ffn")
+# What a UnitMask can switch off (the unit vocabulary itself is `redundancy.unit_kinds.UNITS`).
+MASKABLE = ("head", "attention", "block", "ffn")
 
 
 @dataclass
@@ -62,19 +63,11 @@ class UnitMask:
 
 
 def check_unit_kind(hm: HeadModel, unit: str) -> None:
-    """Raise a clear error when `unit` is unknown or the family cannot express it."""
-    if unit not in UNIT_KINDS:
-        raise HeadscopeError(f"unknown unit {unit!r}{did_you_mean(unit, UNIT_KINDS)}; choose one of "
-                             f"{', '.join(UNIT_KINDS)}")
-    if unit == "ffn" and not hm.has_ffn:
-        raise HeadscopeError(f"unit 'ffn' cannot be expressed for the {hm.spec.family} family: its spec declares no "
-                             f"FFN projections (ffn_in / ffn_out in headscope/models/specs.py); use unit attention, "
-                             f"block or head")
-    if unit in ("attention", "head") and not hm.spec.head_count_attrs:
-        raise HeadscopeError(f"unit {unit!r} cannot be removed physically for the {hm.spec.family} family; "
-                             f"use unit block or ffn")
-    if unit == "block" and hm.n_layers < 2:
-        raise HeadscopeError(f"{hm.name} has {hm.n_layers} block; dropping blocks needs at least 2 (one must stay)")
+    """Raise a clear error when `unit` (head, attention, block, ffn) is unknown or the family cannot express
+    it as a mask (`unit_kinds`: a head of any model with heads, which a GQA model may gate but not remove)."""
+    if unit not in MASKABLE:
+        raise HeadscopeError(f"unknown unit {unit!r}{did_you_mean(unit, MASKABLE)}; choose one of {', '.join(MASKABLE)}")
+    check_unit(hm, "slice" if unit == "head" else unit)
 
 
 def _block_hook(gate: float):
@@ -124,4 +117,4 @@ def unit_masks(hm: HeadModel, mask: UnitMask) -> Iterator[None]:
                 h.remove()
 
 
-__all__ = ["UNIT_KINDS", "UnitMask", "check_unit_kind", "unit_masks"]
+__all__ = ["MASKABLE", "UnitMask", "check_unit_kind", "unit_masks"]

@@ -1,0 +1,312 @@
+"""What each point of a curve removes: a plan per unit kind, behind one small interface.
+
+A plan proposes the units of the next point (`next_units`), knows what is off so far (`mask`) and names
+units for the files (`names`). Two plans serve every kind in `unit_kinds.UNITS`:
+
+- `HeadPlan` (head, slice, group; iterative): before every point the remaining heads are scored again on
+  the original weights with the removed heads gated off, and the lowest-scoring units go until the point
+  holds `step` of all heads. In an MHA model a unit is one head; in a GQA model a unit is one query head
+  from every KV group of a layer (`slice`: the least important remaining head of each group, scored by
+  their sum) or one whole KV group (`group`): `pruning.heads.prune_heads` can remove either, while a
+  single query head of a group would break `repeat_kv`.
+- `LayerPlan` (attention, block, ffn, mix; one-shot): the units are scored once on the unpruned model and
+  removed least important first; a point is taken each time the removed parameters pass another `step`
+  of all parameters, up to `fraction` (units are never split, so a point may overshoot its step by part of
+  one unit); the last point is the most that fits under `fraction`, even short of a whole step. `ffn`
+  ranks neurons across all layers (the strongest of each layer is never offered: a layer keeps one);
+  `mix` takes next from whichever of attention sub-layers and FFN neurons has given fewer parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...data import Tokens
+from ...errors import HeadscopeError
+from ...eval.evaluate import Reference
+from ...models.adapter import HeadModel
+from ...table import head_name, parse_head
+from .. import importance
+from ..importance.units import unit_scores
+from ..pruning.heads import n_parameters, pruned_gates
+from ..pruning.masks import UnitMask
+from ..pruning.units import unit_parameters
+
+Unit = tuple[str, int, int | None, float]  # (kind, layer, neuron or head or None, size)
+
+
+@dataclass
+class PlanData:
+    """What a plan scores on: the model, the prepared passages, the metric and its reference."""
+
+    hm: HeadModel
+    prep: Tokens
+    metric: str
+    reference: Reference | None
+    batch_size: int
+    seed: int
+    progress: bool
+
+
+# --- heads ------------------------------------------------------------------------------------------
+def candidate_units(hm: HeadModel, scores: np.ndarray, removed: set[tuple[int, int]],
+                    unit: str) -> list[tuple[float, list[tuple[int, int]]]]:
+    """Removable units among the remaining heads as (score, heads), lowest score first.
+
+    Within a layer the units are listed in the order they would go, so taking the k lowest of
+    all layers never skips a unit whose removal another one depends on.
+    """
+    g, n_kv = hm.group_size, hm.n_kv_heads
+    if unit == "slice" and g == 1:
+        unit = "head"
+    units: list[tuple[float, list[tuple[int, int]]]] = []
+    for layer in range(hm.n_layers):
+        alive = [h for h in range(hm.n_heads) if (layer, h) not in removed]
+        if unit == "head":
+            units += [(float(scores[layer, h]), [(layer, h)]) for h in alive]
+        elif unit == "group":
+            for k in range(n_kv):
+                members = [h for h in alive if h // g == k]
+                if members:
+                    units.append((float(np.sum(scores[layer, members])), [(layer, h) for h in members]))
+        else:  # slice: the i-th least important remaining head of every surviving group
+            groups = [sorted((h for h in alive if h // g == k), key=lambda h: scores[layer, h]) for k in range(n_kv)]
+            groups = [grp for grp in groups if grp]
+            depth = min((len(grp) for grp in groups), default=0)
+            total = 0.0
+            for i in range(depth):
+                heads = [(layer, grp[i]) for grp in groups]
+                # Cumulative score: a deeper slice can only go after the shallower ones.
+                total += float(sum(scores[layer, h] for _, h in heads))
+                units.append((total, heads))
+    units.sort(key=lambda u: u[0])
+    return units
+
+
+class HeadPlan:
+    """Iterative head removal: re-scored before every point (module docstring)."""
+
+    scope = "heads"
+
+    def __init__(self, data: PlanData, unit: str, method: str, fraction: float | None, step: float) -> None:
+        hm = data.hm
+        self.data, self.unit, self.method = data, unit, method
+        self.total = hm.n_layers * hm.n_heads
+        cap = fraction if fraction is not None else 0.95
+        self.stop_n = int(math.floor(cap * self.total + 1e-9))
+        self.per_step = max(1, int(round(step * self.total)))
+        self.removed: list[tuple[int, int]] = []
+        self.scores: dict[str, Any] = {}
+
+    @property
+    def n_removed(self) -> int:
+        return len(self.removed)
+
+    def size_removed(self) -> float:
+        return float(len(self.removed))
+
+    def resume(self, names: list[str]) -> None:
+        """Continue after the heads `names` (in removal order) of a saved run."""
+        self.removed = [parse_head(n) for n in names]
+
+    def next_units(self) -> list[tuple[int, int]] | None:
+        """The heads of the next point, or None when the cap is reached (or the next unit would pass it)."""
+        if len(self.removed) >= self.stop_n:
+            return None
+        d = self.data
+        gates = pruned_gates(d.hm, self.removed) if self.removed else None
+        table = importance.score(d.hm, d.prep, methods=(self.method,), metric=d.metric, gates=gates,
+                                 reference=d.reference, batch_size=d.batch_size)
+        # A live head without a score (NaN) is never picked: unknown is not "unimportant".
+        scores = np.nan_to_num(np.asarray(table[f"importance_{self.method}"], dtype=float), nan=np.inf)
+        chosen: list[tuple[int, int]] = []
+        for _, heads in candidate_units(d.hm, scores, set(self.removed), self.unit):
+            if len(self.removed) + len(chosen) + len(heads) > self.stop_n:
+                break
+            chosen += heads
+            if len(chosen) >= self.per_step:
+                break
+        if not chosen:
+            return None
+        self.removed += chosen
+        return chosen
+
+    def mask(self) -> UnitMask:
+        return UnitMask(heads=pruned_gates(self.data.hm, self.removed))
+
+    def names(self, units: list[tuple[int, int]]) -> list[str]:
+        return [head_name(l, h) for l, h in units]
+
+    def params_removed(self) -> int | None:
+        return None
+
+
+# --- units beyond heads -------------------------------------------------------------------------
+def check_fraction(hm: HeadModel, unit: str, fraction: float) -> None:
+    """Refuse a block fraction that would remove every layer, or one below the smallest unit (before any
+    scoring or file is written)."""
+    total = n_parameters(hm)
+    kinds = ("attention", "ffn") if unit == "mix" else (unit,)
+    smallest_unit = min(unit_parameters(hm, k, l) for k in kinds for l in range(hm.n_layers))
+    if smallest_unit / total > fraction:
+        raise HeadscopeError(f"no {unit} unit fits in {fraction:.0%} of the parameters (the smallest holds "
+                             f"{smallest_unit / total:.1%}); raise the fraction")
+    if unit != "block":
+        return
+    blocks = sum(unit_parameters(hm, "block", l) for l in range(hm.n_layers))
+    smallest = min(unit_parameters(hm, "block", l) for l in range(hm.n_layers))
+    if fraction >= blocks / total - 1e-12:
+        raise HeadscopeError(f"fraction {fraction:.0%} would remove every layer: the {hm.n_layers} blocks of "
+                             f"{hm.name} hold {blocks / total:.1%} of its parameters; give a fraction below "
+                             f"{(blocks - smallest) / total:.1%} (one block must stay)")
+
+
+def removal_order(hm: HeadModel, unit: str, scores: dict[str, Any]) -> list[Unit]:
+    """Removal order as (kind, layer, neuron or None, parameters), least important first."""
+    if unit in ("attention", "block"):
+        s = np.asarray(scores[unit], float)
+        return [(unit, int(l), None, unit_parameters(hm, unit, int(l))) for l in np.argsort(s, kind="stable")]
+    items = []
+    for layer, s in scores["ffn"].items():
+        per = unit_parameters(hm, "ffn", layer)
+        # The strongest neuron of each layer is never offered: a layer keeps at least one.
+        keep_one = int(np.argmax(s))
+        items += [(float(s[i]), "ffn", layer, i, per) for i in range(len(s)) if i != keep_one]
+    items.sort(key=lambda t: t[0])
+    ffn: list[Unit] = [(k, l, i, p) for _, k, l, i, p in items]
+    if unit == "ffn":
+        return ffn
+    attn = removal_order(hm, "attention", scores)
+    out, a, f, pa, pf = [], 0, 0, 0.0, 0.0
+    while a < len(attn) or f < len(ffn):  # mix: next from whichever kind has given fewer parameters
+        if f >= len(ffn) or (a < len(attn) and pa <= pf):
+            out.append(attn[a])
+            pa += attn[a][3]
+            a += 1
+        else:
+            out.append(ffn[f])
+            pf += ffn[f][3]
+            f += 1
+    return out
+
+
+def cut_points(order: list[Unit], total: float, fraction: float, step: float, n_layers: int, unit: str) -> list[int]:
+    """How many units of `order` each point has removed: each time the removed parameters pass another
+    `step`, then the most that fits under `fraction` (one block always stays)."""
+    cuts, acc, next_cut, fits = [], 0.0, step, 0
+    for i, (_, _, _, p) in enumerate(order):
+        if (acc + p) / total > fraction + 1e-12 or (unit == "block" and i + 1 >= n_layers):
+            break  # past the cap, or the last block (one always stays)
+        acc += p
+        fits = i + 1
+        if acc / total >= next_cut - 1e-12:
+            cuts.append(i + 1)
+            while acc / total >= next_cut - 1e-12:
+                next_cut += step
+    if fits and (not cuts or cuts[-1] != fits):
+        cuts.append(fits)  # the last point is the most that fits under the cap, even short of a whole step
+    if not cuts and order:
+        raise HeadscopeError(f"no {unit} unit fits in {fraction:.0%} of the parameters (the smallest holds "
+                             f"{min(o[3] for o in order) / total:.1%}); raise the fraction")
+    return cuts
+
+
+def unit_mask(hm: HeadModel, taken: list[Unit]) -> UnitMask:
+    """The mask that switches the units `taken` off."""
+    m = UnitMask()
+    for kind, layer, neuron, _ in taken:
+        if kind == "ffn":
+            m.ffn.setdefault(layer, torch.ones(hm.ffn_size(layer)))[neuron] = 0.0
+        else:
+            t = getattr(m, kind)
+            if t is None:
+                t = torch.ones(hm.n_layers)
+                setattr(m, kind, t)
+            t[layer] = 0.0
+    return m
+
+
+def unit_names(taken: list[Unit]) -> list[str]:
+    """A3 = attention of layer 3, B7 = block 7 (in removal order), then F2:n = n FFN neurons of layer 2."""
+    out, ffn = [], {}
+    for kind, layer, _, _ in taken:
+        if kind == "ffn":
+            ffn[layer] = ffn.get(layer, 0) + 1
+        else:
+            out.append(f"{'A' if kind == 'attention' else 'B'}{layer}")
+    return out + [f"F{l}:{n}" for l, n in sorted(ffn.items())]
+
+
+class LayerPlan:
+    """One-shot removal of attention sub-layers, blocks or FFN neurons (module docstring)."""
+
+    scope = "parameters"
+
+    def __init__(self, data: PlanData, unit: str, method: str, fraction: float, step: float) -> None:
+        hm = data.hm
+        self.data, self.unit, self.method = data, unit, method
+        t0 = time.perf_counter()
+        self.raw_scores = self._score()
+        self.score_seconds = time.perf_counter() - t0
+        self.order = removal_order(hm, unit, self.raw_scores)
+        self.total = float(n_parameters(hm))
+        self.cuts = cut_points(self.order, self.total, fraction, step, hm.n_layers, unit)
+        self.taken = 0  # units of `order` removed so far
+        self.scores = {k: (v.tolist() if isinstance(v, np.ndarray) else {str(l): a.tolist() for l, a in v.items()})
+                       for k, v in self.raw_scores.items()}
+
+    def _score(self) -> dict[str, Any]:
+        d = self.data
+        kinds = ("attention", "ffn") if self.unit == "mix" else (self.unit,)
+        methods = self.method.split("+") if self.unit == "mix" else [self.method]
+        out: dict[str, Any] = {}
+        for kind, m in zip(kinds, methods, strict=True):
+            cols, _, _ = unit_scores(d.hm, d.prep, d.metric, kind, [m], reference=d.reference,
+                                     batch_size=d.batch_size, seed=d.seed, progress=d.progress)
+            out[kind] = cols[m]
+        return out
+
+    @property
+    def n_removed(self) -> int:
+        return self.taken
+
+    def size_removed(self) -> float:
+        return float(sum(u[3] for u in self.order[:self.taken]))
+
+    def next_units(self) -> list[Unit] | None:
+        """The units of the next cut point, or None after the last."""
+        later = [c for c in self.cuts if c > self.taken]
+        if not later:
+            return None
+        units = self.order[self.taken:later[0]]
+        self.taken = later[0]
+        return units
+
+    def mask(self) -> UnitMask:
+        return unit_mask(self.data.hm, self.order[:self.taken])
+
+    def names(self, units: list[Unit]) -> list[str]:
+        return unit_names(units)
+
+    def params_removed(self) -> int | None:
+        return int(round(self.size_removed()))
+
+
+def make_plan(data: PlanData, unit: str, scope: str, method: str, fraction: float | None,
+              step: float) -> HeadPlan | LayerPlan:
+    """The plan of `unit` (its scope from `unit_kinds.UNITS`)."""
+    if scope == "heads":
+        return HeadPlan(data, unit, method, fraction, step)
+    if fraction is None:
+        raise HeadscopeError(f"unit {unit!r} needs a fraction: the share of all parameters to remove (e.g. 0.3)")
+    return LayerPlan(data, unit, method, fraction, step)
+
+
+__all__ = ["HeadPlan", "LayerPlan", "PlanData", "candidate_units", "check_fraction", "cut_points", "make_plan",
+           "removal_order", "unit_mask", "unit_names"]
