@@ -1,0 +1,18 @@
+"""Uncertainty, in the foundation: every figure with its interval and every ranking with its stability.
+
+Statistics, criteria and metrics accumulate per-passage contributions (`passages.PassageSums`); this
+package turns them into confidence intervals (`bootstrap`: BCa by default, B = 1000 resamples of the
+passages, seeded) and split-half stability of rankings (`stability`), for every verb and the report.
+"""
+
+from __future__ import annotations
+
+from .bootstrap import (METHODS, Interval, IntervalSettings, binomial_interval, bootstrap, bootstrap_many,
+                        check_settings, replicates, resample_weights)
+from .passages import MAX_ROWS, Accumulator, PassageSums, Statistic, Sums, group_size, mean_of, ratio
+from .stability import Stability, default_k, lowest, rank, spearman, spearman_brown, split_half
+
+__all__ = ["MAX_ROWS", "METHODS", "Accumulator", "Interval", "IntervalSettings", "PassageSums", "Stability",
+           "Statistic", "Sums", "binomial_interval", "bootstrap", "bootstrap_many", "check_settings", "default_k",
+           "group_size", "lowest", "mean_of", "rank", "ratio", "replicates", "resample_weights", "spearman",
+           "spearman_brown", "split_half"]
