@@ -17,11 +17,20 @@ runs the passes. docs/roles.md states every rule.
 """
 
 from . import catalogue  # registers every role: importing any part of the package loads them
-from .assign import (CorefSource, TreebankSource, census, coref_scores, decide, read_coref, read_treebank, roles,
-                     syntax_rows, syntax_scores)
+from .assign import (
+                     CorefSource,
+                     TreebankSource,
+                     census,
+                     coref_scores,
+                     decide,
+                     read_coref,
+                     read_treebank,
+                     roles,
+                     syntax_rows,
+                     syntax_scores,
+)
 from .induction import induction_scores, repeated_sequences, special_frame
-from .registry import (ROLES, LongThresholds, RoleThresholds, Threshold, Thresholds, census_of, judge, role,
-                       role_columns)
+from .registry import ROLES, LongThresholds, RoleThresholds, Threshold, Thresholds, census_of, judge, role, role_columns
 from .text import OFFSETS, RoleReducer, normalise_word, offset_score, ptb_frequencies, rare_word_targets, reduce_roles
 
 __all__ = ["OFFSETS", "ROLES", "CorefSource", "LongThresholds", "RoleReducer", "RoleThresholds", "Threshold",

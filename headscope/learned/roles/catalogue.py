@@ -35,10 +35,11 @@ def offset_rule(score: np.ndarray, baseline: np.ndarray, th: RoleThresholds) -> 
     return beats_uniform(score, baseline, th.offset_mass, th.min_ratio)
 
 
-for _offset, _name, _order, _what in ((-1, "previous_token", 0, "the previous token"), (1, "next_token", 1, "the next token"),
-                                      (0, "self", 2, "the query's own position"), (-3, "positional:-3", 3, "three back"),
-                                      (-2, "positional:-2", 3, "two back"), (2, "positional:+2", 3, "two ahead"),
-                                      (3, "positional:+3", 3, "three ahead")):
+OFFSET_ROLES = ((-1, "previous_token", 0, "the previous token"), (1, "next_token", 1, "the next token"),
+                (0, "self", 2, "the query's own position"), (-3, "positional:-3", 3, "three back"),
+                (-2, "positional:-2", 3, "two back"), (2, "positional:+2", 3, "two ahead"),
+                (3, "positional:+3", 3, "three ahead"))  # (offset, role, census order, what it attends to)
+for _offset, _name, _order, _what in OFFSET_ROLES:
     # offsets -1, 0, +1 are heads.csv's prev_token_mass, self_mass, next_token_mass: no column of their own
     role(_name, help=f"attends to {_what}", scope="short", order=_order, score=offset_score(_offset),
          baseline=offset_score(_offset) + "_uniform", thresholds=(OFFSET_MASS, MIN_RATIO),

@@ -19,11 +19,12 @@ from ...models.adapter import HeadModel
 
 
 def special_frame(hm: HeadModel) -> tuple[list[int], list[int]]:
-    """The special tokens the tokenizer puts before and after a passage (e.g. [CLS] ... [SEP]; none for SmolLM2)."""
+    """The special tokens the tokenizer puts before and after a passage ([CLS] ... [SEP]; none for SmolLM2)."""
     return passage_frame(hm.tokenizer) if hm.tokenizer is not None else ([], [])
 
 
-def repeated_sequences(hm: HeadModel, n_sequences: int = 32, length: int = 24, seed: int = 0) -> tuple[torch.Tensor, int]:
+def repeated_sequences(hm: HeadModel, n_sequences: int = 32, length: int = 24,
+                       seed: int = 0) -> tuple[torch.Tensor, int]:
     """Random token sequences repeated twice, in the tokenizer's special-token frame: (ids, start)."""
     vocab = int(hm.model.get_input_embeddings().num_embeddings)
     flags = token_classes(hm)
@@ -31,17 +32,19 @@ def repeated_sequences(hm: HeadModel, n_sequences: int = 32, length: int = 24, s
     if hm.tokenizer is not None:
         usable = usable[usable < len(hm.tokenizer)]
     if len(usable) < length:
-        raise HeadscopeError(f"need at least {length} ordinary token ids for induction sequences; the vocabulary has {len(usable)}")
+        raise HeadscopeError(f"need at least {length} ordinary token ids for induction sequences; "
+                             f"the vocabulary has {len(usable)}")
     prefix, suffix = special_frame(hm)
     g = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(n_sequences):
         seq = usable[torch.randperm(len(usable), generator=g)[:length]]  # distinct: one first occurrence each
-        rows.append(torch.cat([torch.tensor(prefix, dtype=torch.long), seq, seq, torch.tensor(suffix, dtype=torch.long)]))
+        rows.append(torch.cat([torch.tensor(prefix, dtype=torch.long), seq, seq,
+                               torch.tensor(suffix, dtype=torch.long)]))
     ids = torch.stack(rows)
     if hm.max_positions is not None and ids.shape[1] > hm.max_positions:
-        raise HeadscopeError(f"induction sequences of {ids.shape[1]} tokens exceed the model's {hm.max_positions} positions; "
-                             f"lower the repeat length")
+        raise HeadscopeError(f"induction sequences of {ids.shape[1]} tokens exceed the model's {hm.max_positions} "
+                             f"positions; lower the repeat length")
     return ids, len(prefix)
 
 
@@ -75,7 +78,8 @@ def induction_scores(hm: HeadModel, n_sequences: int = 32, length: int = 24, see
     with on_attention_blocks(hm, on_attn), torch.inference_mode():
         for s in range(0, len(ids), batch_size):
             chunk = ids[s:s + batch_size]
-            hm.model(input_ids=chunk.to(hm.device), attention_mask=torch.ones_like(chunk).to(hm.device), use_cache=False)
+            hm.model(input_ids=chunk.to(hm.device), attention_mask=torch.ones_like(chunk).to(hm.device),
+                     use_cache=False)
             counts["duplicate"] += len(chunk) * length
             counts["induction"] += len(chunk) * (length - 1)
     out = {}

@@ -141,7 +141,7 @@ def judge(scope: str, inputs: Mapping[str, np.ndarray], th: "RoleThresholds") ->
                 if entry.count is not None:
                     n = np.asarray(inputs[key(entry.count, m)], float)
                     ok &= n >= th[entry.min_count] if entry.min_count else n > 0
-            for l, h in zip(*np.nonzero(ok)):
+            for l, h in zip(*np.nonzero(ok), strict=True):
                 held.setdefault((int(l), int(h)), []).append(role_name(entry, m))
     return dict(sorted(held.items()))
 
@@ -156,8 +156,8 @@ def census_of(held: Iterable[tuple[tuple[int, ...], Sequence[str]]],
             entry, m = found if found else (None, None)
             score_key = key(entry.score, m) if entry else None
             base_key = key(entry.baseline, m) if entry and entry.baseline else None
-            score = float(inputs[score_key][idx]) if score_key in inputs else math.nan
-            base = float(inputs[base_key][idx]) if base_key in inputs else None
+            score = float(inputs[score_key][idx]) if score_key is not None and score_key in inputs else math.nan
+            base = float(inputs[base_key][idx]) if base_key is not None and base_key in inputs else None
             out.setdefault(name, []).append({"head": head_name(*idx), "score": score, "baseline": base})
 
     def rank(name: str) -> tuple[float, str]:
@@ -231,6 +231,7 @@ class RoleThresholds:
     """
 
     scope = "short"
+    _values: dict[str, float]  # the overridden thresholds only
 
     def __init__(self, **values: float) -> None:
         known = threshold_defaults(self.scope)
@@ -266,7 +267,7 @@ class RoleThresholds:
         raise AttributeError(f"{type(self).__name__} is frozen; make a new one: {type(self).__name__}({name}=...)")
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.as_dict() == other.as_dict()  # type: ignore[attr-defined]
+        return isinstance(other, RoleThresholds) and type(other) is type(self) and self.as_dict() == other.as_dict()
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, tuple(self.as_dict().items())))

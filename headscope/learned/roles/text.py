@@ -93,19 +93,22 @@ class RoleReducer:
 
     def __init__(self, hm: HeadModel, stats: HeadStats) -> None:
         self.hm, self.stats = hm, stats
-        self.mask = self.delim = self.rare = None
+        self.batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # mask, delimiter, rare flags
 
     def set_batch(self, attention_mask: torch.Tensor, delimiter: torch.Tensor, rare: torch.Tensor) -> None:
         """Flags for the next forward: delimiter keys `[batch, pos]`, rare-word keys `[batch, pos]`."""
         dev = self.hm.device
-        self.mask, self.delim, self.rare = attention_mask.to(dev), delimiter.to(dev), rare.to(dev)
+        self.batch = attention_mask.to(dev), delimiter.to(dev), rare.to(dev)
 
     def __call__(self, layer: int, q_start: int, probs: torch.Tensor) -> None:
         """One block of queries `[q_start, q_start + q_block)`: probs `[batch, head, q_block, key]`."""
+        if self.batch is None:
+            raise RuntimeError("RoleReducer.set_batch must come before the forward pass")
+        mask, delim, rare = self.batch
         with torch.no_grad():
-            allowed = allowed_keys(self.mask, self.hm.causal, self.hm.sliding_window(layer),
+            allowed = allowed_keys(mask, self.hm.causal, self.hm.sliding_window(layer),
                                    queries=(q_start, q_start + probs.shape[2]))  # [batch, q_block, key]
-            reduce_roles(self.stats, layer, probs.float(), allowed, self.delim, self.rare, q_start=q_start)
+            reduce_roles(self.stats, layer, probs.float(), allowed, delim, rare, q_start=q_start)
 
 
 def _add(stats: HeadStats, name: str, layer: int, per_head: torch.Tensor, count: torch.Tensor, n_heads: int) -> None:
