@@ -10,8 +10,9 @@ import torch
 
 from headscope.errors import HeadscopeError
 from headscope.hooks import on_attention_blocks, on_attention_weights
-from headscope.learned.longctx import (LongThresholds, PatternReducer, PatternSettings, RetrievalCounter, build_haystack,
-                               check_long_args, decide_long, head_card)
+from headscope.export.cards import CARD_SCORES, head_card
+from headscope.learned.longctx import (LONG_SCORES, PATTERNS, LongThresholds, PatternReducer, PatternSettings,
+                                       RetrievalCounter, build_haystack, check_long_args, decide_long)
 from headscope.learned.longctx.needle import Haystack
 from headscope.models.tiny import tiny_model
 
@@ -128,6 +129,18 @@ def test_decide_long_rule():
     assert roles == {(0, 0): ["retrieval", "streaming"]}
 
 
+def test_long_roles_come_from_the_registry():
+    """The long-range roles read the scores the passes write, and the card names the same scores."""
+    assert LONG_SCORES == ("retrieval_score", *PATTERNS)
+    assert CARD_SCORES == {"retrieval": "retrieval_score", "streaming": "streaming_share", "echo": "echo_far",
+                           "induction": "induction_far"}
+    assert LongThresholds().as_dict() == {"retrieval_score": 0.1, "min_ratio": 3.0, "streaming_share": 0.9,
+                                          "streaming_margin": 0.5, "echo_far": 0.3, "induction_far": 0.3}
+    s = {"echo_far": np.array([[0.4, 0.4]]), "echo_far_uniform": np.array([[0.1, 0.2]])}
+    assert decide_long(s, LongThresholds()) == {(0, 0): ["echo_far"]}
+    assert decide_long(s, LongThresholds(min_ratio=2.0)) == {(0, 0): ["echo_far"], (0, 1): ["echo_far"]}
+
+
 def test_haystack_spans(minilm):
     tok = minilm.tokenizer
     hay = build_haystack(tok, 256, 0.5, index=2, seed=0)
@@ -206,17 +219,26 @@ def test_cli_card_refuses_existing_file(tmp_path, capsys):
 
 
 @pytest.mark.real
-def test_cli_long_roles_smollm2(tmp_path, smollm2):
-    """The verb end to end on SmolLM2 (short: 160 tokens, one window, one haystack): columns, JSON, card."""
+def test_cli_long_roles_smollm2(tmp_path, smollm2, monkeypatch):
+    """The verb end to end on SmolLM2 (short: 160 tokens, one window, one haystack): columns, JSON, card;
+    the long-range options are checked once."""
     import pandas as pd
 
+    import importlib
+
+    import headscope.commands.roles as cmd
     from headscope import artifacts as A
     from headscope.cli import main
 
+    checks = []
+    lr = importlib.import_module("headscope.learned.longctx.long_roles")  # the module: the package exports a function of its name
+    for module in (cmd, lr):
+        monkeypatch.setattr(module, "check_long_args", lambda *a, f=module.check_long_args: (checks.append(a), f(*a)))
     out, card = tmp_path / "out", tmp_path / "card.json"
     rc = main(["roles", "smollm2", "--limit", "2", "--long", "160", "--long-windows", "1", "--haystacks", "1",
                "--export-card", str(card), "--out", str(out)])
     assert rc == 0
+    assert len(checks) == 1 and checks[0][0] is None, checks  # before the model loads, and only then
     df = pd.read_csv(out / "roles.csv", keep_default_na=False)
     assert {"retrieval_score", "streaming_share", "echo_far", "induction_far"} <= set(df.columns)
     assert all(A.ROLES_CSV.field_for(c) is not None for c in df.columns)  # every column declared

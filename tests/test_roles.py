@@ -13,16 +13,24 @@ import torch
 
 from headscope.cli import main
 from headscope.models.tiny import tiny_model
+from headscope.errors import HeadscopeError
 from headscope.learned.roles import (
+    OFFSETS,
+    ROLES,
+    Threshold,
     Thresholds,
     decide,
     induction_scores,
+    offset_score,
     rare_word_targets,
     reduce_roles,
+    role,
     roles,
     special_frame,
 )
-from headscope.stats import HeadStats, allowed_keys
+from headscope.learned.roles.registry import census_of, judge, role_columns
+from headscope.learned.roles.text import KERNEL_OFFSETS
+from headscope.stats import HeadStats, allowed_keys, reduce_attention
 
 EWT = "ewt-test"  # the UD test splits shipped in the package (headscope/resources/ud)
 GUM = "gum-test"
@@ -154,15 +162,19 @@ def test_uniform_attention_scores_its_baseline_exactly():
         delim[1, 5] = True
         rare = torch.zeros(2, 9, dtype=torch.bool)
         rare[0, 2] = rare[1, 3] = True
-        stats = HeadStats(1, 3)
+        stats, kernel = HeadStats(1, 3), HeadStats(1, 3)
         reduce_roles(stats, 0, p, allowed, delim, rare)
+        reduce_attention(kernel, 0, p, allowed, delim, delim)
         m = stats.means()
-        for name in ("offset_m3_mass", "offset_m1_mass", "offset_p0_mass", "offset_p2_mass", "sink_mass",
-                     "delimiter_mass", "rare_word_mass"):
+        # offsets -1, 0, +1: the mass is the statistics' (prev_token_mass, ...), only the twin is the text pass's
+        m.update({offset_score(k): kernel.means()[name] for k, name in KERNEL_OFFSETS.items()})
+        for name in (*(offset_score(k) for k in OFFSETS), "sink_mass", "delimiter_mass", "rare_word_mass"):
             if causal and name.startswith("offset_p") and name != "offset_p0_mass":
                 continue  # no query of a causal model sees a later key: NaN on both sides
             diff = np.abs(m[name] - m[name + "_uniform"]).max()
-            assert diff < 1e-12, f"causal={causal} {name}: max abs diff {diff:.2e}"
+            # the statistics reduce float32 probabilities; the text pass reduces these float64 ones as given
+            tol = 1e-7 if name in {offset_score(k) for k in KERNEL_OFFSETS} else 1e-12
+            assert diff < tol, f"causal={causal} {name}: max abs diff {diff:.2e}"
 
 
 def test_reduce_roles_hand_computed():
@@ -176,8 +188,9 @@ def test_reduce_roles_hand_computed():
     stats = HeadStats(1, 1)
     reduce_roles(stats, 0, p, allowed, torch.zeros(1, 4, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.bool))
     m = stats.means()
-    assert m["offset_m1_mass"][0, 0] == 1.0
+    assert "offset_m1_mass" not in m  # the statistics kernel's prev_token_mass
     assert m["offset_m1_mass_uniform"][0, 0] == 0.25
+    assert m["offset_m2_mass"][0, 0] == 0.0 and m["offset_m2_mass_uniform"][0, 0] == 0.25  # queries 2, 3 see 4 keys
     assert abs(m["sink_mass"][0, 0] - 1 / 3) < 1e-12  # only query 1 looks at position 0
     assert abs(m["uniform_distance"][0, 0] - (6 + 4 + 4 + 6) / 16) < 1e-12  # mean |q-k| over 4x4
 
@@ -199,6 +212,135 @@ def test_decide_rules():
              "same_head_word_baseline": 0.6}
     r = decide(scores, Thresholds(), coref=coref)
     assert [("coreference" in x) for x in r[0]] == [True, False, True]
+
+
+def test_decide_coreference_needs_anaphors():
+    scores = {"entropy_norm": np.zeros((1, 2))}
+    coref = {"anaphors": 0, "accuracy": [[0.9, 0.1]], "nearest_mention_baseline": 0.3, "same_head_word_baseline": 0.2}
+    assert decide(scores, Thresholds(), coref=coref)[0].tolist() == [[], []]  # no anaphor scored: no evidence
+    coref["anaphors"] = 7
+    assert decide(scores, Thresholds(), coref=coref)[0].tolist() == [["coreference"], []]
+
+
+def _eager_offset_masses(hm, passages) -> dict[str, np.ndarray]:
+    """Mass at each offset -3..+3, straight from eager attention maps, one unpadded passage at a time."""
+    from headscope import on_attention_weights
+
+    sums = {k: np.zeros((hm.n_layers, hm.n_heads)) for k in OFFSETS}
+    counts = dict.fromkeys(OFFSETS, 0)
+    for ids in passages:
+        got = {}
+        x = torch.tensor([ids])
+        with on_attention_weights(hm, lambda l, p: got.setdefault(l, p[0].double())), torch.no_grad():
+            hm.model(input_ids=x, attention_mask=torch.ones_like(x))
+        t = len(ids)
+        for k in OFFSETS:
+            qs = [q for q in range(t) if 0 <= q + k < t and not (hm.causal and k > 0)]
+            counts[k] += len(qs)
+            for layer, p in got.items():
+                sums[k][layer] += sum(p[:, q, q + k].numpy() for q in qs) if qs else 0.0
+    return {offset_score(k): sums[k] / counts[k] if counts[k] else np.full_like(sums[k], np.nan) for k in OFFSETS}
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_offset_masses_equal_eager_maps(family):
+    """Offsets -1, 0, +1 come from the statistics kernel, the others from the text pass: all equal the
+    eager maps' masses (padded batches against one passage at a time)."""
+    hm = tiny_model(family, init_std=0.2)
+    g = torch.Generator().manual_seed(5)
+    data = [torch.randint(5, 100, (n,), generator=g).tolist() for n in (16, 9, 12, 5)]
+    scores = roles(hm, data, repeat_length=REPEAT, n_sequences=2, batch_size=3).meta["roles"]["scores"]
+    want = _eager_offset_masses(hm, data)
+    for name, w in want.items():
+        got = np.asarray(scores[name], float)
+        assert np.array_equal(np.isnan(got), np.isnan(w)), name
+        diff = np.nanmax(np.abs(got - w)) if np.isfinite(w).any() else 0.0
+        assert diff < 1e-5, f"{family} {name}: max abs diff {diff:.2e}"
+    assert np.array_equal(scores["offset_m1_mass"], scores["prev_token_mass"])  # one sum, not two
+
+
+def test_a_registered_role_reaches_the_census():
+    """Adding a role is one registration: its rule, threshold and census place reach `roles()`."""
+
+    @role("test_peaked", help="a throwaway role for this test", scope="short", order=99, score="max_weight",
+          baseline=None, thresholds=(Threshold("peaked_weight", 0.0, "largest weight of a query, on average"),))
+    def peaked(score, baseline, th):
+        return score >= th.peaked_weight
+
+    hm = tiny_model("gpt2", init_std=0.2)
+    g = torch.Generator().manual_seed(2)
+    data = [torch.randint(5, 100, (n,), generator=g).tolist() for n in (12, 10)]
+    try:
+        table = roles(hm, data, repeat_length=REPEAT, n_sequences=2, batch_size=2)
+        rep = table.meta["roles"]
+        assert list(rep["census"])[-1] == "test_peaked", list(rep["census"])  # order 99: last
+        held = rep["census"]["test_peaked"]
+        assert len(held) == hm.n_layers * hm.n_heads  # threshold 0: every head
+        weights = np.asarray(rep["scores"]["max_weight"], float)
+        assert [e["score"] for e in held] == sorted(weights.ravel().tolist(), reverse=True)
+        assert all(e["baseline"] is None for e in held)
+        assert all(r.split(";")[-1] == "test_peaked" for r in table["roles"].ravel())  # registered last
+        assert rep["thresholds"]["peaked_weight"] == 0.0
+        top = float(weights.max())
+        table = roles(hm, data, repeat_length=REPEAT, n_sequences=2, batch_size=2,
+                      thresholds=Thresholds(peaked_weight=top))
+        assert [e["head"] for e in table.meta["roles"]["census"]["test_peaked"]] == \
+            [f"L{l}H{h}" for l, h in zip(*np.nonzero(weights == top))]
+    finally:
+        ROLES.remove("test_peaked")
+    assert "test_peaked" not in ROLES
+    with pytest.raises(HeadscopeError, match="peaked_weight"):
+        Thresholds(peaked_weight=0.5)
+
+
+def test_thresholds_come_from_the_registry():
+    th = Thresholds()
+    assert th.as_dict() == {"offset_mass": 0.5, "sink_mass": 0.5, "delimiter_mass": 0.5, "min_ratio": 3.0,
+                            "broad_entropy": 0.85, "local_ratio": 0.3, "induction_score": 0.3,
+                            "duplicate_score": 0.3, "rare_word_mass": 0.3, "syntax_margin": 0.1,
+                            "syntax_min_count": 20, "coref_margin": 0.0}
+    low = Thresholds(offset_mass=0.4)
+    assert low.offset_mass == low["offset_mass"] == 0.4 and low.min_ratio == 3.0
+    assert low != th and low.replace(offset_mass=0.5) == th
+    with pytest.raises(AttributeError):
+        low.offset_mass = 0.3
+    with pytest.raises(HeadscopeError, match="did you mean 'offset_mass'"):
+        Thresholds(offset_mas=0.4)
+
+
+def test_registry_refuses_inconsistent_roles():
+    rule = lambda s, b, th: s > 0  # noqa: E731
+    cases = [
+        (dict(scope="short", thresholds=(Threshold("min_ratio", 2.0, "other default"),)), "defaults to 2.0"),
+        (dict(scope="middle", thresholds=()), "scope 'middle'"),
+        (dict(scope="short", thresholds=(), baseline="x_{member}"), "must both name"),
+        (dict(scope="short", thresholds=(), count="n", min_count="n_min"), "min_count 'n_min'"),
+    ]
+    for extra, msg in cases:
+        kwargs = {"help": "", "order": 99, "score": "x", "baseline": None, **extra}
+        with pytest.raises(HeadscopeError, match=msg):
+            role("test_bad", **kwargs)(rule)
+    assert "test_bad" not in ROLES
+    with pytest.raises(ValueError, match="registered twice"):
+        role("sink", help="", scope="short", order=4, score="x", baseline=None, thresholds=())(rule)
+
+
+def test_census_order_direction_and_columns():
+    """Census: registry order (positional roles by name), local best = lowest distance; roles.csv columns
+    in the order artifacts.ROLES_CSV declares them."""
+    s = {"mean_distance": np.array([[2.0, 1.0]]), "uniform_distance": np.array([[8.0, 8.0]]),
+         "offset_m3_mass": np.array([[0.9, 0.0]]), "offset_m3_mass_uniform": np.array([[0.1, 0.1]]),
+         "offset_p2_mass": np.array([[0.9, 0.0]]), "offset_p2_mass_uniform": np.array([[0.1, 0.1]])}
+    held = judge("short", s, Thresholds())
+    assert held == {(0, 0): ["positional:-3", "positional:+2", "local"], (0, 1): ["local"]}
+    c = census_of(held.items(), s)
+    assert list(c) == ["positional:+2", "positional:-3", "local"]
+    assert [e["head"] for e in c["local"]] == ["L0H1", "L0H0"] and c["local"][0]["baseline"] == 8.0
+    assert role_columns("short") == [
+        "offset_m3_mass", "offset_m2_mass", "offset_p2_mass", "offset_p3_mass", "sink_mass", "delimiter_mass",
+        "rare_word_mass", "uniform_distance", "induction_score", "duplicate_score",
+        *(f"syntax_{r}" for r in ("nsubj", "obj", "det", "amod", "case", "advmod", "aux", "compound", "poss")),
+        "coref_accuracy"]
 
 
 def test_rare_word_targets():
@@ -240,10 +382,28 @@ def test_minilm_syntax_heads_beat_offset_baseline(minilm):
     assert table.meta["roles"]["text"]["first_token_is_special"]  # the sink is [CLS]
 
 
-def test_cli_roles_writes_contract_files(tmp_path, minilm):
+def test_cli_roles_writes_contract_files(tmp_path, minilm, monkeypatch):
+    import headscope.commands.roles as cmd
+    import headscope.data.prepare as prepare
+    import headscope.learned.coref as coref
+    import headscope.learned.roles.assign as assign
+
+    reads = Counter()
+
+    def counted(module, name):
+        fn = getattr(module, name)
+
+        def wrapper(path, *a, **k):
+            reads[str(path)] += 1
+            return fn(path, *a, **k)
+        monkeypatch.setattr(module, name, wrapper)
+
+    for module, name in ((assign, "read_conllu"), (coref, "read_conllu"), (cmd, "read_texts"), (prepare, "read_texts")):
+        counted(module, name)  # where the verb and the passes read --treebank, --coref and --data
     out = tmp_path / "out"
     rc = main(["roles", "minilm", "--limit", "12", "--treebank", str(EWT), "--coref", str(GUM), "--out", str(out)])
     assert rc == 0
+    assert reads == {"None": 1, EWT: 1, GUM: 1}, reads  # --data (the sample), --treebank, --coref: once each
     import pandas as pd
 
     df = pd.read_csv(out / "roles.csv", keep_default_na=False)

@@ -262,7 +262,7 @@ def test_read_documents_without_entities(tmp_path):
 def test_minilm_coreference_on_gum(minilm):
     """Measured on the first 100 GUM test sentences: 162 anaphors, best head L1H1 0.54, nearest
     mention 0.22, same head word 0.62, chance 0.15 (docs/roles.md has the full split)."""
-    from headscope.learned.roles import _limit_docs
+    from headscope.learned.roles.assign import _limit_docs
 
     docs, _ = read_documents("gum-test")
     c, info = coreference_accuracy(minilm, _limit_docs(docs, 100), max_length=128)

@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import sys
@@ -15,18 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from ..artifacts import ROLES_CSV, ROLES_JSON, SYNTAX_CSV, outputs
-from ..data import read_conllu, read_texts
-from ..distributed import add_workers_arg, check_ranks, is_main, local
-from ..io import atomic_write_text, prepare_out_dir
-from ..learned.longctx import CARD_SCORES, LONG_SCORES, check_long_args, head_card, long_roles, write_card
+from ..artifacts import ROLES_CSV, ROLES_JSON, SYNTAX_CSV, outputs, write_csv
 from ..attention import DEFAULT_BLOCK
+from ..data import read_texts
 from ..data.sources import LONG_SOURCES
-from ..provenance import provenance
-from ..learned.roles import roles, syntax_rows
-from ..learned.coref import read_documents
-from ..learned.syntax import RELATIONS
+from ..distributed import add_workers_arg, check_ranks, is_main, local
 from ..errors import HeadscopeError
+from ..export.cards import CARD_SCORES, head_card, write_card
+from ..io import atomic_write_text, prepare_out_dir
+from ..learned.longctx import check_long_args, long_roles
+from ..learned.roles import read_coref, read_treebank, role_columns, roles, syntax_rows
+from ..learned.syntax import RELATIONS
+from ..provenance import provenance
 from ..table import HeadTable, to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
 
@@ -75,29 +73,29 @@ def _f(v: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     long_n = getattr(args, "long", None)
+    long_text = args.long_data
     if long_n is not None:
         check_long_args(None, long_n, args.haystacks, args.long_windows, args.stride, args.block)
         if args.long_windows:
-            read_texts(args.long_data)
+            long_text = read_texts(args.long_data)
     card = _check_card(args)
-    source = read_texts(args.data, args.limit)  # bad input fails before the model loads
-    if args.treebank:
-        read_conllu(args.treebank)
-    if args.coref:
-        read_documents(args.coref)
+    # Every source is read once, here, so bad input fails before the model loads; the passes get what was read.
+    source = read_texts(args.data, args.limit)
+    treebank = read_treebank(args.treebank) if args.treebank else None
+    coref = read_coref(args.coref) if args.coref else None
     check_ranks(len(source), "passages")  # torchrun / --workers: every rank needs a passage
     hm = load_from_args(args)
-    table = roles(hm, args.data, treebank=args.treebank, coref=args.coref, max_length=args.max_length,
+    table = roles(hm, source, treebank=treebank, coref=coref, max_length=args.max_length,
                   batch_size=args.batch_size, limit=args.limit, seed=args.seed, progress=True)
     if not is_main():  # every rank holds the merged census; rank 0 alone runs --long, writes and prints
         return 0
     report = {**table.meta["roles"], "provenance": provenance("roles", hm, source, args)}
     card_values, card_note = None, ""
     if long_n is not None:
-        check_long_args(hm, long_n, args.haystacks, args.long_windows, args.stride, args.block)
         with local():  # not split across ranks (per-window maxima and needle answers): rank 0 alone
-            lr = long_roles(hm, long_n, data=args.long_data, stride=args.stride, windows=args.long_windows,
-                            haystacks=args.haystacks, block=args.block, seed=args.seed, progress=True)
+            lr = long_roles(hm, long_n, data=long_text, stride=args.stride, windows=args.long_windows,
+                            haystacks=args.haystacks, block=args.block, seed=args.seed, progress=True,
+                            checked=True)
         table, report = merge_long(table, report, lr)
         if card is not None:
             card_values, card_note = head_card(lr, args.card_score)
@@ -111,13 +109,7 @@ def run(args: argparse.Namespace) -> int:
         written.append(str(card))
     rows = syntax_rows(report)
     if rows:
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-        atomic_write_text(out / SYNTAX_CSV.name, buf.getvalue())
-        written.append(str(out / SYNTAX_CSV.name))
+        written.append(str(write_csv(out, SYNTAX_CSV, rows)))
 
     t = report["text"]
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_heads} heads, {t['passages']} passages from {t['data']}; "
@@ -174,7 +166,7 @@ def merge_long(table: HeadTable, report: dict[str, Any], lr: dict[str, Any]) -> 
     """roles.csv gains the long-range score columns and roles; roles.json their census and `long_context`."""
     shape = (table.n_layers, table.n_heads)
     cols = {name: np.asarray(lr["scores"][name], float) if name in lr["scores"] else np.full(shape, np.nan)
-            for name in LONG_SCORES}
+            for name in role_columns("long")}
     role_col = np.array(table["roles"], dtype=object).reshape(shape)
     roles_map = dict(report["roles"])
     for head, names in lr["roles"].items():

@@ -211,7 +211,7 @@ def prepare_windows(hm: HeadModel, data: Any, length: int, stride: int | None = 
         source = read_texts(data, limit)
     else:
         source = TextSource(keep_text([t for t in data if t.strip()], "in-memory")[:limit], "in-memory")
-    prefix, suffix = _frame(hm.tokenizer)
+    prefix, suffix = passage_frame(hm.tokenizer)
     inner = length - len(prefix) - len(suffix)
     if inner < 1:
         raise HeadscopeError(f"window length {length} leaves no room for text beside the tokenizer's "
@@ -240,8 +240,8 @@ def prepare_windows(hm: HeadModel, data: Any, length: int, stride: int | None = 
     return out, source
 
 
-def _frame(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """The special tokens the tokenizer puts before and after a passage (none for SmolLM2)."""
+def passage_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts before and after a passage (e.g. [CLS] ... [SEP]; none for SmolLM2)."""
     full = list(tokenizer("a")["input_ids"])
     plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
     for i in range(len(full) - len(plain) + 1):

@@ -8,11 +8,16 @@ from typing import Any
 import numpy as np
 
 from ..artifacts import ROLES_JSON
+from ..learned.roles.registry import of_scope, resolve
 from .sources import Part, Sources
 
 TITLE = "Long-range roles"
-ROLE_TEXT = {"retrieval": "retrieval (needle copy, Wu et al. 2024)", "streaming": "streaming (sink + recent window)",
-             "echo_far": "echo at long range", "induction_far": "induction at long range"}
+
+
+def role_text(role: str) -> str:
+    """The report's words for a long-range role (the registry's label)."""
+    found = resolve(role)
+    return found[0].label if found else role
 
 
 def _best(matrix: Any) -> tuple[str, float] | None:
@@ -35,14 +40,13 @@ def longctx_part(src: Sources) -> Part:
         return part
     census, scores, baselines = lc.get("census", {}), lc.get("scores", {}), lc.get("baselines", {})
     rows = []
-    for role, key in (("retrieval", "retrieval_score"), ("streaming", "streaming_share"), ("echo_far", "echo_far"),
-                      ("induction_far", "induction_far")):
-        if key not in scores:
+    for entry in of_scope("long"):
+        if entry.score not in scores:
             continue
-        best = _best(scores[key])
-        base = np.asarray(baselines.get(key + "_uniform", []), dtype=float)
-        heads = census.get(role, [])
-        rows.append({"role": ROLE_TEXT[role], "heads": len(heads),
+        best = _best(scores[entry.score])
+        base = np.asarray(baselines.get(entry.baseline, []), dtype=float)
+        heads = census.get(entry.name, [])
+        rows.append({"role": entry.label, "heads": len(heads),
                      "best head": best[0] if best else "-", "score": round(best[1], 3) if best else None,
                      "uniform baseline": round(float(np.nanmean(base)), 3) if base.size and not np.all(np.isnan(base)) else None,
                      "holders": ", ".join(e["head"] for e in heads[:6]) + (" ..." if len(heads) > 6 else "")})
@@ -59,6 +63,6 @@ def longctx_part(src: Sources) -> Part:
     part.panel("q1", TITLE, columns=["role", "heads", "best head", "score", "uniform baseline", "holders"], rows=rows,
                text=[" ".join(text)])
     if census:
-        part.say("q1", f"At {lc['length']} tokens: " + "; ".join(f"{len(v)} {ROLE_TEXT.get(r, r)} head(s)"
+        part.say("q1", f"At {lc['length']} tokens: " + "; ".join(f"{len(v)} {role_text(r)} head(s)"
                                                                   for r, v in census.items()) + ".")
     return part

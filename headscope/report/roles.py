@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..artifacts import ROLES_JSON, SYNTAX_CSV
+from ..learned.roles.registry import role_for_score
 from .sources import Part, Sources, clean
 
 # Relations seen only a few times give accuracies of 0 or 1 by chance; they are left out.
@@ -15,12 +16,10 @@ MIN_RELATION_COUNT = 20
 
 
 def baseline_key(score: str, baselines: dict[str, Any]) -> str | None:
-    """The key of `score`'s baseline in roles.json's `baselines`, by the file's declared convention:
-    `<score>_uniform`, `<score>_baseline`, and `uniform_distance` for mean_distance; None if it has none."""
-    for key in (f"{score}_uniform", f"{score}_baseline", "uniform_distance" if score == "mean_distance" else None):
-        if key is not None and key in baselines:
-            return key
-    return None
+    """The key of `score`'s baseline in roles.json's `baselines`: the baseline of the role that reads
+    `score` (the role registry); None if no role reads it or the file lacks its baseline."""
+    entry = role_for_score(score)
+    return entry.baseline if entry is not None and entry.baseline in baselines else None
 
 
 def fmt_num(v: Any) -> str:
@@ -33,17 +32,17 @@ def role_scores(rj: dict[str, Any], n_layers: int, n_heads: int) -> dict[str, di
     scores, baselines = rj["scores"], rj["baselines"]
     per_head: dict[str, dict[str, Any]] = {}
     for name, matrix in scores.items():
-        bkey = baseline_key(name, baselines)
-        if bkey is None:
+        entry = role_for_score(name)
+        if entry is None or entry.baseline not in baselines:
             continue  # plain statistics already sit in the head's numbers
+        # A local head attends closer than uniform attention would: lower is the role (the registry says so).
+        direction = "higher" if entry.higher_is_better else "lower"
         a = np.asarray(matrix, dtype=float).reshape(n_layers, n_heads)
-        b = np.asarray(baselines[bkey], dtype=float).reshape(n_layers, n_heads)
+        b = np.asarray(baselines[entry.baseline], dtype=float).reshape(n_layers, n_heads)
         for l in range(n_layers):
             for h in range(n_heads):
-                # A local head attends closer than uniform attention would: lower is the role.
                 per_head.setdefault(f"L{l}H{h}", {})[name] = {
-                    "score": float(a[l, h]), "baseline": float(b[l, h]),
-                    "beats baseline when": "lower" if name == "mean_distance" else "higher"}
+                    "score": float(a[l, h]), "baseline": float(b[l, h]), "beats baseline when": direction}
     return clean(per_head)
 
 

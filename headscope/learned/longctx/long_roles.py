@@ -8,16 +8,16 @@ Two streamed passes, both through `hooks.on_attention_blocks` (blocks of queries
 2. needle-in-a-haystack sequences of `length` tokens at several depths: Wu et al.'s retrieval score and
    the model's own needle accuracy (`needle`).
 
-`decide_long` names the heads that pass each role's rule (score >= threshold and >= `min_ratio` x its
-baseline; streaming: >= `streaming_margin` above it), as `headscope.learned.roles.decide` does for the short-range roles.
+`decide_long` names the heads that pass each long-range role's rule: the role registry's
+(`headscope.learned.roles.catalogue`; score >= threshold and >= `min_ratio` x its baseline; streaming:
+>= `streaming_margin` above it), as `headscope.learned.roles.decide` does for the short-range roles.
+Head cards for KV tools are written by `headscope.export.cards`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -28,33 +28,16 @@ from ...attention import DEFAULT_BLOCK, check_block
 from ...data.prepare import prepare_windows
 from ...errors import HeadscopeError
 from ...hooks import on_attention_blocks
-from ...io import atomic_write_text
 from ...models.adapter import HeadModel
 from ...table import head_name
+from ..roles.registry import LongThresholds, census_of, judge, of_scope, report_scores
 from .needle import DEPTHS, RetrievalCounter, answer_logits, build_haystack, gum_sentences
-from .patterns import PATTERNS, PatternReducer, PatternSettings
+from .patterns import PatternReducer, PatternSettings
 
 log = logging.getLogger(__name__)
 
-LONG_SCORES = ("retrieval_score", *PATTERNS)
-CARD_SCORES = {"retrieval": "retrieval_score", "streaming": "streaming_share", "echo": "echo_far",
-               "induction": "induction_far"}
-ROLE_OF = {"retrieval_score": "retrieval", "streaming_share": "streaming", "echo_far": "echo_far",
-           "induction_far": "induction_far"}
-
-
-@dataclass(frozen=True)
-class LongThresholds:
-    """A head has a long-range role when its score passes the threshold and `min_ratio` x its baseline."""
-
-    retrieval_score: float = 0.1  # Wu et al. 2024 call heads above 0.1 retrieval heads
-    streaming_share: float = 0.9  # nearly all weight within sink + recent window
-    echo_far: float = 0.3
-    induction_far: float = 0.3
-    min_ratio: float = 3.0
-    # A uniform head already puts (sink + recent) / keys-seen there (0.34 at 2,048 tokens), so 3x its
-    # share cannot be asked; streaming asks for this much more than the uniform head instead.
-    streaming_margin: float = 0.5
+# The scores the long-range roles read (registry order): roles.csv's long-range columns.
+LONG_SCORES = tuple(e.score for e in of_scope("long"))
 
 
 def check_long_args(hm: HeadModel | None, length: int, haystacks: int, windows: int, stride: int | None,
@@ -68,8 +51,12 @@ def check_long_args(hm: HeadModel | None, length: int, haystacks: int, windows: 
         raise HeadscopeError("--haystacks 0 and --long-windows 0 leave nothing to measure; give at least one")
     if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= length):
         raise HeadscopeError(f"--stride must be between 1 and --long ({length}); got {stride!r}")
-    if hm is None:
-        return
+    if hm is not None:
+        check_long_model(hm, length)
+
+
+def check_long_model(hm: HeadModel, length: int) -> None:
+    """Refuse a model the long-range roles cannot be measured on at `length` tokens."""
     if not hm.causal:
         raise HeadscopeError(f"long-range roles are measured on decoders (causal LMs); {hm.name} is an encoder")
     if hm.max_positions is not None and length > hm.max_positions:
@@ -147,29 +134,26 @@ def needle_pass(hm: HeadModel, length: int, haystacks: int, depths: tuple[float,
 
 
 def decide_long(scores: dict[str, np.ndarray], th: LongThresholds) -> dict[tuple[int, int], list[str]]:
-    """(layer, head) -> long-range roles whose rule it passes."""
-    out: dict[tuple[int, int], list[str]] = {}
-    for name in LONG_SCORES:
-        if name not in scores:
-            continue
-        s, b = scores[name], scores[name + "_uniform"]
-        with np.errstate(invalid="ignore"):
-            beats = s - b >= th.streaming_margin if name == "streaming_share" else s >= th.min_ratio * b
-            ok = np.nan_to_num((s >= getattr(th, name)) & beats, nan=0).astype(bool)
-        for l, h in zip(*np.nonzero(ok)):
-            out.setdefault((int(l), int(h)), []).append(ROLE_OF[name])
-    return out
+    """(layer, head) -> long-range roles whose rule (the registry's) it passes."""
+    return judge("long", scores, th)
 
 
 def long_roles(hm: HeadModel, length: int, *, data: Any = "gum-long", stride: int | None = None, windows: int = 2,
                haystacks: int = 4, depths: tuple[float, ...] = DEPTHS, settings: PatternSettings = PatternSettings(),
                thresholds: LongThresholds | None = None, block: int = DEFAULT_BLOCK, seed: int = 0,
-               progress: bool = False) -> dict[str, Any]:
-    """Long-range role scores, baselines, roles and census of `hm` at `length` tokens (roles.json's `long_context`)."""
+               progress: bool = False, checked: bool = False) -> dict[str, Any]:
+    """Long-range role scores, baselines, roles and census of `hm` at `length` tokens (roles.json's `long_context`).
+
+    `data`: long text as `prepare_windows` takes it (a name, a path, or a TextSource already read).
+    `checked`: the options already passed `check_long_args` (the verb checks them before loading the
+    model); only what needs the model is checked here."""
     th = thresholds or LongThresholds()
-    check_long_args(hm, length, haystacks, windows, stride, block)
+    if checked:
+        check_long_model(hm, length)
+    else:
+        check_long_args(hm, length, haystacks, windows, stride, block)
     scores: dict[str, np.ndarray] = {}
-    report: dict[str, Any] = {"length": length, "block": block, "thresholds": asdict(th)}
+    report: dict[str, Any] = {"length": length, "block": block, "thresholds": th.as_dict()}
     if windows:
         s, info = pattern_pass(hm, length, data, stride, windows, settings, block, progress)
         scores.update(s)
@@ -178,51 +162,8 @@ def long_roles(hm: HeadModel, length: int, *, data: Any = "gum-long", stride: in
         s, info = needle_pass(hm, length, haystacks, depths, seed, block, progress)
         scores.update(s)
         report["needles"] = info
-    roles = decide_long(scores, th)
-    census: dict[str, list[dict[str, Any]]] = {}
-    for (l, h), names in sorted(roles.items()):
-        for role in names:
-            key = next(k for k, r in ROLE_OF.items() if r == role)
-            census.setdefault(role, []).append({"head": head_name(l, h), "score": float(scores[key][l, h]),
-                                                "baseline": float(scores[key + "_uniform"][l, h])})
-    report["scores"] = {k: v for k, v in scores.items() if k in LONG_SCORES or k == "retrieval_score_all"}
-    report["baselines"] = {k: v for k, v in scores.items() if k.endswith("_uniform")}
-    report["roles"] = {head_name(l, h): r for (l, h), r in sorted(roles.items())}
-    report["census"] = {r: sorted(v, key=lambda e: -e["score"]) for r, v in census.items()}
+    held = decide_long(scores, th)
+    report["scores"], report["baselines"] = report_scores("long", scores)
+    report["roles"] = {head_name(l, h): r for (l, h), r in held.items()}
+    report["census"] = census_of(held.items(), scores)
     return report
-
-
-def head_card(report: dict[str, Any], score: str = "retrieval") -> tuple[dict[str, list[float]], str]:
-    """The Retrieval Head / HeadKV head-score file: {"<layer>-<head>": [score per test]} and a note.
-
-    For `retrieval` the lists hold one score per haystack the model answered (Wu et al. keep only those);
-    when it answered none they hold every haystack's score, and the note says so. Other scores are one
-    number per head (a list of one).
-    """
-    if score not in CARD_SCORES:
-        raise HeadscopeError(f"--card-score {score!r} is not one of {', '.join(CARD_SCORES)}")
-    note = ""
-    if score == "retrieval":
-        needles = report.get("needles")
-        if not needles:
-            raise HeadscopeError("the retrieval card needs needle haystacks (--haystacks at least 1)")
-        stack = np.asarray(needles["per_haystack"], float)  # [haystack, layer, head]
-        ok = [i for i, r in enumerate(needles["haystacks"]) if r["succeeded"]]
-        if not ok:
-            ok = list(range(len(stack)))
-            note = (f"the model answered none of the {len(stack)} haystacks; the card holds every haystack's score "
-                    f"(Wu et al. keep only answered ones)")
-        values = stack[ok]
-    else:
-        key = CARD_SCORES[score]
-        if key not in report["scores"]:
-            raise HeadscopeError(f"--card-score {score} needs the long-text windows (--long-windows at least 1)")
-        values = np.asarray(report["scores"][key], float)[None]
-    _, L, H = values.shape
-    card = {f"{l}-{h}": [float(x) for x in values[:, l, h]] for l in range(L) for h in range(H)}
-    return card, note
-
-
-def write_card(path: str | Path, card: dict[str, list[float]]) -> None:
-    """Write a head card (one JSON object on one line, as the Retrieval Head code writes and reads it)."""
-    atomic_write_text(Path(path), json.dumps(card, allow_nan=True) + "\n")

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...data.prepare import _frame
+from ...data.prepare import passage_frame
 from ...data.sources import read_conllu, treebank_path
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
@@ -81,7 +81,7 @@ def build_haystack(tokenizer: Any, n_tokens: int, depth: float, index: int, seed
     needle = NEEDLE.format(colour=colour, thing=thing, number=number)
     tail = QUESTION.format(colour=colour, thing=thing)
     answer = " " + number
-    prefix, suffix = _frame(tokenizer)
+    prefix, suffix = passage_frame(tokenizer)
     fixed = len(tokenizer(needle + tail + answer, add_special_tokens=False)["input_ids"]) + len(prefix) + len(suffix)
     budget = n_tokens - fixed
     if budget < 16:

@@ -1,0 +1,254 @@
+"""Assigning roles to heads: every pass's scores, the registry's rules, and what roles.json holds.
+
+`roles()` runs the passes (text, induction, treebank, coreference), `decide` applies every
+short-range rule of the registry (`catalogue.py`) and `census` lists each role's heads, best first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ...data import Sentence, pad_id, read_conllu, resolve_max_length
+from ...distributed import is_main, run_on_main
+from ...errors import HeadscopeError
+from ...models.adapter import HeadModel
+from ...table import HeadTable, head_name
+from ..analyze import table_from_stats
+from ..coref import Document, coreference_accuracy, read_documents
+from ..syntax import RELATIONS, dependency_accuracy
+from .induction import induction_scores, special_frame
+from .registry import Thresholds, census_of, judge, report_scores, role_columns
+from .text import text_pass, text_scores
+
+
+# --- what the passes read ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TreebankSource:
+    """A treebank read once (`read_treebank`): its name as given and its sentences."""
+
+    name: str
+    sentences: list[Sentence]
+
+
+@dataclass(frozen=True)
+class CorefSource:
+    """A coreference file read once (`read_coref`): its name as given, its documents and mention counts."""
+
+    name: str
+    documents: list[Document]
+    info: dict[str, int] = field(default_factory=dict)
+
+
+def read_treebank(path: str | Path) -> TreebankSource:
+    """Read a CoNLL-U treebank (or a built-in one: `ewt-test`) for the syntactic roles."""
+    return TreebankSource(str(path), read_conllu(path))
+
+
+def read_coref(path: str | Path) -> CorefSource:
+    """Read a CorefUD CoNLL-U file (or `gum-test`) for the coreference role."""
+    docs, info = read_documents(path)
+    return CorefSource(str(path), docs, info)
+
+
+def _treebank(treebank: str | Path | Sequence[Sentence] | TreebankSource | None,
+              limit: int | None) -> TreebankSource | None:
+    """The treebank's first `limit` sentences, read if it is a name or path; refused when empty."""
+    if treebank is None:
+        return None
+    if isinstance(treebank, (str, Path)):
+        tb = read_treebank(treebank)
+    elif isinstance(treebank, TreebankSource):
+        tb = treebank
+    else:
+        tb = TreebankSource("sentences", list(treebank))  # already-read sentences (e.g. filtered or combined files)
+    tb = TreebankSource(tb.name, tb.sentences[:limit])
+    if not tb.sentences:
+        raise HeadscopeError(f"treebank {tb.name!r} holds no sentences")
+    return tb
+
+
+def _coref(coref: str | Path | CorefSource | None, limit: int | None) -> CorefSource | None:
+    """The coreference documents holding the first `limit` sentences, read if `coref` is a name or path."""
+    if coref is None:
+        return None
+    co = coref if isinstance(coref, CorefSource) else read_coref(coref)
+    return co if limit is None else CorefSource(co.name, _limit_docs(co.documents, limit), co.info)
+
+
+def _limit_docs(docs: list, limit: int) -> list:
+    """The documents holding the first `limit` sentences (the last one cut)."""
+    out, left = [], limit
+    for d in docs:
+        if left <= 0:
+            break
+        out.append(type(d)(d.doc_id, d.sentences[:left], d.mentions[:left]))
+        left -= len(d.sentences)
+    return out
+
+
+# --- scores from the treebank and coreference passes -----------------------------------------------
+def syntax_scores(syntax: dict[str, Any], shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The syntactic family's inputs per relation (`syntax` as roles.json's `syntax.relations`):
+    `syntax_<rel>` (the better direction), its fixed-offset `_baseline` and arc `_count`; the nine
+    RELATIONS the treebank lacks are NaN (roles.csv has a column for each)."""
+    out: dict[str, np.ndarray] = {}
+    for rel in (*syntax, *(r for r in RELATIONS if r not in syntax)):
+        r = syntax.get(rel)
+        out[f"syntax_{rel}"] = (np.maximum(np.array(r["dep_to_head"], float), np.array(r["head_to_dep"], float))
+                                if r else np.full(shape, np.nan))
+        out[f"syntax_{rel}_baseline"] = np.full(shape, r["baseline"] if r else np.nan)
+        out[f"syntax_{rel}_count"] = np.full(shape, r["count"] if r else 0)
+    return out
+
+
+def coref_scores(coref: dict[str, Any], shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The coreference role's inputs (`coref` as roles.json's `coreference`): accuracy, the better of
+    the nearest-mention and same-head-word baselines, and the anaphors scored."""
+    acc = np.array(coref["accuracy"], float).reshape(shape)
+    best = max(coref["nearest_mention_baseline"], coref["same_head_word_baseline"])
+    return {"coref_accuracy": acc, "coref_accuracy_baseline": np.full_like(acc, best),
+            "coref_anaphors": np.full(shape, coref.get("anaphors") or 0)}
+
+
+# --- decisions ---------------------------------------------------------------------------------------
+def decide(scores: dict[str, np.ndarray], th: Thresholds, syntax: dict[str, Any] | None = None,
+           coref: dict[str, Any] | None = None) -> np.ndarray:
+    """Role names per head (`[n_layers, n_heads]` object array of lists): every short-range rule of the
+    registry on `scores` (and on `syntax` / `coref` results, when given as dicts)."""
+    shape = next(iter(scores.values())).shape
+    inputs = dict(scores)
+    if syntax:
+        inputs.update(syntax_scores(syntax, shape))
+    if coref:
+        inputs.update(coref_scores(coref, shape))
+    held = judge("short", inputs, th)
+    roles = np.empty(shape, dtype=object)
+    for idx in np.ndindex(shape):
+        roles[idx] = list(held.get(idx, []))
+    return roles
+
+
+def census(role_lists: np.ndarray, scores: dict[str, np.ndarray]) -> dict[str, list[dict[str, Any]]]:
+    """Role -> heads holding it with their score and baseline, best first."""
+    return census_of(((idx, role_lists[idx]) for idx in np.ndindex(role_lists.shape)), scores)
+
+
+# --- the census --------------------------------------------------------------------------------------
+def roles(
+    hm: HeadModel,
+    data: Any = None,
+    *,
+    treebank: str | Path | Sequence[Sentence] | TreebankSource | None = None,
+    coref: str | Path | CorefSource | None = None,
+    max_length: int | None = None,
+    batch_size: int = 16,
+    limit: int | None = None,
+    seed: int = 0,
+    repeat_length: int = 24,
+    n_sequences: int = 32,
+    coref_context: int = 3,
+    thresholds: Thresholds | None = None,
+    progress: bool = False,
+) -> HeadTable:
+    """Role census of `hm`: analyze's statistics plus role scores, a `roles` column and, in
+    `meta['roles']`, every score, baseline and threshold (what roles.json holds).
+
+    `data` as for `analyze` (default: the built-in sample; a TextSource already read is used as it
+    is); `treebank` a CoNLL-U file, a list of `Sentence` or a `TreebankSource` for syntactic roles;
+    `coref` a CorefUD CoNLL-U file (e.g. GUM) or a `CorefSource` for coreference. `limit` keeps the
+    first N passages / sentences of each.
+    """
+    th = thresholds or Thresholds()
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    max_len = resolve_max_length(hm, max_length)
+    # Read the treebank and coreference files before any slow work, so bad input fails fast.
+    tb, co = _treebank(treebank, limit), _coref(coref, limit)
+
+    stats, role_stats, info = text_pass(hm, data, max_len, batch_size, limit, progress)
+    base = table_from_stats(hm, stats, {**info, "batch_size": batch_size, "seed": seed})
+    scores = text_scores(stats.means(), role_stats.means())
+    # The passes below are not split across ranks (a fixed synthetic pass; per-relation and per-anaphor
+    # argmax counts): rank 0 runs them alone and sends the result to every rank.
+    scores.update(run_on_main(lambda: induction_scores(hm, n_sequences, repeat_length, seed, batch_size)))
+    shape = (hm.n_layers, hm.n_heads)
+    syntax = _syntax_pass(hm, tb, max_len, batch_size, progress) if tb is not None else None
+    if syntax is not None:
+        scores.update(syntax_scores(syntax["relations"], shape))
+    coref_dict = _coref_pass(hm, co, max_len, batch_size, coref_context, progress) if co is not None else None
+    if coref_dict is not None:
+        scores.update(coref_scores(coref_dict, shape))
+
+    role_lists = decide(scores, th)
+    role_col = np.empty(shape, dtype=object)
+    for idx in np.ndindex(shape):
+        role_col[idx] = ";".join(role_lists[idx])
+    columns = {"roles": role_col, **{c: scores[c] for c in role_columns("short", scores)}}
+    report_part, baselines = report_scores("short", scores)
+    report = {
+        "model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "causal": hm.causal,
+        "thresholds": th.as_dict(),
+        "text": {**info, "first_token": "special token ([CLS]/BOS)" if info["first_token_is_special"]
+                 else "first ordinary token: the tokenizer adds no BOS, so the sink is position 0"},
+        "induction": {"sequences": n_sequences, "repeat_length": repeat_length, "seed": seed,
+                      "special_prefix": special_frame(hm)[0]},
+        "scores": report_part, "baselines": baselines,
+        "roles": {head_name(l, h): role_lists[l, h] for l in range(hm.n_layers) for h in range(hm.n_heads)},
+        "census": census(role_lists, scores),
+        "syntax": syntax,
+        "coreference": coref_dict,
+    }
+    return base.with_columns(columns, meta={"roles": report})
+
+
+def _syntax_pass(hm: HeadModel, tb: TreebankSource, max_len: int, batch_size: int,
+                 progress: bool) -> dict[str, Any]:
+    """roles.json's `syntax`: dependency accuracy per relation (Clark et al. 2019) and what was read."""
+    bar = tqdm(total=len(tb.sentences), desc="roles: treebank", unit="sent", disable=not progress or not is_main(),
+               leave=False)
+    pid = pad_id(hm)
+    try:
+        dep = run_on_main(lambda: dependency_accuracy(hm, tb.sentences, max_len, batch_size, pid, bar))
+    finally:
+        bar.close()
+    info = {"treebank": tb.name, "sentences": dep.sentences, "skipped_long": dep.skipped_long,
+            "merged_tokens": dep.merged_tokens, "unaligned_words": dep.unaligned_words}
+    return {"info": info, "relations": dep.to_dict(min_count=1)}
+
+
+def _coref_pass(hm: HeadModel, co: CorefSource, max_len: int, batch_size: int, context: int,
+                progress: bool) -> dict[str, Any]:
+    """roles.json's `coreference`: antecedent accuracy per head, its baselines, and what was read."""
+    bar = tqdm(desc="roles: coreference", unit="window", disable=not progress or not is_main(), leave=False)
+    pid = pad_id(hm)
+    try:
+        cc, items_info = run_on_main(
+            lambda: coreference_accuracy(hm, co.documents, max_len, batch_size, pid, context, bar))
+    finally:
+        bar.close()
+    return {**cc.to_dict(), "file": co.name, **co.info, **items_info, "context_sentences": context}
+
+
+def syntax_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """syntax.csv rows: one per head and relation, then one offset-baseline row per relation."""
+    syn = (report.get("syntax") or {}).get("relations") or {}
+    rows = []
+    for rel, r in syn.items():
+        d2h, h2d = np.array(r["dep_to_head"], float), np.array(r["head_to_dep"], float)
+        for l in range(d2h.shape[0]):
+            for h in range(d2h.shape[1]):
+                rows.append({"kind": "head", "layer": l, "head": h, "relation": rel, "count": r["count"],
+                             "dep_to_head": d2h[l, h], "head_to_dep": h2d[l, h],
+                             "accuracy": max(d2h[l, h], h2d[l, h]), "baseline_offset": ""})
+    for rel, r in syn.items():
+        rows.append({"kind": "offset_baseline", "layer": "", "head": "", "relation": rel, "count": r["count"],
+                     "dep_to_head": r["baseline"], "head_to_dep": r["baseline"], "accuracy": r["baseline"],
+                     "baseline_offset": r["baseline_offset"]})
+    return rows
