@@ -33,6 +33,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
 from ...models.config import attention_implementation
+from ..kv_formula import kv_bytes
 
 ATTENTION_NAME = "headscope_kvcache"
 # Families whose attention hands the cache's output straight to transformers' attention interface
@@ -97,17 +98,18 @@ class HeadPlan:
         """KV-head token slots held between steps after `context` tokens, all layers."""
         return self.n_full * context + self.n_windowed * min(context, self.sink + self.window - 1)
 
+    # Bytes through `kv_formula.kv_bytes`, the one KV-bytes formula, with (KV head, token) slots counted here.
     def bytes_read(self, context: int, d_head: int, bytes_per_number: int, batch: int = 1) -> int:
         """K and V bytes a decoding step reads at `context` tokens: the formula the cache is tested against."""
-        return 2 * batch * d_head * bytes_per_number * self.tokens_read(context)
+        return kv_bytes(self.tokens_read(context), d_head, 8 * bytes_per_number, batch)
 
     def bytes_stored(self, context: int, d_head: int, bytes_per_number: int, batch: int = 1) -> int:
         """K and V bytes the cache holds after `context` tokens."""
-        return 2 * batch * d_head * bytes_per_number * self.tokens_stored(context)
+        return kv_bytes(self.tokens_stored(context), d_head, 8 * bytes_per_number, batch)
 
     def bytes_per_token(self, d_head: int, bytes_per_number: int) -> int:
         """Bytes one more token costs once every window is full: only full KV heads grow."""
-        return 2 * d_head * bytes_per_number * self.n_full
+        return kv_bytes(self.n_full, d_head, 8 * bytes_per_number)
 
 
 def check_window(sink: int, window: int) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...errors import HeadscopeError
-from ..kv_bytes import normalize_dtype
+from ..kv_formula import normalize_dtype
 from ...learned.longctx import build_haystack, long_roles
 from ...learned.longctx.needle import DEPTHS, gum_sentences
 from ...models.adapter import HeadModel
