@@ -122,12 +122,29 @@ def check_window(sink: int, window: int) -> None:
                              f"current one included); got {window}")
 
 
+def _check_family(model_type: str, name: str) -> None:
+    if model_type not in SUPPORTED:
+        raise HeadscopeError(f"model type {model_type!r} ({name}) is not supported by the head-aware KV cache; "
+                             f"supported: {', '.join(SUPPORTED)}")
+
+
+def _check_not_mqa(name: str, n_heads: int, n_kv_heads: int) -> None:
+    if n_kv_heads == 1:
+        raise HeadscopeError(
+            f"{name!r} is MQA (1 KV head per layer, shared by all {n_heads} query heads): a KV head can be "
+            f"windowed only when all its query heads are, so windowing here drops a whole layer's long-range "
+            f"attention, a layer choice rather than a head choice; use a model with 2 or more KV heads per layer")
+
+
+def check_supported_config(name: str, model_type: str, n_heads: int, n_kv_heads: int) -> None:
+    """What `check_supported` can tell from a config alone (family, MQA): a verb refuses it before weights load."""
+    _check_family(model_type, name)
+    _check_not_mqa(name, n_heads, n_kv_heads)
+
+
 def check_supported(hm: HeadModel) -> None:
     """A clear error unless `hm` is a decoder family the head-aware cache serves with 2+ KV heads per layer."""
-    model_type = hm.config.model_type
-    if model_type not in SUPPORTED:
-        raise HeadscopeError(f"model type {model_type!r} ({hm.name}) is not supported by the head-aware KV cache; "
-                             f"supported: {', '.join(SUPPORTED)}")
+    _check_family(hm.config.model_type, hm.name)
     if hm.pruned:
         raise HeadscopeError(f"{hm.name!r} is physically pruned (per-layer head counts); the head-aware KV cache "
                              f"needs the same heads in every layer")
@@ -135,11 +152,7 @@ def check_supported(hm: HeadModel) -> None:
     if sliding and getattr(hm.config, "use_sliding_window", True) is not False:
         raise HeadscopeError(f"{hm.name!r} has sliding-window layers ({len(sliding)} of {hm.n_layers}: every head "
                              f"there is already windowed); the head-aware KV cache needs full-attention layers")
-    if hm.n_kv_heads == 1:
-        raise HeadscopeError(
-            f"{hm.name!r} is MQA (1 KV head per layer, shared by all {hm.n_heads} query heads): a KV head can be "
-            f"windowed only when all its query heads are, so windowing here drops a whole layer's long-range "
-            f"attention, a layer choice rather than a head choice; use a model with 2 or more KV heads per layer")
+    _check_not_mqa(hm.name, hm.n_heads, hm.n_kv_heads)
 
 
 class HeadSplitKV:
