@@ -23,7 +23,8 @@ from .models.adapter import HeadModel
 # Column name -> what it means (README documents the same list).
 STATISTICS: dict[str, str] = {
     "entropy": "attention entropy of a query's distribution over keys, nats",
-    "entropy_norm": "entropy / log(number of keys the query may attend to); 1 = uniform (queries with one key left out)",
+    "entropy_norm": "entropy / log(number of keys the query may attend to); 1 = uniform "
+                    "(queries with one key left out)",
     "mean_distance": "expected |query - key| distance in tokens",
     "prev_token_mass": "weight on the previous token (queries with one)",
     "next_token_mass": "weight on the next token (encoders; NaN for causal models, which cannot see it)",

@@ -22,8 +22,18 @@ from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
 from ..models.config import attention_implementation
 from ..models.specs import supported_model_types
-from .blocks import (DEFAULT_TILE, AttentionBlock, BlockRows, check_block, fused_rows, iter_blocks, key_range,
-                     key_side, rows_from_block, visible_outside)
+from .blocks import (
+    DEFAULT_TILE,
+    AttentionBlock,
+    BlockRows,
+    check_block,
+    fused_rows,
+    iter_blocks,
+    key_range,
+    key_side,
+    rows_from_block,
+    visible_outside,
+)
 
 KERNEL_NAME = "headscope_stats"
 # Queries per block: probabilities take batch x heads x DEFAULT_BLOCK x T floats at a time.
@@ -169,7 +179,7 @@ class AttentionKernel:
                 if out is not None:
                     out[:, :, q0:q1] = o
                 start = 0
-                for (fn, _), width in zip(self.row_consumers, widths):
+                for (fn, _), width in zip(self.row_consumers, widths, strict=True):
                     fn(replace(rows, weighted=rows.weighted[..., start:start + width]))
                     start += width
         if out is None:

@@ -172,7 +172,8 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None,
                    help="a .txt (one passage a line), .jsonl (a 'text' field) or .conllu file "
                         "(default: the built-in English sample)")
-    p.add_argument("--max-length", type=int, default=None, help="tokens per passage (default 128, capped at the model's)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="tokens per passage (default 128, capped at the model's)")
     p.add_argument("--batch-size", type=int, default=16, help="passages per forward pass (default 16)")
     p.add_argument("--limit", type=int, default=None,
                    help=f"use only the first N passages (default: a built-in corpus gives its first {DEFAULT_LIMIT}, "

@@ -283,7 +283,8 @@ class MinibatchCKA:
         """Add samples `x [T, n_groups, dim]` (or `[T, n_groups * dim]`)."""
         x = x.reshape(x.shape[0], self.n_groups, -1)
         if x.shape[2] != self.dim:
-            raise HeadscopeError(f"features have width {x.shape[1] * x.shape[2]}; expected {self.n_groups} x {self.dim}")
+            raise HeadscopeError(
+                f"features have width {x.shape[1] * x.shape[2]}; expected {self.n_groups} x {self.dim}")
         if x.shape[0] == 0:
             return
         # Full minibatches leave once the pool overflows, keeping at least 4 samples behind so that

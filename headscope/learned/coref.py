@@ -224,7 +224,7 @@ class CorefCounts:
     def add_item(self, layer: int, wattn: np.ndarray, item: CorefItem) -> None:
         """Score one window's word attention `[head, word, word]` at `layer` (baselines at layer 0)."""
         for a, cands, ok, near, same in zip(item.anaphors, item.candidates, item.correct, item.nearest,
-                                            item.same_head):
+                                            item.same_head, strict=True):
             row = np.nan_to_num(wattn[:, a, cands], nan=-np.inf)  # [head, candidate]
             pick = row.argmax(-1)
             self.hits[layer] += np.asarray(ok)[pick]
@@ -247,8 +247,8 @@ class CorefCounts:
 
 
 
-def coreference_accuracy(hm: Any, docs: Sequence[Document], max_length: int, batch_size: int = 16,
-                         pad_id: int = 0, max_context: int = 3, progress: Any = None) -> tuple[CorefCounts, dict[str, int]]:
+def coreference_accuracy(hm: Any, docs: Sequence[Document], max_length: int, batch_size: int = 16, pad_id: int = 0,
+                         max_context: int = 3, progress: Any = None) -> tuple[CorefCounts, dict[str, int]]:
     """Per-head antecedent-selection accuracy of `hm` on coreference `docs` (streamed)."""
     if hm.tokenizer is None:
         raise HeadscopeError("coreference accuracy needs the model's tokenizer to align words to tokens")

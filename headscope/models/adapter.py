@@ -265,10 +265,12 @@ class HeadModel:
             if (given is None) != (present is None):
                 raise HeadscopeError(
                     f"layer {layer}: the {name} projection {'has' if present is not None else 'has no'} bias; "
-                    f"give {name}_bias {'as a tensor of ' + str(shape[0]) + ' values' if present is not None else 'as None'}"
+                    f"give {name}_bias "
+                    f"{'as a tensor of ' + str(shape[0]) + ' values' if present is not None else 'as None'}"
                 )
             if given is not None and tuple(given.shape) != (shape[0],):
-                raise HeadscopeError(f"layer {layer}: {name}_bias has shape {tuple(given.shape)}; expected ({shape[0]},)")
+                raise HeadscopeError(
+                    f"layer {layer}: {name}_bias has shape {tuple(given.shape)}; expected ({shape[0]},)")
         if dispatch.is_dispatched(self.model):  # written in memory: an offload store would reload the old ones
             dispatch.materialize(list(self.projections(layer).values()))
         layout.write_qkv(self.layers[layer], self.spec, w, d)
@@ -300,7 +302,8 @@ class HeadModel:
         move with their query heads, so the query heads sharing a KV head must stay together.
         """
         if self.pruned:  # positions would no longer match the kept original ids in the pruning record
-            raise HeadscopeError("permuting the heads of a physically pruned model is not supported; permute before pruning")
+            raise HeadscopeError("permuting the heads of a physically pruned model is not supported; "
+                                 "permute before pruning")
         w, d = self.qkv_weights(layer), self.d_head
         n_q, n_kv = w.q.shape[0] // d, w.k.shape[0] // d
         order = [int(i) for i in query_order]

@@ -25,8 +25,8 @@ from torch import nn
 from ..errors import HeadscopeError
 from ..io import atomic_dir
 from . import layout
-from .config import attn_implementation_for
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
+from .config import attn_implementation_for
 
 log = logging.getLogger(__name__)
 
@@ -127,11 +127,13 @@ class {cls}(transformers.{arch}):
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         layers = get_path(self.base_model, SPEC.layers)
-        for layer, keep in sorted((int(k), list(v)) for k, v in (getattr(config, "headscope_pruning", None) or {{}}).items()):
+        pruning = getattr(config, "headscope_pruning", None) or {{}}
+        for layer, keep in sorted((int(k), list(v)) for k, v in pruning.items()):
             if len(keep) != N_HEADS:
                 slice_block(layers[layer], SPEC, D_HEAD, GROUP_SIZE, list(range(N_HEADS)), keep)
         # FFN neurons kept per layer (original ids = positions in the freshly built, unpruned layer).
-        for layer, keep in sorted((int(k), list(v)) for k, v in (getattr(config, "headscope_ffn", None) or {{}}).items()):
+        ffn = getattr(config, "headscope_ffn", None) or {{}}
+        for layer, keep in sorted((int(k), list(v)) for k, v in ffn.items()):
             if len(keep) != linear_weight(get_path(layers[layer], SPEC.ffn_out), SPEC.conv1d).shape[1]:
                 slice_ffn(layers[layer], SPEC, keep)
 '''
@@ -179,8 +181,8 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     if (path / "tokenizer_config.json").exists():
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     if not kept and not neurons:
-        model = auto_class(config).from_pretrained(path, dtype=dtype,
-                                                   attn_implementation=attn_implementation_for(auto_class(config), config))
+        model = auto_class(config).from_pretrained(
+            path, dtype=dtype, attn_implementation=attn_implementation_for(auto_class(config), config))
         model.to(device).eval()
         return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))
     for key in (PRUNING_CONFIG_KEY, FFN_CONFIG_KEY):

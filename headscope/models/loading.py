@@ -19,9 +19,9 @@ import transformers
 
 from ..errors import HeadscopeError, did_you_mean
 from ..io import atomic_dir
-from .config import attn_implementation_for
 from .adapter import HeadModel
 from .checkpoint import MLA_FILE, PRUNING_FILE, auto_class, load_checkpoint
+from .config import attn_implementation_for
 from .specs import spec_for
 
 log = logging.getLogger(__name__)
@@ -399,11 +399,13 @@ def _check_model_dir(path: Path, name: str) -> None:
     cfg = path / "config.json"
     if not cfg.is_file():
         raise HeadscopeError(f"{name!r} is not a model directory: it has no config.json; give a folder saved by "
-                             f"save_pretrained (config.json + weights), a built-in name ({', '.join(BUILTINS)}) or a hub id")
+                             f"save_pretrained (config.json + weights), a built-in name ({', '.join(BUILTINS)}) "
+                             "or a hub id")
     try:
         model_type = json.loads(cfg.read_text(encoding="utf-8")).get("model_type")
     except (ValueError, AttributeError):
-        raise HeadscopeError(f"{str(cfg)!r} is not a JSON object; give the config.json save_pretrained writes") from None
+        raise HeadscopeError(
+            f"{str(cfg)!r} is not a JSON object; give the config.json save_pretrained writes") from None
     if not model_type:
         raise HeadscopeError(f"{str(cfg)!r} has no model_type; give the config.json save_pretrained writes")
     spec_for(model_type)  # an unsupported family: the error lists the supported ones
@@ -418,8 +420,9 @@ def load_gguf(path: str | Path, *, device: str | torch.device = "cpu", dtype: to
     config = gguf_config(path)
     spec_for(config.model_type)  # fail early, before reading the weights, on unsupported families
     with _gguf_errors(path):
+        attn = attn_implementation_for(transformers.AutoModelForCausalLM, config)
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                                  attn_implementation=attn_implementation_for(transformers.AutoModelForCausalLM, config))
+                                                                  attn_implementation=attn)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model.hf_quantizer = None  # dequantised: plain floats from here on
     model.to(device).eval()
