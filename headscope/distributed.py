@@ -148,7 +148,7 @@ def _gather(status: tuple[bool, str] | None, payload: Any = None) -> list[Any]:
         r, (user, msg) = failed[0]
         others = f" (and rank{'s' if len(failed) > 2 else ''} {', '.join(str(f[0]) for f in failed[1:])})" \
             if len(failed) > 1 else ""
-        exc = (RankFailed if user else RankCrashed)(f"rank {r} of {len(got)}{others}: {msg}")
+        exc: Exception = (RankFailed if user else RankCrashed)(f"rank {r} of {len(got)}{others}: {msg}")
         exc._headscope_reported = True  # type: ignore[attr-defined]
         raise exc
     return [p for _, p in got]

@@ -153,14 +153,17 @@ def coref_items(docs: Sequence[Document], tokenizer: Any, max_length: int, max_c
     head words of all mentions whose head precedes the anaphor's head; anaphors with fewer than
     `min_candidates` candidates are left out (the choice would be trivial).
     """
-    items, counts = [], Counter()
+    items: list[CorefItem] = []
+    counts: Counter[str] = Counter()
     for doc in docs:
         for i in range(len(doc.sentences)):
             if not doc.mentions[i]:
                 continue
             best = None
             for j in range(i, max(-1, i - max_context - 1), -1):
-                words, space, offs = [], [], []
+                words: list[str] = []
+                space: list[bool] = []
+                offs: list[int] = []
                 for s in doc.sentences[j:i + 1]:
                     offs.append(len(words))
                     words += s.words

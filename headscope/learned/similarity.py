@@ -259,8 +259,8 @@ class Similarity:
         i, j = self.index(a), self.index(b)
         return {name: float(m[i, j]) for name, m in self.matrices.items()}
 
-    def pairs(self):
-        """A DataFrame with one row per unordered pair: head_a, head_b, the metrics, same_layer; js ascending."""
+    def pairs(self) -> Any:
+        """A pandas DataFrame, one row per unordered pair: head_a, head_b, the metrics, same_layer; js ascending."""
         import pandas as pd  # only for this table; pandas costs ~0.5 s to import
 
         names = self.head_names()
@@ -293,7 +293,7 @@ class Similarity:
             return []
         labels = fcluster(linkage(squareform(d, checks=False), method="complete"), t=1.0, criterion="distance")
         names = self.head_names()
-        out = []
+        out: list[dict[str, Any]] = []
         for lab in np.unique(labels):
             idx = np.flatnonzero(labels == lab)
             if len(idx) < 2:
@@ -309,9 +309,9 @@ class Similarity:
     def to_npz(self, path: Any = None) -> bytes:
         """similarity.npz: every matrix, the head names and the metadata (JSON); written atomically if `path`."""
         buf = io.BytesIO()
+        matrices: dict[str, Any] = {k: v.astype(np.float64) for k, v in self.matrices.items()}
         np.savez_compressed(buf, heads=np.array(self.head_names()), n_layers=self.n_layers, n_heads=self.n_heads,
-                            meta=np.array(json.dumps(self.meta, default=str)),
-                            **{k: v.astype(np.float64) for k, v in self.matrices.items()})
+                            meta=np.array(json.dumps(self.meta, default=str)), **matrices)
         data = buf.getvalue()
         if path is not None:
             atomic_write_bytes(path, data)

@@ -15,7 +15,7 @@ import inspect
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
@@ -46,8 +46,9 @@ _SPEC_FIELDS = ("layers", "attention", "out_proj", "q_proj", "k_proj", "v_proj",
                 "qkv_layout", "head_count_attrs", "config_head_attrs", "ffn_in", "ffn_in_parts", "ffn_out")
 
 
-def auto_class(config: Any) -> type:
+def auto_class(config: Any) -> Any:
     """The transformers Auto class that keeps the model's head (LM or classifier)."""
+    # -> Any: the Auto classes share only a private base (_BaseAutoModelClass), whose hints are partial.
     archs = list(getattr(config, "architectures", None) or [])
     if any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
         return transformers.AutoModelForCausalLM
@@ -86,7 +87,7 @@ def save_model(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
         # trust_remote_code class, which transformers treats as custom code) apply none of transformers'
         # renamings of legacy checkpoint keys (GPT-NeoX's embed_out <-> lm_head).
         sliced = hm.pruned or hm.ffn_pruned
-        hm.model.save_pretrained(tmp, save_original_format=not sliced)
+        cast(transformers.PreTrainedModel, hm.model).save_pretrained(tmp, save_original_format=not sliced)
         if hm.tokenizer is not None:
             hm.tokenizer.save_pretrained(tmp)
         if sliced:
@@ -225,7 +226,7 @@ def _load_weights(model: nn.Module, path: Path) -> None:
             f"unexpected {list(unexpected)[:5]}; was it saved by headscope.models.checkpoint.save_model?"
         )
     if missing:
-        model.tie_weights()
+        cast(transformers.PreTrainedModel, model).tie_weights()
 
 
 def _tied_names(model: nn.Module) -> set[str]:

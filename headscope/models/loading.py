@@ -216,6 +216,8 @@ def _float_copy(b: BuiltinModel) -> Path:
 
     if complete():
         return target
+    if b.gguf_file is None:
+        raise HeadscopeError(f"built-in {b.name!r} ships as a transformers folder, not a GGUF file")
     src = _locate(b)
     log.info("converting %s to float32 once (cached in %s)", b.gguf_file, target)
     with _gguf_errors(src / b.gguf_file):
@@ -223,7 +225,7 @@ def _float_copy(b: BuiltinModel) -> Path:
         tok = transformers.AutoTokenizer.from_pretrained(src, gguf_file=b.gguf_file)
     # The dequantised weights are plain floats now; drop the GGUF quantiser so the copy
     # saves and reloads as an ordinary checkpoint.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers' hints do not declare hf_quantizer
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     try:
@@ -339,7 +341,7 @@ def load_model(
                     "float32 here); bfloat16 or float32 are faster on CPU, float16 is meant for GPUs")
     if name_or_path in BUILTINS:
         b = BUILTINS[name_or_path]
-        path = _float_copy(b) if b.gguf_file else _locate(b)
+        path: str | Path = _float_copy(b) if b.gguf_file else _locate(b)
         if b.terms:
             log.info("%s", b.terms)
         name, source = b.name, f"builtin:{b.name}"
@@ -424,11 +426,12 @@ def load_gguf(path: str | Path, *, device: str | torch.device = "cpu", dtype: to
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                                   attn_implementation=attn)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model.hf_quantizer = None  # dequantised: plain floats from here on
-    model.to(device).eval()
+    model.hf_quantizer = None  # type: ignore[assignment]  # dequantised: plain floats from here on
+    # transformers hints PreTrainedModel.to through a decorator that hides `self`:
+    model.to(device).eval()  # type: ignore[arg-type]
     return HeadModel(model=model, tokenizer=tokenizer, name=path.stem, source=str(path))
 
 
-def wrap(model: torch.nn.Module, tokenizer=None, name: str = "") -> HeadModel:
+def wrap(model: torch.nn.Module, tokenizer: Any = None, name: str = "") -> HeadModel:
     """Bind an already-loaded transformers model (and tokenizer) to its headscope adapter."""
     return HeadModel(model=model, tokenizer=tokenizer, name=name, source="in-memory")
