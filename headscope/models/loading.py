@@ -426,7 +426,7 @@ def load_gguf(path: str | Path, *, device: str | torch.device = "cpu", dtype: to
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                                   attn_implementation=attn)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model.hf_quantizer = None  # type: ignore[assignment]  # dequantised: plain floats from here on
+    model.hf_quantizer = None  # type: ignore[assignment]  # undeclared in transformers' hints; weights are floats now
     # transformers hints PreTrainedModel.to through a decorator that hides `self`:
     model.to(device).eval()  # type: ignore[arg-type]
     return HeadModel(model=model, tokenizer=tokenizer, name=path.stem, source=str(path))
