@@ -19,5 +19,8 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "install Debian's chromium (sudo apt-get install chromium) for the report's browser test"; fi; }
 
+# Lint, then types, then the tests: the cheap checks fail first. Rules and strictness are in pyproject.toml.
 test:
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/mypy
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q tests

@@ -9,15 +9,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-
-from .learned.analyze import analyze  # noqa: E402
-from .version import __version__  # noqa: E402, F401  (headscope.__version__)
-from .data import read_conllu, read_texts  # noqa: E402
-from .errors import HeadscopeError  # noqa: E402
-from .hooks import capture_head_outputs, head_gates, on_attention_weights  # noqa: E402
-from .models import HeadModel, load_model, wrap  # noqa: E402
-from .stats import STATISTICS, HeadStats  # noqa: E402
-from .table import HeadTable, head_name, parse_head  # noqa: E402
+from .data import read_conllu, read_texts
+from .errors import HeadscopeError
+from .hooks import capture_head_outputs, head_gates, on_attention_weights
+from .learned.analyze import analyze
+from .models import HeadModel, load_model, wrap
+from .stats import STATISTICS, HeadStats
+from .table import HeadTable, head_name, parse_head
+from .version import __version__ as __version__  # re-exported: headscope.__version__
 
 # public name -> module that defines it (imported lazily). `role_census` and `head_similarity` are
 # the functions headscope.learned.roles.roles and headscope.learned.similarity.similarity: a package attribute named

@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,12 @@ from .stats import STATISTICS
 __all__ = [
     "ARTIFACTS", "Artifact", "Field", "PROVENANCE_FILES", "artifact", "outputs", "producers", "provenance_file",
     "write_csv",
-    "HEADS_CSV", "HEADS_JSON", "ROLES_CSV", "KV_JSON", "ROLES_JSON", "SYNTAX_CSV", "SIMILAR_PAIRS_CSV", "SIMILARITY_NPZ", "CLUSTERS_JSON",
+    "HEADS_CSV", "HEADS_JSON", "ROLES_CSV", "KV_JSON", "ROLES_JSON", "SYNTAX_CSV", "SIMILAR_PAIRS_CSV",
+    "SIMILARITY_NPZ", "CLUSTERS_JSON",
     "IMPORTANCE_CSV", "IMPORTANCE_JSON", "RANK_CORRELATION_CSV", "PRUNE_CURVE_CSV", "PRUNE_CURVE_PNG",
     "REDUNDANCY_CSV", "PRUNE_JSON", "UNIT_CURVE_CSV", "UNIT_CURVE_PNG", "UNITS_JSON", "UNIT_IMPORTANCE_CSV",
-    "UNIT_IMPORTANCE_JSON", "TASKS_CSV", "TASK_CORRELATION_CSV", "TASK_SPECIFIC_CSV", "TASKS_JSON", "MODEL_DIR", "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
+    "UNIT_IMPORTANCE_JSON", "TASKS_CSV", "TASK_CORRELATION_CSV", "TASK_SPECIFIC_CSV", "TASKS_JSON", "MODEL_DIR",
+    "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
 ]
 
@@ -96,7 +97,8 @@ class Artifact:
         """The names among `names` that belong to the field or family `family`, in their order."""
         decl = next((f for f in self.fields if f.name == family), None)
         if decl is None:
-            raise HeadscopeError(f"{self.name} declares no field {family!r}{did_you_mean(family, [f.name for f in self.fields])}")
+            known = [f.name for f in self.fields]
+            raise HeadscopeError(f"{self.name} declares no field {family!r}{did_you_mean(family, known)}")
         return [n for n in names if decl.matches(n)]
 
     def missing(self, names: Iterable[str]) -> list[str]:
@@ -159,7 +161,8 @@ ROLES_CSV = Artifact(
      _f("syntax_<relation>", "accuracy of the head at finding this dependency relation's other word",
         "roles --treebank"),
      _f("coref_accuracy", "how often the head's strongest antecedent is the gold one", "roles --coref"),
-     _f("retrieval_score", "Wu et al. 2024's needle-copy score at --long tokens (docs/long_context.md)", "roles --long"),
+     _f("retrieval_score", "Wu et al. 2024's needle-copy score at --long tokens (docs/long_context.md)",
+        "roles --long"),
      _f("streaming_share", "weight on sink + recent window at --long tokens (DuoAttention's split)", "roles --long"),
      _f("echo_far", "weight on earlier copies of the current token at least 256 tokens back", "roles --long"),
      _f("induction_far", "weight on the tokens after such copies (induction at long range)", "roles --long")))
@@ -256,7 +259,8 @@ UNIT_CURVE_CSV = Artifact(
     "beyond heads (attention sub-layers, blocks, FFN neurons, a mix); written instead of prune_curve.csv",
     (_f("step", "point, 0 = unpruned"), _f("unit", "attention, block, ffn or mix"),
      _f("fraction_params", "share of all parameters removed"), _f("params_removed"),
-     _f("metric", "the metric with those units switched off"), _f("drop", "relative drop (lm_loss: perplexity increase)"),
+     _f("metric", "the metric with those units switched off"),
+     _f("drop", "relative drop (lm_loss: perplexity increase)"),
      _f("perplexity", "exp(metric)", "lm_loss metric"),
      _f("metric_recovered", "after distillation recovery (empty without --recover)"), _f("drop_recovered"),
      _f("perplexity_recovered", "exp(metric_recovered)", "lm_loss metric"),
@@ -265,7 +269,8 @@ UNIT_CURVE_CSV = Artifact(
      _f("removed", "units removed: A3 = attention of layer 3, B7 = block 7, F2:n = n FFN neurons of layer 2")))
 UNIT_CURVE_PNG = Artifact("unit_curve.png", "png", {"prune --unit": _UNIT}, "the unit curve (and speedups)")
 UNITS_JSON = Artifact(
-    "units.json", "json", {"prune --unit": _UNIT}, "the unit curve's settings, points and the unit scores behind its order",
+    "units.json", "json", {"prune --unit": _UNIT},
+    "the unit curve's settings, points and the unit scores behind its order",
     (_f("model"), _f("unit"), _f("method"), _f("metric"), _f("higher_is_better"), _f("n_parameters"),
      _f("baseline"), _f("points", "the rows of unit_curve.csv"), _f("scores", "unit kind -> scores (ffn: per layer)"),
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("fraction"),
@@ -387,7 +392,8 @@ GQA_JSON = Artifact(
      _f("kv_bytes_before", "{measured, calculated, seq_len, batch, dtype, match}"), _f("kv_bytes_after"),
      _PROVENANCE))
 MLA_JSON = Artifact(
-    "mla.json", "json", {"mla": ""}, "MHA/GQA -> MLA: perplexity before / after conversion / after uptraining, KV bytes",
+    "mla.json", "json", {"mla": ""},
+    "MHA/GQA -> MLA: perplexity before / after conversion / after uptraining, KV bytes",
     (_f("model"), _f("model_type"), _f("n_layers"), _f("n_heads"), _f("n_kv_heads"), _f("d_head"), _f("d_model"),
      _f("kv_rank", "latent width per token and layer"), _f("full_rank", "the rank that loses nothing"),
      _f("rope_dims", "key dimensions per KV head that keep RoPE"), _f("selection", "2-norm or high"),
@@ -404,7 +410,8 @@ REPORT_HTML = Artifact("report.html", "html", {"report": ""}, "the offline repor
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
-    PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG, SWEEP_SPEED_PNG, GQA_JSON,
+    PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG,
+    SWEEP_SPEED_PNG, GQA_JSON,
     MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML)}
 
 

@@ -18,8 +18,8 @@ import transformers
 
 from . import commands, distributed
 from .commands._common import check_common
-from .version import __version__
 from .errors import HeadscopeError
+from .version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

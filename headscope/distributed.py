@@ -148,8 +148,8 @@ def _gather(status: tuple[bool, str] | None, payload: Any = None) -> list[Any]:
         r, (user, msg) = failed[0]
         others = f" (and rank{'s' if len(failed) > 2 else ''} {', '.join(str(f[0]) for f in failed[1:])})" \
             if len(failed) > 1 else ""
-        exc = (RankFailed if user else RankCrashed)(f"rank {r} of {len(got)}{others}: {msg}")
-        exc._headscope_reported = True  # type: ignore[attr-defined]
+        exc: Exception = (RankFailed if user else RankCrashed)(f"rank {r} of {len(got)}{others}: {msg}")
+        exc._headscope_reported = True  # type: ignore[attr-defined]  # a marker: every rank already knows
         raise exc
     return [p for _, p in got]
 
@@ -159,7 +159,7 @@ def check(error: BaseException | None = None) -> None:
     if not active():
         return
     if error is not None:
-        error._headscope_reported = True  # type: ignore[attr-defined]
+        error._headscope_reported = True  # type: ignore[attr-defined]  # a marker: every rank already knows
     _gather(None if error is None else _describe(error))
 
 

@@ -8,9 +8,10 @@ of Michel et al. (2019). Every hook installed here is removed in `finally`.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
+from torch import nn
 
 from .attention.kernel import DEFAULT_BLOCK, stats_kernel
 from .errors import HeadscopeError
@@ -31,8 +32,8 @@ def on_head_outputs(hm: HeadModel, fn: HeadOutputFn, layers: list[int] | None = 
     """
     handles = []
 
-    def make_hook(layer: int):
-        def hook(module, args):
+    def make_hook(layer: int) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...] | None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
             x = args[0]
             z = x.view(*x.shape[:-1], -1, hm.d_head)  # [batch, pos, head, d_head]
             new = fn(layer, z)
@@ -119,8 +120,8 @@ def on_attention_weights(hm: HeadModel, fn: Callable[[int, torch.Tensor], None])
     """
     handles = []
 
-    def make_hook(layer: int):
-        def hook(module, args, output):
+    def make_hook(layer: int) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
             if weights is None:
                 raise HeadscopeError(

@@ -10,9 +10,9 @@ import secrets
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Iterator
 
 from .errors import HeadscopeError
@@ -129,7 +129,8 @@ def atomic_dir(path: str | Path, *, force: bool = False) -> Iterator[Path]:
     if path.exists() and not path.is_dir():
         raise HeadscopeError(f"{str(path)!r} exists and is not a directory; choose another path")
     if path.exists() and not force:
-        raise HeadscopeError(f"{str(path)!r} already exists; pass force=True (--force) to replace it or choose another path")
+        raise HeadscopeError(f"{str(path)!r} already exists; pass force=True (--force) to replace it "
+                             "or choose another path")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _sibling(path, "partial")
     tmp.mkdir()  # os.mkdir honours the umask (mkdtemp would make it 0700)

@@ -23,7 +23,8 @@ from .models.adapter import HeadModel
 # Column name -> what it means (README documents the same list).
 STATISTICS: dict[str, str] = {
     "entropy": "attention entropy of a query's distribution over keys, nats",
-    "entropy_norm": "entropy / log(number of keys the query may attend to); 1 = uniform (queries with one key left out)",
+    "entropy_norm": "entropy / log(number of keys the query may attend to); 1 = uniform "
+                    "(queries with one key left out)",
     "mean_distance": "expected |query - key| distance in tokens",
     "prev_token_mass": "weight on the previous token (queries with one)",
     "next_token_mass": "weight on the next token (encoders; NaN for causal models, which cannot see it)",
@@ -186,6 +187,8 @@ def collect_stats(hm: HeadModel, stats: HeadStats, token_flags: TokenClasses) ->
 class StatsSession:
     """Hook callbacks that turn each layer's attention and head outputs into sums."""
 
+    _context = "collect_stats"  # named in the error when set_batch was not called
+
     def __init__(self, hm: HeadModel, stats: HeadStats, flags: TokenClasses) -> None:
         self.hm, self.stats, self.flags = hm, stats, flags
         self.grams = [output_gram(hm, layer) if hm.heads_in_layer(layer) else None for layer in range(hm.n_layers)]
@@ -203,22 +206,30 @@ class StatsSession:
         self.stats.tokens += int(self.mask.sum())
         self.stats.passages += int(self.mask.shape[0])
 
+    def _batch_mask(self) -> torch.Tensor:
+        """The current batch's attention mask; an error when `set_batch` was not called first."""
+        if self.mask is None:
+            raise RuntimeError(f"{self._context}: call session.set_batch(...) before each forward pass")
+        return self.mask
+
     def _allowed_for(self, layer: int) -> torch.Tensor:
         window = self.hm.sliding_window(layer)
         if window not in self._allowed:
-            self._allowed[window] = allowed_keys(self.mask, self.hm.causal, window)
+            self._allowed[window] = allowed_keys(self._batch_mask(), self.hm.causal, window)
         return self._allowed[window]
 
     def on_attention(self, layer: int, probs: torch.Tensor) -> None:
-        if self.mask is None:
-            raise RuntimeError("collect_stats: call session.set_batch(...) before each forward pass")
+        self._batch_mask()  # set_batch must have come first
         with torch.no_grad():
             reduce_attention(self.stats, layer, probs, self._allowed_for(layer), self.special, self.punct,
                              self.heads[layer])
 
     def on_outputs(self, layer: int, z: torch.Tensor) -> None:
+        gram = self.grams[layer]
+        if gram is None:  # a layer without heads (on_head_outputs skips those anyway)
+            return None
         with torch.no_grad():
-            reduce_outputs(self.stats, layer, z, self.grams[layer], self.mask, self.heads[layer])
+            reduce_outputs(self.stats, layer, z, gram, self._batch_mask(), self.heads[layer])
         return None
 
 
@@ -245,6 +256,8 @@ def collect_stats_kernel(hm: HeadModel, stats: HeadStats, token_flags: TokenClas
 class KernelStatsSession(StatsSession):
     """StatsSession fed by the kernel's blocks: sums per layer are added once its last block arrives."""
 
+    _context = "collect_stats_kernel"
+
     def __init__(self, hm: HeadModel, stats: HeadStats, flags: TokenClasses) -> None:
         super().__init__(hm, stats, flags)
         self._acc: dict[int, BlockStats] = {}
@@ -254,10 +267,9 @@ class KernelStatsSession(StatsSession):
         self._acc = {}
 
     def _layer_stats(self, layer: int) -> BlockStats:
-        if self.mask is None:
-            raise RuntimeError("collect_stats_kernel: call session.set_batch(...) before each forward pass")
+        mask = self._batch_mask()
         if layer not in self._acc:
-            self._acc[layer] = BlockStats(self.mask, self.special, self.punct, self.hm.causal,
+            self._acc[layer] = BlockStats(mask, self.special, self.punct, self.hm.causal,
                                           self.hm.sliding_window(layer))
         return self._acc[layer]
 
@@ -266,8 +278,9 @@ class KernelStatsSession(StatsSession):
         return self._layer_stats(layer).columns()
 
     def on_rows(self, rows: BlockRows) -> None:
-        if tuple(self.mask.shape) != (rows.entropy.shape[0], rows.kv_length):
-            raise RuntimeError(f"collect_stats_kernel: set_batch got a mask of shape {tuple(self.mask.shape)} but the "
+        mask = self._batch_mask()
+        if tuple(mask.shape) != (rows.entropy.shape[0], rows.kv_length):
+            raise RuntimeError(f"collect_stats_kernel: set_batch got a mask of shape {tuple(mask.shape)} but the "
                                f"forward pass has batch {rows.entropy.shape[0]} x {rows.kv_length} tokens")
         layer = rows.layer
         acc = self._layer_stats(layer)

@@ -11,12 +11,15 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import numpy as np
 
 from .errors import HeadscopeError, did_you_mean
 from .io import atomic_write_text, csv_text
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 KEY_COLUMNS = ("layer", "head")
 
@@ -112,14 +115,14 @@ class HeadTable:
             rows.append(row)
         return rows
 
-    def to_pandas(self):
+    def to_pandas(self) -> pd.DataFrame:
         """A DataFrame, one row per head sorted by layer then head."""
         import pandas as pd  # optional export; pandas costs ~0.5 s to import
 
         return pd.DataFrame.from_records(self.to_records(), columns=[*KEY_COLUMNS, *self.columns])
 
     @classmethod
-    def from_pandas(cls, df, meta: Mapping[str, Any] | None = None) -> "HeadTable":
+    def from_pandas(cls, df: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> "HeadTable":
         """Build a table from a DataFrame with `layer` and `head` columns."""
         missing = [k for k in KEY_COLUMNS if k not in df.columns]
         if missing:

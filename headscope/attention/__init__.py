@@ -4,9 +4,18 @@ consumers of per-query values only, those values from a tiled online-softmax wal
 
 from __future__ import annotations
 
-from .blocks import (DEFAULT_TILE, AttentionBlock, BlockRows, BlockStats, block_attention, check_block, fused_rows,
-                     iter_blocks)
+from .blocks import (
+                     DEFAULT_TILE,
+                     AttentionBlock,
+                     BlockRows,
+                     BlockStats,
+                     block_attention,
+                     check_block,
+                     fused_rows,
+                     iter_blocks,
+)
 from .kernel import DEFAULT_BLOCK, KERNEL_NAME, AttentionKernel, check_kernel_support, stats_kernel
 
-__all__ = ["DEFAULT_BLOCK", "DEFAULT_TILE", "KERNEL_NAME", "AttentionBlock", "AttentionKernel", "BlockRows", "BlockStats",
-           "block_attention", "check_block", "check_kernel_support", "fused_rows", "iter_blocks", "stats_kernel"]
+__all__ = ["DEFAULT_BLOCK", "DEFAULT_TILE", "KERNEL_NAME", "AttentionBlock", "AttentionKernel", "BlockRows",
+           "BlockStats", "block_attention", "check_block", "check_kernel_support", "fused_rows", "iter_blocks",
+           "stats_kernel"]

@@ -253,7 +253,8 @@ def fused_rows(query: torch.Tensor, key: torch.Tensor, side: torch.Tensor, mask:
         e = torch.exp(flat)
         # sum e (s - m_new) = scale * (sum e_old (s - m_old) + (m_old - m_new) * Z_old) + this tile's part
         # (scale * (m_old - m_new) first: a row that saw only masked keys so far has m_old = floor, scale 0)
-        ent = scale * ent + scale * (m - m_new) * acc[..., n_value:n_value + 1] + torch.linalg.vecdot(e, flat)[..., None]
+        ent = (scale * ent + scale * (m - m_new) * acc[..., n_value:n_value + 1]
+               + torch.linalg.vecdot(e, flat)[..., None])
         if dist is not None:
             kpos = torch.arange(k0, k1, device=query.device)
             d = (qpos[:, None] - kpos[None, :]).abs().float()  # [q, k]
@@ -357,7 +358,7 @@ class BlockStats:
         """{statistic: (sum over queries `[head]` float64, count)} over every block added; then starts afresh."""
         if self.rows is None:
             return {}
-        rows = dict(zip(_ROWS, self.rows))
+        rows = dict(zip(_ROWS, self.rows, strict=True))
         self.rows = None
         valid = self.valid
         n_keys = n_visible_keys(valid, self.causal, self.window)  # [batch, q]

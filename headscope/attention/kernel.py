@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Callable, Iterator
 
 import torch
@@ -22,8 +23,18 @@ from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
 from ..models.config import attention_implementation
 from ..models.specs import supported_model_types
-from .blocks import (DEFAULT_TILE, AttentionBlock, BlockRows, check_block, fused_rows, iter_blocks, key_range,
-                     key_side, rows_from_block, visible_outside)
+from .blocks import (
+    DEFAULT_TILE,
+    AttentionBlock,
+    BlockRows,
+    check_block,
+    fused_rows,
+    iter_blocks,
+    key_range,
+    key_side,
+    rows_from_block,
+    visible_outside,
+)
 
 KERNEL_NAME = "headscope_stats"
 # Queries per block: probabilities take batch x heads x DEFAULT_BLOCK x T floats at a time.
@@ -102,6 +113,11 @@ def _blockwise_output(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     return out.transpose(1, 2).contiguous(), None
 
 
+def _feed_rows(fn: RowsFn, columns: torch.Tensor, block: AttentionBlock) -> None:
+    """A rows consumer as a block callback: `fn` gets the block's rows against `columns`."""
+    fn(rows_from_block(block, columns))
+
+
 class AttentionKernel:
     """The statistics kernel bound to one model while `stats_kernel` is active; consumers attach here."""
 
@@ -143,8 +159,7 @@ class AttentionKernel:
         """Every consumer as a block callback: rows consumers get `rows_from_block` of each block."""
         fns: list[BlockFn] = list(self.consumers)
         for fn, columns in self.row_consumers:
-            cols = columns(layer)
-            fns.append(lambda blk, fn=fn, cols=cols: fn(rows_from_block(blk, cols)))
+            fns.append(partial(_feed_rows, fn, columns(layer)))
         return tuple(fns)
 
     def _fused(self, info: _LayerInfo, module: nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -166,10 +181,10 @@ class AttentionKernel:
                 o, rows = fused_rows(query, key, side, mask, layer=info.layer, q_start=q0, q_end=q1, n_value=n_value,
                                      scaling=scaling, causal=info.causal, window=info.window, softcap=softcap,
                                      causal_without_mask=causal, tile=self.tile)
-                if out is not None:
+                if out is not None and o is not None:  # o is None only without values (n_value 0): out too
                     out[:, :, q0:q1] = o
                 start = 0
-                for (fn, _), width in zip(self.row_consumers, widths):
+                for (fn, _), width in zip(self.row_consumers, widths, strict=True):
                     fn(replace(rows, weighted=rows.weighted[..., start:start + width]))
                     start += width
         if out is None:
@@ -290,7 +305,7 @@ def stats_kernel(hm: HeadModel, block: int = DEFAULT_BLOCK, output: str = "sdpa"
         stack.enter_context(attention_implementation(hm.model, KERNEL_NAME, stats_attention_forward))
         for layer in kernel.layers:
             _ACTIVE[id(hm.attention(layer))] = (kernel, _LayerInfo(layer, hm.causal, hm.sliding_window(layer)))
-        base = hm.model.base_model
+        base = hm.base_model
         handles.append(base.register_forward_pre_hook(kernel._start_forward))
         handles.append(base.register_forward_hook(kernel._end_forward))
         yield kernel

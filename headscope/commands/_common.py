@@ -14,6 +14,7 @@ import torch
 from ..data import DEFAULT_LIMIT
 from ..errors import HeadscopeError
 from ..io import check_writable_dir
+from ..models.adapter import HeadModel
 from ..models.loading import check_device_map, load_model, resolve_dtype
 from ..table import HeadTable
 
@@ -111,18 +112,19 @@ def read_device_map(value: str | None) -> str | dict | None:
     return mapping
 
 
-def parse_max_memory(text: str | None) -> dict[int | str, str] | None:
+def parse_max_memory(text: str | None) -> dict[int | str, int | str] | None:
     """`--max-memory 0=20GiB,cpu=60GiB` as accelerate's max_memory dict, each device and size checked."""
     if text is None:
         return None
-    out: dict[int | str, str] = {}
+    out: dict[int | str, int | str] = {}
     for item in text.split(","):
         key, sep, size = (part.strip() for part in item.partition("="))
         if not sep or not key or not size:
             raise HeadscopeError(f"--max-memory {text!r}: {item.strip()!r} is not DEVICE=SIZE; write e.g. "
                                  f"0=20GiB,cpu=60GiB (a GPU index, cpu or mps, then bytes or a size like 500MiB)")
+        dev: int | str
         if key.isdigit():
-            dev: int | str = int(key)
+            dev = int(key)
             if dev >= torch.cuda.device_count():
                 raise HeadscopeError(f"--max-memory {text!r}: GPU {dev} does not exist (this machine has "
                                      f"{torch.cuda.device_count()} CUDA device(s)); name cpu, or GPUs from 0")
@@ -137,7 +139,7 @@ def parse_max_memory(text: str | None) -> dict[int | str, str] | None:
     return out
 
 
-def load_from_args(args: argparse.Namespace):
+def load_from_args(args: argparse.Namespace) -> HeadModel:
     """The verb's model, loaded as --device / --dtype / --device-map (--max-memory, --offload-dir) say."""
     return load_model(args.model, device=args.device, dtype=args.dtype, device_map=read_device_map(args.device_map),
                       max_memory=parse_max_memory(args.max_memory), offload_folder=args.offload_dir)
@@ -172,7 +174,8 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None,
                    help="a .txt (one passage a line), .jsonl (a 'text' field) or .conllu file "
                         "(default: the built-in English sample)")
-    p.add_argument("--max-length", type=int, default=None, help="tokens per passage (default 128, capped at the model's)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="tokens per passage (default 128, capped at the model's)")
     p.add_argument("--batch-size", type=int, default=16, help="passages per forward pass (default 16)")
     p.add_argument("--limit", type=int, default=None,
                    help=f"use only the first N passages (default: a built-in corpus gives its first {DEFAULT_LIMIT}, "

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..learned.analyze import analyze
 from ..artifacts import HEADS_CSV, HEADS_JSON, outputs
 from ..data import read_texts
 from ..distributed import add_workers_arg, check_ranks, is_main
 from ..io import prepare_out_dir
+from ..learned.analyze import analyze
 from ..provenance import provenance
 from ..stats import STATISTICS
 from ._common import add_data_args, add_model_arg, add_out_args, grid, load_from_args

@@ -10,7 +10,6 @@ from ..artifacts import CLUSTERS_JSON, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, output
 from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
-from ..provenance import provenance
 from ..learned.similarity import (
     CKA_ESTIMATORS,
     DEFAULT_CKA_BATCH,
@@ -24,6 +23,7 @@ from ..learned.similarity import (
     check_thresholds,
     similarity,
 )
+from ..provenance import provenance
 from ..table import to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
 
@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(out / CLUSTERS_JSON.name, json.dumps(to_jsonable({
         "js_max": args.js_max, "cka_min": args.cka_min,
         "rule": "complete linkage: every pair inside a cluster has js <= js_max and cka >= cka_min",
-        "clusters": clusters, "meta": sim.meta, "provenance": provenance("similar", hm, source, args)}), indent=1, allow_nan=False) + "\n")
+        "clusters": clusters, "meta": sim.meta, "provenance": provenance("similar", hm, source, args)}),
+        indent=1, allow_nan=False) + "\n")
 
     m = sim.meta
     print(f"{hm.name}: {m['n_layers']} layers x {m['n_heads']} heads = {sim.n} heads, {len(pairs)} pairs; "

@@ -85,7 +85,7 @@ def tokenize(
     word_ids: list[list[int | None]] | None = [] if by_words else None
     truncated = 0
     for i, text in enumerate(texts):
-        if by_words:
+        if sentences is not None and by_words:  # (by_words without sentences was refused above)
             enc = tokenizer(sentences[i].words, is_split_into_words=True, truncation=False)
             wid = enc.word_ids()
         else:
@@ -299,7 +299,7 @@ def prepare_tokens(hm: HeadModel, data: Any, max_length: int, limit: int | None 
 
 def _check_vocab(hm: HeadModel, ids: list[list[int]]) -> None:
     """Refuse token ids outside the model's embedding table (they would fail deep inside a forward pass)."""
-    vocab = int(hm.model.get_input_embeddings().num_embeddings)
+    vocab = hm.vocab_size
     for i, seq in enumerate(ids):
         bad = [t for t in seq if not 0 <= t < vocab]
         if bad:
@@ -338,7 +338,7 @@ def pad_id(hm: HeadModel) -> int:
 
 def token_classes(hm: HeadModel) -> TokenClasses:
     """Special/punctuation flags for the model's vocabulary (all False without a tokenizer)."""
-    vocab = int(hm.model.get_input_embeddings().num_embeddings)
+    vocab = hm.vocab_size
     if hm.tokenizer is None:
         return TokenClasses.none(vocab)
     return TokenClasses.from_tokenizer(hm.tokenizer, vocab)

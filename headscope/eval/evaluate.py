@@ -20,8 +20,18 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..data import (LABELLED, TextSource, Tokens, batches, labelled_builtin, pad_id, prepare_tokens, read_jsonl,
-                    read_texts, resolve_max_length)
+from ..data import (
+    LABELLED,
+    TextSource,
+    Tokens,
+    batches,
+    labelled_builtin,
+    pad_id,
+    prepare_tokens,
+    read_jsonl,
+    read_texts,
+    resolve_max_length,
+)
 from ..errors import HeadscopeError, did_you_mean
 from ..hooks import head_gates
 from ..models.adapter import HeadModel

@@ -144,5 +144,5 @@ def compare_lms(reference: nn.Module, candidates: Mapping[str, nn.Module], batch
     return out
 
 
-__all__ = ["compare_lms", "counted_positions", "distillation_loss", "kl_per_position", "kl_sums", "nll_sums", "target_nll",
-           "perplexity"]
+__all__ = ["compare_lms", "counted_positions", "distillation_loss", "kl_per_position", "kl_sums", "nll_sums",
+           "target_nll", "perplexity"]

@@ -112,7 +112,7 @@ def has_classifier(hm: HeadModel) -> bool:
 
 def has_lm_head(hm: HeadModel) -> bool:
     """Whether the model is a causal LM with an LM head (next-token logits)."""
-    return hm.causal and hm.model.get_output_embeddings() is not None and not has_classifier(hm)
+    return hm.causal and hm.output_embeddings is not None and not has_classifier(hm)
 
 
 def default_metric(hm: HeadModel, labelled: bool = False) -> str:
@@ -140,7 +140,7 @@ def resolve_metric(hm: HeadModel, metric: str, labelled: bool) -> str:
 # --- per-row metric -------------------------------------------------------------------------
 def final_hidden(hm: HeadModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Final hidden states `[batch, pos, d_model]` of the base model (after its final norm, if any)."""
-    out = hm.model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    out = hm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     return out.last_hidden_state
 
 
@@ -166,7 +166,9 @@ def lm_token_losses(hm: HeadModel, hidden: torch.Tensor, input_ids: torch.Tensor
                     attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row sum of next-token cross-entropy and the number of predicted tokens (`eval.lm.nll_sums`,
     with the LM head applied to a few rows at a time)."""
-    head = hm.model.get_output_embeddings()
+    head = hm.output_embeddings
+    if head is None:
+        raise HeadscopeError(f"{hm.name} has no LM head: next-token losses need a causal LM")
     sums, counts = [], []
     for s in range(0, hidden.shape[0], _LOGIT_ROWS):
         rows = slice(s, s + _LOGIT_ROWS)
@@ -252,6 +254,8 @@ def accuracy(hm: HeadModel, input_ids: torch.Tensor, attention_mask: torch.Tenso
              labels: torch.Tensor | None = None, ref_pooled: torch.Tensor | None = None,
              ref_tokens: torch.Tensor | None = None) -> RowMetric:
     """Per row: 1 when the predicted class is the label; `cross_entropy` on the label as an extra."""
+    if labels is None:
+        raise HeadscopeError("the accuracy metric needs labels (labelled data)")
     logits = hm.model(input_ids=input_ids, attention_mask=attention_mask).logits
     correct = (logits.argmax(-1) == labels).double()
     ce = F.cross_entropy(_widen(logits), labels, reduction="none").double()
@@ -296,6 +300,8 @@ def fidelity(hm: HeadModel, input_ids: torch.Tensor, attention_mask: torch.Tenso
              ref_tokens: torch.Tensor | None = None) -> RowMetric:
     """Per row: cosine of the mean-pooled output to the reference's; token MSE and cosine as extras
     when `ref_tokens` is given."""
+    if ref_pooled is None:
+        raise HeadscopeError("the fidelity metric needs the unpruned model's pooled outputs (ref_pooled)")
     hidden = final_hidden(hm, input_ids, attention_mask)
     cos = cosine64(mean_pool(hidden, attention_mask), ref_pooled)
     ones = torch.ones_like(cos)

@@ -48,7 +48,7 @@ class ProbeForSequenceClassification(nn.Module):
 
     def __init__(self, model: nn.Module, weight: torch.Tensor, bias: torch.Tensor, labels: list[str]) -> None:
         super().__init__()
-        self.wrapped = model
+        self.wrapped: Any = model  # a transformers model, used through its API (base_model, ...)
         self.probe = nn.Linear(weight.shape[1], weight.shape[0])
         with torch.no_grad():
             self.probe.weight.copy_(weight)
@@ -141,7 +141,8 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, n_classes: int, l2: float = D
         for _ in range(_RESTARTS):  # L-BFGS may stop on a tiny loss change before the gradient is ~0
             opt.step(closure)
             closure()
-            if max(w.grad.abs().max().item(), b.grad.abs().max().item()) < _GRAD_TOL:
+            gw, gb = w.grad, b.grad  # set by closure()'s backward
+            if gw is not None and gb is not None and max(gw.abs().max().item(), gb.abs().max().item()) < _GRAD_TOL:
                 break
     w_raw = (w / sd).detach()
     return w_raw, (b - (w / sd) @ mu).detach()
@@ -190,6 +191,9 @@ def fit_probe(hm: HeadModel, data: Any = "polarity", *, train_share: float = 0.5
                               labels=[names.index(raw[i]) for i in idx])
 
     train, test = tokens(tr, "probe-train"), tokens(te, "probe-test")
+    if train.labels is None or test.labels is None:  # prepare_tokens keeps the labels of the passages it keeps
+        raise HeadscopeError("the probe's passages lost their labels in tokenisation")
+    train_labels, test_labels = train.labels, test.labels
     x_train = pooled_features(hm, train, batch_size)
     y_train = torch.tensor(train.labels)
     w, b = fit_logistic(x_train, y_train, len(names), l2)
@@ -201,10 +205,10 @@ def fit_probe(hm: HeadModel, data: Any = "polarity", *, train_share: float = 0.5
     def acc(x: torch.Tensor, y: list[int]) -> float:
         return float(((x @ w.T + b).argmax(-1) == torch.tensor(y)).double().mean())
 
-    result = Probe(probed, train, test, names, acc(x_train, train.labels),
-                   acc(pooled_features(hm, test, batch_size), test.labels), l2)
+    result = Probe(probed, train, test, names, acc(x_train, train_labels),
+                   acc(pooled_features(hm, test, batch_size), test_labels), l2)
     log.info("probe on %s: %d classes, train accuracy %.3f, test accuracy %.3f (majority %.3f)", source, len(names),
-             result.train_accuracy, result.test_accuracy, majority_share(test.labels))
+             result.train_accuracy, result.test_accuracy, majority_share(test_labels))
     return result
 
 

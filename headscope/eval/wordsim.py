@@ -55,9 +55,9 @@ def wordsim_spearman(hm: HeadModel, which: str = "wordsim353", gates: torch.Tens
             x, mask = b.input_ids.to(hm.device), b.attention_mask.to(hm.device)
             emb[b.index] = mean_pool(final_hidden(hm, x, mask), mask).float().cpu()
     pos = {w: i for i, w in enumerate(words)}
-    a = emb[[pos[p[0]] for p in pairs]]
-    b = emb[[pos[p[1]] for p in pairs]]
-    cos = cosine64(a, b).numpy()
+    first = emb[[pos[p[0]] for p in pairs]]
+    second = emb[[pos[p[1]] for p in pairs]]
+    cos = cosine64(first, second).numpy()
     rho = spearmanr(cos, np.array([p[2] for p in pairs])).statistic
     return float(rho)
 

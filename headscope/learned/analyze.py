@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..attention.kernel import check_output
 from ..data import batches, pad_id, prepare_tokens, resolve_max_length, token_classes
 from ..distributed import all_reduce_stats, is_main, shard_batches
 from ..models.adapter import HeadModel
-from ..attention.kernel import check_output
 from ..stats import DEFAULT_BLOCK, HeadStats, check_block, collect_stats, collect_stats_kernel
 from ..table import HeadTable
 from ..version import versions

@@ -159,7 +159,7 @@ class SpilledExactCKA:
             raise HeadscopeError(f"features have width {x.shape[1]}; expected {self.n_groups} x {self.dim}")
         if x.shape[0] == 0:
             return
-        if self.dtype is None:
+        if self._sum is None:  # the first samples set the spill file's dtype
             self.dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
             self._sum = torch.zeros(x.shape[1], dtype=torch.float64)
         x = x.detach().to("cpu", self.dtype).contiguous()
@@ -169,16 +169,17 @@ class SpilledExactCKA:
 
     def ckas(self, transforms: dict[str, torch.Tensor | None]) -> dict[str, np.ndarray]:
         """{name: `[N, N]` CKA} for each transform (`[N, k, dim]` or None), from one read of the file per block."""
-        if self.count == 0:
+        total, dtype = self._sum, self.dtype
+        if total is None or dtype is None:  # = no samples were added (count 0)
             raise HeadscopeError("CKA needs samples; none were added")
         self._file.flush()
         n, d = self.n_groups, self.dim
-        mean = (self._sum / self.count).to(self.dtype)
+        mean = (total / self.count).to(dtype)
         rs = {k: None if r is None else r.to(self.device, torch.float64) for k, r in transforms.items()}
         num = {k: torch.empty(n, n, dtype=torch.float64, device=self.device) for k in transforms}
         # One reused buffer read straight from the file (a memory map would count its pages as resident).
         buf = torch.empty(min(self.chunk, self.count), n * d, dtype=self.dtype)
-        view = memoryview(buf.numpy()).cast("B")
+        view = buf.numpy().data.cast("B")
         row_bytes = n * d * buf.element_size()
         with open(self._path, "rb", buffering=0) as f:
             for g0 in range(0, n, self.block):
@@ -283,7 +284,8 @@ class MinibatchCKA:
         """Add samples `x [T, n_groups, dim]` (or `[T, n_groups * dim]`)."""
         x = x.reshape(x.shape[0], self.n_groups, -1)
         if x.shape[2] != self.dim:
-            raise HeadscopeError(f"features have width {x.shape[1] * x.shape[2]}; expected {self.n_groups} x {self.dim}")
+            raise HeadscopeError(
+                f"features have width {x.shape[1] * x.shape[2]}; expected {self.n_groups} x {self.dim}")
         if x.shape[0] == 0:
             return
         # Full minibatches leave once the pool overflows, keeping at least 4 samples behind so that
@@ -291,44 +293,45 @@ class MinibatchCKA:
         keep = max(self.pool, 4)
         if self._buf is None:
             self._buf = x.new_empty(keep + self.batch, self.n_groups, self.dim)
+        buf = self._buf
         while x.shape[0]:
-            take = min(self._buf.shape[0] - self._n, x.shape[0])
-            self._buf[self._n:self._n + take] = x[:take]
+            take = min(buf.shape[0] - self._n, x.shape[0])
+            buf[self._n:self._n + take] = x[:take]
             self._n += take
             x = x[take:]
             if self._n - keep >= self.batch:
-                self._draw_one()
+                self._draw_one(buf)
 
     def finish(self) -> None:
         """Draw every sample left in the pool: full minibatches, then the last one of 4 .. batch + 3 samples."""
-        left = self._n
-        if left == 0:
+        left, buf = self._n, self._buf
+        if left == 0 or buf is None:  # (the pool holds samples only once its buffer exists)
             return
         if left < 4 and self.count == 0:
             raise HeadscopeError(f"CKA needs at least 4 tokens; the data gave {left}")
         k = max(0, (left - 4) // self.batch)
-        perm = torch.randperm(left, generator=self._gen).to(self._buf.device)
+        perm = torch.randperm(left, generator=self._gen).to(buf.device)
         for i in range(k):
-            self._add(self._buf[perm[i * self.batch:(i + 1) * self.batch]])
+            self._add(buf[perm[i * self.batch:(i + 1) * self.batch]])
         rest = perm[k * self.batch:]
         if len(rest) >= 4:
-            self._add(self._buf[rest])
+            self._add(buf[rest])
         elif len(rest):
             log.warning("CKA: %d token(s) left after %d minibatches were not used", len(rest), self.minibatches)
         self._buf, self._n = None, 0
 
-    def _draw_one(self) -> None:
-        """Add one minibatch of `batch` samples drawn at random from the pool, and close the gaps they leave
-        with the last rows (moved in place: at most `batch` rows are copied)."""
+    def _draw_one(self, buf: torch.Tensor) -> None:
+        """Add one minibatch of `batch` samples drawn at random from the pool `buf`, and close the gaps they
+        leave with the last rows (moved in place: at most `batch` rows are copied)."""
         n, b = self._n, self.batch
-        perm = torch.randperm(n, generator=self._gen).to(self._buf.device)
+        perm = torch.randperm(n, generator=self._gen).to(buf.device)
         drawn = perm[:b]
-        self._add(self._buf[drawn])
+        self._add(buf[drawn])
         holes = drawn[drawn < n - b].sort().values
         tail = torch.ones(b, dtype=torch.bool, device=drawn.device)
         tail[drawn[drawn >= n - b] - (n - b)] = False
         fillers = torch.arange(n - b, n, device=drawn.device)[tail]  # tail rows not drawn: one per hole
-        self._buf[holes] = self._buf[fillers]
+        buf[holes] = buf[fillers]
         self._n = n - b
 
     def _add(self, x: torch.Tensor) -> None:

@@ -153,14 +153,17 @@ def coref_items(docs: Sequence[Document], tokenizer: Any, max_length: int, max_c
     head words of all mentions whose head precedes the anaphor's head; anaphors with fewer than
     `min_candidates` candidates are left out (the choice would be trivial).
     """
-    items, counts = [], Counter()
+    items: list[CorefItem] = []
+    counts: Counter[str] = Counter()
     for doc in docs:
         for i in range(len(doc.sentences)):
             if not doc.mentions[i]:
                 continue
             best = None
             for j in range(i, max(-1, i - max_context - 1), -1):
-                words, space, offs = [], [], []
+                words: list[str] = []
+                space: list[bool] = []
+                offs: list[int] = []
                 for s in doc.sentences[j:i + 1]:
                     offs.append(len(words))
                     words += s.words
@@ -224,7 +227,7 @@ class CorefCounts:
     def add_item(self, layer: int, wattn: np.ndarray, item: CorefItem) -> None:
         """Score one window's word attention `[head, word, word]` at `layer` (baselines at layer 0)."""
         for a, cands, ok, near, same in zip(item.anaphors, item.candidates, item.correct, item.nearest,
-                                            item.same_head):
+                                            item.same_head, strict=True):
             row = np.nan_to_num(wattn[:, a, cands], nan=-np.inf)  # [head, candidate]
             pick = row.argmax(-1)
             self.hits[layer] += np.asarray(ok)[pick]
@@ -247,8 +250,8 @@ class CorefCounts:
 
 
 
-def coreference_accuracy(hm: Any, docs: Sequence[Document], max_length: int, batch_size: int = 16,
-                         pad_id: int = 0, max_context: int = 3, progress: Any = None) -> tuple[CorefCounts, dict[str, int]]:
+def coreference_accuracy(hm: Any, docs: Sequence[Document], max_length: int, batch_size: int = 16, pad_id: int = 0,
+                         max_context: int = 3, progress: Any = None) -> tuple[CorefCounts, dict[str, int]]:
     """Per-head antecedent-selection accuracy of `hm` on coreference `docs` (streamed)."""
     if hm.tokenizer is None:
         raise HeadscopeError("coreference accuracy needs the model's tokenizer to align words to tokens")

@@ -31,21 +31,6 @@ import torch
 from tqdm.auto import tqdm
 
 from ..attention import DEFAULT_BLOCK, check_block
-# The CKA estimators live in cka.py; their names stay importable from here (the API and `similar` use them).
-from .cka import (  # noqa: F401
-    CKA_ESTIMATORS,
-    DEFAULT_CKA_BATCH,
-    DEFAULT_CKA_MEMORY,
-    DEFAULT_CKA_POOL,
-    MinibatchCKA,
-    SpilledExactCKA,
-    StreamingCKA,
-    _CHUNK,  # one chunk size for every pairwise computation (JS, subspaces, CKA)
-    check_cka_batch,
-    check_cka_memory,
-    hsic1_linear,
-    linear_cka,
-)
 from ..data import batches, pad_id, prepare_tokens, resolve_max_length
 from ..errors import HeadscopeError
 from ..hooks import on_attention_blocks, on_head_outputs
@@ -53,6 +38,22 @@ from ..io import atomic_write_bytes
 from ..models.adapter import HeadModel
 from ..table import head_name, parse_head
 from ..version import versions
+
+# The CKA estimators live in cka.py; their names stay importable from here (the API and `similar` use them).
+from .cka import (  # noqa: F401
+    _CHUNK,  # one chunk size for every pairwise computation (JS, subspaces, CKA)
+    CKA_ESTIMATORS,
+    DEFAULT_CKA_BATCH,
+    DEFAULT_CKA_MEMORY,
+    DEFAULT_CKA_POOL,
+    MinibatchCKA,
+    SpilledExactCKA,
+    StreamingCKA,
+    check_cka_batch,
+    check_cka_memory,
+    hsic1_linear,
+    linear_cka,
+)
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +259,8 @@ class Similarity:
         i, j = self.index(a), self.index(b)
         return {name: float(m[i, j]) for name, m in self.matrices.items()}
 
-    def pairs(self):
-        """A DataFrame with one row per unordered pair: head_a, head_b, the metrics, same_layer; js ascending."""
+    def pairs(self) -> Any:
+        """A pandas DataFrame, one row per unordered pair: head_a, head_b, the metrics, same_layer; js ascending."""
         import pandas as pd  # only for this table; pandas costs ~0.5 s to import
 
         names = self.head_names()
@@ -292,7 +293,7 @@ class Similarity:
             return []
         labels = fcluster(linkage(squareform(d, checks=False), method="complete"), t=1.0, criterion="distance")
         names = self.head_names()
-        out = []
+        out: list[dict[str, Any]] = []
         for lab in np.unique(labels):
             idx = np.flatnonzero(labels == lab)
             if len(idx) < 2:
@@ -308,9 +309,9 @@ class Similarity:
     def to_npz(self, path: Any = None) -> bytes:
         """similarity.npz: every matrix, the head names and the metadata (JSON); written atomically if `path`."""
         buf = io.BytesIO()
+        matrices: dict[str, Any] = {k: v.astype(np.float64) for k, v in self.matrices.items()}
         np.savez_compressed(buf, heads=np.array(self.head_names()), n_layers=self.n_layers, n_heads=self.n_heads,
-                            meta=np.array(json.dumps(self.meta, default=str)),
-                            **{k: v.astype(np.float64) for k, v in self.matrices.items()})
+                            meta=np.array(json.dumps(self.meta, default=str)), **matrices)
         data = buf.getvalue()
         if path is not None:
             atomic_write_bytes(path, data)
@@ -350,6 +351,86 @@ def _query_selection(ids: list[list[int]], causal: bool, max_tokens: int | None,
     return sel
 
 
+class _Stream:
+    """One pass over the data: the hooks (`keep_block`, `keep_z`), the JS sums and the CKA estimator."""
+
+    def __init__(self, hm: HeadModel, selection: list[np.ndarray], r: torch.Tensor, cka: str, cka_batch: int,
+                 cka_pool: int, cka_memory: int, seed: int) -> None:
+        self.hm, self.selection, self.r = hm, selection, r
+        self.cka_batch, self.cka_pool, self.cka_memory = cka_batch, cka_pool, cka_memory
+        self.n_layers, self.device, n = hm.n_layers, hm.device, hm.n_layers * hm.n_heads
+        self.js_sum = torch.zeros(n, n, dtype=torch.float64, device=self.device)
+        self.n_queries, self.n_tokens = 0, 0
+        self.estimator: SpilledExactCKA | MinibatchCKA
+        if cka == "exact":
+            self.estimator = SpilledExactCKA(n, hm.d_head, cka_memory, device=self.device)
+        else:
+            self.estimator = MinibatchCKA(n, hm.d_head, cka_batch, {"cka": r.to(self.device), "cka_z": None},
+                                          pool=cka_pool, seed=seed, device=self.device)
+        self.maps: dict[int, list[torch.Tensor]] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.cur: dict[str, torch.Tensor] = {}
+
+    def keep_block(self, layer: int, q_start: int, probs: torch.Tensor) -> None:
+        """Keep only the selected (query, key) entries of probs `[batch, head, q_block, key]` -> `[head, entries]`."""
+        q_end = q_start + probs.shape[2]
+        entries = self.cur["queries"][:, q_start:q_end, None] & self.cur["tokens"][:, None, :]  # [B, q_block, K]
+        if self.hm.causal:
+            qpos = torch.arange(q_start, q_end, device=entries.device)
+            entries = entries & (torch.arange(entries.shape[2], device=entries.device)[None, :] <= qpos[:, None])
+        entries = entries.to(probs.device)
+        if bool(entries.any()):  # layers of a dispatched model may sit on other devices: gather on hm.device
+            self.maps.setdefault(layer, []).append(probs.permute(1, 0, 2, 3)[:, entries].to(self.device))
+
+    def keep_z(self, layer: int, z: torch.Tensor) -> None:
+        """Keep the head outputs of the non-padding tokens, `[tokens, head, d_head]`."""
+        self.outputs[layer] = z[self.cur["tokens"].to(z.device)].to(self.device)
+
+    def add(self, batch: Any) -> None:
+        """Run one batch through the model and fold its attention and head outputs into the sums."""
+        n_layers, device = self.n_layers, self.device
+        valid = batch.attention_mask.bool().to(device)  # [B, P]
+        queries = torch.zeros_like(valid)
+        for row, i in enumerate(batch.index):
+            queries[row, : len(self.selection[i])] = torch.from_numpy(self.selection[i])
+        self.cur["queries"], self.cur["tokens"] = queries, valid
+        self.hm.model(**batch.model_inputs(device), use_cache=False)
+        if len(self.outputs) != n_layers:
+            raise HeadscopeError(f"captured head outputs for {len(self.outputs)} of {n_layers} layers; "
+                                 f"the model's forward skipped some layers")
+        if bool(queries.any()):
+            if len(self.maps) != n_layers:
+                raise HeadscopeError(f"captured attention for {len(self.maps)} of {n_layers} layers; "
+                                     f"the model's forward skipped some layers")
+            # every layer's blocks arrive in the same (block, batch, query, key) order
+            self.js_sum += pairwise_js_sums(torch.cat([torch.cat(self.maps[l], dim=1) for l in range(n_layers)]))
+        self.n_queries += int(queries.sum())
+        self.maps.clear()
+        feats = torch.cat([self.outputs[l] for l in range(n_layers)], dim=1)  # [tokens, N, d_head]
+        self.estimator.update(feats)
+        self.n_tokens += int(valid.sum())
+        self.outputs.clear()
+
+    def close(self) -> None:
+        """Release the exact estimator's spill file (the minibatch one holds nothing to release)."""
+        if isinstance(self.estimator, SpilledExactCKA):
+            self.estimator.close()
+
+    def ckas(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The CKA matrices and their metadata; closes the exact estimator (minibatch: counts its own tokens)."""
+        if isinstance(self.estimator, SpilledExactCKA):
+            try:
+                matrices = self.estimator.ckas({"cka": self.r, "cka_z": None})
+            finally:
+                self.estimator.close()
+            return matrices, {"cka_estimator": "exact", "cka_memory": self.cka_memory,
+                              "cka_blocks": -(-self.js_sum.shape[0] // self.estimator.block)}
+        matrices = self.estimator.cka()  # first: it adds the pool's last minibatch
+        self.n_tokens = self.estimator.count
+        return matrices, {"cka_estimator": "minibatch unbiased HSIC", "cka_batch": self.cka_batch,
+                          "cka_pool": self.cka_pool, "cka_minibatches": self.estimator.minibatches}
+
+
 def similarity(
     hm: HeadModel,
     data: Any = None,
@@ -372,9 +453,9 @@ def similarity(
     `data` takes the same forms as `headscope.analyze`. `js_max_tokens` caps the number of query
     tokens JS is averaged over (a seeded uniform sample), for big models; CKA always uses every
     non-padding token. `cka="minibatch"` (default) estimates CKA minibatch by minibatch (`MinibatchCKA`:
-    `cka_batch` tokens drawn from a pool of `cka_pool`; memory O(heads x cka_batch^2)); `cka="exact"` computes the
-    full-data CKA of the `(heads x d_head)^2` cross-covariance (`SpilledExactCKA`: head outputs spilled to the
-    temporary folder, at most `cka_memory` bytes of it in memory at once). Attention maps come from
+    `cka_batch` tokens drawn from a pool of `cka_pool`; memory O(heads x cka_batch^2)); `cka="exact"` computes
+    the full-data CKA of the `(heads x d_head)^2` cross-covariance (`SpilledExactCKA`: head outputs spilled to
+    the temporary folder, at most `cka_memory` bytes of it in memory at once). Attention maps come from
     the statistics kernel in blocks of `block` queries. `weights=False` skips the weight-space angles.
     """
     if cka not in CKA_ESTIMATORS:
@@ -389,92 +470,31 @@ def similarity(
             raise HeadscopeError(f"layer {layer} has {hm.heads_in_layer(layer)} heads, not {hm.n_heads}; "
                                  f"similarity needs an unpruned model")
     selection = _query_selection(ids, hm.causal, js_max_tokens, seed)
-    n_layers, n_heads, n = hm.n_layers, hm.n_heads, hm.n_layers * hm.n_heads
-    device = hm.device
-    js_sum = torch.zeros(n, n, dtype=torch.float64, device=device)
-    n_queries, n_tokens = 0, 0
+    n_layers, n_heads = hm.n_layers, hm.n_heads
     r = torch.cat([torch.linalg.qr(layer_weights(hm, l).o.double())[1] for l in range(n_layers)])  # [N, d, d]
-    if cka == "exact":
-        exact = SpilledExactCKA(n, hm.d_head, cka_memory, device=device)
-    else:
-        mini = MinibatchCKA(n, hm.d_head, cka_batch, {"cka": r.to(device), "cka_z": None}, pool=cka_pool,
-                            seed=seed, device=device)
-
-    maps: dict[int, list[torch.Tensor]] = {}
-    outputs: dict[int, torch.Tensor] = {}
-    cur: dict[str, torch.Tensor] = {}
-
-    def keep_block(layer: int, q_start: int, probs: torch.Tensor) -> None:
-        # probs [batch, head, q_block, key]: keep only the selected (query, key) entries -> [head, entries]
-        q_end = q_start + probs.shape[2]
-        entries = cur["queries"][:, q_start:q_end, None] & cur["tokens"][:, None, :]  # [B, q_block, K], never K x K
-        if hm.causal:
-            qpos = torch.arange(q_start, q_end, device=entries.device)
-            entries = entries & (torch.arange(entries.shape[2], device=entries.device)[None, :] <= qpos[:, None])
-        entries = entries.to(probs.device)
-        if bool(entries.any()):  # layers of a dispatched model may sit on other devices: gather on hm.device
-            maps.setdefault(layer, []).append(probs.permute(1, 0, 2, 3)[:, entries].to(device))
-
-    def keep_z(layer: int, z: torch.Tensor) -> None:
-        outputs[layer] = z[cur["tokens"].to(z.device)].to(device)  # [tokens, head, d_head]
-
+    stream = _Stream(hm, selection, r, cka, cka_batch, cka_pool, cka_memory, seed)
     n_batches = (len(ids) + batch_size - 1) // batch_size
     bar = tqdm(total=n_batches, desc="similar", unit="batch", disable=not progress, leave=False)
     try:
-        with on_attention_blocks(hm, keep_block, block), on_head_outputs(hm, keep_z), torch.inference_mode():
+        with (on_attention_blocks(hm, stream.keep_block, block), on_head_outputs(hm, stream.keep_z),
+              torch.inference_mode()):
             for batch in batches(ids, batch_size, pad_id=pad_id(hm)):
-                valid = batch.attention_mask.bool().to(device)  # [B, P]
-                queries = torch.zeros_like(valid)
-                for row, i in enumerate(batch.index):
-                    queries[row, : len(selection[i])] = torch.from_numpy(selection[i])
-                cur["queries"], cur["tokens"] = queries, valid
-                maps.clear()
-                outputs.clear()
-                hm.model(**batch.model_inputs(device), use_cache=False)
-                if len(outputs) != n_layers:
-                    raise HeadscopeError(f"captured head outputs for {len(outputs)} of {n_layers} layers; "
-                                         f"the model's forward skipped some layers")
-                if bool(queries.any()):
-                    if len(maps) != n_layers:
-                        raise HeadscopeError(f"captured attention for {len(maps)} of {n_layers} layers; "
-                                             f"the model's forward skipped some layers")
-                    # every layer's blocks arrive in the same (block, batch, query, key) order
-                    js_sum += pairwise_js_sums(torch.cat([torch.cat(maps[l], dim=1) for l in range(n_layers)]))
-                n_queries += int(queries.sum())
-                maps.clear()
-                feats = torch.cat([outputs[l] for l in range(n_layers)], dim=1)  # [tokens, N, d_head]
-                if cka == "exact":
-                    exact.update(feats)
-                else:
-                    mini.update(feats)
-                n_tokens += int(valid.sum())
-                outputs.clear()
+                stream.add(batch)
                 bar.update(1)
     except BaseException:
-        if cka == "exact":
-            exact.close()
+        stream.close()
         raise
     finally:
         bar.close()
 
-    if cka == "exact":
-        try:
-            cka_matrices = exact.ckas({"cka": r, "cka_z": None})
-        finally:
-            exact.close()
-        cka_meta: dict[str, Any] = {"cka_estimator": "exact", "cka_memory": cka_memory,
-                                    "cka_blocks": -(-n // exact.block)}
-    else:
-        cka_matrices = mini.cka()
-        cka_meta = {"cka_estimator": "minibatch unbiased HSIC", "cka_batch": cka_batch,
-                    "cka_pool": cka_pool, "cka_minibatches": mini.minibatches}
-        n_tokens = mini.count
-    matrices = {"js": (js_sum / max(n_queries, 1)).cpu().numpy(), **cka_matrices}
+    cka_matrices, cka_meta = stream.ckas()
+    matrices = {"js": (stream.js_sum / max(stream.n_queries, 1)).cpu().numpy(), **cka_matrices}
     if weights:
         matrices.update(weight_similarity(hm))
     meta = {"model": hm.name, "model_source": hm.source, "model_type": hm.config.model_type,
             "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,
             "causal": hm.causal, "data": source, "passages": len(ids), "truncated": truncated,
-            "max_length": max_len, "batch_size": batch_size, "js_queries": n_queries, "cka_tokens": n_tokens,
-            **cka_meta, "js_max_tokens": js_max_tokens, "seed": seed, "js_log_base": "e", "versions": versions()}
+            "max_length": max_len, "batch_size": batch_size, "js_queries": stream.n_queries,
+            "cka_tokens": stream.n_tokens, **cka_meta, "js_max_tokens": js_max_tokens, "seed": seed,
+            "js_log_base": "e", "versions": versions()}
     return Similarity(n_layers, n_heads, matrices, meta)

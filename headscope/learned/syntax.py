@@ -61,7 +61,8 @@ class Aligned:
     unaligned: int = 0  # words that received no token
 
 
-def text_with_spans(words: Sequence[str], space_after: Sequence[bool] | None = None) -> tuple[str, list[tuple[int, int]]]:
+def text_with_spans(words: Sequence[str],
+                    space_after: Sequence[bool] | None = None) -> tuple[str, list[tuple[int, int]]]:
     """Join words into the sentence text (SpaceAfter=No honoured) and return each word's char span."""
     parts, spans, pos = [], [], 0
     space_after = list(space_after) if space_after else [True] * len(words)
@@ -87,7 +88,7 @@ def align_words(tokenizer: Any, words: Sequence[str], space_after: Sequence[bool
             char_word[s:e] = w
         special = set(tokenizer.all_special_ids)
         word_of, merged = [], 0
-        for tok, (s, e) in zip(enc["input_ids"], enc["offset_mapping"]):
+        for tok, (s, e) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
             owners = [int(x) for x in np.unique(char_word[s:e]) if x >= 0] if e > s else []
             if tok in special and e <= s:
                 owners = []
@@ -172,7 +173,7 @@ class DependencyCounts:
         totals are counted at layer 0 only, so each arc is counted once.
         """
         pred = _argmax_no_self(wattn)  # [head, word]
-        for d, (g, rel) in enumerate(zip(heads, deprels)):
+        for d, (g, rel) in enumerate(zip(heads, deprels, strict=True)):
             g -= 1
             if g < 0 or g == d or not (aligned_words[d] and aligned_words[g]):
                 continue

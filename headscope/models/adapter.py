@@ -7,8 +7,8 @@ Stages read and change attention weights only through `HeadModel`'s layout metho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence, cast
 
 import torch
 from torch import nn
@@ -110,8 +110,29 @@ class HeadModel:
 
     # --- modules ---------------------------------------------------------------------------
     @property
+    def _transformers_api(self) -> Any:
+        # `model` as transformers' model API (base_model, get_input_embeddings, ...), reached untyped here only:
+        # nn.Module's hints type every attribute it does not declare as Tensor | Module.
+        return self.model
+
+    @property
+    def base_model(self) -> nn.Module:
+        """The transformers base model: it holds the layer blocks (`spec.layers` is relative to it)."""
+        return cast(nn.Module, self._transformers_api.base_model)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the input embedding table: token ids from 0 to vocab_size - 1 are valid."""
+        return int(self._transformers_api.get_input_embeddings().num_embeddings)
+
+    @property
+    def output_embeddings(self) -> nn.Module | None:
+        """The LM head (hidden states -> vocabulary logits), or None for encoders and classifiers."""
+        return cast("nn.Module | None", self._transformers_api.get_output_embeddings())
+
+    @property
     def layers(self) -> nn.ModuleList:
-        return get_path(self.model.base_model, self.spec.layers)
+        return cast(nn.ModuleList, get_path(self.base_model, self.spec.layers))
 
     def attention(self, layer: int) -> nn.Module:
         return get_path(self.layers[layer], self.spec.attention)
@@ -148,10 +169,11 @@ class HeadModel:
 
     def ffn_out(self, layer: int) -> nn.Module:
         """The FFN output projection of `layer`; its input is the neurons' activations `[batch, pos, n_neurons]`."""
-        if not self.has_ffn:
+        path = self.spec.ffn_out
+        if not self.has_ffn or path is None:
             raise HeadscopeError(f"the {self.spec.family} family declares no FFN modules (ffn_in / ffn_out in "
                                  f"headscope/models/specs.py); FFN neurons cannot be reached")
-        return get_path(self.layers[layer], self.spec.ffn_out)
+        return get_path(self.layers[layer], path)
 
     def ffn_in(self, layer: int) -> list[nn.Module]:
         """The FFN input-side projections of `layer` (up / gate / fc1), whose output rows are the neurons."""
@@ -204,7 +226,9 @@ class HeadModel:
         """
         spec, block = self.spec, self.layers[layer]
         paths = {"qkv": spec.qkv_proj} if spec.qkv_proj else {"q": spec.q_proj, "k": spec.k_proj, "v": spec.v_proj}
-        out = {} if self.heads_in_layer(layer) == 0 else {name: get_path(block, p) for name, p in paths.items()}
+        # (every unfused spec names q, k and v: `is not None` only tells the type checker)
+        out = ({} if self.heads_in_layer(layer) == 0 else
+               {name: get_path(block, p) for name, p in paths.items() if p is not None})
         out["o"] = get_path(block, spec.out_proj)
         return out
 
@@ -222,8 +246,8 @@ class HeadModel:
         if dispatch.is_dispatched(self.model):  # offloaded weights: read a copy, loaded for the moment
             with dispatch.loaded(list(self.projections(layer).values())):
                 w = layout.read_qkv(self.layers[layer], self.spec, h, g, d)
-                return QKVWeights(**{f.name: None if getattr(w, f.name) is None else getattr(w, f.name).clone()
-                                     for f in fields(w)})
+                return QKVWeights(w.q.clone(), w.k.clone(), w.v.clone(),
+                                  *(None if b is None else b.clone() for b in (w.q_bias, w.k_bias, w.v_bias)))
         return layout.read_qkv(self.layers[layer], self.spec, h, g, d)
 
     def set_qkv_weights(self, layer: int, weights: QKVWeights) -> None:
@@ -265,10 +289,12 @@ class HeadModel:
             if (given is None) != (present is None):
                 raise HeadscopeError(
                     f"layer {layer}: the {name} projection {'has' if present is not None else 'has no'} bias; "
-                    f"give {name}_bias {'as a tensor of ' + str(shape[0]) + ' values' if present is not None else 'as None'}"
+                    f"give {name}_bias "
+                    f"{'as a tensor of ' + str(shape[0]) + ' values' if present is not None else 'as None'}"
                 )
             if given is not None and tuple(given.shape) != (shape[0],):
-                raise HeadscopeError(f"layer {layer}: {name}_bias has shape {tuple(given.shape)}; expected ({shape[0]},)")
+                raise HeadscopeError(
+                    f"layer {layer}: {name}_bias has shape {tuple(given.shape)}; expected ({shape[0]},)")
         if dispatch.is_dispatched(self.model):  # written in memory: an offload store would reload the old ones
             dispatch.materialize(list(self.projections(layer).values()))
         layout.write_qkv(self.layers[layer], self.spec, w, d)
@@ -300,7 +326,8 @@ class HeadModel:
         move with their query heads, so the query heads sharing a KV head must stay together.
         """
         if self.pruned:  # positions would no longer match the kept original ids in the pruning record
-            raise HeadscopeError("permuting the heads of a physically pruned model is not supported; permute before pruning")
+            raise HeadscopeError("permuting the heads of a physically pruned model is not supported; "
+                                 "permute before pruning")
         w, d = self.qkv_weights(layer), self.d_head
         n_q, n_kv = w.q.shape[0] // d, w.k.shape[0] // d
         order = [int(i) for i in query_order]
@@ -322,7 +349,8 @@ class HeadModel:
             return None if t is None else layout.reorder_heads(t, order, d)
 
         self.set_qkv_weights(layer, QKVWeights(
-            move(w.q, order), move(w.k, kv_order), move(w.v, kv_order),
+            layout.reorder_heads(w.q, order, d), layout.reorder_heads(w.k, kv_order, d),
+            layout.reorder_heads(w.v, kv_order, d),
             move(w.q_bias, order), move(w.k_bias, kv_order), move(w.v_bias, kv_order)))
         # The output projection's bias is per output feature: unchanged.
         self.set_out_weight(layer, layout.reorder_heads(self.out_weight(layer).detach(), order, d, dim=1))

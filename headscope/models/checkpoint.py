@@ -15,7 +15,7 @@ import inspect
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
@@ -25,8 +25,8 @@ from torch import nn
 from ..errors import HeadscopeError
 from ..io import atomic_dir
 from . import layout
-from .config import attn_implementation_for
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
+from .config import attn_implementation_for
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,9 @@ _SPEC_FIELDS = ("layers", "attention", "out_proj", "q_proj", "k_proj", "v_proj",
                 "qkv_layout", "head_count_attrs", "config_head_attrs", "ffn_in", "ffn_in_parts", "ffn_out")
 
 
-def auto_class(config: Any) -> type:
+def auto_class(config: Any) -> Any:
     """The transformers Auto class that keeps the model's head (LM or classifier)."""
+    # -> Any: the Auto classes share only a private base (_BaseAutoModelClass), whose hints are partial.
     archs = list(getattr(config, "architectures", None) or [])
     if any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
         return transformers.AutoModelForCausalLM
@@ -86,7 +87,7 @@ def save_model(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
         # trust_remote_code class, which transformers treats as custom code) apply none of transformers'
         # renamings of legacy checkpoint keys (GPT-NeoX's embed_out <-> lm_head).
         sliced = hm.pruned or hm.ffn_pruned
-        hm.model.save_pretrained(tmp, save_original_format=not sliced)
+        cast(transformers.PreTrainedModel, hm.model).save_pretrained(tmp, save_original_format=not sliced)
         if hm.tokenizer is not None:
             hm.tokenizer.save_pretrained(tmp)
         if sliced:
@@ -127,11 +128,13 @@ class {cls}(transformers.{arch}):
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         layers = get_path(self.base_model, SPEC.layers)
-        for layer, keep in sorted((int(k), list(v)) for k, v in (getattr(config, "headscope_pruning", None) or {{}}).items()):
+        pruning = getattr(config, "headscope_pruning", None) or {{}}
+        for layer, keep in sorted((int(k), list(v)) for k, v in pruning.items()):
             if len(keep) != N_HEADS:
                 slice_block(layers[layer], SPEC, D_HEAD, GROUP_SIZE, list(range(N_HEADS)), keep)
         # FFN neurons kept per layer (original ids = positions in the freshly built, unpruned layer).
-        for layer, keep in sorted((int(k), list(v)) for k, v in (getattr(config, "headscope_ffn", None) or {{}}).items()):
+        ffn = getattr(config, "headscope_ffn", None) or {{}}
+        for layer, keep in sorted((int(k), list(v)) for k, v in ffn.items()):
             if len(keep) != linear_weight(get_path(layers[layer], SPEC.ffn_out), SPEC.conv1d).shape[1]:
                 slice_ffn(layers[layer], SPEC, keep)
 '''
@@ -179,8 +182,8 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     if (path / "tokenizer_config.json").exists():
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     if not kept and not neurons:
-        model = auto_class(config).from_pretrained(path, dtype=dtype,
-                                                   attn_implementation=attn_implementation_for(auto_class(config), config))
+        model = auto_class(config).from_pretrained(
+            path, dtype=dtype, attn_implementation=attn_implementation_for(auto_class(config), config))
         model.to(device).eval()
         return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))
     for key in (PRUNING_CONFIG_KEY, FFN_CONFIG_KEY):
@@ -223,7 +226,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
             f"unexpected {list(unexpected)[:5]}; was it saved by headscope.models.checkpoint.save_model?"
         )
     if missing:
-        model.tie_weights()
+        cast(transformers.PreTrainedModel, model).tie_weights()
 
 
 def _tied_names(model: nn.Module) -> set[str]:

@@ -12,7 +12,7 @@ read or rewrite them (provenance fingerprints, physical pruning).
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -39,12 +39,13 @@ def main_device(device_map: dict) -> torch.device:
 
 def input_device(model: nn.Module) -> torch.device:
     """Where a batch for `model` belongs: its main device when dispatched, else its parameters' device."""
-    if is_dispatched(model):
-        return main_device(model.hf_device_map)
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map:  # = is_dispatched(model)
+        return main_device(device_map)
     return next(model.parameters()).device
 
 
-def _offload_hook(module: nn.Module):
+def _offload_hook(module: nn.Module) -> Any:
     """The accelerate hook of `module` that holds its weights off the device (or None)."""
     hook = getattr(module, "_hf_hook", None)
     hooks = getattr(hook, "hooks", None) or ([hook] if hook is not None else [])  # SequentialHook or one hook

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 from torch import nn
@@ -50,9 +50,20 @@ def set_path(root: nn.Module, path: str, value: nn.Module) -> None:
     setattr(get_path(root, parent) if parent else root, last, value)
 
 
+def weight_param(module: nn.Module) -> torch.Tensor:
+    """A projection's weight parameter as stored (Conv1D: `[in, out]`)."""
+    return cast(torch.Tensor, module.weight)  # nn.Module's hints type every attribute Tensor | Module
+
+
+def bias_param(module: nn.Module) -> torch.Tensor | None:
+    """A projection's bias parameter, or None when it has none."""
+    return getattr(module, "bias", None)
+
+
 def linear_weight(module: nn.Module, conv1d: bool) -> torch.Tensor:
     """A projection's weight as `[out, in]` (a view of the parameter)."""
-    return module.weight.t() if conv1d else module.weight
+    weight = weight_param(module)
+    return weight.t() if conv1d else weight
 
 
 def head_features(units: Sequence[int], width: int, offset: int = 0) -> torch.Tensor:
@@ -79,12 +90,14 @@ def resized(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None, 
     Dtype, device and requires_grad follow the old parameters. `keep_bias` keeps the module's own
     bias (an input-side change leaves the per-output bias alone).
     """
-    new = copy.deepcopy(module)
-    old = module.weight
+    new: Any = copy.deepcopy(module)  # a Linear or a Conv1D: their size attributes differ
+    old, old_bias = weight_param(module), bias_param(module)
     stored = weight.t() if conv1d else weight
     new.weight = nn.Parameter(stored.detach().to(old).clone().contiguous(), requires_grad=old.requires_grad)
     if not keep_bias and bias is not None:
-        new.bias = nn.Parameter(bias.detach().to(module.bias).clone(), requires_grad=module.bias.requires_grad)
+        if old_bias is None:
+            raise ValueError(f"cannot give a bias to a {type(module).__name__} built without one")
+        new.bias = nn.Parameter(bias.detach().to(old_bias).clone(), requires_grad=old_bias.requires_grad)
     n_out, n_in = weight.shape
     if conv1d:
         new.nf, new.nx = n_out, n_in
@@ -100,11 +113,14 @@ def write_weight(block: nn.Module, path: str, weight: torch.Tensor, bias: torch.
     tied references keep working), else the projection is replaced by a resized copy.
     """
     module = get_path(block, path)
+    own_bias = bias_param(module)
     if tuple(linear_weight(module, conv1d).shape) == tuple(weight.shape):
         with torch.no_grad():
             linear_weight(module, conv1d).copy_(weight)
             if bias is not None:
-                module.bias.copy_(bias)
+                if own_bias is None:
+                    raise ValueError(f"the projection at {path!r} has no bias to write into")
+                own_bias.copy_(bias)
         return
     set_path(block, path, resized(module, weight, bias, conv1d))
 
@@ -113,7 +129,8 @@ def read_qkv(block: nn.Module, spec: Any, n_heads: int, n_kv_heads: int, d_head:
     """Q, K and V weights of one layer block in Linear layout, split out of a fused projection if needed."""
 
     def bias_of(module: nn.Module) -> torch.Tensor | None:
-        return None if getattr(module, "bias", None) is None else module.bias.detach()
+        bias = bias_param(module)
+        return None if bias is None else bias.detach()
 
     if spec.qkv_proj and spec.qkv_layout == "per_head":
         fused = get_path(block, spec.qkv_proj)
@@ -156,15 +173,26 @@ def interleave_per_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d_hea
     return torch.stack(parts, 1).reshape(-1, *rest)  # [heads * 3 * d_head, ...]
 
 
+def fused_biases(w: QKVWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The q, k and v biases for one fused projection (one bias vector): all three, or None without q's."""
+    if w.q_bias is None:
+        return None
+    if w.k_bias is None or w.v_bias is None:
+        raise ValueError("a fused QKV projection has one bias for q, k and v: give k_bias and v_bias with q_bias")
+    return w.q_bias, w.k_bias, w.v_bias
+
+
 def write_qkv(block: nn.Module, spec: Any, w: QKVWeights, d_head: int) -> None:
     """Write Q, K and V (Linear layout) into one layer block, fusing them when the family does."""
     if spec.qkv_proj and spec.qkv_layout == "per_head":
         check_per_head(w.q.shape[0] // d_head, w.k.shape[0] // d_head)
-        bias = None if w.q_bias is None else interleave_per_head(w.q_bias, w.k_bias, w.v_bias, d_head)
+        biases = fused_biases(w)
+        bias = None if biases is None else interleave_per_head(*biases, d_head)
         write_weight(block, spec.qkv_proj, interleave_per_head(w.q, w.k, w.v, d_head), bias, spec.conv1d)
         return
     if spec.qkv_proj:
-        bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias, w.v_bias])
+        biases = fused_biases(w)
+        bias = None if biases is None else torch.cat(biases)
         write_weight(block, spec.qkv_proj, torch.cat([w.q, w.k, w.v]), bias, spec.conv1d)
         return
     for path, weight, bias in ((spec.q_proj, w.q, w.q_bias), (spec.k_proj, w.k, w.k_bias),
@@ -210,11 +238,12 @@ def set_head_count_attrs(attention: nn.Module, spec: Any, n_heads: int, n_kv_hea
         if hasattr(attention, attr):
             setattr(attention, attr, values[quantity])
     config_attrs = spec.config_head_attrs
-    if config_attrs and hasattr(attention, "config"):
-        base = attention.config._base if isinstance(attention.config, LayerConfig) else attention.config
+    module: Any = attention  # its `config` is a plain attribute (a config object), not a submodule
+    if config_attrs and hasattr(module, "config"):
+        base = module.config._base if isinstance(module.config, LayerConfig) else module.config
         # Only counts that differ from the shared config need the layer's own view.
         overrides = {attr: values[q] for attr, q in config_attrs if getattr(base, attr, None) != values[q]}
-        attention.config = LayerConfig(base, overrides) if overrides else base
+        module.config = LayerConfig(base, overrides) if overrides else base
 
 
 class EmptyAttention(nn.Module):
@@ -265,11 +294,13 @@ def slice_block(block: nn.Module, spec: Any, d_head: int, group_size: int, now: 
                  (spec.v_proj, head_features(pos_kv, d))]
     for path, idx in parts:
         module = get_path(block, path)
-        idx = idx.to(module.weight.device)
-        bias = None if getattr(module, "bias", None) is None else module.bias.detach().index_select(0, idx)
-        set_path(block, path, resized(module, linear_weight(module, conv1d).detach().index_select(0, idx), bias, conv1d))
+        idx = idx.to(weight_param(module).device)
+        own_bias = bias_param(module)
+        bias = None if own_bias is None else own_bias.detach().index_select(0, idx)
+        weight = linear_weight(module, conv1d).detach().index_select(0, idx)
+        set_path(block, path, resized(module, weight, bias, conv1d))
     out = get_path(block, spec.out_proj)
-    cols = linear_weight(out, conv1d).detach().index_select(1, head_features(pos_q, d).to(out.weight.device))
+    cols = linear_weight(out, conv1d).detach().index_select(1, head_features(pos_q, d).to(weight_param(out).device))
     set_path(block, spec.out_proj, resized(out, cols, None, conv1d, keep_bias=True))
     if not keep:
         inner = spec.out_proj[len(spec.attention) + 1:] if spec.out_proj.startswith(spec.attention + ".") else None
@@ -291,10 +322,11 @@ def slice_ffn(block: nn.Module, spec: Any, keep: Sequence[int]) -> None:
     for path in spec.ffn_in:
         module = get_path(block, path)
         idx = torch.tensor([p * width + i for p in range(spec.ffn_in_parts) for i in keep], dtype=torch.long,
-                           device=module.weight.device)
-        bias = None if getattr(module, "bias", None) is None else module.bias.detach().index_select(0, idx)
+                           device=weight_param(module).device)
+        own_bias = bias_param(module)
+        bias = None if own_bias is None else own_bias.detach().index_select(0, idx)
         set_path(block, path, resized(module, linear_weight(module, spec.conv1d).detach().index_select(0, idx), bias,
                                       spec.conv1d))
-    cols = torch.tensor(keep, dtype=torch.long, device=out.weight.device)
+    cols = torch.tensor(keep, dtype=torch.long, device=weight_param(out).device)
     set_path(block, spec.ffn_out, resized(out, linear_weight(out, spec.conv1d).detach().index_select(1, cols), None,
                                           spec.conv1d, keep_bias=True))

@@ -19,9 +19,9 @@ import transformers
 
 from ..errors import HeadscopeError, did_you_mean
 from ..io import atomic_dir
-from .config import attn_implementation_for
 from .adapter import HeadModel
 from .checkpoint import MLA_FILE, PRUNING_FILE, auto_class, load_checkpoint
+from .config import attn_implementation_for
 from .specs import spec_for
 
 log = logging.getLogger(__name__)
@@ -216,6 +216,8 @@ def _float_copy(b: BuiltinModel) -> Path:
 
     if complete():
         return target
+    if b.gguf_file is None:
+        raise HeadscopeError(f"built-in {b.name!r} ships as a transformers folder, not a GGUF file")
     src = _locate(b)
     log.info("converting %s to float32 once (cached in %s)", b.gguf_file, target)
     with _gguf_errors(src / b.gguf_file):
@@ -223,7 +225,7 @@ def _float_copy(b: BuiltinModel) -> Path:
         tok = transformers.AutoTokenizer.from_pretrained(src, gguf_file=b.gguf_file)
     # The dequantised weights are plain floats now; drop the GGUF quantiser so the copy
     # saves and reloads as an ordinary checkpoint.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers' hints do not declare hf_quantizer
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     try:
@@ -339,7 +341,7 @@ def load_model(
                     "float32 here); bfloat16 or float32 are faster on CPU, float16 is meant for GPUs")
     if name_or_path in BUILTINS:
         b = BUILTINS[name_or_path]
-        path = _float_copy(b) if b.gguf_file else _locate(b)
+        path: str | Path = _float_copy(b) if b.gguf_file else _locate(b)
         if b.terms:
             log.info("%s", b.terms)
         name, source = b.name, f"builtin:{b.name}"
@@ -399,11 +401,13 @@ def _check_model_dir(path: Path, name: str) -> None:
     cfg = path / "config.json"
     if not cfg.is_file():
         raise HeadscopeError(f"{name!r} is not a model directory: it has no config.json; give a folder saved by "
-                             f"save_pretrained (config.json + weights), a built-in name ({', '.join(BUILTINS)}) or a hub id")
+                             f"save_pretrained (config.json + weights), a built-in name ({', '.join(BUILTINS)}) "
+                             "or a hub id")
     try:
         model_type = json.loads(cfg.read_text(encoding="utf-8")).get("model_type")
     except (ValueError, AttributeError):
-        raise HeadscopeError(f"{str(cfg)!r} is not a JSON object; give the config.json save_pretrained writes") from None
+        raise HeadscopeError(
+            f"{str(cfg)!r} is not a JSON object; give the config.json save_pretrained writes") from None
     if not model_type:
         raise HeadscopeError(f"{str(cfg)!r} has no model_type; give the config.json save_pretrained writes")
     spec_for(model_type)  # an unsupported family: the error lists the supported ones
@@ -418,14 +422,16 @@ def load_gguf(path: str | Path, *, device: str | torch.device = "cpu", dtype: to
     config = gguf_config(path)
     spec_for(config.model_type)  # fail early, before reading the weights, on unsupported families
     with _gguf_errors(path):
+        attn = attn_implementation_for(transformers.AutoModelForCausalLM, config)
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                                  attn_implementation=attn_implementation_for(transformers.AutoModelForCausalLM, config))
+                                                                  attn_implementation=attn)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model.hf_quantizer = None  # dequantised: plain floats from here on
-    model.to(device).eval()
+    model.hf_quantizer = None  # type: ignore[assignment]  # undeclared in transformers' hints; weights are floats now
+    # transformers hints PreTrainedModel.to through a decorator that hides `self`:
+    model.to(device).eval()  # type: ignore[arg-type]
     return HeadModel(model=model, tokenizer=tokenizer, name=path.stem, source=str(path))
 
 
-def wrap(model: torch.nn.Module, tokenizer=None, name: str = "") -> HeadModel:
+def wrap(model: torch.nn.Module, tokenizer: Any = None, name: str = "") -> HeadModel:
     """Bind an already-loaded transformers model (and tokenizer) to its headscope adapter."""
     return HeadModel(model=model, tokenizer=tokenizer, name=name, source="in-memory")

@@ -61,7 +61,7 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
 TINY_FAMILIES = tuple(_TINY)
 
 
-def tiny_config(family: str, **overrides: Any):
+def tiny_config(family: str, **overrides: Any) -> tf.PreTrainedConfig:
     """The config of a tiny model of `family` (see TINY_FAMILIES); keyword overrides apply."""
     if family not in _TINY:
         raise HeadscopeError(f"no tiny config for {family!r}{did_you_mean(family, _TINY)}; "

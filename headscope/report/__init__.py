@@ -14,18 +14,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..learned.analyze import analyze
 from ..artifacts import HEADS_CSV, HEADS_JSON, REPORT_HTML
 from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
+from ..learned.analyze import analyze
 from ..models import load_model
 from ..models.adapter import HeadModel
 from ..provenance import model_record, provenance
 from .build import collect, figure_names
 from .examples import example_maps
-from .mixing import check_one_model
 from .html import page
+from .mixing import check_one_model
 from .sources import Sources, read_heads
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ def _special_names(hm: HeadModel | None) -> str:
     tok = getattr(hm, "tokenizer", None)
     if tok is None:
         return "special tokens"
-    names = [t for t in getattr(tok, "all_special_tokens", []) if t not in ("[UNK]", "[PAD]", "[MASK]", "<unk>", "<pad>")]
+    skip = ("[UNK]", "[PAD]", "[MASK]", "<unk>", "<pad>")
+    names = [t for t in getattr(tok, "all_special_tokens", []) if t not in skip]
     return "/".join(names[:3]) if names else "special tokens"
 
 

@@ -25,8 +25,8 @@ from .origins import provenance_part
 from .pruning import importance_part, prune_part
 from .roles import roles_part
 from .similarity import similarity_part
-from .units import units_part
 from .sources import Part, Sources, clean
+from .units import units_part
 
 __all__ = ["collect", "figure_names"]
 

@@ -71,7 +71,7 @@ def select_sentences(hm: HeadModel, texts: Sequence[str], n: int = MAX_SENTENCES
 def default_token_ids(hm: HeadModel, n: int = MAX_SENTENCES, length: int = 12, seed: int = 0) -> list[list[int]]:
     """Token-id sentences for models without a tokenizer (config-built models): fixed random ids,
     each with its first half repeated so induction-like patterns have something to show."""
-    vocab = int(hm.model.get_input_embeddings().num_embeddings)
+    vocab = hm.vocab_size
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):

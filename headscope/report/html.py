@@ -14,13 +14,15 @@ CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src
 
 def asset(name: str) -> str:
     """The text of a file in headscope/report/assets."""
-    return resources.files("headscope.report").joinpath("assets", name).read_text(encoding="utf-8")
+    # joinpath one part at a time: Python 3.10's Traversable.joinpath takes a single child
+    return resources.files("headscope.report").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
 
 
 def embed_json(data: Any) -> str:
     """JSON safe inside a <script> element: no '</' or '<!--' can close or confuse it."""
     text = json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False, default=str)
-    return text.replace("</", "<\\/").replace("<!--", "<\\!--").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    text = text.replace("</", "<\\/").replace("<!--", "<\\!--")
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 def page(data: dict[str, Any]) -> str:

@@ -40,7 +40,7 @@ def _row(name: str, path: Any, rec: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def different_data(records: Mapping[str, Mapping[str, Any] | None], names: list[str]) -> str | None:
     """A sentence naming the files among `names` whose data records differ (by hash), or None."""
-    seen = {n: records[n]["data"] for n in names if records.get(n) and (records[n] or {}).get("data")}
+    seen = {n: rec["data"] for n in names if (rec := records.get(n)) and rec.get("data")}
     hashes = {d.get("sha256") for d in seen.values()}
     if len(hashes) < 2:
         return None

@@ -26,7 +26,8 @@ MAX_MATRIX_HEADS = 600
 def keep_pairs(rows: list[dict[str, Any]], top: int = 30, per_head: int = 3) -> list[dict[str, Any]]:
     """The `top` most similar pairs plus each head's `per_head` nearest (the file lists the most similar
     first), so every head can show its neighbours without embedding all n*(n-1)/2 pairs."""
-    keep, seen = [], {}
+    keep: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
     for i, r in enumerate(rows):
         a, b = str(r["head_a"]), str(r["head_b"])
         if i < top or seen.get(a, 0) < per_head or seen.get(b, 0) < per_head:

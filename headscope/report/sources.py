@@ -74,7 +74,7 @@ class Part:
         which verb to run. A new report section needs only its module and a line in `build.collect`."""
         if question not in PANEL_PLACES:
             raise ValueError(f"panel place {question!r}; use one of {', '.join(PANEL_PLACES)}")
-        rows = [dict(zip(columns, r)) if not isinstance(r, dict) else r for r in rows]
+        rows = [dict(zip(columns, r, strict=True)) if not isinstance(r, dict) else r for r in rows]
         self.panels.append({"place": question, "title": title, "text": list(text), "plot": plot,
                             "columns": list(columns), "rows": clean(rows), "note": note})
 
@@ -226,7 +226,8 @@ def read_heads(src: Sources) -> HeadTable | None:
         except Exception as e:  # the numbers are in the CSV; the provenance only labels them
             log.warning("cannot read %s (%s)", js, e)
             prov = None
-        return table.with_columns(meta={"provenance": prov, "source_file": str(path)} if prov else {"source_file": str(path)})
+        meta = {"provenance": prov, "source_file": str(path)} if prov else {"source_file": str(path)}
+        return table.with_columns(meta=meta)
     if js.is_file():
         try:
             data = json.loads(js.read_text(encoding="utf-8"))
