@@ -140,7 +140,12 @@ _TABLE_JSON = (_f("n_layers"), _f("n_heads"),
                           "headscope.provenance"),
                _f("columns", "column names"), _f("rows", "one object per head: layer, head, then the columns"))
 
-_STATS = (*_HEAD_KEYS, *(_f(k, v) for k, v in STATISTICS.items()))
+_INTERVAL = "analyze"  # written by analyze (per-passage sums); roles.csv keeps the means only
+# Each statistic, then the bounds of its confidence interval (level, resamples and method in the JSON's
+# meta.intervals).
+_STATS = (*_HEAD_KEYS, *(f for k, v in STATISTICS.items() for f in (
+    _f(k, v), _f(f"{k}_lo", f"lower bound of {k}'s confidence interval", _INTERVAL),
+    _f(f"{k}_hi", f"upper bound of {k}'s confidence interval", _INTERVAL))))
 HEADS_CSV = Artifact("heads.csv", "csv", {"analyze": ""}, "per-head attention statistics (one row per head)",
                      _STATS)
 # roles writes its own table (analyze's statistics on its passages, then the role columns) so that it

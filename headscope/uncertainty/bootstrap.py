@@ -25,6 +25,7 @@ tokens would understate the uncertainty. With fewer than 2 rows no interval exis
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -128,7 +129,9 @@ def expanded_z(alpha: float, rows: int) -> float:
 def _bca_levels(sums: PassageSums, statistic: Statistic, value: np.ndarray, reps: np.ndarray,
                 alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """The BCa-adjusted lower and upper quantile levels of each element (with the expanded quantile)."""
-    with np.errstate(invalid="ignore", divide="ignore"):
+    # Elements without a value (a statistic a causal model cannot have) are all NaN: no warning for them.
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         valid = ~np.isnan(reps)
         below = np.sum((reps < value) & valid, axis=0) + 0.5 * np.sum((reps == value) & valid, axis=0)
         share = below / np.maximum(valid.sum(0), 1)
