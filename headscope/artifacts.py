@@ -65,15 +65,28 @@ class Field:
         return re.fullmatch(pattern, name) is not None
 
 
+BOUNDS = ("_lo", "_hi")  # a figure's confidence interval: `<column>_lo`, `<column>_hi` right after it
+
+
+def bound_of(name: str) -> str | None:
+    """The column whose interval bound `name` is (`entropy_lo` -> `entropy`), or None."""
+    return name[:-3] if name.endswith(BOUNDS) else None
+
+
 @dataclass(frozen=True)
 class Artifact:
-    """One output file (or directory) of a verb, and the fields it holds."""
+    """One output file (or directory) of a verb, and the fields it holds.
+
+    With `bounds`, every field may be followed by its confidence interval's bounds `<field>_lo` and
+    `<field>_hi` (headscope.uncertainty); they belong to that field: declared, ordered and explained with it,
+    and never members of a family themselves."""
 
     name: str
     kind: str
     verbs: Mapping[str, str]  # producing verb -> "" (every run writes it) or the option that makes it write it
     summary: str
     fields: tuple[Field, ...] = ()
+    bounds: bool = False
 
     @property
     def verb(self) -> str:
@@ -89,15 +102,22 @@ class Artifact:
         return [f.name for f in self.fields if f.required]
 
     def field_for(self, name: str) -> Field | None:
-        """The declaration `name` belongs to (a family matches its members), or None."""
+        """The declaration `name` belongs to (a family matches its members; a bound its field's), or None."""
+        stem = bound_of(name) if self.bounds else None
+        if stem is not None:
+            owner = self.field_for(stem)
+            if owner is not None:
+                return owner
         return next((f for f in self.fields if f.matches(name)), None)
 
     def members(self, family: str, names: Iterable[str]) -> list[str]:
-        """The names among `names` that belong to the field or family `family`, in their order."""
+        """The names among `names` that belong to the field or family `family`, in their order (interval
+        bounds excluded: they belong to their member)."""
         decl = next((f for f in self.fields if f.name == family), None)
         if decl is None:
             raise HeadscopeError(f"{self.name} declares no field {family!r}{did_you_mean(family, [f.name for f in self.fields])}")
-        return [n for n in names if decl.matches(n)]
+        return [n for n in names if decl.matches(n) and not (self.bounds and bound_of(n) is not None
+                                                              and self.field_for(bound_of(n)) is not None)]
 
     def missing(self, names: Iterable[str]) -> list[str]:
         """Required fields absent from `names`."""
@@ -120,7 +140,11 @@ class Artifact:
         return problems
 
     def meaning(self, name: str) -> str:
-        """What a field means (a family's meaning for its members), or ''."""
+        """What a field means (a family's meaning for its members; a bound says so), or ''."""
+        stem = bound_of(name) if self.bounds else None
+        if stem is not None and self.field_for(stem) is not None:
+            side = "lower" if name.endswith("_lo") else "upper"
+            return f"{side} bound of {stem}'s confidence interval (level and method in the JSON's intervals)"
         f = self.field_for(name)
         return f.meaning if f is not None else ""
 
@@ -140,14 +164,9 @@ _TABLE_JSON = (_f("n_layers"), _f("n_heads"),
                           "headscope.provenance"),
                _f("columns", "column names"), _f("rows", "one object per head: layer, head, then the columns"))
 
-_INTERVAL = "analyze"  # written by analyze (per-passage sums); roles.csv keeps the means only
-# Each statistic, then the bounds of its confidence interval (level, resamples and method in the JSON's
-# meta.intervals).
-_STATS = (*_HEAD_KEYS, *(f for k, v in STATISTICS.items() for f in (
-    _f(k, v), _f(f"{k}_lo", f"lower bound of {k}'s confidence interval", _INTERVAL),
-    _f(f"{k}_hi", f"upper bound of {k}'s confidence interval", _INTERVAL))))
-HEADS_CSV = Artifact("heads.csv", "csv", {"analyze": ""}, "per-head attention statistics (one row per head)",
-                     _STATS)
+_STATS = (*_HEAD_KEYS, *(_f(k, v) for k, v in STATISTICS.items()))
+HEADS_CSV = Artifact("heads.csv", "csv", {"analyze": ""}, "per-head attention statistics (one row per head), each "
+                     "followed by its confidence interval's bounds", _STATS, bounds=True)
 # roles writes its own table (analyze's statistics on its passages, then the role columns) so that it
 # never replaces analyze's heads.csv beside heads.json; roles.json holds its metadata and provenance.
 ROLES_CSV = Artifact(
@@ -213,8 +232,10 @@ CLUSTERS_JSON = Artifact(
     (_f("js_max", "every pair in a cluster has js <= this"), _f("cka_min", "every pair in a cluster has cka >= this"),
      _f("rule"), _f("clusters", "[{heads, size, max_js, mean_js, min_cka, mean_cka}]"), _f("meta"), _PROVENANCE))
 IMPORTANCE_CSV = Artifact(
-    "importance.csv", "csv", {"score": ""}, "importance of every head by each criterion (higher = more important)",
-    (*_HEAD_KEYS, _f("importance_<method>", "importance by this criterion (higher = more important; NaN = pruned)")))
+    "importance.csv", "csv", {"score": ""}, "importance of every head by each criterion (higher = more important), "
+    "each followed by its confidence interval's bounds",
+    (*_HEAD_KEYS, _f("importance_<method>", "importance by this criterion (higher = more important; NaN = pruned)")),
+    bounds=True)
 IMPORTANCE_JSON = Artifact("importance.json", "json", {"score": ""}, "importance.csv with its metadata",
                            _TABLE_JSON)
 RANK_CORRELATION_CSV = Artifact(

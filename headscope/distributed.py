@@ -288,6 +288,13 @@ def _all_reduce_passages(stats: HeadStats, names: list[str]) -> Any:
     return acc
 
 
+def all_reduce_array(values: np.ndarray) -> np.ndarray:
+    """An array added over ranks (each rank filled its own entries, zeros elsewhere); as is in one process."""
+    if not active():
+        return values
+    return _all_reduce(values.ravel()).reshape(values.shape)
+
+
 def all_reduce_totals(totals: list[list[dict[str, list[float]]]]) -> list[list[dict[str, list[float]]]]:
     """Per-head metric sums `[L][H] {name: [num, den]}` added over ranks (each rank held its own heads)."""
     if not active():
@@ -400,7 +407,7 @@ def launch(argv: Sequence[str], workers: int, *, grace_s: float = 30.0) -> int:
     return 0
 
 
-__all__ = ["RankCrashed", "RankFailed", "active", "add_workers_arg", "all_reduce_stats", "all_reduce_totals",
+__all__ = ["all_reduce_array", "RankCrashed", "RankFailed", "active", "add_workers_arg", "all_reduce_stats", "all_reduce_totals",
            "backend_for", "check", "check_ranks", "check_workers", "fail", "init", "is_main", "launch",
            "launched", "local", "owner", "owns", "rank", "rank_device", "rank_env", "rendezvous_store",
            "run_on_main", "session", "shard_batches", "shard_indices", "shutdown", "world_size"]
