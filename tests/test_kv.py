@@ -19,6 +19,8 @@ from headscope.capacity.kv_bytes import (
     layouts,
     load_config,
 )
+from headscope.capacity.kv_formula import kv_bytes
+from headscope.capacity.kvcache.cache import HeadPlan
 from headscope.capacity.mha import MultiHeadAttention
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
@@ -30,6 +32,19 @@ def cache_nbytes(cache) -> int:
 
 
 # --- hand-computed figures: 2 (K,V) * layers * KV heads * d_head * bytes per number -------------------
+
+
+def test_one_formula_for_configs_the_reference_module_and_the_head_aware_cache():
+    """kv_bytes (configs), MultiHeadAttention and HeadPlan count the same bytes: all go through kv_formula.kv_bytes."""
+    cfg = {"n_layers": 5, "n_heads": 8, "n_kv_heads": 2, "d_head": 16}
+    layer = MultiHeadAttention(d_model=128, n_heads=8, n_kv_heads=2, d_head=16)
+    plan = HeadPlan.all_full(n_layers=5, n_kv_heads=2, group_size=4)
+    for dtype, nbytes in (("fp32", 4), ("bf16", 2), ("int8", 1)):
+        want = 2 * 5 * 2 * 16 * nbytes
+        assert kv_bytes_per_token(cfg, dtype) == 5 * layer.kv_bytes_per_token(dtype) == want
+        assert plan.bytes_per_token(16, nbytes) == want == kv_bytes(5 * 2, 16, 8 * nbytes)
+        assert plan.bytes_stored(7, 16, nbytes, batch=3) == kv_cache_bytes(cfg, 7, batch=3, dtype=dtype) == 7 * 3 * want
+    assert kv_bytes_per_token(cfg, "int4") == 5 * layer.kv_bytes_per_token("int4") == 2 * 5 * 2 * 16 // 2
 
 
 def test_llama2_7b_bf16_is_512_kib_per_token():

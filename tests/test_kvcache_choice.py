@@ -7,7 +7,7 @@ import pytest
 
 from headscope.errors import HeadscopeError
 from headscope.capacity.kvcache.choice import (choose_random, choose_threshold, choose_top, kv_head_scores, n_full_for,
-                                      parse_budget, parse_budgets, read_scores)
+                                      parse_budget, parse_budgets, read_scores, read_scores_file, scores_matrix)
 
 # 2 layers x 6 query heads, groups of 2 (3 KV heads per layer)
 SCORES = np.array([[0.9, 0.0, 0.1, 0.2, 0.0, 0.05],
@@ -79,3 +79,14 @@ def test_read_scores_from_a_heads_file(tmp_path):
         read_scores(p, "entropy", 1, 6)
     with pytest.raises(HeadscopeError, match="not a file"):
         read_scores(tmp_path / "none.csv", "entropy", 2, 6)
+
+
+def test_scores_file_is_read_once(tmp_path):
+    """kvcache reads --from when it checks its options; the matrix is built later from what was read."""
+    p = tmp_path / "heads.csv"
+    p.write_text("layer,head,entropy\n" + "\n".join(f"{l},{h},{l * 6 + h}" for l in range(2) for h in range(6)))
+    f = read_scores_file(p, "-entropy")
+    p.unlink()  # the model loads after the check: nothing reads the file again
+    assert np.array_equal(scores_matrix(f, 2, 6), -np.arange(12.0).reshape(2, 6))
+    with pytest.raises(HeadscopeError, match="another model"):
+        scores_matrix(f, 2, 5)

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerFast
 
 from headscope.capacity import mla
 from headscope.errors import HeadscopeError
-from headscope.capacity.convert.evaluate import cache_bytes
+from headscope.capacity.convert.evaluate import CACHE_FORMULAS, KV_HEADS_FORMULA, cache_bytes, kv_report
 from headscope.capacity.mla.checkpoint import load_mla, save_mla
 from headscope.capacity.mla.to_latent import convert_and_evaluate
 from headscope.models.adapter import HeadModel
@@ -141,6 +141,20 @@ def test_cache_holds_latent_and_rope_keys_and_bytes_equal_the_formula():
     with torch.no_grad():
         full = conv.model(out.sequences).logits[:, IDS.shape[1] - 1:-1].argmax(-1)
     assert torch.equal(full, out.sequences[:, IDS.shape[1]:])
+
+
+def test_one_kv_report_for_gqa_and_mla():
+    """convert.evaluate.kv_report finds the MLA formula MLA registered; gqa.json's keys stay without per_token."""
+    hm = tiny("llama")
+    conv = mla.convert_to_mla(hm, 5, 4, data=CALIB)
+    before, after = kv_report(hm, per_token=True), kv_report(conv, per_token=True)
+    assert before["formula"] == KV_HEADS_FORMULA and before["bytes_per_token"] == 2 * 2 * 2 * 8 * 4  # K,V x layers x kv x d
+    assert after["formula"] == CACHE_FORMULAS.get(mla.MLA_CONFIG_KEY).help
+    assert after["bytes_per_token"] == mla.mla_kv_bytes_per_token(conv.config.headscope_mla, hm.n_layers)
+    assert before["match"] and after["match"], (before, after)
+    assert after["calculated"] == after["bytes_per_token"] * after["seq_len"] * after["batch"]
+    plain = kv_report(conv)
+    assert list(plain) == ["measured", "calculated", "seq_len", "batch", "dtype", "match"] and plain["match"]
 
 
 # --- save / reload ----------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ KV head for every token seen so far. Per token that is
 
     2 (K and V) * n_layers * n_kv_heads * d_head * bytes(dtype)
 
-which is why fewer KV heads (GQA, MQA) shrink the cache by n_heads / n_kv_heads at the same d_head.
+which is why fewer KV heads (GQA, MQA) shrink the cache by n_heads / n_kv_heads at the same d_head
+(`headscope.capacity.kv_formula.kv_bytes`, the one formula; this module reads the shapes it needs from configs).
 A sliding-window layer reads at most `window` keys, so it never holds more than `window` tokens:
 `kv_cache_bytes` counts min(seq_len, window) tokens for such layers (what a static cache allocates;
 transformers' DynamicCache keeps window - 1 between steps and adds the current token when it runs).
@@ -24,6 +25,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import HeadscopeError, did_you_mean
 from ..models.config import attention_counts, language_config
 from ..models.loading import BUILTINS, builtin_config_dict
+from .kv_formula import DTYPE_BITS, cached_tokens, dtype_bits, kv_bytes, normalize_dtype
 
 __all__ = [
     "CLASSIC_CONFIGS",
@@ -37,39 +39,8 @@ __all__ = [
     "kv_cache_bytes",
     "layouts",
     "load_config",
+    "normalize_dtype",
 ]
-
-# Bits per cached number. fp8 and int8 are 1 byte, int4 half a byte; the per-group scales and zero
-# points that real quantised caches (quanto, HQQ) also store are not counted.
-DTYPE_BITS: dict[str, int] = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
-
-_DTYPE_ALIASES = {
-    "float32": "fp32", "f32": "fp32", "float": "fp32",
-    "float16": "fp16", "f16": "fp16", "half": "fp16",
-    "bfloat16": "bf16",
-    "float8": "fp8", "e4m3": "fp8", "e5m2": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
-    "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
-    "i8": "int8", "q8": "int8", "uint8": "int8",
-    "i4": "int4", "q4": "int4", "uint4": "int4",
-}
-
-
-def normalize_dtype(dtype: Any) -> str:
-    """The canonical name (fp32, fp16, bf16, fp8, int8, int4) of a dtype name or torch.dtype."""
-    name = str(dtype).lower().removeprefix("torch.")
-    name = _DTYPE_ALIASES.get(name, name)
-    if name not in DTYPE_BITS:
-        raise HeadscopeError(
-            f"unknown cache dtype {str(dtype)!r}{did_you_mean(name, list(DTYPE_BITS) + list(_DTYPE_ALIASES))}; "
-            f"choose one of {', '.join(DTYPE_BITS)} (aliases like float32, float16, bfloat16 also work)"
-        )
-    return name
-
-
-def dtype_bits(dtype: Any) -> int:
-    """Bits per cached number for a dtype name (fp32 32, fp16/bf16 16, fp8/int8 8, int4 4)."""
-    return DTYPE_BITS[normalize_dtype(dtype)]
-
 
 @dataclass(frozen=True)
 class AttentionShape:
@@ -235,7 +206,7 @@ def kv_bytes_per_token(config: Any, dtype: Any = "bf16") -> int:
     (use `kv_cache_bytes` for a given length).
     """
     s = attention_shape(config)
-    return 2 * s.n_layers * s.n_kv_heads * s.d_head * dtype_bits(dtype) // 8
+    return kv_bytes(s.n_layers * s.n_kv_heads, s.d_head, dtype_bits(dtype))
 
 
 def kv_cache_bytes(config: Any, seq_len: int, batch: int = 1, dtype: Any = "bf16") -> int:
@@ -243,8 +214,7 @@ def kv_cache_bytes(config: Any, seq_len: int, batch: int = 1, dtype: Any = "bf16
     if int(seq_len) != seq_len or int(batch) != batch or seq_len < 0 or batch < 1:
         raise HeadscopeError(f"seq_len must be >= 0 and batch >= 1 (integers); got seq_len={seq_len}, batch={batch}")
     s = attention_shape(config)
-    tokens = sum(seq_len if w is None else min(seq_len, w) for w in s.windows)  # token slots over layers
-    return 2 * tokens * batch * s.n_kv_heads * s.d_head * dtype_bits(dtype) // 8
+    return kv_bytes(cached_tokens(s.windows, seq_len) * s.n_kv_heads, s.d_head, dtype_bits(dtype), batch)
 
 
 def layouts(

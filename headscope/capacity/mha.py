@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import HeadscopeError
+from .kv_formula import dtype_bits, kv_bytes
 
 __all__ = ["MultiHeadAttention", "apply_rope", "rope_frequencies", "rotate_half"]
 
@@ -207,6 +208,4 @@ class MultiHeadAttention(nn.Module):
 
     def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
         """Bytes this layer adds to a KV cache per token: 2 (K and V) * n_kv_heads * d_head * bytes(dtype)."""
-        from .kv_bytes import dtype_bits  # kv reads model configs (transformers); the reference module stays light
-
-        return 2 * self.n_kv_heads * self.d_head * dtype_bits(dtype) // 8
+        return kv_bytes(self.n_kv_heads, self.d_head, dtype_bits(dtype))

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..data import DEFAULT_LIMIT
-from ..capacity.gqa import DEFAULT_DATA, DEFAULT_HELDOUT, LOSSES
+from ..data import DEFAULT_LIMIT, TextSource, read_texts
+from ..errors import HeadscopeError
+from ..capacity.convert.texts import DEFAULT_DATA, DEFAULT_HELDOUT
+from ..capacity.convert.uptraining import LOSSES
 
 
 def add_uptrain_args(p: argparse.ArgumentParser, data_use: str) -> None:
@@ -16,6 +18,17 @@ def add_uptrain_args(p: argparse.ArgumentParser, data_use: str) -> None:
     """
     add_training_args(p)
     _add_data_args(p, data_use)
+
+
+def check_uptrain_args(args: argparse.Namespace) -> None:
+    """Refuse passage settings no run could use, before any model loads (what `add_uptrain_args` added)."""
+    if args.max_length < 2:
+        raise HeadscopeError(f"--max-length must be at least 2 tokens, got {args.max_length}")
+
+
+def read_uptrain_texts(args: argparse.Namespace) -> tuple[TextSource, TextSource]:
+    """--data and --heldout, each read once (with --data-limit / --heldout-limit): the verb passes them on."""
+    return read_texts(args.data, args.data_limit), read_texts(args.heldout, args.heldout_limit)
 
 
 def add_training_args(p: argparse.ArgumentParser) -> None:

@@ -7,18 +7,11 @@ import json
 import sys
 
 from ..artifacts import GQA_JSON, MODEL_DIR, outputs
-from ..data import read_texts
-from ..errors import HeadscopeError
-from ..capacity.gqa import (
-    GROUPINGS,
-    TRAINABLE,
-    check_convertible,
-    convert_and_evaluate,
-)
+from ..capacity.gqa import GROUPINGS, TRAINABLE, convert_and_evaluate
 from ..io import atomic_write_text, prepare_out_dir
 from ..capacity.kv_bytes import human_bytes
 from ._common import add_device_args, load_from_args
-from ._uptrain import add_uptrain_args
+from ._uptrain import add_uptrain_args, check_uptrain_args, read_uptrain_texts
 from ..provenance import provenance
 from ..models.checkpoint import save_model
 
@@ -55,17 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
-    if args.max_length < 2:
-        raise HeadscopeError(f"--max-length must be at least 2 tokens, got {args.max_length}")
-    data = read_texts(args.data, args.data_limit)  # bad data fails before the model loads
-    heldout = read_texts(args.heldout, args.heldout_limit)
+    check_uptrain_args(args)
+    data, heldout = read_uptrain_texts(args)  # bad data fails before the model loads; passed on, never read again
     hm = load_from_args(args)
-    check_convertible(hm, args.kv_heads)
-    prov = provenance("gqa", hm, data, args, heldout=heldout)  # the original model
+    # convert_and_evaluate checks --kv-heads against the model first, before any work.
     final, report = convert_and_evaluate(
         hm, args.kv_heads, args.grouping, data=data, heldout=heldout, uptrain_steps=args.uptrain, loss=args.loss,
         lr=args.lr, train=args.train, max_length=args.max_length, batch_size=args.batch_size, fallback=not args.no_fallback,
         seed=args.seed, search_candidates=args.search_candidates, progress=True)
+    prov = provenance("gqa", hm, data, args, heldout=heldout)  # the original model (conversion leaves it untouched)
     save_model(final, out / MODEL_DIR.name, force=args.force)
     report = {**report, "provenance": prov}
     atomic_write_text(out / GQA_JSON.name, json.dumps(report, indent=2) + "\n")

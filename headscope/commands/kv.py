@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 from typing import Any
 
-from ..artifacts import KV_CSV, KV_JSON
+from ..artifacts import KV_CSV, KV_JSON, write_csv
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import config_fingerprint, provenance, shape_record
@@ -120,12 +118,7 @@ def run(args: argparse.Namespace) -> int:
         print(UNITS)
         csv_rows += [{"source": "classic", **r} for r in rows]
     if out is not None:
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
-        w.writeheader()
-        for r in csv_rows:
-            w.writerow({**r, "vs_mha": f"{r['vs_mha']:.6g}"})
-        atomic_write_text(out / KV_CSV.name, buf.getvalue())
+        write_csv(out, KV_CSV, csv_rows, CSV_COLUMNS)  # rows also hold `key` (classic configs): not a column
         prov = provenance("kv", options=args, model_info=model_info)
         atomic_write_text(out / KV_JSON.name, json.dumps({"provenance": prov}, indent=1) + "\n")
         print(f"wrote {out / KV_CSV.name} and {out / KV_JSON.name}")

@@ -4,23 +4,21 @@ window for the rest) against the full cache and a random choice at equal bytes -
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import KVCACHE_CSV, KVCACHE_JSON, outputs
+from ..artifacts import KVCACHE_CSV, KVCACHE_JSON, outputs, write_csv
 from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..capacity.kv_bytes import attention_shape, human_bytes, load_config
-from ..capacity.kvcache.cache import SUPPORTED, check_supported, check_window
-from ..capacity.kvcache.choice import check_scores_file, parse_budgets, read_scores
-from ..capacity.kvcache.evaluate import DEFAULT_CHUNK, long_passages_ids
-from ..capacity.kvcache.compare import Settings, check_context, compare, retrieval_scores
+from ..capacity.kvcache.cache import SUPPORTED, check_supported, check_supported_config, check_window
+from ..capacity.kvcache.choice import ScoresFile, parse_budgets, read_scores_file, scores_matrix
+from ..capacity.kvcache.evaluate import DEFAULT_CHUNK, long_passages
+from ..capacity.kvcache.compare import Settings, check_context, check_positions, compare, retrieval_scores
 from ..capacity.kvcache.uptrain import training_batches
 from ..models import BUILTINS, load_model
 from ..provenance import provenance
@@ -83,25 +81,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _precheck_model(name: str, context: int) -> None:
-    """Refuse an unsupported family, an MQA model or a too long context from the config alone, before weights load."""
+def _precheck_model(name: str, context: int) -> bool:
+    """Refuse an unsupported family, an MQA model or a too long context from the config alone, before weights load.
+    Whether the context was checked against the model's positions (not for a hub id: once it is loaded)."""
     if name not in BUILTINS and not Path(name).expanduser().is_dir():
-        return  # a hub id: checked once loaded
+        return False  # a hub id: checked once loaded
     cfg = load_config(name)
     shape = attention_shape(cfg)
-    if shape.model_type not in SUPPORTED:
-        raise HeadscopeError(f"model type {shape.model_type!r} ({name}) is not supported by the head-aware KV cache; "
-                             f"supported: {', '.join(SUPPORTED)}")
-    if shape.n_kv_heads == 1:
-        raise HeadscopeError(
-            f"{name!r} is MQA (1 KV head per layer, shared by all {shape.n_heads} query heads): a KV head can be "
-            f"windowed only when all its query heads are, so windowing here drops a whole layer's long-range "
-            f"attention, a layer choice rather than a head choice; use a model with 2 or more KV heads per layer")
-    check_context(context, 0, 0, cfg.get("max_position_embeddings"))
+    check_supported_config(name, shape.model_type, shape.n_heads, shape.n_kv_heads)
+    check_positions(context, cfg.get("max_position_embeddings"))
+    return True
 
 
-def _check_args(args: argparse.Namespace) -> tuple[list[float], Any, Any]:
-    """Every option, before any model loads: budgets, window, counts, the score source, the data."""
+def _check_args(args: argparse.Namespace) -> tuple[list[float], Any, Any, ScoresFile | None, bool]:
+    """Every option, before any model loads: budgets, window, counts, the score source, the data. Returns what it
+    read (the data, the training data, the --from file) for the run to use, and whether the context was checked
+    against the model's positions."""
     if args.threshold is not None and args.keep_full is not None:
         raise HeadscopeError("give --keep-full (a share of KV heads) or --threshold (a score), not both")
     budgets = parse_budgets(args.keep_full or "25%")
@@ -126,26 +121,20 @@ def _check_args(args: argparse.Namespace) -> tuple[list[float], Any, Any]:
     if args.scores_file is None and args.by not in IN_PROCESS_SCORES:
         raise HeadscopeError(f"--by {args.by!r} needs --from FILE (a heads.csv or roles.csv holding it); without "
                              f"--from headscope measures only {', '.join(IN_PROCESS_SCORES)}")
-    if args.scores_file is not None:
-        check_scores_file(args.scores_file, args.by)
+    scores_file = read_scores_file(args.scores_file, args.by) if args.scores_file is not None else None
     data = read_texts(args.data)
     train = read_texts(args.train_data) if args.uptrain and args.train_data is not None else None
-    _precheck_model(args.model, args.context)
-    return budgets, data, train
+    positions_checked = _precheck_model(args.model, args.context)
+    return budgets, data, train, scores_file, positions_checked
 
 
-def _after_evaluation(tokenizer: Any, texts: list[str], context: int, passages: int) -> list[str]:
-    """The texts after the last one `long_passages_ids` takes an evaluation passage from."""
-    taken = 0
-    for i, text in enumerate(texts):
-        taken += len(tokenizer(text, add_special_tokens=True)["input_ids"]) >= context
-        if taken == passages:
-            rest = texts[i + 1:]
-            if not rest:
-                raise HeadscopeError(f"--data has no text left for uptraining after the {passages} evaluation "
-                                     f"passage(s); give --train-data or fewer --passages")
-            return rest
-    raise HeadscopeError("--data has no text left for uptraining; give --train-data")
+def _after_evaluation(texts: list[str], used: int, passages: int) -> list[str]:
+    """The texts after the last one the evaluation passages came from (`used` of them)."""
+    rest = texts[used:]
+    if not rest:
+        raise HeadscopeError(f"--data has no text left for uptraining after the {passages} evaluation "
+                             f"passage(s); give --train-data or fewer --passages")
+    return rest
 
 
 def _row_line(r: dict[str, Any]) -> str:
@@ -163,39 +152,33 @@ def _print_row(r: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
-    budgets, data, train = _check_args(args)
+    budgets, data, train, scores_file, positions_checked = _check_args(args)
     hm = load_model(args.model, device=args.device)
-    check_context(args.context, args.sink, args.window, hm.max_positions)
+    if not positions_checked:
+        check_positions(args.context, hm.max_positions)
+    check_supported(hm)  # before any pass over the model
     if hm.tokenizer is None:
         raise HeadscopeError(f"{hm.name} has no tokenizer; kvcache builds text")
-    passages = long_passages_ids(hm.tokenizer, data.texts, args.context, args.passages)
+    passages, used = long_passages(hm.tokenizer, data.texts, args.context, args.passages)
     settings = Settings(sink=args.sink, window=args.window, context=args.context, budgets=tuple(budgets),
                         threshold=args.threshold, needles=args.needles, chunk=args.chunk,
                         random_control=not args.no_random, seed=args.seed, uptrain=args.uptrain, loss=args.loss,
                         lr=args.lr)
     batches, train_info = [], None
     if args.uptrain:
-        texts = train.texts if train is not None else _after_evaluation(hm.tokenizer, data.texts, args.context,
-                                                                        len(passages))
+        texts = train.texts if train is not None else _after_evaluation(data.texts, used, len(passages))
         batches = training_batches(hm.tokenizer, texts, args.train_length, args.train_batch)
         train_info = {"data": train.source if train is not None else f"{data.source} after the evaluation passages",
                       "texts": len(texts), "passage_tokens": args.train_length, "batch": args.train_batch,
                       "batches": len(batches), "steps": args.uptrain, "loss": args.loss, "lr": args.lr}
     score_info: dict[str, Any] = {"by": args.by, "from": args.scores_file}
-    if args.scores_file is not None:
-        scores = read_scores(args.scores_file, args.by, hm.n_layers, hm.n_heads)
+    if scores_file is not None:
+        scores = scores_matrix(scores_file, hm.n_layers, hm.n_heads)
     else:
-        check_supported(hm)  # before the scoring pass
         scores, info = retrieval_scores(hm, args.context, args.score_haystacks, args.seed, progress=True)
         score_info.update(info)
     rows = compare(hm, passages, scores, args.by, settings, progress=True, on_row=_print_row, train_batches=batches)
 
-    columns = KVCACHE_CSV.columns()
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
     report = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads,
               "d_head": hm.d_head,
               "settings": {"sink": args.sink, "window": args.window, "context": args.context, "budgets": budgets,
@@ -203,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
                            "passages": len(passages), "needles": args.needles, "chunk": args.chunk,
                            "random_control": not args.no_random, "seed": args.seed, "uptrain": train_info},
               "rows": rows, "scores": scores.tolist(), "provenance": provenance("kvcache", hm, data, args)}
-    atomic_write_text(out / KVCACHE_CSV.name, buf.getvalue())
+    # The rows also hold full_heads, riders, answers and bytes_stored: kvcache.json's, not columns.
+    write_csv(out, KVCACHE_CSV, rows, KVCACHE_CSV.columns())
     atomic_write_text(out / KVCACHE_JSON.name, json.dumps(to_jsonable(report), indent=2) + "\n")
 
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_kv_heads} KV heads ({hm.group_size} query heads each); "

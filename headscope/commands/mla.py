@@ -7,15 +7,14 @@ import json
 import sys
 
 from ..artifacts import MLA_JSON, MODEL_DIR, outputs
-from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..capacity.kv_bytes import human_bytes
-from ..capacity.mla import SELECTIONS, SUPPORTED_MODEL_TYPES, check_mla
+from ..capacity.mla import SELECTIONS, SUPPORTED_MODEL_TYPES
 from ..capacity.mla.checkpoint import save_mla
 from ..capacity.mla.to_latent import convert_and_evaluate
 from ._common import add_device_args, load_from_args
-from ._uptrain import add_uptrain_args
+from ._uptrain import add_uptrain_args, check_uptrain_args, read_uptrain_texts
 from ..provenance import provenance
 
 OUTPUTS = outputs("mla")  # model/, mla.json
@@ -48,29 +47,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # What needs no model is refused before anything loads; the rank against the model's full rank
-    # right after loading, before any work or any file.
+    # What needs no model is refused before anything loads; convert_and_evaluate checks the rank against the
+    # model's full rank (check_mla) right after loading, before any work or any file.
     if args.kv_rank < 1:
         raise HeadscopeError(f"--kv-rank must be at least 1; got {args.kv_rank}")
     if args.rope_dims is not None and (args.rope_dims < 2 or args.rope_dims % 2):
         raise HeadscopeError(f"--rope-dims must be an even number of at least 2 (each rotary frequency rotates "
                              f"2 dimensions); got {args.rope_dims}")
-    if args.max_length < 2:
-        raise HeadscopeError(f"--max-length must be at least 2 tokens, got {args.max_length}")
+    check_uptrain_args(args)
     if args.device_map is not None:
         raise HeadscopeError("mla builds new latent-attention modules in memory and cannot convert a dispatched "
                              f"model (--device-map {args.device_map}); use --device (and --dtype bfloat16 to halve "
                              "the memory)")
     out = prepare_out_dir(args.out, args.force, OUTPUTS)
-    data = read_texts(args.data, args.data_limit)
-    heldout = read_texts(args.heldout, args.heldout_limit)
+    data, heldout = read_uptrain_texts(args)  # passed on, never read again
     hm = load_from_args(args)
-    check_mla(hm, args.kv_rank, args.rope_dims)
-    prov = provenance("mla", hm, data, args, heldout=heldout)
     final, report = convert_and_evaluate(
         hm, args.kv_rank, args.rope_dims, selection=args.selection, data=data, heldout=heldout,
         uptrain_steps=args.uptrain, loss=args.loss, lr=args.lr, max_length=args.max_length,
         batch_size=args.batch_size, seed=args.seed, progress=True)
+    prov = provenance("mla", hm, data, args, heldout=heldout)  # the original model (conversion leaves it untouched)
     save_mla(final, out / MODEL_DIR.name, force=args.force)
     report = {**report, "provenance": prov}
     atomic_write_text(out / MLA_JSON.name, json.dumps(report, indent=2) + "\n")

@@ -78,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise HeadscopeError(f"--threads must be positive; got {args.threads}")
         torch.set_num_threads(args.threads)
-    for name, value in DEFAULTS[args.task].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    # The task's defaults fill what was not given, on a copy (the parsed options stay as given).
+    args = argparse.Namespace(**{**vars(args), **{name: value for name, value in DEFAULTS[args.task].items()
+                                                  if getattr(args, name) is None}})
     if args.eval_tokens < args.seq:
         raise HeadscopeError(f"--eval-tokens must be at least --seq ({args.seq}); got {args.eval_tokens}")
     if args.init_std is not None and not args.init_std > 0:

@@ -193,7 +193,7 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
         hm.slice_heads(layer, keep)
     for layer, keep in sorted(neurons.items()):
         hm.slice_ffn(layer, keep)
-    _load_weights(hm.model, path)
+    load_weights(hm.model, path)
     hm.model.to(device=device, dtype=dtype).eval()
     return hm
 
@@ -209,7 +209,7 @@ def _state_dict_files(path: Path) -> list[Path]:
     raise HeadscopeError(f"{str(path)!r} holds no model.safetensors (or its index); was it written by save_model?")
 
 
-def _load_weights(model: nn.Module, path: Path) -> None:
+def load_weights(model: nn.Module, path: Path) -> None:
     """Load the checkpoint's safetensors into `model` (already shaped like them), tying shared weights back."""
     state: dict[str, torch.Tensor] = {}
     for f in _state_dict_files(path):

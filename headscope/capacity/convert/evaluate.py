@@ -1,4 +1,5 @@
-"""How a converted model compares: perplexity and KL to the original (through `headscope.eval.lm`), KV-cache bytes.
+"""How a converted model compares: perplexity and KL to the original (through `headscope.eval.lm`), KV-cache bytes
+(`kv_report`, the one report of bytes measured from a generation cache beside the formula, for gqa.json and mla.json).
 
 Every NLL and KL figure is computed by `headscope.eval.lm` (`compare_lms` on `nll_sums` / `kl_sums`),
 over the same prepared batches (`token_batches`), so the calibration KL of the grouping search, the
@@ -7,14 +8,15 @@ held-out KL in gqa.json and uptraining's distillation loss count the same positi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ...data import Batch, batches, pad_id, prepare_tokens
 from ...eval.lm import compare_lms
-from ..kv_bytes import kv_cache_bytes
 from ...models.adapter import HeadModel
+from ...registry import Registry
+from ..kv_bytes import kv_bytes_per_token, kv_cache_bytes
 
 
 def token_batches(hm: HeadModel, data: Any, max_length: int, batch_size: int, limit: int | None) -> list[Batch]:
@@ -72,10 +74,32 @@ def measure_kv_bytes(hm: HeadModel, batch: int = 1, prompt_len: int = 16, new_to
     return cache_bytes(cache), int(cache.get_seq_length())
 
 
-def kv_report(hm: HeadModel, batch: int = 2, prompt_len: int = 16, new_tokens: int = 4) -> dict[str, Any]:
-    """KV-cache bytes measured from a real generation cache beside `headscope.capacity.kv_bytes.kv_cache_bytes`."""
+#: Per-token cache formulas of attention that caches something other than K/V heads, each registered under
+#: the config attribute that marks such a model, its help the formula as the report names it. The MLA
+#: package registers its latent cache here (this package cannot import it: mla imports convert).
+CACHE_FORMULAS: Registry[Callable[[HeadModel, torch.dtype], int]] = Registry("KV-cache formula")
+KV_HEADS_FORMULA = "headscope.capacity.kv_bytes.kv_cache_bytes"  # the formula of every K/V-heads model
+
+
+def kv_report(hm: HeadModel, batch: int = 2, prompt_len: int = 16, new_tokens: int = 4, *,
+              per_token: bool = False) -> dict[str, Any]:
+    """KV-cache bytes measured from a real generation cache beside the formula, and whether they match.
+
+    The formula is `headscope.capacity.kv_bytes.kv_cache_bytes` of the model's K/V heads, or the one
+    registered in `CACHE_FORMULAS` for an attribute its config carries (MLA's latent cache): bytes per
+    token x cached tokens x batch. `per_token` adds `bytes_per_token` and the formula's name (`formula`),
+    which mla.json records (gqa.json does not)."""
     measured, seq_len = measure_kv_bytes(hm, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens)
     dtype = next(hm.model.parameters()).dtype
-    calculated = kv_cache_bytes(hm.config, seq_len, batch=batch, dtype=dtype)
-    return {"measured": measured, "calculated": calculated, "seq_len": seq_len, "batch": batch,
-            "dtype": str(dtype).removeprefix("torch."), "match": measured == calculated}
+    entry = next((CACHE_FORMULAS.get(key) for key in CACHE_FORMULAS if getattr(hm.config, key, None)), None)
+    if entry is None:
+        name, bytes_per_token = KV_HEADS_FORMULA, kv_bytes_per_token(hm.config, dtype)
+        calculated = kv_cache_bytes(hm.config, seq_len, batch=batch, dtype=dtype)
+    else:
+        name, bytes_per_token = entry.help, entry.fn(hm, dtype)
+        calculated = bytes_per_token * seq_len * batch
+    report: dict[str, Any] = {"measured": measured, "calculated": calculated}
+    if per_token:
+        report.update(bytes_per_token=bytes_per_token, formula=name)
+    report.update(seq_len=seq_len, batch=batch, dtype=str(dtype).removeprefix("torch."), match=measured == calculated)
+    return report

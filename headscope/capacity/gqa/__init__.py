@@ -21,11 +21,11 @@ RoPE needs no special care: keys are rotated *after* projection, by a rotation t
 the same for every head, so mean-pooling the projection weights equals mean-pooling rotated keys.
 
 Modules, lowest first: `convert` (checks, pooling in given groups, permutation, expansion),
-`evaluate` (perplexity / KL through `headscope.eval.lm`, KV-cache bytes), `clustering` (K/V
-distances, balanced partitions), `search` (calibration-KL search), `groupings` (the registry,
-`plan_groups`, `convert_to_gqa`), `uptraining` (through `headscope.train.Trainer`), `recipe`
-(`convert_and_evaluate`). Saving is `headscope.models.checkpoint.save_model`; text is
-`headscope.data.read_texts`.
+`clustering` (K/V distances, balanced partitions), `search` (calibration-KL search), `groupings` (the
+registry, `plan_groups`, `convert_to_gqa`), `regroup` (`convert_and_evaluate`). What every conversion
+shares lives in `headscope.capacity.convert`: `evaluate` (perplexity / KL through `headscope.eval.lm`,
+the KV report), `uptraining` (through `headscope.train.Trainer`), `texts` (default text). Saving is
+`headscope.models.checkpoint.save_model`; text is `headscope.data.read_texts`.
 """
 
 from .clustering import (
@@ -51,7 +51,8 @@ from .convert import (
 )
 from ..convert.evaluate import cache_bytes, compare, kl_divergence, kv_report, measure_kv_bytes, perplexity, token_batches
 from .groupings import GROUPINGS, GroupingOptions, convert_to_gqa, plan_groups
-from .regroup import DEFAULT_DATA, DEFAULT_HELDOUT, convert_and_evaluate
+from ..convert.texts import DEFAULT_DATA, DEFAULT_HELDOUT
+from .regroup import convert_and_evaluate
 from .search import search_groups
 from ..convert.uptraining import LOSSES, TRAINABLE, UptrainLog, check_uptrain, uptrain, uptrain_loss
 

@@ -6,23 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from ...data import TextSource, read_texts
 from ...models.adapter import HeadModel
-from .convert import check_convertible, pool_kv_heads
 from ..convert.evaluate import compare, kv_report
-from .groupings import plan_groups
+from ..convert.texts import DEFAULT_DATA, DEFAULT_HELDOUT, conversion_texts
 from ..convert.uptraining import uptrain
-
-#: Text used when none is given: calibration / uptraining from PTB train, perplexity on PTB valid.
-DEFAULT_DATA = "ptb-train"
-DEFAULT_HELDOUT = "ptb-valid"
-
-
-def _texts(data: Any, limit: int | None, default: str) -> Any:
-    """In-memory data (a TextSource or a list of texts / token-id lists) as given; else `read_texts`."""
-    if isinstance(data, (TextSource, list)):
-        return data
-    return read_texts(default if data is None else data, limit)
+from .convert import check_convertible, pool_kv_heads
+from .groupings import plan_groups
 
 
 def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *, data: Any = None,
@@ -39,8 +28,8 @@ def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *
     say otherwise). Returns the final model and a JSON-ready report.
     """
     check_convertible(hm, kv_heads)
-    data_src = _texts(data, data_limit, DEFAULT_DATA)
-    held_src = _texts(heldout, heldout_limit, DEFAULT_HELDOUT)
+    data_src = conversion_texts(data, data_limit, DEFAULT_DATA)
+    held_src = conversion_texts(heldout, heldout_limit, DEFAULT_HELDOUT)
     ev = dict(max_length=max_length, batch_size=batch_size, progress=progress)
     report: dict[str, Any] = {
         "model": hm.name, "model_type": hm.config.model_type, "n_layers": hm.n_layers, "n_heads": hm.n_heads,

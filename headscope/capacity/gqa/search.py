@@ -64,6 +64,62 @@ def _trial_kls(hm: HeadModel, work: HeadModel, todo: list[Batch], trials: list[d
     return [k / count for k in kl]
 
 
+def _check_search(data: Any, candidates: Any) -> None:
+    """Refuse a search without calibration text or with a candidate count that is not a whole number >= 0."""
+    if data is None:
+        raise HeadscopeError(
+            "grouping 'search' picks groups by their KL divergence from the original model on calibration text, "
+            "so it needs data: pass data= (texts, token-id lists or headscope.data.read_texts('ptb-train')); on the "
+            "CLI, --data ptb-train or a .txt/.jsonl/.conllu file; or use --grouping similarity, which works from "
+            "weights")
+    if isinstance(candidates, bool) or not isinstance(candidates, (int, np.integer)) or candidates < 0:
+        raise HeadscopeError(f"--search-candidates must be a whole number >= 0, got {candidates!r}")
+
+
+def _candidates(hm: HeadModel, kv_heads: int, data: Any, adjacent: list[list[list[int]]], candidates: int,
+                seed: int, progress: bool, kw: dict[str, Any]) -> tuple[list[list[list[int]]], list[dict[tuple, str]]]:
+    """Per layer, the similarity-from-data grouping, and every distinct candidate (canonical grouping -> the first
+    name that proposed it: adjacent, similarity-data, similarity-weights, random-0 ...)."""
+    n_kv, n_layers = hm.n_kv_heads, hm.n_layers
+    d_data = clustering.kv_distances(hm, data, progress=progress, **kw)
+    d_weights = clustering.kv_distances(hm)
+    sim = [clustering.balanced_partition(d_data[l], kv_heads) for l in range(n_layers)]
+    rng = np.random.default_rng(seed)
+    options: list[dict[tuple, str]] = []
+    for l in range(n_layers):
+        named = [("adjacent", adjacent[l]), ("similarity-data", sim[l]),
+                 ("similarity-weights", clustering.balanced_partition(d_weights[l], kv_heads))]
+        named += [(f"random-{i}", clustering.random_balanced_groups(n_kv, kv_heads, rng)) for i in range(candidates)]
+        opts: dict[tuple, str] = {}
+        for name, g in named:
+            opts.setdefault(_canonical(g), name)
+        options.append(opts)
+    return sim, options
+
+
+def _greedy_pass(hm: HeadModel, work: HeadModel, todo: list[Batch], kv_heads: int, options: list[dict[tuple, str]],
+                 chosen: list[list[list[int]]], current: dict[int, LayerWeights], kl_now: float,
+                 bar: Any) -> tuple[list[dict[str, Any]], float]:
+    """Visit the layers in order, keeping each layer's candidate of strictly lower KL; `chosen`, `current` and
+    `work` are updated in place. Returns the per-layer trace and the final calibration KL."""
+    trace = []
+    for l in range(hm.n_layers):
+        here = _canonical(chosen[l])
+        others = [(key, name) for key, name in options[l].items() if key != here]
+        trial_weights = [layer_weights(hm, l, [list(g) for g in key], kv_heads) for key, _ in others]
+        kls = _trial_kls(hm, work, todo, [{l: w} for w in trial_weights], current, bar)
+        tried = {options[l][here]: kl_now, **{name: k for (_, name), k in zip(others, kls)}}
+        best = int(np.argmin(kls)) if kls else -1
+        if kls and kls[best] < kl_now:
+            chosen[l] = [list(g) for g in others[best][0]]
+            current[l] = trial_weights[best]
+            write_layer_weights(work, l, current[l])
+            kl_now = kls[best]
+        trace.append({"layer": l, "chosen": options[l][_canonical(chosen[l])], "groups": chosen[l],
+                      "calibration_kl": kl_now, "candidate_kl": tried})
+    return trace, kl_now
+
+
 def search_groups(hm: HeadModel, kv_heads: int, data: Any, *, candidates: int = 8, seed: int = 0,
                   max_length: int = 64, batch_size: int = 8, limit: int | None = None,
                   progress: bool = False) -> dict[str, Any]:
@@ -83,14 +139,7 @@ def search_groups(hm: HeadModel, kv_heads: int, data: Any, *, candidates: int = 
     `data` is the calibration text; never pass the held-out text.
     """
     check_convertible(hm, kv_heads)
-    if data is None:
-        raise HeadscopeError(
-            "grouping 'search' picks groups by their KL divergence from the original model on calibration text, "
-            "so it needs data: pass data= (texts, token-id lists or headscope.data.read_texts('ptb-train')); on the "
-            "CLI, --data ptb-train or a .txt/.jsonl/.conllu file; or use --grouping similarity, which works from "
-            "weights")
-    if isinstance(candidates, bool) or not isinstance(candidates, (int, np.integer)) or candidates < 0:
-        raise HeadscopeError(f"--search-candidates must be a whole number >= 0, got {candidates!r}")
+    _check_search(data, candidates)
     n_kv, n_layers = hm.n_kv_heads, hm.n_layers
     adjacent = [adjacent_groups(n_kv, kv_heads) for _ in range(n_layers)]
     settings = {"search_candidates": int(candidates), "search_seed": int(seed)}
@@ -99,20 +148,7 @@ def search_groups(hm: HeadModel, kv_heads: int, data: Any, *, candidates: int = 
         return {"groups": adjacent, **settings, "search_skipped": "only one grouping possible", "kl_evaluations": 0}
     t0 = time.perf_counter()
     kw = dict(max_length=max_length, batch_size=batch_size, limit=limit)
-    d_data = clustering.kv_distances(hm, data, progress=progress, **kw)
-    d_weights = clustering.kv_distances(hm)
-    sim = [clustering.balanced_partition(d_data[l], kv_heads) for l in range(n_layers)]
-    rng = np.random.default_rng(seed)
-    options: list[dict[tuple, str]] = []  # per layer: canonical grouping -> first name that proposed it
-    for l in range(n_layers):
-        named = [("adjacent", adjacent[l]), ("similarity-data", sim[l]),
-                 ("similarity-weights", clustering.balanced_partition(d_weights[l], kv_heads))]
-        named += [(f"random-{i}", clustering.random_balanced_groups(n_kv, kv_heads, rng)) for i in range(candidates)]
-        opts: dict[tuple, str] = {}
-        for name, g in named:
-            opts.setdefault(_canonical(g), name)
-        options.append(opts)
-
+    sim, options = _candidates(hm, kv_heads, data, adjacent, candidates, seed, progress, kw)
     todo = token_batches(hm, data, max_length, batch_size, limit)
     work = pool_kv_heads(hm, kv_heads, adjacent)
     current = {l: layer_weights(hm, l, adjacent[l], kv_heads) for l in range(n_layers)}
@@ -133,22 +169,7 @@ def search_groups(hm: HeadModel, kv_heads: int, data: Any, *, candidates: int = 
             for l in sim_layers:
                 current[l] = start_trials[1][l]
                 write_layer_weights(work, l, current[l])
-        kl_now = min(kl_adj, kl_sim)
-        trace = []
-        for l in range(n_layers):
-            here = _canonical(chosen[l])
-            others = [(key, name) for key, name in options[l].items() if key != here]
-            trial_weights = [layer_weights(hm, l, [list(g) for g in key], kv_heads) for key, _ in others]
-            kls = _trial_kls(hm, work, todo, [{l: w} for w in trial_weights], current, bar)
-            tried = {options[l][here]: kl_now, **{name: k for (_, name), k in zip(others, kls)}}
-            best = int(np.argmin(kls)) if kls else -1
-            if kls and kls[best] < kl_now:
-                chosen[l] = [list(g) for g in others[best][0]]
-                current[l] = trial_weights[best]
-                write_layer_weights(work, l, current[l])
-                kl_now = kls[best]
-            trace.append({"layer": l, "chosen": options[l][_canonical(chosen[l])], "groups": chosen[l],
-                          "calibration_kl": kl_now, "candidate_kl": tried})
+        trace, kl_now = _greedy_pass(hm, work, todo, kv_heads, options, chosen, current, min(kl_adj, kl_sim), bar)
     seconds = time.perf_counter() - t0
     log.info("search: calibration KL %.4f (start, %s) -> %.4f after %d KL evaluations in %.1f s",
              min(kl_adj, kl_sim), start, kl_now, n_evals, seconds)

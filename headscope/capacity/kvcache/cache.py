@@ -33,6 +33,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
 from ...models.config import attention_implementation
+from ..kv_formula import kv_bytes
 
 ATTENTION_NAME = "headscope_kvcache"
 # Families whose attention hands the cache's output straight to transformers' attention interface
@@ -97,17 +98,18 @@ class HeadPlan:
         """KV-head token slots held between steps after `context` tokens, all layers."""
         return self.n_full * context + self.n_windowed * min(context, self.sink + self.window - 1)
 
+    # Bytes through `kv_formula.kv_bytes`, the one KV-bytes formula, with (KV head, token) slots counted here.
     def bytes_read(self, context: int, d_head: int, bytes_per_number: int, batch: int = 1) -> int:
         """K and V bytes a decoding step reads at `context` tokens: the formula the cache is tested against."""
-        return 2 * batch * d_head * bytes_per_number * self.tokens_read(context)
+        return kv_bytes(self.tokens_read(context), d_head, 8 * bytes_per_number, batch)
 
     def bytes_stored(self, context: int, d_head: int, bytes_per_number: int, batch: int = 1) -> int:
         """K and V bytes the cache holds after `context` tokens."""
-        return 2 * batch * d_head * bytes_per_number * self.tokens_stored(context)
+        return kv_bytes(self.tokens_stored(context), d_head, 8 * bytes_per_number, batch)
 
     def bytes_per_token(self, d_head: int, bytes_per_number: int) -> int:
         """Bytes one more token costs once every window is full: only full KV heads grow."""
-        return 2 * d_head * bytes_per_number * self.n_full
+        return kv_bytes(self.n_full, d_head, 8 * bytes_per_number)
 
 
 def check_window(sink: int, window: int) -> None:
@@ -120,12 +122,29 @@ def check_window(sink: int, window: int) -> None:
                              f"current one included); got {window}")
 
 
+def _check_family(model_type: str, name: str) -> None:
+    if model_type not in SUPPORTED:
+        raise HeadscopeError(f"model type {model_type!r} ({name}) is not supported by the head-aware KV cache; "
+                             f"supported: {', '.join(SUPPORTED)}")
+
+
+def _check_not_mqa(name: str, n_heads: int, n_kv_heads: int) -> None:
+    if n_kv_heads == 1:
+        raise HeadscopeError(
+            f"{name!r} is MQA (1 KV head per layer, shared by all {n_heads} query heads): a KV head can be "
+            f"windowed only when all its query heads are, so windowing here drops a whole layer's long-range "
+            f"attention, a layer choice rather than a head choice; use a model with 2 or more KV heads per layer")
+
+
+def check_supported_config(name: str, model_type: str, n_heads: int, n_kv_heads: int) -> None:
+    """What `check_supported` can tell from a config alone (family, MQA): a verb refuses it before weights load."""
+    _check_family(model_type, name)
+    _check_not_mqa(name, n_heads, n_kv_heads)
+
+
 def check_supported(hm: HeadModel) -> None:
     """A clear error unless `hm` is a decoder family the head-aware cache serves with 2+ KV heads per layer."""
-    model_type = hm.config.model_type
-    if model_type not in SUPPORTED:
-        raise HeadscopeError(f"model type {model_type!r} ({hm.name}) is not supported by the head-aware KV cache; "
-                             f"supported: {', '.join(SUPPORTED)}")
+    _check_family(hm.config.model_type, hm.name)
     if hm.pruned:
         raise HeadscopeError(f"{hm.name!r} is physically pruned (per-layer head counts); the head-aware KV cache "
                              f"needs the same heads in every layer")
@@ -133,11 +152,7 @@ def check_supported(hm: HeadModel) -> None:
     if sliding and getattr(hm.config, "use_sliding_window", True) is not False:
         raise HeadscopeError(f"{hm.name!r} has sliding-window layers ({len(sliding)} of {hm.n_layers}: every head "
                              f"there is already windowed); the head-aware KV cache needs full-attention layers")
-    if hm.n_kv_heads == 1:
-        raise HeadscopeError(
-            f"{hm.name!r} is MQA (1 KV head per layer, shared by all {hm.n_heads} query heads): a KV head can be "
-            f"windowed only when all its query heads are, so windowing here drops a whole layer's long-range "
-            f"attention, a layer choice rather than a head choice; use a model with 2 or more KV heads per layer")
+    _check_not_mqa(hm.name, hm.n_heads, hm.n_kv_heads)
 
 
 class HeadSplitKV:

@@ -127,9 +127,19 @@ def choose_random(n_layers: int, n_kv_heads: int, n_full: int, seed: int, budget
 _COLUMN = re.compile(r"^-?[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def check_scores_file(path: str | Path, column: str) -> tuple[Path, str]:
-    """Refuse a missing file, a bad column name, or a CSV without `layer`, `head` and the column (header only);
-    returns the path and the column's name without its '-'."""
+@dataclass(frozen=True)
+class ScoresFile:
+    """A per-head CSV read once (when a verb checks its options): where it is, the score column, and its rows."""
+
+    path: Path
+    column: str  # the column's name, without the '-' of `by`
+    sign: float  # -1.0 when `by` was '-COLUMN' (keep the lowest full)
+    rows: tuple[dict[str, str], ...]
+
+
+def read_scores_file(path: str | Path, column: str) -> ScoresFile:
+    """Read a per-head CSV (heads.csv, roles.csv, importance.csv) once, refusing a missing file, a bad column name,
+    or a file without `layer`, `head` and the column; `scores_matrix` then fits it to a model."""
     p = Path(path)
     if not p.is_file():
         raise HeadscopeError(f"--from {str(path)!r} is not a file; give a heads.csv or roles.csv written by headscope")
@@ -138,38 +148,50 @@ def check_scores_file(path: str | Path, column: str) -> tuple[Path, str]:
     name = column[1:] if column.startswith("-") else column
     try:
         with p.open(newline="", encoding="utf-8") as f:
-            fields = next(csv.reader(f), [])
+            reader = csv.DictReader(f)
+            fields = list(reader.fieldnames or [])
+            rows = tuple(reader)
     except UnicodeDecodeError:
         raise HeadscopeError(f"--from {str(path)!r} is not UTF-8 text; give a CSV written by headscope") from None
     missing = [c for c in ("layer", "head", name) if c not in fields]
     if missing:
         raise HeadscopeError(f"{p} has no column {missing[0]!r}{did_you_mean(missing[0], fields)}; its columns: "
                              f"{', '.join(fields) or '(none)'}")
-    return p, name
+    return ScoresFile(p, name, -1.0 if column.startswith("-") else 1.0, rows)
 
 
-def read_scores(path: str | Path, column: str, n_layers: int, n_heads: int) -> np.ndarray:
-    """`[n_layers, n_heads]` scores from column `column` of a per-head CSV (heads.csv, roles.csv, importance.csv:
-    columns `layer`, `head`, ...). A leading '-' negates the column (keep the lowest full)."""
-    p, name = check_scores_file(path, column)
-    sign = -1.0 if column.startswith("-") else 1.0
-    with p.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        out = np.full((n_layers, n_heads), np.nan)
-        for lineno, row in enumerate(reader, start=2):
-            try:
-                layer, head, value = int(row["layer"]), int(row["head"]), float(row[name] or "nan")
-            except ValueError:
-                raise HeadscopeError(f"{p}:{lineno}: layer, head and {name} must be numbers; got "
-                                     f"{row['layer']!r}, {row['head']!r}, {row[name]!r}") from None
-            if not (0 <= layer < n_layers and 0 <= head < n_heads):
-                raise HeadscopeError(f"{p}:{lineno}: head L{layer}H{head} is not in this model ({n_layers} layers x "
-                                     f"{n_heads} heads): the file belongs to another model")
-            out[layer, head] = sign * value
+def check_scores_file(path: str | Path, column: str) -> tuple[Path, str]:
+    """Refuse a missing file, a bad column name, or a CSV without `layer`, `head` and the column;
+    returns the path and the column's name without its '-'."""
+    f = read_scores_file(path, column)
+    return f.path, f.column
+
+
+def scores_matrix(f: ScoresFile, n_layers: int, n_heads: int) -> np.ndarray:
+    """`[n_layers, n_heads]` scores from the file's column (negated for '-COLUMN'); refuses heads the model lacks."""
+    p, name = f.path, f.column
+    out = np.full((n_layers, n_heads), np.nan)
+    for lineno, row in enumerate(f.rows, start=2):
+        try:
+            layer, head, value = int(row["layer"]), int(row["head"]), float(row[name] or "nan")
+        except ValueError:
+            raise HeadscopeError(f"{p}:{lineno}: layer, head and {name} must be numbers; got "
+                                 f"{row['layer']!r}, {row['head']!r}, {row[name]!r}") from None
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise HeadscopeError(f"{p}:{lineno}: head L{layer}H{head} is not in this model ({n_layers} layers x "
+                                 f"{n_heads} heads): the file belongs to another model")
+        out[layer, head] = f.sign * value
     if np.isnan(out).all():
         raise HeadscopeError(f"{p}: column {name!r} holds no numbers for this model's heads")
     return out
 
 
-__all__ = ["Choice", "check_scores_file", "choose_full", "choose_random", "choose_threshold", "choose_top", "kv_head_scores", "n_full_for",
-           "parse_budget", "parse_budgets", "read_scores"]
+def read_scores(path: str | Path, column: str, n_layers: int, n_heads: int) -> np.ndarray:
+    """`[n_layers, n_heads]` scores from column `column` of a per-head CSV (heads.csv, roles.csv, importance.csv:
+    columns `layer`, `head`, ...). A leading '-' negates the column (keep the lowest full)."""
+    return scores_matrix(read_scores_file(path, column), n_layers, n_heads)
+
+
+__all__ = ["Choice", "ScoresFile", "check_scores_file", "choose_full", "choose_random", "choose_threshold", "choose_top",
+           "kv_head_scores", "n_full_for", "parse_budget", "parse_budgets", "read_scores", "read_scores_file",
+           "scores_matrix"]

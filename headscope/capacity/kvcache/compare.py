@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...errors import HeadscopeError
-from ..kv_bytes import normalize_dtype
+from ..kv_formula import normalize_dtype
 from ...learned.longctx import build_haystack, long_roles
 from ...learned.longctx.needle import DEPTHS, gum_sentences
 from ...models.adapter import HeadModel
@@ -48,6 +48,11 @@ def check_context(context: int, sink: int, window: int, max_positions: int | Non
     if context <= sink + window:
         raise HeadscopeError(f"--context {context} must exceed --sink + --window = {sink + window}: otherwise every "
                              f"windowed head still sees every token and all caches are the same")
+    check_positions(context, max_positions)
+
+
+def check_positions(context: int, max_positions: int | None) -> None:
+    """Refuse a context past the model's positions (None: unbounded)."""
     if max_positions is not None and context > max_positions:
         raise HeadscopeError(f"--context {context} exceeds the model's {max_positions} positions; use at most "
                              f"{max_positions}")
@@ -146,4 +151,4 @@ def compare(hm: HeadModel, passages: Sequence[Sequence[int]], scores: np.ndarray
     return rows
 
 
-__all__ = ["SCORE_SEED_OFFSET", "Settings", "check_context", "choices", "compare", "haystacks_for", "retrieval_scores"]
+__all__ = ["SCORE_SEED_OFFSET", "Settings", "check_context", "check_positions", "choices", "compare", "haystacks_for", "retrieval_scores"]

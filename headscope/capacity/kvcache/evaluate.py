@@ -94,18 +94,26 @@ def evaluate_perplexity(hm: HeadModel, plan: HeadPlan, passages: Sequence[Sequen
 
 def long_passages_ids(tokenizer: Any, texts: Sequence[str], context: int, passages: int) -> list[list[int]]:
     """The first `context` tokens of each of the first `passages` texts that hold at least that many."""
-    out = []
-    for text in texts:
+    return long_passages(tokenizer, texts, context, passages)[0]
+
+
+def long_passages(tokenizer: Any, texts: Sequence[str], context: int,
+                  passages: int) -> tuple[list[list[int]], int]:
+    """`long_passages_ids`, and how many texts they used up (up to the last one a passage came from): what
+    follows is text the evaluation never saw (kvcache's default uptraining text)."""
+    out, used = [], 0
+    for i, text in enumerate(texts):
         ids = tokenizer(text, add_special_tokens=True)["input_ids"]
         if len(ids) >= context:
             out.append(list(ids[:context]))
+            used = i + 1
         if len(out) == passages:
             break
     if not out:
         longest = max((len(tokenizer(t)["input_ids"]) for t in texts), default=0)
         raise HeadscopeError(f"no passage holds {context} tokens (the longest has {longest}); lower --context or give "
                              f"longer text (--data gum-long or ptb-long)")
-    return out
+    return out, used
 
 
 def needle_answered(tokenizer: Any, generated: Sequence[int], answer_text: str) -> bool:
@@ -129,4 +137,4 @@ def evaluate_needles(hm: HeadModel, plan: HeadPlan, haystacks: Sequence[Any], ch
 
 
 __all__ = ["DEFAULT_CHUNK", "PassageResult", "evaluate_needles", "evaluate_perplexity", "greedy",
-           "long_passages_ids", "needle_answered", "passage_nll", "prefill"]
+           "long_passages", "long_passages_ids", "needle_answered", "passage_nll", "prefill"]

@@ -25,7 +25,7 @@ import transformers
 from ...errors import HeadscopeError
 from ...io import atomic_dir
 from ...models.adapter import HeadModel
-from ...models.checkpoint import MLA_FILE, _load_weights, auto_class
+from ...models.checkpoint import MLA_FILE, auto_class, load_weights
 from ...models.config import ATTN_IMPLEMENTATION
 from . import modeling
 from .modeling import MLA_CONFIG_KEY, install_mla
@@ -85,7 +85,7 @@ def load_mla(path: str | Path, *, device: str | torch.device = "cpu", dtype: tor
     config._attn_implementation = ATTN_IMPLEMENTATION
     model = auto_class(config).from_config(config).eval()
     install_mla(model, record)
-    _load_weights(model, path)
+    load_weights(model, path)
     model.to(device=device, dtype=dtype).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").exists() else None
     return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))

@@ -18,6 +18,7 @@ import torch
 
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
+from ..convert.evaluate import CACHE_FORMULAS
 from .modeling import MLA_CONFIG_KEY, install_mla, rope_dim_index
 from .rope import select_frequencies
 
@@ -129,3 +130,9 @@ def mla_kv_bytes_per_token(record: dict[str, Any], n_layers: int, dtype: torch.d
     """Cache bytes one token costs an MLA model: every layer's latent plus its RoPE key dims."""
     per_layer = record["kv_rank"] + record["n_kv_heads"] * record["rope_dims"]
     return n_layers * per_layer * torch.empty((), dtype=dtype).element_size()
+
+
+@CACHE_FORMULAS.register(MLA_CONFIG_KEY, help="n_layers x (kv_rank + n_kv_heads x rope_dims) x bytes")
+def mla_cache_bytes_per_token(hm: HeadModel, dtype: torch.dtype) -> int:
+    """`mla_kv_bytes_per_token` of an MLA model: what `convert.evaluate.kv_report` sets beside its measured cache."""
+    return mla_kv_bytes_per_token(getattr(hm.config, MLA_CONFIG_KEY), hm.n_layers, dtype)

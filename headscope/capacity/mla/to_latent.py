@@ -6,30 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from ..convert.evaluate import compare, measure_kv_bytes
-from ..gqa.regroup import DEFAULT_DATA, DEFAULT_HELDOUT, _texts
-from ..kv_bytes import kv_cache_bytes
+from ..convert.evaluate import compare, kv_report
+from ..convert.texts import DEFAULT_DATA, DEFAULT_HELDOUT, conversion_texts
 from ...models.adapter import HeadModel
-from .convert import check_mla, convert_to_mla, full_rank, mla_kv_bytes_per_token
+from .convert import check_mla, convert_to_mla, full_rank
 from .modeling import MLA_CONFIG_KEY
 from .uptraining import uptrain_mla
-
-
-def kv_bytes_report(hm: HeadModel, batch: int = 2, prompt_len: int = 16, new_tokens: int = 4) -> dict[str, Any]:
-    """KV-cache bytes measured from a real generation cache beside the formula (MLA or the original layout)."""
-    measured, seq_len = measure_kv_bytes(hm, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens)
-    dtype = next(hm.model.parameters()).dtype
-    record = getattr(hm.config, MLA_CONFIG_KEY, None)
-    if record:
-        per_token = mla_kv_bytes_per_token(record, hm.n_layers, dtype)
-        formula = "n_layers x (kv_rank + n_kv_heads x rope_dims) x bytes"
-    else:
-        per_token = kv_cache_bytes(hm.config, 1, batch=1, dtype=dtype)
-        formula = "headscope.capacity.kv_bytes.kv_cache_bytes"
-    calculated = per_token * seq_len * batch
-    return {"measured": measured, "calculated": calculated, "bytes_per_token": per_token, "formula": formula,
-            "seq_len": seq_len, "batch": batch, "dtype": str(dtype).removeprefix("torch."),
-            "match": measured == calculated}
 
 
 def convert_and_evaluate(hm: HeadModel, kv_rank: int, rope_dims: int | None = None, *, selection: str = "2-norm",
@@ -43,8 +25,8 @@ def convert_and_evaluate(hm: HeadModel, kv_rank: int, rope_dims: int | None = No
     (default PTB valid) is only evaluated. Returns the final model and a JSON-ready report.
     """
     rope_dims = check_mla(hm, kv_rank, rope_dims)
-    data_src = _texts(data, data_limit, DEFAULT_DATA)
-    held_src = _texts(heldout, heldout_limit, DEFAULT_HELDOUT)
+    data_src = conversion_texts(data, data_limit, DEFAULT_DATA)
+    held_src = conversion_texts(heldout, heldout_limit, DEFAULT_HELDOUT)
     ev = dict(max_length=max_length, batch_size=batch_size, progress=progress)
     converted = convert_to_mla(hm, kv_rank, rope_dims, selection=selection, data=data_src, **ev)
     record = getattr(converted.config, MLA_CONFIG_KEY)
@@ -53,7 +35,7 @@ def convert_and_evaluate(hm: HeadModel, kv_rank: int, rope_dims: int | None = No
         final, up = uptrain_mla(converted, data_src, uptrain_steps, teacher=hm, loss=loss, lr=lr,
                                 batch_size=batch_size, max_length=max_length, seed=seed, progress=progress)
     scores = compare(hm, {"converted": converted, **({"uptrained": final} if uptrain_steps else {})}, held_src, **ev)
-    before, after = kv_bytes_report(hm), kv_bytes_report(final)
+    before, after = kv_report(hm, per_token=True), kv_report(final, per_token=True)
     report: dict[str, Any] = {
         "model": hm.name, "model_type": hm.config.model_type, "n_layers": hm.n_layers, "n_heads": hm.n_heads,
         "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head, "d_model": hm.d_model,

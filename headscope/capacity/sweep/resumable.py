@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from ...artifacts import SWEEP_CSV, SWEEP_RUNS
+from ...artifacts import write_csv as write_artifact_csv
 from .corpora import load_corpus
 from ...errors import HeadscopeError
 from ...io import atomic_write_text
@@ -38,8 +38,13 @@ def run_provenance(cfg: SweepConfig, data_fp: str) -> dict[str, object]:
 
 
 def write_csv(path: Path, rows: list[dict[str, object]]) -> None:
-    """sweep.csv: the declared columns, one row per configuration (the loss curves stay in runs/)."""
-    atomic_write_text(path, pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(index=False))
+    """sweep.csv at `path`: the declared columns, one row per configuration (the loss curves stay in runs/).
+
+    Through `headscope.artifacts.write_csv`, the one row writer; a row read back from an older runs/<key>.json
+    may lack a later column (an empty cell) and holds keys that are not columns."""
+    if path.name != SWEEP_CSV.name:
+        raise HeadscopeError(f"the sweep's table is written as {SWEEP_CSV.name}, not {path.name!r}")
+    write_artifact_csv(path.parent, SWEEP_CSV, rows, CSV_COLUMNS)
 
 
 def run_sweep(
