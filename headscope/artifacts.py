@@ -255,7 +255,7 @@ PRUNE_CURVE_CSV = Artifact(
      _f("simlex999", "Spearman correlation with simlex999 similarity judgements", "--wordsim"),
      _f("wordsim353_recovered", "wordsim353 after recovery training", "--wordsim-recovered"),
      _f("simlex999_recovered", "simlex999 after recovery training", "--wordsim-recovered"),
-     _f("removed", "heads removed so far, space-separated (L3H7)")))
+     _f("removed", "heads removed at this step, space-separated (L3H7)")), bounds=True)
 PRUNE_CURVE_PNG = Artifact("prune_curve.png", "png", {"prune": ""}, "the pruning curve")
 REDUNDANCY_CSV = Artifact(
     "redundancy.csv", "csv", {"prune": ""}, "per layer: heads removable within the target drop",
@@ -268,7 +268,10 @@ PRUNE_JSON = Artifact(
      _f("target_drop"), _f("baseline", "the unpruned metric"), _f("baseline_perplexity", "null unless lm_loss"),
      _f("largest_fraction_within_target"), _f("heads_removed_within_target"),
      _f("largest_fraction_within_target_recovered", "null without --recover"),
-     _f("within", "'1%' -> {fraction_removed, n_removed, metric, drop, recovered?}"), _f("points"),
+     _f("within", "'1%' -> {fraction_removed, n_removed, metric, drop, drop_lo, drop_hi, confident (the largest "
+                  "fraction whose drop's upper bound stays within), next_step (whether the next point differs "
+                  "beyond noise), recovered?}"), _f("points"),
+     _f("intervals", "level, B, method, seed of every interval (headscope.uncertainty)"),
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("step"),
      _f("fraction"), _f("seed"), _f("recover_lr"),
      _f("saved_model", "{path, parameters, parameters_original, heads_kept, recovered_weights}", "--save-model"),
@@ -288,12 +291,14 @@ UNIT_CURVE_CSV = Artifact(
      _f("perplexity_recovered", "exp(metric_recovered)", "lm_loss metric"),
      _f("latency_s", "median seconds of one forward pass of the physically pruned model (empty without --latency)"),
      _f("speedup", "original latency / this latency"), _f("flop_speedup", "original FLOPs / these FLOPs (ideal)"),
-     _f("removed", "units removed: A3 = attention of layer 3, B7 = block 7, F2:n = n FFN neurons of layer 2")))
+     _f("removed", "units removed: A3 = attention of layer 3, B7 = block 7, F2:n = n FFN neurons of layer 2")),
+    bounds=True)
 UNIT_CURVE_PNG = Artifact("unit_curve.png", "png", {"prune --unit": _UNIT}, "the unit curve (and speedups)")
 UNITS_JSON = Artifact(
     "units.json", "json", {"prune --unit": _UNIT}, "the unit curve's settings, points and the unit scores behind its order",
     (_f("model"), _f("unit"), _f("method"), _f("metric"), _f("higher_is_better"), _f("n_parameters"),
      _f("baseline"), _f("points", "the rows of unit_curve.csv"), _f("scores", "unit kind -> scores (ffn: per layer)"),
+     _f("intervals", "level, B, method, seed of every interval (headscope.uncertainty)"),
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("fraction"),
      _f("step"), _f("seed"), _f("recover_steps"), _f("recover_lr"), _f("score_seconds"), _f("n_layers"),
      _f("saved_model", "{path, parameters, parameters_original}", "--save-model"), _PROVENANCE))
