@@ -66,15 +66,28 @@ class Field:
         return re.fullmatch(pattern, name) is not None
 
 
+BOUNDS = ("_lo", "_hi")  # a figure's confidence interval: `<column>_lo`, `<column>_hi` right after it
+
+
+def bound_of(name: str) -> str | None:
+    """The column whose interval bound `name` is (`entropy_lo` -> `entropy`), or None."""
+    return name[:-3] if name.endswith(BOUNDS) else None
+
+
 @dataclass(frozen=True)
 class Artifact:
-    """One output file (or directory) of a verb, and the fields it holds."""
+    """One output file (or directory) of a verb, and the fields it holds.
+
+    With `bounds`, every field may be followed by its confidence interval's bounds `<field>_lo` and
+    `<field>_hi` (headscope.uncertainty); they belong to that field: declared, ordered and explained with it,
+    and never members of a family themselves."""
 
     name: str
     kind: str
     verbs: Mapping[str, str]  # producing verb -> "" (every run writes it) or the option that makes it write it
     summary: str
     fields: tuple[Field, ...] = ()
+    bounds: bool = False
 
     @property
     def verb(self) -> str:
@@ -90,16 +103,23 @@ class Artifact:
         return [f.name for f in self.fields if f.required]
 
     def field_for(self, name: str) -> Field | None:
-        """The declaration `name` belongs to (a family matches its members), or None."""
+        """The declaration `name` belongs to (a family matches its members; a bound its field's), or None."""
+        stem = bound_of(name) if self.bounds else None
+        if stem is not None:
+            owner = self.field_for(stem)
+            if owner is not None:
+                return owner
         return next((f for f in self.fields if f.matches(name)), None)
 
     def members(self, family: str, names: Iterable[str]) -> list[str]:
-        """The names among `names` that belong to the field or family `family`, in their order."""
+        """The names among `names` that belong to the field or family `family`, in their order (interval
+        bounds excluded: they belong to their member)."""
         decl = next((f for f in self.fields if f.name == family), None)
         if decl is None:
             known = [f.name for f in self.fields]
             raise HeadscopeError(f"{self.name} declares no field {family!r}{did_you_mean(family, known)}")
-        return [n for n in names if decl.matches(n)]
+        return [n for n in names if decl.matches(n) and not (self.bounds and bound_of(n) is not None
+                                                              and self.field_for(bound_of(n)) is not None)]
 
     def missing(self, names: Iterable[str]) -> list[str]:
         """Required fields absent from `names`."""
@@ -122,7 +142,11 @@ class Artifact:
         return problems
 
     def meaning(self, name: str) -> str:
-        """What a field means (a family's meaning for its members), or ''."""
+        """What a field means (a family's meaning for its members; a bound says so), or ''."""
+        stem = bound_of(name) if self.bounds else None
+        if stem is not None and self.field_for(stem) is not None:
+            side = "lower" if name.endswith("_lo") else "upper"
+            return f"{side} bound of {stem}'s confidence interval (level and method in the JSON's intervals)"
         f = self.field_for(name)
         return f.meaning if f is not None else ""
 
@@ -143,8 +167,8 @@ _TABLE_JSON = (_f("n_layers"), _f("n_heads"),
                _f("columns", "column names"), _f("rows", "one object per head: layer, head, then the columns"))
 
 _STATS = (*_HEAD_KEYS, *(_f(k, v) for k, v in STATISTICS.items()))
-HEADS_CSV = Artifact("heads.csv", "csv", {"analyze": ""}, "per-head attention statistics (one row per head)",
-                     _STATS)
+HEADS_CSV = Artifact("heads.csv", "csv", {"analyze": ""}, "per-head attention statistics (one row per head), each "
+                     "followed by its confidence interval's bounds", _STATS, bounds=True)
 # roles writes its own table (analyze's statistics on its passages, then the role columns) so that it
 # never replaces analyze's heads.csv beside heads.json; roles.json holds its metadata and provenance.
 ROLES_CSV = Artifact(
@@ -211,8 +235,10 @@ CLUSTERS_JSON = Artifact(
     (_f("js_max", "every pair in a cluster has js <= this"), _f("cka_min", "every pair in a cluster has cka >= this"),
      _f("rule"), _f("clusters", "[{heads, size, max_js, mean_js, min_cka, mean_cka}]"), _f("meta"), _PROVENANCE))
 IMPORTANCE_CSV = Artifact(
-    "importance.csv", "csv", {"score": ""}, "importance of every head by each criterion (higher = more important)",
-    (*_HEAD_KEYS, _f("importance_<method>", "importance by this criterion (higher = more important; NaN = pruned)")))
+    "importance.csv", "csv", {"score": ""}, "importance of every head by each criterion (higher = more important), "
+    "each followed by its confidence interval's bounds",
+    (*_HEAD_KEYS, _f("importance_<method>", "importance by this criterion (higher = more important; NaN = pruned)")),
+    bounds=True)
 IMPORTANCE_JSON = Artifact("importance.json", "json", {"score": ""}, "importance.csv with its metadata",
                            _TABLE_JSON)
 RANK_CORRELATION_CSV = Artifact(
@@ -232,7 +258,7 @@ PRUNE_CURVE_CSV = Artifact(
      _f("simlex999", "Spearman correlation with simlex999 similarity judgements", "--wordsim"),
      _f("wordsim353_recovered", "wordsim353 after recovery training", "--wordsim-recovered"),
      _f("simlex999_recovered", "simlex999 after recovery training", "--wordsim-recovered"),
-     _f("removed", "heads removed so far, space-separated (L3H7)")))
+     _f("removed", "heads removed at this step, space-separated (L3H7)")), bounds=True)
 PRUNE_CURVE_PNG = Artifact("prune_curve.png", "png", {"prune": ""}, "the pruning curve")
 REDUNDANCY_CSV = Artifact(
     "redundancy.csv", "csv", {"prune": ""}, "per layer: heads removable within the target drop",
@@ -245,7 +271,10 @@ PRUNE_JSON = Artifact(
      _f("target_drop"), _f("baseline", "the unpruned metric"), _f("baseline_perplexity", "null unless lm_loss"),
      _f("largest_fraction_within_target"), _f("heads_removed_within_target"),
      _f("largest_fraction_within_target_recovered", "null without --recover"),
-     _f("within", "'1%' -> {fraction_removed, n_removed, metric, drop, recovered?}"), _f("points"),
+     _f("within", "'1%' -> {fraction_removed, n_removed, metric, drop, drop_lo, drop_hi, confident (the largest "
+                  "fraction whose drop's upper bound stays within), next_step (whether the next point differs "
+                  "beyond noise), recovered?}"), _f("points"),
+     _f("intervals", "level, B, method, seed of every interval (headscope.uncertainty)"),
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("step"),
      _f("fraction"), _f("seed"), _f("recover_lr"),
      _f("saved_model", "{path, parameters, parameters_original, heads_kept, recovered_weights}", "--save-model"),
@@ -266,13 +295,15 @@ UNIT_CURVE_CSV = Artifact(
      _f("perplexity_recovered", "exp(metric_recovered)", "lm_loss metric"),
      _f("latency_s", "median seconds of one forward pass of the physically pruned model (empty without --latency)"),
      _f("speedup", "original latency / this latency"), _f("flop_speedup", "original FLOPs / these FLOPs (ideal)"),
-     _f("removed", "units removed: A3 = attention of layer 3, B7 = block 7, F2:n = n FFN neurons of layer 2")))
+     _f("removed", "units removed: A3 = attention of layer 3, B7 = block 7, F2:n = n FFN neurons of layer 2")),
+    bounds=True)
 UNIT_CURVE_PNG = Artifact("unit_curve.png", "png", {"prune --unit": _UNIT}, "the unit curve (and speedups)")
 UNITS_JSON = Artifact(
     "units.json", "json", {"prune --unit": _UNIT},
     "the unit curve's settings, points and the unit scores behind its order",
     (_f("model"), _f("unit"), _f("method"), _f("metric"), _f("higher_is_better"), _f("n_parameters"),
      _f("baseline"), _f("points", "the rows of unit_curve.csv"), _f("scores", "unit kind -> scores (ffn: per layer)"),
+     _f("intervals", "level, B, method, seed of every interval (headscope.uncertainty)"),
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("fraction"),
      _f("step"), _f("seed"), _f("recover_steps"), _f("recover_lr"), _f("score_seconds"), _f("n_layers"),
      _f("saved_model", "{path, parameters, parameters_original}", "--save-model"), _PROVENANCE))

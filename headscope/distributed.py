@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import HeadscopeError
-from .stats import HeadStats
+from .stats import COUNT, HeadStats
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -257,6 +257,7 @@ def all_reduce_stats(stats: HeadStats) -> HeadStats:
         return stats
     names = sorted(set().union(*_gather(None, sorted(stats.sums))))  # a rank with no batch has no names
     shape = (stats.n_layers, stats.n_heads)
+    per_passage = _all_reduce_passages(stats, names)
     zero = np.zeros(shape)
     flat = np.concatenate([np.stack([stats.sums.get(n, zero), stats.counts.get(n, zero)]).ravel() for n in names]
                           + [np.array([stats.tokens, stats.passages], dtype=np.float64)])
@@ -266,7 +267,32 @@ def all_reduce_stats(stats: HeadStats) -> HeadStats:
     for i, n in enumerate(names):
         pair = flat[i * size:(i + 1) * size].reshape(2, *shape)
         out.sums[n], out.counts[n] = pair[0].copy(), pair[1].copy()
+    out.per_passage = per_passage
     return out
+
+
+def _all_reduce_passages(stats: HeadStats, names: list[str]) -> Any:
+    """The per-passage sums of every rank added (each rank filled the rows of its own passages)."""
+    acc = stats.per_passage
+    if acc is None:
+        return None
+    shape = (stats.n_layers, stats.n_heads)
+    for n in names:  # a rank without batches has declared nothing: zeros of the same shape
+        acc.declare(n, shape)
+        acc.declare(f"{n}{COUNT}", shape)
+    keys = sorted(acc.arrays)
+    flat = _all_reduce(np.concatenate([acc.arrays[k].ravel() for k in keys]))
+    size = acc.n_rows * shape[0] * shape[1]
+    for i, k in enumerate(keys):
+        acc.arrays[k] = flat[i * size:(i + 1) * size].reshape(acc.n_rows, *shape).copy()
+    return acc
+
+
+def all_reduce_array(values: np.ndarray) -> np.ndarray:
+    """An array added over ranks (each rank filled its own entries, zeros elsewhere); as is in one process."""
+    if not active():
+        return values
+    return _all_reduce(values.ravel()).reshape(values.shape)
 
 
 def all_reduce_totals(totals: list[list[dict[str, list[float]]]]) -> list[list[dict[str, list[float]]]]:
@@ -381,7 +407,7 @@ def launch(argv: Sequence[str], workers: int, *, grace_s: float = 30.0) -> int:
     return 0
 
 
-__all__ = ["RankCrashed", "RankFailed", "active", "add_workers_arg", "all_reduce_stats", "all_reduce_totals",
+__all__ = ["all_reduce_array", "RankCrashed", "RankFailed", "active", "add_workers_arg", "all_reduce_stats", "all_reduce_totals",
            "backend_for", "check", "check_ranks", "check_workers", "fail", "init", "is_main", "launch",
            "launched", "local", "owner", "owns", "rank", "rank_device", "rank_env", "rendezvous_store",
            "run_on_main", "session", "shard_batches", "shard_indices", "shutdown", "world_size"]

@@ -94,8 +94,9 @@ def pruning_curve(rows: Sequence[Mapping[str, Any]], *, metric: str, target_drop
     """A pruning curve as a figure, for every unit kind: prune_curve.csv (x: share of heads removed) or
     unit_curve.csv (x: share of parameters) rows against the metric (perplexity, log scale, for lm_loss),
     with recovery training when the rows have it, the target-drop limit when `baseline` and `target_drop`
-    are given (prune.json's `baseline`, `target_drop`, `higher_is_better`), and, when the rows were timed,
-    the measured forward speedup beside the FLOP-ideal one."""
+    are given (prune.json's `baseline`, `target_drop`, `higher_is_better`), each curve's confidence interval
+    as a band when the rows carry `_lo` / `_hi` bounds, and, when the rows were timed, the measured forward
+    speedup beside the FLOP-ideal one."""
     lm = metric == "lm_loss"
     y, label = ("perplexity", "perplexity") if lm else ("metric", metric)
     heads = "fraction_removed" in rows[0] if rows else True
@@ -103,11 +104,13 @@ def pruning_curve(rows: Sequence[Mapping[str, Any]], *, metric: str, target_drop
     timed = any(not math.isnan(num(r.get("speedup"))) for r in rows)
     fig, axes = figure(11.0 if timed else 6.4, 4.2, 1, 2 if timed else 1)
     ax = axes[0][0] if timed else axes
-    ax.plot(x, [num(r.get(y)) for r in rows], "o-", label="pruned (masked)")
+    line = ax.plot(x, [num(r.get(y)) for r in rows], "o-", label="pruned (masked)")[0]
+    _band(ax, x, rows, y, line.get_color())
     recovered = [num(r.get(f"{y}_recovered")) for r in rows]
     if any(not math.isnan(v) for v in recovered):
         per_point = f" ({recover_steps} steps/point)" if recover_steps else ""
-        ax.plot(x, recovered, "s--", label=f"pruned + recovery{per_point}")
+        line = ax.plot(x, recovered, "s--", label=f"pruned + recovery{per_point}")[0]
+        _band(ax, x, rows, f"{y}_recovered", line.get_color())
     if baseline is not None and target_drop is not None:
         base = math.exp(baseline) if lm else baseline
         # For LMs the drop is a perplexity increase; for other metrics a relative fall (or rise).
@@ -129,6 +132,14 @@ def pruning_curve(rows: Sequence[Mapping[str, Any]], *, metric: str, target_drop
         right.legend(fontsize=8)
         right.grid(alpha=0.3)
     return save_png(fig, path)
+
+
+def _band(ax: Any, x: Sequence[float], rows: Sequence[Mapping[str, Any]], column: str, colour: str) -> None:
+    """The confidence interval of `column` (its `_lo` / `_hi` cells) as a shaded band, when the rows have it."""
+    lo = [num(r.get(f"{column}_lo")) for r in rows]
+    hi = [num(r.get(f"{column}_hi")) for r in rows]
+    if any(not math.isnan(v) for v in lo + hi):
+        ax.fill_between(x, lo, hi, color=colour, alpha=0.18, lw=0)
 
 
 def pruning_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], *, title: str,

@@ -7,6 +7,7 @@ per-head sums and counts, then dropped: memory does not grow with the data. Ever
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -19,6 +20,7 @@ from .attention.kernel import DEFAULT_BLOCK, stats_kernel
 from .data import TokenClasses
 from .hooks import on_attention_weights, on_head_outputs
 from .models.adapter import HeadModel
+from .uncertainty import Accumulator, PassageSums, Statistic, ratio
 
 # Column name -> what it means (README documents the same list).
 STATISTICS: dict[str, str] = {
@@ -39,7 +41,13 @@ STATISTICS: dict[str, str] = {
 
 @dataclass
 class HeadStats:
-    """Sums and counts per statistic, each `[n_layers, n_heads]` float64; merge by adding."""
+    """Sums and counts per statistic, each `[n_layers, n_heads]` float64; merge by adding.
+
+    With `track_passages(n)` the same sums and counts are also kept per passage (`passage_sums()`:
+    `[passages, n_layers, n_heads]` each, see `headscope.uncertainty`), so every statistic's mean has a
+    bootstrap interval and a split-half stability; the passage of each row is the index the caller gives
+    `add` (its position in the data), whatever the batching.
+    """
 
     n_layers: int
     n_heads: int
@@ -47,21 +55,47 @@ class HeadStats:
     counts: dict[str, np.ndarray] = field(default_factory=dict)
     tokens: int = 0
     passages: int = 0
+    per_passage: Accumulator | None = field(default=None, repr=False)
+
+    def track_passages(self, n_passages: int) -> "HeadStats":
+        """Keep per-passage sums and counts for passages 0 .. n_passages - 1 from now on; returns self."""
+        self.per_passage = Accumulator(n_passages)
+        return self
 
     def add(self, name: str, layer: int, total: torch.Tensor, count: torch.Tensor | float,
-            heads: list[int] | None = None) -> None:
-        """Add a per-head sum `[n_heads]` and its count (scalar or `[n_heads]`) for one layer;
+            heads: list[int] | None = None, rows: Sequence[int] | None = None) -> None:
+        """Add one layer's sums: `total` `[n_heads]`, or `[batch, n_heads]` per passage with `rows` naming the
+        passages (their indices in the data); `count` a scalar, `[n_heads]`, `[batch]` or `[batch, n_heads]`.
         `heads` names the heads the sums belong to when the layer has fewer (physical pruning)."""
         cols = slice(None) if heads is None else heads
         if name not in self.sums:
             self.sums[name] = np.zeros((self.n_layers, self.n_heads))
             self.counts[name] = np.zeros((self.n_layers, self.n_heads))
-        self.sums[name][layer, cols] += total.detach().double().cpu().numpy()
-        c = count.detach().double().cpu().numpy() if isinstance(count, torch.Tensor) else float(count)
+        t = total.detach().double().cpu().numpy()
+        c = count.detach().double().cpu().numpy() if isinstance(count, torch.Tensor) else np.asarray(float(count))
+        if t.ndim == 2:  # per passage: [batch, heads]
+            c = np.broadcast_to(c[:, None] if c.ndim == 1 else c, t.shape)
+            if self.per_passage is not None and rows is not None:
+                self._add_rows(name, layer, cols, t, c, rows)
+            t, c = t.sum(0), c.sum(0)
+        self.sums[name][layer, cols] += t
         self.counts[name][layer, cols] += c
 
+    def _add_rows(self, name: str, layer: int, cols: slice | list[int], t: np.ndarray, c: np.ndarray,
+                  rows: Sequence[int]) -> None:
+        acc = self.per_passage
+        for key, values in ((name, t), (f"{name}{COUNT}", c)):
+            acc.declare(key, (self.n_layers, self.n_heads))
+            full = np.zeros((len(values), self.n_heads))
+            full[:, cols] = values
+            acc.add(key, rows, full, (layer,))
+
+    def passage_sums(self) -> PassageSums | None:
+        """Per-passage sums (`name`) and counts (`name` + COUNT), `[rows, n_layers, n_heads]`; None when not tracked."""
+        return self.per_passage.result() if self.per_passage is not None else None
+
     def merge(self, other: "HeadStats") -> "HeadStats":
-        """A new HeadStats holding both; neither input changes."""
+        """A new HeadStats holding both; neither input changes (per-passage sums are not merged)."""
         if (other.n_layers, other.n_heads) != (self.n_layers, self.n_heads):
             raise ValueError(
                 f"cannot merge statistics of {other.n_layers}x{other.n_heads} heads into {self.n_layers}x{self.n_heads}"
@@ -74,11 +108,14 @@ class HeadStats:
             out.counts[name] = self.counts.get(name, zero) + other.counts.get(name, zero)
         return out
 
+    def names(self) -> list[str]:
+        """Statistic names in STATISTICS order, then any others."""
+        return [n for n in STATISTICS if n in self.sums] + [n for n in self.sums if n not in STATISTICS]
+
     def means(self) -> dict[str, np.ndarray]:
         """Each statistic's mean (NaN where nothing was counted), in STATISTICS order."""
-        names = [n for n in STATISTICS if n in self.sums] + [n for n in self.sums if n not in STATISTICS]
         out = {}
-        for n in names:
+        for n in self.names():
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[n] = np.where(self.counts[n] > 0, self.sums[n] / np.maximum(self.counts[n], 1e-300), np.nan)
         return out
@@ -92,6 +129,15 @@ class HeadStats:
     def from_dict(cls, d: dict[str, Any]) -> "HeadStats":
         return cls(d["n_layers"], d["n_heads"], {k: np.array(v, dtype=float) for k, v in d["sums"].items()},
                    {k: np.array(v, dtype=float) for k, v in d["counts"].items()}, d["tokens"], d["passages"])
+
+
+# Suffix of a statistic's per-passage count in `HeadStats.passage_sums()`.
+COUNT = "|count"
+
+
+def statistic_of(name: str) -> Statistic:
+    """The mean of statistic `name` as a statistic of per-passage sums (for `uncertainty.bootstrap`)."""
+    return ratio(name, f"{name}{COUNT}")
 
 
 def allowed_keys(attention_mask: torch.Tensor, causal: bool, window: int | None = None,
@@ -114,31 +160,32 @@ def allowed_keys(attention_mask: torch.Tensor, causal: bool, window: int | None 
 
 
 def _masked_sum(values: torch.Tensor, qmask: torch.Tensor) -> torch.Tensor:
-    """Sum `[batch, head, query]` values over valid queries -> `[head]` (float64)."""
-    return (values.double() * qmask[:, None, :]).sum(dim=(0, 2))
+    """Sum `[batch, head, query]` values over valid queries -> `[batch, head]` (float64): one sum per passage."""
+    return (values.double() * qmask[:, None, :]).sum(dim=2)
 
 
 def reduce_attention(stats: HeadStats, layer: int, probs: torch.Tensor, allowed: torch.Tensor,
-                     special: torch.Tensor, punct: torch.Tensor, heads: list[int] | None = None) -> None:
-    """Reduce one layer's attention `[batch, head, query, key]` into `stats`.
+                     special: torch.Tensor, punct: torch.Tensor, heads: list[int] | None = None,
+                     rows: Sequence[int] | None = None) -> None:
+    """Reduce one layer's attention `[batch, head, query, key]` into `stats` (per passage: `rows` names them).
 
     `allowed` is `[batch, query, key]`; `special` / `punct` flag keys `[batch, key]`.
     """
     def add(name: str, total: torch.Tensor, count: torch.Tensor) -> None:
-        stats.add(name, layer, total, count, heads)
+        stats.add(name, layer, total, count, heads, rows)
 
     p = probs.float()
     b, h, t, _ = p.shape
     n_keys = allowed.sum(-1)  # [batch, query]
     qmask = (n_keys > 0).double()  # padded queries see nothing
-    n_q = qmask.sum()
+    n_q = qmask.sum(-1)
     pos = torch.arange(t, device=p.device)
 
     ent = -torch.special.xlogy(p, p).sum(-1)  # [batch, head, query]
     add("entropy", _masked_sum(ent, qmask), n_q)
     multi = (n_keys > 1).double()
     log_n = torch.log(n_keys.clamp(min=2).double())
-    add("entropy_norm", _masked_sum(ent.double() / log_n[:, None, :], multi), multi.sum())
+    add("entropy_norm", _masked_sum(ent.double() / log_n[:, None, :], multi), multi.sum(-1))
 
     dist = (pos[:, None] - pos[None, :]).abs().float()  # [query, key]
     add("mean_distance", _masked_sum(torch.einsum("bhqk,qk->bhq", p, dist), qmask), n_q)
@@ -146,7 +193,7 @@ def reduce_attention(stats: HeadStats, layer: int, probs: torch.Tensor, allowed:
     for name, offset in (("prev_token_mass", -1), ("self_mass", 0), ("next_token_mass", 1)):
         diag = torch.diagonal(p, offset=offset, dim1=-2, dim2=-1)  # [batch, head, t - |offset|]
         ok = torch.diagonal(allowed, offset=offset, dim1=-2, dim2=-1).double()  # [batch, t - |offset|]
-        add(name, _masked_sum(diag, ok), ok.sum())
+        add(name, _masked_sum(diag, ok), ok.sum(-1))
 
     add("first_token_mass", _masked_sum(p[..., 0], qmask), n_q)
     add("special_mass", _masked_sum(torch.einsum("bhqk,bk->bhq", p, special.float()), qmask), n_q)
@@ -162,12 +209,12 @@ def output_gram(hm: HeadModel, layer: int) -> torch.Tensor:
 
 
 def reduce_outputs(stats: HeadStats, layer: int, z: torch.Tensor, gram: torch.Tensor, valid: torch.Tensor,
-                   heads: list[int] | None = None) -> None:
+                   heads: list[int] | None = None, rows: Sequence[int] | None = None) -> None:
     """Add the output-norm sums of one layer: z `[batch, pos, head, d_head]`, valid `[batch, pos]`."""
     z = z.detach().float()
     sq = torch.einsum("bthd,hde,bthe->bht", z, gram, z).clamp(min=0)  # [batch, head, pos]
     m = valid.double()
-    stats.add("output_norm", layer, _masked_sum(sq.sqrt(), m), m.sum(), heads)
+    stats.add("output_norm", layer, _masked_sum(sq.sqrt(), m), m.sum(-1), heads, rows)
 
 
 @contextmanager
@@ -195,8 +242,13 @@ class StatsSession:
         self.heads = [None if hm.heads_in_layer(l) == hm.n_heads else hm.kept_heads(l) for l in range(hm.n_layers)]
         self._allowed: dict[int | None, torch.Tensor] = {}
         self.mask: torch.Tensor | None = None
+        self.rows: list[int] | None = None
 
-    def set_batch(self, attention_mask: torch.Tensor, input_ids: torch.Tensor) -> None:
+    def set_batch(self, attention_mask: torch.Tensor, input_ids: torch.Tensor,
+                  passages: Sequence[int] | None = None) -> None:
+        """The next forward's padding mask and token ids `[batch, pos]`, and which passages (indices in the
+        data) its rows are, for per-passage sums."""
+        self.rows = list(passages) if passages is not None else None
         dev = self.hm.device
         self.mask = attention_mask.to(dev)
         ids = input_ids.to(self.flags.special.device)
@@ -222,14 +274,14 @@ class StatsSession:
         self._batch_mask()  # set_batch must have come first
         with torch.no_grad():
             reduce_attention(self.stats, layer, probs, self._allowed_for(layer), self.special, self.punct,
-                             self.heads[layer])
+                             self.heads[layer], self.rows)
 
     def on_outputs(self, layer: int, z: torch.Tensor) -> None:
         gram = self.grams[layer]
         if gram is None:  # a layer without heads (on_head_outputs skips those anyway)
             return None
         with torch.no_grad():
-            reduce_outputs(self.stats, layer, z, gram, self._batch_mask(), self.heads[layer])
+            reduce_outputs(self.stats, layer, z, gram, self._batch_mask(), self.heads[layer], self.rows)
         return None
 
 
@@ -262,8 +314,9 @@ class KernelStatsSession(StatsSession):
         super().__init__(hm, stats, flags)
         self._acc: dict[int, BlockStats] = {}
 
-    def set_batch(self, attention_mask: torch.Tensor, input_ids: torch.Tensor) -> None:
-        super().set_batch(attention_mask, input_ids)
+    def set_batch(self, attention_mask: torch.Tensor, input_ids: torch.Tensor,
+                  passages: Sequence[int] | None = None) -> None:
+        super().set_batch(attention_mask, input_ids, passages)
         self._acc = {}
 
     def _layer_stats(self, layer: int) -> BlockStats:
@@ -287,5 +340,5 @@ class KernelStatsSession(StatsSession):
         acc.add(rows)
         if rows.last:
             for name, (total, count) in acc.totals().items():
-                self.stats.add(name, layer, total, count, self.heads[layer])
+                self.stats.add(name, layer, total, count, self.heads[layer], self.rows)
             del self._acc[layer]

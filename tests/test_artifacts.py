@@ -135,6 +135,12 @@ def check_csv(path: Path, art: A.Artifact, conditions: set[str], families: dict[
     got = header(path)
     assert art.check(got) == [], (path.name, art.check(got))
     fams = {f.name for f in art.fields if f.is_family}
+    # an interval's bounds (<column>_lo, <column>_hi) belong to their column; they follow it, both or neither
+    bounds = [c for c in got if art.bounds and A.bound_of(c) is not None and A.bound_of(c) in got]
+    for c in bounds:
+        stem = A.bound_of(c)
+        assert f"{stem}_lo" in got and f"{stem}_hi" in got and got.index(stem) < got.index(c), (path.name, c)
+    got = [c for c in got if c not in bounds]
     plain = [c for c in got if not any(art.field_for(c) is f and f.is_family for f in art.fields)]
     assert plain == expected_columns(art, conditions), (path.name, plain)
     for family, members in (families or {}).items():
@@ -182,6 +188,7 @@ def test_heads_csv_from_analyze_and_roles(runs):
     from headscope.learned.syntax import RELATIONS
 
     check_csv(runs["analyze"] / "heads.csv", A.HEADS_CSV, set())
+    assert all(f"{k}_lo" in header(runs["analyze"] / "heads.csv") for k in A.STATISTICS)
     check_csv(runs["roles"] / "roles.csv", A.ROLES_CSV, {"roles", "roles --treebank", "roles --coref"},
               {"offset_<offset>_mass": ["offset_m3_mass", "offset_m2_mass", "offset_p2_mass", "offset_p3_mass"]})
     syntax = A.ROLES_CSV.members("syntax_<relation>", header(runs["roles"] / "roles.csv"))

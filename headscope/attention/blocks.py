@@ -310,8 +310,9 @@ def n_visible_keys(valid: torch.Tensor, causal: bool, window: int | None) -> tor
 
 
 def _masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Sum `[batch, head, query]` values over the queries `mask` `[batch, query]` selects -> `[head]` (float64)."""
-    return (values.double() * mask.double()[:, None, :]).sum(dim=(0, 2))
+    """Sum `[batch, head, query]` values over the queries `mask` `[batch, query]` selects -> `[batch, head]`
+    (float64): one sum per passage, so every statistic can be resampled by passage."""
+    return (values.double() * mask.double()[:, None, :]).sum(dim=2)
 
 
 # Per-query values BlockStats keeps for a layer, in order; offsets of the key each diagonal statistic reads.
@@ -326,7 +327,8 @@ class BlockStats:
     `valid` `[batch, T]` marks real tokens; `special` / `punct` `[batch, T]` flag keys, and `columns()`
     gives them as the key columns each block's `BlockRows.weighted` must hold. Each block's
     per-query values go into `[batch, head, T]` rows (memory O(T), not T x T); after the layer's last
-    block, `totals()` gives {name: (sum [head] float64, count)} with the same masks as the full map.
+    block, `totals()` gives {name: (sums [batch, head] float64, counts [batch])} with the same masks as the full
+map: one sum and count per passage.
     """
 
     def __init__(self, valid: torch.Tensor, special: torch.Tensor, punct: torch.Tensor, causal: bool,
@@ -355,7 +357,8 @@ class BlockStats:
             self.rows[i, :, :, q0:q1].copy_(values[name])
 
     def totals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{statistic: (sum over queries `[head]` float64, count)} over every block added; then starts afresh."""
+        """{statistic: (per-passage sums over queries `[batch, head]` float64, counts `[batch]`)} over every block
+        added; then starts afresh."""
         if self.rows is None:
             return {}
         rows = dict(zip(_ROWS, self.rows, strict=True))
@@ -364,10 +367,10 @@ class BlockStats:
         n_keys = n_visible_keys(valid, self.causal, self.window)  # [batch, q]
         qmask = n_keys > 0  # padded queries see nothing
         multi = n_keys > 1
-        out = {name: (_masked_sum(rows[name], qmask), qmask.double().sum())
+        out = {name: (_masked_sum(rows[name], qmask), qmask.double().sum(-1))
                for name in ("entropy", "mean_distance", "first_token_mass", "special_mass", "punct_mass", "max_weight")}
         log_n = torch.log(n_keys.clamp(min=2).double())
-        out["entropy_norm"] = (_masked_sum(rows["entropy"].double() / log_n[:, None, :], multi), multi.double().sum())
+        out["entropy_norm"] = (_masked_sum(rows["entropy"].double() / log_n[:, None, :], multi), multi.double().sum(-1))
         t = valid.shape[1]
         for name, offset in _DIAGONALS.items():
             # the query and its key offset are both real, inside the sequence, and the key is visible
@@ -376,5 +379,5 @@ class BlockStats:
             ok[:, lo:hi] = valid[:, lo:hi] & valid[:, lo + offset:hi + offset]
             if (self.causal and offset > 0) or (self.window is not None and -offset >= self.window):
                 ok[:] = False
-            out[name] = (_masked_sum(rows[name], ok), ok.double().sum())
+            out[name] = (_masked_sum(rows[name], ok), ok.double().sum(-1))
         return out

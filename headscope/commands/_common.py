@@ -17,6 +17,7 @@ from ..io import check_writable_dir
 from ..models.adapter import HeadModel
 from ..models.loading import check_device_map, load_model, resolve_dtype
 from ..table import HeadTable
+from ..uncertainty import IntervalSettings, check_settings
 
 # Count options any verb may define (argparse dest -> the option as the user typed it); each must be >= 1.
 POSITIVE = {"batch_size": "--batch-size", "max_length": "--max-length", "limit": "--limit",
@@ -66,6 +67,11 @@ def check_common(args: argparse.Namespace) -> None:
         v = getattr(args, dest, None)
         if v is not None and not (math.isfinite(v) and v > 0):
             raise HeadscopeError(f"{flag} must be a positive number like 1e-3; got {v}")
+    if getattr(args, "ci", None) is not None:
+        check_settings(args.ci, args.bootstrap)
+    if getattr(args, "until_stable", None) is not None and not (0.0 < args.until_stable < 1.0):
+        raise HeadscopeError(f"--until-stable must be a split-half stability in (0, 1), e.g. 0.9; got "
+                             f"{args.until_stable}")
     if getattr(args, "device", None) is not None:
         check_device(args.device)
     if hasattr(args, "device_map"):  # the verbs that load a model (kv's own --dtype is a cache dtype)
@@ -181,6 +187,24 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    help=f"use only the first N passages (default: a built-in corpus gives its first {DEFAULT_LIMIT}, "
                         f"a file is read whole)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+
+
+def add_interval_args(p: argparse.ArgumentParser, until_stable: bool = False) -> None:
+    """--ci and --bootstrap (every figure's confidence interval) and, for rankings, --until-stable."""
+    g = p.add_argument_group("uncertainty (docs/uncertainty.md)")
+    g.add_argument("--ci", type=float, default=0.95, metavar="LEVEL",
+                   help="confidence level of every interval, in (0, 1) (default 0.95; BCa bootstrap over passages)")
+    g.add_argument("--bootstrap", type=int, default=1000, metavar="B",
+                   help="bootstrap resamples of the passages, at least 100 (default 1000, seeded by --seed)")
+    if until_stable:
+        g.add_argument("--until-stable", type=float, default=None, metavar="R",
+                       help="read passages in chunks until the ranking's split-half stability (Spearman-Brown) "
+                            "reaches R, e.g. 0.9, capped by --limit; the final line says whether it did")
+
+
+def interval_settings(args: argparse.Namespace) -> IntervalSettings:
+    """The interval settings a verb's --ci, --bootstrap and --seed ask for."""
+    return IntervalSettings(level=args.ci, B=args.bootstrap, seed=args.seed)
 
 
 def add_out_args(p: argparse.ArgumentParser) -> None:

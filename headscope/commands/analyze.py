@@ -12,7 +12,7 @@ from ..io import prepare_out_dir
 from ..learned.analyze import analyze
 from ..provenance import provenance
 from ..stats import STATISTICS
-from ._common import add_data_args, add_model_arg, add_out_args, grid, load_from_args
+from ._common import add_data_args, add_interval_args, add_model_arg, add_out_args, grid, interval_settings, load_from_args
 
 OUTPUTS = outputs("analyze")  # heads.csv, heads.json
 
@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_data_args(p)
     add_out_args(p)
+    add_interval_args(p)
     add_workers_arg(p)
     p.set_defaults(func=run)
 
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     check_ranks(len(source), "passages")  # torchrun / --workers: every rank needs a passage
     hm = load_from_args(args)
     table = analyze(hm, source, max_length=args.max_length, batch_size=args.batch_size,
-                    seed=args.seed, progress=True)
+                    seed=args.seed, progress=True, intervals=interval_settings(args))
     if not is_main():  # every rank holds the merged table; rank 0 alone writes and prints
         return 0
     table = table.with_columns(meta={"provenance": provenance("analyze", hm, source, args)})
@@ -55,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
                        ("special_mass", "special tokens"), ("punct_mass", "punctuation")):
         top = [t for t in table.top(col, 3) if t[2] == t[2]]
         if top:
-            print(f"  {label:<20}" + ", ".join(f"L{l}H{h} {v:.2f}" for l, h, v in top))
+            lo, hi = table[f"{col}_lo"], table[f"{col}_hi"]
+            print(f"  {label:<20}" + ", ".join(f"L{l}H{h} {v:.2f} [{lo[l, h]:.2f}, {hi[l, h]:.2f}]"
+                                               for l, h, v in top))
+    iv = m["intervals"]
+    print(f"\n[lo, hi]: {iv['level']:.0%} intervals, {iv['method']} bootstrap over the {m['passages']} passages "
+          f"({iv['B']} resamples); split-half stability of each statistic's ranking in heads.json")
     print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
     return 0

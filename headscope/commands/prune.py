@@ -205,17 +205,34 @@ def _print(res: CurveResult, summary: dict[str, Any]) -> None:
         print(line + "".join(f" {r.extra[k]:>11.4f}" for k in extra_keys))
     print()
     for lv, w in summary["within"].items():
-        s = f"largest fraction within {lv}: {w['fraction_removed']:.3f} ({plural(w['n_removed'], 'head')})"
+        s = f"largest fraction within {lv}: {_within_text(w)}"
         if "recovered" in w:
-            s += (f"; with recovery {w['recovered']['fraction_removed']:.3f} "
-                  f"({plural(w['recovered']['n_removed'], 'head')})")
+            s += f"; with recovery {_within_text(w['recovered'])}"
         print(s)
+    iv = summary["intervals"]
+    print(f"(drops with {iv['level']:.0%} {iv['method']} intervals over the {summary['heldout_passages']} held-out "
+          f"passages, paired with the unpruned model; 'sure' = the interval's upper bound stays within)")
     print(f"\nredundancy per layer at {res.target_drop:.2%} drop (removable / heads):")
     print("  " + " ".join(f"L{r['layer']}:{r['removable']}/{r['heads']}" for r in res.redundancy()))
     if "saved_model" in summary:
         m = summary["saved_model"]
         print(f"\npruned model: {m['heads_kept']} heads, {m['parameters']:,} parameters "
               f"(was {m['parameters_original']:,}) in {m['path']}")
+
+
+def _within_text(w: dict[str, Any]) -> str:
+    """One answer of prune.json's `within`: the fraction, its drop's interval, the confident fraction, and
+    whether the next step is distinguishable from it."""
+    text = f"{w['fraction_removed']:.3f} ({plural(w['n_removed'], 'head')})"
+    if w.get("drop_lo") is not None:
+        text += f", drop {w['drop']:.2%} [{w['drop_lo']:.2%}, {w['drop_hi']:.2%}]"
+        c = w["confident"]
+        if c["n_removed"] != w["n_removed"]:
+            text += f", sure within: {c['fraction_removed']:.3f} ({plural(c['n_removed'], 'head')})"
+    nxt = w.get("next_step")
+    if nxt is not None and not nxt["distinguishable"]:
+        text += " (not distinguishable from the next step)"
+    return text
 
 
 def removed_text(removed: list[str]) -> str:

@@ -21,7 +21,8 @@ from ..redundancy.importance import CRITERIA, check_method, parse_methods, rank_
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import provenance
 from ..table import parse_head
-from ._common import add_data_args, add_model_arg, add_out_args, grid, load_from_args
+from ._common import (add_data_args, add_interval_args, add_model_arg, add_out_args, grid, interval_settings,
+                      load_from_args)
 
 OUTPUTS = outputs("score")  # importance.csv, importance.json, rank_correlation.csv
 UNIT_OUTPUTS = outputs("score --unit")  # unit_importance.csv, unit_importance.json
@@ -37,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_data_args(p)
     add_out_args(p)
+    add_interval_args(p, until_stable=True)
     add_workers_arg(p)
     p.add_argument("--unit", default="head", choices=CRITERIA.scopes(),
                    help="what to score: head (default), attention = whole attention sub-layers, block = whole "
@@ -88,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     prov = provenance("score", hm, data, args)  # before scoring: the model as loaded
     table = score(hm, data, methods, metric=args.metric, gates=gates, max_length=args.max_length,
                   batch_size=args.batch_size, ig_steps=args.ig_steps, seed=args.seed,
-                  limit=args.limit if isinstance(data, str) else None, progress=True)
+                  limit=args.limit if isinstance(data, str) else None, intervals=interval_settings(args),
+                  until_stable=args.until_stable, progress=True)
     if not is_main():  # every rank holds the merged table; rank 0 alone writes and prints
         return 0
     corr = rank_correlations(table)
@@ -111,11 +114,30 @@ def run(args: argparse.Namespace) -> int:
               grid(table.with_columns({col: _scaled(table[col])[0]}), col,
                    f"{about}; shown x{_scaled(table[col])[1]:g}"))
         top = [t for t in table.top(col, 5) if t[2] == t[2]]
-        print("  top: " + ", ".join(f"L{l}H{h} {v:.4g}" for l, h, v in top))
+        lo, hi = table[f"{col}_lo"], table[f"{col}_hi"]
+        print("  top: " + ", ".join(f"L{l}H{h} {v:.4g} [{lo[l, h]:.3g}, {hi[l, h]:.3g}]" for l, h, v in top))
     print("\nSpearman rank correlation between criteria:")
     print(corr.round(2).to_string())
+    _print_uncertainty(m)
     print(f"\nwrote {', '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
     return 0
+
+
+def _print_uncertainty(m: dict[str, Any]) -> None:
+    """Each ranking's split-half stability, the correlations' intervals, and what --until-stable reached."""
+    iv = m["intervals"]
+    print(f"\nuncertainty ({iv['level']:.0%} {iv['method']} bootstrap over {m['passages']} passages, {iv['B']} "
+          f"resamples; intervals in importance.csv as importance_<method>_lo/_hi):")
+    for method, st in m["stability"].items():
+        print(f"  {method:<14} split-half Spearman {st['spearman']:.2f}, {st['spearman_brown']:.2f} for all "
+              f"passages (Spearman-Brown); {st['overlap']:.1f} of the {st['k']} least important heads shared")
+    for c in m["rank_correlations"]:
+        print(f"  Spearman {c['a']} vs {c['b']}: {c['spearman']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]")
+    u = m.get("until_stable")
+    if u:
+        state = "reached" if u["reached"] else "NOT reached"
+        print(f"  --until-stable {u['target']}: {state} with {u['passages']} of the {u['available']} passages "
+              f"available" + ("" if u["reached"] else "; raise --limit or give more data"))
 
 
 def _fits(values: np.ndarray) -> bool:

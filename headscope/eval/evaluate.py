@@ -35,6 +35,7 @@ from ..data import (
 from ..errors import HeadscopeError, did_you_mean
 from ..hooks import head_gates
 from ..models.adapter import HeadModel
+from ..uncertainty import Accumulator, Interval, IntervalSettings, PassageSums, bootstrap, ratio
 from .metrics import METRICS, RowMetric, final_hidden, mean_pool, resolve_metric, row_metric
 
 log = logging.getLogger(__name__)
@@ -42,13 +43,22 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class MetricResult:
-    """One metric value over a data set, and how many tokens it was computed on."""
+    """One metric value over a data set, how many tokens it was computed on, and (from `evaluate_prepared`)
+    its per-passage numerators and denominators, `passages["num"]`, `passages["den"]` `[passages]`, so the
+    value (sum(num) / sum(den)) has a bootstrap interval and can be compared passage by passage."""
 
     name: str
     value: float
     higher_is_better: bool
     n_tokens: int
     details: dict[str, float] = field(default_factory=dict)
+    passages: PassageSums | None = field(default=None, repr=False)
+
+    def interval(self, settings: IntervalSettings | None = None) -> Interval:
+        """The value with its bootstrap interval over the passages (needs `passages`)."""
+        if self.passages is None:
+            raise ValueError("this result holds no per-passage sums; compute it with evaluate_prepared")
+        return bootstrap(self.passages, ratio("num", "den"), settings)
 
 
 @dataclass
@@ -62,7 +72,7 @@ class Reference:
 
     def check(self, prep: Tokens) -> None:
         """Raise when this reference was made from other passages than `prep`."""
-        if _fingerprint(prep.ids) != self.fingerprint:
+        if ids_fingerprint(prep.ids) != self.fingerprint:
             raise HeadscopeError(
                 f"the fidelity reference was made from other data ({len(self.lengths)} passages, "
                 f"{sum(self.lengths)} tokens) than the data given ({len(prep.ids)} passages, {prep.n_tokens} "
@@ -70,7 +80,7 @@ class Reference:
             )
 
 
-def _fingerprint(ids: list[list[int]]) -> int:
+def ids_fingerprint(ids: list[list[int]]) -> int:
     return hash(tuple(tuple(t) for t in ids))
 
 
@@ -206,7 +216,7 @@ def make_reference(hm: HeadModel, data: Any, *, max_length: int | None = None, b
                 tokens[i] = hidden[r, : len(prep.ids[i])].clone()
             bar.update(len(b.index))
     bar.close()
-    return Reference(pooled, tokens, [len(t) for t in prep.ids], _fingerprint(prep.ids))
+    return Reference(pooled, tokens, [len(t) for t in prep.ids], ids_fingerprint(prep.ids))
 
 
 def finish(metric: str, totals: dict[str, list[float]], n_tokens: int) -> MetricResult:
@@ -255,16 +265,24 @@ def evaluate_prepared(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.
             reference = make_reference(hm, prep, batch_size=batch_size, progress=progress)
         reference.check(prep)
     totals: dict[str, list[float]] = {"value": [0.0, 0.0]}
+    per = Accumulator(len(prep.ids))
+    per.declare("num", ())
+    per.declare("den", ())
     bar = tqdm(total=len(prep.ids), desc=f"evaluate {metric}", unit="passage", disable=not progress, leave=False)
     gate_ctx = head_gates(hm, gates.to(hm.device)) if gates is not None else nullcontext()
     with torch.inference_mode(), gate_ctx:
         for b in batches(prep.ids, batch_size, pad_id=pad_id(hm)):
             ids, mask = b.input_ids.to(hm.device), b.attention_mask.to(hm.device)
             tg = batch_targets(prep, reference if needs_reference else None, b.index, ids.shape[1], hm.device)
-            accumulate(totals, row_metric(hm, metric, ids, mask, **tg))
+            rm = row_metric(hm, metric, ids, mask, **tg)
+            accumulate(totals, rm)
+            per.add("num", b.index, rm.num.detach().double().cpu().numpy())
+            per.add("den", b.index, rm.den.detach().double().cpu().numpy())
             bar.update(len(b.index))
     bar.close()
-    return finish(metric, totals, prep.n_tokens)
+    result = finish(metric, totals, prep.n_tokens)
+    result.passages = per.result()
+    return result
 
 
 def accumulate(totals: dict[str, list[float]], rm: RowMetric, rows: slice | None = None) -> None:

@@ -8,11 +8,11 @@ passages, seeded) and split-half stability of rankings (`stability`), for every 
 from __future__ import annotations
 
 from .bootstrap import (METHODS, Interval, IntervalSettings, binomial_interval, bootstrap, bootstrap_many,
-                        check_settings, replicates, resample_weights)
+                        check_settings, expanded_z, interval_from, jackknife, replicates, resample_weights)
 from .passages import MAX_ROWS, Accumulator, PassageSums, Statistic, Sums, group_size, mean_of, ratio
-from .stability import Stability, default_k, lowest, rank, spearman, spearman_brown, split_half
+from .stability import Stability, default_k, lowest, rank, spearman, spearman_brown, spearman_rows, split_half
 
 __all__ = ["MAX_ROWS", "METHODS", "Accumulator", "Interval", "IntervalSettings", "PassageSums", "Stability",
            "Statistic", "Sums", "binomial_interval", "bootstrap", "bootstrap_many", "check_settings", "default_k",
-           "group_size", "lowest", "mean_of", "rank", "ratio", "replicates", "resample_weights", "spearman",
-           "spearman_brown", "split_half"]
+           "expanded_z", "group_size", "interval_from", "jackknife", "lowest", "mean_of", "rank", "ratio",
+           "replicates", "resample_weights", "spearman", "spearman_brown", "spearman_rows", "split_half"]

@@ -25,6 +25,7 @@ tokens would understate the uncertainty. With fewer than 2 rows no interval exis
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -125,24 +126,51 @@ def expanded_z(alpha: float, rows: int) -> float:
     return math.sqrt(rows / (rows - 1)) * float(student_t.ppf(1 - alpha / 2, rows - 1))
 
 
-def _bca_levels(sums: PassageSums, statistic: Statistic, value: np.ndarray, reps: np.ndarray,
+def _bca_levels(value: np.ndarray, reps: np.ndarray, jack: np.ndarray, rows: int,
                 alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """The BCa-adjusted lower and upper quantile levels of each element (with the expanded quantile)."""
-    with np.errstate(invalid="ignore", divide="ignore"):
+    """The BCa-adjusted lower and upper quantile levels of each element (with the expanded quantile), from
+    the replicates `[B, *figure]` and the jackknife values `[rows, *figure]`."""
+    # Elements without a value (a statistic a causal model cannot have) are all NaN: no warning for them.
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         valid = ~np.isnan(reps)
         below = np.sum((reps < value) & valid, axis=0) + 0.5 * np.sum((reps == value) & valid, axis=0)
         share = below / np.maximum(valid.sum(0), 1)
         z0 = ndtri(np.clip(share, 1e-6, 1 - 1e-6))
-        jack = np.asarray(statistic(sums.leave_one_out()), dtype=float)  # [rows, *figure]
         centred = np.nanmean(jack, axis=0) - jack
         num = np.nansum(centred ** 3, axis=0)
         den = 6.0 * np.nansum(centred ** 2, axis=0) ** 1.5
         a = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
         levels = []
-        zq = expanded_z(alpha, sums.rows)
+        zq = expanded_z(alpha, rows)
         for z in (-zq, zq):
             levels.append(ndtr(z0 + (z0 + z) / (1 - a * (z0 + z))))
     return levels[0], levels[1]
+
+
+def interval_from(value: np.ndarray, reps: np.ndarray, jack: np.ndarray | None, rows: int,
+                  settings: IntervalSettings) -> Interval:
+    """The interval of a figure from its bootstrap replicates `[B, *figure]` (and, for BCa, its jackknife
+    values `[rows, *figure]`): for figures derived from several statistics' replicates, e.g. a Spearman
+    correlation between two criteria computed on the same resamples."""
+    value = np.asarray(value, dtype=float)
+    if rows < 2:
+        nan = np.full(value.shape, np.nan)
+        return Interval(value, nan, nan.copy(), settings)
+    alpha = 1.0 - settings.level
+    if settings.method == "bca" and jack is not None:
+        q_lo, q_hi = _bca_levels(value, reps, jack, rows, alpha)
+    else:
+        tail = float(ndtr(-expanded_z(alpha, rows)))
+        q_lo, q_hi = np.full(value.shape, tail), np.full(value.shape, 1 - tail)
+    lo, hi = _quantiles(reps, q_lo), _quantiles(reps, q_hi)
+    bad = np.isnan(value)
+    return Interval(value, np.where(bad, np.nan, lo), np.where(bad, np.nan, hi), settings)
+
+
+def jackknife(sums: PassageSums, statistic: Statistic) -> np.ndarray:
+    """The statistic with each row left out in turn: `[rows, *figure]`."""
+    return np.asarray(statistic(sums.leave_one_out()), dtype=float)
 
 
 def bootstrap(sums: PassageSums, statistic: Statistic, settings: IntervalSettings | None = None) -> Interval:
@@ -150,18 +178,10 @@ def bootstrap(sums: PassageSums, statistic: Statistic, settings: IntervalSetting
     st = settings or IntervalSettings()
     value = np.asarray(statistic(sums.total()), dtype=float)
     if sums.rows < 2:
-        nan = np.full(value.shape, np.nan)
-        return Interval(value, nan, nan.copy(), st)
+        return interval_from(value, np.empty((0, *value.shape)), None, sums.rows, st)
     reps = replicates(sums, statistic, st.B, st.seed)
-    alpha = 1.0 - st.level
-    if st.method == "bca":
-        q_lo, q_hi = _bca_levels(sums, statistic, value, reps, alpha)
-    else:
-        tail = float(ndtr(-expanded_z(alpha, sums.rows)))
-        q_lo, q_hi = np.full(value.shape, tail), np.full(value.shape, 1 - tail)
-    lo, hi = _quantiles(reps, q_lo), _quantiles(reps, q_hi)
-    bad = np.isnan(value)
-    return Interval(value, np.where(bad, np.nan, lo), np.where(bad, np.nan, hi), st)
+    jack = jackknife(sums, statistic) if st.method == "bca" else None
+    return interval_from(value, reps, jack, sums.rows, st)
 
 
 def bootstrap_many(sums: PassageSums, statistics: Mapping[str, Statistic],
@@ -181,4 +201,4 @@ def binomial_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float
 
 
 __all__ = ["METHODS", "Interval", "IntervalSettings", "binomial_interval", "bootstrap", "bootstrap_many",
-           "check_settings", "replicates", "resample_weights"]
+           "check_settings", "expanded_z", "interval_from", "jackknife", "replicates", "resample_weights"]

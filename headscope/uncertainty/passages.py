@@ -86,6 +86,16 @@ class PassageSums:
         return PassageSums({**self.arrays, **{prefix + k: v for k, v in other.arrays.items()}},
                            self.passages_per_row)
 
+    @classmethod
+    def concat(cls, parts: Sequence["PassageSums"]) -> "PassageSums":
+        """The rows of `parts` one after the other (passages read in chunks); all hold the same quantities."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        names = parts[0].names()
+        if any(p.names() != names or p.passages_per_row != parts[0].passages_per_row for p in parts):
+            raise ValueError("per-passage sums of different quantities or groupings cannot be concatenated")
+        return cls({n: np.concatenate([p[n] for p in parts], axis=0) for n in names}, parts[0].passages_per_row)
+
     def to_dict(self) -> dict[str, object]:
         """Lists for JSON or npz (`from_dict` reads them back)."""
         return {"passages_per_row": self.passages_per_row, "arrays": {k: v.tolist() for k, v in self.arrays.items()}}

@@ -49,6 +49,17 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float((rx * ry).sum() / den) if den > 0 else math.nan
 
 
+def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman's correlation of each row of `a` and `b` `[R, K]` (finite columns only, the same in both)."""
+    from scipy.stats import rankdata  # scipy.stats takes ~1 s to import; only these replicate correlations need it
+
+    ra, rb = rankdata(a, axis=-1), rankdata(b, axis=-1)
+    ra, rb = ra - ra.mean(-1, keepdims=True), rb - rb.mean(-1, keepdims=True)
+    den = np.sqrt((ra ** 2).sum(-1) * (rb ** 2).sum(-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (ra * rb).sum(-1) / np.where(den > 0, den, 1.0), np.nan)
+
+
 def spearman_brown(r: float) -> float:
     """The reliability of the whole from the correlation of two halves: 2r / (1 + r)."""
     return 2 * r / (1 + r) if r == r and r > -1 else math.nan
@@ -109,4 +120,4 @@ def split_half(sums: PassageSums, statistic: Statistic, *, seed: int = 0, splits
     return Stability(r, spearman_brown(r), float(np.mean(overlaps)), k, splits, n, seed)
 
 
-__all__ = ["Stability", "default_k", "lowest", "rank", "spearman", "spearman_brown", "split_half"]
+__all__ = ["Stability", "default_k", "lowest", "rank", "spearman", "spearman_brown", "spearman_rows", "split_half"]

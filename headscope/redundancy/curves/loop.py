@@ -35,7 +35,9 @@ from ..pruning.heads import check_prunable, n_parameters
 from ..pruning.masks import UnitMask, unit_masks
 from ..pruning.units import prune_units
 from ..unit_kinds import check_unit, default_unit, unit_kind
+from ...uncertainty import IntervalSettings
 from .checkpoint import PARTIAL_JSON, resume, save_partial
+from .intervals import point_intervals
 from .latency import matmul_flops, time_forward, time_speedup
 from .plans import HeadPlan, LayerPlan, PlanData, check_fraction, make_plan
 from .points import CurvePoint, relative_drop
@@ -95,10 +97,16 @@ class _Measure:
     reference: Reference | None
     batch_size: int
 
-    def __call__(self, model: HeadModel, mask: UnitMask) -> float:
+    def __call__(self, model: HeadModel, mask: UnitMask, into: dict[str, list[float]] | None = None,
+                 key: str = "") -> float:
+        """The metric; with `into`, its per-passage numerators and denominators are stored there too."""
         with unit_masks(model, mask):
-            return evaluate_prepared(model, self.evalprep, self.metric, reference=self.reference,
-                                     batch_size=self.batch_size).value
+            res = evaluate_prepared(model, self.evalprep, self.metric, reference=self.reference,
+                                    batch_size=self.batch_size)
+        if into is not None and res.passages is not None:
+            into[f"{key}num"] = res.passages["num"].tolist()
+            into[f"{key}den"] = res.passages["den"].tolist()
+        return res.value
 
 
 @dataclass
@@ -115,6 +123,7 @@ class _Curve:
     target_drop: float | None
     target_mode: bool
     latency: dict[str, Any] | None = None
+    intervals: IntervalSettings = field(default_factory=IntervalSettings)
     points: list[CurvePoint] = field(default_factory=list)
     recovered_state: dict[str, torch.Tensor] | None = None
     recovered_n_removed: int | None = None
@@ -125,12 +134,18 @@ class _Curve:
 
     def baseline(self) -> CurvePoint:
         empty = UnitMask()
-        base = self.measure(self.hm, empty)
+        passages: dict[str, list[float]] = {}
+        base = self.measure(self.hm, empty, passages)
         rec = self.recover["steps"] > 0
         ex = {k: fn(self.hm, self.gates(empty)) for k, fn in self.extras.items()}
         point = CurvePoint(0, 0, 0.0, base, 0.0, base if rec else None, 0.0 if rec else None, extra=ex,
                            extra_recovered=dict(ex) if rec and self.extra_on_recovered else {},
-                           params_removed=0 if self.plan.scope != "heads" else None)
+                           params_removed=0 if self.plan.scope != "heads" else None, passages=passages)
+        if passages:
+            point.bounds = point_intervals(self.measure.metric, passages, passages, self.intervals)
+            if rec:  # the baseline is its own recovered model
+                point.bounds.update({k.replace("metric", "metric_recovered").replace("drop", "drop_recovered"): v
+                                     for k, v in list(point.bounds.items())})
         if self.latency is not None:
             point.latency_s, point.speedup, point.flop_speedup = self.latency["base_s"], 1.0, 1.0
         return point
@@ -146,15 +161,21 @@ class _Curve:
         if units is None:
             return None
         mask = self.plan.mask()
-        value = self.measure(self.hm, mask)
+        passages: dict[str, list[float]] = {}
+        value = self.measure(self.hm, mask, passages)
         base = self.points[0].metric
         metric = self.measure.metric
         point = CurvePoint(len(self.points), self.plan.n_removed, self.plan.size_removed() / self.plan.total, value,
                            relative_drop(metric, base, value), removed=self.plan.names(units),
                            extra={k: fn(self.hm, self.gates(mask)) for k, fn in self.extras.items()},
-                           params_removed=self.plan.params_removed())
+                           params_removed=self.plan.params_removed(), passages=passages)
         if self.recover["steps"]:
             self._recover(point, mask)
+        if passages:
+            base_passages = self.points[0].passages
+            point.bounds = point_intervals(metric, base_passages, passages, self.intervals)
+            if "rec_num" in passages:
+                point.bounds.update(point_intervals(metric, base_passages, passages, self.intervals, "rec_"))
         if self.latency is not None:
             self._time(point, mask)
         return point
@@ -165,13 +186,13 @@ class _Curve:
             rec = Recovery(self.hm, self.recover["prep"], metric, self.recover["reference"], lr=self.recover["lr"],
                            batch_size=self.recover["batch_size"], seed=self.recover["seed"], steps=steps)
             rec.train(mask, steps)
-            point.metric_recovered = self.measure(rec.hm, mask)
+            point.metric_recovered = self.measure(rec.hm, mask, point.passages, "rec_")
             point.drop_recovered = relative_drop(metric, base, point.metric_recovered)
             self.recovered_state, self.recovered_n_removed = rec.hm.model.state_dict(), point.n_removed
             return
         before = self.recovery.snapshot() if self.target_mode else None
         self.recovery.train(mask, steps)
-        point.metric_recovered = self.measure(self.recovery.hm, mask)
+        point.metric_recovered = self.measure(self.recovery.hm, mask, point.passages, "rec_")
         point.drop_recovered = relative_drop(metric, base, point.metric_recovered)
         if self.extra_on_recovered:
             point.extra_recovered = {k: fn(self.recovery.hm, self.gates(mask)) for k, fn in self.extras.items()}
@@ -237,6 +258,7 @@ def prune_curve(
     extra_on_recovered: bool = False,
     latency: bool = False,
     latency_repeats: int = 5,
+    intervals: IntervalSettings | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> CurveResult:
@@ -249,7 +271,9 @@ def prune_curve(
     head curve is saved after each point as `prune_curve.partial.json` and a rerun with the same settings
     resumes it. `extra` maps names to `fn(model, gates) -> float`, measured at every point of a head curve
     (e.g. `eval.wordsim.wordsim_measure("simlex999")`), also on the recovered copy with
-    `extra_on_recovered`. The input model is not modified.
+    `extra_on_recovered`. Every point's metric and drop carry a confidence interval over the held-out passages,
+    paired with the baseline (`intervals`; default 95% BCa, 1,000 resamples, the run's seed; see
+    `curves.intervals`). The input model is not modified.
     """
     unit, method, scope = _check(hm, unit, method, fraction, target_drop, step, recover_steps, latency)
     if extra and scope != "heads":
@@ -269,7 +293,8 @@ def prune_curve(
                  {"steps": recover_steps, "lr": recover_lr, "batch_size": batch_size, "seed": seed, "prep": prep,
                   "reference": ref},
                  dict(extra or {}), extra_on_recovered, target_drop, fraction is None and target_drop is not None,
-                 _latency_setup(hm, evalprep, batch_size, latency_repeats) if latency else None)
+                 _latency_setup(hm, evalprep, batch_size, latency_repeats) if latency else None,
+                 intervals=intervals or IntervalSettings(seed=seed))
     settings = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "method": method,
                 "metric": metric, "unit": unit, "step": step, "recover_steps": recover_steps,
                 "recover_lr": recover_lr, "seed": seed, "batch_size": batch_size,
@@ -284,8 +309,10 @@ def prune_curve(
     _walk(run, method, ckpt, settings, progress)
     meta = {"data": prep.source, "heldout": evalprep.source if heldout is not None else "same as data",
             "passages": len(prep.ids), "heldout_passages": len(evalprep.ids), "max_length": prep.max_length}
-    return _result(run, unit, scope, method, metric, fraction, step, seed, target_drop, recover_steps, recover_lr,
-                   meta)
+    result = _result(run, unit, scope, method, metric, fraction, step, seed, target_drop, recover_steps, recover_lr,
+                     meta)
+    result.intervals = run.intervals
+    return result
 
 
 def _walk(run: _Curve, method: str, ckpt: Path | None, settings: dict[str, Any], progress: bool) -> None:

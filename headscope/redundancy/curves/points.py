@@ -30,6 +30,10 @@ class CurvePoint:
     latency_s: float | None = None  # median seconds of one forward of the physically pruned model
     speedup: float | None = None  # original latency / this latency (median of interleaved ratios)
     flop_speedup: float | None = None  # original FLOPs / these FLOPs (the ideal)
+    # the confidence intervals of metric and drop (and of their recovered twins), paired with the baseline
+    bounds: dict[str, float] = field(default_factory=dict)
+    # per held-out passage: the metric's numerators and denominators (num, den; rec_num, rec_den recovered)
+    passages: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
     @property
     def fraction_params(self) -> float:

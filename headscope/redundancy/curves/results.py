@@ -20,7 +20,9 @@ from ...models.adapter import HeadModel
 from ...table import HeadTable, head_name, parse_head
 from ..pruning.heads import prune_heads
 from ..pruning.masks import UnitMask
+from ...uncertainty import IntervalSettings
 from ..pruning.units import prune_units
+from .intervals import distinguishable
 from .points import CurvePoint
 
 
@@ -47,6 +49,7 @@ class CurveResult:
     last_mask: UnitMask | None = field(default=None, repr=False)  # parameter-scope: what is off at the last point
     recovered_state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     recovered_n_removed: int | None = None  # the point `recovered_state` belongs to (n_removed)
+    intervals: IntervalSettings = field(default_factory=IntervalSettings)  # how the points' intervals were made
 
     @property
     def rows(self) -> list[CurvePoint]:
@@ -66,16 +69,32 @@ class CurveResult:
         heads = [parse_head(h) for r in self.points for h in r.removed]
         return heads[:upto] if upto is not None else heads
 
-    def best(self, drop: float | None = None, recovered: bool = False) -> CurvePoint:
-        """The last curve point before the drop first exceeds `drop` (default: target_drop)."""
+    def best(self, drop: float | None = None, recovered: bool = False, confident: bool = False) -> CurvePoint:
+        """The last curve point before the drop first exceeds `drop` (default: target_drop); with `confident`,
+        before the upper bound of the drop's interval first exceeds it."""
         limit = self.target_drop if drop is None else drop
         best = self.points[0]
+        key = ("drop_recovered" if recovered else "drop") + ("_hi" if confident else "")
         for r in self.points:
-            d = r.drop_recovered if recovered else r.drop
-            if d is None or d > limit + 1e-12:
+            d = r.bounds.get(key) if confident else (r.drop_recovered if recovered else r.drop)
+            if d is None or not d <= limit + 1e-12:
                 break
             best = r
         return best
+
+    def next_step(self, point: CurvePoint, recovered: bool = False) -> dict[str, Any] | None:
+        """Whether `point` and the point after it differ beyond noise (paired over the held-out passages);
+        None at the last point or without per-passage sums."""
+        i = self.points.index(point)
+        key = "rec_" if recovered else ""
+        if i + 1 >= len(self.points) or f"{key}num" not in self.points[i + 1].passages:
+            return None
+        here = dict(point.passages)
+        if f"{key}num" not in here and i == 0 and "num" in here:  # the baseline is its own recovered model
+            here[f"{key}num"], here[f"{key}den"] = here["num"], here["den"]
+        if f"{key}num" not in here:
+            return None
+        return distinguishable(here, self.points[i + 1].passages, self.intervals, key)
 
     def redundancy(self, drop: float | None = None) -> list[dict[str, Any]]:
         """Per layer: heads, how many can go within `drop` (and with recovery, if it was run)."""
@@ -110,11 +129,21 @@ class CurveResult:
         return fn(value) if fn is not None and value is not None else None
 
     def _metric_columns(self, p: CurvePoint) -> dict[str, Any]:
+        """metric, drop and the derived figures (perplexity), each followed by its interval's bounds; then the
+        same for the recovered model."""
         derived = METRICS.get(self.metric).derived
-        rec: dict[str, Any] = {"metric": p.metric, "drop": p.drop}
-        rec.update({name: fn(p.metric) for name, fn in derived.items()})
-        rec.update({"metric_recovered": p.metric_recovered, "drop_recovered": p.drop_recovered})
-        rec.update({f"{name}_recovered": self._derived(name, p.metric_recovered) for name in derived})
+        rec: dict[str, Any] = {}
+        for suffix, value, drop in (("", p.metric, p.drop), ("_recovered", p.metric_recovered, p.drop_recovered)):
+            b = p.bounds
+            rec.update({f"metric{suffix}": value, f"metric{suffix}_lo": b.get(f"metric{suffix}_lo"),
+                        f"metric{suffix}_hi": b.get(f"metric{suffix}_hi"), f"drop{suffix}": drop,
+                        f"drop{suffix}_lo": b.get(f"drop{suffix}_lo"), f"drop{suffix}_hi": b.get(f"drop{suffix}_hi")})
+            for name in derived:
+                rec.update({f"{name}{suffix}": self._derived(name, value),
+                            f"{name}{suffix}_lo": self._derived(name, b.get(f"metric{suffix}_lo")),
+                            f"{name}{suffix}_hi": self._derived(name, b.get(f"metric{suffix}_hi"))})
+        if not p.bounds:  # a curve without per-passage sums (an older partial checkpoint): no bound columns
+            rec = {k: v for k, v in rec.items() if not k.endswith(("_lo", "_hi"))}
         return rec
 
     def records(self) -> list[dict[str, Any]]:
@@ -144,13 +173,25 @@ class CurveResult:
         return self._head_summary() if self.scope == "heads" else self._unit_summary()
 
     def _within(self, level: float) -> dict[str, Any]:
-        b = self.best(level)
-        out: dict[str, Any] = {"fraction_removed": b.fraction_removed, "n_removed": b.n_removed,
-                               "metric": b.metric, "drop": b.drop}
-        if self.recover_steps:
-            br = self.best(level, True)
-            out["recovered"] = {"fraction_removed": br.fraction_removed, "n_removed": br.n_removed,
-                                "metric": br.metric_recovered, "drop": br.drop_recovered}
+        """The largest fraction within a drop: by the point estimate, by the interval's upper bound
+        (`confident`), and whether the answer can be told apart from the next step (`next_step`)."""
+        out: dict[str, Any] = {}
+        for name, recovered in (("", False), ("recovered", True)):
+            if recovered and not self.recover_steps:
+                continue
+            b, c = self.best(level, recovered), self.best(level, recovered, confident=True)
+            key = "_recovered" if recovered else ""
+            entry = {"fraction_removed": b.fraction_removed, "n_removed": b.n_removed,
+                     "metric": b.metric_recovered if recovered else b.metric,
+                     "drop": b.drop_recovered if recovered else b.drop,
+                     "drop_lo": b.bounds.get(f"drop{key}_lo"), "drop_hi": b.bounds.get(f"drop{key}_hi"),
+                     "confident": {"fraction_removed": c.fraction_removed, "n_removed": c.n_removed,
+                                   "drop_hi": c.bounds.get(f"drop{key}_hi")},
+                     "next_step": self.next_step(b, recovered)}
+            if recovered:
+                out["recovered"] = entry
+            else:
+                out.update(entry)
         return out
 
     def _head_summary(self) -> dict[str, Any]:
@@ -165,7 +206,7 @@ class CurveResult:
             "heads_removed_within_target": [head_name(l, h) for l, h in self.removed_order(b.n_removed)],
             "largest_fraction_within_target_recovered":
                 self.best(recovered=True).fraction_removed if self.recover_steps else None,
-            "within": within, "points": len(self.points), **self.meta,
+            "within": within, "points": len(self.points), "intervals": self.intervals.record(), **self.meta,
         }
 
     def _unit_summary(self) -> dict[str, Any]:
@@ -175,10 +216,12 @@ class CurveResult:
             points.append({"step": p.step, "removed": list(so_far), "params_removed": p.params_removed,
                            "fraction_params": p.fraction_removed, "metric": p.metric, "drop": p.drop,
                            "metric_recovered": p.metric_recovered, "drop_recovered": p.drop_recovered,
-                           "latency_s": p.latency_s, "speedup": p.speedup, "flop_speedup": p.flop_speedup})
+                           "latency_s": p.latency_s, "speedup": p.speedup, "flop_speedup": p.flop_speedup,
+                           **p.bounds})
         return {"model": self.model, "unit": self.unit, "method": self.method, "metric": self.metric,
                 "higher_is_better": self.higher_is_better, "n_parameters": self.n_parameters,
-                "baseline": self.baseline, "points": points, "scores": self.scores, **self.meta}
+                "baseline": self.baseline, "points": points, "scores": self.scores,
+                "intervals": self.intervals.record(), **self.meta}
 
     def pruned_model(self, hm: HeadModel, *, drop: float | None = None, recovered: bool | None = None) -> HeadModel:
         """The physically pruned model: head curves at their last point (a fraction run) or the largest

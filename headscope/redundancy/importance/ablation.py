@@ -15,11 +15,12 @@ import torch
 from tqdm.auto import tqdm
 
 from ...data import Tokens, batches, pad_id
-from ...distributed import all_reduce_totals, is_main, owns
+from ...distributed import all_reduce_array, all_reduce_totals, is_main, owns
 from ...eval.evaluate import MetricResult, Reference, accumulate, finish, repeat_rows
 from ...eval.metrics import final_hidden, row_metric
 from ...hooks import head_gates, on_head_outputs
 from ...models.adapter import HeadModel
+from ...uncertainty import Accumulator, PassageSums, Statistic, Sums
 from .criteria import CRITERIA, ROWS_PER_PASS, ScoreContext, base_gates, targets
 
 
@@ -134,11 +135,32 @@ def head_means(hm: HeadModel, prep: Tokens, base: torch.Tensor, batch_size: int)
     return (sums / max(count, 1.0)).float().to(hm.device)
 
 
-def ablation_scan(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.Tensor | None = None,
-                  reference: Reference | None = None, mean: bool = False, batch_size: int = 16,
-                  per_pass: int | None = None, reuse_prefix: bool = True,
-                  progress: bool = False) -> tuple[np.ndarray, MetricResult]:
-    """The metric with each active head ablated in turn: `[L, H]` values (NaN for pruned heads), and the base.
+def ablation_scan(hm: HeadModel, prep: Tokens, metric: str, **kw: Any) -> tuple[np.ndarray, MetricResult]:
+    """The metric with each active head ablated in turn: `[L, H]` values (NaN for pruned heads), and the base
+    (see `ablation_passages`)."""
+    values, base, _ = ablation_passages(hm, prep, metric, **kw)
+    return values, base
+
+
+def _ablation_statistic(sign: float, active: np.ndarray) -> Statistic:
+    """The importance of each head: sign x (metric with the head off - metric with it on), same passages."""
+
+    def stat(s: Sums) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            off = s["off_num"] / s["off_den"]
+            on = (s["base_num"] / s["base_den"])[..., None, None]
+        return np.where(active, sign * (off - on), np.nan)
+
+    return stat
+
+
+def ablation_passages(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.Tensor | None = None,
+                      reference: Reference | None = None, mean: bool = False, batch_size: int = 16,
+                      per_pass: int | None = None, reuse_prefix: bool = True,
+                      progress: bool = False) -> tuple[np.ndarray, MetricResult, PassageSums]:
+    """The metric with each active head ablated in turn: `[L, H]` values (NaN for pruned heads), the base, and
+    the per-passage numerators and denominators behind both (`off_num`, `off_den` `[passages, L, H]`,
+    `base_num`, `base_den` `[passages]`).
 
     With `reuse_prefix` the layers before the ablated one run once per batch (their output is
     cached from the unablated pass) and only layers l..L-1 run per ablation; `per_pass` ablations
@@ -151,6 +173,9 @@ def ablation_scan(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.Tens
     totals = [[{"value": [0.0, 0.0]} for _ in range(H)] for _ in range(L)]
     base_totals: dict[str, list[float]] = {"value": [0.0, 0.0]}
     active = [[h for h in range(H) if float(base[l, h]) != 0.0] for l in range(L)]
+    per = Accumulator(len(prep.ids))
+    for name, shape in (("off_num", (L, H)), ("off_den", (L, H)), ("base_num", ()), ("base_den", ())):
+        per.declare(name, shape)
     n_batches = (len(prep.ids) + batch_size - 1) // batch_size
     bar = tqdm(total=n_batches * sum(map(len, active)), desc="ablation" + ("_mean" if mean else ""),
                unit="head", disable=not (progress and is_main()), leave=False)
@@ -163,7 +188,10 @@ def ablation_scan(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.Tens
             tg["ref_tokens"] = None  # token-level extras are not ranked: skip their cost in every pass
             outs: dict[int, Any] = {}
             with head_gates(hm, base), capture_layer_outputs(hm, outs):
-                accumulate(base_totals, row_metric(hm, metric, ids, mask, **tg))
+                rm0 = row_metric(hm, metric, ids, mask, **tg)
+            accumulate(base_totals, rm0)
+            per.add("base_num", b.index, rm0.num.detach().double().cpu().numpy())
+            per.add("base_den", b.index, rm0.den.detach().double().cpu().numpy())
             k_max = per_pass or max(1, ROWS_PER_PASS // B)
             for layer in range(L):
                 for s in range(0, len(active[layer]), k_max):
@@ -180,16 +208,23 @@ def ablation_scan(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.Tens
                         stack.enter_context(row_ablation(hm, base, layer, heads, B, means))
                         rm = row_metric(hm, metric, repeat_rows(ids, k), repeat_rows(mask, k),
                                         **{n: repeat_rows(t, k) for n, t in tg.items()})
+                    num = rm.num.detach().double().cpu().numpy().reshape(k, B)
+                    den = rm.den.detach().double().cpu().numpy().reshape(k, B)
                     for i, h in enumerate(heads):
                         accumulate(totals[layer][h], rm, slice(i * B, (i + 1) * B))
+                        per.add("off_num", b.index, num[i], (layer, h))
+                        per.add("off_den", b.index, den[i], (layer, h))
                     bar.update(k)
     bar.close()
     totals = all_reduce_totals(totals)  # each rank summed its own passes; the base pass ran on every rank
+    sums = per.result()
+    sums = PassageSums({**sums.arrays, "off_num": all_reduce_array(sums["off_num"]),
+                        "off_den": all_reduce_array(sums["off_den"])}, sums.passages_per_row)
     values = np.full((L, H), np.nan)
     for layer in range(L):
         for h in active[layer]:
             values[layer, h] = finish(metric, totals[layer][h], prep.n_tokens).value
-    return values, finish(metric, base_totals, prep.n_tokens)
+    return values, finish(metric, base_totals, prep.n_tokens), sums
 
 
 @CRITERIA.register("ablation", help="metric change when the head is zeroed (exact; prefix reused)",
@@ -198,10 +233,10 @@ def ablation_scan(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.Tens
 def ablation(ctx: ScoreContext) -> np.ndarray:
     """Exact single-head zero-ablation: the metric change when the head's output is zeroed, signed so
     that a worse metric is a positive importance (loss rise, or fidelity/accuracy drop)."""
-    values, base = ablation_scan(ctx.hm, ctx.prep, ctx.metric, gates=ctx.gates, reference=ctx.reference,
-                                 batch_size=ctx.batch_size, progress=ctx.progress)
+    _, base, sums = ablation_passages(ctx.hm, ctx.prep, ctx.metric, gates=ctx.gates, reference=ctx.reference,
+                                      batch_size=ctx.batch_size, progress=ctx.progress)
     ctx.base_result = base
-    return ctx.sign * (values - base.value)
+    return ctx.contribute("ablation", sums, _ablation_statistic(ctx.sign, (ctx.gates != 0).cpu().numpy()))
 
 
 @CRITERIA.register("ablation_mean", help="metric change when the head's output is replaced by its data mean",
@@ -209,11 +244,11 @@ def ablation(ctx: ScoreContext) -> np.ndarray:
 def ablation_mean(ctx: ScoreContext) -> np.ndarray:
     """As `ablation`, but the head's output is replaced by its mean over the data (mean over real
     tokens of every passage, under the current mask), which keeps the head's constant contribution."""
-    values, base = ablation_scan(ctx.hm, ctx.prep, ctx.metric, gates=ctx.gates, reference=ctx.reference,
-                                 mean=True, batch_size=ctx.batch_size, progress=ctx.progress)
+    _, base, sums = ablation_passages(ctx.hm, ctx.prep, ctx.metric, gates=ctx.gates, reference=ctx.reference,
+                                      mean=True, batch_size=ctx.batch_size, progress=ctx.progress)
     ctx.base_result = base
-    return ctx.sign * (values - base.value)
+    return ctx.contribute("ablation_mean", sums, _ablation_statistic(ctx.sign, (ctx.gates != 0).cpu().numpy()))
 
 
-__all__ = ["ablation", "ablation_mean", "ablation_scan", "capture_layer_outputs", "head_means", "row_ablation",
+__all__ = ["ablation", "ablation_mean", "ablation_passages", "ablation_scan", "capture_layer_outputs", "head_means", "row_ablation",
            "skip_prefix"]

@@ -39,6 +39,7 @@ from ...eval.evaluate import MetricResult, Reference, batch_targets
 from ...eval.metrics import METRICS
 from ...models.adapter import HeadModel
 from ...registry import Entry, ScopedRegistry
+from ...uncertainty import PassageSums, Statistic
 from ..unit_kinds import unit_kind
 
 CriterionFn = Callable[["ScoreContext"], Any]
@@ -67,7 +68,15 @@ class ScoreContext:
     progress: bool = False
     base_result: MetricResult | None = None  # the metric under `gates`, when a criterion measured it
     unit: str = "head"  # the scope being scored (a criterion registered for several reads it here)
+    # criterion -> (its per-passage contributions, the statistic that turns their sums into its scores)
+    contributions: dict[str, tuple[PassageSums, Statistic]] = field(default_factory=dict, repr=False)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def contribute(self, method: str, sums: PassageSums, statistic: Statistic) -> np.ndarray:
+        """Record a criterion's per-passage contributions and return its scores, `statistic(total sums)`: the
+        scores, their intervals and their stability all come from the same sums."""
+        self.contributions[method] = (sums, statistic)
+        return np.asarray(statistic(sums.total()), dtype=float)
 
     @property
     def sign(self) -> float:

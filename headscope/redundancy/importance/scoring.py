@@ -3,20 +3,107 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ...data import Tokens
-from ...distributed import run_on_main
+from ...distributed import is_main, run_on_main
 from ...errors import HeadscopeError
-from ...eval.evaluate import MetricResult, Reference, evaluate_prepared, make_reference, prepare
+from ...eval.evaluate import MetricResult, Reference, ids_fingerprint, evaluate_prepared, make_reference, prepare
 from ...eval.metrics import METRICS, resolve_metric
 from ...models.adapter import HeadModel
 from ...table import HeadTable
 from ...version import versions
+from ...uncertainty import (IntervalSettings, PassageSums, Statistic, interval_from, jackknife, replicates, spearman,
+                            spearman_rows, split_half)
 from .criteria import CRITERIA, ScoreContext, base_gates, parse_methods, shares
+
+# The fewest passages --until-stable starts from (two halves of four).
+MIN_STABLE_PASSAGES = 8
+
+
+def check_until_stable(until_stable: float | None, available: int) -> None:
+    """Refuse a target stability outside (0, 1), or one with fewer than 8 passages to split."""
+    if until_stable is None:
+        return
+    if isinstance(until_stable, bool) or not isinstance(until_stable, (int, float)) or \
+            not 0.0 < float(until_stable) < 1.0:
+        raise HeadscopeError(f"--until-stable must be a split-half stability in (0, 1), e.g. 0.9; got {until_stable!r}")
+    if available < MIN_STABLE_PASSAGES:
+        raise HeadscopeError(f"--until-stable needs at least {MIN_STABLE_PASSAGES} passages to split in halves; the "
+                             f"data holds {available} (raise --limit or give more data)")
+
+
+def _take(prep: Tokens, lo: int, hi: int) -> Tokens:
+    """Passages lo..hi-1 of `prep`, as their own prepared data (labels and word ids follow)."""
+    return Tokens(prep.ids[lo:hi], prep.source, prep.max_length, 0, None,
+                  prep.word_ids[lo:hi] if prep.word_ids is not None else None,
+                  prep.labels[lo:hi] if prep.labels is not None else None)
+
+
+def _take_reference(ref: Reference | None, prep: Tokens, lo: int, hi: int) -> Reference | None:
+    if ref is None:
+        return None
+    return Reference(ref.pooled[lo:hi], ref.tokens[lo:hi], ref.lengths[lo:hi], ids_fingerprint(prep.ids[lo:hi]))
+
+
+@dataclass
+class _Run:
+    """What scoring has gathered so far: each criterion's per-passage contributions and its statistic."""
+
+    parts: dict[str, list[PassageSums]] = field(default_factory=dict)
+    statistic: dict[str, Statistic] = field(default_factory=dict)
+    direct: dict[str, np.ndarray] = field(default_factory=dict)  # criteria that report no contributions
+    timings: dict[str, float] = field(default_factory=dict)
+    base_result: MetricResult | None = None
+
+    def add(self, ctx: ScoreContext) -> None:
+        for m, (sums, stat) in ctx.contributions.items():
+            self.parts.setdefault(m, []).append(sums)
+            self.statistic[m] = stat
+        self.base_result = ctx.base_result
+
+    def sums(self, method: str) -> PassageSums:
+        return PassageSums.concat(self.parts[method])
+
+
+def _score_chunk(run: _Run, ctx: ScoreContext, chosen: list[str]) -> None:
+    """Every chosen criterion on one chunk of passages (criteria sharing a computation run it once)."""
+    done: set[str] = set()
+    for method in chosen:
+        if method in done:
+            continue
+        # Criteria sharing one computation are timed as one entry, e.g. "gradient+gradient_raw+taylor".
+        group = [m for m in chosen if shares(CRITERIA.get(m)) == shares(CRITERIA.get(method))]
+        t0 = time.perf_counter()
+        for m in group:  # torchrun / --workers: `sharded` criteria split their work, the others run on rank 0
+            fn = CRITERIA.get(m).fn
+            value = np.array(fn(ctx) if CRITERIA.get(m).meta.get("sharded") else run_on_main(lambda: fn(ctx)),
+                             dtype=float)
+            if m not in ctx.contributions:
+                run.direct[m] = value
+            done.add(m)
+        key = "+".join(group)
+        run.timings[key] = run.timings.get(key, 0.0) + time.perf_counter() - t0
+    run.add(ctx)
+
+
+def _stable_enough(run: _Run, chosen: list[str], target: float, seed: int) -> tuple[bool, dict[str, float]]:
+    """Whether every criterion's split-half stability (Spearman-Brown) reaches `target`; the values."""
+    got = {m: split_half(run.sums(m), run.statistic[m], seed=seed).spearman_brown for m in chosen if m in run.parts}
+    return bool(got) and all(v >= target for v in got.values()), got
+
+
+def _chunks(n: int, until_stable: float | None, chunk: int) -> list[tuple[int, int]]:
+    if until_stable is None:
+        return [(0, n)]
+    first = max(MIN_STABLE_PASSAGES, chunk)
+    bounds = [0, *range(first, n, chunk), n]
+    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
 def score(
@@ -32,13 +119,21 @@ def score(
     ig_steps: int = 16,
     seed: int = 0,
     limit: int | None = None,
+    intervals: IntervalSettings | None = None,
+    until_stable: float | None = None,
+    chunk: int = 32,
     progress: bool = False,
 ) -> HeadTable:
-    """Score every head by each criterion; one column `importance_<method>` each (higher = more important).
+    """Score every head by each criterion; one column `importance_<method>` each (higher = more important),
+    followed by its confidence interval's bounds `importance_<method>_lo` / `_hi` (`intervals`: level,
+    resamples, method, seed; default 95%, 1,000, BCa, the scoring seed).
 
     `methods` are names in `CRITERIA` (comma-separated, a list, or 'all'). `gates` is the current mask
     `[L, H]` (0 = already pruned: NaN in every column). Fidelity compares against `reference` (the
-    unpruned model's outputs; built here when None).
+    unpruned model's outputs; built here when None). With `until_stable` (a split-half stability in (0, 1))
+    passages are scored in chunks of `chunk` until every criterion's ranking reaches it (Spearman-Brown of the
+    split-half Spearman), or the data (`limit`) runs out; meta['until_stable'] says which. meta['stability']
+    holds each ranking's split-half stability, meta['rank_correlations'] each pair's Spearman with its interval.
     """
     chosen = parse_methods(methods)
     if batch_size < 1:
@@ -49,37 +144,66 @@ def score(
         prep, metric = data, resolve_metric(hm, metric, data.labels is not None)
     else:
         prep, metric = prepare(hm, data, metric, max_length, limit)
+    check_until_stable(until_stable, len(prep.ids))
+    settings = intervals or IntervalSettings(seed=seed)
     base = base_gates(hm, gates)
     if METRICS.get(metric).needs_reference:
         if reference is None:
             reference = make_reference(hm, prep, batch_size=batch_size, progress=progress)
         reference.check(prep)
     torch.manual_seed(seed)
-    ctx = ScoreContext(hm, prep, metric, base, reference, batch_size, ig_steps, seed, progress)
-    cols: dict[str, np.ndarray] = {}
-    timings: dict[str, float] = {}
-    for method in chosen:
-        if method in cols:
-            continue  # computed together with an earlier method (one backward pass, one analyze run)
-        # Criteria sharing one computation are timed as one entry, e.g. "gradient+gradient_raw+taylor".
-        group = [m for m in chosen if shares(CRITERIA.get(m)) == shares(CRITERIA.get(method))]
-        t0 = time.perf_counter()
-        for m in group:  # torchrun / --workers: `sharded` criteria split their work, the others run on rank 0
-            fn = CRITERIA.get(m).fn
-            cols[m] = np.array(fn(ctx) if CRITERIA.get(m).meta.get("sharded") else run_on_main(lambda: fn(ctx)),
-                               dtype=float)
-        timings["+".join(group)] = time.perf_counter() - t0
-    base_result: MetricResult = ctx.base_result or evaluate_prepared(hm, prep, metric, gates=base,
-                                                                     reference=reference, batch_size=batch_size)
+    run, used, reached = _Run(), 0, None
+    bar = tqdm(total=len(prep.ids), desc="score until stable", unit="passage",
+               disable=until_stable is None or not progress or not is_main(), leave=False)
+    for lo, hi in _chunks(len(prep.ids), until_stable, chunk):
+        part = _take(prep, lo, hi) if (lo, hi) != (0, len(prep.ids)) else prep
+        ref = _take_reference(reference, prep, lo, hi) if part is not prep else reference
+        _score_chunk(run, ScoreContext(hm, part, metric, base, ref, batch_size, ig_steps, seed, progress), chosen)
+        used = hi
+        bar.update(hi - lo)
+        if until_stable is not None:
+            reached, now = _stable_enough(run, chosen, until_stable, seed)
+            bar.set_postfix({m: f"{v:.2f}" for m, v in now.items()})
+            if reached:
+                break
+    bar.close()
+    final = prep if used == len(prep.ids) else _take(prep, 0, used)
+    final_ref = reference if final is prep else _take_reference(reference, prep, 0, used)
+    base_result = run.base_result if final is prep and run.base_result is not None else \
+        evaluate_prepared(hm, final, metric, gates=base, reference=final_ref, batch_size=batch_size)
+    return _table(hm, run, chosen, base, final, metric, base_result, settings, batch_size, seed, ig_steps,
+                  {"target": until_stable, "reached": reached, "passages": used,
+                   "available": len(prep.ids)} if until_stable is not None else None)
+
+
+def _table(hm: HeadModel, run: _Run, chosen: list[str], base: torch.Tensor, prep: Tokens, metric: str,
+           base_result: MetricResult, settings: IntervalSettings, batch_size: int, seed: int, ig_steps: int,
+           until: dict[str, Any] | None) -> HeadTable:
+    """The importance table: each criterion's column and interval bounds, stability and correlations in meta."""
     pruned = (base == 0).cpu().numpy()
-    columns = {}
+    columns: dict[str, np.ndarray] = {}
+    stability: dict[str, Any] = {}
+    reps: dict[str, tuple[np.ndarray, np.ndarray | None, int]] = {}
     for method in chosen:
-        v = cols[method]
+        if method in run.parts:
+            sums, stat = run.sums(method), run.statistic[method]
+            v = np.asarray(stat(sums.total()), float)
+            r = replicates(sums, stat, settings.B, settings.seed) if sums.rows >= 2 else np.empty((0, *v.shape))
+            j = jackknife(sums, stat) if settings.method == "bca" and sums.rows >= 2 else None
+            iv = interval_from(v, r, j, sums.rows, settings)
+            if CRITERIA.get(method).meta.get("per_batch") is None:
+                reps[method] = (r, j, sums.rows)
+            stability[method] = split_half(sums, stat, seed=settings.seed).record()
+            lo, hi = iv.lo.copy(), iv.hi.copy()
+        else:
+            v, lo, hi = run.direct[method], np.full(pruned.shape, np.nan), np.full(pruned.shape, np.nan)
         if v.shape != pruned.shape:
             raise HeadscopeError(f"importance criterion {method!r} returned shape {v.shape}; "
                                  f"expected [n_layers, n_heads] = {list(pruned.shape)}")
-        v[pruned] = np.nan
-        columns[f"importance_{method}"] = v
+        for arr in (v, lo, hi):
+            arr[pruned] = np.nan
+        columns[f"importance_{method}"], columns[f"importance_{method}_lo"] = v, lo
+        columns[f"importance_{method}_hi"] = hi
     meta = {
         "model": hm.name, "model_source": hm.source, "model_type": hm.config.model_type,
         "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,
@@ -88,16 +212,39 @@ def score(
         "metric": metric, "metric_value": base_result.value, "metric_details": base_result.details,
         "higher_is_better": base_result.higher_is_better, "methods": chosen,
         "pruned_heads": int(pruned.sum()), "convention": "higher importance = more important; pruned heads NaN",
-        "seconds": timings, "versions": versions(),
+        "seconds": run.timings, "intervals": settings.record(), "stability": stability,
+        "rank_correlations": _correlation_intervals(columns, reps, pruned, settings),
+        **({"until_stable": until} if until is not None else {}), "versions": versions(),
     }
     return HeadTable(hm.n_layers, hm.n_heads, columns, meta)
+
+
+def _correlation_intervals(columns: dict[str, np.ndarray], reps: dict[str, tuple[np.ndarray, np.ndarray | None, int]],
+                           pruned: np.ndarray, settings: IntervalSettings) -> list[dict[str, Any]]:
+    """Each pair of per-passage criteria: Spearman over the live heads, with its interval from the same
+    resamples of the passages (paired)."""
+    out = []
+    names = [m for m in reps if reps[m][2] >= 2]
+    live = ~pruned.ravel()
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            (ra, ja, n), (rb, jb, _) = reps[a], reps[b]
+            va, vb = columns[f"importance_{a}"].ravel(), columns[f"importance_{b}"].ravel()
+            ok = live & np.isfinite(va) & np.isfinite(vb)
+            value = spearman(va[ok], vb[ok])
+            flat = lambda x: x.reshape(len(x), -1)[:, ok]  # noqa: E731 (replicates/jackknife rows -> live heads)
+            r = spearman_rows(flat(ra), flat(rb))
+            j = spearman_rows(flat(ja), flat(jb)) if ja is not None and jb is not None else None
+            iv = interval_from(np.asarray(value), r, j, n, settings)
+            out.append({"a": a, "b": b, "spearman": value, "lo": float(iv.lo), "hi": float(iv.hi)})
+    return out
 
 
 def rank_correlations(table: HeadTable) -> Any:
     """Spearman correlation between every pair of `importance_*` columns (pairwise over non-NaN heads)."""
     import pandas as pd  # pandas takes ~0.5 s to import; only this summary needs it
 
-    names = [c for c in table.columns if c.startswith("importance_")]
+    names = [c for c in table.columns if c.startswith("importance_") and not c.endswith(("_lo", "_hi"))]
     if not names:
         raise HeadscopeError(f"the table has no importance_* columns (columns: {', '.join(table.columns)}); "
                              f"run headscope score first")
@@ -110,4 +257,4 @@ def layer_norms(column: np.ndarray) -> np.ndarray:
     return np.sqrt(np.nansum(np.asarray(column, float) ** 2, axis=-1))
 
 
-__all__ = ["layer_norms", "rank_correlations", "score"]
+__all__ = ["MIN_STABLE_PASSAGES", "check_until_stable", "layer_norms", "rank_correlations", "score"]
