@@ -149,20 +149,25 @@ def test_kernel_statistics_equal_eager(family):
         assert d < TOL, f"{family} {name}: kernel vs eager max abs diff {d}"
 
 
-def test_sliding_windows_and_softcap_matter():
-    """The tiny configs exercise what makes their families different: without the window (or the
-    soft-cap) the attention changes, so a kernel ignoring them would fail the test above."""
+# (family, config override, layer whose attention the override must change): what makes each family
+# different, switched off.
+PECULIARITIES = (("gemma3_text", {"layer_types": ["full_attention"] * 2}, 0), ("starcoder2", {"sliding_window": None}, 0),
+                 ("gemma2", {"attn_logit_softcapping": None}, 0), ("smollm3", {"no_rope_layers": [1, 1]}, 1))
+
+
+@pytest.mark.parametrize("family, override, layer", PECULIARITIES, ids=[p[0] for p in PECULIARITIES])
+def test_sliding_windows_and_softcap_matter(family, override, layer):
+    """The tiny configs exercise what makes their families different: without the window (the soft-cap,
+    the NoPE layer, ...) the attention changes, so a kernel ignoring them would fail the test above."""
     ids, mask = padded_ids()
-    for family, override in (("gemma3_text", {"layer_types": ["full_attention"] * 2}),
-                             ("starcoder2", {"sliding_window": None}), ("gemma2", {"attn_logit_softcapping": None})):
-        hm = _MODELS[family]
-        other = type(hm.model)(transformers.AutoConfig.for_model(**{**hm.config.to_dict(), **override}))
-        other.load_state_dict(hm.model.state_dict())
-        other.eval().set_attn_implementation("eager")
-        with torch.no_grad():
-            a = hm.model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[0]
-            b = other(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[0]
-        assert _maxdiff(a, b) > 1e-2, f"{family}: {override} changed nothing"
+    hm = _MODELS[family]
+    other = type(hm.model)(transformers.AutoConfig.for_model(**{**hm.config.to_dict(), **override}))
+    other.load_state_dict(hm.model.state_dict())
+    other.eval().set_attn_implementation("eager")
+    with torch.no_grad():
+        a = hm.model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[layer]
+        b = other(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[layer]
+    assert _maxdiff(a, b) > 1e-2, f"{family}: {override} changed nothing in layer {layer}"
 
 
 @pytest.mark.parametrize("family", FAMILIES)

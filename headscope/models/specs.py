@@ -130,6 +130,10 @@ GEMMA3 = replace(
           "global layers (layer_types)")
 GEMMA2 = replace(LLAMA, family="gemma2", model_types=("gemma2",), examples="Gemma-2 2B/9B",
                  notes="attention logits soft-capped (attn_logit_softcapping); sliding and global layers")
+# SmolLM3 stores Q, K and V like LLaMA; its NoPE layers (config.no_rope_layers[layer] == 0) only skip the
+# rotary step inside the forward, so the kernel sees their queries and keys as they are.
+SMOLLM3 = replace(LLAMA, family="smollm3", model_types=("smollm3",), examples="SmolLM3-3B",
+                  notes="GQA; NoPE on every fourth layer (no_rope_layers: no rotary there); optional sliding window")
 STARCODER2 = replace(LLAMA, family="starcoder2", model_types=("starcoder2",), examples="StarCoder2 3B/7B",
                      ffn_in=("mlp.c_fc",), ffn_out="mlp.c_proj",
                      notes="biases on every projection; sliding window")
@@ -185,7 +189,7 @@ OPT = AttentionSpec(
 )
 
 SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA, QWEN3, GEMMA3, GEMMA2, STARCODER2, PHI3, GPT_NEOX,
-                                    OPT)
+                                    OPT, SMOLLM3)
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 

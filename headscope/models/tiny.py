@@ -1,7 +1,7 @@
 """Tiny randomly initialised models built from configs: for tests, benchmarks and learning.
 
 Fixed seed, float32, eager attention. Each tiny config has 2 layers and at least 4 query heads;
-the LLaMA-family ones, Qwen3, Gemma-2, StarCoder2 and Phi-3 are GQA (6 or 4 query heads sharing 2
+the LLaMA-family ones, Qwen3, Gemma-2, StarCoder2, Phi-3 and SmolLM3 are GQA (6 or 4 query heads sharing 2
 KV heads), Gemma-3 is MQA like the real 270M (4 query heads, 1 KV head). Where a family's head_dim
 may differ from d_model / heads (Qwen3, Gemma), it does here, so the two cannot be confused.
 """
@@ -57,6 +57,10 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
         vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
         max_position_embeddings=64, word_embed_proj_dim=32, dropout=0.0, attention_dropout=0.0,
         pad_token_id=1, bos_token_id=2, eos_token_id=2)),
+    # Layer 1 is a NoPE layer (no rotary), as every fourth layer of the real model; pad_token_id must lie in
+    # the vocabulary (the default, 128004, does not).
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {**_LLAMA, "no_rope_layers": [1, 0], "pad_token_id": 0,
+                                                         "bos_token_id": 1, "eos_token_id": 2}),
 }
 TINY_FAMILIES = tuple(_TINY)
 
