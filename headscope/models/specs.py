@@ -59,6 +59,10 @@ class AttentionSpec:
     # Config attribute holding the FFN width (intermediate_size, n_inner, ffn_dim); per-layer widths after
     # pruning are recorded beside it in config.headscope_ffn.
     ffn_size_attr: str | None = None
+    # What the family's layout cannot serve, each with its reason (one clause, shown in errors and the table):
+    # "prune" (physical head pruning), "convert" (changing the number of KV heads: gqa, expand), "ffn" (FFN
+    # neurons as units of score / prune). A verb asked for one of these refuses with the reason, exit 2.
+    refuses: tuple[tuple[str, str], ...] = ()
     # For the supported-families table: well-known models of the family, and what is special about it.
     examples: str = ""
     notes: str = ""
@@ -66,6 +70,17 @@ class AttentionSpec:
     def describe(self) -> str:
         """One line for listings: family and the model types it covers."""
         return f"{self.family}: {', '.join(self.model_types)}"
+
+    def refusal(self, what: str) -> str | None:
+        """Why the family cannot serve `what` (a key of REFUSABLE), or None when it can."""
+        if what not in REFUSABLE:
+            raise ValueError(f"unknown capability {what!r}; choose one of {', '.join(REFUSABLE)}")
+        return dict(self.refuses).get(what)
+
+
+# What a spec may refuse (AttentionSpec.refuses), and what that means.
+REFUSABLE = {"prune": "physical head pruning", "convert": "changing the number of KV heads (gqa, expand)",
+             "ffn": "FFN neurons as units"}
 
 
 BERT = AttentionSpec(
@@ -188,8 +203,22 @@ OPT = AttentionSpec(
     notes="biases on every projection; learned positions; queries scaled before the attention call",
 )
 
+# Mixture-of-experts decoders: attention as LLaMA's (Qwen3-MoE: as Qwen3's), so heads are analysed, gated and
+# pruned alike; their feed-forward is a router over experts stored as 3D tensors, which has no FFN neurons in
+# one pair of Linear layers.
+MOE_FFN = ("the feed-forward is a mixture of experts (a router over experts stored as 3D tensors), not one pair "
+           "of Linear layers, so FFN neurons are not units here (experts as units are not implemented)")
+MIXTRAL = replace(LLAMA, family="mixtral", model_types=("mixtral",), examples="Mixtral 8x7B, 8x22B",
+                  ffn_in=(), ffn_out=None, ffn_size_attr=None, refuses=(("ffn", MOE_FFN),),
+                  notes="GQA; sliding window; MoE feed-forward: --unit ffn refused (attention, block and head units "
+                        "work)")
+QWEN3_MOE = replace(QWEN3, family="qwen3_moe", model_types=("qwen3_moe",), examples="Qwen3-30B-A3B, 235B-A22B",
+                    ffn_in=(), ffn_out=None, ffn_size_attr=None, refuses=(("ffn", MOE_FFN),),
+                    notes="q_norm / k_norm per head (shared, not sliced); MoE feed-forward (some layers dense: "
+                          "mlp_only_layers): --unit ffn refused")
+
 SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA, QWEN3, GEMMA3, GEMMA2, STARCODER2, PHI3, GPT_NEOX,
-                                    OPT, SMOLLM3)
+                                    OPT, SMOLLM3, MIXTRAL, QWEN3_MOE)
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 
@@ -217,14 +246,31 @@ def _layout_text(spec: AttentionSpec) -> str:
     return f"fused, {order}" + (", Conv1D" if spec.conv1d else "")
 
 
+def _prune_text(spec: AttentionSpec) -> str:
+    """What physical pruning can remove in the family: heads, FFN neurons, or nothing."""
+    parts = ["heads"] if spec.head_count_attrs and not spec.refusal("prune") else []
+    parts += ["FFN neurons"] if spec.ffn_in and spec.ffn_out else []
+    return ", ".join(parts) or "no"
+
+
+# What each refusal is called in the list under the table: the verb and option that meet it.
+_REFUSED_AS = {"prune": "head pruning (`prune --save-model`, `prune_heads`)", "convert": "`gqa` and KV-head expansion",
+               "ffn": "`--unit ffn` (score, prune)"}
+
+
 def families_table() -> str:
-    """The supported families as a Markdown table, generated from SPECS (docs/families.md holds a copy)."""
+    """The supported families as a Markdown table, generated from SPECS, then what each family refuses and why
+    (README.md and docs/families.md hold a copy)."""
     rows = ["| family | model_type | examples | kind | Q/K/V layout | KV heads | prune | GQA convert | notes |",
             "|---|---|---|---|---|---|---|---|---|"]
     for s in SPECS:
         kv = "from num_key_value_heads (MHA, GQA or MQA)" if s.kv_heads_in_config else "one per query head (MHA)"
         rows.append(" | ".join([
             f"| {s.family}", ", ".join(f"`{t}`" for t in s.model_types), s.examples,
-            "decoder" if s.causal else "encoder", _layout_text(s), kv, "yes" if s.head_count_attrs else "no",
-            "yes" if s.kv_heads_in_config else "no", f"{s.notes} |"]))
+            "decoder" if s.causal else "encoder", _layout_text(s), kv, _prune_text(s),
+            "yes" if s.kv_heads_in_config and not s.refusal("convert") else "no", f"{s.notes} |"]))
+    refused = [f"- {s.family}, {_REFUSED_AS[what]}: {why}." for s in SPECS for what, why in s.refuses]
+    if refused:
+        rows += ["", "What a family refuses (one line naming the family and the reason, exit code 2, nothing written):",
+                 "", *refused]
     return "\n".join(rows) + "\n"

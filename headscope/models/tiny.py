@@ -1,7 +1,7 @@
 """Tiny randomly initialised models built from configs: for tests, benchmarks and learning.
 
 Fixed seed, float32, eager attention. Each tiny config has 2 layers and at least 4 query heads;
-the LLaMA-family ones, Qwen3, Gemma-2, StarCoder2, Phi-3 and SmolLM3 are GQA (6 or 4 query heads sharing 2
+the LLaMA-family ones, Qwen3, Gemma-2, StarCoder2, Phi-3, SmolLM3 and the MoE ones are GQA (6 or 4 query heads sharing 2
 KV heads), Gemma-3 is MQA like the real 270M (4 query heads, 1 KV head). Where a family's head_dim
 may differ from d_model / heads (Qwen3, Gemma), it does here, so the two cannot be confused.
 """
@@ -61,6 +61,13 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
     # the vocabulary (the default, 128004, does not).
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {**_LLAMA, "no_rope_layers": [1, 0], "pad_token_id": 0,
                                                          "bos_token_id": 1, "eos_token_id": 2}),
+    # Mixture-of-experts: 4 experts, 2 per token; Mixtral with a window shorter than the test sequences,
+    # Qwen3-MoE with one dense layer (mlp_only_layers) before a sparse one, like the real models' options.
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {**_LLAMA, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                                        "sliding_window": 5}),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**_LLAMA, "head_dim": 12, "num_experts": 4,
+                                                            "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                                            "decoder_sparse_step": 1, "mlp_only_layers": [0]}),
 }
 TINY_FAMILIES = tuple(_TINY)
 

@@ -67,9 +67,10 @@ def check_unit_kind(hm: HeadModel, unit: str) -> None:
         raise HeadscopeError(f"unknown unit {unit!r}{did_you_mean(unit, UNIT_KINDS)}; choose one of "
                              f"{', '.join(UNIT_KINDS)}")
     if unit == "ffn" and not hm.has_ffn:
-        raise HeadscopeError(f"unit 'ffn' cannot be expressed for the {hm.spec.family} family: its spec declares no "
-                             f"FFN projections (ffn_in / ffn_out in headscope/models/specs.py); use unit attention, "
-                             f"block or head")
+        why = hm.spec.refusal("ffn") or ("its spec declares no FFN projections (ffn_in / ffn_out in "
+                                         "headscope/models/specs.py)")
+        raise HeadscopeError(f"unit 'ffn' cannot be expressed for the {hm.spec.family} family: {why}; use unit "
+                             f"attention, block or head")
     if unit in ("attention", "head") and not hm.spec.head_count_attrs:
         raise HeadscopeError(f"unit {unit!r} cannot be removed physically for the {hm.spec.family} family; "
                              f"use unit block or ffn")
