@@ -22,6 +22,8 @@ FAMILIES: tuple[str, ...] = TINY_FAMILIES
 KV_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma2", "starcoder2", "phi3", "smollm3", "mixtral",
                "qwen3_moe")
 DECODERS = tuple(f for f in FAMILIES if f not in ("bert", "roberta", "electra"))
+# Families whose heads can be pruned one by one (the others' specs refuse it, with the reason).
+PRUNABLE = tuple(f for f in FAMILIES if not tiny_model(f).spec.refusal("prune"))
 
 # Overrides that make a family's options matter on the test sequences (23 tokens): windows shorter
 # than the sequence. The other sliding families (gemma3_text, gemma2, starcoder2) have them already.
@@ -80,6 +82,7 @@ BY_HAND: dict[str, Callable[[torch.nn.Module, HeadModel], Weights]] = {
     "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama, "gemma3_text": _llama, "gemma2": _llama,
     "starcoder2": _llama, "phi3": _phi3, "gpt_neox": _gpt_neox, "opt": _opt, "smollm3": _llama,
     "mixtral": _llama, "qwen3_moe": _llama,
+    "olmo2": _llama, "olmo3": _llama,
 }
 
 

@@ -26,13 +26,13 @@ import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from families import BY_HAND, DECODERS, FAMILIES, KV_FAMILIES, model, padded_ids, prunable_heads
+from families import BY_HAND, DECODERS, FAMILIES, KV_FAMILIES, PRUNABLE, model, padded_ids, prunable_heads
 from headscope import HeadscopeError, head_gates, load_model, on_attention_weights
 from headscope.cli import main
 from headscope.learned.analyze import run_stats
 from headscope.capacity.gqa import expand_kv_heads, pool_kv_heads
 from headscope.capacity.kv_bytes import kv_cache_bytes
-from headscope.models import SPECS, QKVWeights, spec_for, supported_model_types
+from headscope.models import SPECS, QKVWeights, layout, spec_for, supported_model_types
 from headscope.models.checkpoint import PRUNING_FILE, save_model
 from headscope.models.specs import families_table
 from headscope.redundancy.pruning.heads import prune_heads, pruned_gates
@@ -155,7 +155,8 @@ def test_kernel_statistics_equal_eager(family):
 # (family, config override, layer whose attention the override must change): what makes each family
 # different, switched off.
 PECULIARITIES = (("gemma3_text", {"layer_types": ["full_attention"] * 2}, 0), ("starcoder2", {"sliding_window": None}, 0),
-                 ("gemma2", {"attn_logit_softcapping": None}, 0), ("smollm3", {"no_rope_layers": [1, 1]}, 1))
+                 ("gemma2", {"attn_logit_softcapping": None}, 0), ("smollm3", {"no_rope_layers": [1, 1]}, 1),
+                 ("olmo3", {"layer_types": ["full_attention"] * 2}, 0))
 
 
 @pytest.mark.parametrize("family, override, layer", PECULIARITIES, ids=[p[0] for p in PECULIARITIES])
@@ -188,7 +189,7 @@ def test_similar_and_score_run(family):
 # --- pruning --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", PRUNABLE)
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_pruned_equals_gated(family, data):
@@ -213,7 +214,7 @@ def test_pruned_checkpoints_reload_in_a_fresh_process(tmp_path):
     ids, mask = padded_ids()
     torch.save({"ids": ids, "mask": mask}, tmp_path / "inputs.pt")
     want, paths = {}, {}
-    for family in FAMILIES:
+    for family in PRUNABLE:
         hm = _MODELS[family]
         heads = _prune_set(hm)
         path = save_model(prune_heads(hm, heads), tmp_path / family)
@@ -408,7 +409,9 @@ def _tiny_dir(family: str, base: Path) -> tuple[Path, Path]:
 
 
 # (family, what, the verb's arguments after the model): one verb per kind of refusal.
-CLI_REFUSALS = [("mixtral", "ffn", ["score", "--unit", "ffn"])]
+CLI_REFUSALS = [("mixtral", "ffn", ["score", "--unit", "ffn", "--max-length", "8"]),
+                ("olmo2", "prune", ["prune", "--fraction", "25%", "--max-length", "8"]),
+                ("olmo3", "convert", ["gqa", "--kv-heads", "1", "--data-limit", "3"])]
 
 
 @pytest.mark.parametrize("family, what, argv", CLI_REFUSALS, ids=[f"{f}-{w}" for f, w, _ in CLI_REFUSALS])
@@ -416,9 +419,23 @@ def test_a_refused_verb_prints_one_line_exits_2_and_writes_nothing(family, what,
     path, text = _tiny_dir(family, tmp_path)
     out = tmp_path / "out"
     capsys.readouterr()  # saving the model printed a progress bar
-    code = main([argv[0], str(path), *argv[1:], "--data", str(text), "--limit", "3", "--max-length", "8",
-                 "--out", str(out)])
+    limit = [] if "--data-limit" in argv else ["--limit", "3"]
+    code = main([argv[0], str(path), *argv[1:], "--data", str(text), *limit, "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, err
     assert len(err) == 1 and family in err[0] and _MODELS[family].spec.refusal(what) in err[0], err
     assert not out.exists() or not any(out.iterdir()), f"{family}: wrote {list(out.iterdir())}"
+
+
+def test_olmo2_heads_sliced_one_by_one_are_not_the_gated_model():
+    """Why OLMo-2's spec refuses pruning: slicing one KV group's heads out (rows, output columns and the norm
+    weights, as the layout would) changes the other heads' normalisation, so the result is not the gated model."""
+    hm = _MODELS["olmo2"]
+    ids, mask = padded_ids()
+    gone = list(range(hm.group_size))  # KV group 0
+    gated = _out(hm, ids, mask, pruned_gates(hm, {1: gone}))
+    sliced = copy.deepcopy(hm)
+    keep = [h for h in range(hm.n_heads) if h not in gone]
+    layout.slice_block(sliced.layers[1], sliced.spec, hm.d_head, hm.group_size, list(range(hm.n_heads)), keep)
+    d = _maxdiff(gated, _out(sliced, ids, mask))
+    assert d > 1e-3, f"olmo2: slicing heads kept the gated function (max abs diff {d:.3g}); pruning could be allowed"

@@ -326,6 +326,8 @@ class HeadModel:
             move(w.q_bias, order), move(w.k_bias, kv_order), move(w.v_bias, kv_order)))
         # The output projection's bias is per output feature: unchanged.
         self.set_out_weight(layer, layout.reorder_heads(self.out_weight(layer).detach(), order, d, dim=1))
+        # Per-head parameters beside the projections (OLMo-2's norm weights, GPT-OSS's sinks) move with their heads.
+        layout.select_head_params(self.layers[layer], self.spec, order, kv_order, d, in_place=True)
 
     def check_slice(self, layer: int, keep: Sequence[int]) -> list[int]:
         """The KV heads `layer` keeps for query heads `keep` (original ids), or an error saying why not.
@@ -338,6 +340,10 @@ class HeadModel:
         if gone:
             raise HeadscopeError(f"layer {layer}: head(s) {', '.join(f'L{layer}H{h}' for h in gone)} are not in the "
                                  f"layer (present: {now}); heads can be removed, not added back")
+        why = self.spec.refusal("prune")
+        if why and 0 < len(set(keep)) < len(now):  # a whole attention sub-layer may still go: its output is the bias
+            raise HeadscopeError(f"layer {layer}: heads of the {self.spec.family} family cannot be pruned one by one: "
+                                 f"{why}")
         g = self.group_size
         per_group: dict[int, int] = {}
         for h in keep:

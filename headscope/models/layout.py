@@ -240,6 +240,29 @@ class EmptyAttention(nn.Module):
         return (out + bias if bias is not None else out), None
 
 
+def head_param_index(kind: str, q_heads: Sequence[int], kv_heads: Sequence[int], d_head: int) -> torch.Tensor:
+    """Indices into a per-head parameter (`spec.head_params` kind "q", "kv" or "q1") of the heads given, in order."""
+    if kind not in ("q", "kv", "q1"):
+        raise ValueError(f"head parameter kind {kind!r} is not known; choose q, kv or q1")
+    return head_features(list(kv_heads if kind == "kv" else q_heads), 1 if kind == "q1" else d_head)
+
+
+def select_head_params(block: nn.Module, spec: Any, q_heads: Sequence[int], kv_heads: Sequence[int], d_head: int,
+                       in_place: bool) -> None:
+    """Keep (or reorder) the per-head parameters `spec.head_params` of one layer block: query heads `q_heads` and
+    KV heads `kv_heads` (positions in the layer as it is now). `in_place` copies into the same tensors (a
+    permutation: same size), else each becomes a new, smaller parameter."""
+    for path, kind in getattr(spec, "head_params", ()):
+        old = get_path(block, path)
+        idx = head_param_index(kind, q_heads, kv_heads, d_head).to(old.device)
+        new = old.detach().index_select(0, idx).clone()
+        if in_place:
+            with torch.no_grad():
+                old.copy_(new)
+        else:
+            set_path(block, path, nn.Parameter(new, requires_grad=old.requires_grad))
+
+
 def slice_block(block: nn.Module, spec: Any, d_head: int, group_size: int, now: Sequence[int],
                 keep: Sequence[int]) -> None:
     """Slice one layer block in place from query heads `now` to `keep` (original ids, already validated).
@@ -271,6 +294,8 @@ def slice_block(block: nn.Module, spec: Any, d_head: int, group_size: int, now: 
     out = get_path(block, spec.out_proj)
     cols = linear_weight(out, conv1d).detach().index_select(1, head_features(pos_q, d).to(out.weight.device))
     set_path(block, spec.out_proj, resized(out, cols, None, conv1d, keep_bias=True))
+    if keep:
+        select_head_params(block, spec, pos_q, pos_kv, d, in_place=False)
     if not keep:
         inner = spec.out_proj[len(spec.attention) + 1:] if spec.out_proj.startswith(spec.attention + ".") else None
         set_path(block, spec.attention, EmptyAttention(inner, get_path(block, spec.out_proj) if inner else None))

@@ -59,6 +59,11 @@ class AttentionSpec:
     # Config attribute holding the FFN width (intermediate_size, n_inner, ffn_dim); per-layer widths after
     # pruning are recorded beside it in config.headscope_ffn.
     ffn_size_attr: str | None = None
+    # Parameters laid out per head beside the projections, which move (permute_heads) and go (slicing) with their
+    # heads: (path relative to one layer block, what each head owns there: "q" = d_head features per query head,
+    # "kv" = d_head features per KV head, "q1" = one value per query head). OLMo-2's q_norm / k_norm weights span
+    # every head's features; GPT-OSS's sinks hold one logit per query head.
+    head_params: tuple[tuple[str, str], ...] = ()
     # What the family's layout cannot serve, each with its reason (one clause, shown in errors and the table):
     # "prune" (physical head pruning), "convert" (changing the number of KV heads: gqa, expand), "ffn" (FFN
     # neurons as units of score / prune). A verb asked for one of these refuses with the reason, exit 2.
@@ -203,6 +208,19 @@ OPT = AttentionSpec(
     notes="biases on every projection; learned positions; queries scaled before the attention call",
 )
 
+# OLMo-2 / OLMo-3 store Q, K and V like LLaMA, but q_norm / k_norm are RMSNorms over the whole projected query
+# (key) vector, all heads at once: a head's normalisation depends on the other heads.
+OLMO2 = replace(
+    LLAMA, family="olmo2", model_types=("olmo2", "olmo3"), examples="OLMo-2 1B-32B, OLMo-3 7B/32B",
+    head_params=(("self_attn.q_norm.weight", "q"), ("self_attn.k_norm.weight", "kv")),
+    refuses=(("prune", "q_norm / k_norm are RMSNorms over all heads' features together, so removing a head changes "
+                       "the normalisation of the heads that stay and the pruned model would not compute the gated "
+                       "one (gates, scores and whole attention sub-layers, --unit attention, are exact)"),
+             ("convert", "k_norm is an RMSNorm over all KV heads' features together, so merging or repeating KV "
+                         "heads changes the keys' normalisation")),
+    notes="q_norm / k_norm over all heads together (their weights move with permuted heads); OLMo-3: sliding and "
+          "global layers (layer_types)")
+
 # Mixture-of-experts decoders: attention as LLaMA's (Qwen3-MoE: as Qwen3's), so heads are analysed, gated and
 # pruned alike; their feed-forward is a router over experts stored as 3D tensors, which has no FFN neurons in
 # one pair of Linear layers.
@@ -218,7 +236,7 @@ QWEN3_MOE = replace(QWEN3, family="qwen3_moe", model_types=("qwen3_moe",), examp
                           "mlp_only_layers): --unit ffn refused")
 
 SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA, QWEN3, GEMMA3, GEMMA2, STARCODER2, PHI3, GPT_NEOX,
-                                    OPT, SMOLLM3, MIXTRAL, QWEN3_MOE)
+                                    OPT, SMOLLM3, MIXTRAL, QWEN3_MOE, OLMO2)
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 

@@ -68,6 +68,11 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**_LLAMA, "head_dim": 12, "num_experts": 4,
                                                             "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                                             "decoder_sparse_step": 1, "mlp_only_layers": [0]}),
+    # q_norm / k_norm span all heads; OLMo-3 with one sliding layer (window 4) before a global one.
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {**_LLAMA, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {**_LLAMA, "sliding_window": 4, "pad_token_id": 0, "bos_token_id": 1,
+                                                  "eos_token_id": 2,
+                                                  "layer_types": ["sliding_attention", "full_attention"]}),
 }
 TINY_FAMILIES = tuple(_TINY)
 

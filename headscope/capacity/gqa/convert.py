@@ -36,6 +36,10 @@ def check_convertible(hm: HeadModel, kv_heads: int, *, merge: bool = True) -> No
             f"({hm.spec.family} family) is not one: its config has no num_key_value_heads, so every query head "
             f"has its own K/V by construction and plain transformers could not load a checkpoint with fewer KV heads"
         )
+    why = hm.spec.refusal("convert")
+    if why:
+        raise HeadscopeError(f"changing the KV heads cannot serve the {hm.spec.family} family (model type {mt!r}): "
+                             f"{why}")
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, (int, np.integer)):
         raise HeadscopeError(f"--kv-heads must be a whole number, got {kv_heads!r}")
     n_kv, n_heads = hm.n_kv_heads, hm.n_heads
