@@ -35,6 +35,7 @@ from headscope.capacity.kv_bytes import kv_cache_bytes
 from headscope.models import SPECS, QKVWeights, layout, spec_for, supported_model_types
 from headscope.models.checkpoint import PRUNING_FILE, save_model
 from headscope.models.specs import families_table
+from headscope.models.tiny import tiny_config, tiny_model
 from headscope.redundancy.pruning.heads import prune_heads, pruned_gates
 from headscope.redundancy.pruning.masks import check_unit_kind
 from headscope.redundancy.importance.scoring import score
@@ -156,7 +157,8 @@ def test_kernel_statistics_equal_eager(family):
 # different, switched off.
 PECULIARITIES = (("gemma3_text", {"layer_types": ["full_attention"] * 2}, 0), ("starcoder2", {"sliding_window": None}, 0),
                  ("gemma2", {"attn_logit_softcapping": None}, 0), ("smollm3", {"no_rope_layers": [1, 1]}, 1),
-                 ("olmo3", {"layer_types": ["full_attention"] * 2}, 0))
+                 ("olmo3", {"layer_types": ["full_attention"] * 2}, 0),
+                 ("gemma4_text", {"layer_types": ["full_attention"] * 2}, 0))
 
 
 @pytest.mark.parametrize("family, override, layer", PECULIARITIES, ids=[p[0] for p in PECULIARITIES])
@@ -392,15 +394,15 @@ def test_a_refusal_names_the_family_and_the_reason(family, what):
     assert hm.spec.family in str(err.value)
 
 
-def _tiny_dir(family: str, base: Path) -> tuple[Path, Path]:
-    """The family's tiny model saved with a word-level tokenizer, and a text file over its words."""
+def _tiny_dir(family: str, base: Path, hf_model=None) -> tuple[Path, Path]:
+    """The family's tiny model (or `hf_model`) saved with a word-level tokenizer, and a text file over its words."""
     from tokenizers import Tokenizer, models, pre_tokenizers  # only this helper builds a tokenizer
 
     words = "the of and to a in is was for on that with as by at it from he his".split()
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "<pad>", *words])}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     path = base / family
-    _MODELS[family].model.save_pretrained(path)
+    (_MODELS[family].model if hf_model is None else hf_model).save_pretrained(path)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
     text = base / "t.txt"
     rng = np.random.default_rng(0)
@@ -416,14 +418,18 @@ CLI_REFUSALS = [("mixtral", "ffn", ["score", "--unit", "ffn", "--max-length", "8
 
 @pytest.mark.parametrize("family, what, argv", CLI_REFUSALS, ids=[f"{f}-{w}" for f, w, _ in CLI_REFUSALS])
 def test_a_refused_verb_prints_one_line_exits_2_and_writes_nothing(family, what, argv, tmp_path, capsys):
-    path, text = _tiny_dir(family, tmp_path)
+    _refused_on_the_command_line(family, argv, _MODELS[family].spec.refusal(what), tmp_path, capsys)
+
+
+def _refused_on_the_command_line(family, argv, why, tmp_path, capsys, hf_model=None) -> None:
+    path, text = _tiny_dir(family, tmp_path, hf_model)
     out = tmp_path / "out"
     capsys.readouterr()  # saving the model printed a progress bar
     limit = [] if "--data-limit" in argv else ["--limit", "3"]
     code = main([argv[0], str(path), *argv[1:], "--data", str(text), *limit, "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, err
-    assert len(err) == 1 and family in err[0] and _MODELS[family].spec.refusal(what) in err[0], err
+    assert len(err) == 1 and _MODELS[family].spec.family in err[0] and why in err[0], err
     assert not out.exists() or not any(out.iterdir()), f"{family}: wrote {list(out.iterdir())}"
 
 
@@ -439,3 +445,25 @@ def test_olmo2_heads_sliced_one_by_one_are_not_the_gated_model():
     layout.slice_block(sliced.layers[1], sliced.spec, hm.d_head, hm.group_size, list(range(hm.n_heads)), keep)
     d = _maxdiff(gated, _out(sliced, ids, mask))
     assert d > 1e-3, f"olmo2: slicing heads kept the gated function (max abs diff {d:.3g}); pruning could be allowed"
+
+
+@pytest.mark.parametrize("override, problem", [
+    ({"global_head_dim": 32}, "sets head_dim per layer and its layers differ"),
+    ({"num_kv_shared_layers": 1, "num_hidden_layers": 3,
+      "layer_types": ["sliding_attention", "full_attention", "full_attention"]},
+     "layer 2's attention has no self_attn.k_proj or self_attn.v_proj"),
+    ({"attention_k_eq_v": True}, "layer 1's attention has no self_attn.v_proj"),
+], ids=["global_head_dim", "shared_kv", "k_eq_v"])
+def test_gemma4_layers_of_another_geometry_are_refused_when_loading(override, problem):
+    """HeadModel holds one head_dim and KV-head count: Gemma-4 configs whose layers differ are refused, naming
+    the family, the layer and what differs."""
+    with pytest.raises(HeadscopeError, match=r"\(gemma4 family\): .*" + re.escape(problem)):
+        tiny_model("gemma4_text", **override)
+
+
+def test_gemma4_of_another_geometry_is_one_line_on_the_command_line(tmp_path, capsys):
+    config = tiny_config("gemma4_text", global_head_dim=32)
+    config._attn_implementation = "eager"
+    hf_model = transformers.Gemma4ForCausalLM(config)
+    _refused_on_the_command_line("gemma4_text", ["analyze", "--max-length", "8"], "sets head_dim per layer",
+                                 tmp_path, capsys, hf_model)

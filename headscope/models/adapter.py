@@ -26,6 +26,14 @@ PRUNING_CONFIG_KEY = "headscope_pruning"
 FFN_CONFIG_KEY = "headscope_ffn"
 
 
+def _module_at(block: nn.Module, path: str) -> nn.Module | None:
+    """The module at a dotted path in `block`, or None where the path is missing or holds None."""
+    try:
+        return get_path(block, path)
+    except AttributeError:
+        return None
+
+
 @dataclass
 class HeadModel:
     """A transformers model plus what headscope needs to reach its heads.
@@ -47,6 +55,35 @@ class HeadModel:
         # The model keeps the attention kernel it was loaded with (sdpa by default): statistics come from
         # the statistics kernel beside it, and full-map consumers switch to eager only while they run
         # (`hooks.on_attention_weights`), so no kernel is forced here.
+        self._check_layers()
+
+    def _check_layers(self) -> None:
+        """Refuse models whose layers differ in attention geometry from the one the config declares: a layer
+        without its own K or V projection (Gemma-4's shared KV layers, keys reused as values), another head_dim
+        or another KV-head count (Gemma-4's global layers). HeadModel holds one head_dim and one KV-head count."""
+        try:
+            attention_counts(self.config)
+        except HeadscopeError as e:
+            raise HeadscopeError(f"{self.name!r} ({self.spec.family} family): {e}") from None
+        paths = [self.spec.qkv_proj] if self.spec.qkv_proj else [self.spec.q_proj, self.spec.k_proj, self.spec.v_proj]
+        for layer in range(self.n_layers):
+            if not self.heads_in_layer(layer):
+                continue
+            block, att = self.layers[layer], self.attention(layer)
+            missing = [p for p in paths if _module_at(block, p) is None]
+            head_dim, groups = getattr(att, "head_dim", None), getattr(att, "num_key_value_groups", None)
+            problem = (f"no {' or '.join(missing)} (its keys or values come from elsewhere)" if missing else
+                       f"head_dim {head_dim}, not the config's {self.d_head}" if isinstance(head_dim, int)
+                       and head_dim != self.d_head else
+                       f"{self.n_heads // groups} KV heads, not the config's {self.n_kv_heads}"
+                       if isinstance(groups, int) and groups and self.heads_in_layer(layer) == self.n_heads
+                       and len(self.kv_heads_in_layer(layer)) == self.n_kv_heads and groups != self.group_size
+                       else None)
+            if problem:
+                raise HeadscopeError(
+                    f"{self.name!r} ({self.spec.family} family): layer {layer}'s attention has {problem}; headscope "
+                    f"needs every attention layer to hold its own Q, K and V projections with one head_dim and one "
+                    f"KV-head count")
 
     # --- shape of the attention -------------------------------------------------------------
     @property

@@ -148,6 +148,18 @@ GEMMA3 = replace(
     LLAMA, family="gemma3", model_types=("gemma3_text",), examples="Gemma-3 270M (built-in `gemma3`, MQA), 1B",
     notes="q_norm / k_norm per head; scale query_pre_attn_scalar^-0.5; head_dim != d_model / heads; sliding and "
           "global layers (layer_types)")
+# Gemma-4's text model: Gemma-3's layout; v_norm (no weight) normalises each head's values, and the norms do the
+# scaling (scaling 1.0, which the kernel receives). Layers with their own geometry (global_head_dim,
+# num_global_key_value_heads), shared KV layers and keys reused as values are refused when the model loads
+# (HeadModel._check_layers), because HeadModel holds one head_dim and one KV-head count.
+GEMMA4 = replace(
+    GEMMA3, family="gemma4", model_types=("gemma4_text",),
+    examples="Gemma-4 text models (`Gemma4ForCausalLM`) whose layers share one head_dim and KV-head count",
+    notes="q_norm / k_norm / v_norm per head (shared, not sliced); scaling 1 (the norms scale); sliding and global "
+          "layers; per-layer inputs and the optional MoE block leave attention alone (--unit ffn: the dense MLP's "
+          "neurons). Refused when loading: global layers with another head_dim or KV-head count (global_head_dim, "
+          "e.g. the config defaults 256 / 512), shared KV layers (num_kv_shared_layers), keys as values "
+          "(attention_k_eq_v)")
 GEMMA2 = replace(LLAMA, family="gemma2", model_types=("gemma2",), examples="Gemma-2 2B/9B",
                  notes="attention logits soft-capped (attn_logit_softcapping); sliding and global layers")
 # SmolLM3 stores Q, K and V like LLaMA; its NoPE layers (config.no_rope_layers[layer] == 0) only skip the
@@ -236,7 +248,7 @@ QWEN3_MOE = replace(QWEN3, family="qwen3_moe", model_types=("qwen3_moe",), examp
                           "mlp_only_layers): --unit ffn refused")
 
 SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA, QWEN3, GEMMA3, GEMMA2, STARCODER2, PHI3, GPT_NEOX,
-                                    OPT, SMOLLM3, MIXTRAL, QWEN3_MOE, OLMO2)
+                                    OPT, SMOLLM3, MIXTRAL, QWEN3_MOE, OLMO2, GEMMA4)
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 
