@@ -95,7 +95,8 @@ class HeadStats:
 
 def allowed_keys(attention_mask: torch.Tensor, causal: bool, window: int | None = None,
                  queries: tuple[int, int] | None = None) -> torch.Tensor:
-    """Which keys each query may attend to, `[batch, query, key]` bool (right padding assumed).
+    """Which keys each query may attend to, `[batch, query, key]` bool (right padding assumed); with a sliding
+    `window`, keys with |query - key| < window (causal: key <= query as well).
 
     `queries=(start, end)` gives only those rows, `[batch, end - start, key]` (a block of queries: no T x T).
     """
@@ -107,8 +108,8 @@ def allowed_keys(attention_mask: torch.Tensor, causal: bool, window: int | None 
     kpos = torch.arange(t, device=valid.device)
     if causal:
         allowed = allowed & (kpos[None, :] <= qpos[:, None])
-    if window is not None:
-        allowed = allowed & ((qpos[:, None] - kpos[None, :]) < window)
+    if window is not None:  # |q - k|: a bidirectional window reaches both ways (a causal one only back)
+        allowed = allowed & ((qpos[:, None] - kpos[None, :]).abs() < window)
     return allowed
 
 

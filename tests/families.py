@@ -21,7 +21,7 @@ FAMILIES: tuple[str, ...] = TINY_FAMILIES
 # Families whose config stores num_key_value_heads: GQA conversion and KV-head expansion apply.
 KV_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma2", "starcoder2", "phi3", "smollm3", "mixtral",
                "qwen3_moe", "gemma4_text")
-DECODERS = tuple(f for f in FAMILIES if f not in ("bert", "roberta", "electra"))
+DECODERS = tuple(f for f in FAMILIES if f not in ("bert", "roberta", "electra", "modernbert"))
 # Families whose heads can be pruned one by one (the others' specs refuse it, with the reason).
 PRUNABLE = tuple(f for f in FAMILIES if not tiny_model(f).spec.refusal("prune"))
 
@@ -72,6 +72,12 @@ def _gpt_neox(block, hm) -> Weights:
     return w, b
 
 
+def _modernbert(block, hm) -> Weights:
+    lin = block.attn.Wqkv  # rows [q; k; v], each d_model wide
+    d = hm.d_model
+    return [lin.weight[i * d:(i + 1) * d] for i in range(3)], [lin.bias[i * d:(i + 1) * d] for i in range(3)]
+
+
 def _opt(block, hm) -> Weights:
     a = block.self_attn
     return _separate(a.q_proj, a.k_proj, a.v_proj)
@@ -83,6 +89,7 @@ BY_HAND: dict[str, Callable[[torch.nn.Module, HeadModel], Weights]] = {
     "starcoder2": _llama, "phi3": _phi3, "gpt_neox": _gpt_neox, "opt": _opt, "smollm3": _llama,
     "mixtral": _llama, "qwen3_moe": _llama,
     "olmo2": _llama, "olmo3": _llama, "gemma4_text": _llama,
+    "modernbert": _modernbert,
 }
 
 

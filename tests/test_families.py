@@ -158,7 +158,8 @@ def test_kernel_statistics_equal_eager(family):
 PECULIARITIES = (("gemma3_text", {"layer_types": ["full_attention"] * 2}, 0), ("starcoder2", {"sliding_window": None}, 0),
                  ("gemma2", {"attn_logit_softcapping": None}, 0), ("smollm3", {"no_rope_layers": [1, 1]}, 1),
                  ("olmo3", {"layer_types": ["full_attention"] * 2}, 0),
-                 ("gemma4_text", {"layer_types": ["full_attention"] * 2}, 0))
+                 ("gemma4_text", {"layer_types": ["full_attention"] * 2}, 0),
+                 ("modernbert", {"local_attention": 64}, 1))
 
 
 @pytest.mark.parametrize("family, override, layer", PECULIARITIES, ids=[p[0] for p in PECULIARITIES])

@@ -78,9 +78,12 @@ def check_block(block: int, what: str = "block size", unit: str = "queries", exa
 
 def key_range(q_start: int, q_end: int, kv_length: int, causal: bool, window: int | None) -> tuple[int, int]:
     """Keys `[k_start, k_end)` that queries `[q_start, q_end)` may see at most (query i sees key j
-    only if j <= i when causal, and i - j < window with a sliding window)."""
-    k_end = min(q_end, kv_length) if causal else kv_length
-    k_start = max(0, q_start - window + 1) if (window is not None and causal) else 0
+    only if j <= i when causal, and |i - j| < window with a sliding window)."""
+    if causal:
+        k_end = min(q_end, kv_length)
+    else:  # a bidirectional window reaches window - 1 keys past the block's last query
+        k_end = kv_length if window is None else min(kv_length, q_end + window - 1)
+    k_start = max(0, q_start - window + 1) if window is not None else 0
     return k_start, k_end
 
 
@@ -299,11 +302,14 @@ def iter_blocks(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | Non
 
 def n_visible_keys(valid: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
     """Keys each query may attend to, `[batch, query]`: the row sums of `headscope.stats.allowed_keys`
-    (query q sees real key k when q is real, k <= q if causal, q - k < window), from prefix counts."""
+    (query q sees real key k when q is real, k <= q if causal, |q - k| < window), from prefix counts."""
     b, t = valid.shape
     pos = torch.arange(t, device=valid.device)
     before = torch.nn.functional.pad(valid.long().cumsum(-1), (1, 0))  # [batch, T + 1]: real keys before index i
-    hi = pos + 1 if causal else torch.full_like(pos, t)
+    if causal:
+        hi = pos + 1
+    else:
+        hi = torch.full_like(pos, t) if window is None else (pos + window).clamp(max=t)
     lo = (pos - window + 1).clamp(min=0) if window is not None else torch.zeros_like(pos)
     return (before[:, hi] - before[:, lo]) * valid.long()
 
@@ -373,7 +379,7 @@ class BlockStats:
             ok = torch.zeros_like(valid)
             lo, hi = max(0, -offset), min(t, t - offset)
             ok[:, lo:hi] = valid[:, lo:hi] & valid[:, lo + offset:hi + offset]
-            if (self.causal and offset > 0) or (self.window is not None and -offset >= self.window):
+            if (self.causal and offset > 0) or (self.window is not None and abs(offset) >= self.window):
                 ok[:] = False
             out[name] = (_masked_sum(rows[name], ok), ok.double().sum())
         return out

@@ -184,8 +184,11 @@ class AttentionKernel:
                 how = "causally" if causal_without_mask else "bidirectionally"
                 raise HeadscopeError(f"layer {info.layer}: transformers runs this layer {how} but headscope's adapter "
                                      f"for {self.hm.config.model_type!r} says causal={info.causal}")
+            if info.window is not None and t > info.window:  # the blocks would see keys the window hides
+                raise HeadscopeError(f"layer {info.layer}: transformers built no attention mask for a sliding window "
+                                     f"of {info.window} over {t} tokens; statistics would be wrong")
             return
-        if not info.causal or any(m is mask and w == info.window for m, _, w in self._checked):
+        if (not info.causal and info.window is None) or any(m is mask and w == info.window for m, _, w in self._checked):
             return
         for q0 in range(0, t, self.block):
             q1 = min(q0 + self.block, t)
@@ -193,8 +196,8 @@ class AttentionKernel:
             if visible_outside(mask, q0, q1, k0, k1):
                 raise HeadscopeError(
                     f"layer {info.layer}: the attention mask lets queries {q0}..{q1 - 1} see keys outside "
-                    f"{k0}..{k1 - 1}, which a causal layer with sliding window {info.window} cannot; statistics "
-                    f"would be wrong")
+                    f"{k0}..{k1 - 1}, which a {'causal' if info.causal else 'bidirectional'} layer with sliding "
+                    f"window {info.window} cannot; statistics would be wrong")
         self._checked.append((mask, info.layer, info.window))
 
     def forward(self, info: _LayerInfo, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

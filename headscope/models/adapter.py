@@ -135,15 +135,16 @@ class HeadModel:
         return int(n) if n else None
 
     def sliding_window(self, layer: int) -> int | None:
-        """Keys a query may see in `layer` when the layer uses a sliding window, else None."""
+        """The sliding window of `layer`, else None: a query sees key k when q - k < window (causal layers) or
+        |q - k| < window (bidirectional ones)."""
         c = self.config
         window = getattr(c, "sliding_window", None)
         types = getattr(c, "layer_types", None)
         if window is None:
             return None
-        if types is not None:
-            return int(window) if types[layer] == "sliding_attention" else None
-        return int(window)
+        if types is not None and types[layer] != "sliding_attention":
+            return None
+        return int(window) + self.spec.window_offset
 
     # --- modules ---------------------------------------------------------------------------
     @property

@@ -46,6 +46,10 @@ class AttentionSpec:
     # Whether the family's config stores the number of KV heads (`num_key_value_heads`), so a
     # checkpoint with fewer KV heads than query heads (GQA/MQA) loads in plain transformers.
     kv_heads_in_config: bool = False
+    # Added to config.sliding_window to give the window headscope uses: a query sees key k when q - k < window
+    # (causal layers) or |q - k| < window (bidirectional ones). ModernBERT's mask allows |q - k| <= sliding_window,
+    # hence 1 there (its attention module holds sliding_window + 1 for flash attention likewise).
+    window_offset: int = 0
     # Whether the position table reserves `pad_token_id + 1` leading slots (RoBERTa counts positions
     # from padding_idx + 1), so usable positions are max_position_embeddings minus that.
     position_offset_from_pad: bool = False
@@ -247,8 +251,25 @@ QWEN3_MOE = replace(QWEN3, family="qwen3_moe", model_types=("qwen3_moe",), examp
                     notes="q_norm / k_norm per head (shared, not sliced); MoE feed-forward (some layers dense: "
                           "mlp_only_layers): --unit ffn refused")
 
+MODERNBERT = AttentionSpec(
+    family="modernbert",
+    model_types=("modernbert",),
+    layers="layers",
+    attention="attn",
+    out_proj="attn.Wo",
+    qkv_proj="attn.Wqkv",
+    # Its forward views the fused output as [3, heads, head_dim] (heads inferred) and reads only head_dim.
+    head_count_attrs=(("head_dim", "d_head"),),
+    window_offset=1,
+    ffn_in=("mlp.Wi",), ffn_in_parts=2, ffn_out="mlp.Wo", ffn_size_attr="intermediate_size",
+    examples="ModernBERT base/large",
+    notes="encoder; RoPE; local layers see |q - k| <= local_attention / 2 (bidirectional window), one global "
+          "layer every global_attn_every_n_layers; Wi fuses [input; gate]",
+)
+
 SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA, QWEN3, GEMMA3, GEMMA2, STARCODER2, PHI3, GPT_NEOX,
-                                    OPT, SMOLLM3, MIXTRAL, QWEN3_MOE, OLMO2, GEMMA4)
+                                    OPT, SMOLLM3, MIXTRAL, QWEN3_MOE, OLMO2, GEMMA4,
+                                    MODERNBERT)
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 

@@ -80,6 +80,13 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
         head_dim=16, global_head_dim=16, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
         layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=8,
         vocab_size_per_layer_input=120, pad_token_id=0, bos_token_id=2, eos_token_id=1)),
+    # ModernBERT: layer 0 global, layer 1 local with a window of |q - k| <= 2 (local_attention 4); the special
+    # token ids must lie in the vocabulary.
+    "modernbert": ("ModernBertConfig", "ModernBertModel", dict(
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=4, attention_bias=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, embedding_dropout=0.0,
+        mlp_dropout=0.0, attention_dropout=0.0)),
 }
 TINY_FAMILIES = tuple(_TINY)
 
