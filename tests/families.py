@@ -78,6 +78,13 @@ def _modernbert(block, hm) -> Weights:
     return [lin.weight[i * d:(i + 1) * d] for i in range(3)], [lin.bias[i * d:(i + 1) * d] for i in range(3)]
 
 
+def _qwen3_5(block, hm) -> Weights:
+    a = block.self_attn
+    d = hm.d_head
+    q = a.q_proj.weight.view(hm.n_heads, 2 * d, -1)[:, :d].reshape(hm.n_heads * d, -1)  # per head [query; gate]
+    return [q, a.k_proj.weight, a.v_proj.weight], [None, None, None]
+
+
 def _opt(block, hm) -> Weights:
     a = block.self_attn
     return _separate(a.q_proj, a.k_proj, a.v_proj)
@@ -89,7 +96,7 @@ BY_HAND: dict[str, Callable[[torch.nn.Module, HeadModel], Weights]] = {
     "starcoder2": _llama, "phi3": _phi3, "gpt_neox": _gpt_neox, "opt": _opt, "smollm3": _llama,
     "mixtral": _llama, "qwen3_moe": _llama,
     "olmo2": _llama, "olmo3": _llama, "gemma4_text": _llama,
-    "modernbert": _modernbert,
+    "modernbert": _modernbert, "qwen3_5_text": _qwen3_5,
 }
 
 
@@ -99,6 +106,8 @@ def prunable_heads(hm: HeadModel, draw: Callable) -> list[tuple[int, int]]:
     g, n_kv = hm.group_size, hm.n_kv_heads
     heads = []
     for layer in range(hm.n_layers):
+        if not hm.has_heads(layer):
+            continue
         if draw(st.booleans(), label=f"whole groups in layer {layer}"):
             groups = draw(st.lists(st.integers(0, n_kv - 1), unique=True), label="groups")
             heads += [(layer, k * g + i) for k in groups for i in range(g)]
@@ -108,6 +117,11 @@ def prunable_heads(hm: HeadModel, draw: Callable) -> list[tuple[int, int]]:
                 picked = draw(st.lists(st.integers(0, g - 1), min_size=n, max_size=n, unique=True))
                 heads += [(layer, k * g + i) for i in picked]
     return heads
+
+
+def head_layers(hm: HeadModel) -> list[int]:
+    """The layers with softmax heads (all but Qwen3.5's linear-attention layers)."""
+    return [layer for layer in range(hm.n_layers) if hm.has_heads(layer)]
 
 
 def padded_ids() -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,12 +26,13 @@ import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from families import BY_HAND, DECODERS, FAMILIES, KV_FAMILIES, PRUNABLE, model, padded_ids, prunable_heads
+from families import (BY_HAND, DECODERS, FAMILIES, KV_FAMILIES, PRUNABLE, head_layers, model, padded_ids,
+                      prunable_heads)
 from headscope import HeadscopeError, head_gates, load_model, on_attention_weights
 from headscope.cli import main
 from headscope.learned.analyze import run_stats
 from headscope.capacity.gqa import expand_kv_heads, pool_kv_heads
-from headscope.capacity.kv_bytes import kv_cache_bytes
+from headscope.capacity.kv_bytes import attention_shape, kv_cache_bytes
 from headscope.models import SPECS, QKVWeights, layout, spec_for, supported_model_types
 from headscope.models.checkpoint import PRUNING_FILE, save_model
 from headscope.models.specs import families_table
@@ -40,6 +41,7 @@ from headscope.redundancy.pruning.heads import prune_heads, pruned_gates
 from headscope.redundancy.pruning.masks import check_unit_kind
 from headscope.redundancy.importance.scoring import score
 from headscope.learned.similarity import similarity
+from headscope.provenance import model_record
 from headscope.stats import STATISTICS
 
 TOL = 1e-5
@@ -89,8 +91,9 @@ def test_captured_attention_equals_output_attentions(family):
     captured = {}
     with torch.no_grad(), on_attention_weights(hm, lambda l, p: captured.__setitem__(l, p.clone())):
         out = hm.model(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
-    assert len(out.attentions) == hm.n_layers
-    for layer, ref in enumerate(out.attentions):
+    assert len(out.attentions) == len(head_layers(hm))  # transformers records softmax attention layers only
+    assert sorted(captured) == head_layers(hm)
+    for layer, ref in zip(head_layers(hm), out.attentions):
         assert captured[layer].shape == (3, hm.n_heads, 12, 12)
         d = _maxdiff(captured[layer], ref)
         assert d == 0.0, f"{family} layer {layer}: max abs diff {d}"
@@ -99,7 +102,7 @@ def test_captured_attention_equals_output_attentions(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_qkv_weights_equal_the_modules_read_by_hand(family):
     hm = _MODELS[family]
-    for layer in range(hm.n_layers):
+    for layer in head_layers(hm):
         w = hm.qkv_weights(layer)
         weights, biases = BY_HAND[family](hm.layers[layer], hm)
         for name, got, want in zip("qkv", (w.q, w.k, w.v), weights):
@@ -120,10 +123,11 @@ def test_writing_weights_back_and_permuting_heads_keep_the_function(family):
     ids, mask = padded_ids()
     before = _out(hm, ids, mask)
     params = {id(p) for p in hm.model.parameters()}
-    for layer in range(hm.n_layers):
+    for layer in head_layers(hm):
         w = hm.qkv_weights(layer)
         hm.set_qkv_weights(layer, QKVWeights(*(None if t is None else t.clone() for t in
-                                               (w.q, w.k, w.v, w.q_bias, w.k_bias, w.v_bias))))
+                                               (w.q, w.k, w.v, w.q_bias, w.k_bias, w.v_bias, w.q_gate,
+                                                w.q_gate_bias))))
     assert {id(p) for p in hm.model.parameters()} == params, "same shapes must be written in place"
     assert torch.equal(_out(hm, ids, mask), before)
     g, n_kv, d = hm.group_size, hm.n_kv_heads, hm.d_head
@@ -182,11 +186,14 @@ def test_similar_and_score_run(family):
     """The verbs above the adapter (similarity over weights and attention maps, importance by gradient)
     run on every family and give finite numbers of the right shape."""
     hm = _MODELS[family]
-    sim = similarity(hm, SEQS[2:], max_length=12, batch_size=2)
-    n = hm.n_layers * hm.n_heads
-    assert all(np.asarray(m).shape == (n, n) for m in sim.matrices.values())
+    if not hm.spec.refusal("similar"):  # else refused with the reason: test_a_refusal_names_the_family_and_the_reason
+        sim = similarity(hm, SEQS[2:], max_length=12, batch_size=2)
+        n = hm.n_layers * hm.n_heads
+        assert all(np.asarray(m).shape == (n, n) for m in sim.matrices.values())
     col = score(hm, SEQS[2:], ("gradient",), max_length=12, batch_size=2)["importance_gradient"]
-    assert col.shape == (hm.n_layers, hm.n_heads) and np.isfinite(col).all(), f"{family}: {col}"
+    assert col.shape == (hm.n_layers, hm.n_heads), f"{family}: {col.shape}"
+    assert np.isfinite(col[head_layers(hm)]).all(), f"{family}: {col}"
+    assert np.isnan(col[hm.headless_layers]).all(), f"{family}: layers without heads scored {col}"
 
 
 # --- pruning --------------------------------------------------------------------------------------------
@@ -206,9 +213,11 @@ def test_pruned_equals_gated(family, data):
 
 
 def _prune_set(hm) -> dict[int, list[int]]:
-    """Layer 0 loses all its heads; layer 1 loses one query head per KV group (or head 1 under MHA)."""
+    """The first layer with heads loses all of them; the next one loses one query head per KV group (or head 1
+    under MHA)."""
     g = hm.group_size
-    return {0: list(range(hm.n_heads)), 1: [k * g for k in range(hm.n_kv_heads)] if g > 1 else [1]}
+    first, second = head_layers(hm)[:2]
+    return {first: list(range(hm.n_heads)), second: [k * g for k in range(hm.n_kv_heads)] if g > 1 else [1]}
 
 
 def test_pruned_checkpoints_reload_in_a_fresh_process(tmp_path):
@@ -284,7 +293,9 @@ def test_mqa_keeps_its_kv_head_until_all_its_query_heads_go():
 
 
 def _cache_nbytes(cache) -> int:
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    """K/V bytes of a cache (layers without keys, Qwen3.5's linear-attention states, hold none)."""
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers
+               if getattr(layer, "keys", None) is not None)
 
 
 @pytest.mark.parametrize("family", DECODERS)
@@ -382,7 +393,7 @@ REFUSALS = [(f, what) for f in FAMILIES for what, _ in _MODELS[f].spec.refuses]
 def _refused_call(hm, what: str):
     """The library call that meets refusal `what` on `hm`."""
     calls = {"ffn": lambda: check_unit_kind(hm, "ffn"), "prune": lambda: prune_heads(hm, {1: [0]}),
-             "convert": lambda: expand_kv_heads(hm)}
+             "convert": lambda: expand_kv_heads(hm), "similar": lambda: similarity(hm, SEQS[2:], max_length=12)}
     return calls[what]
 
 
@@ -414,7 +425,8 @@ def _tiny_dir(family: str, base: Path, hf_model=None) -> tuple[Path, Path]:
 # (family, what, the verb's arguments after the model): one verb per kind of refusal.
 CLI_REFUSALS = [("mixtral", "ffn", ["score", "--unit", "ffn", "--max-length", "8"]),
                 ("olmo2", "prune", ["prune", "--fraction", "25%", "--max-length", "8"]),
-                ("olmo3", "convert", ["gqa", "--kv-heads", "1", "--data-limit", "3"])]
+                ("olmo3", "convert", ["gqa", "--kv-heads", "1", "--data-limit", "3"]),
+                ("qwen3_5_text", "similar", ["similar", "--max-length", "8"])]
 
 
 @pytest.mark.parametrize("family, what, argv", CLI_REFUSALS, ids=[f"{f}-{w}" for f, w, _ in CLI_REFUSALS])
@@ -468,3 +480,17 @@ def test_gemma4_of_another_geometry_is_one_line_on_the_command_line(tmp_path, ca
     hf_model = transformers.Gemma4ForCausalLM(config)
     _refused_on_the_command_line("gemma4_text", ["analyze", "--max-length", "8"], "sets head_dim per layer",
                                  tmp_path, capsys, hf_model)
+
+
+def test_qwen3_5_linear_attention_layers_are_skipped_and_said_so():
+    """Qwen3.5's linear-attention layer has no softmax heads: no statistics (NaN), no gates, no KV cache in the
+    calculator (with a note), and the provenance of every verb names it."""
+    hm = _MODELS["qwen3_5_text"]
+    assert hm.headless_layers == [0] and hm.kept_heads(0) == [] and not hm.pruned
+    means = run_stats(hm, SEQS, 3, block=5).means()
+    assert np.isnan(means["entropy"][0]).all() and np.isfinite(means["entropy"][1:]).all()
+    shape = attention_shape(hm.config)
+    assert shape.n_layers == 2 and "1 of 3 layers are linear attention" in shape.note
+    assert model_record(hm)["layers_without_heads"] == [0]
+    with pytest.raises(HeadscopeError, match="layer 0 of the qwen3_5 family is a linear_attention layer"):
+        hm.check_slice(0, [0])

@@ -169,8 +169,13 @@ def _as_dict(config: Any) -> dict[str, Any]:
     )
 
 
+# Layer types that keep no per-token K/V (a fixed-size recurrent state instead: Qwen3.5's Gated DeltaNet).
+NO_KV_LAYER_TYPES = ("linear_attention",)
+
+
 def _windows(d: Mapping[str, Any], n_layers: int) -> tuple[int | None, ...]:
-    """Per layer: None for full attention, else the sliding window (or attention chunk) in tokens."""
+    """Per layer that keeps a K/V cache: None for full attention, else the sliding window (or attention chunk)
+    in tokens. Linear-attention layers (NO_KV_LAYER_TYPES) keep none and are left out."""
     window = d.get("sliding_window")
     layer_types = d.get("layer_types")
     if layer_types:
@@ -178,6 +183,8 @@ def _windows(d: Mapping[str, Any], n_layers: int) -> tuple[int | None, ...]:
             raise HeadscopeError(f"config has {len(layer_types)} layer_types for {n_layers} layers")
         out: list[int | None] = []
         for t in layer_types:
+            if t in NO_KV_LAYER_TYPES:
+                continue
             if t == "full_attention":
                 out.append(None)
             elif t == "sliding_attention":
@@ -187,7 +194,7 @@ def _windows(d: Mapping[str, Any], n_layers: int) -> tuple[int | None, ...]:
             else:
                 raise HeadscopeError(
                     f"layer type {t!r} is not modelled by the KV calculator (it handles full_attention, "
-                    f"sliding_attention and chunked_attention layers)"
+                    f"sliding_attention and chunked_attention layers, and linear_attention layers keep no K/V)"
                 )
         return tuple(out)
     if window is None or d.get("use_sliding_window") is False:  # Qwen2 ships a window it does not use
@@ -221,10 +228,13 @@ def attention_shape(config: Any, name: str | None = None) -> AttentionShape:
     if model_type == "bert" and not note:
         note = "encoder: keeps no cache in use; figure = caching K/V of every layer"
     label = name or d.get("_name") or d.get("_name_or_path") or model_type
+    windows = _windows(d, counts.n_layers)
+    if len(windows) < counts.n_layers and not note:
+        note = (f"{counts.n_layers - len(windows)} of {counts.n_layers} layers are linear attention: a fixed-size "
+                f"recurrent state each, no K/V cache (not counted)")
     return AttentionShape(
-        name=str(label), model_type=model_type, n_layers=counts.n_layers, n_heads=counts.n_heads,
-        n_kv_heads=counts.n_kv_heads, d_head=counts.d_head, d_model=counts.d_model,
-        windows=_windows(d, counts.n_layers), note=note,
+        name=str(label), model_type=model_type, n_layers=len(windows), n_heads=counts.n_heads,
+        n_kv_heads=counts.n_kv_heads, d_head=counts.d_head, d_model=counts.d_model, windows=windows, note=note,
     )
 
 

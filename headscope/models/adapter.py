@@ -157,9 +157,22 @@ class HeadModel:
     def out_proj(self, layer: int) -> nn.Module:
         return get_path(self.layers[layer], self.spec.out_proj)
 
+    def has_heads(self, layer: int) -> bool:
+        """Whether `layer` has softmax attention heads (Qwen3.5's linear-attention layers have none:
+        `spec.headless_layer_types`)."""
+        types = getattr(self.config, "layer_types", None) if self.spec.headless_layer_types else None
+        return types is None or types[layer] not in self.spec.headless_layer_types
+
+    @property
+    def headless_layers(self) -> list[int]:
+        """Layers without softmax heads, which every verb skips (empty for most families)."""
+        return [layer for layer in range(self.n_layers) if not self.has_heads(layer)]
+
     def kept_heads(self, layer: int) -> list[int]:
         """Original ids of the query heads present in `layer`: all of them unless physically pruned
-        (`slice_heads` records the kept heads in `config.headscope_pruning`)."""
+        (`slice_heads` records the kept heads in `config.headscope_pruning`); none in a layer without heads."""
+        if not self.has_heads(layer):
+            return []
         recorded = getattr(self.config, PRUNING_CONFIG_KEY, None) or {}
         kept = recorded.get(str(layer), recorded.get(layer))
         return list(range(self.n_heads)) if kept is None else [int(h) for h in kept]
@@ -171,7 +184,7 @@ class HeadModel:
     @property
     def pruned(self) -> bool:
         """Whether any layer has lost heads to physical pruning."""
-        return any(self.heads_in_layer(layer) != self.n_heads for layer in range(self.n_layers))
+        return any(self.has_heads(layer) and self.heads_in_layer(layer) != self.n_heads for layer in range(self.n_layers))
 
     def set_head_counts(self, layer: int, n_heads: int, n_kv_heads: int) -> None:
         """Update the head-count attributes the layer's attention forward reads (after its
@@ -307,6 +320,14 @@ class HeadModel:
                 )
             if given is not None and tuple(given.shape) != (shape[0],):
                 raise HeadscopeError(f"layer {layer}: {name}_bias has shape {tuple(given.shape)}; expected ({shape[0]},)")
+        for name in ("q_gate", "q_gate_bias"):
+            given, present = getattr(w, name), getattr(now, name)
+            if given is not None and present is None:
+                raise HeadscopeError(f"layer {layer}: the {self.spec.family} family has no output gate in its query "
+                                     f"projection; give {name} as None")
+            if given is not None and tuple(given.shape) != tuple(present.shape):
+                raise HeadscopeError(f"layer {layer}: {name} has shape {tuple(given.shape)}; expected "
+                                     f"{tuple(present.shape)} (None keeps the layer's own)")
         if dispatch.is_dispatched(self.model):  # written in memory: an offload store would reload the old ones
             dispatch.materialize(list(self.projections(layer).values()))
         layout.write_qkv(self.layers[layer], self.spec, w, d)
@@ -361,7 +382,8 @@ class HeadModel:
 
         self.set_qkv_weights(layer, QKVWeights(
             move(w.q, order), move(w.k, kv_order), move(w.v, kv_order),
-            move(w.q_bias, order), move(w.k_bias, kv_order), move(w.v_bias, kv_order)))
+            move(w.q_bias, order), move(w.k_bias, kv_order), move(w.v_bias, kv_order),
+            move(w.q_gate, order), move(w.q_gate_bias, order)))
         # The output projection's bias is per output feature: unchanged.
         self.set_out_weight(layer, layout.reorder_heads(self.out_weight(layer).detach(), order, d, dim=1))
         # Per-head parameters beside the projections (OLMo-2's norm weights, GPT-OSS's sinks) move with their heads.
@@ -374,6 +396,11 @@ class HeadModel:
         kept KV head to serve the same number of query heads.
         """
         now = self.kept_heads(layer)
+        if not self.has_heads(layer):
+            if keep:
+                raise HeadscopeError(f"layer {layer} of the {self.spec.family} family is a "
+                                     f"{self.config.layer_types[layer]} layer: it has no softmax heads to keep or prune")
+            return []
         gone = [h for h in keep if h not in now]
         if gone:
             raise HeadscopeError(f"layer {layer}: head(s) {', '.join(f'L{layer}H{h}' for h in gone)} are not in the "
@@ -412,7 +439,7 @@ class HeadModel:
         if dispatch.is_dispatched(self.model):  # offloaded weights are read into memory to be sliced
             dispatch.materialize(list(self.projections(layer).values()))
         layout.slice_block(self.layers[layer], self.spec, self.d_head, self.group_size, now, keep)
-        record = {str(l): self.kept_heads(l) for l in range(self.n_layers)}
+        record = {str(l): self.kept_heads(l) for l in range(self.n_layers) if self.has_heads(l)}
         record[str(layer)] = keep
         setattr(self.config, PRUNING_CONFIG_KEY, record)
 

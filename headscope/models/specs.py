@@ -46,6 +46,12 @@ class AttentionSpec:
     # Whether the family's config stores the number of KV heads (`num_key_value_heads`), so a
     # checkpoint with fewer KV heads than query heads (GQA/MQA) loads in plain transformers.
     kv_heads_in_config: bool = False
+    # Whether q_proj holds, per head, the query (d_head rows) then an output gate (d_head rows) that scales the
+    # head's output by sigmoid(gate) before the output projection (Qwen3.5's gated attention).
+    q_gate: bool = False
+    # config.layer_types values whose layers have no softmax heads (Qwen3.5's linear-attention layers): they hold
+    # no attention module of this spec, count no heads, and every verb skips them.
+    headless_layer_types: tuple[str, ...] = ()
     # Added to config.sliding_window to give the window headscope uses: a query sees key k when q - k < window
     # (causal layers) or |q - k| < window (bidirectional ones). ModernBERT's mask allows |q - k| <= sliding_window,
     # hence 1 there (its attention module holds sliding_window + 1 for flash attention likewise).
@@ -70,7 +76,8 @@ class AttentionSpec:
     head_params: tuple[tuple[str, str], ...] = ()
     # What the family's layout cannot serve, each with its reason (one clause, shown in errors and the table):
     # "prune" (physical head pruning), "convert" (changing the number of KV heads: gqa, expand), "ffn" (FFN
-    # neurons as units of score / prune). A verb asked for one of these refuses with the reason, exit 2.
+    # neurons as units of score / prune), "similar" (head-to-head similarity). A verb asked for one of these refuses
+    # with the reason, exit 2.
     refuses: tuple[tuple[str, str], ...] = ()
     # For the supported-families table: well-known models of the family, and what is special about it.
     examples: str = ""
@@ -89,7 +96,7 @@ class AttentionSpec:
 
 # What a spec may refuse (AttentionSpec.refuses), and what that means.
 REFUSABLE = {"prune": "physical head pruning", "convert": "changing the number of KV heads (gqa, expand)",
-             "ffn": "FFN neurons as units"}
+             "ffn": "FFN neurons as units", "similar": "head-to-head similarity across all layers"}
 
 
 BERT = AttentionSpec(
@@ -251,6 +258,20 @@ QWEN3_MOE = replace(QWEN3, family="qwen3_moe", model_types=("qwen3_moe",), examp
                     notes="q_norm / k_norm per head (shared, not sliced); MoE feed-forward (some layers dense: "
                           "mlp_only_layers): --unit ffn refused")
 
+# Qwen3.5's text model: Qwen3's layout with a gated query projection; three of every four layers are linear
+# attention (Gated DeltaNet, no softmax heads).
+QWEN3_5 = replace(
+    QWEN3, family="qwen3_5", model_types=("qwen3_5_text",), q_gate=True, headless_layer_types=("linear_attention",),
+    refuses=(("similar", "its linear-attention layers have no softmax heads, and similarity compares every layer's "
+                         "heads (maps, outputs and weights) with every other's"),
+             ("convert", "its linear-attention layers have no K/V heads, and GQA conversion (grouping, pooling, "
+                         "uptraining) walks every layer's KV heads; not implemented for mixed layers")),
+    examples="Qwen3.5 text models (`Qwen3_5ForCausalLM`)",
+    notes="softmax heads only in its full-attention layers: the linear-attention layers (layer_types) have none, "
+          "so statistics, roles and scores are NaN there, gates and pruning skip them and the KV calculator counts "
+          "no cache for them; q_proj holds per head [query; output gate] (the gate rows go with their head); "
+          "q_norm / k_norm per head; partial rotary")
+
 MODERNBERT = AttentionSpec(
     family="modernbert",
     model_types=("modernbert",),
@@ -269,7 +290,7 @@ MODERNBERT = AttentionSpec(
 
 SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA, QWEN3, GEMMA3, GEMMA2, STARCODER2, PHI3, GPT_NEOX,
                                     OPT, SMOLLM3, MIXTRAL, QWEN3_MOE, OLMO2, GEMMA4,
-                                    MODERNBERT)
+                                    MODERNBERT, QWEN3_5)
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 
@@ -292,7 +313,7 @@ def spec_for(model_type: str) -> AttentionSpec:
 
 def _layout_text(spec: AttentionSpec) -> str:
     if not spec.qkv_proj:
-        return "separate q, k, v"
+        return "separate q, k, v" + (" (q_proj: [query; gate] per head)" if spec.q_gate else "")
     order = "per head [h0 q, k, v, h1 ...]" if spec.qkv_layout == "per_head" else "stacked [q; k; v]"
     return f"fused, {order}" + (", Conv1D" if spec.conv1d else "")
 
@@ -306,7 +327,7 @@ def _prune_text(spec: AttentionSpec) -> str:
 
 # What each refusal is called in the list under the table: the verb and option that meet it.
 _REFUSED_AS = {"prune": "head pruning (`prune --save-model`, `prune_heads`)", "convert": "`gqa` and KV-head expansion",
-               "ffn": "`--unit ffn` (score, prune)"}
+               "ffn": "`--unit ffn` (score, prune)", "similar": "`similar`"}
 
 
 def families_table() -> str:

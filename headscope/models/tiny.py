@@ -1,6 +1,7 @@
 """Tiny randomly initialised models built from configs: for tests, benchmarks and learning.
 
-Fixed seed, float32, eager attention. Each tiny config has 2 layers and at least 4 query heads;
+Fixed seed, float32, eager attention. Each tiny config has 2 layers (Qwen3.5: 3, one of them without
+softmax heads) and at least 4 query heads;
 the LLaMA-family ones, Qwen3, Gemma-2, StarCoder2, Phi-3, SmolLM3 and the MoE ones are GQA (6 or 4 query heads sharing 2
 KV heads), Gemma-3 is MQA like the real 270M (4 query heads, 1 KV head). Where a family's head_dim
 may differ from d_model / heads (Qwen3, Gemma), it does here, so the two cannot be confused.
@@ -87,6 +88,13 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
         max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=4, attention_bias=True,
         pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, embedding_dropout=0.0,
         mlp_dropout=0.0, attention_dropout=0.0)),
+    # Qwen3.5's text model: a linear-attention layer (no softmax heads) then two full-attention ones, a gated
+    # query projection and partial rotary (the default 0.25).
+    "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {
+        **_LLAMA, "num_hidden_layers": 3, "head_dim": 12,
+        "layer_types": ["linear_attention", "full_attention", "full_attention"], "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 }
 TINY_FAMILIES = tuple(_TINY)
 

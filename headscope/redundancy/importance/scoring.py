@@ -72,13 +72,15 @@ def score(
     base_result: MetricResult = ctx.base_result or evaluate_prepared(hm, prep, metric, gates=base,
                                                                      reference=reference, batch_size=batch_size)
     pruned = (base == 0).cpu().numpy()
+    absent = np.zeros_like(pruned)
+    absent[hm.headless_layers] = True  # layers without softmax heads (Qwen3.5's linear attention): no importance
     columns = {}
     for method in chosen:
         v = cols[method]
         if v.shape != pruned.shape:
             raise HeadscopeError(f"importance criterion {method!r} returned shape {v.shape}; "
                                  f"expected [n_layers, n_heads] = {list(pruned.shape)}")
-        v[pruned] = np.nan
+        v[pruned | absent] = np.nan
         columns[f"importance_{method}"] = v
     meta = {
         "model": hm.name, "model_source": hm.source, "model_type": hm.config.model_type,
