@@ -32,6 +32,8 @@ STATISTICS: dict[str, str] = {
     "special_mass": "weight on the tokenizer's special tokens ([CLS], [SEP], BOS, EOS, ...)",
     "punct_mass": "weight on punctuation tokens",
     "max_weight": "largest single weight of a query's distribution",
+    "sink_logit_mass": "weight on the learned per-head sink logit, which joins the softmax without a value (GPT-OSS); "
+                 "the keys' weights sum to 1 minus it; 0 for families without one",
     "output_norm": "L2 norm of the head's contribution to the residual stream (its output through W_O, no bias)",
 }
 
@@ -119,10 +121,12 @@ def _masked_sum(values: torch.Tensor, qmask: torch.Tensor) -> torch.Tensor:
 
 
 def reduce_attention(stats: HeadStats, layer: int, probs: torch.Tensor, allowed: torch.Tensor,
-                     special: torch.Tensor, punct: torch.Tensor, heads: list[int] | None = None) -> None:
+                     special: torch.Tensor, punct: torch.Tensor, heads: list[int] | None = None,
+                     sink: bool = False) -> None:
     """Reduce one layer's attention `[batch, head, query, key]` into `stats`.
 
-    `allowed` is `[batch, query, key]`; `special` / `punct` flag keys `[batch, key]`.
+    `allowed` is `[batch, query, key]`; `special` / `punct` flag keys `[batch, key]`. With `sink` (the family has
+    a learned sink logit per head) the rows sum to 1 minus the sink's mass, which `sink_logit_mass` records.
     """
     def add(name: str, total: torch.Tensor, count: torch.Tensor) -> None:
         stats.add(name, layer, total, count, heads)
@@ -152,6 +156,8 @@ def reduce_attention(stats: HeadStats, layer: int, probs: torch.Tensor, allowed:
     add("special_mass", _masked_sum(torch.einsum("bhqk,bk->bhq", p, special.float()), qmask), n_q)
     add("punct_mass", _masked_sum(torch.einsum("bhqk,bk->bhq", p, punct.float()), qmask), n_q)
     add("max_weight", _masked_sum(p.amax(-1), qmask), n_q)
+    sink_mass = (1.0 - p.sum(-1)).clamp(min=0.0) if sink else p.new_zeros(b, h, t)
+    add("sink_logit_mass", _masked_sum(sink_mass, qmask), n_q)
 
 
 def output_gram(hm: HeadModel, layer: int) -> torch.Tensor:
@@ -215,7 +221,7 @@ class StatsSession:
             raise RuntimeError("collect_stats: call session.set_batch(...) before each forward pass")
         with torch.no_grad():
             reduce_attention(self.stats, layer, probs, self._allowed_for(layer), self.special, self.punct,
-                             self.heads[layer])
+                             self.heads[layer], sink=self.hm.has_sinks)
 
     def on_outputs(self, layer: int, z: torch.Tensor) -> None:
         with torch.no_grad():

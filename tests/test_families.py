@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from families import (BY_HAND, DECODERS, FAMILIES, KV_FAMILIES, PRUNABLE, head_layers, model, padded_ids,
                       prunable_heads)
 from headscope import HeadscopeError, head_gates, load_model, on_attention_weights
+from headscope.hooks import on_attention_blocks
 from headscope.cli import main
 from headscope.learned.analyze import run_stats
 from headscope.capacity.gqa import expand_kv_heads, pool_kv_heads
@@ -424,6 +425,7 @@ def _tiny_dir(family: str, base: Path, hf_model=None) -> tuple[Path, Path]:
 
 # (family, what, the verb's arguments after the model): one verb per kind of refusal.
 CLI_REFUSALS = [("mixtral", "ffn", ["score", "--unit", "ffn", "--max-length", "8"]),
+                ("gpt_oss", "ffn", ["prune", "--unit", "ffn", "--fraction", "10%", "--max-length", "8"]),
                 ("olmo2", "prune", ["prune", "--fraction", "25%", "--max-length", "8"]),
                 ("olmo3", "convert", ["gqa", "--kv-heads", "1", "--data-limit", "3"]),
                 ("qwen3_5_text", "similar", ["similar", "--max-length", "8"])]
@@ -494,3 +496,30 @@ def test_qwen3_5_linear_attention_layers_are_skipped_and_said_so():
     assert model_record(hm)["layers_without_heads"] == [0]
     with pytest.raises(HeadscopeError, match="layer 0 of the qwen3_5 family is a linear_attention layer"):
         hm.check_slice(0, [0])
+
+
+def test_gpt_oss_sink_takes_its_share_of_every_row():
+    """GPT-OSS's learned sink logit is part of each head's softmax: eager's rows sum to 1 - sink_logit_mass,
+    the statistics' sink_logit_mass says how much (well above rounding here, 0 for other families), the kernel's
+    blocks equal eager's maps, and without the sink (logit -inf) the attention changes."""
+    hm = _MODELS["gpt_oss"]
+    ids, mask = padded_ids()
+    with torch.no_grad():
+        a = hm.model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    sink = run_stats(hm, SEQS, 3, block=5).means()["sink_logit_mass"]
+    assert (sink > 0.02).all() and (sink < 0.98).all(), sink
+    row = a[1][0].sum(-1)  # [head, query] of the first (unpadded) sequence
+    assert (row <= 1 + 1e-6).all() and (1 - row).max() > 0.1, row
+    assert (run_stats(_MODELS["llama"], SEQS, 3, block=5).means()["sink_logit_mass"] == 0).all()
+    blocks = {}  # the kernel's blocks (the path attention-map consumers take) against eager's maps
+    with torch.no_grad(), on_attention_blocks(hm, lambda l, q0, p: blocks.setdefault(l, []).append(p.clone()), 5):
+        hm.model(input_ids=ids, attention_mask=mask, use_cache=False)
+    for layer in range(hm.n_layers):
+        d = _maxdiff(torch.cat(blocks[layer], dim=2) * mask[:, None, :, None], a[layer] * mask[:, None, :, None])
+        assert d < TOL, f"gpt_oss layer {layer}: kernel blocks vs eager max abs diff {d:.3g}"
+    other = copy.deepcopy(hm)
+    with torch.no_grad():
+        for block in other.layers:
+            block.self_attn.sinks.fill_(-1e9)
+        b = other.model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    assert _maxdiff(a[1], b[1]) > 1e-2 and torch.allclose(b[1][0].sum(-1), torch.ones(()), atol=1e-5)

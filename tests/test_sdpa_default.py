@@ -21,7 +21,7 @@ from headscope.stats import STATISTICS
 TOL = 1e-5
 SEQS = [[3] + torch.randint(5, 120, (n - 1,), generator=torch.Generator().manual_seed(3)).tolist() for n in (19, 8)]
 # transformers 5 has no sdpa for these (gemma2: logit soft-capping); they load eager.
-NO_SDPA = ("gemma2",)
+NO_SDPA = ("gemma2", "gpt_oss")  # gpt_oss: sdpa has no sink logit
 
 
 def twins(family: str):

@@ -126,6 +126,11 @@ class HeadModel:
         return self.spec.causal
 
     @property
+    def has_sinks(self) -> bool:
+        """Whether each head's softmax has a learned sink logit (GPT-OSS): its rows sum to less than one."""
+        return self.spec.sink_logits is not None
+
+    @property
     def max_positions(self) -> int | None:
         """Longest sequence the position table allows, or None when positions are unbounded."""
         c = self.config

@@ -74,6 +74,9 @@ class AttentionSpec:
     # "kv" = d_head features per KV head, "q1" = one value per query head). OLMo-2's q_norm / k_norm weights span
     # every head's features; GPT-OSS's sinks hold one logit per query head.
     head_params: tuple[tuple[str, str], ...] = ()
+    # Attribute of the attention module holding one learned logit per query head that joins every row's softmax
+    # without a value (GPT-OSS's sinks; transformers passes it to attention functions as s_aux).
+    sink_logits: str | None = None
     # What the family's layout cannot serve, each with its reason (one clause, shown in errors and the table):
     # "prune" (physical head pruning), "convert" (changing the number of KV heads: gqa, expand), "ffn" (FFN
     # neurons as units of score / prune), "similar" (head-to-head similarity). A verb asked for one of these refuses
@@ -272,6 +275,15 @@ QWEN3_5 = replace(
           "no cache for them; q_proj holds per head [query; output gate] (the gate rows go with their head); "
           "q_norm / k_norm per head; partial rotary")
 
+# GPT-OSS: LLaMA's separate projections (with biases) plus a learned sink logit per head in the softmax; the MoE
+# feed-forward (router + experts as 3D tensors) has no FFN neurons in one pair of Linear layers.
+GPT_OSS = replace(
+    LLAMA, family="gpt_oss", model_types=("gpt_oss",), sink_logits="sinks", head_params=(("self_attn.sinks", "q1"),),
+    ffn_in=(), ffn_out=None, ffn_size_attr=None, refuses=(("ffn", MOE_FFN),), examples="gpt-oss-20b, gpt-oss-120b",
+    notes="a learned sink logit per head joins the softmax (statistics, the kernel and gates include it; "
+          "sink_logit_mass column; the sinks go and move with their heads); alternating sliding and global layers; biases on "
+          "q/k/v/o; MoE feed-forward: --unit ffn refused")
+
 MODERNBERT = AttentionSpec(
     family="modernbert",
     model_types=("modernbert",),
@@ -290,7 +302,7 @@ MODERNBERT = AttentionSpec(
 
 SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA, QWEN3, GEMMA3, GEMMA2, STARCODER2, PHI3, GPT_NEOX,
                                     OPT, SMOLLM3, MIXTRAL, QWEN3_MOE, OLMO2, GEMMA4,
-                                    MODERNBERT, QWEN3_5)
+                                    MODERNBERT, QWEN3_5, GPT_OSS)
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 

@@ -95,6 +95,12 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
         "layer_types": ["linear_attention", "full_attention", "full_attention"], "linear_num_value_heads": 4,
         "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
         "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    # GPT-OSS: a sink logit per head (initialised like the weights), one sliding layer (window 4) then a global
+    # one, biases on every projection, 4 experts with 2 per token.
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {
+        **_LLAMA, "head_dim": 12, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4,
+        "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0, "bos_token_id": 1,
+        "eos_token_id": 2}),
 }
 TINY_FAMILIES = tuple(_TINY)
 
