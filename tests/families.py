@@ -19,8 +19,8 @@ from headscope.models.tiny import TINY_FAMILIES, tiny_model
 
 FAMILIES: tuple[str, ...] = TINY_FAMILIES
 # Families whose config stores num_key_value_heads: GQA conversion and KV-head expansion apply.
-KV_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma2", "starcoder2", "phi3", "smollm3", "mixtral",
-               "qwen3_moe", "gemma4_text", "gpt_oss")
+KV_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma2", "starcoder2", "phi3", "smollm3",
+               "mixtral", "qwen3_moe", "gemma4_text", "gpt_oss")
 DECODERS = tuple(f for f in FAMILIES if f not in ("bert", "roberta", "electra", "modernbert"))
 # Families whose heads can be pruned one by one (the others' specs refuse it, with the reason).
 PRUNABLE = tuple(f for f in FAMILIES if not tiny_model(f).spec.refusal("prune"))
@@ -90,14 +90,17 @@ def _opt(block, hm) -> Weights:
     return _separate(a.q_proj, a.k_proj, a.v_proj)
 
 
-BY_HAND: dict[str, Callable[[torch.nn.Module, HeadModel], Weights]] = {
+BY_HAND: dict[str, Callable[[torch.nn.Module, HeadModel], Weights] | None] = {
     "bert": _bert, "roberta": _bert, "electra": _bert, "gpt2": _gpt2,
     "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama, "gemma3_text": _llama, "gemma2": _llama,
     "starcoder2": _llama, "phi3": _phi3, "gpt_neox": _gpt_neox, "opt": _opt, "smollm3": _llama,
     "mixtral": _llama, "qwen3_moe": _llama,
     "olmo2": _llama, "olmo3": _llama, "gemma4_text": _llama,
     "modernbert": _modernbert, "qwen3_5_text": _qwen3_5, "gpt_oss": _llama,
+    "deepseek_v3": None,  # multi-head latent attention: no per-head Linear Q/K/V (its spec refuses "qkv")
 }
+# Families whose Q/K/V weights are per-head Linear maps (qkv_weights, permuting heads).
+QKV_FAMILIES = tuple(f for f in FAMILIES if BY_HAND[f] is not None)
 
 
 def prunable_heads(hm: HeadModel, draw: Callable) -> list[tuple[int, int]]:

@@ -291,22 +291,9 @@ def fused_rows(query: torch.Tensor, key: torch.Tensor, side: torch.Tensor, mask:
         entropy = torch.log(z) - ent[..., 0] * inv
         max_weight = inv.view(view)  # the largest shifted weight is exp(0) = 1
         mean_pos = acc[..., n_value + 1] * inv
-    else:  # the sink joins as one more logit without a value: rescale to the larger maximum, add its weight
-        s = sink.float().view(1, kv, h // kv, 1).expand(b, kv, h // kv, nq).reshape(b * kv, rows, 1)
-        m_new = torch.maximum(m, s)
-        scale = torch.exp(m - m_new)
-        ent = scale * ent + scale * (m - m_new) * acc[..., n_value:n_value + 1]
-        acc.mul_(scale)
-        dist = None if dist is None else scale.view(view) * dist
-        m = m_new
-        z_keys = acc[..., n_value]
-        z = z_keys + torch.exp(s - m)[..., 0]
-        inv = 1.0 / z
-        kept = z_keys * inv  # the keys' share of the row, 1 - the sink's
-        entropy = torch.log(z) * kept - ent[..., 0] * inv  # -sum_k p_k log p_k over the keys
-        max_weight = (scale[..., 0] * inv).view(view)
-        sink_mass = (1.0 - kept).view(view)
-        mean_pos = acc[..., n_value + 1] * inv + qpos.float().repeat(h // kv)[None] * (1.0 - kept)
+    else:
+        m, dist, inv, entropy, max_weight, sink_mass, mean_pos = _with_sink(sink, acc, ent, m, dist, n_value, view,
+                                                                            qpos)
     m_q = m.view(b, h, nq)
     inv_q = inv.view(view)
     if dist is None:  # causal: |q - k| = q - k, so sum_k p_k (q - k) = q (1 - sink) - sum_k p_k k
@@ -318,6 +305,29 @@ def fused_rows(query: torch.Tensor, key: torch.Tensor, side: torch.Tensor, mask:
     return out, BlockRows(layer, q_start, kv_length, entropy.view(view), max_weight, mean_distance,
                           torch.exp(near - m_q[..., None]) * inv_q[..., None], torch.exp(first - m_q) * inv_q,
                           weighted, sink_mass)
+
+
+def _with_sink(sink: torch.Tensor, acc: torch.Tensor, ent: torch.Tensor, m: torch.Tensor, dist: torch.Tensor | None,
+               n_value: int, view: tuple[int, int, int], qpos: torch.Tensor) -> tuple:
+    """`fused_rows`' normalisation when a sink logit per head joins the softmax as one more logit without a value:
+    rescale the sums (`acc`, in place) to the larger maximum, add the sink's weight to Z. Returns the new running
+    maximum and distance sums, 1 / Z, the entropy over the keys, the largest key weight, the sink's mass
+    `[batch, head, q]` and the weighted mean key position (plus q x the sink's mass, for the causal distance)."""
+    b, h, nq = view
+    kv = acc.shape[0] // b
+    s = sink.float().view(1, kv, h // kv, 1).expand(b, kv, h // kv, nq).reshape(b * kv, -1, 1)  # rows: (head, q)
+    m_new = torch.maximum(m, s)
+    scale = torch.exp(m - m_new)
+    ent = scale * ent + scale * (m - m_new) * acc[..., n_value:n_value + 1]
+    acc.mul_(scale)
+    dist = None if dist is None else scale.view(view) * dist
+    z_keys = acc[..., n_value]
+    z = z_keys + torch.exp(s - m_new)[..., 0]
+    inv = 1.0 / z
+    kept = z_keys * inv  # the keys' share of the row, 1 - the sink's
+    entropy = torch.log(z) * kept - ent[..., 0] * inv  # -sum_k p_k log p_k over the keys
+    mean_pos = acc[..., n_value + 1] * inv + qpos.float().repeat(h // kv)[None] * (1.0 - kept)
+    return m_new, dist, inv, entropy, (scale[..., 0] * inv).view(view), (1.0 - kept).view(view), mean_pos
 
 
 def visible_outside(mask: torch.Tensor, q_start: int, q_end: int, k_start: int, k_end: int) -> bool:

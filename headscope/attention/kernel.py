@@ -189,7 +189,8 @@ class AttentionKernel:
                 raise HeadscopeError(f"layer {info.layer}: transformers built no attention mask for a sliding window "
                                      f"of {info.window} over {t} tokens; statistics would be wrong")
             return
-        if (not info.causal and info.window is None) or any(m is mask and w == info.window for m, _, w in self._checked):
+        unbounded = not info.causal and info.window is None  # every key visible: nothing to check
+        if unbounded or any(m is mask and w == info.window for m, _, w in self._checked):
             return
         for q0 in range(0, t, self.block):
             q1 = min(q0 + self.block, t)

@@ -84,10 +84,17 @@ class AttentionShape:
     d_model: int | None
     windows: tuple[int | None, ...]  # per cached layer: None = full attention, else at most this many tokens
     note: str = ""
+    # Multi-head latent attention (DeepSeek): numbers cached per token and layer (kv_lora_rank + qk_rope_head_dim)
+    # instead of 2 x n_kv_heads x d_head, and what caching every head's K and V would take (n_heads x
+    # (qk_head_dim + v_head_dim)); None for MHA / GQA / MQA.
+    latent: int | None = None
+    expanded: int | None = None
 
     @property
     def layout(self) -> str:
-        """'MHA', 'GQA' or 'MQA'."""
+        """'MHA', 'GQA', 'MQA' or 'MLA'."""
+        if self.latent is not None:
+            return "MLA"
         if self.n_kv_heads == self.n_heads:
             return "MHA"
         return "MQA" if self.n_kv_heads == 1 else "GQA"
@@ -217,10 +224,7 @@ def attention_shape(config: Any, name: str | None = None) -> AttentionShape:
     d = language_config(_as_dict(config))
     model_type = str(d.get("model_type") or "unknown")
     if d.get("kv_lora_rank") is not None:
-        raise HeadscopeError(
-            f"model type {model_type!r} uses multi-head latent attention (kv_lora_rank={d['kv_lora_rank']}), whose "
-            f"cache is a compressed latent, not K/V heads; the calculator handles MHA, GQA and MQA configs"
-        )
+        return _mla_shape(d, model_type, name)
     counts = attention_counts(d)
     note = str(d.get("_note", ""))
     if d.get("is_encoder_decoder"):
@@ -238,6 +242,30 @@ def attention_shape(config: Any, name: str | None = None) -> AttentionShape:
     )
 
 
+def _mla_shape(d: Mapping[str, Any], model_type: str, name: str | None) -> AttentionShape:
+    """The cache of a multi-head latent attention config: per token and layer, the normed latent (kv_lora_rank)
+    and the rotary key shared by all heads (qk_rope_head_dim), what transformers' cache holds for DeepSeek-V3."""
+    missing = [k for k in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim") if d.get(k) is None]
+    if missing:
+        raise HeadscopeError(f"model type {model_type!r} has kv_lora_rank (multi-head latent attention) but no "
+                             f"{', '.join(missing)}; the latent cache needs kv_lora_rank and qk_rope_head_dim")
+    counts = attention_counts({**d, "head_dim": d["v_head_dim"]})
+    latent = int(d["kv_lora_rank"]) + int(d["qk_rope_head_dim"])
+    expanded = counts.n_heads * (int(d["qk_nope_head_dim"]) + int(d["qk_rope_head_dim"]) + int(d["v_head_dim"]))
+    note = (f"multi-head latent attention: caches kv_lora_rank + qk_rope_head_dim = {latent} numbers per token and "
+            f"layer (the latent and the rotary key all heads share), not K and V per head; the MHA row is what "
+            f"caching every head's K and V would take ({expanded} numbers)")
+    return AttentionShape(
+        name=str(name or d.get("_name") or d.get("_name_or_path") or model_type), model_type=model_type,
+        n_layers=counts.n_layers, n_heads=counts.n_heads, n_kv_heads=1, d_head=counts.d_head, d_model=counts.d_model,
+        windows=(None,) * counts.n_layers, note=note, latent=latent, expanded=expanded)
+
+
+def _numbers_per_token_layer(s: AttentionShape) -> int:
+    """Numbers one layer caches per token: K and V of every KV head, or MLA's latent."""
+    return s.latent if s.latent is not None else 2 * s.n_kv_heads * s.d_head
+
+
 def kv_bytes_per_token(config: Any, dtype: Any = "bf16") -> int:
     """Cache bytes one more token costs: 2 * n_layers * n_kv_heads * d_head * bytes(dtype).
 
@@ -245,7 +273,7 @@ def kv_bytes_per_token(config: Any, dtype: Any = "bf16") -> int:
     (use `kv_cache_bytes` for a given length).
     """
     s = attention_shape(config)
-    return 2 * s.n_layers * s.n_kv_heads * s.d_head * dtype_bits(dtype) // 8
+    return s.n_layers * _numbers_per_token_layer(s) * dtype_bits(dtype) // 8
 
 
 def kv_cache_bytes(config: Any, seq_len: int, batch: int = 1, dtype: Any = "bf16") -> int:
@@ -254,7 +282,7 @@ def kv_cache_bytes(config: Any, seq_len: int, batch: int = 1, dtype: Any = "bf16
         raise HeadscopeError(f"seq_len must be >= 0 and batch >= 1 (integers); got seq_len={seq_len}, batch={batch}")
     s = attention_shape(config)
     tokens = sum(seq_len if w is None else min(seq_len, w) for w in s.windows)  # token slots over layers
-    return 2 * tokens * batch * s.n_kv_heads * s.d_head * dtype_bits(dtype) // 8
+    return tokens * batch * _numbers_per_token_layer(s) * dtype_bits(dtype) // 8
 
 
 def layouts(
@@ -272,6 +300,8 @@ def layouts(
     """
     s = attention_shape(config)
     dt = normalize_dtype(dtype)
+    if s.latent is not None:
+        return _mla_layouts(s, seq_len, batch, dt, kv_heads)
     counts = sorted({s.n_heads, s.n_kv_heads, 1, *(kv_heads or ())}, reverse=True)
     bad = [g for g in counts if g < 1 or s.n_heads % g]
     if bad:
@@ -291,6 +321,28 @@ def layouts(
         if seq_len is not None:
             row.update(seq_len=seq_len, batch=batch, bytes_per_sequence=kv_cache_bytes(v, seq_len, 1, dt),
                        cache_bytes=kv_cache_bytes(v, seq_len, batch, dt))
+        rows.append(row)
+    return rows
+
+
+def _mla_layouts(s: AttentionShape, seq_len: int | None, batch: int, dt: str,
+                 kv_heads: Sequence[int] | None) -> list[dict[str, Any]]:
+    """An MLA model's own row and the MHA row of its expanded per-head K and V (same fields as `layouts`)."""
+    if kv_heads:
+        raise HeadscopeError(f"{s.name} uses multi-head latent attention: it caches one latent per token, so "
+                             f"--kv-heads {list(kv_heads)} (KV-head counts to compare) does not apply")
+    rows = []
+    for layout, numbers in (("MLA", s.latent), ("MHA", s.expanded)):
+        n_kv = 1 if layout == "MLA" else s.n_heads
+        per_token = s.n_layers * int(numbers) * dtype_bits(dt) // 8
+        row: dict[str, Any] = {
+            "name": s.name, "layout": layout, "is_model": layout == "MLA", "n_layers": s.n_layers,
+            "n_heads": s.n_heads, "n_kv_heads": n_kv, "group_size": s.n_heads // n_kv, "d_head": s.d_head,
+            "n_sliding_layers": 0, "dtype": dt, "bytes_per_token": per_token,
+            "vs_mha": int(numbers) / int(s.expanded)}
+        if seq_len is not None:
+            row.update(seq_len=seq_len, batch=batch, bytes_per_sequence=per_token * seq_len,
+                       cache_bytes=per_token * seq_len * batch)
         rows.append(row)
     return rows
 

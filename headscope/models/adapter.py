@@ -16,6 +16,7 @@ from torch import nn
 from ..errors import HeadscopeError
 from . import dispatch, layout
 from .config import attention_counts
+from .geometry import check_layers, module_at
 from .layout import QKVWeights
 from .specs import AttentionSpec, get_path, spec_for
 
@@ -24,14 +25,6 @@ from .specs import AttentionSpec, get_path, spec_for
 PRUNING_CONFIG_KEY = "headscope_pruning"
 # The same for FFN neurons: {"layer": [original neuron ids kept]} (per-layer FFN widths).
 FFN_CONFIG_KEY = "headscope_ffn"
-
-
-def _module_at(block: nn.Module, path: str) -> nn.Module | None:
-    """The module at a dotted path in `block`, or None where the path is missing or holds None."""
-    try:
-        return get_path(block, path)
-    except AttributeError:
-        return None
 
 
 @dataclass
@@ -55,35 +48,7 @@ class HeadModel:
         # The model keeps the attention kernel it was loaded with (sdpa by default): statistics come from
         # the statistics kernel beside it, and full-map consumers switch to eager only while they run
         # (`hooks.on_attention_weights`), so no kernel is forced here.
-        self._check_layers()
-
-    def _check_layers(self) -> None:
-        """Refuse models whose layers differ in attention geometry from the one the config declares: a layer
-        without its own K or V projection (Gemma-4's shared KV layers, keys reused as values), another head_dim
-        or another KV-head count (Gemma-4's global layers). HeadModel holds one head_dim and one KV-head count."""
-        try:
-            attention_counts(self.config)
-        except HeadscopeError as e:
-            raise HeadscopeError(f"{self.name!r} ({self.spec.family} family): {e}") from None
-        paths = [self.spec.qkv_proj] if self.spec.qkv_proj else [self.spec.q_proj, self.spec.k_proj, self.spec.v_proj]
-        for layer in range(self.n_layers):
-            if not self.heads_in_layer(layer):
-                continue
-            block, att = self.layers[layer], self.attention(layer)
-            missing = [p for p in paths if _module_at(block, p) is None]
-            head_dim, groups = getattr(att, "head_dim", None), getattr(att, "num_key_value_groups", None)
-            problem = (f"no {' or '.join(missing)} (its keys or values come from elsewhere)" if missing else
-                       f"head_dim {head_dim}, not the config's {self.d_head}" if isinstance(head_dim, int)
-                       and head_dim != self.d_head else
-                       f"{self.n_heads // groups} KV heads, not the config's {self.n_kv_heads}"
-                       if isinstance(groups, int) and groups and self.heads_in_layer(layer) == self.n_heads
-                       and len(self.kv_heads_in_layer(layer)) == self.n_kv_heads and groups != self.group_size
-                       else None)
-            if problem:
-                raise HeadscopeError(
-                    f"{self.name!r} ({self.spec.family} family): layer {layer}'s attention has {problem}; headscope "
-                    f"needs every attention layer to hold its own Q, K and V projections with one head_dim and one "
-                    f"KV-head count")
+        check_layers(self)
 
     # --- shape of the attention -------------------------------------------------------------
     @property
@@ -114,7 +79,9 @@ class HeadModel:
 
     @property
     def d_head(self) -> int:
-        """Width of one head's query, key and value."""
+        """Width of one head's query, key and value (MLA: of its value and output, `spec.d_head_attr`)."""
+        if self.spec.d_head_attr:
+            return int(getattr(self.config, self.spec.d_head_attr))
         return attention_counts(self.config).d_head
 
     @property
@@ -189,7 +156,8 @@ class HeadModel:
     @property
     def pruned(self) -> bool:
         """Whether any layer has lost heads to physical pruning."""
-        return any(self.has_heads(layer) and self.heads_in_layer(layer) != self.n_heads for layer in range(self.n_layers))
+        return any(self.has_heads(layer) and self.heads_in_layer(layer) != self.n_heads
+                   for layer in range(self.n_layers))
 
     def set_head_counts(self, layer: int, n_heads: int, n_kv_heads: int) -> None:
         """Update the head-count attributes the layer's attention forward reads (after its
@@ -259,10 +227,19 @@ class HeadModel:
         Only "o" when every head of the layer was pruned (its attention module is an EmptyAttention).
         """
         spec, block = self.spec, self.layers[layer]
-        paths = {"qkv": spec.qkv_proj} if spec.qkv_proj else {"q": spec.q_proj, "k": spec.k_proj, "v": spec.v_proj}
+        if spec.head_row_projs:  # MLA: named by their own attribute (those the layer has)
+            paths = {p.rpartition(".")[2]: p for p in spec.head_row_projs if module_at(block, p) is not None}
+        else:
+            paths = {"qkv": spec.qkv_proj} if spec.qkv_proj else {"q": spec.q_proj, "k": spec.k_proj, "v": spec.v_proj}
         out = {} if self.heads_in_layer(layer) == 0 else {name: get_path(block, p) for name, p in paths.items()}
         out["o"] = get_path(block, spec.out_proj)
         return out
+
+    def _check_qkv(self) -> None:
+        why = self.spec.refusal("qkv")
+        if why:
+            raise HeadscopeError(f"{self.name!r} ({self.spec.family} family): {why}; per-head Q/K/V weights cannot be "
+                                 f"read or written")
 
     def qkv_weights(self, layer: int) -> QKVWeights:
         """Q, K, V weights and biases of `layer` in Linear layout, whatever the storage.
@@ -271,6 +248,7 @@ class HeadModel:
         present in the layer (`kept_heads`, `kv_heads_in_layer`), in that order. The tensors are
         detached views of the parameters: clone them before changing them in place.
         """
+        self._check_qkv()
         h, g, d = self.heads_in_layer(layer), len(self.kv_heads_in_layer(layer)), self.d_head
         if h == 0:
             empty = self.out_weight(layer).detach().new_zeros(0, self.d_model)

@@ -44,7 +44,7 @@ LOAD_WITH = ("headscope.load_model(path) or headscope.models.checkpoint.load_che
 # The spec attributes the copied slicing code reads.
 _SPEC_FIELDS = ("layers", "attention", "out_proj", "q_proj", "k_proj", "v_proj", "qkv_proj", "conv1d",
                 "qkv_layout", "head_count_attrs", "config_head_attrs", "ffn_in", "ffn_in_parts", "ffn_out",
-               "head_params", "q_gate", "sink_logits")
+               "head_params", "q_gate", "sink_logits", "head_row_projs")
 
 
 def auto_class(config: Any) -> type:

@@ -303,7 +303,16 @@ def slice_block(block: nn.Module, spec: Any, d_head: int, group_size: int, now: 
     keep_kv, now_kv = kv_heads_for(keep, group_size), kv_heads_for(now, group_size)
     pos_q = [now.index(h) for h in keep]  # positions in the current (possibly already pruned) layout
     pos_kv = [now_kv.index(k) for k in keep_kv]
-    if spec.qkv_proj and spec.qkv_layout == "per_head":
+    if getattr(spec, "head_row_projs", ()):
+        # MLA: each projection holds equal row blocks per query head (its width / the heads now present).
+        parts = []
+        for path in spec.head_row_projs:
+            try:
+                rows = linear_weight(get_path(block, path), conv1d).shape[0] // len(now)
+            except AttributeError:  # q_proj or q_b_proj: the layer has one of them
+                continue
+            parts.append((path, head_features(pos_q, rows)))
+    elif spec.qkv_proj and spec.qkv_layout == "per_head":
         # Fused [h0 q, h0 k, h0 v, h1 q, ...]: a head's 3 * d_head rows go or stay together.
         parts = [(spec.qkv_proj, head_features(pos_q, 3 * d))]
     elif spec.qkv_proj:

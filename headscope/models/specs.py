@@ -46,6 +46,13 @@ class AttentionSpec:
     # Whether the family's config stores the number of KV heads (`num_key_value_heads`), so a
     # checkpoint with fewer KV heads than query heads (GQA/MQA) loads in plain transformers.
     kv_heads_in_config: bool = False
+    # Multi-head latent attention (DeepSeek): no per-head Linear K/V, but projections whose output rows are equal
+    # blocks per query head (the query projection, q_proj or the low-rank q_b_proj, and kv_b_proj, which expands
+    # the latent into each head's key part and value); slicing a head removes its block from each (whichever
+    # exist) and its columns of out_proj. `d_head_attr` names the config attribute holding the width of one
+    # head's output, the out_proj input slice (v_head_dim), where it is not head_dim.
+    head_row_projs: tuple[str, ...] = ()
+    d_head_attr: str | None = None
     # Whether q_proj holds, per head, the query (d_head rows) then an output gate (d_head rows) that scales the
     # head's output by sigmoid(gate) before the output projection (Qwen3.5's gated attention).
     q_gate: bool = False
@@ -79,8 +86,8 @@ class AttentionSpec:
     sink_logits: str | None = None
     # What the family's layout cannot serve, each with its reason (one clause, shown in errors and the table):
     # "prune" (physical head pruning), "convert" (changing the number of KV heads: gqa, expand), "ffn" (FFN
-    # neurons as units of score / prune), "similar" (head-to-head similarity). A verb asked for one of these refuses
-    # with the reason, exit 2.
+    # neurons as units of score / prune), "similar" (head-to-head similarity), "qkv" (per-head Linear Q/K/V
+    # weights). A verb asked for one of these refuses with the reason, exit 2.
     refuses: tuple[tuple[str, str], ...] = ()
     # For the supported-families table: well-known models of the family, and what is special about it.
     examples: str = ""
@@ -99,7 +106,8 @@ class AttentionSpec:
 
 # What a spec may refuse (AttentionSpec.refuses), and what that means.
 REFUSABLE = {"prune": "physical head pruning", "convert": "changing the number of KV heads (gqa, expand)",
-             "ffn": "FFN neurons as units", "similar": "head-to-head similarity across all layers"}
+             "ffn": "FFN neurons as units", "similar": "head-to-head similarity across all layers",
+             "qkv": "per-head Linear Q/K/V weights (qkv_weights, set_qkv_weights, permute_heads)"}
 
 
 BERT = AttentionSpec(
@@ -281,8 +289,34 @@ GPT_OSS = replace(
     LLAMA, family="gpt_oss", model_types=("gpt_oss",), sink_logits="sinks", head_params=(("self_attn.sinks", "q1"),),
     ffn_in=(), ffn_out=None, ffn_size_attr=None, refuses=(("ffn", MOE_FFN),), examples="gpt-oss-20b, gpt-oss-120b",
     notes="a learned sink logit per head joins the softmax (statistics, the kernel and gates include it; "
-          "sink_logit_mass column; the sinks go and move with their heads); alternating sliding and global layers; biases on "
-          "q/k/v/o; MoE feed-forward: --unit ffn refused")
+          "sink_logit_mass column; the sinks go and move with their heads); alternating sliding and global layers; "
+          "biases on q/k/v/o; MoE feed-forward: --unit ffn refused")
+
+# DeepSeek-V3: multi-head latent attention. Each head's query comes from q_b_proj (after a low-rank q_a_proj and
+# an RMSNorm) or q_proj; its key is [its rows of kv_b_proj applied to the normed latent ; one rotary key shared by
+# all heads], its value its other rows of kv_b_proj. The attention function receives those per-head queries and
+# keys (the absorbed form), so statistics, roles and gates are per head; removing a head removes its rows of
+# q_b_proj / kv_b_proj and its output columns, exactly. The cache holds the latent, not K/V heads.
+MLA_NO_QKV = ("multi-head latent attention has no per-head Linear Q/K/V: queries and keys come from low-rank "
+              "latents through RMSNorms (and a rotary key shared by all heads)")
+DEEPSEEK_V3 = AttentionSpec(
+    family="deepseek_v3",
+    model_types=("deepseek_v3",),
+    layers="layers",
+    attention="self_attn",
+    out_proj="self_attn.o_proj",
+    causal=True,
+    head_row_projs=("self_attn.q_proj", "self_attn.q_b_proj", "self_attn.kv_b_proj"),
+    d_head_attr="v_head_dim",
+    head_count_attrs=(("num_heads", "heads"), ("num_key_value_groups", "groups")),
+    refuses=(("qkv", MLA_NO_QKV), ("similar", "its weight-space similarity needs per-head Q/K/V: " + MLA_NO_QKV),
+             ("convert", "its cache is already one shared latent (kv_lora_rank + qk_rope_head_dim per token and "
+                         "layer), so there are no KV heads to merge"),
+             ("ffn", MOE_FFN)),
+    examples="DeepSeek-V3, DeepSeek-R1, Kimi-K2 (model_type deepseek_v3)",
+    notes="MLA: per-head statistics, roles and gates on the absorbed per-head queries and keys; heads prune exactly "
+          "(their rows of q_b_proj / kv_b_proj, their output columns); head output width v_head_dim; KV calculator: "
+          "the latent cache; the first first_k_dense_replace layers dense, the rest MoE")
 
 MODERNBERT = AttentionSpec(
     family="modernbert",
@@ -302,7 +336,7 @@ MODERNBERT = AttentionSpec(
 
 SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA, QWEN3, GEMMA3, GEMMA2, STARCODER2, PHI3, GPT_NEOX,
                                     OPT, SMOLLM3, MIXTRAL, QWEN3_MOE, OLMO2, GEMMA4,
-                                    MODERNBERT, QWEN3_5, GPT_OSS)
+                                    MODERNBERT, QWEN3_5, GPT_OSS, DEEPSEEK_V3)
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 
@@ -324,6 +358,8 @@ def spec_for(model_type: str) -> AttentionSpec:
 
 
 def _layout_text(spec: AttentionSpec) -> str:
+    if spec.head_row_projs:
+        return "latent (MLA): per-head rows of q_b_proj / kv_b_proj"
     if not spec.qkv_proj:
         return "separate q, k, v" + (" (q_proj: [query; gate] per head)" if spec.q_gate else "")
     order = "per head [h0 q, k, v, h1 ...]" if spec.qkv_layout == "per_head" else "stacked [q; k; v]"
@@ -339,7 +375,8 @@ def _prune_text(spec: AttentionSpec) -> str:
 
 # What each refusal is called in the list under the table: the verb and option that meet it.
 _REFUSED_AS = {"prune": "head pruning (`prune --save-model`, `prune_heads`)", "convert": "`gqa` and KV-head expansion",
-               "ffn": "`--unit ffn` (score, prune)", "similar": "`similar`"}
+               "ffn": "`--unit ffn` (score, prune)", "similar": "`similar`",
+               "qkv": "`qkv_weights` and what reads Q/K/V weights (`mla`, permuting heads)"}
 
 
 def families_table() -> str:
@@ -348,7 +385,8 @@ def families_table() -> str:
     rows = ["| family | model_type | examples | kind | Q/K/V layout | KV heads | prune | GQA convert | notes |",
             "|---|---|---|---|---|---|---|---|---|"]
     for s in SPECS:
-        kv = "from num_key_value_heads (MHA, GQA or MQA)" if s.kv_heads_in_config else "one per query head (MHA)"
+        kv = ("none: one latent per token (kv_lora_rank + qk_rope_head_dim)" if s.head_row_projs else
+              "from num_key_value_heads (MHA, GQA or MQA)" if s.kv_heads_in_config else "one per query head (MHA)")
         rows.append(" | ".join([
             f"| {s.family}", ", ".join(f"`{t}`" for t in s.model_types), s.examples,
             "decoder" if s.causal else "encoder", _layout_text(s), kv, _prune_text(s),

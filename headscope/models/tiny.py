@@ -101,6 +101,14 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
         **_LLAMA, "head_dim": 12, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4,
         "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0, "bos_token_id": 1,
         "eos_token_id": 2}),
+    # DeepSeek-V3 (MLA): a low-rank query (q_lora_rank 16), a latent of 12 plus a shared rotary key of 4, per-head
+    # key 8 + 4 and value 6 (so no two widths agree); layer 0 dense, layer 1 MoE (4 routed experts, 1 shared).
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=64, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=12, qk_rope_head_dim=4,
+        qk_nope_head_dim=8, v_head_dim=6, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
 }
 TINY_FAMILIES = tuple(_TINY)
 
