@@ -39,7 +39,8 @@ REFUSALS = [(f, what) for f in FAMILIES for what, _ in _MODELS[f].spec.refuses]
 
 def _refused_call(hm, what: str):
     """The library call that meets refusal `what` on `hm`."""
-    calls = {"ffn": lambda: check_unit_kind(hm, "ffn"), "prune": lambda: prune_heads(hm, {1: [0]}),
+    calls = {"ffn": lambda: check_unit_kind(hm, "ffn"), "block": lambda: check_unit_kind(hm, "block"),
+             "prune": lambda: prune_heads(hm, {1: [0]}),
              "convert": lambda: expand_kv_heads(hm), "similar": lambda: similarity(hm, SEQS[2:], max_length=12),
              "qkv": lambda: hm.qkv_weights(0)}
     return calls[what]
@@ -81,7 +82,8 @@ CLI_REFUSALS = [("mixtral", "ffn", ["score", "--unit", "ffn", "--max-length", "8
                 ("olmo2", "prune", ["prune", "--fraction", "25%", "--max-length", "8"]),
                 ("olmo3", "convert", ["gqa", "--kv-heads", "1", "--data-limit", "3"]),
                 ("qwen3_5_text", "similar", ["similar", "--max-length", "8"]),
-                ("deepseek_v3", "convert", ["gqa", "--kv-heads", "1", "--data-limit", "3"])]
+                ("deepseek_v3", "convert", ["gqa", "--kv-heads", "1", "--data-limit", "3"]),
+                ("gemma4_text", "block", ["score", "--unit", "block", "--max-length", "8"])]
 
 
 @pytest.mark.parametrize("family, what, argv", CLI_REFUSALS, ids=[f"{f}-{w}" for f, w, _ in CLI_REFUSALS])

@@ -87,7 +87,7 @@ class AttentionSpec:
     # What the family's layout cannot serve, each with its reason (one clause, shown in errors and the table):
     # "prune" (physical head pruning), "convert" (changing the number of KV heads: gqa, expand), "ffn" (FFN
     # neurons as units of score / prune), "similar" (head-to-head similarity), "qkv" (per-head Linear Q/K/V
-    # weights). A verb asked for one of these refuses with the reason, exit 2.
+    # weights), "block" (dropping layers). A verb asked for one of these refuses with the reason, exit 2.
     refuses: tuple[tuple[str, str], ...] = ()
     # For the supported-families table: well-known models of the family, and what is special about it.
     examples: str = ""
@@ -107,7 +107,8 @@ class AttentionSpec:
 # What a spec may refuse (AttentionSpec.refuses), and what that means.
 REFUSABLE = {"prune": "physical head pruning", "convert": "changing the number of KV heads (gqa, expand)",
              "ffn": "FFN neurons as units", "similar": "head-to-head similarity across all layers",
-             "qkv": "per-head Linear Q/K/V weights (qkv_weights, set_qkv_weights, permute_heads)"}
+             "qkv": "per-head Linear Q/K/V weights (qkv_weights, set_qkv_weights, permute_heads)",
+             "block": "dropping whole layers (--unit block)"}
 
 
 BERT = AttentionSpec(
@@ -177,6 +178,9 @@ GEMMA3 = replace(
 GEMMA4 = replace(
     GEMMA3, family="gemma4", model_types=("gemma4_text",),
     examples="Gemma-4 text models (`Gemma4ForCausalLM`) whose layers share one head_dim and KV-head count",
+    refuses=(("block", "its per-layer inputs are packed for all layers in one table (embed_tokens_per_layer, "
+                       "per_layer_model_projection), so a dropped layer would shift every later layer's input "
+                       "(slicing them is not implemented)"),),
     notes="q_norm / k_norm / v_norm per head (shared, not sliced); scaling 1 (the norms scale); sliding and global "
           "layers; per-layer inputs and the optional MoE block leave attention alone (--unit ffn: the dense MLP's "
           "neurons). Refused when loading: global layers with another head_dim or KV-head count (global_head_dim, "
@@ -376,7 +380,8 @@ def _prune_text(spec: AttentionSpec) -> str:
 # What each refusal is called in the list under the table: the verb and option that meet it.
 _REFUSED_AS = {"prune": "head pruning (`prune --save-model`, `prune_heads`)", "convert": "`gqa` and KV-head expansion",
                "ffn": "`--unit ffn` (score, prune)", "similar": "`similar`",
-               "qkv": "`qkv_weights` and what reads Q/K/V weights (`mla`, permuting heads)"}
+               "qkv": "`qkv_weights` and what reads Q/K/V weights (`mla`, permuting heads)",
+               "block": "`--unit block` (score, prune)"}
 
 
 def families_table() -> str:

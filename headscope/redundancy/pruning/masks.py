@@ -66,6 +66,9 @@ def check_unit_kind(hm: HeadModel, unit: str) -> None:
     if unit not in UNIT_KINDS:
         raise HeadscopeError(f"unknown unit {unit!r}{did_you_mean(unit, UNIT_KINDS)}; choose one of "
                              f"{', '.join(UNIT_KINDS)}")
+    if unit == "block" and hm.spec.refusal("block"):
+        raise HeadscopeError(f"unit 'block' cannot be expressed for the {hm.spec.family} family: "
+                             f"{hm.spec.refusal('block')}; use unit attention, ffn or head")
     if unit == "ffn" and not hm.has_ffn:
         why = hm.spec.refusal("ffn") or ("its spec declares no FFN projections (ffn_in / ffn_out in "
                                          "headscope/models/specs.py)")
