@@ -378,7 +378,7 @@ def _prune_text(spec: AttentionSpec) -> str:
 
 
 # What each refusal is called in the list under the table: the verb and option that meet it.
-_REFUSED_AS = {"prune": "head pruning (`prune --save-model`, `prune_heads`)", "convert": "`gqa` and KV-head expansion",
+_REFUSED_AS = {"prune": "head pruning (`prune` by heads, `prune_heads`)", "convert": "`gqa` and KV-head expansion",
                "ffn": "`--unit ffn` (score, prune)", "similar": "`similar`",
                "qkv": "`qkv_weights` and what reads Q/K/V weights (`mla`, permuting heads)",
                "block": "`--unit block` (score, prune)"}
