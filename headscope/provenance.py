@@ -65,6 +65,8 @@ def model_record(hm: Any) -> dict[str, Any]:
     """name, source, model_type, config and config+weights fingerprints of a loaded HeadModel."""
     return {"name": hm.name, "source": str(getattr(hm, "source", hm.name)), "model_type": hm.config.model_type,
             "shape": shape_record(hm.n_layers, hm.n_heads, hm.n_kv_heads, hm.d_head),
+            # layers with no softmax heads (Qwen3.5's linear attention): every verb skipped them
+            **({"layers_without_heads": hm.headless_layers} if getattr(hm, "headless_layers", None) else {}),
             "config_sha256": config_fingerprint(hm.config), "fingerprint": model_fingerprint(hm.model, hm.config)}
 
 

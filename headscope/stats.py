@@ -35,6 +35,8 @@ STATISTICS: dict[str, str] = {
     "special_mass": "weight on the tokenizer's special tokens ([CLS], [SEP], BOS, EOS, ...)",
     "punct_mass": "weight on punctuation tokens",
     "max_weight": "largest single weight of a query's distribution",
+    "sink_logit_mass": "weight on the learned per-head sink logit, which joins the softmax without a value (GPT-OSS); "
+                 "the keys' weights sum to 1 minus it; 0 for families without one",
     "output_norm": "L2 norm of the head's contribution to the residual stream (its output through W_O, no bias)",
 }
 
@@ -142,7 +144,8 @@ def statistic_of(name: str) -> Statistic:
 
 def allowed_keys(attention_mask: torch.Tensor, causal: bool, window: int | None = None,
                  queries: tuple[int, int] | None = None) -> torch.Tensor:
-    """Which keys each query may attend to, `[batch, query, key]` bool (right padding assumed).
+    """Which keys each query may attend to, `[batch, query, key]` bool (right padding assumed); with a sliding
+    `window`, keys with |query - key| < window (causal: key <= query as well).
 
     `queries=(start, end)` gives only those rows, `[batch, end - start, key]` (a block of queries: no T x T).
     """
@@ -154,8 +157,8 @@ def allowed_keys(attention_mask: torch.Tensor, causal: bool, window: int | None 
     kpos = torch.arange(t, device=valid.device)
     if causal:
         allowed = allowed & (kpos[None, :] <= qpos[:, None])
-    if window is not None:
-        allowed = allowed & ((qpos[:, None] - kpos[None, :]) < window)
+    if window is not None:  # |q - k|: a bidirectional window reaches both ways (a causal one only back)
+        allowed = allowed & ((qpos[:, None] - kpos[None, :]).abs() < window)
     return allowed
 
 
@@ -166,10 +169,11 @@ def _masked_sum(values: torch.Tensor, qmask: torch.Tensor) -> torch.Tensor:
 
 def reduce_attention(stats: HeadStats, layer: int, probs: torch.Tensor, allowed: torch.Tensor,
                      special: torch.Tensor, punct: torch.Tensor, heads: list[int] | None = None,
-                     rows: Sequence[int] | None = None) -> None:
+                     rows: Sequence[int] | None = None, sink: bool = False) -> None:
     """Reduce one layer's attention `[batch, head, query, key]` into `stats` (per passage: `rows` names them).
 
-    `allowed` is `[batch, query, key]`; `special` / `punct` flag keys `[batch, key]`.
+    `allowed` is `[batch, query, key]`; `special` / `punct` flag keys `[batch, key]`. With `sink` (the family has
+    a learned sink logit per head) the rows sum to 1 minus the sink's mass, which `sink_logit_mass` records.
     """
     def add(name: str, total: torch.Tensor, count: torch.Tensor) -> None:
         stats.add(name, layer, total, count, heads, rows)
@@ -199,6 +203,8 @@ def reduce_attention(stats: HeadStats, layer: int, probs: torch.Tensor, allowed:
     add("special_mass", _masked_sum(torch.einsum("bhqk,bk->bhq", p, special.float()), qmask), n_q)
     add("punct_mass", _masked_sum(torch.einsum("bhqk,bk->bhq", p, punct.float()), qmask), n_q)
     add("max_weight", _masked_sum(p.amax(-1), qmask), n_q)
+    sink_mass = (1.0 - p.sum(-1)).clamp(min=0.0) if sink else p.new_zeros(b, h, t)
+    add("sink_logit_mass", _masked_sum(sink_mass, qmask), n_q)
 
 
 def output_gram(hm: HeadModel, layer: int) -> torch.Tensor:
@@ -274,7 +280,7 @@ class StatsSession:
         self._batch_mask()  # set_batch must have come first
         with torch.no_grad():
             reduce_attention(self.stats, layer, probs, self._allowed_for(layer), self.special, self.punct,
-                             self.heads[layer], self.rows)
+                             self.heads[layer], self.rows, sink=self.hm.has_sinks)
 
     def on_outputs(self, layer: int, z: torch.Tensor) -> None:
         gram = self.grams[layer]

@@ -19,8 +19,11 @@ from headscope.models.tiny import TINY_FAMILIES, tiny_model
 
 FAMILIES: tuple[str, ...] = TINY_FAMILIES
 # Families whose config stores num_key_value_heads: GQA conversion and KV-head expansion apply.
-KV_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma2", "starcoder2", "phi3")
-DECODERS = tuple(f for f in FAMILIES if f not in ("bert", "roberta", "electra"))
+KV_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma2", "starcoder2", "phi3", "smollm3",
+               "mixtral", "qwen3_moe", "gemma4_text", "gpt_oss")
+DECODERS = tuple(f for f in FAMILIES if f not in ("bert", "roberta", "electra", "modernbert"))
+# Families whose heads can be pruned one by one (the others' specs refuse it, with the reason).
+PRUNABLE = tuple(f for f in FAMILIES if not tiny_model(f).spec.refusal("prune"))
 
 # Overrides that make a family's options matter on the test sequences (23 tokens): windows shorter
 # than the sequence. The other sliding families (gemma3_text, gemma2, starcoder2) have them already.
@@ -69,16 +72,35 @@ def _gpt_neox(block, hm) -> Weights:
     return w, b
 
 
+def _modernbert(block, hm) -> Weights:
+    lin = block.attn.Wqkv  # rows [q; k; v], each d_model wide
+    d = hm.d_model
+    return [lin.weight[i * d:(i + 1) * d] for i in range(3)], [lin.bias[i * d:(i + 1) * d] for i in range(3)]
+
+
+def _qwen3_5(block, hm) -> Weights:
+    a = block.self_attn
+    d = hm.d_head
+    q = a.q_proj.weight.view(hm.n_heads, 2 * d, -1)[:, :d].reshape(hm.n_heads * d, -1)  # per head [query; gate]
+    return [q, a.k_proj.weight, a.v_proj.weight], [None, None, None]
+
+
 def _opt(block, hm) -> Weights:
     a = block.self_attn
     return _separate(a.q_proj, a.k_proj, a.v_proj)
 
 
-BY_HAND: dict[str, Callable[[torch.nn.Module, HeadModel], Weights]] = {
+BY_HAND: dict[str, Callable[[torch.nn.Module, HeadModel], Weights] | None] = {
     "bert": _bert, "roberta": _bert, "electra": _bert, "gpt2": _gpt2,
     "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama, "gemma3_text": _llama, "gemma2": _llama,
-    "starcoder2": _llama, "phi3": _phi3, "gpt_neox": _gpt_neox, "opt": _opt,
+    "starcoder2": _llama, "phi3": _phi3, "gpt_neox": _gpt_neox, "opt": _opt, "smollm3": _llama,
+    "mixtral": _llama, "qwen3_moe": _llama,
+    "olmo2": _llama, "olmo3": _llama, "gemma4_text": _llama,
+    "modernbert": _modernbert, "qwen3_5_text": _qwen3_5, "gpt_oss": _llama,
+    "deepseek_v3": None,  # multi-head latent attention: no per-head Linear Q/K/V (its spec refuses "qkv")
 }
+# Families whose Q/K/V weights are per-head Linear maps (qkv_weights, permuting heads).
+QKV_FAMILIES = tuple(f for f in FAMILIES if BY_HAND[f] is not None)
 
 
 def prunable_heads(hm: HeadModel, draw: Callable) -> list[tuple[int, int]]:
@@ -87,6 +109,8 @@ def prunable_heads(hm: HeadModel, draw: Callable) -> list[tuple[int, int]]:
     g, n_kv = hm.group_size, hm.n_kv_heads
     heads = []
     for layer in range(hm.n_layers):
+        if not hm.has_heads(layer):
+            continue
         if draw(st.booleans(), label=f"whole groups in layer {layer}"):
             groups = draw(st.lists(st.integers(0, n_kv - 1), unique=True), label="groups")
             heads += [(layer, k * g + i) for k in groups for i in range(g)]
@@ -96,6 +120,11 @@ def prunable_heads(hm: HeadModel, draw: Callable) -> list[tuple[int, int]]:
                 picked = draw(st.lists(st.integers(0, g - 1), min_size=n, max_size=n, unique=True))
                 heads += [(layer, k * g + i) for i in picked]
     return heads
+
+
+def head_layers(hm: HeadModel) -> list[int]:
+    """The layers with softmax heads (all but Qwen3.5's linear-attention layers)."""
+    return [layer for layer in range(hm.n_layers) if hm.has_heads(layer)]
 
 
 def padded_ids() -> tuple[torch.Tensor, torch.Tensor]:

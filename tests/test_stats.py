@@ -44,6 +44,7 @@ def naive_stats(hm, seqs, special_ids=(), punct_ids=(), window=None):
                         "special_mass": sum(float(p[j]) for j in keys if seq[j] in special_ids),
                         "punct_mass": sum(float(p[j]) for j in keys if seq[j] in punct_ids),
                         "max_weight": float(max(p[j] for j in keys)),
+                        "sink_logit_mass": max(0.0, 1.0 - sum(float(p[j]) for j in keys)),  # no sink: 0
                     }
                     if len(keys) > 1:
                         vals["entropy_norm"] = ent / math.log(len(keys))

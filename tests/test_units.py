@@ -24,13 +24,14 @@ def _random_mask(hm, seed: int) -> UnitMask:
     g = torch.Generator().manual_seed(seed)
     L = hm.n_layers
     ffn = {}
-    for layer in range(L):
+    for layer in range(L) if hm.has_ffn else ():  # MoE families have no FFN neurons (their spec refuses them)
         n = hm.ffn_size(layer)
         keep = (torch.rand(n, generator=g) > 0.5).float()
         keep[int(torch.randint(n, (1,), generator=g))] = 1.0  # at least one neuron stays
         ffn[layer] = keep
     attention = torch.ones(L)
-    attention[int(torch.randint(L, (1,), generator=g))] = 0.0
+    with_heads = [layer for layer in range(L) if hm.has_heads(layer)]  # Qwen3.5's linear layers have none
+    attention[with_heads[int(torch.randint(len(with_heads), (1,), generator=g))]] = 0.0
     return UnitMask(attention=attention, ffn=ffn)
 
 
@@ -53,9 +54,10 @@ def test_pruned_equals_masked_ffn_and_attention(family, seed):
     assert (_hidden(hm, ids, mask) - want).abs().max().item() > 1e-4
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [f for f in FAMILIES if not model(f).spec.refusal("block")])
 def test_pruned_equals_masked_block(family):
     hm = model(family, seed=3)
+    n_layers = hm.n_layers
     ids, mask = padded_ids()
     for layer in range(hm.n_layers):
         block = torch.ones(hm.n_layers)
@@ -71,7 +73,7 @@ def test_pruned_equals_masked_block(family):
         got = _hidden(small, ids, mask)
         diff = (got - want).abs().max().item()
         assert diff < 1e-5, f"{family} without block {layer}: max abs diff {diff}"
-    assert hm.n_layers == 2  # the input model is untouched
+    assert hm.n_layers == n_layers  # the input model is untouched
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -88,7 +90,8 @@ def test_reload_round_trip(family, tmp_path):
         assert torch.equal(want[k], got[k]), k
     diff = (_hidden(back, ids, mask) - _hidden(small, ids, mask)).abs().max().item()
     assert diff < 1e-5, f"{family}: reloaded differs by {diff}"  # memory layout may change the sum order
-    assert [back.ffn_size(l) for l in range(back.n_layers)] == [small.ffn_size(l) for l in range(small.n_layers)]
+    if small.has_ffn:
+        assert [back.ffn_size(l) for l in range(back.n_layers)] == [small.ffn_size(l) for l in range(small.n_layers)]
 
 
 def test_block_drop_reloads_in_plain_transformers(tmp_path):

@@ -11,6 +11,11 @@ Consumers that only need per-query values (the statistics of `BlockStats`) take 
 rescaled sums, as flash attention does), so memory is O(block x tile) whatever T, the probabilities are
 never normalised or handed out, and one matmul per tile gives the layer's output together with the
 attention-weighted sums the statistics need (`BlockRows`).
+
+A learned sink logit per head (GPT-OSS's `sinks`, handed to attention functions as `s_aux`) joins every
+row's softmax as one more column without a value: the keys' probabilities are eager's (they sum to one
+minus the sink's mass), the layer's output is theirs @ V, and `sink_mass` (the statistic `sink_logit_mass`)
+records the sink's share.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class AttentionBlock:
     kv_length: int  # keys in the whole sequence
     entropy: torch.Tensor  # [batch, head, q_block] nats
     max_weight: torch.Tensor  # [batch, head, q_block]
+    sink_mass: torch.Tensor | None = None  # [batch, head, q_block]: the learned sink's share (None: no sink)
 
     @property
     def q_end(self) -> int:
@@ -78,9 +84,12 @@ def check_block(block: int, what: str = "block size", unit: str = "queries", exa
 
 def key_range(q_start: int, q_end: int, kv_length: int, causal: bool, window: int | None) -> tuple[int, int]:
     """Keys `[k_start, k_end)` that queries `[q_start, q_end)` may see at most (query i sees key j
-    only if j <= i when causal, and i - j < window with a sliding window)."""
-    k_end = min(q_end, kv_length) if causal else kv_length
-    k_start = max(0, q_start - window + 1) if (window is not None and causal) else 0
+    only if j <= i when causal, and |i - j| < window with a sliding window)."""
+    if causal:
+        k_end = min(q_end, kv_length)
+    else:  # a bidirectional window reaches window - 1 keys past the block's last query
+        k_end = kv_length if window is None else min(kv_length, q_end + window - 1)
+    k_start = max(0, q_start - window + 1) if window is not None else 0
     return k_start, k_end
 
 
@@ -122,7 +131,8 @@ def masked_logits(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | N
 
 def block_attention(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, q_start: int, q_end: int,
                     k_start: int, k_end: int, *, scaling: float, softcap: float | None = None,
-                    causal_without_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    causal_without_mask: bool = False,
+                    sink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eager attention's probabilities for queries `[q_start, q_end)` over keys `[k_start, k_end)`,
     with each row's entropy and largest weight.
 
@@ -130,9 +140,21 @@ def block_attention(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor |
     transformers built (`[batch, 1, T, T]`, bool True = attend, or additive float), or None, in which
     case `causal_without_mask` says whether a causal triangle applies (as sdpa's `is_causal`).
     Returns probs `[batch, head, q_block, k_block]` float32, entropy and max weight `[batch, head, q_block]`.
+    With `sink` (`[head]` logits) the softmax has one more column, dropped: rows sum to 1 - the sink's mass, and
+    the entropy is -sum_k p_k log p_k over the keys.
     """
     scores = masked_logits(query, key, mask, q_start, q_end, k_start, k_end, scaling=scaling, softcap=softcap,
                            causal_without_mask=causal_without_mask)
+    if sink is not None:
+        s = sink.float().view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)  # [batch, head, q, 1]
+        m = torch.maximum(scores.amax(dim=-1, keepdim=True), s)
+        scores.sub_(m)
+        e = torch.exp(scores)
+        z = e.sum(dim=-1, keepdim=True) + torch.exp(s - m)  # the sink's column joins the sum
+        probs = e / z
+        # -sum_k p_k log p_k with log p_k = shifted_k - log z, and sum_k p_k = 1 - sink's mass
+        entropy = torch.log(z[..., 0]) * probs.sum(-1) - torch.einsum("bhqk,bhqk->bhq", probs, scores)
+        return probs, entropy, probs.amax(dim=-1)
     # Shifting each row by its maximum makes the largest shifted logit 0, so the largest weight is 1 / Z:
     # entropy = log Z - sum_k p_k * shifted_k needs no logarithm per key (xlogy would).
     scores.sub_(scores.amax(dim=-1, keepdim=True))
@@ -161,6 +183,7 @@ class BlockRows:
     near: torch.Tensor  # [batch, head, q_block, len(NEAR_OFFSETS)]
     first: torch.Tensor
     weighted: torch.Tensor  # [batch, head, q_block, c]
+    sink: torch.Tensor | None = None  # the learned sink's mass (None: the family has no sink, i.e. 0)
 
     @property
     def q_end(self) -> int:
@@ -193,7 +216,7 @@ def rows_from_block(block: AttentionBlock, columns: torch.Tensor) -> BlockRows:
     cols = columns[:, k0:k1].float()
     weighted = torch.bmm(p.reshape(b, h * nq, -1), cols).view(b, h, nq, cols.shape[-1])
     return BlockRows(block.layer, q0, block.kv_length, block.entropy, block.max_weight, mean_distance, near, first,
-                     weighted)
+                     weighted, block.sink_mass)
 
 
 def key_side(value: torch.Tensor | None, columns: torch.Tensor, n_kv: int) -> torch.Tensor:
@@ -211,7 +234,7 @@ def key_side(value: torch.Tensor | None, columns: torch.Tensor, n_kv: int) -> to
 def fused_rows(query: torch.Tensor, key: torch.Tensor, side: torch.Tensor, mask: torch.Tensor | None, *,
                layer: int, q_start: int, q_end: int, n_value: int, scaling: float, causal: bool,
                window: int | None, softcap: float | None = None, causal_without_mask: bool = False,
-               tile: int = DEFAULT_TILE) -> tuple[torch.Tensor | None, BlockRows]:
+               tile: int = DEFAULT_TILE, sink: torch.Tensor | None = None) -> tuple[torch.Tensor | None, BlockRows]:
     """One block of queries' output and `BlockRows` in a single online-softmax walk over tiles of keys.
 
     query `[batch, head, T, d_head]`, key `[batch, kv_head, T, d_head]` (after RoPE), `side` from
@@ -261,21 +284,51 @@ def fused_rows(query: torch.Tensor, key: torch.Tensor, side: torch.Tensor, mask:
             dist = scale.view(b, h, nq) * dist + (e.view(b, h, nq, -1) * d).sum(-1)
         acc.mul_(scale).baddbmm_(e, side[:, k0:k1])
         m = m_new
-    z = acc[..., n_value]  # [batch * kv_head, rows]
-    inv = 1.0 / z
-    entropy = torch.log(z) - ent[..., 0] * inv
     view = (b, h, nq)
+    sink_mass = None
+    if sink is None:
+        z = acc[..., n_value]  # [batch * kv_head, rows]
+        inv = 1.0 / z
+        entropy = torch.log(z) - ent[..., 0] * inv
+        max_weight = inv.view(view)  # the largest shifted weight is exp(0) = 1
+        mean_pos = acc[..., n_value + 1] * inv
+    else:
+        m, dist, inv, entropy, max_weight, sink_mass, mean_pos = _with_sink(sink, acc, ent, m, dist, n_value, view,
+                                                                            qpos)
     m_q = m.view(b, h, nq)
     inv_q = inv.view(view)
-    if dist is None:  # causal: |q - k| = q - k
-        mean_distance = qpos.float() - (acc[..., n_value + 1] * inv).view(view)
+    if dist is None:  # causal: |q - k| = q - k, so sum_k p_k (q - k) = q (1 - sink) - sum_k p_k k
+        mean_distance = qpos.float() - mean_pos.view(view)
     else:
         mean_distance = dist * inv_q
     out = None if n_value == 0 else (acc[..., :n_value] * inv[..., None]).view(b, h, nq, n_value)
     weighted = (acc[..., n_value + 2:] * inv[..., None]).view(b, h, nq, width - n_value - 2)
-    return out, BlockRows(layer, q_start, kv_length, entropy.view(view), inv_q, mean_distance,
+    return out, BlockRows(layer, q_start, kv_length, entropy.view(view), max_weight, mean_distance,
                           torch.exp(near - m_q[..., None]) * inv_q[..., None], torch.exp(first - m_q) * inv_q,
-                          weighted)
+                          weighted, sink_mass)
+
+
+def _with_sink(sink: torch.Tensor, acc: torch.Tensor, ent: torch.Tensor, m: torch.Tensor, dist: torch.Tensor | None,
+               n_value: int, view: tuple[int, int, int], qpos: torch.Tensor) -> tuple:
+    """`fused_rows`' normalisation when a sink logit per head joins the softmax as one more logit without a value:
+    rescale the sums (`acc`, in place) to the larger maximum, add the sink's weight to Z. Returns the new running
+    maximum and distance sums, 1 / Z, the entropy over the keys, the largest key weight, the sink's mass
+    `[batch, head, q]` and the weighted mean key position (plus q x the sink's mass, for the causal distance)."""
+    b, h, nq = view
+    kv = acc.shape[0] // b
+    s = sink.float().view(1, kv, h // kv, 1).expand(b, kv, h // kv, nq).reshape(b * kv, -1, 1)  # rows: (head, q)
+    m_new = torch.maximum(m, s)
+    scale = torch.exp(m - m_new)
+    ent = scale * ent + scale * (m - m_new) * acc[..., n_value:n_value + 1]
+    acc.mul_(scale)
+    dist = None if dist is None else scale.view(view) * dist
+    z_keys = acc[..., n_value]
+    z = z_keys + torch.exp(s - m_new)[..., 0]
+    inv = 1.0 / z
+    kept = z_keys * inv  # the keys' share of the row, 1 - the sink's
+    entropy = torch.log(z) * kept - ent[..., 0] * inv  # -sum_k p_k log p_k over the keys
+    mean_pos = acc[..., n_value + 1] * inv + qpos.float().repeat(h // kv)[None] * (1.0 - kept)
+    return m_new, dist, inv, entropy, (scale[..., 0] * inv).view(view), (1.0 - kept).view(view), mean_pos
 
 
 def visible_outside(mask: torch.Tensor, q_start: int, q_end: int, k_start: int, k_end: int) -> bool:
@@ -287,24 +340,31 @@ def visible_outside(mask: torch.Tensor, q_start: int, q_end: int, k_start: int, 
 
 def iter_blocks(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, *, layer: int, block: int,
                 scaling: float, causal: bool, window: int | None, softcap: float | None = None,
-                causal_without_mask: bool = False) -> Iterator[AttentionBlock]:
-    """One layer's attention as consecutive blocks of `block` queries, each over the keys it may see."""
+                causal_without_mask: bool = False, sink: torch.Tensor | None = None) -> Iterator[AttentionBlock]:
+    """One layer's attention as consecutive blocks of `block` queries, each over the keys it may see
+    (`sink`: a learned logit per head in every row's softmax, see `block_attention`)."""
     t, kv_length = query.shape[2], key.shape[2]
     for q0 in range(0, t, block):
         q1 = min(q0 + block, t)
         k0, k1 = key_range(q0, q1, kv_length, causal, window)
         probs, entropy, max_weight = block_attention(query, key, mask, q0, q1, k0, k1, scaling=scaling,
-                                                     softcap=softcap, causal_without_mask=causal_without_mask)
-        yield AttentionBlock(layer, q0, k0, probs, kv_length, entropy, max_weight)
+                                                     softcap=softcap, causal_without_mask=causal_without_mask,
+                                                     sink=sink)
+        # the block holds every key its queries may see, so what the keys lack is the sink's share
+        sink_mass = None if sink is None else (1.0 - probs.sum(-1)).clamp(min=0.0)
+        yield AttentionBlock(layer, q0, k0, probs, kv_length, entropy, max_weight, sink_mass)
 
 
 def n_visible_keys(valid: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
     """Keys each query may attend to, `[batch, query]`: the row sums of `headscope.stats.allowed_keys`
-    (query q sees real key k when q is real, k <= q if causal, q - k < window), from prefix counts."""
+    (query q sees real key k when q is real, k <= q if causal, |q - k| < window), from prefix counts."""
     b, t = valid.shape
     pos = torch.arange(t, device=valid.device)
     before = torch.nn.functional.pad(valid.long().cumsum(-1), (1, 0))  # [batch, T + 1]: real keys before index i
-    hi = pos + 1 if causal else torch.full_like(pos, t)
+    if causal:
+        hi = pos + 1
+    else:
+        hi = torch.full_like(pos, t) if window is None else (pos + window).clamp(max=t)
     lo = (pos - window + 1).clamp(min=0) if window is not None else torch.zeros_like(pos)
     return (before[:, hi] - before[:, lo]) * valid.long()
 
@@ -317,7 +377,7 @@ def _masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 # Per-query values BlockStats keeps for a layer, in order; offsets of the key each diagonal statistic reads.
 _ROWS = ("entropy", "mean_distance", "prev_token_mass", "self_mass", "next_token_mass", "first_token_mass",
-         "special_mass", "punct_mass", "max_weight")
+         "special_mass", "punct_mass", "max_weight", "sink_logit_mass")
 _DIAGONALS = {"prev_token_mass": -1, "self_mass": 0, "next_token_mass": 1}
 
 
@@ -350,7 +410,8 @@ map: one sum and count per passage.
         q0, q1 = rows.q_start, rows.q_end
         values = {"entropy": rows.entropy, "max_weight": rows.max_weight, "mean_distance": rows.mean_distance,
                   "first_token_mass": rows.first, "special_mass": rows.weighted[..., 0],
-                  "punct_mass": rows.weighted[..., 1]}
+                  "punct_mass": rows.weighted[..., 1],
+                  "sink_logit_mass": rows.entropy.new_zeros(()) if rows.sink is None else rows.sink}
         for name, offset in _DIAGONALS.items():
             values[name] = rows.near[..., NEAR_OFFSETS.index(offset)]
         for i, name in enumerate(_ROWS):
@@ -368,7 +429,8 @@ map: one sum and count per passage.
         qmask = n_keys > 0  # padded queries see nothing
         multi = n_keys > 1
         out = {name: (_masked_sum(rows[name], qmask), qmask.double().sum(-1))
-               for name in ("entropy", "mean_distance", "first_token_mass", "special_mass", "punct_mass", "max_weight")}
+               for name in ("entropy", "mean_distance", "first_token_mass", "special_mass", "punct_mass", "max_weight",
+                            "sink_logit_mass")}
         log_n = torch.log(n_keys.clamp(min=2).double())
         out["entropy_norm"] = (_masked_sum(rows["entropy"].double() / log_n[:, None, :], multi), multi.double().sum(-1))
         t = valid.shape[1]
@@ -377,7 +439,7 @@ map: one sum and count per passage.
             ok = torch.zeros_like(valid)
             lo, hi = max(0, -offset), min(t, t - offset)
             ok[:, lo:hi] = valid[:, lo:hi] & valid[:, lo + offset:hi + offset]
-            if (self.causal and offset > 0) or (self.window is not None and -offset >= self.window):
+            if (self.causal and offset > 0) or (self.window is not None and abs(offset) >= self.window):
                 ok[:] = False
             out[name] = (_masked_sum(rows[name], ok), ok.double().sum(-1))
         return out

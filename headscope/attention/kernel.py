@@ -70,7 +70,7 @@ def stats_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
         scaling = query.shape[-1] ** -0.5  # eager's default, so output and probabilities agree
     entry = _ACTIVE.get(id(module))
     if entry is None or not (entry[0].consumers or entry[0].row_consumers):
-        if kwargs.get("softcap") is None:
+        if kwargs.get("softcap") is None and kwargs.get("s_aux") is None:  # sdpa has neither (s_aux: a sink)
             return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                           dropout=dropout, **kwargs)
         return _blockwise_output(module, query, key, value, attention_mask, scaling, dropout, kwargs,
@@ -89,7 +89,8 @@ def _causal_without_mask(module: nn.Module, query: torch.Tensor, mask: torch.Ten
 def _blockwise_output(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       mask: torch.Tensor | None, scaling: float, dropout: float, kwargs: dict, *, block: int,
                       info: _LayerInfo | None = None, consumers: tuple[BlockFn, ...] = ()) -> tuple[torch.Tensor, None]:
-    """Eager attention computed block by block (sdpa has no logit soft-capping), feeding consumers too.
+    """Eager attention computed block by block (sdpa has no logit soft-capping and no sink logit), feeding
+    consumers too.
 
     Without `info` the key range is the whole sequence (or the causal triangle sdpa would apply).
     """
@@ -101,7 +102,7 @@ def _blockwise_output(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     # Without info there are no consumers, so the blocks' layer number is never read.
     for blk in iter_blocks(query, key, mask, layer=-1 if info is None else info.layer, block=block, scaling=scaling,
                            softcap=kwargs.get("softcap"), causal=geometry[0], window=geometry[1],
-                           causal_without_mask=causal):
+                           causal_without_mask=causal, sink=kwargs.get("s_aux")):
         for fn in consumers:
             fn(blk)
         probs = blk.probs
@@ -167,8 +168,8 @@ class AttentionKernel:
                causal: bool) -> tuple[torch.Tensor, None]:
         """The rows consumers' values through `fused_rows`, and the layer's output: from the same walk with
         `output="blocks"` or soft-capping (sdpa has none), else transformers' sdpa."""
-        softcap = kwargs.get("softcap")
-        own_output = self.output == "blocks" or softcap is not None
+        softcap, sink = kwargs.get("softcap"), kwargs.get("s_aux")
+        own_output = self.output == "blocks" or softcap is not None or sink is not None
         parts = [columns(info.layer) for _, columns in self.row_consumers]
         widths = [p.shape[-1] for p in parts]
         b, h, t, _ = query.shape
@@ -180,7 +181,7 @@ class AttentionKernel:
                 q1 = min(q0 + self.block, t)
                 o, rows = fused_rows(query, key, side, mask, layer=info.layer, q_start=q0, q_end=q1, n_value=n_value,
                                      scaling=scaling, causal=info.causal, window=info.window, softcap=softcap,
-                                     causal_without_mask=causal, tile=self.tile)
+                                     causal_without_mask=causal, tile=self.tile, sink=sink)
                 if out is not None and o is not None:  # o is None only without values (n_value 0): out too
                     out[:, :, q0:q1] = o
                 start = 0
@@ -199,8 +200,12 @@ class AttentionKernel:
                 how = "causally" if causal_without_mask else "bidirectionally"
                 raise HeadscopeError(f"layer {info.layer}: transformers runs this layer {how} but headscope's adapter "
                                      f"for {self.hm.config.model_type!r} says causal={info.causal}")
+            if info.window is not None and t > info.window:  # the blocks would see keys the window hides
+                raise HeadscopeError(f"layer {info.layer}: transformers built no attention mask for a sliding window "
+                                     f"of {info.window} over {t} tokens; statistics would be wrong")
             return
-        if not info.causal or any(m is mask and w == info.window for m, _, w in self._checked):
+        unbounded = not info.causal and info.window is None  # every key visible: nothing to check
+        if unbounded or any(m is mask and w == info.window for m, _, w in self._checked):
             return
         for q0 in range(0, t, self.block):
             q1 = min(q0 + self.block, t)
@@ -208,8 +213,8 @@ class AttentionKernel:
             if visible_outside(mask, q0, q1, k0, k1):
                 raise HeadscopeError(
                     f"layer {info.layer}: the attention mask lets queries {q0}..{q1 - 1} see keys outside "
-                    f"{k0}..{k1 - 1}, which a causal layer with sliding window {info.window} cannot; statistics "
-                    f"would be wrong")
+                    f"{k0}..{k1 - 1}, which a {'causal' if info.causal else 'bidirectional'} layer with sliding "
+                    f"window {info.window} cannot; statistics would be wrong")
         self._checked.append((mask, info.layer, info.window))
 
     def forward(self, info: _LayerInfo, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -227,7 +232,7 @@ class AttentionKernel:
         if not self.consumers and not grad and not (dropout > 0 and module.training):
             return self._fused(info, module, query, key, value, mask, scaling, dropout, kwargs, causal)
         fns = self._block_fns(info.layer)
-        if kwargs.get("softcap") is not None or self.output == "blocks":
+        if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None or self.output == "blocks":
             return _blockwise_output(module, query, key, value, mask, scaling, dropout, kwargs, block=self.block,
                                      info=info, consumers=fns)
         out = sdpa_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)

@@ -55,10 +55,17 @@ class AttentionShape:
     d_model: int | None
     windows: tuple[int | None, ...]  # per cached layer: None = full attention, else at most this many tokens
     note: str = ""
+    # Multi-head latent attention (DeepSeek): numbers cached per token and layer (kv_lora_rank + qk_rope_head_dim)
+    # instead of 2 x n_kv_heads x d_head, and what caching every head's K and V would take (n_heads x
+    # (qk_head_dim + v_head_dim)); None for MHA / GQA / MQA.
+    latent: int | None = None
+    expanded: int | None = None
 
     @property
     def layout(self) -> str:
-        """'MHA', 'GQA' or 'MQA'."""
+        """'MHA', 'GQA', 'MQA' or 'MLA'."""
+        if self.latent is not None:
+            return "MLA"
         if self.n_kv_heads == self.n_heads:
             return "MHA"
         return "MQA" if self.n_kv_heads == 1 else "GQA"
@@ -140,8 +147,13 @@ def _as_dict(config: Any) -> dict[str, Any]:
     )
 
 
+# Layer types that keep no per-token K/V (a fixed-size recurrent state instead: Qwen3.5's Gated DeltaNet).
+NO_KV_LAYER_TYPES = ("linear_attention",)
+
+
 def _windows(d: Mapping[str, Any], n_layers: int) -> tuple[int | None, ...]:
-    """Per layer: None for full attention, else the sliding window (or attention chunk) in tokens."""
+    """Per layer that keeps a K/V cache: None for full attention, else the sliding window (or attention chunk)
+    in tokens. Linear-attention layers (NO_KV_LAYER_TYPES) keep none and are left out."""
     window = d.get("sliding_window")
     layer_types = d.get("layer_types")
     if layer_types:
@@ -149,6 +161,8 @@ def _windows(d: Mapping[str, Any], n_layers: int) -> tuple[int | None, ...]:
             raise HeadscopeError(f"config has {len(layer_types)} layer_types for {n_layers} layers")
         out: list[int | None] = []
         for t in layer_types:
+            if t in NO_KV_LAYER_TYPES:
+                continue
             if t == "full_attention":
                 out.append(None)
             elif t == "sliding_attention":
@@ -158,7 +172,7 @@ def _windows(d: Mapping[str, Any], n_layers: int) -> tuple[int | None, ...]:
             else:
                 raise HeadscopeError(
                     f"layer type {t!r} is not modelled by the KV calculator (it handles full_attention, "
-                    f"sliding_attention and chunked_attention layers)"
+                    f"sliding_attention and chunked_attention layers, and linear_attention layers keep no K/V)"
                 )
         return tuple(out)
     if window is None or d.get("use_sliding_window") is False:  # Qwen2 ships a window it does not use
@@ -181,10 +195,7 @@ def attention_shape(config: Any, name: str | None = None) -> AttentionShape:
     d = language_config(_as_dict(config))
     model_type = str(d.get("model_type") or "unknown")
     if d.get("kv_lora_rank") is not None:
-        raise HeadscopeError(
-            f"model type {model_type!r} uses multi-head latent attention (kv_lora_rank={d['kv_lora_rank']}), whose "
-            f"cache is a compressed latent, not K/V heads; the calculator handles MHA, GQA and MQA configs"
-        )
+        return _mla_shape(d, model_type, name)
     counts = attention_counts(d)
     note = str(d.get("_note", ""))
     if d.get("is_encoder_decoder"):
@@ -192,11 +203,38 @@ def attention_shape(config: Any, name: str | None = None) -> AttentionShape:
     if model_type == "bert" and not note:
         note = "encoder: keeps no cache in use; figure = caching K/V of every layer"
     label = name or d.get("_name") or d.get("_name_or_path") or model_type
+    windows = _windows(d, counts.n_layers)
+    if len(windows) < counts.n_layers and not note:
+        note = (f"{counts.n_layers - len(windows)} of {counts.n_layers} layers are linear attention: a fixed-size "
+                f"recurrent state each, no K/V cache (not counted)")
     return AttentionShape(
-        name=str(label), model_type=model_type, n_layers=counts.n_layers, n_heads=counts.n_heads,
-        n_kv_heads=counts.n_kv_heads, d_head=counts.d_head, d_model=counts.d_model,
-        windows=_windows(d, counts.n_layers), note=note,
+        name=str(label), model_type=model_type, n_layers=len(windows), n_heads=counts.n_heads,
+        n_kv_heads=counts.n_kv_heads, d_head=counts.d_head, d_model=counts.d_model, windows=windows, note=note,
     )
+
+
+def _mla_shape(d: Mapping[str, Any], model_type: str, name: str | None) -> AttentionShape:
+    """The cache of a multi-head latent attention config: per token and layer, the normed latent (kv_lora_rank)
+    and the rotary key shared by all heads (qk_rope_head_dim), what transformers' cache holds for DeepSeek-V3."""
+    missing = [k for k in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim") if d.get(k) is None]
+    if missing:
+        raise HeadscopeError(f"model type {model_type!r} has kv_lora_rank (multi-head latent attention) but no "
+                             f"{', '.join(missing)}; the latent cache needs kv_lora_rank and qk_rope_head_dim")
+    counts = attention_counts({**d, "head_dim": d["v_head_dim"]})
+    latent = int(d["kv_lora_rank"]) + int(d["qk_rope_head_dim"])
+    expanded = counts.n_heads * (int(d["qk_nope_head_dim"]) + int(d["qk_rope_head_dim"]) + int(d["v_head_dim"]))
+    note = (f"multi-head latent attention: caches kv_lora_rank + qk_rope_head_dim = {latent} numbers per token and "
+            f"layer (the latent and the rotary key all heads share), not K and V per head; the MHA row is what "
+            f"caching every head's K and V would take ({expanded} numbers)")
+    return AttentionShape(
+        name=str(name or d.get("_name") or d.get("_name_or_path") or model_type), model_type=model_type,
+        n_layers=counts.n_layers, n_heads=counts.n_heads, n_kv_heads=1, d_head=counts.d_head, d_model=counts.d_model,
+        windows=(None,) * counts.n_layers, note=note, latent=latent, expanded=expanded)
+
+
+def _numbers_per_token_layer(s: AttentionShape) -> int:
+    """Numbers one layer caches per token: K and V of every KV head, or MLA's latent."""
+    return s.latent if s.latent is not None else 2 * s.n_kv_heads * s.d_head
 
 
 def kv_bytes_per_token(config: Any, dtype: Any = "bf16") -> int:
@@ -206,6 +244,8 @@ def kv_bytes_per_token(config: Any, dtype: Any = "bf16") -> int:
     (use `kv_cache_bytes` for a given length).
     """
     s = attention_shape(config)
+    if s.latent is not None:  # multi-head latent attention: one latent (and rotary key) per layer and token
+        return s.n_layers * s.latent * dtype_bits(dtype) // 8
     return kv_bytes(s.n_layers * s.n_kv_heads, s.d_head, dtype_bits(dtype))
 
 
@@ -214,7 +254,10 @@ def kv_cache_bytes(config: Any, seq_len: int, batch: int = 1, dtype: Any = "bf16
     if int(seq_len) != seq_len or int(batch) != batch or seq_len < 0 or batch < 1:
         raise HeadscopeError(f"seq_len must be >= 0 and batch >= 1 (integers); got seq_len={seq_len}, batch={batch}")
     s = attention_shape(config)
-    return kv_bytes(cached_tokens(s.windows, seq_len) * s.n_kv_heads, s.d_head, dtype_bits(dtype), batch)
+    tokens = cached_tokens(s.windows, seq_len)  # token slots over layers
+    if s.latent is not None:
+        return tokens * batch * s.latent * dtype_bits(dtype) // 8
+    return kv_bytes(tokens * s.n_kv_heads, s.d_head, dtype_bits(dtype), batch)
 
 
 def layouts(
@@ -232,6 +275,8 @@ def layouts(
     """
     s = attention_shape(config)
     dt = normalize_dtype(dtype)
+    if s.latent is not None:
+        return _mla_layouts(s, seq_len, batch, dt, kv_heads)
     counts = sorted({s.n_heads, s.n_kv_heads, 1, *(kv_heads or ())}, reverse=True)
     bad = [g for g in counts if g < 1 or s.n_heads % g]
     if bad:
@@ -251,6 +296,28 @@ def layouts(
         if seq_len is not None:
             row.update(seq_len=seq_len, batch=batch, bytes_per_sequence=kv_cache_bytes(v, seq_len, 1, dt),
                        cache_bytes=kv_cache_bytes(v, seq_len, batch, dt))
+        rows.append(row)
+    return rows
+
+
+def _mla_layouts(s: AttentionShape, seq_len: int | None, batch: int, dt: str,
+                 kv_heads: Sequence[int] | None) -> list[dict[str, Any]]:
+    """An MLA model's own row and the MHA row of its expanded per-head K and V (same fields as `layouts`)."""
+    if kv_heads:
+        raise HeadscopeError(f"{s.name} uses multi-head latent attention: it caches one latent per token, so "
+                             f"--kv-heads {list(kv_heads)} (KV-head counts to compare) does not apply")
+    rows = []
+    for layout, numbers in (("MLA", s.latent), ("MHA", s.expanded)):
+        n_kv = 1 if layout == "MLA" else s.n_heads
+        per_token = s.n_layers * int(numbers) * dtype_bits(dt) // 8
+        row: dict[str, Any] = {
+            "name": s.name, "layout": layout, "is_model": layout == "MLA", "n_layers": s.n_layers,
+            "n_heads": s.n_heads, "n_kv_heads": n_kv, "group_size": s.n_heads // n_kv, "d_head": s.d_head,
+            "n_sliding_layers": 0, "dtype": dt, "bytes_per_token": per_token,
+            "vs_mha": int(numbers) / int(s.expanded)}
+        if seq_len is not None:
+            row.update(seq_len=seq_len, batch=batch, bytes_per_sequence=per_token * seq_len,
+                       cache_bytes=per_token * seq_len * batch)
         rows.append(row)
     return rows
 

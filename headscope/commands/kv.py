@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
               f"{shape.n_kv_heads} KV heads ({shape.layout}), d_head {shape.d_head}; "
               f"cache dtype {dtype} ({bits} bits)")
         print("\n".join(_layout_table(rows, args.seq, args.batch)))
-        print("* = the model's own layout; bytes/token = 2 (K,V) x layers x KV heads x d_head x bytes. " + UNITS)
+        legend = ("layers x latent numbers x bytes (see the note)" if shape.latent is not None else
+                  "2 (K,V) x layers x KV heads x d_head x bytes")
+        print(f"* = the model's own layout; bytes/token = {legend}. " + UNITS)
         if shape.n_sliding_layers:
             windows = sorted({w for w in shape.windows if w is not None})
             print(f"{shape.n_sliding_layers} of {shape.n_layers} layers slide over {', '.join(map(str, windows))} "

@@ -458,6 +458,9 @@ def similarity(
     the temporary folder, at most `cka_memory` bytes of it in memory at once). Attention maps come from
     the statistics kernel in blocks of `block` queries. `weights=False` skips the weight-space angles.
     """
+    why = hm.spec.refusal("similar")
+    if why:
+        raise HeadscopeError(f"head similarity cannot serve the {hm.spec.family} family: {why}")
     if cka not in CKA_ESTIMATORS:
         raise HeadscopeError(f"CKA estimator {cka!r} is not one of {', '.join(CKA_ESTIMATORS)}")
     check_cka_batch(cka_batch)

@@ -16,6 +16,7 @@ from torch import nn
 from ..errors import HeadscopeError
 from . import dispatch, layout
 from .config import attention_counts
+from .geometry import check_layers, module_at
 from .layout import QKVWeights
 from .specs import AttentionSpec, get_path, spec_for
 
@@ -47,6 +48,7 @@ class HeadModel:
         # The model keeps the attention kernel it was loaded with (sdpa by default): statistics come from
         # the statistics kernel beside it, and full-map consumers switch to eager only while they run
         # (`hooks.on_attention_weights`), so no kernel is forced here.
+        check_layers(self)
 
     # --- shape of the attention -------------------------------------------------------------
     @property
@@ -77,7 +79,9 @@ class HeadModel:
 
     @property
     def d_head(self) -> int:
-        """Width of one head's query, key and value."""
+        """Width of one head's query, key and value (MLA: of its value and output, `spec.d_head_attr`)."""
+        if self.spec.d_head_attr:
+            return int(getattr(self.config, self.spec.d_head_attr))
         return attention_counts(self.config).d_head
 
     @property
@@ -89,6 +93,11 @@ class HeadModel:
         return self.spec.causal
 
     @property
+    def has_sinks(self) -> bool:
+        """Whether each head's softmax has a learned sink logit (GPT-OSS): its rows sum to less than one."""
+        return self.spec.sink_logits is not None
+
+    @property
     def max_positions(self) -> int | None:
         """Longest sequence the position table allows, or None when positions are unbounded."""
         c = self.config
@@ -98,15 +107,16 @@ class HeadModel:
         return int(n) if n else None
 
     def sliding_window(self, layer: int) -> int | None:
-        """Keys a query may see in `layer` when the layer uses a sliding window, else None."""
+        """The sliding window of `layer`, else None: a query sees key k when q - k < window (causal layers) or
+        |q - k| < window (bidirectional ones)."""
         c = self.config
         window = getattr(c, "sliding_window", None)
         types = getattr(c, "layer_types", None)
         if window is None:
             return None
-        if types is not None:
-            return int(window) if types[layer] == "sliding_attention" else None
-        return int(window)
+        if types is not None and types[layer] != "sliding_attention":
+            return None
+        return int(window) + self.spec.window_offset
 
     # --- modules ---------------------------------------------------------------------------
     @property
@@ -140,9 +150,22 @@ class HeadModel:
     def out_proj(self, layer: int) -> nn.Module:
         return get_path(self.layers[layer], self.spec.out_proj)
 
+    def has_heads(self, layer: int) -> bool:
+        """Whether `layer` has softmax attention heads (Qwen3.5's linear-attention layers have none:
+        `spec.headless_layer_types`)."""
+        types = getattr(self.config, "layer_types", None) if self.spec.headless_layer_types else None
+        return types is None or types[layer] not in self.spec.headless_layer_types
+
+    @property
+    def headless_layers(self) -> list[int]:
+        """Layers without softmax heads, which every verb skips (empty for most families)."""
+        return [layer for layer in range(self.n_layers) if not self.has_heads(layer)]
+
     def kept_heads(self, layer: int) -> list[int]:
         """Original ids of the query heads present in `layer`: all of them unless physically pruned
-        (`slice_heads` records the kept heads in `config.headscope_pruning`)."""
+        (`slice_heads` records the kept heads in `config.headscope_pruning`); none in a layer without heads."""
+        if not self.has_heads(layer):
+            return []
         recorded = getattr(self.config, PRUNING_CONFIG_KEY, None) or {}
         kept = recorded.get(str(layer), recorded.get(layer))
         return list(range(self.n_heads)) if kept is None else [int(h) for h in kept]
@@ -154,7 +177,8 @@ class HeadModel:
     @property
     def pruned(self) -> bool:
         """Whether any layer has lost heads to physical pruning."""
-        return any(self.heads_in_layer(layer) != self.n_heads for layer in range(self.n_layers))
+        return any(self.has_heads(layer) and self.heads_in_layer(layer) != self.n_heads
+                   for layer in range(self.n_layers))
 
     def set_head_counts(self, layer: int, n_heads: int, n_kv_heads: int) -> None:
         """Update the head-count attributes the layer's attention forward reads (after its
@@ -225,12 +249,19 @@ class HeadModel:
         Only "o" when every head of the layer was pruned (its attention module is an EmptyAttention).
         """
         spec, block = self.spec, self.layers[layer]
-        paths = {"qkv": spec.qkv_proj} if spec.qkv_proj else {"q": spec.q_proj, "k": spec.k_proj, "v": spec.v_proj}
-        # (every unfused spec names q, k and v: `is not None` only tells the type checker)
-        out = ({} if self.heads_in_layer(layer) == 0 else
-               {name: get_path(block, p) for name, p in paths.items() if p is not None})
+        if spec.head_row_projs:  # MLA: named by their own attribute (those the layer has)
+            paths = {p.rpartition(".")[2]: p for p in spec.head_row_projs if module_at(block, p) is not None}
+        else:
+            paths = {"qkv": spec.qkv_proj} if spec.qkv_proj else {"q": spec.q_proj, "k": spec.k_proj, "v": spec.v_proj}
+        out = {} if self.heads_in_layer(layer) == 0 else {name: get_path(block, p) for name, p in paths.items()}
         out["o"] = get_path(block, spec.out_proj)
         return out
+
+    def _check_qkv(self) -> None:
+        why = self.spec.refusal("qkv")
+        if why:
+            raise HeadscopeError(f"{self.name!r} ({self.spec.family} family): {why}; per-head Q/K/V weights cannot be "
+                                 f"read or written")
 
     def qkv_weights(self, layer: int) -> QKVWeights:
         """Q, K, V weights and biases of `layer` in Linear layout, whatever the storage.
@@ -239,6 +270,7 @@ class HeadModel:
         present in the layer (`kept_heads`, `kv_heads_in_layer`), in that order. The tensors are
         detached views of the parameters: clone them before changing them in place.
         """
+        self._check_qkv()
         h, g, d = self.heads_in_layer(layer), len(self.kv_heads_in_layer(layer)), self.d_head
         if h == 0:
             empty = self.out_weight(layer).detach().new_zeros(0, self.d_model)
@@ -295,6 +327,14 @@ class HeadModel:
             if given is not None and tuple(given.shape) != (shape[0],):
                 raise HeadscopeError(
                     f"layer {layer}: {name}_bias has shape {tuple(given.shape)}; expected ({shape[0]},)")
+        for name in ("q_gate", "q_gate_bias"):
+            given, present = getattr(w, name), getattr(now, name)
+            if given is not None and present is None:
+                raise HeadscopeError(f"layer {layer}: the {self.spec.family} family has no output gate in its query "
+                                     f"projection; give {name} as None")
+            if given is not None and tuple(given.shape) != tuple(present.shape):
+                raise HeadscopeError(f"layer {layer}: {name} has shape {tuple(given.shape)}; expected "
+                                     f"{tuple(present.shape)} (None keeps the layer's own)")
         if dispatch.is_dispatched(self.model):  # written in memory: an offload store would reload the old ones
             dispatch.materialize(list(self.projections(layer).values()))
         layout.write_qkv(self.layers[layer], self.spec, w, d)
@@ -349,11 +389,13 @@ class HeadModel:
             return None if t is None else layout.reorder_heads(t, order, d)
 
         self.set_qkv_weights(layer, QKVWeights(
-            layout.reorder_heads(w.q, order, d), layout.reorder_heads(w.k, kv_order, d),
-            layout.reorder_heads(w.v, kv_order, d),
-            move(w.q_bias, order), move(w.k_bias, kv_order), move(w.v_bias, kv_order)))
+            move(w.q, order), move(w.k, kv_order), move(w.v, kv_order),
+            move(w.q_bias, order), move(w.k_bias, kv_order), move(w.v_bias, kv_order),
+            move(w.q_gate, order), move(w.q_gate_bias, order)))
         # The output projection's bias is per output feature: unchanged.
         self.set_out_weight(layer, layout.reorder_heads(self.out_weight(layer).detach(), order, d, dim=1))
+        # Per-head parameters beside the projections (OLMo-2's norm weights, GPT-OSS's sinks) move with their heads.
+        layout.select_head_params(self.layers[layer], self.spec, order, kv_order, d, in_place=True)
 
     def check_slice(self, layer: int, keep: Sequence[int]) -> list[int]:
         """The KV heads `layer` keeps for query heads `keep` (original ids), or an error saying why not.
@@ -362,10 +404,19 @@ class HeadModel:
         kept KV head to serve the same number of query heads.
         """
         now = self.kept_heads(layer)
+        if not self.has_heads(layer):
+            if keep:
+                raise HeadscopeError(f"layer {layer} of the {self.spec.family} family is a "
+                                     f"{self.config.layer_types[layer]} layer: it has no softmax heads to keep or prune")
+            return []
         gone = [h for h in keep if h not in now]
         if gone:
             raise HeadscopeError(f"layer {layer}: head(s) {', '.join(f'L{layer}H{h}' for h in gone)} are not in the "
                                  f"layer (present: {now}); heads can be removed, not added back")
+        why = self.spec.refusal("prune")
+        if why and 0 < len(set(keep)) < len(now):  # a whole attention sub-layer may still go: its output is the bias
+            raise HeadscopeError(f"layer {layer}: heads of the {self.spec.family} family cannot be pruned one by one: "
+                                 f"{why}")
         g = self.group_size
         per_group: dict[int, int] = {}
         for h in keep:
@@ -396,7 +447,7 @@ class HeadModel:
         if dispatch.is_dispatched(self.model):  # offloaded weights are read into memory to be sliced
             dispatch.materialize(list(self.projections(layer).values()))
         layout.slice_block(self.layers[layer], self.spec, self.d_head, self.group_size, now, keep)
-        record = {str(l): self.kept_heads(l) for l in range(self.n_layers)}
+        record = {str(l): self.kept_heads(l) for l in range(self.n_layers) if self.has_heads(l)}
         record[str(layer)] = keep
         setattr(self.config, PRUNING_CONFIG_KEY, record)
 

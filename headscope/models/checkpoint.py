@@ -43,7 +43,8 @@ LOAD_WITH = ("headscope.load_model(path) or headscope.models.checkpoint.load_che
 
 # The spec attributes the copied slicing code reads.
 _SPEC_FIELDS = ("layers", "attention", "out_proj", "q_proj", "k_proj", "v_proj", "qkv_proj", "conv1d",
-                "qkv_layout", "head_count_attrs", "config_head_attrs", "ffn_in", "ffn_in_parts", "ffn_out")
+                "qkv_layout", "head_count_attrs", "config_head_attrs", "ffn_in", "ffn_in_parts", "ffn_out",
+               "head_params", "q_gate", "sink_logits", "head_row_projs")
 
 
 def auto_class(config: Any) -> Any:
@@ -59,7 +60,7 @@ def auto_class(config: Any) -> Any:
 
 def pruning_record(hm: HeadModel) -> dict[str, Any]:
     """What `headscope_pruning.json` holds: the kept heads per layer and the original shape."""
-    kept = {layer: hm.kept_heads(layer) for layer in range(hm.n_layers)}
+    kept = {layer: hm.kept_heads(layer) for layer in range(hm.n_layers) if hm.has_heads(layer)}
     return {
         "format": FORMAT_VERSION,
         "model_type": hm.config.model_type,
@@ -68,6 +69,7 @@ def pruning_record(hm: HeadModel) -> dict[str, Any]:
         "kept_heads": {str(l): k for l, k in kept.items()},
         "pruned_heads": [f"L{l}H{h}" for l, k in kept.items() for h in range(hm.n_heads) if h not in k],
         "n_heads_kept": sum(map(len, kept.values())),
+        **({"layers_without_heads": hm.headless_layers} if hm.headless_layers else {}),
         **({"kept_neurons": {str(l): hm.kept_neurons(l) for l in range(hm.n_layers)}} if hm.ffn_pruned else {}),
         "source": hm.source or hm.name,
         "transformers": transformers.__version__,

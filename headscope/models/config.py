@@ -15,6 +15,13 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import HeadscopeError
 
+try:  # transformers >= 5.2x: configs whose layers differ refuse global reads of per-layer attributes
+    from transformers.integrations.heterogeneity.configuration_utils import (
+        AmbiguousGlobalPerLayerAttributeError as AmbiguousPerLayerAttribute)
+except ImportError:  # older releases have no per-layer configs, so nothing raises it
+    class AmbiguousPerLayerAttribute(Exception):  # type: ignore[no-redef]
+        """Stands in for transformers' error where it does not exist."""
+
 log = logging.getLogger(__name__)
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
@@ -89,9 +96,18 @@ class AttentionCounts:
 
 
 def config_value(config: Any, keys: Sequence[str]) -> Any:
-    """The first of `keys` set (not None) in a config dict or object, else None."""
+    """The first of `keys` set (not None) in a config dict or object, else None.
+
+    A config whose layers differ in one of them (transformers' per-layer configs, e.g. Gemma-4's global layers
+    with their own head_dim) refuses the global read; that is a clear error here, since headscope holds one
+    value per model."""
     for k in keys:
-        v = config.get(k) if isinstance(config, Mapping) else getattr(config, k, None)
+        try:
+            v = config.get(k) if isinstance(config, Mapping) else getattr(config, k, None)
+        except AmbiguousPerLayerAttribute:
+            raise HeadscopeError(
+                f"config of model type {getattr(config, 'model_type', '?')!r} sets {k} per layer and its layers "
+                f"differ (per_layer_config); headscope needs one {k} for every attention layer") from None
         if v is not None:
             return v
     return None

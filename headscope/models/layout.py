@@ -34,6 +34,10 @@ class QKVWeights:
     q_bias: torch.Tensor | None = None  # [n_heads * d_head]
     k_bias: torch.Tensor | None = None  # [n_kv_heads * d_head]
     v_bias: torch.Tensor | None = None  # [n_kv_heads * d_head]
+    # Output-gate rows of a gated query projection (spec.q_gate, Qwen3.5), head after head; None elsewhere, and
+    # when writing: keep the gate rows the layer has.
+    q_gate: torch.Tensor | None = None  # [n_heads * d_head, d_model]
+    q_gate_bias: torch.Tensor | None = None  # [n_heads * d_head]
 
 
 def get_path(root: nn.Module, path: str) -> nn.Module:
@@ -156,7 +160,24 @@ def read_qkv(block: nn.Module, spec: Any, n_heads: int, n_kv_heads: int, d_head:
         return QKVWeights(q, k, v, qb, kb, vb)
     mods = [get_path(block, p) for p in (spec.q_proj, spec.k_proj, spec.v_proj)]
     q, k, v = (linear_weight(m, spec.conv1d).detach() for m in mods)
-    return QKVWeights(q, k, v, *(bias_of(m) for m in mods))
+    w = QKVWeights(q, k, v, *(bias_of(m) for m in mods))
+    if getattr(spec, "q_gate", False):  # rows [h0 query, h0 gate, h1 query, ...]: split them
+        (w.q, w.q_gate), qb = split_gated(q, d_head), bias_of(mods[0])
+        if qb is not None:
+            w.q_bias, w.q_gate_bias = split_gated(qb, d_head)
+    return w
+
+
+def split_gated(rows: torch.Tensor, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query rows and gate rows (each `[heads * d_head, ...]`) of a gated query projection's rows (or bias)."""
+    parts = rows.reshape(-1, 2, d_head, *rows.shape[1:])  # [heads, (query, gate), d_head, ...]
+    return parts[:, 0].reshape(-1, *rows.shape[1:]), parts[:, 1].reshape(-1, *rows.shape[1:])
+
+
+def join_gated(query: torch.Tensor, gate: torch.Tensor, d_head: int) -> torch.Tensor:
+    """The rows (or bias) of a gated query projection from its query and gate rows: [h0 query, h0 gate, h1 ...]."""
+    rest = query.shape[1:]
+    return torch.stack([query.reshape(-1, d_head, *rest), gate.reshape(-1, d_head, *rest)], 1).reshape(-1, *rest)
 
 
 def check_per_head(n_heads: int, n_kv_heads: int) -> None:
@@ -195,7 +216,14 @@ def write_qkv(block: nn.Module, spec: Any, w: QKVWeights, d_head: int) -> None:
         bias = None if biases is None else torch.cat(biases)
         write_weight(block, spec.qkv_proj, torch.cat([w.q, w.k, w.v]), bias, spec.conv1d)
         return
-    for path, weight, bias in ((spec.q_proj, w.q, w.q_bias), (spec.k_proj, w.k, w.k_bias),
+    q, q_bias = w.q, w.q_bias
+    if getattr(spec, "q_gate", False):  # the gate rows given, else the layer's own
+        now = read_qkv(block, spec, w.q.shape[0] // d_head, w.k.shape[0] // d_head, d_head)
+        gate = now.q_gate if w.q_gate is None else w.q_gate
+        gate_bias = now.q_gate_bias if w.q_gate_bias is None else w.q_gate_bias
+        q = join_gated(w.q, gate, d_head)
+        q_bias = None if w.q_bias is None else join_gated(w.q_bias, gate_bias, d_head)
+    for path, weight, bias in ((spec.q_proj, q, q_bias), (spec.k_proj, w.k, w.k_bias),
                                (spec.v_proj, w.v, w.v_bias)):
         write_weight(block, path, weight, bias, spec.conv1d)
 
@@ -269,6 +297,29 @@ class EmptyAttention(nn.Module):
         return (out + bias if bias is not None else out), None
 
 
+def head_param_index(kind: str, q_heads: Sequence[int], kv_heads: Sequence[int], d_head: int) -> torch.Tensor:
+    """Indices into a per-head parameter (`spec.head_params` kind "q", "kv" or "q1") of the heads given, in order."""
+    if kind not in ("q", "kv", "q1"):
+        raise ValueError(f"head parameter kind {kind!r} is not known; choose q, kv or q1")
+    return head_features(list(kv_heads if kind == "kv" else q_heads), 1 if kind == "q1" else d_head)
+
+
+def select_head_params(block: nn.Module, spec: Any, q_heads: Sequence[int], kv_heads: Sequence[int], d_head: int,
+                       in_place: bool) -> None:
+    """Keep (or reorder) the per-head parameters `spec.head_params` of one layer block: query heads `q_heads` and
+    KV heads `kv_heads` (positions in the layer as it is now). `in_place` copies into the same tensors (a
+    permutation: same size), else each becomes a new, smaller parameter."""
+    for path, kind in getattr(spec, "head_params", ()):
+        old = get_path(block, path)
+        idx = head_param_index(kind, q_heads, kv_heads, d_head).to(old.device)
+        new = old.detach().index_select(0, idx).clone()
+        if in_place:
+            with torch.no_grad():
+                old.copy_(new)
+        else:
+            set_path(block, path, nn.Parameter(new, requires_grad=old.requires_grad))
+
+
 def slice_block(block: nn.Module, spec: Any, d_head: int, group_size: int, now: Sequence[int],
                 keep: Sequence[int]) -> None:
     """Slice one layer block in place from query heads `now` to `keep` (original ids, already validated).
@@ -281,7 +332,16 @@ def slice_block(block: nn.Module, spec: Any, d_head: int, group_size: int, now: 
     keep_kv, now_kv = kv_heads_for(keep, group_size), kv_heads_for(now, group_size)
     pos_q = [now.index(h) for h in keep]  # positions in the current (possibly already pruned) layout
     pos_kv = [now_kv.index(k) for k in keep_kv]
-    if spec.qkv_proj and spec.qkv_layout == "per_head":
+    if getattr(spec, "head_row_projs", ()):
+        # MLA: each projection holds equal row blocks per query head (its width / the heads now present).
+        parts = []
+        for path in spec.head_row_projs:
+            try:
+                rows = linear_weight(get_path(block, path), conv1d).shape[0] // len(now)
+            except AttributeError:  # q_proj or q_b_proj: the layer has one of them
+                continue
+            parts.append((path, head_features(pos_q, rows)))
+    elif spec.qkv_proj and spec.qkv_layout == "per_head":
         # Fused [h0 q, h0 k, h0 v, h1 q, ...]: a head's 3 * d_head rows go or stay together.
         parts = [(spec.qkv_proj, head_features(pos_q, 3 * d))]
     elif spec.qkv_proj:
@@ -289,8 +349,9 @@ def slice_block(block: nn.Module, spec: Any, d_head: int, group_size: int, now: 
         wq, wkv = len(now) * d, len(now_kv) * d
         idx = torch.cat([head_features(pos_q, d), head_features(pos_kv, d, wq), head_features(pos_kv, d, wq + wkv)])
         parts = [(spec.qkv_proj, idx)]
-    else:
-        parts = [(spec.q_proj, head_features(pos_q, d)), (spec.k_proj, head_features(pos_kv, d)),
+    else:  # a gated query projection holds 2 * d_head rows per head (query, gate)
+        q_rows = 2 * d if getattr(spec, "q_gate", False) else d
+        parts = [(spec.q_proj, head_features(pos_q, q_rows)), (spec.k_proj, head_features(pos_kv, d)),
                  (spec.v_proj, head_features(pos_kv, d))]
     for path, idx in parts:
         module = get_path(block, path)
@@ -302,6 +363,8 @@ def slice_block(block: nn.Module, spec: Any, d_head: int, group_size: int, now: 
     out = get_path(block, spec.out_proj)
     cols = linear_weight(out, conv1d).detach().index_select(1, head_features(pos_q, d).to(weight_param(out).device))
     set_path(block, spec.out_proj, resized(out, cols, None, conv1d, keep_bias=True))
+    if keep:
+        select_head_params(block, spec, pos_q, pos_kv, d, in_place=False)
     if not keep:
         inner = spec.out_proj[len(spec.attention) + 1:] if spec.out_proj.startswith(spec.attention + ".") else None
         set_path(block, spec.attention, EmptyAttention(inner, get_path(block, spec.out_proj) if inner else None))

@@ -46,6 +46,23 @@ class AttentionSpec:
     # Whether the family's config stores the number of KV heads (`num_key_value_heads`), so a
     # checkpoint with fewer KV heads than query heads (GQA/MQA) loads in plain transformers.
     kv_heads_in_config: bool = False
+    # Multi-head latent attention (DeepSeek): no per-head Linear K/V, but projections whose output rows are equal
+    # blocks per query head (the query projection, q_proj or the low-rank q_b_proj, and kv_b_proj, which expands
+    # the latent into each head's key part and value); slicing a head removes its block from each (whichever
+    # exist) and its columns of out_proj. `d_head_attr` names the config attribute holding the width of one
+    # head's output, the out_proj input slice (v_head_dim), where it is not head_dim.
+    head_row_projs: tuple[str, ...] = ()
+    d_head_attr: str | None = None
+    # Whether q_proj holds, per head, the query (d_head rows) then an output gate (d_head rows) that scales the
+    # head's output by sigmoid(gate) before the output projection (Qwen3.5's gated attention).
+    q_gate: bool = False
+    # config.layer_types values whose layers have no softmax heads (Qwen3.5's linear-attention layers): they hold
+    # no attention module of this spec, count no heads, and every verb skips them.
+    headless_layer_types: tuple[str, ...] = ()
+    # Added to config.sliding_window to give the window headscope uses: a query sees key k when q - k < window
+    # (causal layers) or |q - k| < window (bidirectional ones). ModernBERT's mask allows |q - k| <= sliding_window,
+    # hence 1 there (its attention module holds sliding_window + 1 for flash attention likewise).
+    window_offset: int = 0
     # Whether the position table reserves `pad_token_id + 1` leading slots (RoBERTa counts positions
     # from padding_idx + 1), so usable positions are max_position_embeddings minus that.
     position_offset_from_pad: bool = False
@@ -59,6 +76,19 @@ class AttentionSpec:
     # Config attribute holding the FFN width (intermediate_size, n_inner, ffn_dim); per-layer widths after
     # pruning are recorded beside it in config.headscope_ffn.
     ffn_size_attr: str | None = None
+    # Parameters laid out per head beside the projections, which move (permute_heads) and go (slicing) with their
+    # heads: (path relative to one layer block, what each head owns there: "q" = d_head features per query head,
+    # "kv" = d_head features per KV head, "q1" = one value per query head). OLMo-2's q_norm / k_norm weights span
+    # every head's features; GPT-OSS's sinks hold one logit per query head.
+    head_params: tuple[tuple[str, str], ...] = ()
+    # Attribute of the attention module holding one learned logit per query head that joins every row's softmax
+    # without a value (GPT-OSS's sinks; transformers passes it to attention functions as s_aux).
+    sink_logits: str | None = None
+    # What the family's layout cannot serve, each with its reason (one clause, shown in errors and the table):
+    # "prune" (physical head pruning), "convert" (changing the number of KV heads: gqa, expand), "ffn" (FFN
+    # neurons as units of score / prune), "similar" (head-to-head similarity), "qkv" (per-head Linear Q/K/V
+    # weights), "block" (dropping layers). A verb asked for one of these refuses with the reason, exit 2.
+    refuses: tuple[tuple[str, str], ...] = ()
     # For the supported-families table: well-known models of the family, and what is special about it.
     examples: str = ""
     notes: str = ""
@@ -66,6 +96,19 @@ class AttentionSpec:
     def describe(self) -> str:
         """One line for listings: family and the model types it covers."""
         return f"{self.family}: {', '.join(self.model_types)}"
+
+    def refusal(self, what: str) -> str | None:
+        """Why the family cannot serve `what` (a key of REFUSABLE), or None when it can."""
+        if what not in REFUSABLE:
+            raise ValueError(f"unknown capability {what!r}; choose one of {', '.join(REFUSABLE)}")
+        return dict(self.refuses).get(what)
+
+
+# What a spec may refuse (AttentionSpec.refuses), and what that means.
+REFUSABLE = {"prune": "physical head pruning", "convert": "changing the number of KV heads (gqa, expand)",
+             "ffn": "FFN neurons as units", "similar": "head-to-head similarity across all layers",
+             "qkv": "per-head Linear Q/K/V weights (qkv_weights, set_qkv_weights, permute_heads)",
+             "block": "dropping whole layers (--unit block)"}
 
 
 BERT = AttentionSpec(
@@ -128,8 +171,27 @@ GEMMA3 = replace(
     LLAMA, family="gemma3", model_types=("gemma3_text",), examples="Gemma-3 270M (built-in `gemma3`, MQA), 1B",
     notes="q_norm / k_norm per head; scale query_pre_attn_scalar^-0.5; head_dim != d_model / heads; sliding and "
           "global layers (layer_types)")
+# Gemma-4's text model: Gemma-3's layout; v_norm (no weight) normalises each head's values, and the norms do the
+# scaling (scaling 1.0, which the kernel receives). Layers with their own geometry (global_head_dim,
+# num_global_key_value_heads), shared KV layers and keys reused as values are refused when the model loads
+# (HeadModel._check_layers), because HeadModel holds one head_dim and one KV-head count.
+GEMMA4 = replace(
+    GEMMA3, family="gemma4", model_types=("gemma4_text",),
+    examples="Gemma-4 text models (`Gemma4ForCausalLM`) whose layers share one head_dim and KV-head count",
+    refuses=(("block", "its per-layer inputs are packed for all layers in one table (embed_tokens_per_layer, "
+                       "per_layer_model_projection), so a dropped layer would shift every later layer's input "
+                       "(slicing them is not implemented)"),),
+    notes="q_norm / k_norm / v_norm per head (shared, not sliced); scaling 1 (the norms scale); sliding and global "
+          "layers; per-layer inputs and the optional MoE block leave attention alone (--unit ffn: the dense MLP's "
+          "neurons). Refused when loading: global layers with another head_dim or KV-head count (global_head_dim, "
+          "e.g. the config defaults 256 / 512), shared KV layers (num_kv_shared_layers), keys as values "
+          "(attention_k_eq_v)")
 GEMMA2 = replace(LLAMA, family="gemma2", model_types=("gemma2",), examples="Gemma-2 2B/9B",
                  notes="attention logits soft-capped (attn_logit_softcapping); sliding and global layers")
+# SmolLM3 stores Q, K and V like LLaMA; its NoPE layers (config.no_rope_layers[layer] == 0) only skip the
+# rotary step inside the forward, so the kernel sees their queries and keys as they are.
+SMOLLM3 = replace(LLAMA, family="smollm3", model_types=("smollm3",), examples="SmolLM3-3B",
+                  notes="GQA; NoPE on every fourth layer (no_rope_layers: no rotary there); optional sliding window")
 STARCODER2 = replace(LLAMA, family="starcoder2", model_types=("starcoder2",), examples="StarCoder2 3B/7B",
                      ffn_in=("mlp.c_fc",), ffn_out="mlp.c_proj",
                      notes="biases on every projection; sliding window")
@@ -184,8 +246,101 @@ OPT = AttentionSpec(
     notes="biases on every projection; learned positions; queries scaled before the attention call",
 )
 
+# OLMo-2 / OLMo-3 store Q, K and V like LLaMA, but q_norm / k_norm are RMSNorms over the whole projected query
+# (key) vector, all heads at once: a head's normalisation depends on the other heads.
+OLMO2 = replace(
+    LLAMA, family="olmo2", model_types=("olmo2", "olmo3"), examples="OLMo-2 1B-32B, OLMo-3 7B/32B",
+    head_params=(("self_attn.q_norm.weight", "q"), ("self_attn.k_norm.weight", "kv")),
+    refuses=(("prune", "q_norm / k_norm are RMSNorms over all heads' features together, so removing a head changes "
+                       "the normalisation of the heads that stay and the pruned model would not compute the gated "
+                       "one (gates, scores and whole attention sub-layers, --unit attention, are exact)"),
+             ("convert", "k_norm is an RMSNorm over all KV heads' features together, so merging or repeating KV "
+                         "heads changes the keys' normalisation")),
+    notes="q_norm / k_norm over all heads together (their weights move with permuted heads); OLMo-3: sliding and "
+          "global layers (layer_types)")
+
+# Mixture-of-experts decoders: attention as LLaMA's (Qwen3-MoE: as Qwen3's), so heads are analysed, gated and
+# pruned alike; their feed-forward is a router over experts stored as 3D tensors, which has no FFN neurons in
+# one pair of Linear layers.
+MOE_FFN = ("the feed-forward is a mixture of experts (a router over experts stored as 3D tensors), not one pair "
+           "of Linear layers, so FFN neurons are not units here (experts as units are not implemented)")
+MIXTRAL = replace(LLAMA, family="mixtral", model_types=("mixtral",), examples="Mixtral 8x7B, 8x22B",
+                  ffn_in=(), ffn_out=None, ffn_size_attr=None, refuses=(("ffn", MOE_FFN),),
+                  notes="GQA; sliding window; MoE feed-forward: --unit ffn refused (attention, block and head units "
+                        "work)")
+QWEN3_MOE = replace(QWEN3, family="qwen3_moe", model_types=("qwen3_moe",), examples="Qwen3-30B-A3B, 235B-A22B",
+                    ffn_in=(), ffn_out=None, ffn_size_attr=None, refuses=(("ffn", MOE_FFN),),
+                    notes="q_norm / k_norm per head (shared, not sliced); MoE feed-forward (some layers dense: "
+                          "mlp_only_layers): --unit ffn refused")
+
+# Qwen3.5's text model: Qwen3's layout with a gated query projection; three of every four layers are linear
+# attention (Gated DeltaNet, no softmax heads).
+QWEN3_5 = replace(
+    QWEN3, family="qwen3_5", model_types=("qwen3_5_text",), q_gate=True, headless_layer_types=("linear_attention",),
+    refuses=(("similar", "its linear-attention layers have no softmax heads, and similarity compares every layer's "
+                         "heads (maps, outputs and weights) with every other's"),
+             ("convert", "its linear-attention layers have no K/V heads, and GQA conversion (grouping, pooling, "
+                         "uptraining) walks every layer's KV heads; not implemented for mixed layers")),
+    examples="Qwen3.5 text models (`Qwen3_5ForCausalLM`)",
+    notes="softmax heads only in its full-attention layers: the linear-attention layers (layer_types) have none, "
+          "so statistics, roles and scores are NaN there, gates and pruning skip them and the KV calculator counts "
+          "no cache for them; q_proj holds per head [query; output gate] (the gate rows go with their head); "
+          "q_norm / k_norm per head; partial rotary")
+
+# GPT-OSS: LLaMA's separate projections (with biases) plus a learned sink logit per head in the softmax; the MoE
+# feed-forward (router + experts as 3D tensors) has no FFN neurons in one pair of Linear layers.
+GPT_OSS = replace(
+    LLAMA, family="gpt_oss", model_types=("gpt_oss",), sink_logits="sinks", head_params=(("self_attn.sinks", "q1"),),
+    ffn_in=(), ffn_out=None, ffn_size_attr=None, refuses=(("ffn", MOE_FFN),), examples="gpt-oss-20b, gpt-oss-120b",
+    notes="a learned sink logit per head joins the softmax (statistics, the kernel and gates include it; "
+          "sink_logit_mass column; the sinks go and move with their heads); alternating sliding and global layers; "
+          "biases on q/k/v/o; MoE feed-forward: --unit ffn refused")
+
+# DeepSeek-V3: multi-head latent attention. Each head's query comes from q_b_proj (after a low-rank q_a_proj and
+# an RMSNorm) or q_proj; its key is [its rows of kv_b_proj applied to the normed latent ; one rotary key shared by
+# all heads], its value its other rows of kv_b_proj. The attention function receives those per-head queries and
+# keys (the absorbed form), so statistics, roles and gates are per head; removing a head removes its rows of
+# q_b_proj / kv_b_proj and its output columns, exactly. The cache holds the latent, not K/V heads.
+MLA_NO_QKV = ("multi-head latent attention has no per-head Linear Q/K/V: queries and keys come from low-rank "
+              "latents through RMSNorms (and a rotary key shared by all heads)")
+DEEPSEEK_V3 = AttentionSpec(
+    family="deepseek_v3",
+    model_types=("deepseek_v3",),
+    layers="layers",
+    attention="self_attn",
+    out_proj="self_attn.o_proj",
+    causal=True,
+    head_row_projs=("self_attn.q_proj", "self_attn.q_b_proj", "self_attn.kv_b_proj"),
+    d_head_attr="v_head_dim",
+    head_count_attrs=(("num_heads", "heads"), ("num_key_value_groups", "groups")),
+    refuses=(("qkv", MLA_NO_QKV), ("similar", "its weight-space similarity needs per-head Q/K/V: " + MLA_NO_QKV),
+             ("convert", "its cache is already one shared latent (kv_lora_rank + qk_rope_head_dim per token and "
+                         "layer), so there are no KV heads to merge"),
+             ("ffn", MOE_FFN)),
+    examples="DeepSeek-V3, DeepSeek-R1, Kimi-K2 (model_type deepseek_v3)",
+    notes="MLA: per-head statistics, roles and gates on the absorbed per-head queries and keys; heads prune exactly "
+          "(their rows of q_b_proj / kv_b_proj, their output columns); head output width v_head_dim; KV calculator: "
+          "the latent cache; the first first_k_dense_replace layers dense, the rest MoE")
+
+MODERNBERT = AttentionSpec(
+    family="modernbert",
+    model_types=("modernbert",),
+    layers="layers",
+    attention="attn",
+    out_proj="attn.Wo",
+    qkv_proj="attn.Wqkv",
+    # Its forward views the fused output as [3, heads, head_dim] (heads inferred) and reads only head_dim.
+    head_count_attrs=(("head_dim", "d_head"),),
+    window_offset=1,
+    ffn_in=("mlp.Wi",), ffn_in_parts=2, ffn_out="mlp.Wo", ffn_size_attr="intermediate_size",
+    examples="ModernBERT base/large",
+    notes="encoder; RoPE; local layers see |q - k| <= local_attention / 2 (bidirectional window), one global "
+          "layer every global_attn_every_n_layers; Wi fuses [input; gate]",
+)
+
 SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA, QWEN3, GEMMA3, GEMMA2, STARCODER2, PHI3, GPT_NEOX,
-                                    OPT)
+                                    OPT, SMOLLM3, MIXTRAL, QWEN3_MOE, OLMO2, GEMMA4,
+                                    MODERNBERT, QWEN3_5, GPT_OSS, DEEPSEEK_V3)
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 
@@ -207,20 +362,42 @@ def spec_for(model_type: str) -> AttentionSpec:
 
 
 def _layout_text(spec: AttentionSpec) -> str:
+    if spec.head_row_projs:
+        return "latent (MLA): per-head rows of q_b_proj / kv_b_proj"
     if not spec.qkv_proj:
-        return "separate q, k, v"
+        return "separate q, k, v" + (" (q_proj: [query; gate] per head)" if spec.q_gate else "")
     order = "per head [h0 q, k, v, h1 ...]" if spec.qkv_layout == "per_head" else "stacked [q; k; v]"
     return f"fused, {order}" + (", Conv1D" if spec.conv1d else "")
 
 
+def _prune_text(spec: AttentionSpec) -> str:
+    """What physical pruning can remove in the family: heads, FFN neurons, or nothing."""
+    parts = ["heads"] if spec.head_count_attrs and not spec.refusal("prune") else []
+    parts += ["FFN neurons"] if spec.ffn_in and spec.ffn_out else []
+    return ", ".join(parts) or "no"
+
+
+# What each refusal is called in the list under the table: the verb and option that meet it.
+_REFUSED_AS = {"prune": "head pruning (`prune` by heads, `prune_heads`)", "convert": "`gqa` and KV-head expansion",
+               "ffn": "`--unit ffn` (score, prune)", "similar": "`similar`",
+               "qkv": "`qkv_weights` and what reads Q/K/V weights (`mla`, permuting heads)",
+               "block": "`--unit block` (score, prune)"}
+
+
 def families_table() -> str:
-    """The supported families as a Markdown table, generated from SPECS (docs/families.md holds a copy)."""
+    """The supported families as a Markdown table, generated from SPECS, then what each family refuses and why
+    (README.md and docs/families.md hold a copy)."""
     rows = ["| family | model_type | examples | kind | Q/K/V layout | KV heads | prune | GQA convert | notes |",
             "|---|---|---|---|---|---|---|---|---|"]
     for s in SPECS:
-        kv = "from num_key_value_heads (MHA, GQA or MQA)" if s.kv_heads_in_config else "one per query head (MHA)"
+        kv = ("none: one latent per token (kv_lora_rank + qk_rope_head_dim)" if s.head_row_projs else
+              "from num_key_value_heads (MHA, GQA or MQA)" if s.kv_heads_in_config else "one per query head (MHA)")
         rows.append(" | ".join([
             f"| {s.family}", ", ".join(f"`{t}`" for t in s.model_types), s.examples,
-            "decoder" if s.causal else "encoder", _layout_text(s), kv, "yes" if s.head_count_attrs else "no",
-            "yes" if s.kv_heads_in_config else "no", f"{s.notes} |"]))
+            "decoder" if s.causal else "encoder", _layout_text(s), kv, _prune_text(s),
+            "yes" if s.kv_heads_in_config and not s.refusal("convert") else "no", f"{s.notes} |"]))
+    refused = [f"- {s.family}, {_REFUSED_AS[what]}: {why}." for s in SPECS for what, why in s.refuses]
+    if refused:
+        rows += ["", "What a family refuses (one line naming the family and the reason, exit code 2, nothing written):",
+                 "", *refused]
     return "\n".join(rows) + "\n"

@@ -71,7 +71,10 @@ def check_attention(hm: HeadModel) -> None:
 @UNITS.register("block", help="a whole layer (attention and FFN)", scope="parameters", criteria=("block",),
                 default_method="block_influence", iterative=False, recovery="fresh")
 def check_block(hm: HeadModel) -> None:
-    """Blocks: one must stay."""
+    """Blocks: one must stay, and the family must keep its layers apart (its spec may refuse)."""
+    if hm.spec.refusal("block"):
+        raise HeadscopeError(f"unit 'block' cannot be expressed for the {hm.spec.family} family: "
+                             f"{hm.spec.refusal('block')}; use unit attention, ffn or head")
     if hm.n_layers < 2:
         raise HeadscopeError(f"{hm.name} has {hm.n_layers} block; dropping blocks needs at least 2 (one must stay)")
 
@@ -81,9 +84,10 @@ def check_block(hm: HeadModel) -> None:
 def check_ffn(hm: HeadModel) -> None:
     """FFN neurons: where the family's spec declares its FFN projections."""
     if not hm.has_ffn:
-        raise HeadscopeError(f"unit 'ffn' cannot be expressed for the {hm.spec.family} family: its spec declares no "
-                             f"FFN projections (ffn_in / ffn_out in headscope/models/specs.py); use unit attention, "
-                             f"block or head")
+        why = hm.spec.refusal("ffn") or ("its spec declares no FFN projections (ffn_in / ffn_out in "
+                                         "headscope/models/specs.py)")
+        raise HeadscopeError(f"unit 'ffn' cannot be expressed for the {hm.spec.family} family: {why}; use unit "
+                             f"attention, block or head")
 
 
 @UNITS.register("mix", help="attention sub-layers and FFN neurons, each giving about half the parameters",

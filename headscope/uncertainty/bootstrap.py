@@ -134,7 +134,11 @@ def _bca_levels(value: np.ndarray, reps: np.ndarray, jack: np.ndarray, rows: int
     with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         valid = ~np.isnan(reps)
-        below = np.sum((reps < value) & valid, axis=0) + 0.5 * np.sum((reps == value) & valid, axis=0)
+        # Replicates within rounding of the estimate are ties: otherwise float noise in a degenerate
+        # distribution (a head whose removal changes nothing) would swing z0, and the bounds with it.
+        tol = 1e-9 * (np.abs(value) + np.nan_to_num(np.nanstd(reps, axis=0)))
+        tie = np.abs(reps - value) <= tol
+        below = np.sum((reps < value) & ~tie & valid, axis=0) + 0.5 * np.sum(tie & valid, axis=0)
         share = below / np.maximum(valid.sum(0), 1)
         z0 = ndtri(np.clip(share, 1e-6, 1 - 1e-6))
         centred = np.nanmean(jack, axis=0) - jack

@@ -21,7 +21,8 @@ from ...models.specs import SPECS
 
 #: config.model_type values whose checkpoints carry `num_key_value_heads` and whose attention
 #: reads it (LLaMA-like decoders). Encoders (BERT) and GPT-2 have no such field.
-SUPPORTED_MODEL_TYPES = tuple(t for spec in SPECS if spec.kv_heads_in_config for t in spec.model_types)
+SUPPORTED_MODEL_TYPES = tuple(t for spec in SPECS if spec.kv_heads_in_config and not spec.refusal("convert")
+                              for t in spec.model_types)
 
 Groups = Sequence[Sequence[int]]  # one layer: groups[new_kv_head] = [old kv heads]
 
@@ -30,6 +31,10 @@ def check_convertible(hm: HeadModel, kv_heads: int, *, merge: bool = True) -> No
     """Raise a clear error unless `hm` can be converted to `kv_heads` KV heads (`merge=False`: only
     permuted or expanded, which an MQA model allows too)."""
     mt = hm.config.model_type
+    why = hm.spec.refusal("convert")
+    if why:
+        raise HeadscopeError(f"changing the KV heads cannot serve the {hm.spec.family} family (model type {mt!r}): "
+                             f"{why}")
     if not hm.spec.kv_heads_in_config:
         raise HeadscopeError(
             f"GQA conversion supports LLaMA-like decoders ({', '.join(SUPPORTED_MODEL_TYPES)}); model type {mt!r} "

@@ -35,6 +35,13 @@ def full_rank(hm: HeadModel, rope_dims: int) -> int:
 def check_mla(hm: HeadModel, kv_rank: int, rope_dims: int | None, *, allow_full_rank: bool = False) -> int:
     """Raise a clear error for a model or settings MLA conversion cannot use; returns the rope dims used."""
     mt = hm.config.model_type
+    rank = getattr(hm.config, "kv_lora_rank", None)
+    if rank is not None:  # DeepSeek-V3 and kin: MLA already
+        latent = int(rank) + int(getattr(hm.config, "qk_rope_head_dim", 0) or 0)
+        raise HeadscopeError(f"{hm.name!r} ({hm.spec.family} family) already uses multi-head latent attention: its "
+                             f"cache holds a latent of kv_lora_rank {rank} + qk_rope_head_dim = {latent} numbers per "
+                             f"token and layer; MLA conversion turns MHA / GQA models into that (headscope kv "
+                             f"{hm.name} gives its cache bytes)")
     if mt not in SUPPORTED_MODEL_TYPES:
         raise HeadscopeError(f"MLA conversion supports model types {', '.join(SUPPORTED_MODEL_TYPES)} "
                              f"(LLaMA-like decoders with full RoPE); {hm.name!r} is {mt!r}")

@@ -181,6 +181,8 @@ def _table(hm: HeadModel, run: _Run, chosen: list[str], base: torch.Tensor, prep
            until: dict[str, Any] | None) -> HeadTable:
     """The importance table: each criterion's column and interval bounds, stability and correlations in meta."""
     pruned = (base == 0).cpu().numpy()
+    absent = np.zeros_like(pruned)
+    absent[hm.headless_layers] = True  # layers without softmax heads (Qwen3.5's linear attention): no importance
     columns: dict[str, np.ndarray] = {}
     stability: dict[str, Any] = {}
     reps: dict[str, tuple[np.ndarray, np.ndarray | None, int]] = {}
@@ -201,9 +203,11 @@ def _table(hm: HeadModel, run: _Run, chosen: list[str], base: torch.Tensor, prep
             raise HeadscopeError(f"importance criterion {method!r} returned shape {v.shape}; "
                                  f"expected [n_layers, n_heads] = {list(pruned.shape)}")
         for arr in (v, lo, hi):
-            arr[pruned] = np.nan
-        columns[f"importance_{method}"], columns[f"importance_{method}_lo"] = v, lo
-        columns[f"importance_{method}_hi"] = hi
+            if arr is not None:
+                arr[pruned | absent] = np.nan
+        columns[f"importance_{method}"] = v
+        if lo is not None and hi is not None:
+            columns[f"importance_{method}_lo"], columns[f"importance_{method}_hi"] = lo, hi
     meta = {
         "model": hm.name, "model_source": hm.source, "model_type": hm.config.model_type,
         "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,

@@ -75,6 +75,10 @@ def check_prunable(hm: HeadModel) -> None:
             f"(model type {hm.config.model_type!r}); supported families: {', '.join(s.family for s in SPECS if s.head_count_attrs)}. "
             f"Use head gates (headscope.head_gates) to mask heads instead"
         )
+    why = hm.spec.refusal("prune")
+    if why:
+        raise HeadscopeError(f"physical head pruning cannot serve the {hm.spec.family} family (model type "
+                             f"{hm.config.model_type!r}): {why}")
 
 
 def prune_heads(hm: HeadModel, heads: Any) -> HeadModel:
