@@ -33,9 +33,8 @@ def throughput(model: str, n: int, batch_size: int, max_length: int, repeats: in
     import torch
 
     import headscope
+    from headscope.data import batches, pad_id, prepare_tokens
     from headscope.learned.analyze import run_stats
-    from headscope.data import pad_id, prepare_tokens
-    from headscope.data import batches
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     hm = headscope.load_model(model)
@@ -70,9 +69,8 @@ def memory_child(model: str, n: int, mode: str, max_length: int) -> None:
     import torch
 
     import headscope
+    from headscope.data import batches, pad_id, prepare_tokens
     from headscope.learned.analyze import run_stats
-    from headscope.data import pad_id, prepare_tokens
-    from headscope.data import batches
 
     hm = headscope.load_model(model)
     ids = prepare_tokens(hm, ptb_sentences(n), max_length).ids

@@ -28,14 +28,14 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
+import torch
+from transformers import DynamicCache
 
-from headscope import load_model  # noqa: E402
-from headscope.capacity.gqa.convert import adjacent_groups, pool_kv_heads  # noqa: E402
-from headscope.capacity.kvcache import HeadAwareCache, head_aware_attention  # noqa: E402
-from headscope.capacity.kvcache.choice import choose_random, n_full_for  # noqa: E402
-from headscope.capacity.mla import convert_to_mla, default_rope_dims  # noqa: E402
+from headscope import load_model
+from headscope.capacity.gqa.convert import adjacent_groups, pool_kv_heads
+from headscope.capacity.kvcache import HeadAwareCache, head_aware_attention
+from headscope.capacity.kvcache.choice import choose_random, n_full_for
+from headscope.capacity.mla import convert_to_mla, default_rope_dims
 
 
 def fill(cache, layers: int, shapes: tuple[tuple[int, int], tuple[int, int]], tokens: int, gen: torch.Generator) -> int:

@@ -56,8 +56,8 @@ def main() -> None:
     import torch
 
     import headscope
-    from headscope.redundancy.importance import ablation_scan, gradient_scores, ig_scores
     from headscope.eval.evaluate import evaluate_prepared, make_reference, prepare
+    from headscope.redundancy.importance import ablation_scan, gradient_scores, ig_scores
 
     torch.set_num_threads(args.threads)
     hm = headscope.load_model(args.model)

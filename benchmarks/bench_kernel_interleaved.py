@@ -26,9 +26,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
+    from bench_stats_kernel import passage_ids
 
     import headscope
-    from bench_stats_kernel import passage_ids
     from headscope.learned.analyze import run_stats
 
     torch.set_num_threads(1)

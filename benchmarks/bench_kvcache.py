@@ -26,12 +26,12 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
+import torch
+from transformers import DynamicCache
 
-from headscope import load_model  # noqa: E402
-from headscope.capacity.kvcache import HeadAwareCache, HeadPlan, head_aware_attention  # noqa: E402
-from headscope.capacity.kvcache.choice import choose_random, n_full_for  # noqa: E402
+from headscope import load_model
+from headscope.capacity.kvcache import HeadAwareCache, HeadPlan, head_aware_attention
+from headscope.capacity.kvcache.choice import choose_random, n_full_for
 
 
 def fill(cache, n_layers: int, n_kv: int, d_head: int, tokens: int, gen: torch.Generator) -> None:

@@ -23,12 +23,12 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from headscope import load_model  # noqa: E402
-from headscope.models.adapter import HeadModel  # noqa: E402
-from headscope.redundancy.pruning.heads import prune_heads  # noqa: E402
+from headscope import load_model
+from headscope.models.adapter import HeadModel
+from headscope.redundancy.pruning.heads import prune_heads
 
 SHAPES = {"minilm": (4, 128), "smollm2": (1, 128)}  # (batch, tokens)
 

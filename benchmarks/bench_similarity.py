@@ -37,8 +37,7 @@ def one(model: str, data: str, n: int | None, js_max_tokens: int | None) -> dict
     import torch
 
     import headscope
-    from headscope.data import pad_id, prepare_tokens, resolve_max_length
-    from headscope.data import batches, read_texts
+    from headscope.data import batches, pad_id, prepare_tokens, read_texts, resolve_max_length
     from headscope.learned.similarity import similarity, weight_similarity
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))

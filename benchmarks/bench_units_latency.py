@@ -28,14 +28,14 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
-from headscope import load_model  # noqa: E402
-from headscope.data import prepare_tokens  # noqa: E402
-from headscope.models.adapter import HeadModel  # noqa: E402
-from headscope.redundancy.pruning.heads import n_parameters  # noqa: E402
-from headscope.redundancy.pruning import UnitMask, prune_units  # noqa: E402
-from headscope.redundancy.curves import matmul_flops  # noqa: E402
+from headscope import load_model
+from headscope.data import prepare_tokens
+from headscope.models.adapter import HeadModel
+from headscope.redundancy.curves import matmul_flops
+from headscope.redundancy.pruning import UnitMask, prune_units
+from headscope.redundancy.pruning.heads import n_parameters
 
 
 def mask_from_names(hm: HeadModel, names: list[str], align: int = 0) -> UnitMask:

@@ -21,13 +21,12 @@ import argparse
 
 import numpy as np
 import torch
+from cka_gap import capture  # run as a script, its own folder (benchmarks/) is on sys.path
 
 import headscope
-from headscope.learned.cka import MinibatchCKA, StreamingCKA, hsic1_linear
 from headscope.data import batches, prepare_tokens, resolve_max_length
+from headscope.learned.cka import MinibatchCKA, StreamingCKA, hsic1_linear
 from headscope.table import head_name
-
-from cka_gap import capture  # run as a script, its own folder (benchmarks/) is on sys.path
 
 
 def gram_cka(x: torch.Tensor, y: torch.Tensor, diagonal: bool = True) -> float:

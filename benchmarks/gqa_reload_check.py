@@ -25,8 +25,8 @@ tokenizer = AutoTokenizer.from_pretrained(out / "model")
 print("loaded with plain transformers:", type(model).__name__, "num_key_value_heads =",
       model.config.num_key_value_heads, "k_proj", tuple(model.model.layers[0].self_attn.k_proj.weight.shape))
 
-from headscope.capacity import gqa
 from headscope import wrap
+from headscope.capacity import gqa
 from headscope.data import PTB, read_texts
 
 limit = report.get("heldout_passages", 100)

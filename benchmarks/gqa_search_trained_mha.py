@@ -31,10 +31,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gqa_similarity_trained_mha as base  # noqa: E402  (same directory; reuses its training and CSV code)
+import gqa_similarity_trained_mha as base
 
 from headscope.capacity import gqa
-from headscope.data import ptb_sentences  # noqa: E402
+from headscope.data import ptb_sentences
 
 REPO = Path(__file__).resolve().parents[1]
 COLUMNS = ["model_seed", "G", "grouping", "search_candidates", "search_seed", "heldout_ppl", "heldout_kl",

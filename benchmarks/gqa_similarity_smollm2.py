@@ -25,8 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from headscope.capacity import gqa
 from headscope import load_model
+from headscope.capacity import gqa
 from headscope.data import read_texts
 from headscope.io import atomic_write_text
 

@@ -3,8 +3,10 @@ import json
 import sys
 
 import torch
+
 torch.set_num_threads(1)
 import headscope.capacity.sweep as S
+
 cfg = S.SweepConfig(task="pair", d_model=256, n_heads=1, n_layers=1, steps=400, seq=64, batch=32)
 # Same training as the sweep (same seed, same batches), but keep the model.
 row, m = S.train_config(cfg, progress=False, return_model=True)

@@ -7,10 +7,10 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import pytest  # noqa: E402
+import pytest
+from families import padded_ids
 
-from families import padded_ids  # noqa: E402
-from headscope.models.tiny import tiny_model  # noqa: E402
+from headscope.models.tiny import tiny_model
 
 
 @pytest.fixture(params=["bert", "gpt2", "llama"])

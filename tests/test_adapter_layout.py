@@ -10,8 +10,8 @@ import copy
 
 import pytest
 import torch
-
 from families import BY_HAND
+
 from headscope import HeadscopeError
 from headscope.models import QKVWeights, attention_counts
 from headscope.models.tiny import tiny_config, tiny_model

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from headscope import HeadscopeError, HeadStats, on_attention_weights
-from headscope.learned.analyze import run_stats
 from headscope.attention import KERNEL_NAME, stats_kernel
 from headscope.attention.kernel import stats_attention_forward
 from headscope.data import TokenClasses, batches
 from headscope.hooks import on_attention_blocks
+from headscope.learned.analyze import run_stats
 from headscope.models.tiny import tiny_model
 from headscope.redundancy.pruning.heads import prune_heads
 from headscope.stats import STATISTICS, collect_stats, collect_stats_kernel

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_artifacts import tiny_bert_dir
 
 from headscope import analyze
 from headscope.cli import main
-from headscope.redundancy.curves import check_target_drop
 from headscope.data import read_conllu, read_texts
 from headscope.errors import HeadscopeError
 from headscope.models.tiny import tiny_model
-from test_artifacts import tiny_bert_dir
+from headscope.redundancy.curves import check_target_drop
 
 
 def listing(root: Path) -> list[str]:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.learned.cka import SpilledExactCKA, StreamingCKA, check_cka_memory
 from headscope.data import prepare_tokens, resolve_max_length
 from headscope.errors import HeadscopeError
 from headscope.hooks import capture_head_outputs
+from headscope.learned.cka import SpilledExactCKA, StreamingCKA, check_cka_memory
 from headscope.learned.similarity import layer_weights, similarity
 from tests.families import model
 

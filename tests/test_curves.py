@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from headscope import HeadscopeError
+from headscope.eval.evaluate import evaluate
+from headscope.models.tiny import tiny_model
 from headscope.redundancy.curves import (
     PARTIAL_JSON,
     candidate_units,
@@ -17,9 +19,7 @@ from headscope.redundancy.curves import (
     pruned_model,
     relative_drop,
 )
-from headscope.eval.evaluate import evaluate
 from headscope.redundancy.importance import score
-from headscope.models.tiny import tiny_model
 from headscope.redundancy.pruning.heads import kept_heads, prune_heads, pruned_gates
 
 
@@ -54,7 +54,7 @@ def test_physically_pruned_model_reproduces_the_last_point():
     small = pruned_model(hm, res)
     assert sum(len(k) for k in kept_heads(small).values()) == hm.n_layers * hm.n_heads - res.rows[-1].n_removed
     # Fidelity of the pruned model against the unpruned one, computed without gates.
-    from headscope.eval.evaluate import make_reference, evaluate_prepared, prepare
+    from headscope.eval.evaluate import evaluate_prepared, make_reference, prepare
 
     prep, _ = prepare(hm, data, "fidelity")
     ref = make_reference(hm, prep)
@@ -215,8 +215,8 @@ def test_cli_writes_curve_redundancy_and_a_loadable_model(tmp_path, minilm, caps
     removed = [h for r in rows for h in r["removed"].split()]
     assert sum(small.heads_in_layer(l) for l in range(6)) == 72 - len(removed) == 65
     # The saved model reproduces the curve's last point (fidelity against the unpruned MiniLM).
-    from headscope.eval.evaluate import evaluate_prepared, make_reference, prepare
     from headscope.data import read_texts
+    from headscope.eval.evaluate import evaluate_prepared, make_reference, prepare
 
     prep, _ = prepare(minilm, read_texts(None, 4), "fidelity", 16)
     got = evaluate_prepared(small, prep, "fidelity", reference=make_reference(minilm, prep)).value
@@ -232,8 +232,8 @@ def test_cli_interrupted_prune_with_recovery_resumes_to_identical_files(tmp_path
 
     The model is a tiny GPT-2 reading MiniLM's tokenizer (so recovery is LM distillation, and fast)."""
     import headscope.redundancy.importance as importance
-    from headscope.redundancy.curves import PARTIAL_STATE
     from headscope.models.adapter import HeadModel
+    from headscope.redundancy.curves import PARTIAL_STATE
 
     def load(*args, **kwargs):
         tiny = tiny_model("gpt2", init_std=0.2, vocab_size=minilm.tokenizer.vocab_size)

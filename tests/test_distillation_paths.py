@@ -12,12 +12,12 @@ import copy
 import torch
 
 from headscope.capacity import gqa
-from headscope.redundancy.curves.recovery import Recovery
 from headscope.data import batches, pad_id, prepare_tokens
 from headscope.eval.lm import distillation_loss
 from headscope.eval.metrics import METRICS
 from headscope.models.adapter import HeadModel
 from headscope.models.tiny import tiny_model
+from headscope.redundancy.curves.recovery import Recovery
 
 # Passages of different lengths, so the batch is right-padded (rows end at 30, 17, 9 and 24 tokens).
 TEXTS = [list(range(5, 35)), list(range(60, 77)), list(range(90, 99)), list(range(30, 54))]

@@ -21,12 +21,12 @@ import torch
 import torch.multiprocessing as mp
 
 from headscope import distributed as hd
-from headscope.learned.analyze import analyze
 from headscope.cli import main
 from headscope.data import batches
 from headscope.errors import HeadscopeError
-from headscope.redundancy.importance import score
+from headscope.learned.analyze import analyze
 from headscope.models.tiny import tiny_model
+from headscope.redundancy.importance import score
 
 SENTENCES = ["The cat sat on the mat.", "A dog barked loudly at night, then slept.",
              "Colorless green ideas sleep furiously.", "She sells sea shells by the sea shore.",

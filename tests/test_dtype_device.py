@@ -12,22 +12,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_artifacts import tiny_bert_dir
+from test_bad_input import refused
 
 from headscope import load_model
-from headscope.learned.analyze import analyze
 from headscope.cli import main
 from headscope.errors import HeadscopeError
 from headscope.eval.lm import compare_lms
 from headscope.hooks import capture_head_outputs, head_gates
+from headscope.learned.analyze import analyze
 from headscope.models.checkpoint import save_model
 from headscope.models.dispatch import input_device, is_dispatched
 from headscope.models.loading import resolve_dtype
 from headscope.models.tiny import tiny_model
-from headscope.redundancy.pruning.heads import prune_heads
 from headscope.provenance import model_fingerprint
+from headscope.redundancy.pruning.heads import prune_heads
 from headscope.train import Trainer
-from test_artifacts import tiny_bert_dir
-from test_bad_input import refused
 
 # Passages of token ids (lengths differ, so batches are padded), the same for every test.
 _g = torch.Generator().manual_seed(0)

@@ -22,21 +22,31 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from families import (
+    BY_HAND,
+    DECODERS,
+    FAMILIES,
+    KV_FAMILIES,
+    PRUNABLE,
+    QKV_FAMILIES,
+    head_layers,
+    model,
+    padded_ids,
+    prunable_heads,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from families import (BY_HAND, DECODERS, FAMILIES, KV_FAMILIES, PRUNABLE, QKV_FAMILIES, head_layers, model,
-                      padded_ids, prunable_heads)
 from headscope import HeadscopeError, head_gates, load_model, on_attention_weights
-from headscope.learned.analyze import run_stats
 from headscope.capacity.gqa import expand_kv_heads, pool_kv_heads
 from headscope.capacity.kv_bytes import kv_cache_bytes
+from headscope.learned.analyze import run_stats
+from headscope.learned.similarity import similarity
 from headscope.models import SPECS, QKVWeights, spec_for, supported_model_types
 from headscope.models.checkpoint import PRUNING_FILE, save_model
 from headscope.models.specs import families_table
-from headscope.redundancy.pruning.heads import prune_heads, pruned_gates
 from headscope.redundancy.importance.scoring import score
-from headscope.learned.similarity import similarity
+from headscope.redundancy.pruning.heads import prune_heads, pruned_gates
 from headscope.stats import STATISTICS
 
 TOL = 1e-5

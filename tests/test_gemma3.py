@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from headscope import HeadscopeError, analyze, head_gates, load_model
-from headscope.learned.analyze import run_stats
-from headscope.cli import main
-from headscope.data import prepare_tokens
 from headscope.capacity.gqa import check_convertible
 from headscope.capacity.kv_bytes import attention_shape, kv_bytes_per_token, kv_cache_bytes
+from headscope.cli import main
+from headscope.data import prepare_tokens
+from headscope.learned.analyze import run_stats
 from headscope.models.layout import EmptyAttention
 from headscope.redundancy.pruning.heads import prune_heads, pruned_gates
 from headscope.stats import STATISTICS

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-
 import headscope
 
 ROOT = Path(headscope.__file__).parent

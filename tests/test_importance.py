@@ -13,7 +13,10 @@ from scipy.stats import spearmanr
 from headscope import capture_head_outputs
 from headscope.cli import main
 from headscope.errors import HeadscopeError
+from headscope.eval.evaluate import evaluate, make_reference, prepare
+from headscope.eval.metrics import final_hidden, mean_pool
 from headscope.hooks import head_gates, on_head_outputs
+from headscope.models.tiny import tiny_model
 from headscope.redundancy.importance import (
     CRITERIA,
     ablation_scan,
@@ -23,10 +26,7 @@ from headscope.redundancy.importance import (
     rank_correlations,
     score,
 )
-from headscope.eval.evaluate import evaluate, make_reference, prepare
-from headscope.eval.metrics import final_hidden, mean_pool
 from headscope.redundancy.importance.gradients import _probe
-from headscope.models.tiny import tiny_model
 
 
 def passages(n_list=(12, 9, 5, 7, 10), seed=0):

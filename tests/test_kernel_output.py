@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from families import FAMILIES, model, padded_ids
+
 from headscope import HeadscopeError
-from headscope.learned.analyze import run_stats
 from headscope.attention import stats_kernel
+from headscope.learned.analyze import run_stats
 from headscope.stats import STATISTICS
 
 TOL = 1e-5

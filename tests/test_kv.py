@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from headscope.errors import HeadscopeError
 from headscope.capacity.kv_bytes import (
     CLASSIC_CONFIGS,
     attention_shape,
@@ -22,6 +21,7 @@ from headscope.capacity.kv_bytes import (
 from headscope.capacity.kv_formula import kv_bytes
 from headscope.capacity.kvcache.cache import HeadPlan
 from headscope.capacity.mha import MultiHeadAttention
+from headscope.errors import HeadscopeError
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 

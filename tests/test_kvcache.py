@@ -10,8 +10,8 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from headscope.errors import HeadscopeError
 from headscope.capacity.kvcache import HeadAwareCache, HeadPlan, check_supported, head_aware_attention, windowed_mask
+from headscope.errors import HeadscopeError
 from headscope.models.tiny import tiny_model
 
 REF = "test_kvcache_reference"
@@ -201,8 +201,8 @@ def test_mqa_and_unsupported_refused():
 def test_chunked_passage_nll_equals_reference():
     """Perplexity through the cache (chunked prefill + a last decoding step) equals the NLL of the
     per-head masked reference, and the last step reads the formula's bytes."""
-    from headscope.eval.lm import target_nll
     from headscope.capacity.kvcache.evaluate import evaluate_perplexity
+    from headscope.eval.lm import target_nll
 
     hm = _model()
     plan = HeadPlan(((1,), (0, 2)), 3, 2, 2, 6)

@@ -5,9 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from headscope.capacity.kvcache.choice import (
+    choose_random,
+    choose_threshold,
+    choose_top,
+    kv_head_scores,
+    n_full_for,
+    parse_budget,
+    parse_budgets,
+    read_scores,
+    read_scores_file,
+    scores_matrix,
+)
 from headscope.errors import HeadscopeError
-from headscope.capacity.kvcache.choice import (choose_random, choose_threshold, choose_top, kv_head_scores, n_full_for,
-                                      parse_budget, parse_budgets, read_scores, read_scores_file, scores_matrix)
 
 # 2 layers x 6 query heads, groups of 2 (3 KV heads per layer)
 SCORES = np.array([[0.9, 0.0, 0.1, 0.2, 0.0, 0.05],

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_artifacts import WORDS, tiny_llama_dir
+from test_bad_input import refused
 
 from headscope import artifacts as A
 from headscope.cli import main
 from headscope.models.tiny import tiny_model
-from test_artifacts import WORDS, tiny_llama_dir
-from test_bad_input import refused
 
 SMALL = ["--sink", "2", "--window", "8", "--context", "64", "--passages", "1", "--chunk", "16"]
 

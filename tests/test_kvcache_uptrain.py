@@ -9,15 +9,15 @@ import json
 
 import pytest
 import torch
-
-from headscope.cli import main
-from headscope.errors import HeadscopeError
-from headscope.capacity.kvcache import HeadAwareCache, HeadPlan, head_aware_attention
-from headscope.capacity.kvcache.uptrain import cut_batches, masked_loss, uptrain_head_aware, windowed_training
-from headscope.models.tiny import tiny_model
 from test_bad_input import refused
 from test_kvcache import PLANS, _decode_logits, _reference_logits
 from test_kvcache_cli import SMALL, llama  # noqa: F401  (the module-scoped fixture)
+
+from headscope.capacity.kvcache import HeadAwareCache, HeadPlan, head_aware_attention
+from headscope.capacity.kvcache.uptrain import cut_batches, masked_loss, uptrain_head_aware, windowed_training
+from headscope.cli import main
+from headscope.errors import HeadscopeError
+from headscope.models.tiny import tiny_model
 
 
 def _model(seed: int = 0):

@@ -9,10 +9,19 @@ import pytest
 import torch
 
 from headscope.errors import HeadscopeError
-from headscope.hooks import on_attention_blocks, on_attention_weights
 from headscope.export.cards import CARD_SCORES, head_card
-from headscope.learned.longctx import (LONG_SCORES, PATTERNS, LongThresholds, PatternReducer, PatternSettings,
-                                       RetrievalCounter, build_haystack, check_long_args, decide_long)
+from headscope.hooks import on_attention_blocks, on_attention_weights
+from headscope.learned.longctx import (
+    LONG_SCORES,
+    PATTERNS,
+    LongThresholds,
+    PatternReducer,
+    PatternSettings,
+    RetrievalCounter,
+    build_haystack,
+    check_long_args,
+    decide_long,
+)
 from headscope.learned.longctx.needle import Haystack
 from headscope.models.tiny import tiny_model
 
@@ -222,9 +231,9 @@ def test_cli_card_refuses_existing_file(tmp_path, capsys):
 def test_cli_long_roles_smollm2(tmp_path, smollm2, monkeypatch):
     """The verb end to end on SmolLM2 (short: 160 tokens, one window, one haystack): columns, JSON, card;
     the long-range options are checked once."""
-    import pandas as pd
-
     import importlib
+
+    import pandas as pd
 
     import headscope.commands.roles as cmd
     from headscope import artifacts as A

@@ -218,8 +218,8 @@ def test_smollm2_lm_loss_matches_transformers(smollm2):
 def test_a_new_metric_is_one_registered_function():
     """A metric registered in a test is evaluated, followed by gradient importance, read by the pruning
     curve (direction, drop, recovery), with no edit to any dispatch code."""
-    from headscope.redundancy.curves import prune_curve, relative_drop
     from headscope.eval.metrics import METRICS, RowMetric, lm_loss, register_metric
+    from headscope.redundancy.curves import prune_curve, relative_drop
     from headscope.redundancy.importance import score
 
     name = "test_log_likelihood"

@@ -15,10 +15,10 @@ from tokenizers import models as tokenizer_models
 from transformers import PreTrainedTokenizerFast
 
 from headscope.capacity import mla
-from headscope.errors import HeadscopeError
 from headscope.capacity.convert.evaluate import CACHE_FORMULAS, KV_HEADS_FORMULA, cache_bytes, kv_report
 from headscope.capacity.mla.checkpoint import load_mla, save_mla
 from headscope.capacity.mla.to_latent import convert_and_evaluate
+from headscope.errors import HeadscopeError
 from headscope.models.adapter import HeadModel
 from headscope.models.tiny import tiny_model
 

@@ -15,8 +15,9 @@ from headscope.report.sources import Sources
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A tiny LLaMA checkpoint through `headscope gqa --kv-heads 1` and `headscope mla` at two ranks."""
-    from headscope.cli import main
     from test_mla import _cli_checkpoint
+
+    from headscope.cli import main
 
     tmp = tmp_path_factory.mktemp("kvq")
     src, text = _cli_checkpoint(tmp)

@@ -15,7 +15,6 @@ from headscope.learned.analyze import analyze, run_stats
 from headscope.stats import COUNT, STATISTICS
 from tests.families import FAMILIES, model
 
-
 MOE = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3")  # expert layers: torch's grouped matmul is float32 at most
 
 

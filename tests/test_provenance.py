@@ -6,13 +6,13 @@ import json
 import os
 
 import torch
+from test_artifacts import tiny_bert_dir, tiny_llama_dir
+from test_bad_input import listing
 
 from headscope.artifacts import outputs
 from headscope.cli import main
 from headscope.models.tiny import tiny_model
 from headscope.provenance import data_fingerprint, model_fingerprint, same_model
-from test_artifacts import tiny_bert_dir, tiny_llama_dir
-from test_bad_input import listing
 
 
 def test_fingerprint_follows_weights_and_config():

@@ -151,9 +151,9 @@ def test_bad_heads():
 
 
 def test_unsupported_family_is_refused(monkeypatch):
-    import headscope.redundancy.pruning.heads as prune
-
     import dataclasses
+
+    import headscope.redundancy.pruning.heads as prune
 
     hm = tiny_model("bert")
     hm.spec = dataclasses.replace(hm.spec, head_count_attrs=())  # a family with no pruning table

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from headscope.errors import HeadscopeError
 from headscope.capacity.mha import MultiHeadAttention, apply_rope
+from headscope.errors import HeadscopeError
 
 TOL = 1e-5
 

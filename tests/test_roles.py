@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from headscope.cli import main
-from headscope.models.tiny import tiny_model
 from headscope.errors import HeadscopeError
 from headscope.learned.roles import (
     OFFSETS,
@@ -30,6 +29,7 @@ from headscope.learned.roles import (
 )
 from headscope.learned.roles.registry import census_of, judge, role_columns
 from headscope.learned.roles.text import KERNEL_OFFSETS
+from headscope.models.tiny import tiny_model
 from headscope.stats import HeadStats, allowed_keys, reduce_attention
 
 EWT = "ewt-test"  # the UD test splits shipped in the package (headscope/resources/ud)

@@ -14,13 +14,12 @@ import sys
 
 import numpy as np
 import pytest
+from test_distributed import SENTENCES, _join, _spawn, one_thread, passages
 
 from headscope import distributed as hd
 from headscope.cli import main
-from headscope.models.tiny import tiny_model
 from headscope.learned.roles import roles
-
-from test_distributed import SENTENCES, _join, _spawn, one_thread, passages
+from headscope.models.tiny import tiny_model
 
 
 def _arrays(table) -> dict[str, np.ndarray]:

@@ -9,13 +9,13 @@ import logging
 
 import pytest
 import torch
-
 from families import FAMILIES, model, padded_ids
+
 from headscope import head_gates, load_model, on_attention_weights
-from headscope.learned.analyze import run_stats
 from headscope.hooks import eager_attention
-from headscope.models.config import attn_implementation_for
+from headscope.learned.analyze import run_stats
 from headscope.models.checkpoint import auto_class
+from headscope.models.config import attn_implementation_for
 from headscope.stats import STATISTICS
 
 TOL = 1e-5

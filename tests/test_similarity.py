@@ -19,7 +19,6 @@ from scipy.spatial.distance import jensenshannon
 from headscope import capture_head_outputs, on_attention_weights
 from headscope.cli import main
 from headscope.errors import HeadscopeError
-from headscope.models.tiny import tiny_model
 from headscope.learned.similarity import (
     LN2,
     MinibatchCKA,
@@ -32,6 +31,7 @@ from headscope.learned.similarity import (
     similarity,
     weight_similarity,
 )
+from headscope.models.tiny import tiny_model
 
 LENGTHS = (12, 9, 5, 7)
 

@@ -10,8 +10,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from headscope.capacity import sweep as S
-from headscope.cli import main
 from headscope.capacity.sweep.corpora import eval_windows, load_corpus, random_windows
+from headscope.cli import main
 from headscope.errors import HeadscopeError
 from headscope.io import FLOAT_FORMAT
 

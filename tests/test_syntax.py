@@ -11,6 +11,7 @@ import torch
 
 from headscope.data import Sentence, read_conllu
 from headscope.errors import HeadscopeError
+from headscope.hooks import eager_attention
 from headscope.learned.coref import (
     CorefCounts,
     Document,
@@ -20,9 +21,7 @@ from headscope.learned.coref import (
     parse_entity_field,
     read_documents,
 )
-from headscope.hooks import eager_attention
 from headscope.learned.syntax import DependencyCounts, align_words, dependency_accuracy, relation_of, word_attention
-
 
 
 def test_word_attention_sums_attended_pieces_and_averages_attending_pieces():

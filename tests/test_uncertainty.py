@@ -16,8 +16,18 @@ import numpy as np
 import pytest
 
 from headscope.errors import HeadscopeError
-from headscope.uncertainty import (Accumulator, IntervalSettings, PassageSums, binomial_interval, bootstrap,
-                                   check_settings, ratio, spearman, spearman_brown, split_half)
+from headscope.uncertainty import (
+    Accumulator,
+    IntervalSettings,
+    PassageSums,
+    binomial_interval,
+    bootstrap,
+    check_settings,
+    ratio,
+    spearman,
+    spearman_brown,
+    split_half,
+)
 
 DATASETS, CHUNK = 2000, 100
 

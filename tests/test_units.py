@@ -186,8 +186,8 @@ def test_smollm2_pruned_equals_masked(smollm2):
     d = ((got - want) * mask[..., None]).abs().max().item() / scale
     assert d < 1e-10, f"pruned != masked: max abs diff {d * scale:.3g} ({d:.3g} of the largest logit {scale:.3g})"
     assert ((plain - want) * mask[..., None]).abs().max().item() > 1.0  # the mask changes the logits a lot
-    from headscope.redundancy.pruning.heads import n_parameters
     from headscope.redundancy.pruning import unit_parameters
+    from headscope.redundancy.pruning.heads import n_parameters
     gone = unit_parameters(hm, "block", 29) + unit_parameters(hm, "attention", 28) + \
         unit_parameters(hm, "ffn", 0) * int((ffn[0] == 0).sum())
     assert n_parameters(hm) - n_parameters(small) == round(gone)

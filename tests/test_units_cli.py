@@ -94,6 +94,7 @@ def test_unit_the_family_cannot_express():
         unit_curve(hm, [[5, 6, 7, 8]], unit="mix", fraction=0.3)
     one = model("gpt2")
     import transformers as tf
+
     from headscope.models import HeadModel
     cfg = one.config
     cfg.n_layer = 1

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from headscope.data import prepare_tokens
-from headscope.redundancy.pruning import UnitMask, unit_masks
 from headscope.redundancy.importance.units import block_influence, ffn_scores, layer_ablation
+from headscope.redundancy.pruning import UnitMask, unit_masks
 from tests.families import model
 
 TEXT_IDS = [[5, 17, 33, 8, 90, 41, 12, 7, 66], [9, 3, 71, 28, 54, 19], [44, 10, 101, 6, 23, 88, 15]]
@@ -21,8 +21,8 @@ def _prep(hm):
 
 
 def _masked_metric(hm, prep, metric, mask):
-    from headscope.eval.evaluate import accumulate, batch_targets, finish
     from headscope.data import batches, pad_id
+    from headscope.eval.evaluate import accumulate, batch_targets, finish
     from headscope.eval.metrics import row_metric
     totals = {"value": [0.0, 0.0]}
     with torch.inference_mode(), unit_masks(hm, mask):
@@ -112,6 +112,7 @@ def test_layer_scan_costs_L_plus_1_passes_with_half_the_block_evaluations():
     blocks l..L-1 only, so the scan evaluates L + L(L+1)/2 blocks instead of L + L^2."""
     hm = model("llama", seed=0)
     import transformers as tf
+
     from headscope.models import HeadModel
     cfg = hm.config
     cfg.num_hidden_layers = 6

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..data import DEFAULT_LIMIT, TextSource, read_texts
-from ..errors import HeadscopeError
 from ..capacity.convert.texts import DEFAULT_DATA, DEFAULT_HELDOUT
 from ..capacity.convert.uptraining import LOSSES
+from ..data import DEFAULT_LIMIT, TextSource, read_texts
+from ..errors import HeadscopeError
 
 
 def add_uptrain_args(p: argparse.ArgumentParser, data_use: str) -> None:

@@ -12,7 +12,15 @@ from ..io import prepare_out_dir
 from ..learned.analyze import analyze
 from ..provenance import provenance
 from ..stats import STATISTICS
-from ._common import add_data_args, add_interval_args, add_model_arg, add_out_args, grid, interval_settings, load_from_args
+from ._common import (
+    add_data_args,
+    add_interval_args,
+    add_model_arg,
+    add_out_args,
+    grid,
+    interval_settings,
+    load_from_args,
+)
 
 OUTPUTS = outputs("analyze")  # heads.csv, heads.json
 

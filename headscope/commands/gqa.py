@@ -8,12 +8,12 @@ import sys
 
 from ..artifacts import GQA_JSON, MODEL_DIR, outputs
 from ..capacity.gqa import GROUPINGS, TRAINABLE, convert_and_evaluate
-from ..io import atomic_write_text, prepare_out_dir
 from ..capacity.kv_bytes import human_bytes
+from ..io import atomic_write_text, prepare_out_dir
+from ..models.checkpoint import save_model
+from ..provenance import provenance
 from ._common import add_device_args, load_from_args
 from ._uptrain import add_uptrain_args, check_uptrain_args, read_uptrain_texts
-from ..provenance import provenance
-from ..models.checkpoint import save_model
 
 OUTPUTS = outputs("gqa")  # model/, gqa.json
 

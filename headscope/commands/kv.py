@@ -7,10 +7,18 @@ import json
 from typing import Any
 
 from ..artifacts import KV_CSV, KV_JSON, write_csv
+from ..capacity.kv_bytes import (
+    DTYPE_BITS,
+    attention_shape,
+    classic_rows,
+    human_bytes,
+    layouts,
+    load_config,
+    normalize_dtype,
+)
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import config_fingerprint, provenance, shape_record
-from ..capacity.kv_bytes import DTYPE_BITS, attention_shape, classic_rows, human_bytes, layouts, load_config, normalize_dtype
 
 CSV_COLUMNS = KV_CSV.columns()
 UNITS = "Units are binary: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB."

@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import KVCACHE_CSV, KVCACHE_JSON, outputs, write_csv
-from ..data import read_texts
-from ..errors import HeadscopeError
-from ..io import atomic_write_text, prepare_out_dir
 from ..capacity.kv_bytes import attention_shape, human_bytes, load_config
 from ..capacity.kvcache.cache import SUPPORTED, check_supported, check_supported_config, check_window
 from ..capacity.kvcache.choice import ScoresFile, parse_budgets, read_scores_file, scores_matrix
-from ..capacity.kvcache.evaluate import DEFAULT_CHUNK, long_passages
 from ..capacity.kvcache.compare import Settings, check_context, check_positions, compare, retrieval_scores
+from ..capacity.kvcache.evaluate import DEFAULT_CHUNK, long_passages
 from ..capacity.kvcache.uptrain import training_batches
+from ..data import read_texts
+from ..errors import HeadscopeError
+from ..io import atomic_write_text, prepare_out_dir
 from ..models import BUILTINS, load_model
 from ..provenance import provenance
 from ..table import to_jsonable

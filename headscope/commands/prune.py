@@ -9,8 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from .. import plots
-from ..artifacts import (MODEL_DIR, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, PRUNE_JSON, REDUNDANCY_CSV, UNIT_CURVE_CSV,
-                         UNIT_CURVE_PNG, UNITS_JSON, outputs, write_csv)
+from ..artifacts import (
+    MODEL_DIR,
+    PRUNE_CURVE_CSV,
+    PRUNE_CURVE_PNG,
+    PRUNE_JSON,
+    REDUNDANCY_CSV,
+    UNIT_CURVE_CSV,
+    UNIT_CURVE_PNG,
+    UNITS_JSON,
+    outputs,
+    write_csv,
+)
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
 from ..errors import HeadscopeError, plural
 from ..eval.evaluate import read_task_data

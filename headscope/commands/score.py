@@ -10,19 +10,33 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..artifacts import (IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, UNIT_IMPORTANCE_CSV,
-                         UNIT_IMPORTANCE_JSON, outputs, write_csv)
+from ..artifacts import (
+    IMPORTANCE_CSV,
+    IMPORTANCE_JSON,
+    RANK_CORRELATION_CSV,
+    UNIT_IMPORTANCE_CSV,
+    UNIT_IMPORTANCE_JSON,
+    outputs,
+    write_csv,
+)
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
 from ..distributed import add_workers_arg, is_main
 from ..errors import HeadscopeError, did_you_mean
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
-from ..redundancy.importance import CRITERIA, check_method, parse_methods, rank_correlations, score, score_units
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import provenance
+from ..redundancy.importance import CRITERIA, check_method, parse_methods, rank_correlations, score, score_units
 from ..table import parse_head
-from ._common import (add_data_args, add_interval_args, add_model_arg, add_out_args, grid, interval_settings,
-                      load_from_args)
+from ._common import (
+    add_data_args,
+    add_interval_args,
+    add_model_arg,
+    add_out_args,
+    grid,
+    interval_settings,
+    load_from_args,
+)
 
 OUTPUTS = outputs("score")  # importance.csv, importance.json, rank_correlation.csv
 UNIT_OUTPUTS = outputs("score --unit")  # unit_importance.csv, unit_importance.json

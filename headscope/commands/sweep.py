@@ -9,9 +9,9 @@ import time
 import torch
 
 from ..artifacts import SWEEP_CSV, SWEEP_RUNS, outputs
+from ..capacity.sweep import plan_sweep, plot_sweep, run_sweep
 from ..errors import HeadscopeError
 from ..io import check_writable_dir
-from ..capacity.sweep import plan_sweep, plot_sweep, run_sweep
 
 OUTPUTS = outputs("sweep")  # sweep.csv, runs/, sweep_quality.png, sweep_speed.png
 # Per-task defaults; every one can be overridden on the command line.

@@ -9,10 +9,17 @@ import io
 import sys
 
 from ..artifacts import TASK_CORRELATION_CSV, TASK_SPECIFIC_CSV, TASKS_CSV, TASKS_JSON, outputs
-from ..redundancy.importance import CRITERIA
-from ..redundancy.importance.tasks import TASKS, check_tasks_usable, parse_tasks, task_correlations, task_importance, task_specific
 from ..io import atomic_write_text, prepare_out_dir
 from ..provenance import provenance
+from ..redundancy.importance import CRITERIA
+from ..redundancy.importance.tasks import (
+    TASKS,
+    check_tasks_usable,
+    parse_tasks,
+    task_correlations,
+    task_importance,
+    task_specific,
+)
 from ._common import add_model_arg, add_out_args, load_from_args
 
 OUTPUTS = outputs("tasks")  # tasks.csv, task_correlation.csv, task_specific.csv, tasks.json

@@ -17,7 +17,8 @@ from ..errors import HeadscopeError
 
 try:  # transformers >= 5.2x: configs whose layers differ refuse global reads of per-layer attributes
     from transformers.integrations.heterogeneity.configuration_utils import (
-        AmbiguousGlobalPerLayerAttributeError as AmbiguousPerLayerAttribute)
+        AmbiguousGlobalPerLayerAttributeError as AmbiguousPerLayerAttribute,
+    )
 except ImportError:  # older releases have no per-layer configs, so nothing raises it
     class AmbiguousPerLayerAttribute(Exception):  # type: ignore[no-redef]
         """Stands in for transformers' error where it does not exist."""

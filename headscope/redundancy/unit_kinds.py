@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import HeadscopeError, did_you_mean
+from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
 from ..registry import Entry, Registry
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..capacity import kv_bytes as kvmod
 from ..artifacts import KV_CSV
+from ..capacity import kv_bytes as kvmod
 from ..errors import HeadscopeError
 from .sources import Part, Sources, clean
 

@@ -7,8 +7,20 @@ passages, seeded) and split-half stability of rankings (`stability`), for every 
 
 from __future__ import annotations
 
-from .bootstrap import (METHODS, Interval, IntervalSettings, binomial_interval, bootstrap, bootstrap_many,
-                        check_settings, expanded_z, interval_from, jackknife, replicates, resample_weights)
+from .bootstrap import (
+                        METHODS,
+                        Interval,
+                        IntervalSettings,
+                        binomial_interval,
+                        bootstrap,
+                        bootstrap_many,
+                        check_settings,
+                        expanded_z,
+                        interval_from,
+                        jackknife,
+                        replicates,
+                        resample_weights,
+)
 from .passages import MAX_ROWS, Accumulator, PassageSums, Statistic, Sums, group_size, mean_of, ratio
 from .stability import Stability, default_k, lowest, rank, spearman, spearman_brown, spearman_rows, split_half
 

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 from scipy.special import ndtr, ndtri
-from scipy.stats import beta, t as student_t
+from scipy.stats import beta
+from scipy.stats import t as student_t
 
 from ..errors import HeadscopeError
 from .passages import PassageSums, Statistic

@@ -28,6 +28,17 @@ the KV report), `uptraining` (through `headscope.train.Trainer`), `texts` (defau
 `headscope.models.checkpoint.save_model`; text is `headscope.data.read_texts`.
 """
 
+from ..convert.evaluate import (
+    cache_bytes,
+    compare,
+    kl_divergence,
+    kv_report,
+    measure_kv_bytes,
+    perplexity,
+    token_batches,
+)
+from ..convert.texts import DEFAULT_DATA, DEFAULT_HELDOUT
+from ..convert.uptraining import LOSSES, TRAINABLE, UptrainLog, check_uptrain, uptrain, uptrain_loss
 from .clustering import (
     MAX_ENUMERATED_PARTITIONS,
     balanced_partition,
@@ -49,12 +60,9 @@ from .convert import (
     pool_kv_heads,
     write_layer_weights,
 )
-from ..convert.evaluate import cache_bytes, compare, kl_divergence, kv_report, measure_kv_bytes, perplexity, token_batches
 from .groupings import GROUPINGS, GroupingOptions, convert_to_gqa, plan_groups
-from ..convert.texts import DEFAULT_DATA, DEFAULT_HELDOUT
 from .regroup import convert_and_evaluate
 from .search import search_groups
-from ..convert.uptraining import LOSSES, TRAINABLE, UptrainLog, check_uptrain, uptrain, uptrain_loss
 
 __all__ = [
     "DEFAULT_DATA", "DEFAULT_HELDOUT", "GROUPINGS", "LOSSES", "MAX_ENUMERATED_PARTITIONS", "SUPPORTED_MODEL_TYPES",

@@ -17,8 +17,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ...models.adapter import HeadModel
-from .convert import adjacent_groups, check_convertible
 from ..convert.evaluate import token_batches
+from .convert import adjacent_groups, check_convertible
 
 # Above this many balanced partitions, similarity grouping uses local search instead of enumeration.
 MAX_ENUMERATED_PARTITIONS = 20000

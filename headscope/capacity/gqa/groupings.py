@@ -17,9 +17,9 @@ import numpy as np
 
 from ...models.adapter import HeadModel
 from ...registry import Registry
+from ..convert.evaluate import compare
 from . import clustering
 from .convert import Groups, adjacent_groups, check_convertible, pool_kv_heads
-from ..convert.evaluate import compare
 from .search import search_groups
 
 log = logging.getLogger(__name__)

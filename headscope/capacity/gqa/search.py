@@ -20,9 +20,9 @@ from ...data import Batch
 from ...errors import HeadscopeError
 from ...eval.lm import counted_positions, kl_sums
 from ...models.adapter import HeadModel
+from ..convert.evaluate import token_batches
 from . import clustering
 from .convert import LayerWeights, adjacent_groups, check_convertible, layer_weights, pool_kv_heads, write_layer_weights
-from ..convert.evaluate import token_batches
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,19 @@
 """Head-aware KV caches: full KV for chosen heads, sink + recent window for the rest (see cache.py)."""
 
-from .cache import (ATTENTION_NAME, SUPPORTED, HeadAwareCache, HeadAwareLayer, HeadPlan, HeadSplitKV,
-                    check_supported, check_supported_config, check_window, head_aware_attention, kvcache_attention,
-                    windowed_mask)
+from .cache import (
+                    ATTENTION_NAME,
+                    SUPPORTED,
+                    HeadAwareCache,
+                    HeadAwareLayer,
+                    HeadPlan,
+                    HeadSplitKV,
+                    check_supported,
+                    check_supported_config,
+                    check_window,
+                    head_aware_attention,
+                    kvcache_attention,
+                    windowed_mask,
+)
 
 __all__ = ["ATTENTION_NAME", "SUPPORTED", "HeadAwareCache", "HeadAwareLayer", "HeadPlan", "HeadSplitKV",
            "check_supported", "check_supported_config", "check_window", "head_aware_attention", "kvcache_attention",

@@ -10,10 +10,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...errors import HeadscopeError
-from ..kv_formula import normalize_dtype
 from ...learned.longctx import build_haystack, long_roles
 from ...learned.longctx.needle import DEPTHS, gum_sentences
 from ...models.adapter import HeadModel
+from ..kv_formula import normalize_dtype
 from .cache import HeadPlan, check_supported
 from .choice import Choice, choose_full, choose_random, choose_threshold, choose_top
 from .evaluate import DEFAULT_CHUNK, evaluate_needles, evaluate_perplexity

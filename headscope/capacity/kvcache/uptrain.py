@@ -27,9 +27,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from ...data import Batch
 from ...errors import HeadscopeError
 from ...eval.lm import distillation_loss
-from ..convert.uptraining import GRAD_CLIP, UptrainLog, check_uptrain, run_uptraining, uptrain_loss
 from ...models.adapter import HeadModel
 from ...models.config import attention_implementation
+from ..convert.uptraining import GRAD_CLIP, UptrainLog, check_uptrain, run_uptraining, uptrain_loss
 from .cache import HeadPlan, _gather_heads, check_supported, windowed_mask
 
 MASKED_NAME = "headscope_kvcache_masked"

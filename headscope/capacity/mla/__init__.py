@@ -1,7 +1,13 @@
 """MHA/GQA -> multi-head latent attention (MLA): partial RoPE, joint low-rank K/V, distillation (MHA2MLA)."""
 
-from .convert import (SUPPORTED_MODEL_TYPES, check_mla, convert_to_mla, default_rope_dims, full_rank,
-                      mla_kv_bytes_per_token)
+from .convert import (
+                      SUPPORTED_MODEL_TYPES,
+                      check_mla,
+                      convert_to_mla,
+                      default_rope_dims,
+                      full_rank,
+                      mla_kv_bytes_per_token,
+)
 from .modeling import MLA_CONFIG_KEY, MLAAttention, install_mla
 from .rope import SELECTIONS, norm_scores, select_frequencies
 

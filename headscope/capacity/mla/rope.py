@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from ...errors import HeadscopeError
-from ..convert.evaluate import token_batches
 from ...models.adapter import HeadModel
+from ..convert.evaluate import token_batches
 
 #: How the kept frequencies are chosen: MHA2MLA's default, or the highest frequencies (no data needed).
 SELECTIONS = ("2-norm", "high")

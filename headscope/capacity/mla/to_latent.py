@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
+from ...models.adapter import HeadModel
 from ..convert.evaluate import compare, kv_report
 from ..convert.texts import DEFAULT_DATA, DEFAULT_HELDOUT, conversion_texts
-from ...models.adapter import HeadModel
 from .convert import check_mla, convert_to_mla, full_rank
 from .modeling import MLA_CONFIG_KEY
 from .uptraining import uptrain_mla

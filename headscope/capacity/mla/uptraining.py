@@ -12,9 +12,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ...models.adapter import HeadModel
 from ..convert.evaluate import token_batches
 from ..convert.uptraining import GRAD_CLIP, UptrainLog, check_uptrain, run_uptraining
-from ...models.adapter import HeadModel
 
 
 def uptrain_mla(student: HeadModel, data: Any, steps: int, *, teacher: HeadModel | None, loss: str = "kd",

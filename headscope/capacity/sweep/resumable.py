@@ -14,11 +14,11 @@ import torch
 
 from ...artifacts import SWEEP_CSV, SWEEP_RUNS
 from ...artifacts import write_csv as write_artifact_csv
-from .corpora import load_corpus
 from ...errors import HeadscopeError
 from ...io import atomic_write_text
 from ...provenance import provenance, shape_record
 from .config import SWEEP_VERSION, SweepConfig, config_key
+from .corpora import load_corpus
 from .tasks import synthetic_fingerprint
 from .training import train_config
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .corpora import Corpus, eval_windows, random_windows
 from ...errors import HeadscopeError
+from .corpora import Corpus, eval_windows, random_windows
 
 __all__ = [
     "PAIR_OFFSETS", "PAIR_VOCAB", "SYNTHETIC_TASKS", "TASKS", "XOR_EXHAUSTIVE_BITS", "XOR_POSITIONS", "XOR_QUERY",

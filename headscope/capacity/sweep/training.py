@@ -10,10 +10,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .corpora import Corpus, load_corpus
 from ...eval.lm import target_nll
 from ...train import Trainer
 from .config import SweepConfig
+from .corpora import Corpus, load_corpus
 from .model import (
     KV_DTYPE,
     TinyLM,

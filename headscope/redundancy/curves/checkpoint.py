@@ -17,8 +17,8 @@ from typing import Any
 from ...errors import HeadscopeError
 from ...io import atomic_write_text
 from ...train import Trainer
-from .recovery import Recovery
 from .points import CurvePoint
+from .recovery import Recovery
 
 log = logging.getLogger(__name__)
 

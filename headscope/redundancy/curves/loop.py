@@ -30,12 +30,12 @@ from ...errors import HeadscopeError
 from ...eval.evaluate import Reference, evaluate_prepared, make_reference, prepare
 from ...eval.metrics import METRICS
 from ...models.adapter import HeadModel
+from ...uncertainty import IntervalSettings
 from ..importance.criteria import check_method
 from ..pruning.heads import check_prunable, n_parameters
 from ..pruning.masks import UnitMask, unit_masks
 from ..pruning.units import prune_units
 from ..unit_kinds import check_unit, default_unit, unit_kind
-from ...uncertainty import IntervalSettings
 from .checkpoint import PARTIAL_JSON, resume, save_partial
 from .intervals import point_intervals
 from .latency import matmul_flops, time_forward, time_speedup

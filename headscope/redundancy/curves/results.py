@@ -18,9 +18,9 @@ from ...errors import HeadscopeError
 from ...eval.metrics import METRICS
 from ...models.adapter import HeadModel
 from ...table import HeadTable, head_name, parse_head
+from ...uncertainty import IntervalSettings
 from ..pruning.heads import prune_heads
 from ..pruning.masks import UnitMask
-from ...uncertainty import IntervalSettings
 from ..pruning.units import prune_units
 from .intervals import distinguishable
 from .points import CurvePoint

@@ -13,8 +13,16 @@ from __future__ import annotations
 
 # Importing the criterion modules registers their criteria, in this order (the order of 'all').
 from .ablation import ablation_scan, capture_layer_outputs, head_means, skip_prefix
-from .criteria import (CRITERIA, ROWS_PER_PASS, SCOPES, ScoreContext, base_gates, check_method, parse_methods,
-                       unit_methods)
+from .criteria import (
+                       CRITERIA,
+                       ROWS_PER_PASS,
+                       SCOPES,
+                       ScoreContext,
+                       base_gates,
+                       check_method,
+                       parse_methods,
+                       unit_methods,
+)
 from .gradients import gradient_scores, ig_scores, loss_rows
 from .patterns import pattern_scores
 from .scoring import layer_norms, rank_correlations, score

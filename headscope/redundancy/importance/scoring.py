@@ -13,13 +13,22 @@ from tqdm.auto import tqdm
 from ...data import Tokens
 from ...distributed import is_main, run_on_main
 from ...errors import HeadscopeError
-from ...eval.evaluate import MetricResult, Reference, ids_fingerprint, evaluate_prepared, make_reference, prepare
+from ...eval.evaluate import MetricResult, Reference, evaluate_prepared, ids_fingerprint, make_reference, prepare
 from ...eval.metrics import METRICS, resolve_metric
 from ...models.adapter import HeadModel
 from ...table import HeadTable
+from ...uncertainty import (
+    IntervalSettings,
+    PassageSums,
+    Statistic,
+    interval_from,
+    jackknife,
+    replicates,
+    spearman,
+    spearman_rows,
+    split_half,
+)
 from ...version import versions
-from ...uncertainty import (IntervalSettings, PassageSums, Statistic, interval_from, jackknife, replicates, spearman,
-                            spearman_rows, split_half)
 from .criteria import CRITERIA, ScoreContext, base_gates, parse_methods, shares
 
 # The fewest passages --until-stable starts from (two halves of four).

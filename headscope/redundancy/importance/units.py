@@ -28,12 +28,13 @@ from tqdm.auto import tqdm
 from ...data import Tokens, batches, pad_id
 from ...eval.evaluate import MetricResult, Reference, accumulate, evaluate_prepared, finish, make_reference, prepare
 from ...eval.metrics import METRICS, row_metric
-from .ablation import _map_tensors, capture_layer_outputs, skip_prefix
-from .criteria import CRITERIA, ScoreContext, base_gates, shares, targets, unit_methods
-from .gradients import _probe, loss_rows
 from ...models import layout
 from ...models.adapter import HeadModel
 from ..pruning.masks import UnitMask, check_unit_kind, unit_masks
+from .ablation import _map_tensors, capture_layer_outputs, skip_prefix
+from .criteria import CRITERIA, ScoreContext, base_gates, shares, targets, unit_methods
+from .gradients import _probe, loss_rows
+
 
 def block_influence(hm: HeadModel, prep: Tokens, *, batch_size: int = 16, progress: bool = False) -> np.ndarray:
     """Per block, 1 - mean over real tokens of cos(input, output): `[L]` (ShortGPT's BI; one pass)."""
