@@ -55,9 +55,15 @@ def throughput(model: str, n: int, batch_size: int, max_length: int, repeats: in
         # Alternate the order (AB, BA, ...) and keep per-pair ratios: on a shared machine the
         # median of back-to-back ratios is far steadier than a ratio of medians.
         pair = {}
-        for name, fn in ((("plain", plain), ("analyze", hooked)) if r % 2 == 0 else (("analyze", hooked), ("plain", plain))):
-            t0 = time.perf_counter(); fn(); pair[name] = time.perf_counter() - t0
-        t_plain.append(pair["plain"]); t_hooked.append(pair["analyze"]); ratios.append(pair["analyze"] / pair["plain"])
+        for name, fn in (
+            (("plain", plain), ("analyze", hooked)) if r % 2 == 0 else (("analyze", hooked), ("plain", plain))
+        ):
+            t0 = time.perf_counter()
+            fn()
+            pair[name] = time.perf_counter() - t0
+        t_plain.append(pair["plain"])
+        t_hooked.append(pair["analyze"])
+        ratios.append(pair["analyze"] / pair["plain"])
     p, h = statistics.median(t_plain), statistics.median(t_hooked)
     tokens = sum(map(len, ids))
     return {"model": model, "sentences": n, "tokens": tokens, "plain_s": p, "analyze_s": h,

@@ -43,7 +43,9 @@ def fill(cache, layers: int, shapes: tuple[tuple[int, int], tuple[int, int]], to
     returns the KV bytes a decoding step then reads over all layers (float32, `tokens + 1` tokens)."""
     (hk, dk), (hv, dv) = shapes
     for layer in range(layers):
-        cache.update(torch.randn(1, hk, tokens, dk, generator=gen), torch.randn(1, hv, tokens, dv, generator=gen), layer)
+        cache.update(
+            torch.randn(1, hk, tokens, dk, generator=gen), torch.randn(1, hv, tokens, dv, generator=gen), layer
+        )
     return layers * (hk * dk + hv * dv) * 4 * (tokens + 1)
 
 

@@ -37,8 +37,11 @@ def main() -> None:
 
     ref, t_ref = run(load_model(args.model))
     print(f"float32: {t_ref:.1f} s")
-    runs = [("bfloat16", dict(dtype="bfloat16")), ("float16", dict(dtype="float16")),
-            (f"device_map auto, cpu={args.cpu_bytes} bytes", dict(device_map="auto", max_memory={"cpu": args.cpu_bytes}))]
+    runs = [
+        ("bfloat16", dict(dtype="bfloat16")),
+        ("float16", dict(dtype="float16")),
+        (f"device_map auto, cpu={args.cpu_bytes} bytes", dict(device_map="auto", max_memory={"cpu": args.cpu_bytes})),
+    ]
     for name, kw in runs:
         hm = load_model(args.model, **kw)
         if "device_map" in kw:

@@ -87,8 +87,8 @@ def main() -> None:
                 results[k] = runs[k]()[0]
                 times[k].append(time.perf_counter() - t0)
         t = {k: min(v) for k, v in times.items()}
-        ratio = [n / p for n, p in zip(times["naive"], times["prefix"])]
-        ratio_b = [n / p for n, p in zip(times["naive"], times["prefix_batched"])]
+        ratio = [n / p for n, p in zip(times["naive"], times["prefix"], strict=True)]
+        ratio_b = [n / p for n, p in zip(times["naive"], times["prefix_batched"], strict=True)]
         limit = 2 * L / (L + 1)
         rec["ablation"] = {
             "seconds_best": {k: round(v, 3) for k, v in t.items()},

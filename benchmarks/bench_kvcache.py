@@ -77,7 +77,7 @@ def main() -> None:
     token = torch.tensor([[hm.tokenizer.eos_token_id or 0]])
     reads = {}
     with torch.inference_mode():
-        for r in range(args.rounds):
+        for _ in range(args.rounds):
             for n in names:
                 if n == "dynamic":
                     hm.model.set_attn_implementation("sdpa")

@@ -60,7 +60,7 @@ def body_flops(hm: HeadModel, heads_per_layer: list[int], kv_per_layer: list[int
     ff = int(getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * d)
     mlp_mats = 3 if c.model_type in ("llama", "mistral", "qwen2") else 2
     total = 0.0
-    for h, kv in zip(heads_per_layer, kv_per_layer):
+    for h, kv in zip(heads_per_layer, kv_per_layer, strict=True):
         total += 2 * d * h * dh  # Q
         total += 2 * 2 * d * kv * dh  # K, V
         total += 2 * h * dh * d  # O
@@ -91,8 +91,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats} (after {args.warmup} warmup), "
-          f"eager attention, transformer body only")
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats} (after {args.warmup} warmup), "
+        f"eager attention, transformer body only"
+    )
     print(f"{'model':<8} {'batch x T':>10} {'p':>6} {'s':>6} {'orig ms':>9} {'pruned ms':>10} {'speedup':>8} "
           f"{'ideal':>7} {'achieved/ideal':>15} {'params':>14}")
     for name in args.models.split(","):

@@ -38,7 +38,8 @@ def child(limit: int, repeat: int = 1) -> None:
     rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rep = table.meta["roles"]
     longest = max(len(hm.tokenizer(s.text)["input_ids"]) for s in sents)
-    print(json.dumps({"sentences": len(sents), "longest_tokens": longest, "tokens": table.meta["tokens_seen"], "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
+    print(json.dumps({"sentences": len(sents), "longest_tokens": longest, "tokens": table.meta["tokens_seen"],
+                      "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
                       "peak_rss_mib": round(rss_peak, 1), "rss_after_load_mib": round(rss_loaded, 1),
                       "growth_mib": round(rss_peak - rss_loaded, 1),
                       "arcs": sum(r["count"] for r in rep["syntax"]["relations"].values())}))
@@ -64,11 +65,15 @@ def main() -> None:
                              capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
-    print("\n| sentences | longest (tokens) | tokens | arcs | wall (s) | CPU (s) | peak RSS (MiB) | RSS after model load (MiB) | growth (MiB) |")
+    print("\n| sentences | longest (tokens) | tokens | arcs | wall (s) | CPU (s) | peak RSS (MiB) "
+          "| RSS after model load (MiB) | growth (MiB) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['sentences']} | {r['longest_tokens']} | {r['tokens']} | {r['arcs']} | {r['seconds']} | {r['cpu_seconds']} | {r['peak_rss_mib']} | "
-              f"{r['rss_after_load_mib']} | {r['growth_mib']} |")
+        print(
+            f"| {r['sentences']} | {r['longest_tokens']} | {r['tokens']} | {r['arcs']} | {r['seconds']} "
+            f"| {r['cpu_seconds']} | {r['peak_rss_mib']} | "
+            f"{r['rss_after_load_mib']} | {r['growth_mib']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -111,8 +111,10 @@ def main() -> None:
             rows[verb] = json.loads(out.stdout.strip().splitlines()[-1])
             print(json.dumps(rows[verb]), flush=True)
         if "analyze" in rows and "similar" in rows:
-            print(f"similar peak - analyze peak: {rows['similar']['peak_rss_mib'] - rows['analyze']['peak_rss_mib']} MiB "
-                  f"(target <= 300)")
+            print(
+                f"similar peak - analyze peak: {rows['similar']['peak_rss_mib'] - rows['analyze']['peak_rss_mib']} MiB "
+                f"(target <= 300)"
+            )
         if "analyze" in rows and "similar-exact" in rows:
             print(f"similar --cka exact peak - analyze peak: "
                   f"{rows['similar-exact']['peak_rss_mib'] - rows['analyze']['peak_rss_mib']} MiB")

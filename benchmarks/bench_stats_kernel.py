@@ -86,9 +86,22 @@ def child(model: str, mode: str, length: int, block: int, repeats: int, batch: i
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     peak = _rss_kib("VmHWM")
-    print(json.dumps({"mode": mode, "T": length, "batch": batch, "seconds": statistics.median(times), "runs": repeats,
-                      "times": times, "cpu_seconds": statistics.median(cpu), "peak_mib": peak / 1024, "growth_mib": (peak - before) / 1024,
-                      "attn_implementation": hm.config._attn_implementation}))
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "T": length,
+                "batch": batch,
+                "seconds": statistics.median(times),
+                "runs": repeats,
+                "times": times,
+                "cpu_seconds": statistics.median(cpu),
+                "peak_mib": peak / 1024,
+                "growth_mib": (peak - before) / 1024,
+                "attn_implementation": hm.config._attn_implementation,
+            }
+        )
+    )
 
 
 def run_child(model: str, mode: str, length: int, block: int, repeats: int, batch: int, threads: int) -> dict:
@@ -174,7 +187,9 @@ def main() -> None:
             print(f"{length:>6} {'sdpa':>7} {base['seconds']:>8.1f}  one sdpa forward took over "
                   f"{args.max_forward_s:.0f} s: skipping T = {skipped}")
             break
-        modes = [m for m in args.modes if not (m == "eager" and args.eager_up_to is not None and length > args.eager_up_to)]
+        modes = [
+            m for m in args.modes if not (m == "eager" and args.eager_up_to is not None and length > args.eager_up_to)
+        ]
         rows += [run_child(args.model, mode, length, args.block, repeats, args.batch, args.threads) for mode in modes]
         for r in rows:
             r["load_after"] = float(open("/proc/loadavg").read().split()[0])
@@ -192,7 +207,9 @@ def main() -> None:
     if skipped:
         print(f"skipped: T = {skipped}")
     if args.plot and results:
-        plot(results, f"{args.model}: analyze's cost against T (batch {args.batch}, {args.threads} thread(s))", args.plot)
+        plot(
+            results, f"{args.model}: analyze's cost against T (batch {args.batch}, {args.threads} thread(s))", args.plot
+        )
 
 
 if __name__ == "__main__":

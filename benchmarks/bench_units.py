@@ -49,7 +49,9 @@ def main() -> None:
     n_batches = (len(prep.ids) + args.batch_size - 1) // args.batch_size
 
     counts = {"passes": 0, "blocks": 0}
-    hooks = [hm.model.base_model.register_forward_pre_hook(lambda *a: counts.__setitem__("passes", counts["passes"] + 1))]
+    hooks = [
+        hm.model.base_model.register_forward_pre_hook(lambda *a: counts.__setitem__("passes", counts["passes"] + 1))
+    ]
     for l in range(L):
         hooks.append(hm.ffn_out(l).register_forward_pre_hook(
             lambda *a: counts.__setitem__("blocks", counts["blocks"] + 1)))
@@ -71,10 +73,10 @@ def main() -> None:
            "threads": torch.get_num_threads(), "plain_pass_s": t_plain, "plain_passes": p_plain,
            "plain_block_evals": b_plain, "metric": metric, "baseline": plain.value}
     for unit in ("attention", "block"):
-        (vr, _), t_r, p_r, b_r = best(lambda: layer_ablation(hm, prep, metric, unit, reference=ref,
-                                                           batch_size=args.batch_size))
-        (vn, _), t_n, p_n, b_n = best(lambda: layer_ablation(hm, prep, metric, unit, reference=ref, batch_size=args.batch_size,
-                                                             reuse_prefix=False))
+        (vr, _), t_r, p_r, b_r = best(lambda unit=unit: layer_ablation(hm, prep, metric, unit, reference=ref,
+                                                                     batch_size=args.batch_size))
+        (vn, _), t_n, p_n, b_n = best(lambda unit=unit: layer_ablation(hm, prep, metric, unit, reference=ref,
+                                                                     batch_size=args.batch_size, reuse_prefix=False))
         rec[unit] = {
             "passes_per_batch": p_r / n_batches, "target_passes_per_batch": L + 1,
             "block_evals_per_batch_reuse": b_r / n_batches, "block_evals_per_batch_naive": b_n / n_batches,

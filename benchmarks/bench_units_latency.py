@@ -117,7 +117,7 @@ def main() -> None:
     print(f"\n{args.model}: {args.batch} x {args.length} tokens, {torch.get_num_threads()} threads, "
           f"{args.rounds} interleaved rounds; original forward median {statistics.median(base_times):.3f} s")
     print(f"{'model':<28} {'params removed':>14} {'speedup':>8} {'FLOP-ideal':>10} {'achieved/ideal':>14}")
-    for row, rs in zip(rows, ratios):
+    for row, rs in zip(rows, ratios, strict=True):
         row["speedup"] = statistics.median(rs)
         row["speedups"] = rs
         print(f"{row['label']:<28} {100 * row['fraction_params']:>13.1f}% {row['speedup']:>8.3f} "

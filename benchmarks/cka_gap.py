@@ -48,7 +48,6 @@ def capture(hm, ids: list[list[int]], batch_size: int) -> list[torch.Tensor]:
     """Per passage, the head outputs `[tokens, N, d_head]` (float32), all layers stacked."""
     per: list[torch.Tensor | None] = [None] * len(ids)
     outputs: dict[int, torch.Tensor] = {}
-    cur: dict[str, torch.Tensor] = {}
 
     def keep(layer: int, z: torch.Tensor) -> None:
         outputs[layer] = z.detach().clone()  # [B, P, head, d_head]

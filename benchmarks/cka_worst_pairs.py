@@ -47,7 +47,9 @@ def main() -> None:
     p.add_argument("--top", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cka-batch", default="256", help="comma list of minibatch sizes; the pairs are the worst of the first")
+    p.add_argument(
+        "--cka-batch", default="256", help="comma list of minibatch sizes; the pairs are the worst of the first"
+    )
     args = p.parse_args()
     torch.manual_seed(args.seed)
     hm = headscope.load_model(args.model)

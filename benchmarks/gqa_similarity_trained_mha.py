@@ -49,6 +49,11 @@ REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ["<pad>", "<s>", "</s>"]  # <unk> is one of PTB's own words
 
 
+def rank(x: np.ndarray) -> np.ndarray:
+    """Ranks (0 = smallest), for a Spearman by Pearson on ranks."""
+    return np.argsort(np.argsort(x))
+
+
 def build_tokenizer(train: list[str]):
     """Word-level tokenizer over the PTB train vocabulary; prepends <s> so every word is predicted."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -66,11 +71,21 @@ def build_tokenizer(train: list[str]):
 def build_model(tok, args, seed: int) -> HeadModel:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=args.hidden, num_hidden_layers=args.layers,
-                      num_attention_heads=args.heads, num_key_value_heads=args.heads, head_dim=args.hidden // args.heads,
-                      intermediate_size=4 * args.hidden, tie_word_embeddings=True, max_position_embeddings=256,
-                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      attn_implementation="eager")
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        head_dim=args.hidden // args.heads,
+        intermediate_size=4 * args.hidden,
+        tie_word_embeddings=True,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        attn_implementation="eager",
+    )
     torch.manual_seed(seed)
     return HeadModel(model=LlamaForCausalLM(cfg), tokenizer=tok, name=f"ptb-mha-seed{seed}", source="trained here")
 
@@ -120,7 +135,9 @@ def cost(dist: np.ndarray, groups) -> float:
 
 def percentile(dist_layer: np.ndarray, groups_layer, n_kv: int, G: int) -> float:
     """Share of all balanced partitions of this layer with a pooling error below this grouping's."""
-    costs = np.array([gqa.partition_cost(dist_layer, p) for p in gqa.enumerate_partitions(list(range(n_kv)), n_kv // G)])
+    costs = np.array(
+        [gqa.partition_cost(dist_layer, p) for p in gqa.enumerate_partitions(list(range(n_kv)), n_kv // G)]
+    )
     return float((costs < gqa.partition_cost(dist_layer, groups_layer) - 1e-12).mean())
 
 
@@ -159,11 +176,24 @@ def run_seed(args, seed: int, train, calib, heldout, rows: list[dict]) -> None:
         for k, g in cands.items():
             name, rs = (("random", k.split("-")[1]) if k.startswith("random-") else (k, ""))
             pct = [percentile(d_data[l], g[l], n_kv, G) for l in range(L)] if G not in (1, n_kv) else [0.0] * L
-            rows.append(dict(base, G=G, grouping=name, random_seed=rs, heldout_ppl=held[k]["ppl"],
-                             heldout_kl=held[k]["kl"], calib_kl=cal[k]["kl"], pooling_error_data=cost(d_data, g),
-                             pooling_error_weights=cost(d_w, g), pooling_pct_data=json.dumps([round(p, 3) for p in pct]),
-                             same_as_adjacent=g == cands["adjacent"], groups=json.dumps(g), uptrain_steps=0,
-                             **notes.get(k, {})))
+            rows.append(
+                dict(
+                    base,
+                    G=G,
+                    grouping=name,
+                    random_seed=rs,
+                    heldout_ppl=held[k]["ppl"],
+                    heldout_kl=held[k]["kl"],
+                    calib_kl=cal[k]["kl"],
+                    pooling_error_data=cost(d_data, g),
+                    pooling_error_weights=cost(d_w, g),
+                    pooling_pct_data=json.dumps([round(p, 3) for p in pct]),
+                    same_as_adjacent=g == cands["adjacent"],
+                    groups=json.dumps(g),
+                    uptrain_steps=0,
+                    **notes.get(k, {}),
+                )
+            )
         print(f"[seed {seed}] G={G}: {len(cands)} groupings evaluated ({time.time() - t0:.0f} s so far)", flush=True)
         if G in args.uptrain_G and args.uptrain_steps and G not in (1, n_kv):
             up_names = ["adjacent", "similarity-data", "similarity-weights"] + \
@@ -175,10 +205,21 @@ def run_seed(args, seed: int, train, calib, heldout, rows: list[dict]) -> None:
             held_u = gqa.compare(hm, upd, heldout, **ev)
             for k in up_names:
                 name, rs = (("random", k.split("-")[1]) if k.startswith("random-") else (k, ""))
-                rows.append(dict(base, G=G, grouping=name, random_seed=rs, heldout_ppl=held_u[k]["ppl"],
-                                 heldout_kl=held_u[k]["kl"], pooling_error_data=cost(d_data, cands[k]),
-                                 pooling_error_weights=cost(d_w, cands[k]), same_as_adjacent=cands[k] == cands["adjacent"],
-                                 groups=json.dumps(cands[k]), uptrain_steps=args.uptrain_steps))
+                rows.append(
+                    dict(
+                        base,
+                        G=G,
+                        grouping=name,
+                        random_seed=rs,
+                        heldout_ppl=held_u[k]["ppl"],
+                        heldout_kl=held_u[k]["kl"],
+                        pooling_error_data=cost(d_data, cands[k]),
+                        pooling_error_weights=cost(d_w, cands[k]),
+                        same_as_adjacent=cands[k] == cands["adjacent"],
+                        groups=json.dumps(cands[k]),
+                        uptrain_steps=args.uptrain_steps,
+                    )
+                )
             print(f"[seed {seed}] G={G}: uptrained {len(up_names)} conversions ({time.time() - t0:.0f} s so far)",
                   flush=True)
 
@@ -222,14 +263,12 @@ def summary(rows: list[dict]) -> str:
         pts = [(r["pooling_error_data"], r["heldout_kl"]) for r in rs if r["grouping"] != "original (MHA)"]
         if len(pts) > 3:
             a, b = np.array(pts).T
-            rank = lambda x: np.argsort(np.argsort(x))
             rho = float(np.corrcoef(rank(a), rank(b))[0, 1])
             out.append(f"  Spearman(pooling error on data, held-out KL) over these {len(pts)} groupings: {rho:.2f}")
         pts = [(r["calib_kl"], r["heldout_kl"]) for r in rs
                if r["grouping"] != "original (MHA)" and r.get("calib_kl") is not None]
         if len(pts) > 3:
             a, b = np.array(pts).T
-            rank = lambda x: np.argsort(np.argsort(x))
             out.append(f"  Spearman(calibration KL, held-out KL) over these {len(pts)} groupings: "
                        f"{float(np.corrcoef(rank(a), rank(b))[0, 1]):.2f}")
     return "\n".join(out)
@@ -255,7 +294,9 @@ def read_csv(path: str) -> list[dict]:
         if k in ("same_as_adjacent", "fallback_fired"):
             return v == "True"
         try:
-            return float(v) if k not in ("grouping", "random_seed", "grouping_used", "groups", "pooling_pct_data") else v
+            return (
+                float(v) if k not in ("grouping", "random_seed", "grouping_used", "groups", "pooling_pct_data") else v
+            )
         except ValueError:
             return v
     with open(path, newline="") as f:

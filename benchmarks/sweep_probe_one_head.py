@@ -1,11 +1,14 @@
-"""Retrain the one-head pair-task model of docs/sweep.md (same seed and batches as the sweep) and measure where its head looks."""
+"""Retrain the one-head pair-task model of docs/sweep.md (same seed and batches as the sweep) and measure where its
+head looks."""
+
 import json
 import sys
 
 import torch
 
-torch.set_num_threads(1)
 import headscope.capacity.sweep as S
+
+torch.set_num_threads(1)
 
 cfg = S.SweepConfig(task="pair", d_model=256, n_heads=1, n_layers=1, steps=400, seq=64, batch=32)
 # Same training as the sweep (same seed, same batches), but keep the model.
@@ -16,7 +19,8 @@ with torch.no_grad():
     _, w = m.blocks[0].attn(resid, return_weights=True)  # [b,1,q,k]
 w = w[:, 0]
 q = torch.arange(7, 64)
-a1 = w[:, q, q - 1]; a7 = w[:, q, q - 7]
+a1 = w[:, q, q - 1]
+a7 = w[:, q, q - 7]
 rest = 1 - a1 - a7
 same = (x[:, q-1] == x[:, q-7])
 out = {"val_acc": row["val_acc"], "w_i-1_mean": a1.mean().item(), "w_i-1_std": a1.std().item(),

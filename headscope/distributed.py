@@ -407,7 +407,34 @@ def launch(argv: Sequence[str], workers: int, *, grace_s: float = 30.0) -> int:
     return 0
 
 
-__all__ = ["all_reduce_array", "RankCrashed", "RankFailed", "active", "add_workers_arg", "all_reduce_stats", "all_reduce_totals",
-           "backend_for", "check", "check_ranks", "check_workers", "fail", "init", "is_main", "launch",
-           "launched", "local", "owner", "owns", "rank", "rank_device", "rank_env", "rendezvous_store",
-           "run_on_main", "session", "shard_batches", "shard_indices", "shutdown", "world_size"]
+__all__ = [
+    "all_reduce_array",
+    "RankCrashed",
+    "RankFailed",
+    "active",
+    "add_workers_arg",
+    "all_reduce_stats",
+    "all_reduce_totals",
+    "backend_for",
+    "check",
+    "check_ranks",
+    "check_workers",
+    "fail",
+    "init",
+    "is_main",
+    "launch",
+    "launched",
+    "local",
+    "owner",
+    "owns",
+    "rank",
+    "rank_device",
+    "rank_env",
+    "rendezvous_store",
+    "run_on_main",
+    "session",
+    "shard_batches",
+    "shard_indices",
+    "shutdown",
+    "world_size",
+]

@@ -62,7 +62,7 @@ def test_set_qkv_weights_writes_what_it_is_given(family):
                        (w.q, w.k, w.v, w.q_bias, w.k_bias, w.v_bias)))
     hm.set_qkv_weights(0, new)
     weights, biases = _by_hand(hm, 0)
-    for got, want in zip(weights + biases, [new.q, new.k, new.v, new.q_bias, new.k_bias, new.v_bias]):
+    for got, want in zip(weights + biases, [new.q, new.k, new.v, new.q_bias, new.k_bias, new.v_bias], strict=True):
         assert torch.equal(got, want)
 
 
@@ -79,7 +79,9 @@ def test_set_qkv_weights_can_change_kv_heads(family):
         w = hm.qkv_weights(layer)
 
         def rep(t):
-            return None if t is None else t.reshape(-1, d, *t.shape[1:]).repeat_interleave(g, 0).reshape(-1, *t.shape[1:])
+            return (
+                None if t is None else t.reshape(-1, d, *t.shape[1:]).repeat_interleave(g, 0).reshape(-1, *t.shape[1:])
+            )
 
         hm.set_qkv_weights(layer, QKVWeights(w.q, rep(w.k), rep(w.v), w.q_bias, rep(w.k_bias), rep(w.v_bias)))
         assert hm.layers[layer].self_attn.k_proj.out_features == hm.n_heads * d
@@ -131,7 +133,9 @@ def test_permute_heads_keeps_the_function_and_moves_the_rows(family):
 
 def test_permute_heads_refuses_splitting_a_kv_group():
     hm = tiny_model("llama")
-    with pytest.raises(HeadscopeError, match=r"query heads \[0, 1, 3\] would share KV slot 0 but read different KV heads \[0, 1\]"):
+    with pytest.raises(
+        HeadscopeError, match=r"query heads \[0, 1, 3\] would share KV slot 0 but read different KV heads \[0, 1\]"
+    ):
         hm.permute_heads(0, [0, 1, 3, 2, 4, 5])
     with pytest.raises(HeadscopeError, match="is not a permutation of the 6 query heads"):
         hm.permute_heads(0, [0, 1, 2])

@@ -96,20 +96,76 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     commands = {
         "analyze": ["analyze", bert, *small],
         # roles needs a real vocabulary (its induction test draws ordinary tokens): MiniLM.
-        "roles": ["roles", "minilm", *small, "--treebank", str(base / "tb.conllu"), "--coref", str(base / "coref.conllu")],
+        "roles": [
+            "roles",
+            "minilm",
+            *small,
+            "--treebank",
+            str(base / "tb.conllu"),
+            "--coref",
+            str(base / "coref.conllu"),
+        ],
         "similar": ["similar", bert, *small],
         "score": ["score", bert, "--method", "all", *small],
-        "prune": ["prune", bert, "--fraction", "25%", "--step", "0.125", "--recover", "1", "--wordsim",
-                  "--wordsim-recovered", "--save-model", *small],
+        "prune": [
+            "prune",
+            bert,
+            "--fraction",
+            "25%",
+            "--step",
+            "0.125",
+            "--recover",
+            "1",
+            "--wordsim",
+            "--wordsim-recovered",
+            "--save-model",
+            *small,
+        ],
         "prune_lm": ["prune", str(llama), "--fraction", "20%", "--step", "0.2", "--data", str(text), *small],
         "kv": ["kv", bert, "--classic"],  # the report below is for this BERT: kv.csv must be of the same model
-        "sweep": ["sweep", "--d-model", "8", "--heads", "1,2", "--steps", "2", "--seq", "16", "--batch", "2",
-                  "--eval-tokens", "32", "--no-progress"],
+        "sweep": [
+            "sweep",
+            "--d-model",
+            "8",
+            "--heads",
+            "1,2",
+            "--steps",
+            "2",
+            "--seq",
+            "16",
+            "--batch",
+            "2",
+            "--eval-tokens",
+            "32",
+            "--no-progress",
+        ],
         "gqa": ["gqa", str(llama), "--kv-heads", "3", "--uptrain", "1", "--data", str(text), "--heldout", str(text)],
-        "gqa_similarity": ["gqa", str(llama), "--kv-heads", "2", "--grouping", "similarity", "--data", str(text),
-                           "--heldout", str(text)],
-        "gqa_search": ["gqa", str(llama), "--kv-heads", "2", "--grouping", "search", "--search-candidates", "1",
-                       "--data", str(text), "--heldout", str(text)],
+        "gqa_similarity": [
+            "gqa",
+            str(llama),
+            "--kv-heads",
+            "2",
+            "--grouping",
+            "similarity",
+            "--data",
+            str(text),
+            "--heldout",
+            str(text),
+        ],
+        "gqa_search": [
+            "gqa",
+            str(llama),
+            "--kv-heads",
+            "2",
+            "--grouping",
+            "search",
+            "--search-candidates",
+            "1",
+            "--data",
+            str(text),
+            "--heldout",
+            str(text),
+        ],
     }
     out = {}
     for name, argv in commands.items():
@@ -261,7 +317,11 @@ def test_report_reads_every_verbs_real_files(runs):
 
 
 def test_declaration_helpers():
-    assert A.producers("heads.csv") == ["analyze"] and A.producers("roles.csv") == ["roles"] and A.artifact("kv.csv").verb == "kv"
+    assert (
+        A.producers("heads.csv") == ["analyze"]
+        and A.producers("roles.csv") == ["roles"]
+        and A.artifact("kv.csv").verb == "kv"
+    )
     with pytest.raises(HeadscopeError, match="did you mean 'heads.csv'"):
         A.artifact("head.csv")
     with pytest.raises(HeadscopeError, match="did you mean 'prune'"):

@@ -169,7 +169,7 @@ def test_outputs_equal_sdpa_forward(model):
             assert model.config._attn_implementation == KERNEL_NAME
             got = model.model(**inputs, output_hidden_states=True, use_cache=False).hidden_states
     assert sorted(set(blocks)) == list(range(model.n_layers)) and len(blocks) == model.n_layers * 8
-    for layer, (g, w) in enumerate(zip(got, want)):
+    for layer, (g, w) in enumerate(zip(got, want, strict=True)):
         d = (g - w).abs().max().item()
         assert d == 0.0, f"hidden state {layer}: max abs diff {d} from the sdpa forward"
 

@@ -170,7 +170,8 @@ def test_a_normal_run_prints_no_loading_bar_and_each_warning_once(tmp_path):
         "    return real(*a, **k)\n"
         "A.run_stats = noisy\n"
         "from headscope.cli import main\n"
-        f"sys.exit(main(['analyze', 'minilm', '--limit', '2', '--max-length', '16', '--out', {str(tmp_path / 'o')!r}]))\n"
+        "sys.exit(main(['analyze', 'minilm', '--limit', '2', '--max-length', '16', "
+        f"'--out', {str(tmp_path / 'o')!r}]))\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)

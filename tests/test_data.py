@@ -22,7 +22,7 @@ def test_rebuilt_sentences_equal_the_treebank_text(name):
     want = text_lines(treebank_path(name))
     assert len(sentences) == len(want)
     # Normalise no-break spaces: one EWT sentence writes one inside `# text` only.
-    mismatches = [(a, b.text) for a, b in zip(want, sentences) if a.replace("\xa0", " ") != b.text]
+    mismatches = [(a, b.text) for a, b in zip(want, sentences, strict=True) if a.replace("\xa0", " ") != b.text]
     assert not mismatches, mismatches[:3]
 
 

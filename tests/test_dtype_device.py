@@ -90,7 +90,9 @@ def test_low_precision_statistics_close_to_float32(tmp_path, caplog, family, dty
         assert b[c].dtype == np.float64  # accumulated in float64 whatever the model computes in
         atol, rtol = _tolerance(c, u)
         diff = np.abs(a[c] - b[c])
-        assert np.all(diff <= atol + rtol * np.abs(a[c])), f"{c}: max abs diff {diff.max():.3g} (atol {atol:.3g}, rtol {rtol:.3g})"
+        assert np.all(diff <= atol + rtol * np.abs(a[c])), (
+            f"{c}: max abs diff {diff.max():.3g} (atol {atol:.3g}, rtol {rtol:.3g})"
+        )
         moved = max(moved, float(diff.max()))
     assert moved > 0  # the low-precision model really ran in its dtype
 
@@ -145,7 +147,9 @@ def test_dispatched_statistics_gates_capture_equal(pair):
 
 def test_dispatched_eval_and_weights(pair):
     ref, hm = pair
-    batch = type("B", (), {"input_ids": torch.tensor([IDS[0][:9], IDS[1]]), "attention_mask": torch.ones(2, 9, dtype=torch.long)})
+    batch = type(
+        "B", (), {"input_ids": torch.tensor([IDS[0][:9], IDS[1]]), "attention_mask": torch.ones(2, 9, dtype=torch.long)}
+    )
     assert compare_lms(ref.model, {"d": hm.model}, [batch])["d"]["kl"] == 0.0
     for layer in range(ref.n_layers):
         wa, wb = ref.qkv_weights(layer), hm.qkv_weights(layer)
@@ -211,7 +215,9 @@ def test_dispatch_refused_where_it_cannot_work(llama_dir, tmp_path):
         load_model(llama_dir, device_map={"model.layers.0": "disk"})  # the other modules get no device
     pruned = tmp_path / "pruned"
     save_model(prune_heads(load_model(llama_dir), {0: [0, 1, 2]}), pruned)
-    with pytest.raises(HeadscopeError, match="checkpoint headscope changed .headscope_pruning.json.*cannot be dispatched"):
+    with pytest.raises(
+        HeadscopeError, match="checkpoint headscope changed .headscope_pruning.json.*cannot be dispatched"
+    ):
         load_model(str(pruned), device_map="auto")
 
 
@@ -248,7 +254,9 @@ def test_cli_dispatched_analyze_equals_in_memory(tmp_path, bert_dir):
     assert _run(tmp_path, ["analyze", bert_dir, *small, "--out", "disp", "--device-map", "auto",
                            "--max-memory", "cpu=60000", "--offload-dir", "off"]) == 0
     assert (tmp_path / "mem" / "heads.csv").read_text() == (tmp_path / "disp" / "heads.csv").read_text()
-    prov = {run: json.loads((tmp_path / run / "heads.json").read_text())["meta"]["provenance"] for run in ("mem", "disp")}
+    prov = {
+        run: json.loads((tmp_path / run / "heads.json").read_text())["meta"]["provenance"] for run in ("mem", "disp")
+    }
     assert prov["disp"]["model"]["fingerprint"] == prov["mem"]["model"]["fingerprint"]
     assert prov["disp"]["options"]["device_map"] == "auto"
     assert _run(tmp_path, ["analyze", bert_dir, *small, "--out", "bf", "--dtype", "bfloat16"]) == 0
@@ -258,20 +266,29 @@ def test_cli_dispatched_analyze_equals_in_memory(tmp_path, bert_dir):
     assert (tmp_path / "smem" / "importance.csv").read_text() == (tmp_path / "sdisp" / "importance.csv").read_text()
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["analyze", "--dtype", "float8"], "dtype 'float8' is not supported"),
-    (["score", "--dtype", "fp16"], "use one of float32, bfloat16, float16"),
-    (["analyze", "--device-map", "auto", "--device", "cpu"], "give a device (--device) or a device map (--device-map), not both"),
-    (["gqa", "smollm2", "--kv-heads", "1", "--device-map", "auto", "--device", "cpu"], "not both"),
-    (["similar", "--device-map", "everywhere"], "'everywhere' is not a placement strategy"),
-    (["prune", "--target-drop", "1%", "--max-memory", "cpu=1GiB"], "--max-memory places a model spread over devices"),
-    (["roles", "--offload-dir", "off"], "--offload-dir places a model spread over devices"),
-    (["analyze", "--device-map", "auto", "--max-memory", "cpu:1GiB"], "is not DEVICE=SIZE"),
-    (["analyze", "--device-map", "auto", "--max-memory", "gpu=1GiB"], "'gpu' is not a device"),
-    (["analyze", "--device-map", "auto", "--max-memory", "cpu=lots"], "'lots' is not a size"),
-    (["analyze", "--device-map", "missing.json"], "--device-map 'missing.json' cannot be read"),
-    (["report", "--device-map", "auto", "--device", "cpu"], "not both"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["analyze", "--dtype", "float8"], "dtype 'float8' is not supported"),
+        (["score", "--dtype", "fp16"], "use one of float32, bfloat16, float16"),
+        (
+            ["analyze", "--device-map", "auto", "--device", "cpu"],
+            "give a device (--device) or a device map (--device-map), not both",
+        ),
+        (["gqa", "smollm2", "--kv-heads", "1", "--device-map", "auto", "--device", "cpu"], "not both"),
+        (["similar", "--device-map", "everywhere"], "'everywhere' is not a placement strategy"),
+        (
+            ["prune", "--target-drop", "1%", "--max-memory", "cpu=1GiB"],
+            "--max-memory places a model spread over devices",
+        ),
+        (["roles", "--offload-dir", "off"], "--offload-dir places a model spread over devices"),
+        (["analyze", "--device-map", "auto", "--max-memory", "cpu:1GiB"], "is not DEVICE=SIZE"),
+        (["analyze", "--device-map", "auto", "--max-memory", "gpu=1GiB"], "'gpu' is not a device"),
+        (["analyze", "--device-map", "auto", "--max-memory", "cpu=lots"], "'lots' is not a size"),
+        (["analyze", "--device-map", "missing.json"], "--device-map 'missing.json' cannot be read"),
+        (["report", "--device-map", "auto", "--device", "cpu"], "not both"),
+    ],
+)
 def test_cli_placement_refused_before_work(tmp_path, capsys, argv, message):
     refused(tmp_path, capsys, argv, message)
 
@@ -282,7 +299,12 @@ def test_cli_gpu_placement_without_gpu(tmp_path, capsys):
     refused(tmp_path, capsys, ["analyze", "--device-map", "auto", "--max-memory", "0=20GiB,cpu=1GiB"],
             "GPU 0 does not exist")
     (tmp_path / "map.json").write_text(json.dumps({"model": 0}))
-    refused(tmp_path, capsys, ["analyze", "--device-map", "map.json"], "module 'model': --device 'cuda:0': CUDA is not available")
+    refused(
+        tmp_path,
+        capsys,
+        ["analyze", "--device-map", "map.json"],
+        "module 'model': --device 'cuda:0': CUDA is not available",
+    )
     (tmp_path / "map.json").unlink()
 
 
@@ -291,4 +313,6 @@ def test_cli_undispatchable_model(tmp_path, capsys, llama_dir):
     save_model(prune_heads(load_model(llama_dir), {0: [0, 1, 2]}), pruned)
     refused(tmp_path, capsys, ["analyze", str(pruned), "--device-map", "auto"], "cannot be dispatched")
     (tmp_path / "map.json").write_text(json.dumps({"model.layers.0": "disk"}))
-    refused(tmp_path, capsys, ["analyze", llama_dir, "--device-map", "map.json"], "cannot be dispatched with device map")
+    refused(
+        tmp_path, capsys, ["analyze", llama_dir, "--device-map", "map.json"], "cannot be dispatched with device map"
+    )

@@ -98,7 +98,7 @@ def test_captured_attention_equals_output_attentions(family):
         out = hm.model(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
     assert len(out.attentions) == len(head_layers(hm))  # transformers records softmax attention layers only
     assert sorted(captured) == head_layers(hm)
-    for layer, ref in zip(head_layers(hm), out.attentions):
+    for layer, ref in zip(head_layers(hm), out.attentions, strict=True):
         assert captured[layer].shape == (3, hm.n_heads, 12, 12)
         d = _maxdiff(captured[layer], ref)
         assert d == 0.0, f"{family} layer {layer}: max abs diff {d}"
@@ -110,9 +110,9 @@ def test_qkv_weights_equal_the_modules_read_by_hand(family):
     for layer in head_layers(hm):
         w = hm.qkv_weights(layer)
         weights, biases = BY_HAND[family](hm.layers[layer], hm)
-        for name, got, want in zip("qkv", (w.q, w.k, w.v), weights):
+        for name, got, want in zip("qkv", (w.q, w.k, w.v), weights, strict=True):
             assert torch.equal(got, want), f"{family} L{layer} {name}: max abs diff {_maxdiff(got, want):.3g}"
-        for name, got, want in zip("qkv", (w.q_bias, w.k_bias, w.v_bias), biases):
+        for name, got, want in zip("qkv", (w.q_bias, w.k_bias, w.v_bias), biases, strict=True):
             assert (got is None) == (want is None), f"{family} L{layer} {name}_bias presence"
             if want is not None:
                 assert torch.equal(got, want), f"{family} L{layer} {name}_bias differs"

@@ -110,7 +110,7 @@ def test_mean_pool_matches_hand_computed_weights():
     out = gqa.convert_to_gqa(hm, 2)
     d = hm.d_head
     for layer in range(hm.n_layers):
-        for (old_w, old_b), (new_w, new_b) in zip(kv(hm, layer), kv(out, layer)):
+        for (old_w, old_b), (new_w, new_b) in zip(kv(hm, layer), kv(out, layer), strict=True):
             want_w = old_w.reshape(2, 3, d, -1).mean(1).reshape(2 * d, -1)
             want_b = old_b.reshape(2, 3, d).mean(1).reshape(-1)
             close(new_w, want_w, 1e-7)
@@ -378,10 +378,12 @@ def test_search_is_never_worse_than_adjacent_or_similarity_on_calibration_kl():
         assert kl_search <= min(kl_adj, kl_sim) + 1e-12, (g, kl_search, kl_adj, kl_sim)
         for got, want in ((found["calibration_kl_search"], kl_search), (found["calibration_kl_adjacent"], kl_adj),
                           (found["calibration_kl_similarity"], kl_sim)):
-            assert abs(got - want) <= 1e-9 * want, f"G={g}: trace KL {got} vs recomputed {want}, diff {abs(got - want):.3g}"
+            assert abs(got - want) <= 1e-9 * want, (
+                f"G={g}: trace KL {got} vs recomputed {want}, diff {abs(got - want):.3g}"
+            )
         trace = found["search_trace"]
         kls = [found["calibration_kl_start"]] + [t["calibration_kl"] for t in trace]
-        assert all(b <= a for a, b in zip(kls, kls[1:])), kls
+        assert all(b <= a for a, b in zip(kls, kls[1:], strict=False)), kls
         assert [t["layer"] for t in trace] == list(range(hm.n_layers))
         for t in trace:  # the layer's choice is the candidate with the lowest KL it measured
             assert t["calibration_kl"] == min(t["candidate_kl"].values()), t

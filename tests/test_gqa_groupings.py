@@ -65,8 +65,10 @@ def test_a_new_grouping_is_one_registered_function(monkeypatch):
     @gqa.GROUPINGS.register("reversed", help="adjacent groups, numbered backwards (a test grouping)")
     def reversed_grouping(hm, kv_heads, opts):
         m = hm.n_kv_heads // kv_heads
-        return {"grouping_used": "reversed",
-                "groups": [[list(range(hm.n_kv_heads))[::-1][j * m:(j + 1) * m] for j in range(kv_heads)]] * hm.n_layers}
+        return {
+            "grouping_used": "reversed",
+            "groups": [[list(range(hm.n_kv_heads))[::-1][j * m : (j + 1) * m] for j in range(kv_heads)]] * hm.n_layers,
+        }
 
     hm = tiny_model("llama", num_key_value_heads=6)
     assert gqa.plan_groups(hm, 3, "reversed")["groups"][0] == [[5, 4], [3, 2], [1, 0]]

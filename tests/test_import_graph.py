@@ -187,7 +187,9 @@ def test_layers_import_only_what_the_layout_allows():
     bad = {m: sorted(d for d in deps if layer_of(d) not in LAYERS[layer_of(m)])
            for m, deps in graph.items() if layer_of(m) in LAYERS}
     bad = {m: d for m, d in bad.items() if d}
-    assert not bad, "imports across the layers:\n" + "\n".join(f"  {m} -> {', '.join(d)}" for m, d in sorted(bad.items()))
+    assert not bad, "imports across the layers:\n" + "\n".join(
+        f"  {m} -> {', '.join(d)}" for m, d in sorted(bad.items())
+    )
 
 
 def test_few_flat_modules_at_the_top():

@@ -70,7 +70,8 @@ def test_prefix_reusing_ablation_equals_naive(tiny, per_pass):
 
 
 def test_prefix_layers_are_not_recomputed():
-    """Layer 0 runs once per batch for the unablated pass and once per pass of its own ablations, never for later layers."""
+    """Layer 0 runs once per batch for the unablated pass and once per pass of its own ablations, never for later
+    layers."""
     hm = tiny_model("gpt2", init_std=0.2)
     prep, metric, _ = setup(hm, passages())
     calls = {"n": 0}
@@ -141,7 +142,7 @@ def test_gradient_matches_finite_differences(family):
     s = gradient_scores(hm, prep, metric, batch_size=len(data))
     eps = 1e-3
     for layer, head in [(0, 0), (hm.n_layers - 1, 3)]:
-        def loss_at(t, items=prep):
+        def loss_at(t, items=prep, layer=layer, head=head):
             g = torch.ones(hm.n_layers, hm.n_heads, dtype=torch.float64)
             g[layer, head] = t
             return evaluate(hm, items, metric, gates=g, batch_size=len(data)).value
@@ -167,7 +168,8 @@ def test_gradient_matches_finite_differences(family):
 
 
 def test_encoder_gradient_uses_the_gauss_newton_probe():
-    """The fidelity loss 1 - cos is flat at the unpruned gates; the probe surrogate's gradient matches finite differences."""
+    """The fidelity loss 1 - cos is flat at the unpruned gates; the probe surrogate's gradient matches finite
+    differences."""
     hm = _double("bert")
     data = passages()
     prep, metric, ref = setup(hm, data, batch_size=len(data))

@@ -237,7 +237,10 @@ def test_unknown_dtype_says_what_works():
 
 
 def test_config_without_head_counts():
-    with pytest.raises(HeadscopeError, match=r"no attention head count.*num_attention_heads.*Keys found: hidden_size, num_hidden_layers"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"no attention head count.*num_attention_heads.*Keys found: hidden_size, num_hidden_layers",
+    ):
         kv_bytes_per_token({"num_hidden_layers": 4, "hidden_size": 64})
     with pytest.raises(HeadscopeError, match="no layer count"):
         kv_bytes_per_token({"num_attention_heads": 4})

@@ -37,7 +37,7 @@ def test_prepare_windows_frame_and_counts(minilm):
     assert len(wins) > 2
     cls, sep = tok.cls_token_id, tok.sep_token_id
     counted = []
-    for i, w in enumerate(wins):
+    for w in wins:
         assert len(w.ids) <= 64 and w.ids[0] == cls and w.ids[-1] == sep  # each window framed like a passage
         assert w.ids[1:-1] == content[w.start:w.start + len(w.ids) - 2]
         counted += w.ids[w.count_from:w.count_to]

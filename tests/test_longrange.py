@@ -108,7 +108,7 @@ def test_retrieval_counter_known_answer_and_blocks():
     # a step pointing at the right token outside the needle, or at the wrong needle token, scores nothing
     c = RetrievalCounter(hm, hay)
     p = torch.zeros(1, hm.n_heads, 40, 40)
-    for step, key in zip((35, 36, 37), (12, 13, 14)):
+    for step, key in zip((35, 36, 37), (12, 13, 14), strict=True):
         p[0, :, step, key] = 1
     p[0, 0, 37, 14], p[0, 0, 37, 38] = 0, 1  # head 0 takes the answer's own copy at step 37 (outside the needle)
     p[0, 1, 36, 13], p[0, 1, 36, 15] = 0, 1  # head 1 takes another needle token at step 36
@@ -131,7 +131,9 @@ def test_retrieval_counter_known_answer_and_blocks():
 
 def test_decide_long_rule():
     s = {"retrieval_score": np.array([[0.5, 0.05, 0.5]]), "retrieval_score_uniform": np.array([[0.01, 0.01, 0.2]])}
-    s.update({"streaming_share": np.array([[0.95, 0.95, 0.85]]), "streaming_share_uniform": np.array([[0.34, 0.5, 0.1]])})
+    s.update(
+        {"streaming_share": np.array([[0.95, 0.95, 0.85]]), "streaming_share_uniform": np.array([[0.34, 0.5, 0.1]])}
+    )
     roles = decide_long(s, LongThresholds())
     # retrieval: 0.05 is below 0.1; 0.5 is not 3x of 0.2. streaming: 0.95 is 0.61 above 0.34 but only 0.45
     # above 0.5; 0.85 is below 0.9
@@ -240,7 +242,9 @@ def test_cli_long_roles_smollm2(tmp_path, smollm2, monkeypatch):
     from headscope.cli import main
 
     checks = []
-    lr = importlib.import_module("headscope.learned.longctx.long_roles")  # the module: the package exports a function of its name
+    lr = importlib.import_module(
+        "headscope.learned.longctx.long_roles"
+    )  # the module: the package exports a function of its name
     for module in (cmd, lr):
         monkeypatch.setattr(module, "check_long_args", lambda *a, f=module.check_long_args: (checks.append(a), f(*a)))
     out, card = tmp_path / "out", tmp_path / "card.json"

@@ -68,7 +68,7 @@ def test_fidelity_matches_hand_computation_when_gated():
         try:
             for l, h in ((0, 1), (1, 3)):
                 hm.out_proj(l).weight[:, h * hm.d_head:(h + 1) * hm.d_head] = 0
-            for ids, ref in zip(data, refs):
+            for ids, ref in zip(data, refs, strict=True):
                 out = hm.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
                 cos.append(torch.nn.functional.cosine_similarity(out.mean(0), ref.mean(0), dim=0).item())
                 mse_num += ((out - ref) ** 2).mean(-1).sum().item()
@@ -107,17 +107,17 @@ def test_accuracy_on_labelled_jsonl(tmp_path):
     texts = ["good film", "bad plot", "so so", "great", "awful acting here", "fine", "meh", "superb cast"]
     labels = ["pos", 0, "neu", 2, "neg", 1, "1", "pos"]
     path = tmp_path / "labelled.jsonl"
-    path.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in zip(texts, labels)))
+    path.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in zip(texts, labels, strict=True)))
     assert default_metric(hm, labelled=True) == "accuracy" and default_metric(hm) == "fidelity"
     r = evaluate(hm, path, batch_size=3)
     want_ids = [2, 0, 1, 2, 0, 1, 1, 2]
     with torch.no_grad():
         pred = [hm.model(input_ids=torch.tensor([hm.tokenizer(t)["input_ids"]])).logits.argmax(-1).item()
                 for t in texts]
-    want = sum(p == y for p, y in zip(pred, want_ids)) / len(texts)
+    want = sum(p == y for p, y in zip(pred, want_ids, strict=True)) / len(texts)
     assert r.name == "accuracy" and r.value == want, (r.value, want, pred)
     # The same through in-memory dicts.
-    r2 = evaluate(hm, [{"text": t, "label": y} for t, y in zip(texts, labels)], batch_size=8)
+    r2 = evaluate(hm, [{"text": t, "label": y} for t, y in zip(texts, labels, strict=True)], batch_size=8)
     assert r2.value == want
 
 
@@ -246,7 +246,7 @@ def test_a_new_metric_is_one_registered_function():
         ours = prune_curve(hm, data, metric=name, fraction=0.25, step=0.125, recover_steps=1, progress=False)
         theirs = prune_curve(hm, data, fraction=0.25, step=0.125, recover_steps=1, progress=False)
         assert [r.removed for r in ours.rows] == [r.removed for r in theirs.rows]
-        for r_ours, r_theirs in zip(ours.rows, theirs.rows):
+        for r_ours, r_theirs in zip(ours.rows, theirs.rows, strict=True):
             assert r_ours.metric == -r_theirs.metric and r_ours.metric_recovered == -r_theirs.metric_recovered
         assert "perplexity" not in ours.curve_records()[0] and ours.summary()["baseline_perplexity"] is None
     finally:

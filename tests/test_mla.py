@@ -76,7 +76,8 @@ def test_partial_rope_at_full_rank_equals_a_hand_built_partial_rope_model():
     q = (x @ w.q.T).view(2, 9, h, d).transpose(1, 2)
     k = (x @ w.k.T).view(2, 9, g, d).transpose(1, 2)
     v = (x @ w.v.T).view(2, 9, g, d).transpose(1, 2)
-    rot = lambda t: t * cos[:, None] + torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1) * sin[:, None]
+    def rot(t):
+        return t * cos[:, None] + torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1) * sin[:, None]
     keep = torch.zeros(g, d, dtype=torch.bool)
     for kv, f in enumerate(freqs[str(layer)]):
         keep[kv, f] = keep[kv, [i + d // 2 for i in f]] = True
@@ -114,7 +115,8 @@ def test_two_norm_scores_match_a_direct_computation():
     x = torch.cat([t[0] for t in xs])  # [tokens, d_model]
     w = hm.qkv_weights(1)
     q, k = (x @ w.q.T).view(-1, h, d), (x @ w.k.T).view(-1, g, d)
-    pair = lambda t: (t[..., :d // 2] ** 2 + t[..., d // 2:] ** 2).sqrt().mean(0)  # [heads, d/2]
+    def pair(t):  # [heads, d/2]
+        return (t[..., :d // 2] ** 2 + t[..., d // 2:] ** 2).sqrt().mean(0)
     qn, kn = pair(q), pair(k)
     want = torch.stack([(qn[j * 3:(j + 1) * 3] * kn[j]).sum(0) for j in range(g)])
     close(got[1].float(), want, 1e-4)
@@ -148,7 +150,9 @@ def test_one_kv_report_for_gqa_and_mla():
     hm = tiny("llama")
     conv = mla.convert_to_mla(hm, 5, 4, data=CALIB)
     before, after = kv_report(hm, per_token=True), kv_report(conv, per_token=True)
-    assert before["formula"] == KV_HEADS_FORMULA and before["bytes_per_token"] == 2 * 2 * 2 * 8 * 4  # K,V x layers x kv x d
+    assert (
+        before["formula"] == KV_HEADS_FORMULA and before["bytes_per_token"] == 2 * 2 * 2 * 8 * 4
+    )  # K,V x layers x kv x d
     assert after["formula"] == CACHE_FORMULAS.get(mla.MLA_CONFIG_KEY).help
     assert after["bytes_per_token"] == mla.mla_kv_bytes_per_token(conv.config.headscope_mla, hm.n_layers)
     assert before["match"] and after["match"], (before, after)

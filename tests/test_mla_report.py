@@ -24,7 +24,9 @@ def runs(tmp_path_factory):
     common = ["--data", str(text), "--heldout", str(text), "--uptrain", "2"]
     assert main(["gqa", str(src), "--kv-heads", "1", *common, "--out", str(tmp / "mqa")]) == 0
     for r in (4, 12):
-        assert main(["mla", str(src), "--kv-rank", str(r), "--rope-dims", "4", *common, "--out", str(tmp / f"r{r}")]) == 0
+        assert (
+            main(["mla", str(src), "--kv-rank", str(r), "--rope-dims", "4", *common, "--out", str(tmp / f"r{r}")]) == 0
+        )
     return tmp
 
 

@@ -99,7 +99,9 @@ def test_matches_torch_multihead_attention(causal):
         ours, w = m(x, attention_mask=mask, return_weights=True)
         ref_out, ref_w = ref(x, x, x, key_padding_mask=~mask.bool(), attn_mask=blocked,
                              need_weights=True, average_attn_weights=False)
-    assert torch.allclose(ours, ref_out, atol=TOL), f"max abs diff vs nn.MultiheadAttention {_maxdiff(ours, ref_out):.2e}"
+    assert torch.allclose(ours, ref_out, atol=TOL), (
+        f"max abs diff vs nn.MultiheadAttention {_maxdiff(ours, ref_out):.2e}"
+    )
     assert torch.allclose(w, ref_w, atol=TOL), f"max abs diff of weights {_maxdiff(w, ref_w):.2e}"
 
 
@@ -177,7 +179,9 @@ def test_weights_sum_to_one_over_allowed_keys_and_zero_on_masked():
     allowed = torch.ones(T, T, dtype=torch.bool).tril()[None, None] & mask.bool()[:, None, None, :]
     allowed = allowed.expand_as(w)
     sums = w.sum(-1)
-    assert torch.allclose(sums, torch.ones_like(sums), atol=TOL), f"max |sum - 1| {_maxdiff(sums, torch.ones_like(sums)):.2e}"
+    assert torch.allclose(sums, torch.ones_like(sums), atol=TOL), (
+        f"max |sum - 1| {_maxdiff(sums, torch.ones_like(sums)):.2e}"
+    )
     assert float(w[~allowed].abs().max()) == 0.0, f"weight on masked keys {float(w[~allowed].abs().max()):.2e}"
     assert float(w[allowed].min()) > 0.0
 

@@ -23,8 +23,10 @@ def test_register_get_and_metadata():
     assert reg.get("alpha").fn() == 1 and reg.get("alpha").cost == 2
     assert reg.help_lines() == ["alpha: first", "beta: second"]
     with pytest.raises(AttributeError):
-        reg.get("beta").cost
-    with pytest.raises(HeadscopeError, match=r"unknown widget 'alhpa' \(did you mean 'alpha'\?\); choose one of alpha, beta"):
+        _ = reg.get("beta").cost
+    with pytest.raises(
+        HeadscopeError, match=r"unknown widget 'alhpa' \(did you mean 'alpha'\?\); choose one of alpha, beta"
+    ):
         reg.get("alhpa")
     with pytest.raises(ValueError, match="registered twice"):
         reg.register("alpha", help="again")(alpha)

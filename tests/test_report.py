@@ -51,7 +51,7 @@ def write_outputs(out: Path, n_layers: int, n_heads: int, rng: np.random.Generat
         {"step": i, "fraction_removed": f, "n_removed": n, "metric": m, "drop": np.exp(m - 3.0) - 1,
          "perplexity": np.exp(m), "metric_recovered": mr, "drop_recovered": np.exp(mr - 3.0) - 1,
          "perplexity_recovered": np.exp(mr), "removed": " ".join(f"L0H{j}" for j in range(n))}
-        for i, (f, n, m, mr) in enumerate(zip([0.0, 0.25, 0.5], [0, 2, 4], metric, recovered))]
+        for i, (f, n, m, mr) in enumerate(zip([0.0, 0.25, 0.5], [0, 2, 4], metric, recovered, strict=True))]
     ).drop(columns=["wordsim353", "simlex999", "wordsim353_recovered", "simlex999_recovered"]).to_csv(
         out / "prune_curve.csv", index=False)
     pd.DataFrame({"layer": list(range(n_layers)), "heads": [n_heads] * n_layers,
@@ -87,16 +87,35 @@ def write_outputs(out: Path, n_layers: int, n_heads: int, rng: np.random.Generat
     (out / "roles.json").write_text(json.dumps(roles))
     rows = [{"kind": "head", "layer": l, "head": h, "relation": "nsubj", "count": 30, "dep_to_head": a,
              "head_to_dep": a / 2, "accuracy": a, "baseline_offset": ""}
-            for (l, h), a in zip(heads, rng.random(len(heads)))]
+            for (l, h), a in zip(heads, rng.random(len(heads)), strict=True)]
     rows.append({"kind": "offset_baseline", "layer": "", "head": "", "relation": "nsubj", "count": 30,
                  "dep_to_head": 0.3, "head_to_dep": 0.3, "accuracy": 0.3, "baseline_offset": -1})
     pd.DataFrame(rows).to_csv(out / "syntax.csv", index=False)
     loss = [4.0, 3.8, 3.9, 3.95]
-    full(A.SWEEP_CSV, [{"task": "ptb", "d_model": 32, "n_layers": 2, "n_heads": h, "d_head": dh, "n_kv_heads": kv,
-                        "steps": 10, "seq": 16, "batch": 4, "val_loss": v, "val_ppl": np.exp(v),
-                        "val_bits_per_token": v / np.log(2), "tokens_per_s": s, "tokens_per_cpu_s": s / 2}
-                       for h, dh, kv, v, s in zip([1, 2, 4, 4], [32, 16, 8, 8], [1, 2, 4, 1], loss,
-                                                  [900, 800, 700, 750])]).to_csv(out / "sweep.csv", index=False)
+    full(
+        A.SWEEP_CSV,
+        [
+            {
+                "task": "ptb",
+                "d_model": 32,
+                "n_layers": 2,
+                "n_heads": h,
+                "d_head": dh,
+                "n_kv_heads": kv,
+                "steps": 10,
+                "seq": 16,
+                "batch": 4,
+                "val_loss": v,
+                "val_ppl": np.exp(v),
+                "val_bits_per_token": v / np.log(2),
+                "tokens_per_s": s,
+                "tokens_per_cpu_s": s / 2,
+            }
+            for h, dh, kv, v, s in zip(
+                [1, 2, 4, 4], [32, 16, 8, 8], [1, 2, 4, 1], loss, [900, 800, 700, 750], strict=True
+            )
+        ],
+    ).to_csv(out / "sweep.csv", index=False)
     (out / "gqa.json").write_text(json.dumps({
         **{k: None for k in A.GQA_JSON.required()}, "model": "tiny", "n_kv_heads_before": 4, "n_kv_heads_after": 2,
         "grouping_used": "mean", "ppl_before": 20.0, "ppl_after": 24.0,
@@ -188,7 +207,7 @@ def test_example_maps_match_transformers_attentions(bert):
 
     ex = example_maps(bert, token_ids=IDS, n=2)
     assert len(ex) == 2
-    for ids, e in zip(IDS, ex):
+    for ids, e in zip(IDS, ex, strict=True):
         with torch.inference_mode():
             x = torch.tensor([ids])
             ref = bert.model(input_ids=x, output_attentions=True).attentions
@@ -271,7 +290,22 @@ def test_declarations_name_every_file_the_report_reads():
 
     readable = {n for n, a in A.ARTIFACTS.items() if a.kind in ("csv", "json", "npz")}
     assert set(Sources.scan([]).found) == set()  # nothing found in no directory
-    assert {"heads.csv", "roles.csv", "roles.json", "kv.json", "syntax.csv", "similar_pairs.csv", "similarity.npz", "clusters.json",
-            "importance.csv", "rank_correlation.csv", "prune_curve.csv", "redundancy.csv", "prune.json", "kv.csv",
-            "sweep.csv", "gqa.json"} <= readable
+    assert {
+        "heads.csv",
+        "roles.csv",
+        "roles.json",
+        "kv.json",
+        "syntax.csv",
+        "similar_pairs.csv",
+        "similarity.npz",
+        "clusters.json",
+        "importance.csv",
+        "rank_correlation.csv",
+        "prune_curve.csv",
+        "redundancy.csv",
+        "prune.json",
+        "kv.csv",
+        "sweep.csv",
+        "gqa.json",
+    } <= readable
     assert all(n.startswith("report-") and n.endswith(".png") for n in figure_names())

@@ -203,7 +203,8 @@ def test_decide_rules():
     assert r[0, 0] == ["previous_token"]  # 0.9 >= 0.5 and 9x baseline
     assert r[0, 1] == ["broad"]  # 0.4 on the previous token is below the 0.5 threshold
     assert r[0, 2] == []  # 0.9 but only 1.8x a baseline of 0.5
-    syntax = {"det": {"count": 50, "baseline": 0.5, "dep_to_head": [[0.65, 0.2, 0.55]], "head_to_dep": [[0.1, 0.7, 0.1]]},
+    syntax = {"det": {"count": 50, "baseline": 0.5, "dep_to_head": [[0.65, 0.2, 0.55]],
+                      "head_to_dep": [[0.1, 0.7, 0.1]]},
               "iobj": {"count": 5, "baseline": 0.1, "dep_to_head": [[0.9, 0.9, 0.9]], "head_to_dep": [[0, 0, 0]]}}
     r = decide(scores, Thresholds(), syntax=syntax)
     assert [("syntactic:det" in x) for x in r[0]] == [True, True, False]
@@ -231,7 +232,7 @@ def _eager_offset_masses(hm, passages) -> dict[str, np.ndarray]:
     for ids in passages:
         got = {}
         x = torch.tensor([ids])
-        with on_attention_weights(hm, lambda l, p: got.setdefault(l, p[0].double())), torch.no_grad():
+        with on_attention_weights(hm, lambda l, p, got=got: got.setdefault(l, p[0].double())), torch.no_grad():
             hm.model(input_ids=x, attention_mask=torch.ones_like(x))
         t = len(ids)
         for k in OFFSETS:
@@ -285,7 +286,7 @@ def test_a_registered_role_reaches_the_census():
         table = roles(hm, data, repeat_length=REPEAT, n_sequences=2, batch_size=2,
                       thresholds=Thresholds(peaked_weight=top))
         assert [e["head"] for e in table.meta["roles"]["census"]["test_peaked"]] == \
-            [f"L{l}H{h}" for l, h in zip(*np.nonzero(weights == top))]
+            [f"L{l}H{h}" for l, h in zip(*np.nonzero(weights == top), strict=True)]
     finally:
         ROLES.remove("test_peaked")
     assert "test_peaked" not in ROLES
@@ -420,7 +421,8 @@ def test_cli_roles_writes_contract_files(tmp_path, minilm, monkeypatch):
 
 
 def test_smollm2_induction_heads(smollm2):
-    """SmolLM2 has strong induction heads: measured (32 sequences of 24 tokens) top L18H6 0.89 vs a uniform baseline of 0.029."""
+    """SmolLM2 has strong induction heads: measured (32 sequences of 24 tokens) top L18H6 0.89 vs a uniform baseline
+    of 0.029."""
     s = induction_scores(smollm2, n_sequences=4, length=16, seed=0)
     ind, base = s["induction_score"], s["induction_score_uniform"]
     top = float(ind.max())

@@ -91,7 +91,7 @@ def test_full_maps_switch_to_eager_only_while_active(family):
     assert fast.config._attn_implementation == impl  # restored
     layers = [layer for layer in range(eager.n_layers) if eager.has_heads(layer)]  # softmax layers are recorded
     assert len(out.attentions) == len(layers)
-    for layer, ref in zip(layers, out.attentions):
+    for layer, ref in zip(layers, out.attentions, strict=True):
         d = (got[layer] - ref).abs().max().item()
         assert d == 0.0, f"{family} layer {layer}: max abs diff {d}"
 

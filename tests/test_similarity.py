@@ -454,7 +454,9 @@ def test_layer_weights_recompute_the_attention(tiny):
             if tiny.causal:
                 scores = scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).tril(), float("-inf"))
             p = scores.softmax(-1)
-            assert maxdiff(p, probs[layer][0]) < 1e-5, f"L{layer} probs from W_Q, W_K: {maxdiff(p, probs[layer][0]):.3g}"
+            assert maxdiff(p, probs[layer][0]) < 1e-5, (
+                f"L{layer} probs from W_Q, W_K: {maxdiff(p, probs[layer][0]):.3g}"
+            )
 
 
 # --- clusters, files, CLI -------------------------------------------------------------------------

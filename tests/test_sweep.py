@@ -50,7 +50,7 @@ def test_resume_after_interruption_skips_finished_and_matches(tmp_path):
                        on_config_done=lambda c, r, was_reused: (reused if was_reused else []).append(c.n_heads))
     assert reused == [1]
     assert set(trained) == {4}, f"only the unfinished configuration may train; trained {sorted(set(trained))}"
-    for a, b in zip(full, rows):
+    for a, b in zip(full, rows, strict=True):
         for col in ("val_loss", "train_loss", "params", "flops_per_token", "key"):
             assert a[col] == b[col], f"{col}: uninterrupted {a[col]} vs resumed {b[col]}"
     # A third run trains nothing at all.
@@ -115,7 +115,13 @@ def test_csv_and_json_written(tmp_path):
 
 
 def test_plots_average_seeds_and_keep_step_budgets_apart(tmp_path):
-    assert S.mean_by_heads([2, 1, 2, 1, 2], [3.0, 1.0, 5.0, 2.0, 4.0]) == ([1, 2], [1.5, 4.0], [1.0, 3.0], [2.0, 5.0], 3)
+    assert S.mean_by_heads([2, 1, 2, 1, 2], [3.0, 1.0, 5.0, 2.0, 4.0]) == (
+        [1, 2],
+        [1.5, 4.0],
+        [1.0, 3.0],
+        [2.0, 5.0],
+        3,
+    )
     rows = [dict(task="ptb", d_model=8, n_layers=1, n_heads=h, n_kv_heads=h, d_head=8 // h, steps=st, batch=2, seq=4,
                  val_bits_per_token=v, tokens_per_s=1.0, tokens_per_cpu_s=1.0)
             for h, st, v in [(1, 10, 3.0), (1, 10, 3.2), (2, 10, 2.9), (1, 30, 2.5), (2, 30, 2.4)]]

@@ -144,10 +144,19 @@ def test_read_documents_mentions_heads_and_crossing(tmp_path):
     assert [d.doc_id for d in docs] == ["doc_a", "doc_b"]
     assert [len(d.sentences) for d in docs] == [2, 2]
     m = docs[0].mentions
-    assert [(x.entity, x.start, x.end, x.head) for x in m[0]] == [("1", 0, 0, 0), ("2", 2, 4, 4)]  # head of "the big dog" = dog
-    assert [(x.entity, x.head) for x in m[1]] == [("1", 0), ("2", 2), ("3", 4)]  # multiword range and empty node skipped
+    assert [(x.entity, x.start, x.end, x.head) for x in m[0]] == [
+        ("1", 0, 0, 0),
+        ("2", 2, 4, 4),
+    ]  # head of "the big dog" = dog
+    assert [(x.entity, x.head) for x in m[1]] == [
+        ("1", 0),
+        ("2", 2),
+        ("3", 4),
+    ]  # multiword range and empty node skipped
     assert docs[0].sentences[1].words == ["She", "fed", "it", "'s", "food"]
-    assert counts["crossing_mentions"] == 2  # entity 9 opens in one sentence and closes in the next (counted at both ends)
+    assert (
+        counts["crossing_mentions"] == 2
+    )  # entity 9 opens in one sentence and closes in the next (counted at both ends)
     assert docs[1].mentions == [[], []]
 
 

@@ -51,7 +51,7 @@ def test_resume_from_a_saved_state_equals_an_uninterrupted_run(tmp_path):
     resumed.load_state_dict(state)
     resumed.run(18, batch_fn3, loss_fn3)
     assert resumed.losses == want  # bit-identical: same batches, same optimizer state, same schedule
-    for a, b in zip(model.parameters(), model3.parameters()):
+    for a, b in zip(model.parameters(), model3.parameters(), strict=True):
         assert torch.equal(a, b)
 
 
@@ -70,7 +70,7 @@ def test_divergence_and_bad_settings_are_clear_errors():
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(HeadscopeError, match="recover: training diverged .* at step 0"):
         tr.run(1, batch_fn, lambda b: model(b[0]).sum() * float("nan"))
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # no NaN step was taken
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # no NaN step was taken
     with pytest.raises(HeadscopeError, match="learning rate must be a positive number, got -1"):
         Trainer(model, model.parameters(), lr=-1, steps=5)
     with pytest.raises(HeadscopeError, match="unknown learning-rate schedule 'cosin'"):

@@ -49,7 +49,9 @@ def test_score_unit_files(llama, tmp_path):
     src, text = llama
     for unit, methods in (("block", ["block_influence", "ablation"]), ("ffn", ["taylor", "activation"])):
         out = tmp_path / unit
-        assert main(["score", str(src), "--unit", unit, "--data", str(text), "--max-length", "16", "--out", str(out)]) == 0
+        assert (
+            main(["score", str(src), "--unit", unit, "--data", str(text), "--max-length", "16", "--out", str(out)]) == 0
+        )
         assert sorted(p.name for p in out.iterdir()) == sorted(A.outputs("score --unit"))
         check_csv(out / "unit_importance.csv", A.UNIT_IMPORTANCE_CSV, set(),
                   {"importance_<method>": [f"importance_{m}" for m in methods]})
@@ -143,7 +145,7 @@ def test_curve_ends_at_the_most_that_fits_under_the_fraction():
     ids = [[5, 6, 7, 8, 9, 10, 11, 12]] * 2
     curve = unit_curve(hm, ids, unit="ffn", method="activation", fraction=0.3, step=0.25)
     fracs = [p.fraction_params for p in curve.points]
-    assert fracs[0] == 0.0 and all(a < b for a, b in zip(fracs, fracs[1:]))
+    assert fracs[0] == 0.0 and all(a < b for a, b in zip(fracs, fracs[1:], strict=False))
     assert fracs[-1] <= 0.3 + 1e-12 and len(fracs) == 3, fracs  # 0, the 25% step, and the rest up to 30%
     last = curve.points[-1]
     so_far = curve.records()[-1]["removed"].split()  # a point's `removed` holds its own step's units only

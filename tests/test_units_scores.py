@@ -57,7 +57,9 @@ def test_block_influence_equals_hidden_state_cosines():
     sums, count = np.zeros(hm.n_layers), 0.0
     with torch.no_grad():
         for b in batches(prep.ids, 3, pad_id=pad_id(hm)):
-            hs = hm.model(input_ids=b.input_ids, attention_mask=b.attention_mask, output_hidden_states=True).hidden_states
+            hs = hm.model(
+                input_ids=b.input_ids, attention_mask=b.attention_mask, output_hidden_states=True
+            ).hidden_states
             m = b.attention_mask.double()
             for l in range(hm.n_layers):
                 x, y = hs[l].double(), hs[l + 1].double()

@@ -53,7 +53,7 @@ def test_score_and_prune_read_identical_ptb_passages(monkeypatch, tmp_path, limi
     assert isinstance(scored, TextSource) and isinstance(pruned, TextSource)
     assert scored.source == pruned.source == "treebank:valid"
     assert len(scored.texts) == len(pruned.texts) == want, (len(scored.texts), len(pruned.texts), want)
-    assert scored.texts == pruned.texts, next((a, b) for a, b in zip(scored.texts, pruned.texts) if a != b)
+    assert scored.texts == pruned.texts, next((a, b) for a, b in zip(scored.texts, pruned.texts, strict=True) if a != b)
     assert all(len(t.split()) >= PTB_MIN_WORDS for t in scored.texts)  # the one PTB rule
 
 

@@ -367,13 +367,17 @@ def load_config(name_or_path: str | Path) -> dict[str, Any]:
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
-            raise HeadscopeError(f"model directory {text!r} has no config.json; give its config.json or another directory")
+            raise HeadscopeError(
+                f"model directory {text!r} has no config.json; give its config.json or another directory"
+            )
         path = path / "config.json"
     if path.is_file():
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise HeadscopeError(f"{text!r} is not a JSON config ({e}); give a config.json or a model directory") from None
+            raise HeadscopeError(
+                f"{text!r} is not a JSON config ({e}); give a config.json or a model directory"
+            ) from None
         if not isinstance(d, dict):
             raise HeadscopeError(f"{text!r} holds JSON but not an object; a config.json is a JSON object")
         d.setdefault("_name", path.parent.name if path.name == "config.json" else path.stem)

@@ -99,7 +99,8 @@ class MultiHeadAttention(nn.Module):
         if d_head < 1:
             raise HeadscopeError(f"d_head must be positive; got {d_head}")
         if rope and d_head % 2:
-            raise HeadscopeError(f"rope=True needs an even d_head (it rotates pairs of dimensions); got d_head={d_head}")
+            raise HeadscopeError(
+                f"rope=True needs an even d_head (it rotates pairs of dimensions); got d_head={d_head}")
         if not 0.0 <= dropout < 1.0:
             raise HeadscopeError(f"dropout must be in [0, 1); got {dropout}")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
@@ -129,7 +130,8 @@ class MultiHeadAttention(nn.Module):
         return_weights: bool = False,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend `x` [batch, pos, d_model] to itself; `attention_mask` [batch, pos] (1 = real token) hides padding keys.
+        """Attend `x` [batch, pos, d_model] to itself; `attention_mask` [batch, pos] (1 = real token) hides
+        padding keys.
 
         Returns the output [batch, pos, d_model], and the weights [batch, head, q, k] if `return_weights`.
         `positions` ([pos] or [batch, pos], default 0..pos-1) only matter with RoPE.
@@ -174,7 +176,9 @@ class MultiHeadAttention(nn.Module):
         out = self.o_proj(y)  # [batch, pos, d_model]
         return (out, weights) if return_weights else out
 
-    def _allowed(self, B: int, T: int, attention_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    def _allowed(
+        self, B: int, T: int, attention_mask: torch.Tensor | None, device: torch.device
+    ) -> torch.Tensor | None:
         """Which (query, key) pairs may attend: [batch or 1, 1, q, k] bool, or None when all may."""
         allowed = None
         if self.causal:

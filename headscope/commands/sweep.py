@@ -49,8 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--d-model", type=int, default=None, help="model width (default 256; xor: 64)")
     p.add_argument("--heads", type=_int_list, default=None,
                    help="query-head counts, comma-separated (default 1,2,4,8,16,32; xor: 1,2,4,8,16; pair: 1,2,4)")
-    p.add_argument("--kv-heads", type=_int_list, default=None,
-                   help="KV-head counts to try for each head count (default: = heads, MHA); those not dividing h are skipped")
+    p.add_argument(
+        "--kv-heads",
+        type=_int_list,
+        default=None,
+        help="KV-head counts to try for each head count (default: = heads, MHA); those not dividing h are skipped",
+    )
     p.add_argument("--d-head", type=_int_list, default=None,
                    help="d_head values, independent of the head count (default: d_model/h)")
     p.add_argument("--layers", type=int, default=None, help="layers (default 2 for ptb, 1 for xor and pair)")
@@ -99,9 +103,17 @@ def run(args: argparse.Namespace) -> int:
 
     def done(cfg, row, reused):
         tag = "reused" if reused else f"{row['wall_s']:.0f} s"
-        print(f"  {cfg.label:<24} val_loss {row['val_loss']:.4f}  " +
-              (f"acc {100 * row['val_acc']:.1f}%" if cfg.task != "ptb" else f"bits/byte {row['val_bits_per_token']:.3f}")
-              + f"  {row['tokens_per_s']:.0f} tok/s  ({tag})", file=sys.stderr, flush=True)
+        print(
+            f"  {cfg.label:<24} val_loss {row['val_loss']:.4f}  "
+            + (
+                f"acc {100 * row['val_acc']:.1f}%"
+                if cfg.task != "ptb"
+                else f"bits/byte {row['val_bits_per_token']:.3f}"
+            )
+            + f"  {row['tokens_per_s']:.0f} tok/s  ({tag})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     rows = run_sweep(configs, args.out, force=args.force, progress=not args.no_progress, on_config_done=done)
     plots = plot_sweep(rows, args.out)

@@ -406,8 +406,10 @@ class HeadModel:
         now = self.kept_heads(layer)
         if not self.has_heads(layer):
             if keep:
-                raise HeadscopeError(f"layer {layer} of the {self.spec.family} family is a "
-                                     f"{self.config.layer_types[layer]} layer: it has no softmax heads to keep or prune")
+                raise HeadscopeError(
+                    f"layer {layer} of the {self.spec.family} family is a "
+                    f"{self.config.layer_types[layer]} layer: it has no softmax heads to keep or prune"
+                )
             return []
         gone = [h for h in keep if h not in now]
         if gone:

@@ -11,8 +11,10 @@ from .sources import Part, Sources, clean
 
 def gqa_sentence(g: dict[str, Any]) -> str:
     """Perplexity before, after conversion and after uptraining, and the measured KV-cache shrink."""
-    s = (f"Converting {g['model']} from {g['n_kv_heads_before']} to {g['n_kv_heads_after']} KV heads "
-         f"({g['grouping_used']} grouping) moves held-out perplexity from {g['ppl_before']:.3g} to {g['ppl_after']:.3g}")
+    s = (
+        f"Converting {g['model']} from {g['n_kv_heads_before']} to {g['n_kv_heads_after']} KV heads "
+        f"({g['grouping_used']} grouping) moves held-out perplexity from {g['ppl_before']:.3g} to {g['ppl_after']:.3g}"
+    )
     if g["ppl_uptrained"] is not None:
         s += f", and {g['ppl_uptrained']:.3g} after uptraining"
     before, after = g["kv_bytes_before"]["measured"], g["kv_bytes_after"]["measured"]

@@ -29,7 +29,8 @@ def kv_view(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]
 
 
 def computed_rows(meta: dict[str, Any], config: Any) -> list[dict[str, Any]]:
-    """kv.csv's rows for this model (its layouts, then the classic configs), computed with headscope.capacity.kv_bytes."""
+    """kv.csv's rows for this model (its layouts, then the classic configs), computed with
+    headscope.capacity.kv_bytes."""
     cfg = config if config is not None else {
         "_name": meta.get("model", "model"), "model_type": meta.get("model_type", "model"),
         "num_hidden_layers": meta["n_layers"], "num_attention_heads": meta["n_heads"],
@@ -60,7 +61,7 @@ def kv_part(src: Sources, meta: dict[str, Any], config: Any = None) -> Part:
         source = f"computed here with headscope.capacity.kv_bytes ({DTYPE} cache, {SEQ_LEN}-token sequence, batch 1)"
     columns, shown = kv_view(rows)
     part.data["kv"] = {"columns": columns, "rows": shown, "source": source}
-    mine = next((r for r, v in zip(rows, shown) if "(this model)" in str(v["layout"])), None)
+    mine = next((r for r, v in zip(rows, shown, strict=True) if "(this model)" in str(v["layout"])), None)
     n_kv, n_heads = meta.get("n_kv_heads"), meta.get("n_heads")
     if mine is not None and isinstance(n_kv, int) and isinstance(n_heads, int):
         s = (f"This model caches {mine['bytes_per_token'] / 1024:.1f} KiB of {mine['dtype']} keys and values per "

@@ -46,10 +46,18 @@ def longctx_part(src: Sources) -> Part:
         best = _best(scores[entry.score])
         base = np.asarray(baselines.get(entry.baseline, []), dtype=float)
         heads = census.get(entry.name, [])
-        rows.append({"role": entry.label, "heads": len(heads),
-                     "best head": best[0] if best else "-", "score": round(best[1], 3) if best else None,
-                     "uniform baseline": round(float(np.nanmean(base)), 3) if base.size and not np.all(np.isnan(base)) else None,
-                     "holders": ", ".join(e["head"] for e in heads[:6]) + (" ..." if len(heads) > 6 else "")})
+        rows.append(
+            {
+                "role": entry.label,
+                "heads": len(heads),
+                "best head": best[0] if best else "-",
+                "score": round(best[1], 3) if best else None,
+                "uniform baseline": round(float(np.nanmean(base)), 3)
+                if base.size and not np.all(np.isnan(base))
+                else None,
+                "holders": ", ".join(e["head"] for e in heads[:6]) + (" ..." if len(heads) > 6 else ""),
+            }
+        )
     text = [f"At {lc['length']} tokens:"]
     n = lc.get("needles")
     if n:
@@ -58,8 +66,10 @@ def longctx_part(src: Sources) -> Part:
                     f"score counts the {n['succeeded']} it answered.")
     t = lc.get("text")
     if t:
-        text.append(f"streaming / echo / induction from {t['windows']} window(s) of {t['data']} "
-                    f"({t['counted_tokens']} queries; sink {t['sink']} + recent {t['recent']}, copies >= {t['far']} back).")
+        text.append(
+            f"streaming / echo / induction from {t['windows']} window(s) of {t['data']} "
+            f"({t['counted_tokens']} queries; sink {t['sink']} + recent {t['recent']}, copies >= {t['far']} back)."
+        )
     part.panel("q1", TITLE, columns=["role", "heads", "best head", "score", "uniform baseline", "holders"], rows=rows,
                text=[" ".join(text)])
     if census:

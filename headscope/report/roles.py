@@ -77,7 +77,9 @@ def syntax_table(src: Sources, coref: dict[str, Any] | None) -> dict[str, Any] |
         return None
     rows = t.rows if t is not None else []
     # `headscope roles` writes one offset-baseline row per relation after the per-head rows.
-    baselines = {str(r["relation"]): (r["accuracy"], r["baseline_offset"]) for r in rows if r["kind"] == "offset_baseline"}
+    baselines = {
+        str(r["relation"]): (r["accuracy"], r["baseline_offset"]) for r in rows if r["kind"] == "offset_baseline"
+    }
     head_rows = [r for r in rows if r["kind"] == "head"]
     by_rel: dict[str, dict[str, Any]] = {}
     for r in head_rows:

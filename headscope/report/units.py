@@ -35,7 +35,10 @@ def units_part(src: Sources) -> Part:
     corr = src.matrix(TASK_CORRELATION_CSV.name)
     if corr is not None:
         names = corr["names"]
-        rows = [{"task": r, **{n: v for n, v in zip(names, vals)}} for r, vals in zip(corr["rows"], corr["values"])]
+        rows = [
+            {"task": r, **{n: v for n, v in zip(names, vals, strict=True)}}
+            for r, vals in zip(corr["rows"], corr["values"], strict=True)
+        ]
         specific = src.csv(TASK_SPECIFIC_CSV.name)
         text = ["Spearman rank correlation of head importance between tasks (1 = the same order)."]
         if specific is not None and specific.rows:

@@ -48,7 +48,9 @@ def check_uptrain(steps: int, loss: str, train: str, teacher: HeadModel | None) 
         raise HeadscopeError(f"train={train!r} is not known; choose one of {', '.join(TRAINABLE)}")
 
 
-def uptrain_loss(model: torch.nn.Module, batch: Batch, loss: str, teacher: torch.nn.Module | None = None) -> torch.Tensor:
+def uptrain_loss(
+    model: torch.nn.Module, batch: Batch, loss: str, teacher: torch.nn.Module | None = None
+) -> torch.Tensor:
     """The uptraining loss of `model` on one batch: `distillation_loss` to `teacher` ("kd") or mean NLL ("lm")."""
     device = input_device(model)
     ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)

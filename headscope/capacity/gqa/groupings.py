@@ -78,10 +78,15 @@ def similarity_grouping(hm: HeadModel, kv_heads: int, opts: GroupingOptions) -> 
     dist = clustering.kv_distances(hm, opts.data, progress=opts.progress, **opts.reading)
     groups = [clustering.balanced_partition(dist[layer], kv_heads) for layer in range(hm.n_layers)]
     plan: dict[str, Any] = {
-        "grouping_used": "similarity", "groups": groups,
+        "grouping_used": "similarity",
+        "groups": groups,
         "similarity_on": "data" if opts.data is not None else "weights",
-        "pooling_error_adjacent": float(sum(clustering.partition_cost(dist[l], adjacent[l]) for l in range(hm.n_layers))),
-        "pooling_error_similarity": float(sum(clustering.partition_cost(dist[l], groups[l]) for l in range(hm.n_layers))),
+        "pooling_error_adjacent": float(
+            sum(clustering.partition_cost(dist[l], adjacent[l]) for l in range(hm.n_layers))
+        ),
+        "pooling_error_similarity": float(
+            sum(clustering.partition_cost(dist[l], groups[l]) for l in range(hm.n_layers))
+        ),
         "layers_regrouped": [l for l in range(hm.n_layers) if groups[l] != adjacent[l]],
     }
     if groups == adjacent:

@@ -108,7 +108,7 @@ def _greedy_pass(hm: HeadModel, work: HeadModel, todo: list[Batch], kv_heads: in
         others = [(key, name) for key, name in options[l].items() if key != here]
         trial_weights = [layer_weights(hm, l, [list(g) for g in key], kv_heads) for key, _ in others]
         kls = _trial_kls(hm, work, todo, [{l: w} for w in trial_weights], current, bar)
-        tried = {options[l][here]: kl_now, **{name: k for (_, name), k in zip(others, kls)}}
+        tried = {options[l][here]: kl_now, **{name: k for (_, name), k in zip(others, kls, strict=True)}}
         best = int(np.argmin(kls)) if kls else -1
         if kls and kls[best] < kl_now:
             chosen[l] = [list(g) for g in others[best][0]]

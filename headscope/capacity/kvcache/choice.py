@@ -110,7 +110,11 @@ def choose_threshold(scores: np.ndarray, n_kv_heads: int, threshold: float, chos
     """KV heads with a query head scoring at least `threshold`."""
     full = kv_head_scores(scores, n_kv_heads) >= threshold
     if not full.any():
-        best = float(np.nanmax(np.asarray(scores, float))) if np.isfinite(np.nanmax(np.asarray(scores, float))) else math.nan
+        best = (
+            float(np.nanmax(np.asarray(scores, float)))
+            if np.isfinite(np.nanmax(np.asarray(scores, float)))
+            else math.nan
+        )
         raise HeadscopeError(f"no head's {chosen_by} reaches --threshold {threshold:g} (the highest is {best:g}); "
                              f"lower the threshold or use --keep-full")
     return Choice(full, "score", chosen_by, float(full.mean()), _riders(scores, full, threshold))
@@ -192,6 +196,19 @@ def read_scores(path: str | Path, column: str, n_layers: int, n_heads: int) -> n
     return scores_matrix(read_scores_file(path, column), n_layers, n_heads)
 
 
-__all__ = ["Choice", "ScoresFile", "check_scores_file", "choose_full", "choose_random", "choose_threshold", "choose_top",
-           "kv_head_scores", "n_full_for", "parse_budget", "parse_budgets", "read_scores", "read_scores_file",
-           "scores_matrix"]
+__all__ = [
+    "Choice",
+    "ScoresFile",
+    "check_scores_file",
+    "choose_full",
+    "choose_random",
+    "choose_threshold",
+    "choose_top",
+    "kv_head_scores",
+    "n_full_for",
+    "parse_budget",
+    "parse_budgets",
+    "read_scores",
+    "read_scores_file",
+    "scores_matrix",
+]

@@ -91,9 +91,12 @@ def choices(hm: HeadModel, scores: np.ndarray | None, chosen_by: str, s: Setting
 
 
 def haystacks_for(hm: HeadModel, s: Settings) -> list[Any]:
-    """The evaluation needles: `s.needles` haystacks of `s.context` tokens, depths in turn (headscope.learned.longctx)."""
+    """The evaluation needles: `s.needles` haystacks of `s.context` tokens, depths in turn
+    (headscope.learned.longctx)."""
     sents = gum_sentences()
-    return [build_haystack(hm.tokenizer, s.context, DEPTHS[i % len(DEPTHS)], i, s.seed, sents) for i in range(s.needles)]
+    return [
+        build_haystack(hm.tokenizer, s.context, DEPTHS[i % len(DEPTHS)], i, s.seed, sents) for i in range(s.needles)
+    ]
 
 
 def compare(hm: HeadModel, passages: Sequence[Sequence[int]], scores: np.ndarray | None, chosen_by: str, s: Settings,
@@ -151,4 +154,13 @@ def compare(hm: HeadModel, passages: Sequence[Sequence[int]], scores: np.ndarray
     return rows
 
 
-__all__ = ["SCORE_SEED_OFFSET", "Settings", "check_context", "check_positions", "choices", "compare", "haystacks_for", "retrieval_scores"]
+__all__ = [
+    "SCORE_SEED_OFFSET",
+    "Settings",
+    "check_context",
+    "check_positions",
+    "choices",
+    "compare",
+    "haystacks_for",
+    "retrieval_scores",
+]

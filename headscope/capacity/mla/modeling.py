@@ -73,7 +73,9 @@ class MLAAttention(nn.Module):
         nope_idx = [[i for i in range(d_head) if i not in set(r)] for r in rope_idx]  # [kv][nope]
         # Position of each head dimension in [rope dims; nope dims]: gathers K back into head order.
         self._rope_idx = rope_idx
-        self._key_order = [sorted(range(d_head), key=lambda i, p=r + n: p[i]) for r, n in zip(rope_idx, nope_idx)]
+        self._key_order = [
+            sorted(range(d_head), key=lambda i, p=r + n: p[i]) for r, n in zip(rope_idx, nope_idx, strict=True)
+        ]
         self._q_rope = [[i in set(rope_idx[h // self.num_key_value_groups]) for i in range(d_head)]
                         for h in range(n_heads)]  # [heads][d_head]: which query dims are rotated
         self._cache: dict[Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}

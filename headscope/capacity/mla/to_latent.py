@@ -1,4 +1,5 @@
-"""The whole MLA recipe as one call: choose RoPE frequencies, factor K/V, optionally uptrain, evaluate, measure the cache."""
+"""The whole MLA recipe as one call: choose RoPE frequencies, factor K/V, optionally uptrain, evaluate, measure
+the cache."""
 
 from __future__ import annotations
 

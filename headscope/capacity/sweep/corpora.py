@@ -82,7 +82,9 @@ def load_corpus(name: str = "ptb", tokenization: str = "byte") -> Corpus:
     return Corpus(name, tokenization, vocab, train, valid, valid_words, h.hexdigest())
 
 
-def random_windows(ids: torch.Tensor, seq: int, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def random_windows(
+    ids: torch.Tensor, seq: int, batch: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`batch` random windows of `seq` inputs and their next-token targets, both [batch, seq]."""
     if len(ids) <= seq + 1:
         raise HeadscopeError(f"corpus of {len(ids)} tokens is too short for windows of seq={seq}")

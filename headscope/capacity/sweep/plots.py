@@ -18,10 +18,12 @@ __all__ = ["FIGURES", "mean_by_heads", "plot_sweep", "sweep_figure"]
 FIGURES = {"quality": SWEEP_QUALITY_PNG.name, "speed": SWEEP_SPEED_PNG.name}
 
 
-def mean_by_heads(heads: Sequence[int], values: Sequence[float]) -> tuple[list[int], list[float], list[float], list[float], int]:
+def mean_by_heads(
+    heads: Sequence[int], values: Sequence[float]
+) -> tuple[list[int], list[float], list[float], list[float], int]:
     """Group values by head count: (sorted head counts, means, minima, maxima, most runs of one head count)."""
     uh = sorted(set(heads))
-    per_h = [[v for h, v in zip(heads, values) if h == u] for u in uh]
+    per_h = [[v for h, v in zip(heads, values, strict=True) if h == u] for u in uh]
     return (uh, [sum(v) / len(v) for v in per_h], [min(v) for v in per_h], [max(v) for v in per_h],
             max(len(v) for v in per_h))
 
@@ -33,7 +35,9 @@ def _series(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], lis
     for r in rows:
         # MHA rows vs GQA/MQA rows stay apart, and so do runs of different lengths.
         kv_series = "MHA" if r["n_kv_heads"] == r["n_heads"] else f"kv={r['n_kv_heads']}"
-        dh_series = "d_head=d/h" if int(r["d_head"]) * int(r["n_heads"]) == int(r["d_model"]) else f"d_head={r['d_head']}"
+        dh_series = (
+            "d_head=d/h" if int(r["d_head"]) * int(r["n_heads"]) == int(r["d_model"]) else f"d_head={r['d_head']}"
+        )
         if several_budgets:
             dh_series += f", {int(r['steps'])} steps"
         by_series.setdefault((str(r["task"]), kv_series, dh_series), []).append(r)
@@ -71,11 +75,11 @@ def sweep_figure(rows: Sequence[Mapping[str, Any]], which: str, path: Path | Non
             label = f"{task} {kvs} {dhs}{suffix}" + (f", mean of {n_max} seeds (bars: min-max)" if n_max > 1 else "")
             line = ax.plot(uh, means, style, label=label)[0]
             if n_max > 1:
-                ax.errorbar(uh, means, yerr=[[m - lo for m, lo in zip(means, lows)],
-                                             [hi - m for m, hi in zip(means, highs)]],
+                ax.errorbar(uh, means, yerr=[[m - lo for m, lo in zip(means, lows, strict=True)],
+                                             [hi - m for m, hi in zip(means, highs, strict=True)]],
                             fmt="none", ecolor=line.get_color(), capsize=3, lw=1)
                 ax.plot(hs, ys, ".", color=line.get_color(), alpha=0.5, ms=4)
-            for h, y in zip(uh, means):
+            for h, y in zip(uh, means, strict=True):
                 d_head = next(r["d_head"] for r in rs if int(r["n_heads"]) == h)
                 ax.annotate(f"{d_head}", (h, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
     ax.set_xscale("log", base=2)
@@ -105,6 +109,6 @@ def sweep_figure(rows: Sequence[Mapping[str, Any]], which: str, path: Path | Non
 def plot_sweep(rows: Sequence[Mapping[str, Any]], out: str | Path) -> list[Path]:
     """Write the sweep's figures into `out` (sweep_quality.png, sweep_speed.png); return their paths."""
     paths = [Path(out) / name for name in FIGURES.values()]
-    for which, path in zip(FIGURES, paths):
+    for which, path in zip(FIGURES, paths, strict=True):
         sweep_figure(rows, which, path)
     return paths

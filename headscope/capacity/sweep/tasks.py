@@ -67,7 +67,8 @@ def _xor_targets(x: torch.Tensor) -> Batch:
 
 def pair_batch(batch: int, seq: int, generator: torch.Generator, vocab: int | None = None,
                offsets: Sequence[int] | None = None) -> Batch:
-    """Uniform random tokens x [batch, seq] and targets y = sum_j x[i - offsets[j]] * vocab**j (the ordered tuple, one class).
+    """Uniform random tokens x [batch, seq] and targets y = sum_j x[i - offsets[j]] * vocab**j (the ordered tuple,
+    one class).
 
     Positions i < max(offsets) have no target (-100, ignored by the loss and the accuracy).
     """
@@ -90,7 +91,9 @@ def batch_fn(task: str, batch: int, seq: int, corpus: Corpus | None) -> Callable
     if task == "pair":
         return lambda g: pair_batch(batch, seq, g)
     if corpus is None:
-        raise HeadscopeError(f"the {task} task trains on a corpus; load one with headscope.capacity.sweep.corpora.load_corpus")
+        raise HeadscopeError(
+            f"the {task} task trains on a corpus; load one with headscope.capacity.sweep.corpora.load_corpus"
+        )
     return lambda g: random_windows(corpus.train, seq, batch, g)
 
 
@@ -100,7 +103,7 @@ def eval_batches(task: str, batch: int, seq: int, seed: int, eval_tokens: int, c
     if task == "xor" and seq - 1 <= XOR_EXHAUSTIVE_BITS:
         # Every possible input once: the accuracy is exact, so the one-head bound (75 %) can be checked as is.
         x_all, y_all = xor_all_inputs(seq)
-        return list(zip(x_all.split(4096), y_all.split(4096)))
+        return list(zip(x_all.split(4096), y_all.split(4096), strict=True))
     if task == "xor":
         g = torch.Generator().manual_seed(EVAL_SEED_OFFSET + seed)
         return [xor_batch(min(4096, eval_tokens), seq, g) for _ in range(max(1, eval_tokens // 4096))]
@@ -108,6 +111,8 @@ def eval_batches(task: str, batch: int, seq: int, seed: int, eval_tokens: int, c
         g = torch.Generator().manual_seed(EVAL_SEED_OFFSET + seed)
         return [pair_batch(batch, seq, g) for _ in range(max(1, eval_tokens // (batch * seq)))]
     if corpus is None:
-        raise HeadscopeError(f"the {task} task is scored on a corpus; load one with headscope.capacity.sweep.corpora.load_corpus")
+        raise HeadscopeError(
+            f"the {task} task is scored on a corpus; load one with headscope.capacity.sweep.corpora.load_corpus"
+        )
     xs, ys = eval_windows(corpus.valid, seq, eval_tokens)
-    return list(zip(xs.split(256), ys.split(256)))
+    return list(zip(xs.split(256), ys.split(256), strict=True))

@@ -45,7 +45,12 @@ def evaluate(model: TinyLM, cfg: SweepConfig, corpus: Corpus | None) -> dict[str
         correct += batch_correct
         n += batch_n
     loss = nll / n
-    out = {"val_loss": loss, "val_ppl": math.exp(loss), "val_bits_per_token": loss / math.log(2), "val_acc": correct / n}
+    out = {
+        "val_loss": loss,
+        "val_ppl": math.exp(loss),
+        "val_bits_per_token": loss / math.log(2),
+        "val_acc": correct / n,
+    }
     out["val_word_ppl"] = math.exp(loss * corpus.tokens_per_word) if corpus is not None else float("nan")
     return out
 

@@ -6,7 +6,8 @@ fact, "The secret code of the <colour> <thing> is <6 digits>.", inserted between
 depth (fraction of the haystack before it). The prompt ends with the question and the start of the
 answer, and the answer (" <6 digits>") follows, so one forward pass sees the whole exchange:
 
-    <haystack ... needle ... haystack>\\n\\nQuestion: What is the secret code of the red door?\\nAnswer: The secret code of the red door is 481736
+    <haystack ... needle ... haystack>\\n\\nQuestion: What is the secret code of the red door?\\n
+    Answer: The secret code of the red door is 481736    (one line in the prompt)
 
 Retrieval score (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality",
 code: nightdessert/Retrieval_Head `retrieval_calculate`): at each step that produces answer token t,
@@ -38,7 +39,9 @@ from ...models.adapter import HeadModel
 COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "silver", "golden", "black", "white")
 THINGS = ("door", "box", "car", "lamp", "chair", "boat", "key", "book", "clock", "garden")
 NEEDLE = "The secret code of the {colour} {thing} is {number}."
-QUESTION = "\n\nQuestion: What is the secret code of the {colour} {thing}?\nAnswer: The secret code of the {colour} {thing} is"
+QUESTION = (
+    "\n\nQuestion: What is the secret code of the {colour} {thing}?\nAnswer: The secret code of the {colour} {thing} is"
+)
 DEPTHS = (0.1, 0.35, 0.6, 0.85)
 
 
@@ -85,7 +88,9 @@ def build_haystack(tokenizer: Any, n_tokens: int, depth: float, index: int, seed
     fixed = len(tokenizer(needle + tail + answer, add_special_tokens=False)["input_ids"]) + len(prefix) + len(suffix)
     budget = n_tokens - fixed
     if budget < 16:
-        raise HeadscopeError(f"a haystack of {n_tokens} tokens leaves no room for text around the needle; use at least {fixed + 16}")
+        raise HeadscopeError(
+            f"a haystack of {n_tokens} tokens leaves no room for text around the needle; use at least {fixed + 16}"
+        )
     chosen, total, i = [], 0, first
     while total < budget:  # whole sentences, wrapping round the corpus; trimmed below
         text = sents[i % len(sents)][1]
@@ -145,7 +150,7 @@ class RetrievalCounter:
         """The score of a head whose top-1 key were uniformly random over the keys each step sees."""
         n0, n1 = self.hay.needle
         needle_ids = self.ids[n0:n1]
-        p = [(needle_ids == t).sum().item() / (int(s) + 1) for s, t in zip(self.steps, self.targets)]
+        p = [(needle_ids == t).sum().item() / (int(s) + 1) for s, t in zip(self.steps, self.targets, strict=True)]
         return float(sum(p)) / (n1 - n0)
 
 

@@ -176,7 +176,7 @@ class CurveResult:
         """The largest fraction within a drop: by the point estimate, by the interval's upper bound
         (`confident`), and whether the answer can be told apart from the next step (`next_step`)."""
         out: dict[str, Any] = {}
-        for name, recovered in (("", False), ("recovered", True)):
+        for _, recovered in (("", False), ("recovered", True)):
             if recovered and not self.recover_steps:
                 continue
             b, c = self.best(level, recovered), self.best(level, recovered, confident=True)

@@ -78,7 +78,7 @@ def skip_prefix(hm: HeadModel, layer: int, entering: Any) -> Iterator[None]:
             b.forward = stub
         yield
     finally:
-        for b, old in zip(blocks, saved):
+        for b, old in zip(blocks, saved, strict=True):
             if old is None:
                 b.__dict__.pop("forward", None)
             else:
@@ -203,7 +203,7 @@ def ablation_passages(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.
                         continue
                     with ExitStack() as stack:
                         if reuse_prefix and layer > 0:
-                            entering = _map_tensors(outs[layer - 1], lambda t: repeat_rows(t, k))
+                            entering = _map_tensors(outs[layer - 1], lambda t, k=k: repeat_rows(t, k))
                             stack.enter_context(skip_prefix(hm, layer, entering))
                         stack.enter_context(row_ablation(hm, base, layer, heads, B, means))
                         rm = row_metric(hm, metric, repeat_rows(ids, k), repeat_rows(mask, k),
@@ -250,5 +250,13 @@ def ablation_mean(ctx: ScoreContext) -> np.ndarray:
     return ctx.contribute("ablation_mean", sums, _ablation_statistic(ctx.sign, (ctx.gates != 0).cpu().numpy()))
 
 
-__all__ = ["ablation", "ablation_mean", "ablation_passages", "ablation_scan", "capture_layer_outputs", "head_means", "row_ablation",
-           "skip_prefix"]
+__all__ = [
+    "ablation",
+    "ablation_mean",
+    "ablation_passages",
+    "ablation_scan",
+    "capture_layer_outputs",
+    "head_means",
+    "row_ablation",
+    "skip_prefix",
+]

@@ -152,4 +152,15 @@ def check_method(unit: str, method: str) -> None:
                              f"{did_you_mean(method, allowed)}")
 
 
-__all__ = ["CRITERIA", "SCOPES", "check_method", "unit_methods", "ROWS_PER_PASS", "ScoreContext", "base_gates", "parse_methods", "shares", "targets"]
+__all__ = [
+    "CRITERIA",
+    "SCOPES",
+    "check_method",
+    "unit_methods",
+    "ROWS_PER_PASS",
+    "ScoreContext",
+    "base_gates",
+    "parse_methods",
+    "shares",
+    "targets",
+]

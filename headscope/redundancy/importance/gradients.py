@@ -231,9 +231,19 @@ def ig(ctx: ScoreContext) -> np.ndarray:
     """Integrated gradients along the gate path alpha * g, alpha 0 -> 1 (Hao et al. 2021's attention
     attribution applied to head gates), midpoint rule with `ig_steps` steps; the column is the
     attribution of the loss *decrease*, so the columns sum to L(all gates 0) - L(g) (completeness)."""
-    return ctx.contribute("ig", *ig_contributions(ctx.hm, ctx.prep, ctx.metric, gates=ctx.gates, reference=ctx.reference,
-                                                  batch_size=ctx.batch_size, steps=ctx.ig_steps,
-                                                  progress=ctx.progress))
+    return ctx.contribute(
+        "ig",
+        *ig_contributions(
+            ctx.hm,
+            ctx.prep,
+            ctx.metric,
+            gates=ctx.gates,
+            reference=ctx.reference,
+            batch_size=ctx.batch_size,
+            steps=ctx.ig_steps,
+            progress=ctx.progress,
+        ),
+    )
 
 
 __all__ = ["gradient", "gradient_batch", "gradient_contributions", "gradient_raw", "gradient_scores", "ig",

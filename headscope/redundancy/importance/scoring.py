@@ -91,7 +91,7 @@ def _score_chunk(run: _Run, ctx: ScoreContext, chosen: list[str]) -> None:
         t0 = time.perf_counter()
         for m in group:  # torchrun / --workers: `sharded` criteria split their work, the others run on rank 0
             fn = CRITERIA.get(m).fn
-            value = np.array(fn(ctx) if CRITERIA.get(m).meta.get("sharded") else run_on_main(lambda: fn(ctx)),
+            value = np.array(fn(ctx) if CRITERIA.get(m).meta.get("sharded") else run_on_main(lambda fn=fn: fn(ctx)),
                              dtype=float)
             if m not in ctx.contributions:
                 run.direct[m] = value
@@ -245,7 +245,9 @@ def _correlation_intervals(columns: dict[str, np.ndarray], reps: dict[str, tuple
             va, vb = columns[f"importance_{a}"].ravel(), columns[f"importance_{b}"].ravel()
             ok = live & np.isfinite(va) & np.isfinite(vb)
             value = spearman(va[ok], vb[ok])
-            flat = lambda x: x.reshape(len(x), -1)[:, ok]  # noqa: E731 (replicates/jackknife rows -> live heads)
+            def flat(x: np.ndarray, ok: np.ndarray = ok) -> np.ndarray:  # replicates/jackknife rows -> live heads
+                return x.reshape(len(x), -1)[:, ok]
+
             r = spearman_rows(flat(ra), flat(rb))
             j = spearman_rows(flat(ja), flat(jb)) if ja is not None and jb is not None else None
             iv = interval_from(np.asarray(value), r, j, n, settings)

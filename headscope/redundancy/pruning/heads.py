@@ -72,7 +72,8 @@ def check_prunable(hm: HeadModel) -> None:
     if not hm.spec.head_count_attrs:
         raise HeadscopeError(
             f"physical pruning is not implemented for the {hm.spec.family!r} family "
-            f"(model type {hm.config.model_type!r}); supported families: {', '.join(s.family for s in SPECS if s.head_count_attrs)}. "
+            f"(model type {hm.config.model_type!r}); supported families: "
+            f"{', '.join(s.family for s in SPECS if s.head_count_attrs)}. "
             f"Use head gates (headscope.head_gates) to mask heads instead"
         )
     why = hm.spec.refusal("prune")
@@ -92,8 +93,10 @@ def prune_heads(hm: HeadModel, heads: Any) -> HeadModel:
     current = kept_heads(hm)
     gone = [head_name(l, h) for l, hs in drop.items() for h in hs if h not in current[l]]
     if gone:
-        raise HeadscopeError(f"head(s) {', '.join(gone)} were already pruned from this model; "
-                             f"it still has {sum(map(len, current.values()))} heads (see headscope.redundancy.pruning.heads.kept_heads)")
+        raise HeadscopeError(
+            f"head(s) {', '.join(gone)} were already pruned from this model; "
+            f"it still has {sum(map(len, current.values()))} heads (see headscope.redundancy.pruning.heads.kept_heads)"
+        )
     target = {l: [h for h in current[l] if h not in drop.get(l, ())] for l in current}
     for layer, keep in target.items():  # validate every layer (GQA) before copying anything
         hm.check_slice(layer, keep)

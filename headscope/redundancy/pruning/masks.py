@@ -66,7 +66,9 @@ def check_unit_kind(hm: HeadModel, unit: str) -> None:
     """Raise a clear error when `unit` (head, attention, block, ffn) is unknown or the family cannot express
     it as a mask (`unit_kinds`: a head of any model with heads, which a GQA model may gate but not remove)."""
     if unit not in MASKABLE:
-        raise HeadscopeError(f"unknown unit {unit!r}{did_you_mean(unit, MASKABLE)}; choose one of {', '.join(MASKABLE)}")
+        raise HeadscopeError(
+            f"unknown unit {unit!r}{did_you_mean(unit, MASKABLE)}; choose one of {', '.join(MASKABLE)}"
+        )
     check_unit(hm, "slice" if unit == "head" else unit)
 
 
