@@ -118,8 +118,11 @@ class Artifact:
         if decl is None:
             known = [f.name for f in self.fields]
             raise HeadscopeError(f"{self.name} declares no field {family!r}{did_you_mean(family, known)}")
-        return [n for n in names if decl.matches(n) and not (self.bounds and bound_of(n) is not None
-                                                              and self.field_for(bound_of(n)) is not None)]
+        def is_bound(n: str) -> bool:
+            member = bound_of(n)
+            return self.bounds and member is not None and self.field_for(member) is not None
+
+        return [n for n in names if decl.matches(n) and not is_bound(n)]
 
     def missing(self, names: Iterable[str]) -> list[str]:
         """Required fields absent from `names`."""

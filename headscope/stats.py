@@ -86,6 +86,7 @@ class HeadStats:
     def _add_rows(self, name: str, layer: int, cols: slice | list[int], t: np.ndarray, c: np.ndarray,
                   rows: Sequence[int]) -> None:
         acc = self.per_passage
+        assert acc is not None, "called only while per-passage sums are tracked"
         for key, values in ((name, t), (f"{name}{COUNT}", c)):
             acc.declare(key, (self.n_layers, self.n_heads))
             full = np.zeros((len(values), self.n_heads))

@@ -307,14 +307,16 @@ def _mla_layouts(s: AttentionShape, seq_len: int | None, batch: int, dt: str,
         raise HeadscopeError(f"{s.name} uses multi-head latent attention: it caches one latent per token, so "
                              f"--kv-heads {list(kv_heads)} (KV-head counts to compare) does not apply")
     rows = []
-    for layout, numbers in (("MLA", s.latent), ("MHA", s.expanded)):
+    assert s.latent is not None and s.expanded is not None, "called for MLA shapes only"
+    latent, expanded = s.latent, s.expanded
+    for layout, numbers in (("MLA", latent), ("MHA", expanded)):
         n_kv = 1 if layout == "MLA" else s.n_heads
         per_token = s.n_layers * int(numbers) * dtype_bits(dt) // 8
         row: dict[str, Any] = {
             "name": s.name, "layout": layout, "is_model": layout == "MLA", "n_layers": s.n_layers,
             "n_heads": s.n_heads, "n_kv_heads": n_kv, "group_size": s.n_heads // n_kv, "d_head": s.d_head,
             "n_sliding_layers": 0, "dtype": dt, "bytes_per_token": per_token,
-            "vs_mha": int(numbers) / int(s.expanded)}
+            "vs_mha": int(numbers) / int(expanded)}
         if seq_len is not None:
             row.update(seq_len=seq_len, batch=batch, bytes_per_sequence=per_token * seq_len,
                        cache_bytes=per_token * seq_len * batch)

@@ -205,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         print(_row_line(r))
     if args.uptrain:
+        assert train_info is not None, "set above whenever --uptrain is given"
         print(f"+N: after N uptraining steps ({args.loss}, lr {args.lr:g}) on {train_info['batches']} batch(es) of "
               f"{args.train_batch} x {args.train_length} tokens from {train_info['data']}")
     print(f"bytes/step: K and V read by one decoding step at {args.context} tokens, measured = formula in every row")

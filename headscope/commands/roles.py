@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(out / ROLES_JSON.name, json.dumps(to_jsonable(report), indent=1, allow_nan=False) + "\n")
     written = [str(out / ROLES_CSV.name), str(out / ROLES_JSON.name)]
     if card_values is not None:
+        assert card is not None, "card values are computed only for --export-card"
         write_card(card, card_values)
         written.append(str(card))
     rows = syntax_rows(report)

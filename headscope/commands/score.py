@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def parse_pruned(text: str | None, n_layers: int, n_heads: int):
+def parse_pruned(text: str | None, n_layers: int, n_heads: int) -> torch.Tensor | None:
     """A gate tensor with the listed heads at 0 (None when nothing is listed)."""
     if not text:
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
           f"{torch.get_num_threads()} thread(s))", file=sys.stderr)
     t0 = time.perf_counter()
 
-    def done(cfg, row, reused):
+    def done(cfg: Any, row: dict[str, Any], reused: bool) -> None:
         tag = "reused" if reused else f"{row['wall_s']:.0f} s"
         print(
             f"  {cfg.label:<24} val_loss {row['val_loss']:.4f}  "
@@ -115,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    rows = run_sweep(configs, args.out, force=args.force, progress=not args.no_progress, on_config_done=done)
+    rows: list[dict[str, Any]] = run_sweep(configs, args.out, force=args.force, progress=not args.no_progress,
+                                           on_config_done=done)
     plots = plot_sweep(rows, args.out)
     quality = "val_acc" if args.task != "ptb" else "val_bits_per_token"
     print(f"{'heads':>5} {'kv':>3} {'d_head':>6} {'params':>9} {'fwd MFLOP/tok':>13} {'KV B/tok':>8} "

@@ -15,7 +15,7 @@ import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import torch
 from tqdm.auto import tqdm
@@ -190,6 +190,10 @@ def batch_targets(prep: Tokens, ref: Reference | None, index: list[int], width: 
     return out
 
 
+@overload
+def repeat_rows(t: torch.Tensor, k: int) -> torch.Tensor: ...
+@overload
+def repeat_rows(t: None, k: int) -> None: ...
 def repeat_rows(t: torch.Tensor | None, k: int) -> torch.Tensor | None:
     """`k` copies of a batch stacked block-wise: rows [copy 0 of all rows, copy 1, ...]."""
     if t is None or k == 1:

@@ -126,6 +126,12 @@ class HeadModel:
         return self.model
 
     @property
+    def hf_model(self) -> Any:
+        """`model` as transformers' model API (generate, save_pretrained, get_input_embeddings, ...): untyped,
+        since nn.Module's hints type every attribute it does not declare as Tensor | Module."""
+        return self.model
+
+    @property
     def base_model(self) -> nn.Module:
         """The transformers base model: it holds the layer blocks (`spec.layers` is relative to it)."""
         return cast(nn.Module, self._transformers_api.base_model)
@@ -252,7 +258,9 @@ class HeadModel:
         if spec.head_row_projs:  # MLA: named by their own attribute (those the layer has)
             paths = {p.rpartition(".")[2]: p for p in spec.head_row_projs if module_at(block, p) is not None}
         else:
-            paths = {"qkv": spec.qkv_proj} if spec.qkv_proj else {"q": spec.q_proj, "k": spec.k_proj, "v": spec.v_proj}
+            named = (("qkv", spec.qkv_proj),) if spec.qkv_proj else (("q", spec.q_proj), ("k", spec.k_proj),
+                                                                    ("v", spec.v_proj))
+            paths = {name: p for name, p in named if p is not None}
         out = {} if self.heads_in_layer(layer) == 0 else {name: get_path(block, p) for name, p in paths.items()}
         out["o"] = get_path(block, spec.out_proj)
         return out
@@ -389,7 +397,8 @@ class HeadModel:
             return None if t is None else layout.reorder_heads(t, order, d)
 
         self.set_qkv_weights(layer, QKVWeights(
-            move(w.q, order), move(w.k, kv_order), move(w.v, kv_order),
+            layout.reorder_heads(w.q, order, d), layout.reorder_heads(w.k, kv_order, d),
+            layout.reorder_heads(w.v, kv_order, d),
             move(w.q_bias, order), move(w.k_bias, kv_order), move(w.v_bias, kv_order),
             move(w.q_gate, order), move(w.q_gate_bias, order)))
         # The output projection's bias is per output feature: unchanged.

@@ -48,8 +48,17 @@ def get_path(root: nn.Module, path: str) -> nn.Module:
     return obj
 
 
-def set_path(root: nn.Module, path: str, value: nn.Module) -> None:
-    """Replace the module at a dotted attribute path."""
+def get_param_path(root: nn.Module, path: str) -> torch.Tensor:
+    """The parameter (or buffer) at a dotted attribute path from `root`."""
+    parent, _, last = path.rpartition(".")
+    value = getattr(get_path(root, parent) if parent else root, last)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{path} is a {type(value).__name__}, not a parameter")
+    return value
+
+
+def set_path(root: nn.Module, path: str, value: nn.Module | torch.Tensor) -> None:
+    """Replace the module (or parameter) at a dotted attribute path."""
     parent, _, last = path.rpartition(".")
     setattr(get_path(root, parent) if parent else root, last, value)
 
@@ -138,10 +147,10 @@ def read_qkv(block: nn.Module, spec: Any, n_heads: int, n_kv_heads: int, d_head:
 
     if spec.qkv_proj and spec.qkv_layout == "per_head":
         fused = get_path(block, spec.qkv_proj)
-        w = linear_weight(fused, spec.conv1d).detach()
+        rows = linear_weight(fused, spec.conv1d).detach()
         check_per_head(n_heads, n_kv_heads)
         # [heads * 3 * d_head, in] -> [heads, (q, k, v), d_head, in]: one part across all heads.
-        parts = w.reshape(n_heads, 3, d_head, -1)
+        parts = rows.reshape(n_heads, 3, d_head, -1)
         q, k, v = (parts[:, i].reshape(n_heads * d_head, -1) for i in range(3))
         b = bias_of(fused)
         qb, kb, vb = (None, None, None) if b is None else (b.reshape(n_heads, 3, d_head)[:, i].reshape(-1)
@@ -149,12 +158,12 @@ def read_qkv(block: nn.Module, spec: Any, n_heads: int, n_kv_heads: int, d_head:
         return QKVWeights(q, k, v, qb, kb, vb)
     if spec.qkv_proj:
         fused = get_path(block, spec.qkv_proj)
-        w = linear_weight(fused, spec.conv1d).detach()
+        rows = linear_weight(fused, spec.conv1d).detach()
         # K and V take what the q rows leave: the module's own width, which GQA conversion may change
         # before the config's KV head count follows (or the other way round).
-        kv_rows = (w.shape[0] - n_heads * d_head) // 2
+        kv_rows = (rows.shape[0] - n_heads * d_head) // 2
         sizes = [n_heads * d_head, kv_rows, kv_rows]
-        q, k, v = torch.split(w, sizes, dim=0)
+        q, k, v = torch.split(rows, sizes, dim=0)
         b = bias_of(fused)
         qb, kb, vb = (None, None, None) if b is None else torch.split(b, sizes)
         return QKVWeights(q, k, v, qb, kb, vb)
@@ -221,8 +230,11 @@ def write_qkv(block: nn.Module, spec: Any, w: QKVWeights, d_head: int) -> None:
         now = read_qkv(block, spec, w.q.shape[0] // d_head, w.k.shape[0] // d_head, d_head)
         gate = now.q_gate if w.q_gate is None else w.q_gate
         gate_bias = now.q_gate_bias if w.q_gate_bias is None else w.q_gate_bias
+        assert gate is not None, "a gated query's gate rows are read with its query rows"
         q = join_gated(w.q, gate, d_head)
-        q_bias = None if w.q_bias is None else join_gated(w.q_bias, gate_bias, d_head)
+        if w.q_bias is not None:
+            assert gate_bias is not None, "a gated query's bias holds its gate's bias too"
+            q_bias = join_gated(w.q_bias, gate_bias, d_head)
     for path, weight, bias in ((spec.q_proj, q, q_bias), (spec.k_proj, w.k, w.k_bias),
                                (spec.v_proj, w.v, w.v_bias)):
         write_weight(block, path, weight, bias, spec.conv1d)
@@ -310,7 +322,7 @@ def select_head_params(block: nn.Module, spec: Any, q_heads: Sequence[int], kv_h
     KV heads `kv_heads` (positions in the layer as it is now). `in_place` copies into the same tensors (a
     permutation: same size), else each becomes a new, smaller parameter."""
     for path, kind in getattr(spec, "head_params", ()):
-        old = get_path(block, path)
+        old = get_param_path(block, path)
         idx = head_param_index(kind, q_heads, kv_heads, d_head).to(old.device)
         new = old.detach().index_select(0, idx).clone()
         if in_place:

@@ -105,7 +105,10 @@ class PassageSums:
         arrays = d.get("arrays")
         if not isinstance(arrays, Mapping):
             raise ValueError("per-passage sums need an 'arrays' mapping of name -> [rows, ...] lists")
-        return cls({k: np.asarray(v, dtype=float) for k, v in arrays.items()}, int(d.get("passages_per_row", 1)))
+        per_row = d.get("passages_per_row", 1)
+        if not isinstance(per_row, (int, float, str)):
+            raise ValueError(f"per-passage sums' passages_per_row must be a number, got {per_row!r}")
+        return cls({k: np.asarray(v, dtype=float) for k, v in arrays.items()}, int(per_row))
 
 
 class Accumulator:
@@ -127,7 +130,7 @@ class Accumulator:
         if name not in self.arrays:
             raise KeyError(f"quantity {name!r} was not declared; call declare({name!r}, shape) first")
         target = self.arrays[name]
-        np.add.at(target, (rows, *where), v)
+        np.add.at(target, (rows, *where), v)  # type: ignore[arg-type]  # numpy's stubs take no slices in the index tuple
 
     def declare(self, name: str, shape: tuple[int, ...]) -> None:
         """Make room for quantity `name` of `shape` per row (zeros); a second call keeps what is there."""

@@ -63,10 +63,10 @@ def measure_kv_bytes(hm: HeadModel, batch: int = 1, prompt_len: int = 16, new_to
                      seed: int = 0) -> tuple[int, int]:
     """KV-cache bytes after greedy generation of `new_tokens` from random prompts: (bytes, cached length)."""
     g = torch.Generator().manual_seed(seed)
-    vocab = int(hm.model.get_input_embeddings().num_embeddings)
+    vocab = hm.vocab_size
     ids = torch.randint(0, vocab, (batch, prompt_len), generator=g).to(hm.device)
     with torch.no_grad():
-        out = hm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+        out = hm.hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                                 min_new_tokens=new_tokens, do_sample=False, use_cache=True,
                                 return_dict_in_generate=True, pad_token_id=pad_id(hm))
     # transformers 5 names the returned cache `cache` (older releases: `past_key_values`).

@@ -56,6 +56,8 @@ def uptrain_loss(
     ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
     logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     if loss == "kd":
+        if teacher is None:
+            raise HeadscopeError("loss 'kd' distils from a teacher: pass the unconverted model as teacher")
         t_dev = input_device(teacher)
         with torch.no_grad():
             t_logits = teacher(input_ids=ids.to(t_dev), attention_mask=mask.to(t_dev), use_cache=False).logits

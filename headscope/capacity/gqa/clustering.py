@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from ...models.adapter import HeadModel
@@ -121,8 +122,8 @@ def kv_distances(hm: HeadModel, data: Any = None, *, max_length: int = 64, batch
         todo = token_batches(hm, data, max_length, batch_size, limit)
         mask_now: list[torch.Tensor] = []
 
-        def hook(store: torch.Tensor, layer: int):
-            def fn(_module, _inp, out):
+        def hook(store: torch.Tensor, layer: int) -> Callable[[nn.Module, Any, torch.Tensor], None]:
+            def fn(_module: nn.Module, _inp: Any, out: torch.Tensor) -> None:
                 x = out.detach()[mask_now[0].bool()].reshape(-1, n_kv, d).double()  # [tokens, kv_head, d_head]
                 store[layer] += torch.einsum("nad,nbd->ab", x, x).cpu()
             return fn

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, overload
 
 import numpy as np
 import torch
@@ -89,12 +89,16 @@ def check_groups(groups: Groups, n_kv: int, kv_heads: int, layer: int) -> list[l
     return [[int(h) for h in g] for g in groups]
 
 
-def _copy(hm: HeadModel, name: str, source: str | None) -> HeadModel:
+def _copy(hm: HeadModel, name: str, source: str) -> HeadModel:
     """A HeadModel around a deep copy of `hm`'s model (the tokenizer is shared: it is never changed)."""
     return HeadModel(model=copy.deepcopy(hm.model), tokenizer=hm.tokenizer, name=name, source=source)
 
 
 # --- pooling -------------------------------------------------------------------------------------
+@overload
+def _pool(w: torch.Tensor, order: Sequence[int], kv_heads: int, d_head: int) -> torch.Tensor: ...
+@overload
+def _pool(w: None, order: Sequence[int], kv_heads: int, d_head: int) -> None: ...
 def _pool(w: torch.Tensor | None, order: Sequence[int], kv_heads: int, d_head: int) -> torch.Tensor | None:
     """Reorder KV head blocks (dim 0) and mean-pool consecutive groups: [n_kv*d, ...] -> [G*d, ...]."""
     if w is None:
@@ -187,6 +191,10 @@ def expand_kv_heads(hm: HeadModel) -> HeadModel:
     check_convertible(hm, hm.n_kv_heads, merge=False)
     g, d = hm.group_size, hm.d_head
 
+    @overload
+    def repeat(t: torch.Tensor) -> torch.Tensor: ...
+    @overload
+    def repeat(t: None) -> None: ...
     def repeat(t: torch.Tensor | None) -> torch.Tensor | None:
         # query head h reads KV head h // g: block h of the new projection is old block h // g
         if t is None:

@@ -30,7 +30,7 @@ def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *
     check_convertible(hm, kv_heads)
     data_src = conversion_texts(data, data_limit, DEFAULT_DATA)
     held_src = conversion_texts(heldout, heldout_limit, DEFAULT_HELDOUT)
-    ev = dict(max_length=max_length, batch_size=batch_size, progress=progress)
+    ev: dict[str, Any] = dict(max_length=max_length, batch_size=batch_size, progress=progress)
     report: dict[str, Any] = {
         "model": hm.name, "model_type": hm.config.model_type, "n_layers": hm.n_layers, "n_heads": hm.n_heads,
         "n_kv_heads_before": hm.n_kv_heads, "n_kv_heads_after": kv_heads, "grouping": grouping,

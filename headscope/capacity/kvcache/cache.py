@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 import torch
 from torch import nn
@@ -189,8 +189,16 @@ class HeadAwareLayer(DynamicLayer):
         self.full_heads, self.windowed_heads = tuple(full), tuple(windowed)
         self.sink, self.window = sink, window
         self.cumulative_length = 0
-        self.windowed_keys = self.windowed_values = self.positions = None
+        self.windowed_keys: torch.Tensor | None = None
+        self.windowed_values: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
         self.bytes_read = 0
+
+    def _held(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The full heads' K and V, the windowed heads' K and V and their positions (lazy_initialization sets them)."""
+        held = (self.keys, self.values, self.windowed_keys, self.windowed_values, self.positions)
+        assert all(t is not None for t in held), "the head-aware layer is used before its first update"
+        return held  # type: ignore[return-value]  # every item checked not None just above
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -211,17 +219,18 @@ class HeadAwareLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         start = self.cumulative_length
         self.cumulative_length += key_states.shape[-2]
+        keys, values, w_keys, w_values, positions = self._held()
         if not self.windowed_heads:  # an ordinary layer: exactly DynamicLayer's tensors
-            self.keys = torch.cat([self.keys, key_states], dim=-2)
-            self.values = torch.cat([self.values, value_states], dim=-2)
-            self.bytes_read = self.keys.nbytes + self.values.nbytes
-            return self.keys, self.values
-        self.keys = torch.cat([self.keys, key_states.index_select(1, self._full_idx)], dim=-2)
-        self.values = torch.cat([self.values, value_states.index_select(1, self._full_idx)], dim=-2)
-        new_pos = torch.arange(start, self.cumulative_length, device=self.positions.device)
-        wk = torch.cat([self.windowed_keys, key_states.index_select(1, self._win_idx)], dim=-2)
-        wv = torch.cat([self.windowed_values, value_states.index_select(1, self._win_idx)], dim=-2)
-        pos = torch.cat([self.positions, new_pos])
+            self.keys = keys = torch.cat([keys, key_states], dim=-2)
+            self.values = values = torch.cat([values, value_states], dim=-2)
+            self.bytes_read = keys.nbytes + values.nbytes
+            return keys, values
+        self.keys = keys = torch.cat([keys, key_states.index_select(1, self._full_idx)], dim=-2)
+        self.values = values = torch.cat([values, value_states.index_select(1, self._full_idx)], dim=-2)
+        new_pos = torch.arange(start, self.cumulative_length, device=positions.device)
+        wk = torch.cat([w_keys, key_states.index_select(1, self._win_idx)], dim=-2)
+        wv = torch.cat([w_values, value_states.index_select(1, self._win_idx)], dim=-2)
+        pos = torch.cat([positions, new_pos])
         # Keep what the next query (at position cumulative_length) may still see.
         keep = (pos < self.sink) | (pos > self.cumulative_length - self.window)
         if not bool(keep.all()):
@@ -229,7 +238,7 @@ class HeadAwareLayer(DynamicLayer):
         else:
             self.windowed_keys, self.windowed_values, self.positions = wk, wv, pos
         meta = (pos, self.full_heads, self.windowed_heads, start, self.sink, self.window)
-        k, v = HeadSplitKV(self.keys, wk, *meta), HeadSplitKV(self.values, wv, *meta)
+        k, v = HeadSplitKV(keys, wk, *meta), HeadSplitKV(values, wv, *meta)
         self.bytes_read = k.nbytes + v.nbytes
         return k, v
 
@@ -241,9 +250,10 @@ class HeadAwareLayer(DynamicLayer):
         """K and V bytes this layer holds now."""
         if not self.is_initialized:
             return 0
-        held = self.keys.nbytes + self.values.nbytes
+        keys, values, w_keys, w_values, _ = self._held()
+        held = keys.nbytes + values.nbytes
         if self.windowed_heads:
-            held += self.windowed_keys.nbytes + self.windowed_values.nbytes
+            held += w_keys.nbytes + w_values.nbytes
         return held
 
     def reset(self) -> None:
@@ -272,19 +282,20 @@ class HeadAwareCache(DynamicCache):
         layers = [HeadAwareLayer(plan.full[layer], plan.windowed(layer), plan.sink, plan.window)
                   for layer in range(plan.n_layers)]
         super().__init__()
-        self.layers = layers
+        self.layers = list(layers)
+        self.head_layers = layers  # the same layers, typed as what they are
         self.layer_class_to_replicate = None
         self.plan = plan
 
     @property
     def bytes_read(self) -> int:
         """K and V bytes the last forward's attention read, all layers."""
-        return sum(layer.bytes_read for layer in self.layers)
+        return sum(layer.bytes_read for layer in self.head_layers)
 
     @property
     def bytes_stored(self) -> int:
         """K and V bytes held now, all layers."""
-        return sum(layer.bytes_stored for layer in self.layers)
+        return sum(layer.bytes_stored for layer in self.head_layers)
 
 
 def _gather_heads(kv_heads: Sequence[int], group_size: int, device: torch.device) -> torch.Tensor:
@@ -308,7 +319,7 @@ def kvcache_attention(module: nn.Module, query: torch.Tensor, key: Any, value: A
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     b, n_heads, q_len, _ = query.shape  # [batch, head, q, d_head]
-    group = module.num_key_value_groups
+    group = cast(int, module.num_key_value_groups)  # transformers' attention modules set it
     out = query.new_empty(b, q_len, n_heads, value.full.shape[-1])  # [batch, q, head, d_head]
     if key.full_heads:
         idx = _gather_heads(key.full_heads, group, query.device)

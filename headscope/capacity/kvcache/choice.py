@@ -99,9 +99,9 @@ def choose_top(scores: np.ndarray, n_kv_heads: int, budget: float, chosen_by: st
     k = n_full_for(budget, total)
     tiebreak = np.random.default_rng(seed).random(total)
     order = np.lexsort((tiebreak, -kv.ravel()))  # highest score first, ties in random order
-    full = np.zeros(total, bool)
-    full[order[:k]] = True
-    full = full.reshape(kv.shape)
+    flat = np.zeros(total, bool)
+    flat[order[:k]] = True
+    full = flat.reshape(kv.shape)
     cut = float(kv.ravel()[order[k - 1]])
     return Choice(full, "score", chosen_by, budget, _riders(scores, full, cut))
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 import torch
 from torch import nn
@@ -48,7 +48,7 @@ def masked_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     full, windowed, sink, window = plan
     b, n_heads, q_len, _ = query.shape  # [batch, head, q, d_head]
     k_len = key.shape[-2]
-    group = module.num_key_value_groups
+    group = cast(int, module.num_key_value_groups)  # transformers' attention modules set it
     out = query.new_zeros(b, q_len, n_heads, value.shape[-1])  # [batch, q, head, d_head]
     if full:
         idx = _gather_heads(full, group, query.device)

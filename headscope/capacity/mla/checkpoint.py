@@ -62,7 +62,7 @@ def save_mla(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
         raise HeadscopeError(f"{hm.name!r} is not an MLA model (no config.{MLA_CONFIG_KEY}); convert it first")
     path = Path(path)
     with atomic_dir(path, force=force) as tmp:
-        hm.model.save_pretrained(tmp)
+        hm.hf_model.save_pretrained(tmp)
         if hm.tokenizer is not None:
             hm.tokenizer.save_pretrained(tmp)
         (tmp / MLA_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

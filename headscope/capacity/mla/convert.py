@@ -12,14 +12,14 @@ At full rank (min of W_kv's two sides) and with every frequency kept, the model 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
 from ..convert.evaluate import CACHE_FORMULAS
-from .modeling import MLA_CONFIG_KEY, install_mla, rope_dim_index
+from .modeling import MLA_CONFIG_KEY, MLAAttention, install_mla, rope_dim_index
 from .rope import select_frequencies
 
 #: model_type values MLA conversion supports: LLaMA-like decoders with separate q/k/v and full rotary
@@ -114,7 +114,7 @@ def convert_to_mla(hm: HeadModel, kv_rank: int, rope_dims: int | None = None, *,
     setattr(model.config, MLA_CONFIG_KEY, record)
     d = hm.d_head
     for layer, w in enumerate(weights):
-        att = out.attention(layer)
+        att = cast(MLAAttention, out.attention(layer))  # install_mla put it there
         rope_rows, nope_rows = [], []
         for kv, f in enumerate(freqs[str(layer)]):
             r = rope_dim_index(f, d)
@@ -128,6 +128,7 @@ def convert_to_mla(hm: HeadModel, kv_rank: int, rope_dims: int | None = None, *,
         att.kv_b_proj.weight.copy_(u[:, :kv_rank] * root)  # [kv * (nope + d_head), rank]
         att.k_rope_proj.weight.copy_(w.k[rope_rows])
         if w.k_bias is not None:
+            assert w.v_bias is not None, "K and V projections have biases together"
             att.k_rope_proj.bias.copy_(w.k_bias[rope_rows])
             att.kv_b_proj.bias.copy_(torch.cat([w.k_bias[nope_rows], w.v_bias]))
     return out

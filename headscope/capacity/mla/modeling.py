@@ -14,7 +14,7 @@ frequency f rotates dimensions f and f + d_head/2, so a kept frequency keeps bot
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -40,7 +40,7 @@ def rope_dim_index(frequencies: list[int], d_head: int) -> list[int]:
 class MLAAttention(nn.Module):
     """Attention whose K/V come from a cached joint latent plus a few cached RoPE key dimensions."""
 
-    def __init__(self, config: Any, layer_idx: int, q_proj: nn.Module, o_proj: nn.Module, n_kv_heads: int,
+    def __init__(self, config: Any, layer_idx: int, q_proj: nn.Linear, o_proj: nn.Linear, n_kv_heads: int,
                  d_head: int, kv_rank: int, frequencies: list[list[int]], kv_bias: bool, sliding_window: int | None,
                  scaling: float, attention_dropout: float = 0.0) -> None:
         super().__init__()
@@ -73,9 +73,8 @@ class MLAAttention(nn.Module):
         nope_idx = [[i for i in range(d_head) if i not in set(r)] for r in rope_idx]  # [kv][nope]
         # Position of each head dimension in [rope dims; nope dims]: gathers K back into head order.
         self._rope_idx = rope_idx
-        self._key_order = [
-            sorted(range(d_head), key=lambda i, p=r + n: p[i]) for r, n in zip(rope_idx, nope_idx, strict=True)
-        ]
+        self._key_order = [sorted(range(d_head), key=(r + n).__getitem__)
+                           for r, n in zip(rope_idx, nope_idx, strict=True)]
         self._q_rope = [[i in set(rope_idx[h // self.num_key_value_groups]) for i in range(d_head)]
                         for h in range(n_heads)]  # [heads][d_head]: which query dims are rotated
         self._cache: dict[Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -97,6 +96,8 @@ class MLAAttention(nn.Module):
             kwargs.pop("past_key_values", None)
         b, t, _ = hidden_states.shape
         g, d = self.num_key_value_heads, self.head_dim
+        if position_embeddings is None:
+            raise ValueError("MLAAttention needs the decoder's rotary position_embeddings (cos, sin)")
         cos, sin = position_embeddings  # [batch, pos, d_head]
         rope_idx, key_order, q_rope_mask = self._indices(hidden_states.device)
         q = self.q_proj(hidden_states).view(b, t, -1, d).transpose(1, 2)  # [batch, head, pos, d_head]
@@ -133,7 +134,7 @@ def install_mla(model: nn.Module, record: dict[str, Any]) -> None:
     The new modules' weights are left as initialised (a checkpoint load or the conversion fills them);
     `record` is what `headscope.capacity.mla.convert` stores in `config.headscope_mla`.
     """
-    layers = _get(model.base_model, record["layers_path"])
+    layers = _get(cast(nn.Module, model.base_model), record["layers_path"])
     parent_path, _, leaf = record["attention_path"].rpartition(".")
     for layer, block in enumerate(layers):
         old = _get(block, record["attention_path"])

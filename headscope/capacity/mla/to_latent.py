@@ -28,7 +28,7 @@ def convert_and_evaluate(hm: HeadModel, kv_rank: int, rope_dims: int | None = No
     rope_dims = check_mla(hm, kv_rank, rope_dims)
     data_src = conversion_texts(data, data_limit, DEFAULT_DATA)
     held_src = conversion_texts(heldout, heldout_limit, DEFAULT_HELDOUT)
-    ev = dict(max_length=max_length, batch_size=batch_size, progress=progress)
+    ev: dict[str, Any] = dict(max_length=max_length, batch_size=batch_size, progress=progress)
     converted = convert_to_mla(hm, kv_rank, rope_dims, selection=selection, data=data_src, **ev)
     record = getattr(converted.config, MLA_CONFIG_KEY)
     final = converted

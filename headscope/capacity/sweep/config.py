@@ -97,12 +97,14 @@ def plan_sweep(
             skipped.append(f"h={h}: d_model={d_model} is not divisible by {h} heads, so d_head = d_model/h is "
                            f"not an integer (pass --d-head to set it independently)")
             continue
-        for kv in (kv_heads or [None]):
+        kv_options: Sequence[int | None] = kv_heads or [None]
+        for kv in kv_options:
             if kv is not None and (kv < 1 or kv > h or h % kv):
                 skipped.append(f"h={h} kv={kv}: the KV-head count must divide the {h} query heads "
                                f"(choose from {[g for g in range(1, h + 1) if h % g == 0]})")
                 continue
-            for dh in (d_heads or [None]):
+            d_options: Sequence[int | None] = d_heads or [None]
+            for dh in d_options:
                 if dh is not None and dh < 1:
                     raise HeadscopeError(f"--d-head must be positive; got {dh}")
                 # Store the defaults as None, so "--kv-heads 8" at h=8 (MHA) or "--d-head 32" at d_model/h = 32

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Iterable, cast
 
 import torch
 from torch import nn
@@ -91,7 +92,7 @@ def model_flops_per_token(model: TinyLM, seq: int) -> int:
     module computes it, then masks). Not counted: embeddings lookups, LayerNorm, softmax, GELU, biases.
     """
     total = 0
-    for block in model.blocks:
+    for block in cast(Iterable[Block], model.blocks):
         total += block.attn.flops(seq, batch=1) // seq
         if block.mlp is not None:
             total += 2 * sum(m.weight.numel() for m in block.mlp if isinstance(m, nn.Linear))

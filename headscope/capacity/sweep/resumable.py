@@ -77,7 +77,9 @@ def run_sweep(
             reused = True
             log.info("%s: already finished (%s), skipped", cfg.label, path)
         else:
-            row = train_config(cfg, corpus if cfg.task == "ptb" else None, progress=progress, on_step=on_step)
+            result = train_config(cfg, corpus if cfg.task == "ptb" else None, progress=progress, on_step=on_step)
+            assert isinstance(result, dict), "train_config returns the row alone unless return_model=True"
+            row = result
             row["key"] = key
             record = {"key": key, "config": asdict(cfg), "data": data_fp, "version": SWEEP_VERSION,
                       "torch": torch.__version__, "python": platform.python_version(), "row": row,

@@ -52,16 +52,18 @@ class PatternReducer:
     def masks(self, q_start: int, n_q: int, n_k: int, window: int | None) -> tuple:
         """Key masks `[q_block, key]` of one block: visible, streaming set, echo and induction targets."""
         key = (q_start, n_q, window)
+        ids = self.ids
+        assert ids is not None, "set_window gives the window's tokens before its forward"
         if key not in self._masks:
-            dev = self.ids.device
+            dev = ids.device
             q = torch.arange(q_start, q_start + n_q, device=dev)[:, None]  # [q, 1]
             k = torch.arange(n_k, device=dev)[None, :]  # [1, k]
             vis = k <= q
             if window is not None:
                 vis &= (q - k) < window
             stream = vis & ((k < self.s.sink) | ((q - k) < self.s.recent))
-            tok = self.ids[:n_k]
-            same = tok[None, :] == self.ids[q_start:q_start + n_q][:, None]  # [q, k]: key holds q's token
+            tok = ids[:n_k]
+            same = tok[None, :] == ids[q_start:q_start + n_q][:, None]  # [q, k]: key holds q's token
             echo = same & vis & ((q - k) >= self.s.far)
             # key k follows a copy at k - 1 that lies at least `far` back; k itself must precede q
             after = torch.zeros_like(echo)

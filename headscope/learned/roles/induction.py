@@ -26,7 +26,7 @@ def special_frame(hm: HeadModel) -> tuple[list[int], list[int]]:
 def repeated_sequences(hm: HeadModel, n_sequences: int = 32, length: int = 24,
                        seed: int = 0) -> tuple[torch.Tensor, int]:
     """Random token sequences repeated twice, in the tokenizer's special-token frame: (ids, start)."""
-    vocab = int(hm.model.get_input_embeddings().num_embeddings)
+    vocab = hm.vocab_size
     flags = token_classes(hm)
     usable = torch.nonzero(~flags.special[:vocab] & ~flags.punct[:vocab]).flatten()
     if hm.tokenizer is not None:

@@ -23,9 +23,10 @@ def matmul_flops(hm: HeadModel, n_tokens: int, seq: int) -> float:
         w = getattr(m, "weight", None)
         if isinstance(w, torch.nn.Parameter) and w.dim() == 2 and not isinstance(m, torch.nn.Embedding):
             linear += w.numel()
-    head = hm.model.get_output_embeddings() if hasattr(hm.model, "get_output_embeddings") else None
-    if head is not None and isinstance(hm.model.get_input_embeddings(), torch.nn.Embedding) and \
-            head.weight is hm.model.get_input_embeddings().weight:
+    api = hm.hf_model
+    head = api.get_output_embeddings() if hasattr(api, "get_output_embeddings") else None
+    if head is not None and isinstance(api.get_input_embeddings(), torch.nn.Embedding) and \
+            head.weight is api.get_input_embeddings().weight:
         linear += head.weight.numel()  # a tied LM head is one parameter but a full matmul
     width = sum(hm.heads_in_layer(l) * hm.d_head for l in range(hm.n_layers))
     return 2.0 * linear * n_tokens + 4.0 * seq * width * n_tokens

@@ -154,7 +154,7 @@ class _Curve:
         """In target mode, past the first point whose (recovered) drop exceeds the target."""
         last = self.points[-1]
         track = last.drop_recovered if self.recover["steps"] else last.drop
-        return self.target_mode and track is not None and track > self.target_drop
+        return self.target_mode and self.target_drop is not None and track is not None and track > self.target_drop
 
     def next_point(self) -> CurvePoint | None:
         units = self.plan.next_units()
@@ -166,7 +166,8 @@ class _Curve:
         base = self.points[0].metric
         metric = self.measure.metric
         point = CurvePoint(len(self.points), self.plan.n_removed, self.plan.size_removed() / self.plan.total, value,
-                           relative_drop(metric, base, value), removed=self.plan.names(units),
+                           relative_drop(metric, base, value),
+                           removed=self.plan.names(units),  # type: ignore[arg-type]  # units of this plan's own next_units
                            extra={k: fn(self.hm, self.gates(mask)) for k, fn in self.extras.items()},
                            params_removed=self.plan.params_removed(), passages=passages)
         if self.recover["steps"]:
@@ -196,7 +197,7 @@ class _Curve:
         point.drop_recovered = relative_drop(metric, base, point.metric_recovered)
         if self.extra_on_recovered:
             point.extra_recovered = {k: fn(self.recovery.hm, self.gates(mask)) for k, fn in self.extras.items()}
-        if before is not None and point.drop_recovered > self.target_drop:
+        if before is not None and self.target_drop is not None and point.drop_recovered > self.target_drop:
             # Past the target: the model worth keeping is the one of the previous point.
             self.recovery.restore(before, self.points[-1].n_removed)
         else:
@@ -204,8 +205,10 @@ class _Curve:
 
     def _time(self, point: CurvePoint, mask: UnitMask) -> None:
         lat = self.latency
+        assert lat is not None, "timed only when the run measures latency"
         small = prune_units(self.hm, mask)
-        point.latency_s, point.speedup = time_speedup(self.hm, small, *lat["batch"], lat["repeats"])
+        ids, attention_mask = lat["batch"]
+        point.latency_s, point.speedup = time_speedup(self.hm, small, ids, attention_mask, lat["repeats"])
         point.flop_speedup = lat["base_flops"] / matmul_flops(small, lat["tokens"], lat["seq"])
         # Physically removed = counted: the parameter share is what the smaller model really lost.
         point.params_removed = int(self.plan.total) - n_parameters(small)
@@ -234,6 +237,7 @@ def _check(hm: HeadModel, unit: str | None, method: str | None, fraction: float 
         check_prunable(hm)
     check_unit(hm, unit)
     if kind.scope != "heads":
+        assert fraction is not None, "check_args: a curve of units other than heads takes a fraction"
         check_fraction(hm, unit, fraction)
     return unit, method, kind.scope
 
@@ -318,8 +322,9 @@ def prune_curve(
 def _walk(run: _Curve, method: str, ckpt: Path | None, settings: dict[str, Any], progress: bool) -> None:
     """Take points until the plan is done or the target is passed; checkpoint after each."""
     plan = run.plan
-    heads = plan.scope == "heads"
-    bar = tqdm(total=plan.stop_n if heads else len(plan.cuts), initial=plan.n_removed if heads else 0,
+    heads = isinstance(plan, HeadPlan)
+    total = plan.stop_n if isinstance(plan, HeadPlan) else len(plan.cuts)
+    bar = tqdm(total=total, initial=plan.n_removed if heads else 0,
                desc=f"prune ({method})" if heads else f"{plan.unit} curve", unit="head" if heads else "point",
                disable=not progress)
     try:

@@ -234,7 +234,8 @@ def unit_mask(hm: HeadModel, taken: list[Unit]) -> UnitMask:
 
 def unit_names(taken: list[Unit]) -> list[str]:
     """A3 = attention of layer 3, B7 = block 7 (in removal order), then F2:n = n FFN neurons of layer 2."""
-    out, ffn = [], {}
+    out: list[str] = []
+    ffn: dict[int, int] = {}
     for kind, layer, _, _ in taken:
         if kind == "ffn":
             ffn[layer] = ffn.get(layer, 0) + 1

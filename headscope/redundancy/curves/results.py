@@ -113,12 +113,12 @@ class CurveResult:
         """A HeadTable with `removed_at` (fraction at which each head went; NaN if kept) and `removable`."""
         at = np.full((self.n_layers, self.n_heads), np.nan)
         for r in self.points:
-            for h in r.removed:
-                l, hh = parse_head(h)
-                at[l, hh] = r.fraction_removed
+            for name in r.removed:
+                layer, head = parse_head(name)
+                at[layer, head] = r.fraction_removed
         removable = np.zeros((self.n_layers, self.n_heads))
-        for l, h in self.removed_order(self.best(drop).n_removed):
-            removable[l, h] = 1.0
+        for layer, head in self.removed_order(self.best(drop).n_removed):
+            removable[layer, head] = 1.0
         return HeadTable(self.n_layers, self.n_heads, {"removed_at": at, "removable": removable},
                          {"model": self.model, "method": self.method, "metric": self.metric,
                           "target_drop": self.target_drop if drop is None else drop})
@@ -210,7 +210,8 @@ class CurveResult:
         }
 
     def _unit_summary(self) -> dict[str, Any]:
-        points, so_far = [], []
+        points: list[dict[str, Any]] = []
+        so_far: list[str] = []
         for p in self.points:
             so_far = _merge_names(so_far, p.removed)
             points.append({"step": p.step, "removed": list(so_far), "params_removed": p.params_removed,
@@ -241,6 +242,7 @@ class CurveResult:
         base = hm
         if recovered:
             model = copy.deepcopy(hm.model)
+            assert self.recovered_state is not None, "a recovered model is asked for only when the run recovered"
             model.load_state_dict(self.recovered_state)
             base = HeadModel(model=model, tokenizer=hm.tokenizer, name=hm.name, source=hm.source)
         if self.scope != "heads":

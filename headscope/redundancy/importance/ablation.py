@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from ...data import Tokens, batches, pad_id
@@ -40,8 +41,8 @@ def capture_layer_outputs(hm: HeadModel, store: dict[int, Any]) -> Iterator[None
     """Record each layer block's output object (detached) into `store[layer]`."""
     handles = []
 
-    def make(layer: int):
-        def hook(module, args, output):
+    def make(layer: int) -> Callable[[nn.Module, Any, Any], None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
             store[layer] = _map_tensors(output, lambda t: t.detach())
 
         return hook
@@ -203,7 +204,10 @@ def ablation_passages(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.
                         continue
                     with ExitStack() as stack:
                         if reuse_prefix and layer > 0:
-                            entering = _map_tensors(outs[layer - 1], lambda t, k=k: repeat_rows(t, k))
+                            def grow(t: torch.Tensor, k: int = k) -> torch.Tensor:
+                                return repeat_rows(t, k)
+
+                            entering = _map_tensors(outs[layer - 1], grow)
                             stack.enter_context(skip_prefix(hm, layer, entering))
                         stack.enter_context(row_ablation(hm, base, layer, heads, B, means))
                         rm = row_metric(hm, metric, repeat_rows(ids, k), repeat_rows(mask, k),

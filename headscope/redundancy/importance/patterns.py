@@ -31,6 +31,7 @@ def pattern_contributions(hm: HeadModel, prep: Tokens, *, gates: torch.Tensor | 
     with head_gates(hm, base):
         stats = run_stats(hm, prep.ids, batch_size)
     sums = stats.passage_sums()
+    assert sums is not None, "run_stats tracks per-passage sums"
     return {"entropy": (sums.select(["entropy", f"entropy{COUNT}"]), _negated("entropy")),
             "output_norm": (sums.select(["output_norm", f"output_norm{COUNT}"]), statistic_of("output_norm"))}
 

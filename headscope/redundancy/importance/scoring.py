@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Sequence
 
 import numpy as np
@@ -91,7 +92,7 @@ def _score_chunk(run: _Run, ctx: ScoreContext, chosen: list[str]) -> None:
         t0 = time.perf_counter()
         for m in group:  # torchrun / --workers: `sharded` criteria split their work, the others run on rank 0
             fn = CRITERIA.get(m).fn
-            value = np.array(fn(ctx) if CRITERIA.get(m).meta.get("sharded") else run_on_main(lambda fn=fn: fn(ctx)),
+            value = np.array(fn(ctx) if CRITERIA.get(m).meta.get("sharded") else run_on_main(partial(fn, ctx)),
                              dtype=float)
             if m not in ctx.contributions:
                 run.direct[m] = value

@@ -155,6 +155,7 @@ def classification(ctx: TaskContext) -> np.ndarray:
     ctx.info["classifier"] = probe.summary()
     test = probe.test
     if ctx.limit is not None and ctx.limit < len(test):
+        assert test.labels is not None, "a probe's test split is labelled"
         test = Tokens(test.ids[: ctx.limit], test.source, test.max_length, test.truncated, None, None,
                       test.labels[: ctx.limit])
     ctx.info["scored_passages"] = len(test)
@@ -227,15 +228,15 @@ def parse_tasks(spec: str | Sequence[str]) -> dict[str, Any]:
         if name not in TASKS:
             raise HeadscopeError(f"unknown task {name!r}{did_you_mean(name, TASKS)}; choose from {', '.join(TASKS)} "
                                  f"(a task's data after '=', e.g. classification=labels.jsonl)")
-        data = data.strip() or None
+        given = data.strip() or None
         entry = TASKS.get(name)
-        if entry.needs_labels and not is_labelled(data or entry.data):
+        if entry.needs_labels and not is_labelled(given or entry.data):
             raise HeadscopeError(f"task {name!r} needs labelled data: give {name}=FILE.jsonl with a 'text' and a "
                                  f"'label' on every line, or a labelled built-in ({', '.join(LABELLED)})"
-                                 + (f" ({data!r} has no labels)" if data else ""))
+                                 + (f" ({given!r} has no labels)" if given else ""))
         if "check_data" in entry.meta:  # a task that checks its own data (retrieval: a context length)
-            entry.check_data(None, data)
-        out[name] = data
+            entry.check_data(None, given)
+        out[name] = given
     if len(out) < 2:
         raise HeadscopeError(f"give at least two tasks to compare (got {', '.join(out) or 'none'}); "
                              f"choose from {', '.join(TASKS)}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ def block_influence(hm: HeadModel, prep: Tokens, *, batch_size: int = 16, progre
     count = 0.0
     box: dict[str, torch.Tensor] = {}
 
-    def make(layer: int):
+    def make(layer: int) -> Callable[[Any, tuple, dict, Any], None]:
         def hook(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
             x = args[0] if args else kwargs["hidden_states"]  # [batch, pos, d_model]
             y = output[0] if isinstance(output, tuple) else output
@@ -58,8 +58,8 @@ def block_influence(hm: HeadModel, prep: Tokens, *, batch_size: int = 16, progre
             for b in tqdm(batches(prep.ids, batch_size, pad_id=pad_id(hm)), desc="block influence",
                           disable=not progress, leave=False):
                 box["mask"] = b.attention_mask.to(hm.device).double()
-                hm.model.base_model(input_ids=b.input_ids.to(hm.device), attention_mask=b.attention_mask.to(hm.device),
-                                    use_cache=False)
+                hm.base_model(input_ids=b.input_ids.to(hm.device), attention_mask=b.attention_mask.to(hm.device),
+                              use_cache=False)
                 count += float(b.attention_mask.sum())
     finally:
         for h in handles:
@@ -119,7 +119,7 @@ def ffn_scores(hm: HeadModel, prep: Tokens, metric: str, *, reference: Reference
     tokens, passages = 0.0, 0
     box: dict[str, torch.Tensor] = {}
 
-    def make(layer: int):
+    def make(layer: int) -> Callable[[Any, tuple], None]:
         def hook(module: Any, args: tuple) -> None:
             a = args[0].detach()  # [batch, pos, n_neurons] (already gated: the gates are ones)
             act[layer] += (a.abs().double() * box["mask"][..., None]).sum((0, 1)).cpu()

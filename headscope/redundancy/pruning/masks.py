@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -72,7 +72,7 @@ def check_unit_kind(hm: HeadModel, unit: str) -> None:
     check_unit(hm, "slice" if unit == "head" else unit)
 
 
-def _block_hook(gate: float):
+def _block_hook(gate: float) -> Callable[..., Any]:
     def hook(module: Any, args: tuple, kwargs: dict, output: Any) -> Any:
         x = args[0] if args else kwargs["hidden_states"]  # [batch, pos, d_model], the block's input
         if isinstance(output, tuple):
@@ -82,7 +82,7 @@ def _block_hook(gate: float):
     return hook
 
 
-def _ffn_hook(gate: torch.Tensor):
+def _ffn_hook(gate: torch.Tensor) -> Callable[..., tuple]:
     def hook(module: Any, args: tuple) -> tuple:
         a = args[0]  # [batch, pos, n_neurons]
         g = gate.to(a.dtype)
@@ -104,9 +104,9 @@ def unit_masks(hm: HeadModel, mask: UnitMask) -> Iterator[None]:
                 if tuple(mask.block.shape) != (hm.n_layers,):
                     raise HeadscopeError(f"block mask has shape {tuple(mask.block.shape)}; expected ({hm.n_layers},)")
                 for layer in range(hm.n_layers):
-                    g = float(mask.block[layer])
-                    if g != 1.0:
-                        handles.append(hm.layers[layer].register_forward_hook(_block_hook(g), with_kwargs=True))
+                    kept = float(mask.block[layer])
+                    if kept != 1.0:
+                        handles.append(hm.layers[layer].register_forward_hook(_block_hook(kept), with_kwargs=True))
             for layer, g in mask.ffn.items():
                 if g.requires_grad or not bool((g == 1).all()):
                     if g.shape[-1] != hm.ffn_size(layer):

@@ -24,7 +24,7 @@ from torch import nn
 
 from ...errors import HeadscopeError
 from ...models.adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
-from ...models.layout import set_path
+from ...models.layout import bias_param, set_path, weight_param
 from .masks import UnitMask, check_unit_kind
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,11 @@ def drop_blocks(hm: HeadModel, layers: Sequence[int]) -> None:
     if not drop:
         return
     old = hm.layers
-    set_path(hm.model.base_model, hm.spec.layers, nn.ModuleList([old[l] for l in keep]))
+    set_path(hm.base_model, hm.spec.layers, nn.ModuleList([old[l] for l in keep]))
     for new_idx, block in enumerate(hm.layers):
         for module in block.modules():
             if hasattr(module, "layer_idx"):
-                module.layer_idx = new_idx  # the KV-cache slot follows the new position
+                setattr(module, "layer_idx", new_idx)  # noqa: B010 (an int attribute: torch types attributes as Tensor | Module)
     config = hm.config
     types = getattr(config, "layer_types", None)
     config.num_hidden_layers = len(keep)
@@ -109,6 +109,12 @@ def layer_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
+def _weights_and_bias(m: nn.Module) -> int:
+    """Numbers in a projection's weight and (where it has one) bias."""
+    bias = bias_param(m)
+    return weight_param(m).numel() + (0 if bias is None else bias.numel())
+
+
 def unit_parameters(hm: HeadModel, unit: str, layer: int) -> float:
     """Parameters one unit of `layer` holds: the attention sub-layer's projections (its output bias stays),
     the whole block, or one FFN neuron (its rows in the input projections and its output column)."""
@@ -116,17 +122,15 @@ def unit_parameters(hm: HeadModel, unit: str, layer: int) -> float:
         return float(layer_parameters(hm.layers[layer]))
     if unit == "attention":
         mods = hm.projections(layer)
-        n = sum(m.weight.numel() + (m.bias.numel() if getattr(m, "bias", None) is not None else 0)
-                for k, m in mods.items() if k != "o")
-        return float(n + mods["o"].weight.numel())
+        n = sum(_weights_and_bias(m) for k, m in mods.items() if k != "o")
+        return float(n + weight_param(mods["o"]).numel())
     if unit == "ffn":
         width = hm.ffn_size(layer)
-        n = sum(m.weight.numel() + (m.bias.numel() if getattr(m, "bias", None) is not None else 0)
-                for m in hm.ffn_in(layer))
-        return float(n + hm.ffn_out(layer).weight.numel()) / width
+        n = sum(_weights_and_bias(m) for m in hm.ffn_in(layer))
+        return float(n + weight_param(hm.ffn_out(layer)).numel()) / width
     if unit == "head":
         mods = hm.projections(layer)
-        n = sum(m.weight.numel() for m in mods.values())
+        n = sum(weight_param(m).numel() for m in mods.values())
         return float(n) / hm.heads_in_layer(layer)
     raise HeadscopeError(f"unknown unit {unit!r}")
 
