@@ -69,7 +69,7 @@ def importance_grids(columns: Mapping[str, np.ndarray], path: Path | None = None
     ncol = min(n, 4)
     nrow = math.ceil(n / ncol)
     fig, axes = figure(ncol * max(2.4, 0.3 * n_heads + 1), nrow * max(2.0, 0.2 * n_layers + 1), nrow, ncol)
-    for ax, name in zip(axes.flat, names, strict=True):
+    for ax, name in zip(axes.flat, names, strict=False):  # the grid may hold more axes than names
         v = np.asarray(columns[name], float)
         # Ranks make criteria with different units comparable at a glance.
         flat = v.ravel()
