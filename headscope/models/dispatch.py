@@ -64,7 +64,7 @@ def offloaded(module: nn.Module) -> bool:
 def loaded(modules: list[nn.Module]) -> Iterator[None]:
     """Within the block, offloaded `modules` hold their real weights (on their execution device); after it,
     the weights go back to their store. Read them here, write nothing (see `materialize`)."""
-    from accelerate.utils import align_module_device
+    from accelerate.utils import align_module_device  # accelerate only for offloaded device maps (optional)
 
     with ExitStack() as stack:
         for module in modules:
@@ -103,7 +103,7 @@ def materialize(modules: list[nn.Module]) -> None:
     (resized by pruning) keeps the weights it was given instead of reloading the stale ones from
     the offload store at its next forward. Modules already in memory are left as they are.
     """
-    from accelerate.hooks import AlignDevicesHook, add_hook_to_module, remove_hook_from_module
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module, remove_hook_from_module  # optional, as above
 
     for module in modules:
         hook = _offload_hook(module)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -40,10 +41,15 @@ import torch
 from tqdm.auto import tqdm
 
 from ...attention import DEFAULT_BLOCK
-from ...data import LABELLED, Tokens
+from ...data import LABELLED, Tokens, pad_id, read_conllu
 from ...errors import HeadscopeError, did_you_mean
 from ...eval.evaluate import is_labelled
-from ...eval.metrics import METRICS
+from ...eval.metrics import METRICS, has_classifier
+from ...eval.probe import fit_probe
+from ...eval.wordsim import wordsim_spearman
+from ...learned.longctx import long_roles
+from ...learned.longctx.long_roles import check_long_args
+from ...learned.syntax import dependency_accuracy
 from ...models.adapter import HeadModel
 from ...registry import Registry
 from ...table import HeadTable
@@ -108,7 +114,6 @@ def _needs_tokenizer(hm: HeadModel) -> str | None:
 @TASKS.register("wordsim", help="wordsim353 Spearman lost when the head is zeroed (exact ablation)",
                 data="wordsim353", usable=_needs_tokenizer, needs_labels=False)
 def wordsim(ctx: TaskContext) -> np.ndarray:
-    from ...eval.wordsim import wordsim_spearman
 
     hm = ctx.hm
     which = ctx.data or "wordsim353"
@@ -125,8 +130,6 @@ def wordsim(ctx: TaskContext) -> np.ndarray:
 @TASKS.register("syntax", help="the head's own dependency accuracy (best relation, dependent to head; ewt-test)",
                 data="ewt-test", usable=_needs_tokenizer, needs_labels=False)
 def syntax(ctx: TaskContext) -> np.ndarray:
-    from ...data import pad_id, read_conllu
-    from ...learned.syntax import dependency_accuracy
 
     sentences = read_conllu(ctx.data or "ewt-test")[: ctx.limit or None]
     bar = tqdm(total=len(sentences), desc="syntax", unit="sentence", disable=not ctx.progress, leave=False)
@@ -144,8 +147,6 @@ def syntax(ctx: TaskContext) -> np.ndarray:
                 "probe fitted on half of the data and is scored on the other half", data="polarity",
                 usable=_needs_tokenizer, needs_labels=True)
 def classification(ctx: TaskContext) -> np.ndarray:
-    from ...eval.metrics import has_classifier
-    from ...eval.probe import fit_probe
 
     data = ctx.data or "polarity"
     if has_classifier(ctx.hm):
@@ -181,7 +182,6 @@ def retrieval_length(hm: HeadModel | None, data: Any) -> int:
                                  f"got {data!r}") from None
     else:
         length = RETRIEVAL_LENGTH if hm is None or hm.max_positions is None else min(RETRIEVAL_LENGTH, hm.max_positions)
-    from ...learned.longctx.long_roles import check_long_args
 
     check_long_args(hm, length, RETRIEVAL_HAYSTACKS, 0, None, DEFAULT_BLOCK)
     return length
@@ -198,7 +198,6 @@ def _needs_causal_tokenizer(hm: HeadModel) -> str | None:
                 data=str(RETRIEVAL_LENGTH), usable=_needs_causal_tokenizer, needs_labels=False,
                 check_data=retrieval_length)
 def retrieval(ctx: TaskContext) -> np.ndarray:
-    from ...learned.longctx import long_roles
 
     length = retrieval_length(ctx.hm, ctx.data)
     lc = long_roles(ctx.hm, length, windows=0, haystacks=RETRIEVAL_HAYSTACKS, seed=ctx.seed, progress=ctx.progress)
@@ -258,7 +257,6 @@ def task_importance(hm: HeadModel, tasks: dict[str, Any] | str, *, method: str =
                     limit: int | None = 64, max_length: int | None = 64, batch_size: int = 16, seed: int = 0,
                     progress: bool = False) -> HeadTable:
     """Every head's importance under each task: one column `importance_<task>` (higher = more important)."""
-    import time
 
     tasks = parse_tasks(tasks) if isinstance(tasks, str) else dict(tasks)
     CRITERIA.get(method)
