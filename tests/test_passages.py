@@ -18,6 +18,14 @@ from tests.families import FAMILIES, model
 MOE = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3")  # expert layers: torch's grouped matmul is float32 at most
 
 
+def in_float64(hm):
+    """The model in float64; MoE experts through transformers' eager loop (its grouped matmul has no float64)."""
+    if hm.config.model_type in MOE:
+        hm.model.set_experts_implementation("eager")
+    hm.model.double()
+    return hm
+
+
 def _passages(hm, n: int = 7, seed: int = 0) -> list[list[int]]:
     """Passages of different lengths (so batches pad), ordinary token ids."""
     g = torch.Generator().manual_seed(seed)
@@ -85,13 +93,11 @@ def test_every_criterion_and_its_interval_do_not_depend_on_the_batch_size(family
     In float64 on passages of one length: in float32 a passage batched with others of other shapes rounds
     differently at the 1e-6 level (and a tiny MoE router can flip a near-tied expert choice), and some
     families' float64 masks overflow on padding rows; both are the kernels', not the accounting this test
-    checks (the statistics test above runs float32 with padding). The MoE families stay float32: their
-    grouped expert matmul has no float64 kernel."""
+    checks (the statistics test above runs float32 with padding). The MoE families' experts run through
+    transformers' eager expert loop: the grouped expert matmul has no float64 kernel."""
     from headscope.redundancy.importance import CRITERIA, score
 
-    hm = model(family)
-    if family not in MOE:
-        hm.model.double()
+    hm = in_float64(model(family))
     g = torch.Generator().manual_seed(1)
     vocab = int(hm.model.get_input_embeddings().num_embeddings)
     data = [torch.randint(5, min(vocab, 200), (12,), generator=g).tolist() for _ in range(7)]
