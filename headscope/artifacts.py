@@ -278,6 +278,8 @@ PRUNE_JSON = Artifact(
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("step"),
      _f("fraction"), _f("seed"), _f("recover_lr"),
      _f("saved_model", "{path, parameters, parameters_original, heads_kept, recovered_weights}", "--save-model"),
+     _f("learned", "{l0: the gate training's settings and record, open_probability: [L][H] P(gate open)}; no "
+                   "interval (learned over all passages)", "--method l0"),
      _PROVENANCE))
 # Units beyond heads: `prune --unit attention|block|ffn|mix` and `score --unit attention|block|ffn` write these
 # files instead of the head files, so they are declared under those modes (outputs("prune --unit")), not

@@ -24,8 +24,12 @@ from .criteria import (
                        unit_methods,
 )
 from .gradients import gradient_scores, ig_scores, loss_rows
+from .l0 import GateTraining, L0Settings, l0_scores
 from .patterns import pattern_scores
 from .scoring import layer_norms, rank_correlations, score
 from .units import score_units, unit_scores  # the criteria of attention sub-layers, blocks and FFN neurons
 
-__all__ = ["CRITERIA", "ROWS_PER_PASS", "SCOPES", "ScoreContext", "ablation_scan", "base_gates", "capture_layer_outputs", "check_method", "gradient_scores", "head_means", "ig_scores", "layer_norms", "loss_rows", "parse_methods", "pattern_scores", "rank_correlations", "score", "score_units", "skip_prefix", "unit_methods", "unit_scores"]
+__all__ = ["CRITERIA", "ROWS_PER_PASS", "SCOPES", "ScoreContext", "ablation_scan", "base_gates",
+           "capture_layer_outputs", "check_method", "gradient_scores", "GateTraining", "L0Settings", "head_means",
+           "ig_scores", "l0_scores", "layer_norms", "loss_rows", "parse_methods", "pattern_scores",
+           "rank_correlations", "score", "score_units", "skip_prefix", "unit_methods", "unit_scores"]
