@@ -29,7 +29,15 @@ from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..io import atomic_write_text, prepare_out_dir
 from ..models.checkpoint import save_model
 from ..provenance import provenance
-from ..redundancy.curves import L0_STATE, PARTIAL_JSON, CurveResult, check_args, check_target_drop, clear_partial, prune_curve
+from ..redundancy.curves import (
+    L0_STATE,
+    PARTIAL_JSON,
+    CurveResult,
+    check_args,
+    check_target_drop,
+    clear_partial,
+    prune_curve,
+)
 from ..redundancy.importance import CRITERIA
 from ..redundancy.pruning.heads import n_parameters
 from ..redundancy.unit_kinds import LAYER_UNITS, UNITS, unit_kind
