@@ -24,10 +24,9 @@ in its metadata.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -39,7 +38,7 @@ from ...eval.lm import distillation_loss
 from ...eval.metrics import METRICS
 from ...hooks import head_gates
 from ...models.adapter import HeadModel
-from ...train import Trainer
+from ...train import Trainer, frozen_weights
 from .criteria import CRITERIA, ScoreContext, targets
 from .hard_concrete import BETA, HardConcreteGates, Stretch
 
@@ -89,21 +88,6 @@ def check_l0(steps: int, lr: float, temperature: float, penalty: float | None, t
         raise HeadscopeError(f"L0 target fraction must be in [0, 1) (share of heads closed), got {target}; e.g. 0.3")
     if penalty is not None and target is not None:
         raise HeadscopeError("give an L0 penalty or a target fraction, not both")
-
-
-@contextmanager
-def frozen_weights(hm: HeadModel) -> Iterator[None]:
-    """The model's parameters with requires_grad off while active (restored after): gradients reach the gates
-    only, and no weight gradient is computed."""
-    params = list(hm.model.parameters())
-    was = [p.requires_grad for p in params]
-    try:
-        for p in params:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p, w in zip(params, was, strict=True):
-            p.requires_grad_(w)
 
 
 def expand_gates(hm: HeadModel, z: torch.Tensor, per: str) -> torch.Tensor:
@@ -221,5 +205,5 @@ def l0_scores(ctx: ScoreContext) -> np.ndarray:
     return run.open_probability()
 
 
-__all__ = ["LEARNED_NOTE", "GateTraining", "L0Settings", "check_l0", "expand_gates", "frozen_weights", "gate_shape",
+__all__ = ["LEARNED_NOTE", "GateTraining", "L0Settings", "check_l0", "expand_gates", "gate_shape",
            "l0_scores"]
