@@ -22,7 +22,7 @@ import math
 import re
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import numpy as np
 import torch
@@ -141,9 +141,7 @@ class MixTraining:
 
     @property
     def alpha(self) -> nn.Parameter:
-        alpha = self.holder.alpha
-        assert isinstance(alpha, nn.Parameter)  # for mypy: nn.Module attributes are typed Tensor | Module
-        return alpha
+        return cast(nn.Parameter, self.holder.alpha)  # nn.Module attributes are typed Tensor | Module
 
     def _batch(self, generator: torch.Generator) -> Haystack:
         return self.prompts[int(torch.randint(len(self.prompts), (1,), generator=generator))]
