@@ -11,7 +11,7 @@ HS=${HS:-python -m headscope}
 for what in "$@"; do
   case $what in
     minilm|smollm2)
-      for m in l0 gradient taylor ablation; do
+      for m in ${METHODS:-l0 gradient taylor ablation}; do
         /usr/bin/time -f "$what $m %e s" $HS prune "$what" --method "$m" --fraction 0.3 --step 0.1 --data ptb-train \
           --limit "$LIMIT" --max-length "$MAXLEN" --heldout ptb-valid --heldout-limit "$HELDOUT" --batch-size 8 \
           --l0-steps "$L0STEPS" --out "$OUT/$what-$m" --force
