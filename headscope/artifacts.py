@@ -281,6 +281,8 @@ PRUNE_JSON = Artifact(
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("step"),
      _f("fraction"), _f("seed"), _f("recover_lr"),
      _f("saved_model", "{path, parameters, parameters_original, heads_kept, recovered_weights}", "--save-model"),
+     _f("learned", "{l0: the gate training's settings and record, open_probability: [L][H] P(gate open)}; no "
+                   "interval (learned over all passages)", "--method l0"),
      _PROVENANCE))
 # Units beyond heads: `prune --unit attention|block|ffn|mix` and `score --unit attention|block|ffn` write these
 # files instead of the head files, so they are declared under those modes (outputs("prune --unit")), not
@@ -357,9 +359,10 @@ KV_JSON = Artifact("kv.json", "json", {"kv": "--out"}, "kv.csv's provenance: the
 KVCACHE_CSV = Artifact(
     "kvcache.csv", "csv", {"kvcache": ""}, "head-aware KV caches against the full cache: bytes, perplexity, needles",
     (_f("method", "'full' (every KV head full), 'score' (full KV heads chosen by chosen_by), 'random' (the same "
-                  "number of full KV heads at random: the control at equal bytes)"),
+                  "number of full KV heads at random: the control at equal bytes), 'learned' (--choose learned: the "
+                  "largest DuoAttention mixing weights, the same number of full KV heads)"),
      _f("chosen_by", "the score that chose the full heads (e.g. retrieval_score, or a column of a heads/roles "
-                     "file); empty for full and random"),
+                     "file; duo_alpha for learned); empty for full and random"),
      _f("budget", "asked share of KV heads kept full, in (0, 1] (1 for full)"),
      _f("kv_fraction", "share of KV heads kept full as done (bytes per token relative to the full cache)"),
      _f("full_kv_heads", "KV heads kept full, all layers"), _f("windowed_kv_heads", "KV heads freed: sink + window"),

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -165,6 +166,22 @@ class Trainer:
         """A state written by `save` (weights, optimizer and generator state: not a safe format for
         untrusted files, like any torch checkpoint)."""
         return torch.load(path, weights_only=False)
+
+
+@contextmanager
+def frozen_weights(model: Any) -> Iterator[None]:
+    """`model`'s parameters (an nn.Module, or anything with `.model`, e.g. a HeadModel) with requires_grad off
+    while active, restored after: training something else through it (gates, mixing weights) computes no weight
+    gradient at all."""
+    params = list(getattr(model, "model", model).parameters())
+    was = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, w in zip(params, was, strict=True):
+            p.requires_grad_(w)
 
 
 def _clone(obj: Any) -> Any:

@@ -16,6 +16,7 @@ from ..capacity.kvcache.cache import SUPPORTED, check_supported, check_supported
 from ..capacity.kvcache.choice import ScoresFile, parse_budgets, read_scores_file, scores_matrix
 from ..capacity.kvcache.compare import Settings, check_context, check_positions, compare, retrieval_scores
 from ..capacity.kvcache.evaluate import DEFAULT_CHUNK, long_passages
+from ..capacity.kvcache.learned import learned_rows, passkey_prompts
 from ..capacity.kvcache.uptrain import training_batches
 from ..data import read_texts
 from ..errors import HeadscopeError
@@ -24,6 +25,7 @@ from ..models import BUILTINS, load_model
 from ..provenance import provenance
 from ..table import to_jsonable
 from ..train import check_settings
+from ._kv_learned import add_learned_args, learned_settings
 from ._uptrain import add_training_args
 
 OUTPUTS = outputs("kvcache")  # kvcache.csv, kvcache.json
@@ -79,6 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-length", type=int, default=512, metavar="N",
                    help="tokens per uptraining passage: the texts cut into consecutive pieces (default 512)")
     p.add_argument("--train-batch", type=int, default=1, metavar="N", help="passages per uptraining step (default 1)")
+    add_learned_args(p)
     p.add_argument("--no-random", action="store_true", help="skip the random control at equal bytes")
     p.add_argument("--seed", type=int, default=0, help="seed of the random control, ties and needles (default 0)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
@@ -159,6 +162,7 @@ def _print_row(r: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     budgets, data, train, scores_file, positions_checked = _check_args(args)
+    learned = learned_settings(args)  # None unless --choose learned; checked before the model loads
     hm = load_model(args.model, device=args.device)
     if not positions_checked:
         check_positions(args.context, hm.max_positions)
@@ -166,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
     if hm.tokenizer is None:
         raise HeadscopeError(f"{hm.name} has no tokenizer; kvcache builds text")
     passages, used = long_passages(hm.tokenizer, data.texts, args.context, args.passages)
+    # Passkey prompts from the text after the perplexity passages; too little of it refuses before any slow work.
+    prompts = passkey_prompts(hm.tokenizer, data.texts[used:], args.context, learned.prompts, args.seed) \
+        if learned is not None else []
     settings = Settings(sink=args.sink, window=args.window, context=args.context, budgets=tuple(budgets),
                         threshold=args.threshold, needles=args.needles, chunk=args.chunk,
                         random_control=not args.no_random, seed=args.seed, uptrain=args.uptrain, loss=args.loss,
@@ -184,6 +191,10 @@ def run(args: argparse.Namespace) -> int:
         scores, info = retrieval_scores(hm, args.context, args.score_haystacks, args.seed, progress=True)
         score_info.update(info)
     rows = compare(hm, passages, scores, args.by, settings, progress=True, on_row=_print_row, train_batches=batches)
+    if learned is not None:  # DuoAttention's learned alphas: rows beside the score's and random's at equal bytes
+        more, score_info["learned"] = learned_rows(hm, passages, prompts, settings, learned, progress=True,
+                                                   on_row=_print_row)
+        rows += more
 
     report = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads,
               "d_head": hm.d_head,

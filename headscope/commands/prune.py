@@ -29,11 +29,20 @@ from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..io import atomic_write_text, prepare_out_dir
 from ..models.checkpoint import save_model
 from ..provenance import provenance
-from ..redundancy.curves import PARTIAL_JSON, CurveResult, check_args, check_target_drop, clear_partial, prune_curve
+from ..redundancy.curves import (
+    L0_STATE,
+    PARTIAL_JSON,
+    CurveResult,
+    check_args,
+    check_target_drop,
+    clear_partial,
+    prune_curve,
+)
 from ..redundancy.importance import CRITERIA
 from ..redundancy.pruning.heads import n_parameters
 from ..redundancy.unit_kinds import LAYER_UNITS, UNITS, unit_kind
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
+from ._l0 import add_l0_args, l0_settings
 
 # The files of a head curve and of a curve of units beyond heads (each with model/ under --save-model).
 OUTPUTS = outputs("prune")  # prune_curve.csv, prune_curve.png, redundancy.csv, prune.json
@@ -99,6 +108,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also record wordsim353 and simlex999 Spearman at each point (encoders)")
     p.add_argument("--wordsim-recovered", action="store_true",
                    help="with --wordsim and --recover, also measure them on the recovered model (slower)")
+    add_l0_args(p, "share of heads (with --unit group: of KV groups) the gates are trained to close, in [0, 1) "
+                   "(default: --fraction)")
     p.add_argument("--save-model", action="store_true",
                    help="write the physically pruned model (at --fraction, or the largest fraction within "
                         "--target-drop) to OUT/model")
@@ -127,6 +138,10 @@ def _check_cli(args: argparse.Namespace) -> tuple[str | None, bool]:
     if args.metric != "auto":
         METRICS.get(args.metric)  # an unknown metric raises, with a did-you-mean
         check_target_drop(args.metric, args.target_drop)
+    l0_settings(args, args.fraction)  # checked even when l0 is not chosen: no bad value is ignored
+    if method == "l0" and args.fraction is None and args.l0_penalty is None and args.l0_target is None:
+        raise HeadscopeError("--method l0 with only --target-drop needs --l0-penalty or --l0-target (what the "
+                             "gates are trained towards); or give --fraction")
     return args.unit, heads
 
 
@@ -147,12 +162,17 @@ def run(args: argparse.Namespace) -> int:
                           step=args.step, recover_steps=args.recover, recover_lr=args.recover_lr, heldout=heldout,
                           metric=args.metric, unit=unit, max_length=args.max_length, batch_size=args.batch_size,
                           checkpoint=out, extra=extra, extra_on_recovered=args.wordsim_recovered,
-                          latency=args.latency, seed=args.seed, progress=True)
+                          latency=args.latency, options={"l0": {"settings": l0_settings(args, args.fraction)}},
+                          seed=args.seed,
+                          progress=True)
     except KeyboardInterrupt:
         part = out / PARTIAL_JSON
         if part.exists():
             print(f"headscope prune: interrupted; the finished points are in {part}; rerun the same command "
                   f"to resume (or pass --force to start over)", file=sys.stderr)
+        elif (out / L0_STATE).exists():
+            print(f"headscope prune: interrupted while training the L0 gates; their state is in {out / L0_STATE}; "
+                  f"rerun the same command to resume (or pass --force to start over)", file=sys.stderr)
         else:
             print("headscope prune: interrupted before the first point; nothing was written", file=sys.stderr)
         return 130

@@ -37,6 +37,7 @@ from ._common import (
     interval_settings,
     load_from_args,
 )
+from ._l0 import add_l0_args, l0_settings
 
 OUTPUTS = outputs("score")  # importance.csv, importance.json, rank_correlation.csv
 UNIT_OUTPUTS = outputs("score --unit")  # unit_importance.csv, unit_importance.json
@@ -65,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"auto (lm_loss for causal LMs, accuracy for classifiers on labelled jsonl, "
                         f"else fidelity), or one of {', '.join(METRICS)}")
     p.add_argument("--ig-steps", type=int, default=16, help="integrated-gradients steps (default 16)")
+    add_l0_args(p, "share of heads the gates are trained to close, in [0, 1) (default 0.5 unless --l0-penalty)")
     p.add_argument("--pruned", default=None,
                    help="heads already pruned (gate 0; scored NaN), e.g. L0H3,L5H1")
     p.epilog = (f"--data also accepts the built-in corpora {', '.join(BUILTIN_NAMES)} (ptb-*: Penn Treebank "
@@ -97,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
                              f"choose auto or one of {', '.join(METRICS)}")
     if args.ig_steps < 1:
         raise HeadscopeError(f"--ig-steps must be at least 1, got {args.ig_steps}")
+    l0 = l0_settings(args, 0.5)  # checked even when l0 is not chosen: a bad value is never silently ignored
+    options = {"l0": {"settings": l0}} if "l0" in methods else None
     out = prepare_out_dir(args.out, args.force, OUTPUTS)
     data = read_task_data(args.data, args.limit)  # bad data fails before the model loads
     hm = load_from_args(args)
@@ -105,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     table = score(hm, data, methods, metric=args.metric, gates=gates, max_length=args.max_length,
                   batch_size=args.batch_size, ig_steps=args.ig_steps, seed=args.seed,
                   limit=args.limit if isinstance(data, str) else None, intervals=interval_settings(args),
-                  until_stable=args.until_stable, progress=True)
+                  until_stable=args.until_stable, options=options, progress=True)
     if not is_main():  # every rank holds the merged table; rank 0 alone writes and prints
         return 0
     corr = rank_correlations(table)
@@ -129,6 +133,11 @@ def run(args: argparse.Namespace) -> int:
                    f"{about}; shown x{_scaled(table[col])[1]:g}"))
         top = [t for t in table.top(col, 5) if t[2] == t[2]]
         lo, hi = table[f"{col}_lo"], table[f"{col}_hi"]
+        if method in m.get("learned", {}):
+            r = m["learned"][method]
+            print("  top: " + ", ".join(f"L{l}H{h} {v:.4g}" for l, h, v in top) + f"  (learned in {r['steps_done']} "
+                  f"steps, {r['closed_units']} of {r['units']} gates closed; no interval: learned over all passages)")
+            continue
         print("  top: " + ", ".join(f"L{l}H{h} {v:.4g} [{lo[l, h]:.3g}, {hi[l, h]:.3g}]" for l, h, v in top))
     print("\nSpearman rank correlation between criteria:")
     print(corr.round(2).to_string())

@@ -15,15 +15,16 @@ The figure of a curve is `headscope.plots.pruning_curve`.
 from __future__ import annotations
 
 from ...eval.wordsim import wordsim_measure
-from .checkpoint import PARTIAL_JSON, PARTIAL_STATE, clear_partial
+from .checkpoint import L0_STATE, PARTIAL_JSON, PARTIAL_STATE, clear_partial
 from .latency import matmul_flops, time_forward, time_speedup
 from .loop import check_args, check_target_drop, prune_curve, unit_curve
-from .plans import HeadPlan, LayerPlan, candidate_units, check_fraction
+from .plans import HeadPlan, L0Plan, LayerPlan, candidate_units, check_fraction
 from .points import CurvePoint, relative_drop
 from .recovery import Recovery
 from .results import CurveResult, PruneResult, UnitCurve, pruned_model
 
-__all__ = ["PARTIAL_JSON", "PARTIAL_STATE", "CurvePoint", "CurveResult", "HeadPlan", "LayerPlan", "PruneResult",
+__all__ = ["L0_STATE", "PARTIAL_JSON", "PARTIAL_STATE", "CurvePoint", "CurveResult", "HeadPlan", "L0Plan",
+           "LayerPlan", "PruneResult",
            "Recovery", "UnitCurve", "candidate_units", "check_args", "check_fraction", "check_target_drop",
            "clear_partial", "matmul_flops", "prune_curve", "pruned_model", "relative_drop", "time_forward",
            "time_speedup", "unit_curve", "wordsim_measure"]

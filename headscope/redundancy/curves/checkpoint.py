@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 PARTIAL_JSON = "prune_curve.partial.json"  # checkpoint of an unfinished run, resumed on rerun
 PARTIAL_STATE = "prune_curve.partial.pt"  # the recovered copy's training state at the last checkpoint
+L0_STATE = "l0_gates.partial.pt"  # --method l0: the gates' training state (resumed to the same gates)
 
 
 def save_partial(folder: Path, settings: dict[str, Any], rows: list[CurvePoint], recovery: Recovery | None) -> None:
@@ -66,8 +67,8 @@ def resume(folder: Path, settings: dict[str, Any], recovery: Recovery | None
 
 def clear_partial(folder: str | Path) -> None:
     """Delete a finished (or abandoned) run's checkpoint files."""
-    for name in (PARTIAL_JSON, PARTIAL_STATE):
+    for name in (PARTIAL_JSON, PARTIAL_STATE, L0_STATE):
         (Path(folder) / name).unlink(missing_ok=True)
 
 
-__all__ = ["PARTIAL_JSON", "PARTIAL_STATE", "clear_partial", "resume", "save_partial"]
+__all__ = ["L0_STATE", "PARTIAL_JSON", "PARTIAL_STATE", "clear_partial", "resume", "save_partial"]

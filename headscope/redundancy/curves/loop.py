@@ -39,7 +39,7 @@ from ..unit_kinds import check_unit, default_unit, unit_kind
 from .checkpoint import PARTIAL_JSON, resume, save_partial
 from .intervals import point_intervals
 from .latency import matmul_flops, time_forward, time_speedup
-from .plans import HeadPlan, LayerPlan, PlanData, check_fraction, make_plan
+from .plans import HeadPlan, L0Plan, LayerPlan, PlanData, check_fraction, make_plan
 from .points import CurvePoint, relative_drop
 from .recovery import Recovery
 from .results import CurveResult
@@ -263,6 +263,7 @@ def prune_curve(
     latency: bool = False,
     latency_repeats: int = 5,
     intervals: IntervalSettings | None = None,
+    options: dict[str, Any] | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> CurveResult:
@@ -277,7 +278,8 @@ def prune_curve(
     (e.g. `eval.wordsim.wordsim_measure("simlex999")`), also on the recovered copy with
     `extra_on_recovered`. Every point's metric and drop carry a confidence interval over the held-out passages,
     paired with the baseline (`intervals`; default 95% BCa, 1,000 resamples, the run's seed; see
-    `curves.intervals`). The input model is not modified.
+    `curves.intervals`). `options` holds criterion settings (`{"l0": {"settings": L0Settings(...)}}` for the
+    learned gates of `method="l0"`, whose training state is checkpointed too). The input model is not modified.
     """
     unit, method, scope = _check(hm, unit, method, fraction, target_drop, step, recover_steps, latency)
     if extra and scope != "heads":
@@ -289,7 +291,9 @@ def prune_curve(
     entry = METRICS.get(metric)
     ref = make_reference(hm, prep, batch_size=batch_size) if entry.needs_reference else None
     eval_ref = ref if heldout is None or ref is None else make_reference(hm, evalprep, batch_size=batch_size)
-    plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress), unit, scope, method, fraction, step)
+    ckpt = Path(checkpoint) if checkpoint is not None and scope == "heads" else None
+    plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress, dict(options or {}), ckpt), unit,
+                     scope, method, fraction, step)
     carried = unit_kind(unit).recovery == "carried"
     recovery = Recovery(hm, prep, metric, ref, lr=recover_lr, batch_size=batch_size, seed=seed, steps=recover_steps,
                         progress=progress) if recover_steps and carried else None
@@ -303,8 +307,8 @@ def prune_curve(
                 "metric": metric, "unit": unit, "step": step, "recover_steps": recover_steps,
                 "recover_lr": recover_lr, "seed": seed, "batch_size": batch_size,
                 "data": _fingerprint(prep.ids), "heldout": _fingerprint(evalprep.ids),
-                "extra": sorted(run.extras), "extra_on_recovered": extra_on_recovered}
-    ckpt = Path(checkpoint) if checkpoint is not None and scope == "heads" else None
+                "extra": sorted(run.extras), "extra_on_recovered": extra_on_recovered,
+                **({"l0": plan.settings.record()} if isinstance(plan, L0Plan) else {})}
     if ckpt is not None and (ckpt / PARTIAL_JSON).exists():
         run.points = resume(ckpt, settings, recovery)
         plan.resume([h for p in run.points for h in p.removed])  # type: ignore[union-attr]

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,12 @@ from ...eval.evaluate import Reference
 from ...models.adapter import HeadModel
 from ...table import head_name, parse_head
 from .. import importance
+from ..importance.l0 import GateTraining, L0Settings
 from ..importance.units import unit_scores
 from ..pruning.heads import n_parameters, pruned_gates
 from ..pruning.masks import UnitMask
 from ..pruning.units import unit_parameters
+from .checkpoint import L0_STATE
 
 Unit = tuple[str, int, int | None, float]  # (kind, layer, neuron or head or None, size)
 
@@ -52,6 +55,8 @@ class PlanData:
     batch_size: int
     seed: int
     progress: bool
+    options: dict[str, Any] = field(default_factory=dict)  # criterion settings, e.g. {"l0": {"settings": ...}}
+    checkpoint: Path | None = None  # a resumable run's folder (learned plans keep their training state there)
 
 
 # --- heads ------------------------------------------------------------------------------------------
@@ -120,11 +125,7 @@ class HeadPlan:
         if len(self.removed) >= self.stop_n:
             return None
         d = self.data
-        gates = pruned_gates(d.hm, self.removed) if self.removed else None
-        table = importance.score(d.hm, d.prep, methods=(self.method,), metric=d.metric, gates=gates,
-                                 reference=d.reference, batch_size=d.batch_size)
-        # A live head without a score (NaN) is never picked: unknown is not "unimportant".
-        scores = np.nan_to_num(np.asarray(table[f"importance_{self.method}"], dtype=float), nan=np.inf)
+        scores = self.head_scores()
         chosen: list[tuple[int, int]] = []
         for _, heads in candidate_units(d.hm, scores, set(self.removed), self.unit):
             if len(self.removed) + len(chosen) + len(heads) > self.stop_n:
@@ -137,6 +138,15 @@ class HeadPlan:
         self.removed += chosen
         return chosen
 
+    def head_scores(self) -> np.ndarray:
+        """The remaining heads scored again on the original weights, the removed ones gated off `[L, H]`."""
+        d = self.data
+        gates = pruned_gates(d.hm, self.removed) if self.removed else None
+        table = importance.score(d.hm, d.prep, methods=(self.method,), metric=d.metric, gates=gates,
+                                 reference=d.reference, batch_size=d.batch_size)
+        # A live head without a score (NaN) is never picked: unknown is not "unimportant".
+        return np.nan_to_num(np.asarray(table[f"importance_{self.method}"], dtype=float), nan=np.inf)
+
     def mask(self) -> UnitMask:
         return UnitMask(heads=pruned_gates(self.data.hm, self.removed))
 
@@ -145,6 +155,40 @@ class HeadPlan:
 
     def params_removed(self) -> int | None:
         return None
+
+
+class L0Plan(HeadPlan):
+    """Learned head removal (`--method l0`): hard-concrete gates trained once, by distillation, to close
+    `fraction` of the units (or under a penalty); heads then go in order of their probability of staying open,
+    so the mask at `fraction` is the learned one, made exact (the fraction's lowest-P(open) units).
+
+    GQA: with unit `group` there is one gate per KV group (a whole group closes); with `slice` one gate per
+    query head, and the units taken are slices (the least-open remaining head of every group of a layer), so
+    every group keeps the same number of query heads and the pruned model loads.
+    """
+
+    def __init__(self, data: PlanData, unit: str, method: str, fraction: float | None, step: float) -> None:
+        super().__init__(data, unit, method, fraction, step)
+        settings = data.options.get("l0", {}).get("settings")
+        if settings is None:
+            if fraction is None:
+                raise HeadscopeError("pruning by l0 needs a fraction (the share the gates are trained to close) or "
+                                     "an L0 penalty (--l0-penalty)")
+            settings = L0Settings(target=fraction)
+        self.settings = settings
+        self.per = "group" if unit == "group" else "head"
+        self.open_probability: np.ndarray | None = None
+
+    def head_scores(self) -> np.ndarray:
+        """P(open) of every head after gate training (trained on the first call; resumed from the checkpoint)."""
+        if self.open_probability is None:
+            d = self.data
+            run = GateTraining(d.hm, d.prep, d.metric, d.reference, self.settings, per=self.per,
+                               batch_size=d.batch_size, seed=d.seed, progress=d.progress)
+            run.run(d.checkpoint / L0_STATE if d.checkpoint is not None else None)
+            self.open_probability = run.open_probability()
+            self.scores = {"l0": run.record(), "open_probability": self.open_probability.tolist()}
+        return self.open_probability
 
 
 # --- units beyond heads -------------------------------------------------------------------------
@@ -302,6 +346,8 @@ class LayerPlan:
 def make_plan(data: PlanData, unit: str, scope: str, method: str, fraction: float | None,
               step: float) -> HeadPlan | LayerPlan:
     """The plan of `unit` (its scope from `unit_kinds.UNITS`)."""
+    if scope == "heads" and method == "l0":
+        return L0Plan(data, unit, method, fraction, step)
     if scope == "heads":
         return HeadPlan(data, unit, method, fraction, step)
     if fraction is None:
@@ -309,5 +355,6 @@ def make_plan(data: PlanData, unit: str, scope: str, method: str, fraction: floa
     return LayerPlan(data, unit, method, fraction, step)
 
 
-__all__ = ["HeadPlan", "LayerPlan", "PlanData", "candidate_units", "check_fraction", "cut_points", "make_plan",
+__all__ = ["HeadPlan", "L0Plan", "LayerPlan", "PlanData", "candidate_units", "check_fraction", "cut_points",
+           "make_plan",
            "removal_order", "unit_mask", "unit_names"]

@@ -207,6 +207,7 @@ class CurveResult:
             "largest_fraction_within_target_recovered":
                 self.best(recovered=True).fraction_removed if self.recover_steps else None,
             "within": within, "points": len(self.points), "intervals": self.intervals.record(), **self.meta,
+            **({"learned": self.scores} if self.scores else {}),  # learned plans (l0): the gates' record
         }
 
     def _unit_summary(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from .criteria import (
                        unit_methods,
 )
 from .gradients import gradient_scores, ig_scores, loss_rows
+from .l0 import GateTraining, L0Settings, l0_scores
 from .patterns import pattern_scores
 from .scoring import layer_norms, rank_correlations, score
 from .units import score_units, unit_scores  # the criteria of attention sub-layers, blocks and FFN neurons
@@ -32,6 +33,8 @@ __all__ = [
     "CRITERIA",
     "ROWS_PER_PASS",
     "SCOPES",
+    "GateTraining",
+    "L0Settings",
     "ScoreContext",
     "ablation_scan",
     "base_gates",
@@ -40,6 +43,7 @@ __all__ = [
     "gradient_scores",
     "head_means",
     "ig_scores",
+    "l0_scores",
     "layer_norms",
     "loss_rows",
     "parse_methods",

@@ -68,6 +68,8 @@ class ScoreContext:
     progress: bool = False
     base_result: MetricResult | None = None  # the metric under `gates`, when a criterion measured it
     unit: str = "head"  # the scope being scored (a criterion registered for several reads it here)
+    # criterion-specific settings and what such a criterion reports back (e.g. "l0": gate training settings)
+    options: dict[str, Any] = field(default_factory=dict)
     # criterion -> (its per-passage contributions, the statistic that turns their sums into its scores)
     contributions: dict[str, tuple[PassageSums, Statistic]] = field(default_factory=dict, repr=False)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)

@@ -69,6 +69,7 @@ class _Run:
     statistic: dict[str, Statistic] = field(default_factory=dict)
     direct: dict[str, np.ndarray] = field(default_factory=dict)  # criteria that report no contributions
     timings: dict[str, float] = field(default_factory=dict)
+    learned: dict[str, dict[str, Any]] = field(default_factory=dict)  # learned criteria: their training record
     base_result: MetricResult | None = None
 
     def add(self, ctx: ScoreContext) -> None:
@@ -132,6 +133,7 @@ def score(
     intervals: IntervalSettings | None = None,
     until_stable: float | None = None,
     chunk: int = 32,
+    options: dict[str, Any] | None = None,
     progress: bool = False,
 ) -> HeadTable:
     """Score every head by each criterion; one column `importance_<method>` each (higher = more important),
@@ -144,6 +146,8 @@ def score(
     passages are scored in chunks of `chunk` until every criterion's ranking reaches it (Spearman-Brown of the
     split-half Spearman), or the data (`limit`) runs out; meta['until_stable'] says which. meta['stability']
     holds each ranking's split-half stability, meta['rank_correlations'] each pair's Spearman with its interval.
+    `options` holds criterion-specific settings (e.g. {"l0": {"settings": L0Settings(...)}}); a learned
+    criterion (e.g. `l0`) writes NaN bounds and says why in meta['learned'].
     """
     chosen = parse_methods(methods)
     if batch_size < 1:
@@ -155,6 +159,10 @@ def score(
     else:
         prep, metric = prepare(hm, data, metric, max_length, limit)
     check_until_stable(until_stable, len(prep.ids))
+    learned = [m for m in chosen if CRITERIA.get(m).meta.get("learned")]
+    if until_stable is not None and learned:
+        raise HeadscopeError(f"--until-stable needs per-passage criteria; {', '.join(learned)} is learned over all "
+                             f"passages at once: score it without --until-stable")
     settings = intervals or IntervalSettings(seed=seed)
     base = base_gates(hm, gates)
     if METRICS.get(metric).needs_reference:
@@ -168,7 +176,11 @@ def score(
     for lo, hi in _chunks(len(prep.ids), until_stable, chunk):
         part = _take(prep, lo, hi) if (lo, hi) != (0, len(prep.ids)) else prep
         ref = _take_reference(reference, prep, lo, hi) if part is not prep else reference
-        _score_chunk(run, ScoreContext(hm, part, metric, base, ref, batch_size, ig_steps, seed, progress), chosen)
+        ctx = ScoreContext(hm, part, metric, base, ref, batch_size, ig_steps, seed, progress,
+                           options=dict(options or {}))
+        _score_chunk(run, ctx, chosen)
+        run.learned.update({m: {"interval": CRITERIA.get(m).meta["interval"], **ctx.options.get(f"{m}_record", {})}
+                            for m in learned})
         used = hi
         bar.update(hi - lo)
         if until_stable is not None:
@@ -228,7 +240,8 @@ def _table(hm: HeadModel, run: _Run, chosen: list[str], base: torch.Tensor, prep
         "pruned_heads": int(pruned.sum()), "convention": "higher importance = more important; pruned heads NaN",
         "seconds": run.timings, "intervals": settings.record(), "stability": stability,
         "rank_correlations": _correlation_intervals(columns, reps, pruned, settings),
-        **({"until_stable": until} if until is not None else {}), "versions": versions(),
+        **({"until_stable": until} if until is not None else {}),
+        **({"learned": run.learned} if run.learned else {}), "versions": versions(),
     }
     return HeadTable(hm.n_layers, hm.n_heads, columns, meta)
 
