@@ -277,6 +277,7 @@ PRUNE_JSON = Artifact(
      _f("intervals", "level, B, method, seed of every interval (headscope.uncertainty)"),
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("step"),
      _f("fraction"), _f("seed"), _f("recover_lr"),
+     _f("uniform", "whether every layer lost the same heads' worth (--uniform: one shape, a plain config)"),
      _f("saved_model", "{path, parameters, parameters_original, heads_kept, recovered_weights}", "--save-model"),
      _PROVENANCE))
 # Units beyond heads: `prune --unit attention|block|ffn|mix` and `score --unit attention|block|ffn` write these

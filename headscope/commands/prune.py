@@ -85,6 +85,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --unit attention/block/ffn/mix: prune each point physically and time a forward "
                         "pass against the original's (in turn, 5 repeats, median ratio) beside the FLOP-ideal "
                         "speedup")
+    p.add_argument("--uniform", action="store_true",
+                   help="head units: every point removes the same units from every layer (its least important "
+                        "ones), so every layer keeps the same number of query heads (per KV group with --unit "
+                        "slice, whole KV groups alike with --unit group) and --save-model writes an ordinary "
+                        "config that plain transformers loads; --fraction is rounded down to whole rounds")
     p.add_argument("--recover", type=int, default=0, metavar="N",
                    help="fine-tuning steps between pruning steps (default 0: no recovery)")
     p.add_argument("--recover-lr", type=float, default=5e-5, help="recovery learning rate (default 5e-5)")
@@ -105,6 +110,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _check_cli(args: argparse.Namespace) -> tuple[str | None, bool]:
     """Every option of a prune run checked before any file or model is touched: (unit, head curve?)."""
     heads = args.unit is None or unit_kind(args.unit).scope == "heads"
+    if args.uniform and not heads:
+        raise HeadscopeError(f"--uniform is for head units (head, slice, group); --unit {args.unit} removes "
+                             f"whole units already")
     if heads and args.latency:
         raise HeadscopeError("--latency needs --unit attention, block, ffn or mix (head curves: see "
                              "benchmarks/bench_prune.py)")
@@ -144,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
                           step=args.step, recover_steps=args.recover, recover_lr=args.recover_lr, heldout=heldout,
                           metric=args.metric, unit=unit, max_length=args.max_length, batch_size=args.batch_size,
                           checkpoint=out, extra=extra, extra_on_recovered=args.wordsim_recovered,
-                          latency=args.latency, seed=args.seed, progress=True)
+                          latency=args.latency, seed=args.seed, progress=True, uniform=args.uniform)
     except KeyboardInterrupt:
         part = out / PARTIAL_JSON
         if part.exists():

@@ -261,6 +261,7 @@ def prune_curve(
     intervals: IntervalSettings | None = None,
     seed: int = 0,
     progress: bool = True,
+    uniform: bool = False,
 ) -> CurveResult:
     """Remove `unit`s of `hm` least important first, measuring the metric at each point (module docstring).
 
@@ -273,7 +274,8 @@ def prune_curve(
     (e.g. `eval.wordsim.wordsim_measure("simlex999")`), also on the recovered copy with
     `extra_on_recovered`. Every point's metric and drop carry a confidence interval over the held-out passages,
     paired with the baseline (`intervals`; default 95% BCa, 1,000 resamples, the run's seed; see
-    `curves.intervals`). The input model is not modified.
+    `curves.intervals`). `uniform` (head units): every point removes the same units from every layer, so the
+    pruned model has one shape that a plain config states (`plans.HeadPlan`). The input model is not modified.
     """
     unit, method, scope = _check(hm, unit, method, fraction, target_drop, step, recover_steps, latency)
     if extra and scope != "heads":
@@ -285,7 +287,8 @@ def prune_curve(
     entry = METRICS.get(metric)
     ref = make_reference(hm, prep, batch_size=batch_size) if entry.needs_reference else None
     eval_ref = ref if heldout is None or ref is None else make_reference(hm, evalprep, batch_size=batch_size)
-    plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress), unit, scope, method, fraction, step)
+    plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress), unit, scope, method, fraction, step,
+                     uniform)
     carried = unit_kind(unit).recovery == "carried"
     recovery = Recovery(hm, prep, metric, ref, lr=recover_lr, batch_size=batch_size, seed=seed, steps=recover_steps,
                         progress=progress) if recover_steps and carried else None
@@ -299,7 +302,8 @@ def prune_curve(
                 "metric": metric, "unit": unit, "step": step, "recover_steps": recover_steps,
                 "recover_lr": recover_lr, "seed": seed, "batch_size": batch_size,
                 "data": _fingerprint(prep.ids), "heldout": _fingerprint(evalprep.ids),
-                "extra": sorted(run.extras), "extra_on_recovered": extra_on_recovered}
+                "extra": sorted(run.extras), "extra_on_recovered": extra_on_recovered,
+                **({"uniform": True} if uniform else {})}
     ckpt = Path(checkpoint) if checkpoint is not None and scope == "heads" else None
     if ckpt is not None and (ckpt / PARTIAL_JSON).exists():
         run.points = resume(ckpt, settings, recovery)
@@ -312,6 +316,8 @@ def prune_curve(
     result = _result(run, unit, scope, method, metric, fraction, step, seed, target_drop, recover_steps, recover_lr,
                      meta)
     result.intervals = run.intervals
+    if scope == "heads":
+        result.meta["uniform"] = uniform
     return result
 
 
