@@ -117,7 +117,8 @@ def test_loads_plain_with_headscope_logits_or_refuses_naming_its_own_type(loads,
         d = _diff(row["plain"], row["headscope"])
         assert d < TOL, f"{kind}: plain from_pretrained != headscope: max abs diff {d:.3g}"
     else:
-        assert "plain" not in row, f"{kind}: plain transformers loaded a checkpoint it cannot build ({row['model_type']})"
+        assert "plain" not in row, f"{kind}: plain transformers loaded a checkpoint it cannot build " \
+                                   f"({row['model_type']})"
         assert "trust_remote_code=True" in row["error"], row["error"][:300]
         own = "mla" if kind.startswith("mla") else "pruned"
         assert row["model_type"] == f"headscope_{own}_llama" and row["base"]["model_type"] == "llama"

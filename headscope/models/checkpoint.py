@@ -6,8 +6,8 @@ the same shape and the family's config can state it (`plain_shape`), the config 
 checkpoint is an ordinary one: plain `AutoModel*.from_pretrained(path)` loads it. Otherwise (per-layer head
 counts or FFN widths) it gets its own model_type (`headscope_pruned_<base>`, `models/own_type.py`) and a
 `modeling_headscope_pruned.py` loader: `load_checkpoint(path)` and
-`AutoModel*.from_pretrained(path, trust_remote_code=True)` load it, plain `from_pretrained` refuses it. The loader is the source of
-`headscope.models.layout` copied verbatim (it imports only torch), plus a class that builds the
+`AutoModel*.from_pretrained(path, trust_remote_code=True)` load it, plain `from_pretrained` refuses it. The
+loader is the source of `headscope.models.layout` copied verbatim (it imports only torch), plus a class that builds the
 original architecture and slices the recorded heads out of it before the weights load.
 """
 
@@ -251,7 +251,7 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     neurons = {int(l): [int(i) for i in k] for l, k in (getattr(config, FFN_CONFIG_KEY, None) or {}).items()}
     tokenizer = None
     if (path / "tokenizer_config.json").exists():
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, config=config)  # not AutoConfig: own types
     if not kept and not neurons:
         model = auto_class(config).from_pretrained(
             path, dtype=dtype, attn_implementation=attn_implementation_for(auto_class(config), config))

@@ -90,5 +90,6 @@ def load_mla(path: str | Path, *, device: str | torch.device = "cpu", dtype: tor
     install_mla(model, record)
     load_weights(model, path)
     model.to(device=device, dtype=dtype).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").exists() else None
+    tokenizer = (transformers.AutoTokenizer.from_pretrained(path, config=config)
+                 if (path / "tokenizer_config.json").exists() else None)
     return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))
