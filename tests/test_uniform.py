@@ -12,12 +12,12 @@ import transformers
 
 from headscope.cli import main
 from headscope.errors import HeadscopeError
+from headscope.hooks import head_gates
 from headscope.models.checkpoint import save_model
 from headscope.models.tiny import tiny_model
 from headscope.redundancy.curves import prune_curve
 from headscope.redundancy.curves.plans import uniform_round, uniform_stop
 from headscope.redundancy.pruning import pruned_gates
-from headscope.hooks import head_gates
 from tests.test_artifacts import tiny_llama_dir
 
 DATA = [list(range(5, 30)), list(range(40, 70)), list(range(20, 50)), list(range(70, 100))]
