@@ -27,7 +27,7 @@ from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..io import atomic_write_text, prepare_out_dir
-from ..models.checkpoint import save_model
+from ..models.checkpoint import plain_shape, save_model
 from ..provenance import provenance
 from ..redundancy.curves import PARTIAL_JSON, CurveResult, check_args, check_target_drop, clear_partial, prune_curve
 from ..redundancy.importance import CRITERIA
@@ -176,7 +176,9 @@ def _save(hm: Any, res: CurveResult, out: Path, force: bool) -> dict[str, Any]:
     small = res.pruned_model(hm)
     save_model(small, out / MODEL_DIR.name, force=force)
     info: dict[str, Any] = {"path": str(out / MODEL_DIR.name), "parameters": n_parameters(small),
-                            "parameters_original": n_parameters(hm)}
+                            "parameters_original": n_parameters(hm),
+                            # an ordinary config (plain from_pretrained), else its own model_type (trust_remote_code)
+                            "plain_config": not (small.pruned or small.ffn_pruned) or plain_shape(small) is not None}
     if res.scope == "heads":
         info.update({"heads_kept": sum(small.heads_in_layer(l) for l in range(small.n_layers)),
                      "recovered_weights": bool(res.recover_steps)})
@@ -235,7 +237,10 @@ def _print(res: CurveResult, summary: dict[str, Any]) -> None:
     if "saved_model" in summary:
         m = summary["saved_model"]
         print(f"\npruned model: {m['heads_kept']} heads, {m['parameters']:,} parameters "
-              f"(was {m['parameters_original']:,}) in {m['path']}")
+              f"(was {m['parameters_original']:,}) in {m['path']}; "
+              + ("a plain config: AutoModel*.from_pretrained(path) loads it" if m["plain_config"] else
+                 "heads differ per layer: load it with headscope.load_model or trust_remote_code=True "
+                 "(prune --uniform gives a plain config)"))
 
 
 def _within_text(w: dict[str, Any]) -> str:
