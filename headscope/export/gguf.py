@@ -243,6 +243,12 @@ def _write_tokenizer(writer: Any, src: Path, tok: dict[str, Any], hm: HeadModel)
     writer.add_token_types(tok["types"] + [5] * pad)  # 5: unused
     special = gguf.SpecialVocab(src, load_merges=False, n_vocab=hm.vocab_size)
     special.merges = tok["merges"]
+    if hm.tokenizer is not None:  # whether the tokenizer adds BOS / EOS to a text, as llama.cpp should
+        with_special = hm.tokenizer("a")["input_ids"]
+        plain = hm.tokenizer("a", add_special_tokens=False)["input_ids"]
+        extra = len(with_special) - len(plain)
+        special.add_special_token["bos"] = extra > 0 and with_special[0] == hm.tokenizer.bos_token_id
+        special.add_special_token["eos"] = extra > 0 and with_special[-1] == hm.tokenizer.eos_token_id
     special.add_to_gguf(writer, quiet=True)
 
 
