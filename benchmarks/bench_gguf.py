@@ -10,9 +10,9 @@ projections, QK^T and AV at the context length, the LM head) of the unpruned to 
     python benchmarks/bench_gguf.py [--threads 1] [--repeats 5] [--prompt 128] [--decode 32] [--dtype f16]
 
 Pruned variants: `uniform` = one query head of every KV group in every layer (a third of the heads; llama.cpp's
-`llama` architecture), `per-layer` = one whole KV group from every other layer (a sixth; `deci`), `ffn` = the
-uniform heads plus a third of the FFN neurons of every layer (`llama`). Heads and neurons are chosen by index,
-not importance: speed depends only on the shapes.
+`llama` architecture), `per-layer+ffn` = one whole KV group from every other layer (a sixth of the heads) and a
+third of the FFN neurons of every layer (`deci`). Heads and neurons are chosen by index, not importance: speed
+depends only on the shapes.
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ def variants(hm: HeadModel) -> dict[str, HeadModel]:
     ffn = {l: torch.ones(hm.ffn_size(l)) for l in range(L)}
     for m in ffn.values():
         m[::3] = 0.0
-    return {"unpruned": hm, "uniform": uniform, "per-layer": per_layer,
-            "ffn": prune_units(uniform, UnitMask(ffn=ffn))}
+    return {"unpruned": hm, "uniform": uniform, "per-layer+ffn": prune_units(per_layer, UnitMask(ffn=ffn))}
 
 
 def flops(shape: Shape, d: int, dh: int, vocab: int, ctx: int) -> float:

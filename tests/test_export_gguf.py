@@ -65,8 +65,11 @@ def exported(tmp_path_factory) -> dict[str, tuple[object, Path, dict]]:
     return out
 
 
-def _llama(path: Path) -> llama_cpp.Llama:
-    return llama_cpp.Llama(str(path), n_ctx=64, logits_all=True, verbose=False, n_threads=1, seed=0)
+def _llama(path: Path, kv_f32: bool = True) -> llama_cpp.Llama:
+    """llama.cpp with logits for every position; the KV cache in f32 (llama.cpp's default is f16) for the f32
+    comparisons."""
+    kv = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if kv_f32 else {}
+    return llama_cpp.Llama(str(path), n_ctx=64, logits_all=True, verbose=False, n_threads=1, seed=0, **kv)
 
 
 def _hf_logprobs(hm, ids: list[int]) -> np.ndarray:
@@ -164,14 +167,13 @@ def _bad(argv: list[str], capsys, message: str, out: Path) -> None:
 
 
 def test_bad_input(exported, tmp_path, capsys):
-    _, _, _ = exported["unpruned"]
-    src = tmp_path / "src"
-    save_model(_variants()["unpruned"], src)  # type: ignore[arg-type]
+    src = save_model(exported["unpruned"][0], tmp_path / "src")
+    gpt2 = save_model(tiny_model("gpt2"), tmp_path / "gpt2")
     out = tmp_path / "x.gguf"
+    capsys.readouterr()
     _bad([str(src), "--to", "onnx", "--out", str(out)], capsys, "is not a format", out)
     _bad([str(src), "--to", "gguf", "--dtype", "q4", "--out", str(out)], capsys, "--dtype 'q4'", out)
     _bad([str(tmp_path / "nothing"), "--to", "gguf", "--out", str(out)], capsys, "not a checkpoint folder", out)
-    gpt2 = save_model(tiny_model("gpt2"), tmp_path / "gpt2")
     _bad([str(gpt2), "--to", "gguf", "--out", str(out)], capsys, "covers the llama family", out)
     out.write_text("keep")
     _bad([str(src), "--to", "gguf", "--out", str(out)], capsys, "already holds a file", out)
@@ -184,6 +186,7 @@ def test_mla_checkpoint_refused_with_the_reason(tmp_path, capsys):
 
     hm = tiny_model("llama", init_std=0.2)
     src = save_mla(convert_to_mla(hm, 6, 2, data=[list(range(5, 40))]), tmp_path / "mla")
+    capsys.readouterr()
     _bad([str(src), "--to", "gguf", "--out", str(tmp_path / "m.gguf")], capsys, "MLA", tmp_path / "m.gguf")
 
 
