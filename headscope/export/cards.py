@@ -1,5 +1,15 @@
-"""Head cards: per-head long-range scores in the file the Retrieval Head and HeadKV code read,
-`{"<layer>-<head>": [score per test]}` (one JSON object on one line)."""
+"""Head cards: per-head long-range scores in the formats KV-compression code reads.
+
+- `retrieval-head`: the file the Retrieval Head and HeadKV code read, `{"<layer>-<head>": [score per test]}`
+  (one JSON object on one line).
+- `duo`: DuoAttention's pattern directory, which kvpress's `DuoAttentionPress` reads too:
+  `full_attention_heads.tsv` (`np.savetxt`, tab-separated, `[num_hidden_layers, num_key_value_heads]`, values in
+  [0, 1], higher = keep the full KV cache) and `config.json` with `sink_size` and `recent_size` (the tokens a
+  streaming head keeps). A KV head's score is the largest of its query heads' (`kvcache`'s rule,
+  `capacity.kvcache.choice.kv_head_scores`: the KV head must stay full if any query head reading it needs the
+  whole context), then min-max scaled over all KV heads of the model, so the order of the heads (all that
+  DuoAttentionPress's `head_compression_ratio` and kvcache's `--keep-full` use) is kept; an unscored head (NaN)
+  gets 0; when every KV head scores the same, all get 1."""
 
 from __future__ import annotations
 
@@ -9,12 +19,16 @@ from typing import Any
 
 import numpy as np
 
+from ..capacity.kvcache.choice import kv_head_scores
 from ..errors import HeadscopeError
-from ..io import atomic_write_text
+from ..io import atomic_dir, atomic_write_text
 from ..learned.roles.registry import of_scope
 
 # --card-score name -> the long-range score it holds (the role registry's `card` names).
 CARD_SCORES = {e.card: e.score for e in of_scope("long") if e.card is not None}
+CARD_FORMATS = ("retrieval-head", "duo")
+DUO_PATTERN = "full_attention_heads.tsv"
+DUO_CONFIG = "config.json"
 
 
 def head_card(report: dict[str, Any], score: str = "retrieval") -> tuple[dict[str, list[float]], str]:
@@ -52,3 +66,58 @@ def head_card(report: dict[str, Any], score: str = "retrieval") -> tuple[dict[st
 def write_card(path: str | Path, card: dict[str, list[float]]) -> None:
     """Write a head card (one JSON object on one line, as the Retrieval Head code writes and reads it)."""
     atomic_write_text(Path(path), json.dumps(card, allow_nan=True) + "\n")
+
+
+def card_scores(card: dict[str, list[float]], n_layers: int, n_heads: int) -> np.ndarray:
+    """`[n_layers, n_heads]`: each head's mean over its card list (NaN where the list is empty or missing)."""
+    out = np.full((n_layers, n_heads), np.nan)
+    for key, values in card.items():
+        layer, head = (int(x) for x in key.split("-"))
+        finite = [v for v in values if np.isfinite(v)]
+        if finite:
+            out[layer, head] = float(np.mean(finite))
+    return out
+
+
+def duo_pattern(scores: np.ndarray, n_kv_heads: int) -> np.ndarray:
+    """`[n_layers, n_kv_heads]` in [0, 1] from query-head scores `[n_layers, n_heads]` (module docstring's rule)."""
+    kv = kv_head_scores(np.asarray(scores, float), n_kv_heads)
+    finite = np.isfinite(kv)
+    if not finite.any():
+        raise HeadscopeError("every head's score is NaN (unscored); a DuoAttention pattern needs scored heads")
+    lo, hi = float(kv[finite].min()), float(kv[finite].max())
+    scaled = np.ones_like(kv) if hi == lo else (kv - lo) / (hi - lo)
+    return np.where(finite, scaled, 0.0)
+
+
+def check_card_path(path: str | Path, fmt: str, force: bool) -> Path:
+    """The --export-card path, refused before any work: unknown format, a file where a folder goes or the other
+    way round, or one that exists without --force."""
+    if fmt not in CARD_FORMATS:
+        raise HeadscopeError(f"--card-format {fmt!r} is not one of {', '.join(CARD_FORMATS)}")
+    p = Path(path)
+    if fmt == "duo" and p.exists() and not p.is_dir():
+        raise HeadscopeError(f"--export-card {str(p)!r} is a file; the duo format is a directory (give a new name)")
+    if fmt != "duo" and p.is_dir():
+        raise HeadscopeError(f"--export-card {str(p)!r} is a directory; give a file name such as card.json")
+    if p.exists() and not force:
+        raise HeadscopeError(f"--export-card {str(p)!r} exists; pass --force to replace it")
+    if p.parent.exists() and not p.parent.is_dir():
+        raise HeadscopeError(f"--export-card {str(p)!r} lies under a file")
+    return p
+
+
+def write_duo(path: str | Path, pattern: np.ndarray, *, sink: int, recent: int, force: bool = False,
+              source: str = "") -> Path:
+    """Write DuoAttention's pattern directory (module docstring) atomically."""
+    if pattern.ndim != 2 or not np.all((pattern >= 0) & (pattern <= 1)):
+        raise HeadscopeError(f"a DuoAttention pattern is [layers, kv_heads] in [0, 1]; got shape {pattern.shape}")
+    path = Path(path)
+    with atomic_dir(path, force=force) as tmp:
+        np.savetxt(tmp / DUO_PATTERN, pattern, delimiter="\t")
+        meta = {"sink_size": int(sink), "recent_size": int(recent), "num_hidden_layers": int(pattern.shape[0]),
+                "num_key_value_heads": int(pattern.shape[1]),
+                "rule": "max over each KV head's query heads, min-max scaled over the model; 1 = keep full",
+                "source": source}
+        (tmp / DUO_CONFIG).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return path

@@ -1,15 +1,19 @@
 """Saving and loading models headscope changed: physically pruned or GQA-converted checkpoints.
 
 `save_model` writes `save_pretrained` output (weights, config) and the tokenizer, atomically. A
-physically pruned model (per-layer head counts, which a plain config cannot express) also gets
-`headscope_pruning.json` and a `modeling_headscope_pruned.py` loader, so both `load_checkpoint(path)`
-and `AutoModel*.from_pretrained(path, trust_remote_code=True)` load it. The loader is the source of
-`headscope.models.layout` copied verbatim (it imports only torch), plus a class that builds the
+physically pruned model gets `headscope_pruning.json` (the kept heads, original ids). When every layer keeps
+the same shape and the family's config can state it (`plain_shape`), the config says that shape and the
+checkpoint is an ordinary one: plain `AutoModel*.from_pretrained(path)` loads it. Otherwise (per-layer head
+counts or FFN widths) it gets its own model_type (`headscope_pruned_<base>`, `models/own_type.py`) and a
+`modeling_headscope_pruned.py` loader: `load_checkpoint(path)` and
+`AutoModel*.from_pretrained(path, trust_remote_code=True)` load it, plain `from_pretrained` refuses it. The
+loader is the source of `headscope.models.layout` copied verbatim (it imports only torch), plus a class that builds the
 original architecture and slices the recorded heads out of it before the weights load.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import json
@@ -26,7 +30,8 @@ from ..errors import HeadscopeError
 from ..io import atomic_dir
 from . import layout
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
-from .config import attn_implementation_for
+from .config import HEAD_KEYS, KV_KEYS, attn_implementation_for
+from .own_type import config_class_source, mark_own_type, read_config
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,7 @@ FORMAT_VERSION = 1
 REMOTE_MODULE = "modeling_headscope_pruned"
 LOAD_WITH = ("headscope.load_model(path) or headscope.models.checkpoint.load_checkpoint(path), "
              "or AutoModel*.from_pretrained(path, trust_remote_code=True)")
+PLAIN_LOAD_WITH = "AutoModel*.from_pretrained(path) (a plain config: the same head count in every layer)"
 
 # The spec attributes the copied slicing code reads.
 _SPEC_FIELDS = ("layers", "attention", "out_proj", "q_proj", "k_proj", "v_proj", "qkv_proj", "conv1d",
@@ -80,23 +86,85 @@ def pruning_record(hm: HeadModel) -> dict[str, Any]:
 def save_model(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
     """Save `hm` (weights, config, tokenizer; plus the pruning record and loader if pruned) atomically.
 
-    Written into a temporary folder beside `path`, then renamed, so `path` is either absent, the
-    old complete model or the new complete one; an existing `path` is replaced only with `force`.
+    A pruned model whose layers all keep the same shape (heads, KV heads, FFN width) and whose family's config
+    can state that shape is saved as a plain checkpoint (`plain_shape`); any other pruned model gets its own
+    model_type and a `trust_remote_code` loader (`models/own_type.py`), so plain transformers refuses it instead
+    of loading it wrong. Written into a temporary folder beside `path`, then renamed, so `path` is either absent,
+    the old complete model or the new complete one; an existing `path` is replaced only with `force`.
     """
     path = Path(path)
+    sliced = hm.pruned or hm.ffn_pruned
+    plain = plain_shape(hm) if sliced else None
     with atomic_dir(path, force=force) as tmp:
-        # A pruned checkpoint keeps the module's own parameter names: its loaders (load_checkpoint, and the
-        # trust_remote_code class, which transformers treats as custom code) apply none of transformers'
-        # renamings of legacy checkpoint keys (GPT-NeoX's embed_out <-> lm_head).
-        sliced = hm.pruned or hm.ffn_pruned
-        cast(transformers.PreTrainedModel, hm.model).save_pretrained(tmp, save_original_format=not sliced)
+        # A pruned checkpoint with its own loader keeps the module's own parameter names: its loaders
+        # (load_checkpoint, and the trust_remote_code class, which transformers treats as custom code) apply none
+        # of transformers' renamings of legacy checkpoint keys (GPT-NeoX's embed_out <-> lm_head).
+        cast(transformers.PreTrainedModel, hm.model).save_pretrained(
+            tmp, save_original_format=not sliced or plain is not None)
         if hm.tokenizer is not None:
             hm.tokenizer.save_pretrained(tmp)
         if sliced:
-            (tmp / PRUNING_FILE).write_text(json.dumps(pruning_record(hm), indent=2) + "\n", encoding="utf-8")
-            _write_remote_code(hm, tmp)
+            record = pruning_record(hm)
+            if plain is not None:
+                record.update(plain=True, load_with=PLAIN_LOAD_WITH)
+                _write_plain_config(tmp, plain)
+            else:
+                _write_remote_code(hm, tmp)
+            (tmp / PRUNING_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     log.info("saved %s to %s", hm.name, path)
     return path
+
+
+def plain_shape(hm: HeadModel) -> dict[str, int] | None:
+    """The config values that make a pruned `hm` an ordinary checkpoint of its family, or None when there are none.
+
+    That needs the same query-head count (at least one), KV-head count and FFN width in every layer with heads,
+    and a config that states them: the candidate config is built (on the meta device, no memory) and must give
+    exactly the pruned model's parameter names and shapes (BERT and GPT-2 derive d_head from the hidden size,
+    so a BERT with fewer heads per layer has no plain config; LLaMA-like configs carry head_dim).
+    """
+    layers = [l for l in range(hm.n_layers) if hm.has_heads(l)]
+    heads = {hm.heads_in_layer(l) for l in layers}
+    kv = {len(hm.kv_heads_in_layer(l)) for l in layers}
+    widths = {hm.ffn_size(l) for l in range(hm.n_layers)} if hm.has_ffn else set()
+    if len(heads) != 1 or len(kv) != 1 or len(widths) > 1 or 0 in heads:
+        return None
+    d = hm.config.to_dict()
+    head_key = next((k for k in HEAD_KEYS if d.get(k) is not None), None)
+    if head_key is None:
+        return None
+    values = {head_key: heads.pop()}
+    kv_key = next((k for k in KV_KEYS if d.get(k) is not None), None)
+    if kv_key is not None:
+        values[kv_key] = kv.pop()
+    if "head_dim" in d:
+        values["head_dim"] = hm.d_head
+    if widths and hm.spec.ffn_size_attr:
+        values[hm.spec.ffn_size_attr] = widths.pop()
+    config = copy.deepcopy(hm.config)
+    for key in (PRUNING_CONFIG_KEY, FFN_CONFIG_KEY):
+        if hasattr(config, key):
+            delattr(config, key)
+    for k, v in values.items():
+        setattr(config, k, v)
+    try:
+        with torch.device("meta"):
+            candidate = type(hm.model)(config)
+    except (ValueError, TypeError, RuntimeError):  # the family's config cannot hold this shape
+        return None
+    want = {k: tuple(t.shape) for k, t in hm.model.state_dict().items()}
+    got = {k: tuple(t.shape) for k, t in candidate.state_dict().items()}
+    return values if want == got else None
+
+
+def _write_plain_config(folder: Path, values: dict[str, int]) -> None:
+    """config.json of a uniformly pruned model: its shape as the family's own keys, no headscope records."""
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    for key in (PRUNING_CONFIG_KEY, FFN_CONFIG_KEY):
+        cfg.pop(key, None)
+    cfg.update(values)
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def remote_code(hm: HeadModel) -> tuple[str, str]:
@@ -127,6 +195,8 @@ N_HEADS = {hm.n_heads}
 class {cls}(transformers.{arch}):
     """{arch} with the heads in config.headscope_pruning removed."""
 
+    config_class = {cls}Config
+
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         layers = get_path(self.base_model, SPEC.layers)
@@ -140,27 +210,26 @@ class {cls}(transformers.{arch}):
             if len(keep) != linear_weight(get_path(layers[layer], SPEC.ffn_out), SPEC.conv1d).shape[1]:
                 slice_ffn(layers[layer], SPEC, keep)
 '''
-    return header + inspect.getsource(layout) + tail, cls
+    config_src = config_class_source(hm.config, "pruned", f"{cls}Config")
+    return header + inspect.getsource(layout) + config_src + tail, cls
 
 
 def _write_remote_code(hm: HeadModel, folder: Path) -> None:
-    """Add the trust_remote_code loader and point config.json's auto_map at it."""
+    """Add the trust_remote_code loader and give config.json the own model_type pointing at it."""
     source, cls = remote_code(hm)
     (folder / f"{REMOTE_MODULE}.py").write_text(source, encoding="utf-8")
-    cfg_path = folder / "config.json"
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     auto = auto_class(hm.config).__name__
-    cfg["auto_map"] = {auto: f"{REMOTE_MODULE}.{cls}"}
-    if auto != "AutoModel":
-        cfg["auto_map"]["AutoModel"] = f"{REMOTE_MODULE}.{cls}"
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    mark_own_type(folder, hm.config, "pruned", REMOTE_MODULE, cls, f"{cls}Config", sorted({auto, "AutoModel"}))
 
 
 def _kept_heads(path: Path, config: Any) -> dict[int, list[int]]:
     """Kept heads per layer from headscope_pruning.json, else from the config's record ({} if none)."""
     record_file = path / PRUNING_FILE
     if record_file.exists():
-        recorded = json.loads(record_file.read_text(encoding="utf-8"))["kept_heads"]
+        record = json.loads(record_file.read_text(encoding="utf-8"))
+        if record.get("plain"):  # a plain config states the pruned shape itself
+            return {}
+        recorded = record["kept_heads"]
     else:
         recorded = getattr(config, PRUNING_CONFIG_KEY, None) or {}
     return {int(l): [int(h) for h in k] for l, k in recorded.items()}
@@ -177,12 +246,12 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
         if (path / marker).exists():
             module, fn = loader.split(":")
             return getattr(importlib.import_module(module), fn)(path, device=device, dtype=dtype)
-    config = transformers.AutoConfig.from_pretrained(path)
+    config = read_config(path)
     kept = _kept_heads(path, config)
     neurons = {int(l): [int(i) for i in k] for l, k in (getattr(config, FFN_CONFIG_KEY, None) or {}).items()}
     tokenizer = None
     if (path / "tokenizer_config.json").exists():
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, config=config)  # not AutoConfig: own types
     if not kept and not neurons:
         model = auto_class(config).from_pretrained(
             path, dtype=dtype, attn_implementation=attn_implementation_for(auto_class(config), config))

@@ -9,7 +9,9 @@ per KV head. It also caches the up-projected K and V, not the latent. So a conve
 as its own architecture plus `headscope_mla.json` and a `modeling_headscope_mla.py` loader (the
 source of `headscope.capacity.mla.modeling`, copied verbatim): `headscope.load_model(path)`,
 `headscope.models.checkpoint.load_checkpoint(path)` and
-`AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)` all load it.
+`AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)` all load it. Its config.json says
+model_type `headscope_mla_<base>` (`models/own_type.py`), so plain `from_pretrained` refuses it rather than
+building the base family with newly initialised K/V projections.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ...io import atomic_dir
 from ...models.adapter import HeadModel
 from ...models.checkpoint import MLA_FILE, auto_class, load_weights
 from ...models.config import ATTN_IMPLEMENTATION
+from ...models.own_type import config_class_source, mark_own_type, read_config
 from . import modeling
 from .modeling import MLA_CONFIG_KEY, install_mla
 
@@ -46,13 +49,16 @@ import transformers
 class {cls}(transformers.{arch}):
     """{arch} whose attention is the MLA of config.headscope_mla (converted by headscope)."""
 
+    config_class = {cls}Config
+
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         install_mla(self, config.headscope_mla)
 '''
     header = ("# Loader for a model converted to multi-head latent attention by headscope (headscope mla).\n"
               "# Everything above the class at the end is headscope/capacity/mla/modeling.py, copied verbatim.\n")
-    return header + inspect.getsource(modeling) + tail, cls
+    config_src = config_class_source(hm.config, "mla", f"{cls}Config")
+    return header + inspect.getsource(modeling) + config_src + tail, cls
 
 
 def save_mla(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
@@ -68,11 +74,8 @@ def save_mla(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
         (tmp / MLA_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         source, cls = remote_code(hm)
         (tmp / f"{REMOTE_MODULE}.py").write_text(source, encoding="utf-8")
-        cfg_path = tmp / "config.json"
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         auto = auto_class(hm.config).__name__
-        cfg["auto_map"] = {auto: f"{REMOTE_MODULE}.{cls}", "AutoModel": f"{REMOTE_MODULE}.{cls}"}
-        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        mark_own_type(tmp, hm.config, "mla", REMOTE_MODULE, cls, f"{cls}Config", sorted({auto, "AutoModel"}))
     return path
 
 
@@ -80,12 +83,13 @@ def load_mla(path: str | Path, *, device: str | torch.device = "cpu", dtype: tor
     """Load a model saved by `save_mla`: its architecture is built, given MLA modules, then its weights."""
     path = Path(path)
     record: dict[str, Any] = json.loads((path / MLA_FILE).read_text(encoding="utf-8"))
-    config = transformers.AutoConfig.from_pretrained(path)
+    config = read_config(path)
     setattr(config, MLA_CONFIG_KEY, record)
     config._attn_implementation = ATTN_IMPLEMENTATION
     model = auto_class(config).from_config(config).eval()
     install_mla(model, record)
     load_weights(model, path)
     model.to(device=device, dtype=dtype).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").exists() else None
+    tokenizer = (transformers.AutoTokenizer.from_pretrained(path, config=config)
+                 if (path / "tokenizer_config.json").exists() else None)
     return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))

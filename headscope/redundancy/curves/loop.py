@@ -266,6 +266,7 @@ def prune_curve(
     options: dict[str, Any] | None = None,
     seed: int = 0,
     progress: bool = True,
+    uniform: bool = False,
 ) -> CurveResult:
     """Remove `unit`s of `hm` least important first, measuring the metric at each point (module docstring).
 
@@ -279,7 +280,9 @@ def prune_curve(
     `extra_on_recovered`. Every point's metric and drop carry a confidence interval over the held-out passages,
     paired with the baseline (`intervals`; default 95% BCa, 1,000 resamples, the run's seed; see
     `curves.intervals`). `options` holds criterion settings (`{"l0": {"settings": L0Settings(...)}}` for the
-    learned gates of `method="l0"`, whose training state is checkpointed too). The input model is not modified.
+    learned gates of `method="l0"`, whose training state is checkpointed too). `uniform` (head units): every
+    point removes the same units from every layer, so the pruned model has one shape that a plain config
+    states (`plans.HeadPlan`). The input model is not modified.
     """
     unit, method, scope = _check(hm, unit, method, fraction, target_drop, step, recover_steps, latency)
     if extra and scope != "heads":
@@ -293,7 +296,7 @@ def prune_curve(
     eval_ref = ref if heldout is None or ref is None else make_reference(hm, evalprep, batch_size=batch_size)
     ckpt = Path(checkpoint) if checkpoint is not None and scope == "heads" else None
     plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress, dict(options or {}), ckpt), unit,
-                     scope, method, fraction, step)
+                     scope, method, fraction, step, uniform)
     carried = unit_kind(unit).recovery == "carried"
     recovery = Recovery(hm, prep, metric, ref, lr=recover_lr, batch_size=batch_size, seed=seed, steps=recover_steps,
                         progress=progress) if recover_steps and carried else None
@@ -308,7 +311,8 @@ def prune_curve(
                 "recover_lr": recover_lr, "seed": seed, "batch_size": batch_size,
                 "data": _fingerprint(prep.ids), "heldout": _fingerprint(evalprep.ids),
                 "extra": sorted(run.extras), "extra_on_recovered": extra_on_recovered,
-                **({"l0": plan.settings.record()} if isinstance(plan, L0Plan) else {})}
+                **({"l0": plan.settings.record()} if isinstance(plan, L0Plan) else {}),
+                **({"uniform": True} if uniform else {})}
     if ckpt is not None and (ckpt / PARTIAL_JSON).exists():
         run.points = resume(ckpt, settings, recovery)
         plan.resume([h for p in run.points for h in p.removed])  # type: ignore[union-attr]
@@ -320,6 +324,8 @@ def prune_curve(
     result = _result(run, unit, scope, method, metric, fraction, step, seed, target_drop, recover_steps, recover_lr,
                      meta)
     result.intervals = run.intervals
+    if scope == "heads":
+        result.meta["uniform"] = uniform
     return result
 
 

@@ -9,6 +9,10 @@ units for the files (`names`). Two plans serve every kind in `unit_kinds.UNITS`:
   from every KV group of a layer (`slice`: the least important remaining head of each group, scored by
   their sum) or one whole KV group (`group`): `pruning.heads.prune_heads` can remove either, while a
   single query head of a group would break `repeat_kv`.
+  With `uniform` (`prune --uniform`) each point instead removes one unit from every layer (its least
+  important), so every layer keeps the same number of query heads (and, for slices, every KV group the same
+  number; for groups, the same number of whole KV groups): a plain config states that shape. A fraction no
+  whole number of rounds meets is rounded down (`uniform_stop`).
 - `LayerPlan` (attention, block, ffn, mix; one-shot): the units are scored once on the unpruned model and
   removed least important first; a point is taken each time the removed parameters pass another `step`
   of all parameters, up to `fraction` (units are never split, so a point may overshoot its step by part of
@@ -94,18 +98,43 @@ def candidate_units(hm: HeadModel, scores: np.ndarray, removed: set[tuple[int, i
     return units
 
 
+def uniform_round(hm: HeadModel, unit: str) -> int:
+    """Heads one uniform round removes from every layer: 1 (head), one per KV group (slice), a group's (group)."""
+    if unit == "group":
+        return hm.group_size
+    return hm.n_kv_heads if unit == "slice" and hm.group_size > 1 else 1
+
+
+def uniform_stop(hm: HeadModel, unit: str, fraction: float) -> int:
+    """Heads a uniform curve removes at most for `fraction`: whole rounds, rounded down (never past the fraction)."""
+    u = uniform_round(hm, unit)
+    rounds = int(math.floor(fraction * hm.n_heads / u + 1e-9))
+    if rounds < 1:
+        raise HeadscopeError(
+            f"--uniform removes {u} of the {hm.n_heads} heads of every layer at a time ({unit}s), so --fraction "
+            f"{fraction:g} is less than one round; give at least {u / hm.n_heads:.3f}")
+    return min(rounds, hm.n_heads // u - 1) * u * hm.n_layers  # every layer keeps one round
+
+
 class HeadPlan:
-    """Iterative head removal: re-scored before every point (module docstring)."""
+    """Iterative head removal: re-scored before every point (module docstring). With `uniform`, every point
+    removes the same units from every layer (its least important ones), so each point's model has one shape."""
 
     scope = "heads"
 
-    def __init__(self, data: PlanData, unit: str, method: str, fraction: float | None, step: float) -> None:
+    def __init__(self, data: PlanData, unit: str, method: str, fraction: float | None, step: float,
+                 uniform: bool = False) -> None:
         hm = data.hm
-        self.data, self.unit, self.method = data, unit, method
+        self.data, self.unit, self.method, self.uniform = data, unit, method, uniform
         self.total = hm.n_layers * hm.n_heads
         cap = fraction if fraction is not None else 0.95
-        self.stop_n = int(math.floor(cap * self.total + 1e-9))
-        self.per_step = max(1, int(round(step * self.total)))
+        if uniform:
+            u = uniform_round(hm, unit)
+            self.stop_n = uniform_stop(hm, unit, cap)
+            self.per_step = max(1, int(round(step * hm.n_heads / u))) * u * hm.n_layers
+        else:
+            self.stop_n = int(math.floor(cap * self.total + 1e-9))
+            self.per_step = max(1, int(round(step * self.total)))
         self.removed: list[tuple[int, int]] = []
         self.scores: dict[str, Any] = {}
 
@@ -124,18 +153,31 @@ class HeadPlan:
         """The heads of the next point, or None when the cap is reached (or the next unit would pass it)."""
         if len(self.removed) >= self.stop_n:
             return None
-        d = self.data
         scores = self.head_scores()
+        chosen = self._uniform(scores) if self.uniform else self._free(scores)
+        if not chosen:
+            return None
+        self.removed += chosen
+        return chosen
+
+    def _free(self, scores: np.ndarray) -> list[tuple[int, int]]:
+        """The lowest-scoring units of all layers, up to one step."""
         chosen: list[tuple[int, int]] = []
-        for _, heads in candidate_units(d.hm, scores, set(self.removed), self.unit):
+        for _, heads in candidate_units(self.data.hm, scores, set(self.removed), self.unit):
             if len(self.removed) + len(chosen) + len(heads) > self.stop_n:
                 break
             chosen += heads
             if len(chosen) >= self.per_step:
                 break
-        if not chosen:
-            return None
-        self.removed += chosen
+        return chosen
+
+    def _uniform(self, scores: np.ndarray) -> list[tuple[int, int]]:
+        """Rounds of one unit from every layer (each layer's lowest-scoring one), up to one step."""
+        chosen: list[tuple[int, int]] = []
+        while len(chosen) < self.per_step and len(self.removed) + len(chosen) < self.stop_n:
+            units = candidate_units(self.data.hm, scores, set(self.removed) | set(chosen), self.unit)
+            for layer in range(self.data.hm.n_layers):
+                chosen += next(heads for _, heads in units if heads[0][0] == layer)
         return chosen
 
     def head_scores(self) -> np.ndarray:
@@ -167,8 +209,9 @@ class L0Plan(HeadPlan):
     every group keeps the same number of query heads and the pruned model loads.
     """
 
-    def __init__(self, data: PlanData, unit: str, method: str, fraction: float | None, step: float) -> None:
-        super().__init__(data, unit, method, fraction, step)
+    def __init__(self, data: PlanData, unit: str, method: str, fraction: float | None, step: float,
+                 uniform: bool = False) -> None:
+        super().__init__(data, unit, method, fraction, step, uniform)
         settings = data.options.get("l0", {}).get("settings")
         if settings is None:
             if fraction is None:
@@ -344,17 +387,18 @@ class LayerPlan:
 
 
 def make_plan(data: PlanData, unit: str, scope: str, method: str, fraction: float | None,
-              step: float) -> HeadPlan | LayerPlan:
-    """The plan of `unit` (its scope from `unit_kinds.UNITS`)."""
+              step: float, uniform: bool = False) -> HeadPlan | LayerPlan:
+    """The plan of `unit` (its scope from `unit_kinds.UNITS`); `uniform` only for head units."""
     if scope == "heads" and method == "l0":
-        return L0Plan(data, unit, method, fraction, step)
+        return L0Plan(data, unit, method, fraction, step, uniform)
     if scope == "heads":
-        return HeadPlan(data, unit, method, fraction, step)
+        return HeadPlan(data, unit, method, fraction, step, uniform)
+    if uniform:
+        raise HeadscopeError(f"--uniform is for head units (head, slice, group), not --unit {unit}")
     if fraction is None:
         raise HeadscopeError(f"unit {unit!r} needs a fraction: the share of all parameters to remove (e.g. 0.3)")
     return LayerPlan(data, unit, method, fraction, step)
 
 
 __all__ = ["HeadPlan", "L0Plan", "LayerPlan", "PlanData", "candidate_units", "check_fraction", "cut_points",
-           "make_plan",
-           "removal_order", "unit_mask", "unit_names"]
+           "make_plan", "removal_order", "uniform_round", "uniform_stop", "unit_mask", "unit_names"]
