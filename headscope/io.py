@@ -155,31 +155,65 @@ def atomic_dir(path: str | Path, *, force: bool = False) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _nearest_existing(path: Path, option: str, shown: Path) -> Path:
+    """The nearest ancestor of `path` (or `path`) that exists; a dangling symlink on the way is refused (mkdir
+    would fail on it only once the results exist)."""
+    probe = path
+    while not probe.exists():
+        if probe.is_symlink():
+            raise HeadscopeError(f"{option} {str(shown)!r} cannot be created: {str(probe)!r} is a symlink to "
+                                 f"{os.readlink(probe)!r}, which does not exist; create its target or choose "
+                                 f"another path")
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    return probe
+
+
+def _probe_writable(folder: Path, option: str, shown: Path) -> None:
+    """A real probe, not os.access: root passes access checks on read-only mounts and /proc."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".headscope-probe.", dir=folder)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise HeadscopeError(f"{option} {str(shown)!r} cannot be written: {str(folder)!r} refuses new files "
+                             f"({e.strerror or e}); choose a writable directory") from None
+
+
 def check_writable_dir(out: str | Path, option: str = "--out") -> Path:
-    """Refuse an output folder that names a file or cannot be created or written, before any work.
+    """Refuse an output folder that is empty text, names a file, passes through a dangling symlink, or cannot be
+    created or written, before any work.
 
     Nothing is left behind: a probe file is created and removed in the nearest existing ancestor,
     and the folder itself is made later, when the results exist.
     """
+    if not str(out).strip():
+        raise HeadscopeError(f"{option} is empty; give a directory path (e.g. {option} results)")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HeadscopeError(f"{option} {str(out)!r} is a file, not a directory; choose a directory path")
-    probe = out
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
+    probe = _nearest_existing(out, option, out)
     if probe.exists() and not probe.is_dir():
         raise HeadscopeError(f"{option} {str(out)!r} cannot be created: {str(probe)!r} is a file; "
                              f"choose a path under a directory")
-    try:  # a real probe, not os.access: root passes access checks on read-only mounts and /proc
-        fd, name = tempfile.mkstemp(prefix=".headscope-probe.", dir=probe)
-        os.close(fd)
-        os.unlink(name)
-    except OSError as e:
-        raise HeadscopeError(f"{option} {str(out)!r} cannot be written: {str(probe)!r} refuses new files "
-                             f"({e.strerror or e}); choose a writable directory") from None
+    _probe_writable(probe, option, out)
     return out
+
+
+def check_writable_file(path: str | Path, option: str) -> Path:
+    """Refuse an output file path that is empty, names a directory, or whose folder cannot be created or
+    written (see `check_writable_dir`), before any work."""
+    if not str(path).strip():
+        raise HeadscopeError(f"{option} is empty; give a file path")
+    p = Path(path)
+    if p.is_dir():
+        raise HeadscopeError(f"{option} {str(p)!r} is a directory; give a file name")
+    if p.is_symlink() and not p.exists():
+        raise HeadscopeError(f"{option} {str(p)!r} is a symlink to {os.readlink(p)!r}, which does not exist; "
+                             f"choose another path")
+    check_writable_dir(p.parent if str(p.parent) else ".", option=f"{option} {str(p)!r}: folder")
+    return p
 
 
 def prepare_out_dir(out: str | Path, force: bool, will_write: list[str]) -> Path:
