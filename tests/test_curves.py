@@ -171,7 +171,7 @@ def test_interrupted_run_resumes_to_the_same_curve(tmp_path, monkeypatch):
     monkeypatch.setattr(importance, "score", real)
     resumed = prune_curve(hm, data, checkpoint=tmp_path, **kw)
     assert [r.removed for r in resumed.rows] == [r.removed for r in full.rows]
-    for a, b in zip(resumed.rows, full.rows):
+    for a, b in zip(resumed.rows, full.rows, strict=True):
         assert abs(a.metric - b.metric) < 1e-9 and abs(a.metric_recovered - b.metric_recovered) < 1e-5, (a, b)
     with pytest.raises(HeadscopeError, match="other settings"):
         prune_curve(hm, data, checkpoint=tmp_path, **{**kw, "method": "taylor"})

@@ -21,6 +21,7 @@ from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import BUILTINS, load_model
+from ..outset import staged
 from ..provenance import provenance
 from ..table import to_jsonable
 from ..train import check_settings
@@ -187,8 +188,9 @@ def run(args: argparse.Namespace) -> int:
                            "random_control": not args.no_random, "seed": args.seed, "uptrain": train_info},
               "rows": rows, "scores": scores.tolist(), "provenance": provenance("kvcache", hm, data, args)}
     # The rows also hold full_heads, riders, answers and bytes_stored: kvcache.json's, not columns.
-    write_csv(out, KVCACHE_CSV, rows, KVCACHE_CSV.columns())
-    atomic_write_text(out / KVCACHE_JSON.name, json.dumps(to_jsonable(report), indent=2) + "\n")
+    with staged(out, args.force) as stage:  # both files appear together, or neither
+        write_csv(stage, KVCACHE_CSV, rows, KVCACHE_CSV.columns())
+        atomic_write_text(stage / KVCACHE_JSON.name, json.dumps(to_jsonable(report), indent=2) + "\n")
 
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_kv_heads} KV heads ({hm.group_size} query heads each); "
           f"sink {args.sink} + window {args.window}; {len(passages)} passage(s) of {args.context} tokens from "

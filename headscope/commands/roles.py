@@ -24,6 +24,7 @@ from ..io import atomic_write_text, prepare_out_dir
 from ..learned.longctx import check_long_args, long_roles
 from ..learned.roles import read_coref, read_treebank, role_columns, roles, syntax_rows
 from ..learned.syntax import RELATIONS
+from ..outset import staged
 from ..provenance import provenance
 from ..table import HeadTable, to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
@@ -100,16 +101,16 @@ def run(args: argparse.Namespace) -> int:
         if card is not None:
             card_values, card_note = head_card(lr, args.card_score)
             report["long_context"]["card"] = {"file": str(card), "score": args.card_score, "note": card_note}
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / ROLES_CSV.name)
-    atomic_write_text(out / ROLES_JSON.name, json.dumps(to_jsonable(report), indent=1, allow_nan=False) + "\n")
-    written = [str(out / ROLES_CSV.name), str(out / ROLES_JSON.name)]
-    if card_values is not None:
+    rows = syntax_rows(report)
+    with staged(out, args.force) as stage:  # roles.csv, roles.json (and syntax.csv) together, or none
+        table.to_csv(stage / ROLES_CSV.name)
+        atomic_write_text(stage / ROLES_JSON.name, json.dumps(to_jsonable(report), indent=1, allow_nan=False) + "\n")
+        if rows:
+            write_csv(stage, SYNTAX_CSV, rows)
+    written = [str(out / ROLES_CSV.name), str(out / ROLES_JSON.name)] + ([str(out / SYNTAX_CSV.name)] if rows else [])
+    if card_values is not None:  # a file outside --out: written atomically once the set is in place
         write_card(card, card_values)
         written.append(str(card))
-    rows = syntax_rows(report)
-    if rows:
-        written.append(str(write_csv(out, SYNTAX_CSV, rows)))
 
     t = report["text"]
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_heads} heads, {t['passages']} passages from {t['data']}; "
