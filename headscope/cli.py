@@ -60,7 +60,12 @@ def _raise_terminated(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one verb; user errors exit 2 with one line, unexpected ones exit 1 with one line (-v: traceback)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would blame `headscope`, not the verb, for words the verb does not take
+        verb = getattr(args, "verb", None)
+        print(f"headscope{' ' + verb if verb else ''}: error: unrecognized arguments: {' '.join(extra)} (see "
+              f"headscope{' ' + verb if verb else ''} --help)", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s: %(message)s")
     if not getattr(args, "func", None):

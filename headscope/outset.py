@@ -30,7 +30,7 @@ from typing import Any, Iterator
 from .errors import HeadscopeError
 
 STAGE = "staging"  # .<out name>.staging.<pid>.<hex>: a run's output set before it is moved into place
-LOCK_ENV = "HEADSCOPE_OUT_LOCKED"  # set by the process holding the lock for the ranks it launches
+LOCK_ENV = "HEADSCOPE_OUT_LOCKED"  # the pid holding the lock, for the ranks it launches (its children)
 
 
 def _stage_prefix(out: Path) -> str:
@@ -113,7 +113,7 @@ def _holder(path: Path) -> str:
 def out_lock(out: str | Path | None, command: str = "headscope") -> Iterator[None]:
     """Hold the lock on output folder `out` for the block (nothing when `out` is None or a launching parent
     already holds it); a second holder is refused with who holds it (`command`: what the holder runs)."""
-    if out is None or not str(out).strip() or os.environ.get(LOCK_ENV):
+    if out is None or not str(out).strip() or os.environ.get(LOCK_ENV) == str(os.getppid()):
         yield
         return
     out = Path(out)
@@ -135,6 +135,7 @@ def out_lock(out: str | Path | None, command: str = "headscope") -> Iterator[Non
         if same:
             break
         os.close(fd)
+    previous = os.environ.get(LOCK_ENV)
     try:
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "started": time.time(), "out": str(out),
@@ -143,6 +144,9 @@ def out_lock(out: str | Path | None, command: str = "headscope") -> Iterator[Non
         remove_leftovers(out)
         yield
     finally:
-        os.environ.pop(LOCK_ENV, None)
+        if previous is None:
+            os.environ.pop(LOCK_ENV, None)
+        else:
+            os.environ[LOCK_ENV] = previous
         path.unlink(missing_ok=True)
         os.close(fd)  # closing releases the flock

@@ -160,13 +160,8 @@ def parse_max_memory(text: str | None) -> dict[int | str, int | str] | None:
 
 
 def load_from_args(args: argparse.Namespace) -> HeadModel:
-    """The verb's model, loaded as --device / --dtype / --device-map (--max-memory, --offload-dir) say; a model
-    folder without a tokenizer is refused before its weights load (every such verb feeds the model text)."""
-    folder = Path(args.model).expanduser()
-    if folder.is_dir() and not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        raise HeadscopeError(f"model folder {args.model!r} has no tokenizer (no tokenizer.json or "
-                             f"tokenizer_config.json); this verb feeds the model text: copy the tokenizer files of "
-                             f"the model it came from into the folder")
+    """The verb's model, loaded as --device / --dtype / --device-map (--max-memory, --offload-dir) say (a model
+    without a tokenizer is told what to copy where its text is tokenised: headscope.data.prepare)."""
     return load_model(args.model, device=args.device, dtype=args.dtype, device_map=read_device_map(args.device_map),
                       max_memory=parse_max_memory(args.max_memory), offload_folder=args.offload_dir)
 

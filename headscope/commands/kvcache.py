@@ -22,7 +22,7 @@ from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir
 from ..models import BUILTINS, load_model
 from ..outset import staged
-from ..provenance import provenance
+from ..provenance import check_made_for, provenance
 from ..table import to_jsonable
 from ..train import check_settings
 from ._uptrain import add_training_args
@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
                       "batches": len(batches), "steps": args.uptrain, "loss": args.loss, "lr": args.lr}
     score_info: dict[str, Any] = {"by": args.by, "from": args.scores_file}
     if scores_file is not None:
+        check_made_for(scores_file.path, hm, "--from")  # its provenance: another model's file is refused
         scores = scores_matrix(scores_file, hm.n_layers, hm.n_heads)
     else:
         scores, info = retrieval_scores(hm, args.context, args.score_haystacks, args.seed, progress=True)

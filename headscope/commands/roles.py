@@ -21,7 +21,7 @@ from ..distributed import add_workers_arg, check_ranks, is_main, local
 from ..errors import HeadscopeError
 from ..export.cards import CARD_SCORES, head_card, write_card
 from ..io import atomic_write_text, prepare_out_dir
-from ..learned.longctx import check_long_args, long_roles
+from ..learned.longctx import check_long_args, check_long_model, long_roles
 from ..learned.roles import read_coref, read_treebank, role_columns, roles, syntax_rows
 from ..learned.syntax import RELATIONS
 from ..outset import staged
@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     coref = read_coref(args.coref) if args.coref else None
     check_ranks(len(source), "passages")  # torchrun / --workers: every rank needs a passage
     hm = load_from_args(args)
+    if long_n is not None:  # the model's positions and kind are known now: refuse before the short-text pass
+        check_long_model(hm, long_n)
     table = roles(hm, source, treebank=treebank, coref=coref, max_length=args.max_length,
                   batch_size=args.batch_size, limit=args.limit, seed=args.seed, progress=True)
     if not is_main():  # every rank holds the merged census; rank 0 alone runs --long, writes and prints

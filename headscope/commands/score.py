@@ -86,6 +86,9 @@ def parse_pruned(text: str | None, n_layers: int, n_heads: int):
                 raise HeadscopeError(f"--pruned: head {item.strip()} does not exist; the model has "
                                      f"L0..L{n_layers - 1} and H0..H{n_heads - 1}")
             gates[layer, head] = 0
+    if not gates.any():  # nothing left to score: every importance would be NaN and every Spearman undefined
+        raise HeadscopeError(f"--pruned lists all {n_layers * n_heads} heads; leave at least one head unpruned "
+                             f"to score")
     return gates
 
 

@@ -111,6 +111,17 @@ def report_data(
                    config=hm.config if hm is not None else None, records=records)
 
 
+def check_from_dirs(from_dirs: Sequence[str | Path] | None) -> None:
+    """Each --from is an existing folder (a file is named, with the folder to give instead)."""
+    for d in from_dirs or ():
+        p = Path(d)
+        if p.is_file():
+            raise HeadscopeError(f"--from {str(p)!r} is a file; --from takes the folder holding a verb's outputs: "
+                                 f"give --from {str(p.parent)!r}")
+        if not p.is_dir():
+            raise HeadscopeError(f"--from {str(p)!r} does not exist; give a folder holding other verbs' outputs")
+
+
 def check_report_args(sentences: int, max_length: int | None, limit: int | None) -> None:
     """Refuse report options out of range before anything is loaded or computed."""
     if not isinstance(sentences, int) or sentences < 0:
@@ -142,6 +153,7 @@ def render_report(
     out = Path(out_dir)
     names = [REPORT_NAME, *figure_names()]
     check_report_args(sentences, max_length, limit)
+    check_from_dirs(from_dirs)
     prepare_out_dir(out, force, names)
     with staged(out, force) as stage:  # the page, its figures (and computed heads.csv/.json) together, or none
         d = report_data(out, model, from_dirs, data, sentences, max_length, limit, True, device, progress, stage)
