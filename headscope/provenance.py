@@ -157,7 +157,9 @@ def recorded_for(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
         name = provenance_file(path.name)
     except HeadscopeError:  # a file of the user's own naming: no declared provenance
         return None
-    rec = read_provenance(path.with_name(name)) if name else None
+    if not name:
+        return None
+    rec = read_provenance(path.with_name(name))
     return (path.with_name(name), rec) if rec else None
 
 

@@ -39,7 +39,8 @@ def check_weight_files(folder: Path) -> None:
 def check_head_geometry(config: dict[str, Any], name: str) -> None:
     """Refuse a config whose attention heads do not divide its hidden size (and which gives no head_dim),
     before a model is built from it."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
     d, h = text.get("hidden_size"), text.get("num_attention_heads")
     if not isinstance(d, int) or not isinstance(h, int) or text.get("head_dim") is not None:
         return

@@ -38,14 +38,15 @@ def state_name(n_removed: int) -> str:
 def save_partial(folder: Path, settings: dict[str, Any], rows: list[CurvePoint], recovery: Recovery | None) -> None:
     """Write the finished points (and the recovered copy's training state) to `folder`, crash-consistently."""
     folder.mkdir(parents=True, exist_ok=True)
-    state = None
+    state: dict[str, Any] | None = None
     if recovery is not None:
-        state = {"file": state_name(recovery.n_removed), "n_removed": recovery.n_removed}
-        recovery.trainer.save(folder / state["file"], n_removed=recovery.n_removed)
+        name = state_name(recovery.n_removed)
+        state = {"file": name, "n_removed": recovery.n_removed}
+        recovery.trainer.save(folder / name, n_removed=recovery.n_removed)
     atomic_write_text(folder / PARTIAL_JSON, json.dumps(  # the commit: this json names its state file
         {"note": "unfinished headscope prune run; rerun the same command to resume, or delete this file",
          "settings": settings, "rows": [asdict(r) for r in rows], "state": state}, indent=1) + "\n")
-    _drop_states(folder, keep=state["file"] if state else None)
+    _drop_states(folder, keep=str(state["file"]) if state else None)
 
 
 def _drop_states(folder: Path, keep: str | None) -> None:
