@@ -21,7 +21,7 @@ import transformers
 from . import commands, distributed
 from .commands._common import check_common
 from .errors import HeadscopeError
-from .outset import out_lock
+from .io import out_lock
 from .version import __version__
 
 

@@ -236,7 +236,7 @@ def test_killed_runs_leftovers_removed_by_the_next_run(tmp_path, bert):
 
 
 def test_a_second_run_on_the_same_out_is_refused(tmp_path, capsys):
-    from headscope.outset import out_lock
+    from headscope.io import out_lock
 
     with out_lock(tmp_path / "o", "headscope analyze"):
         line = refused(tmp_path, capsys, ["kv", "minilm", "--out", "o"], "--out 'o' is in use by pid")

@@ -156,7 +156,7 @@ def test_no_import_cycles():
 # for it. The foundation imports no question package; each question package stands on the foundation and,
 # where the layout says so, on `learned` (redundancy and capacity read what heads learn, never the reverse).
 FOUNDATION = ("models", "attention", "data", "eval", "uncertainty", "hooks", "stats", "table", "train",
-              "distributed", "io", "outset", "artifacts", "registry", "errors", "provenance", "plots", "version")
+              "distributed", "io", "artifacts", "registry", "errors", "provenance", "plots", "version")
 LAYERS = {
     "foundation": ("foundation",),
     "learned": ("foundation", "learned"),

@@ -8,9 +8,8 @@ import sys
 from ..artifacts import HEADS_CSV, HEADS_JSON, outputs
 from ..data import read_texts
 from ..distributed import add_workers_arg, check_ranks, is_main
-from ..io import prepare_out_dir
+from ..io import prepare_out_dir, staged
 from ..learned.analyze import analyze
-from ..outset import staged
 from ..provenance import provenance
 from ..stats import STATISTICS
 from ._common import (

@@ -9,9 +9,8 @@ import sys
 from ..artifacts import GQA_JSON, MODEL_DIR, outputs
 from ..capacity.gqa import GROUPINGS, TRAINABLE, convert_and_evaluate
 from ..capacity.kv_bytes import human_bytes
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..models.checkpoint import save_model
-from ..outset import staged
 from ..provenance import provenance
 from ._common import add_device_args, load_from_args
 from ._uptrain import add_uptrain_args, check_uptrain_args, read_uptrain_texts

@@ -17,8 +17,7 @@ from ..capacity.kv_bytes import (
     normalize_dtype,
 )
 from ..errors import HeadscopeError
-from ..io import atomic_write_text, prepare_out_dir
-from ..outset import staged
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..provenance import config_fingerprint, provenance, shape_record
 
 CSV_COLUMNS = KV_CSV.columns()

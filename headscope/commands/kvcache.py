@@ -19,9 +19,8 @@ from ..capacity.kvcache.evaluate import DEFAULT_CHUNK, long_passages
 from ..capacity.kvcache.uptrain import training_batches
 from ..data import read_texts
 from ..errors import HeadscopeError
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..models import BUILTINS, load_model
-from ..outset import staged
 from ..provenance import check_made_for, provenance
 from ..table import to_jsonable
 from ..train import check_settings

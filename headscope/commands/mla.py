@@ -12,8 +12,7 @@ from ..capacity.mla import SELECTIONS, SUPPORTED_MODEL_TYPES
 from ..capacity.mla.checkpoint import save_mla
 from ..capacity.mla.to_latent import convert_and_evaluate
 from ..errors import HeadscopeError
-from ..io import atomic_write_text, prepare_out_dir
-from ..outset import staged
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..provenance import provenance
 from ._common import add_device_args, load_from_args
 from ._uptrain import add_uptrain_args, check_uptrain_args, read_uptrain_texts

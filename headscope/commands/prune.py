@@ -26,9 +26,8 @@ from ..errors import HeadscopeError, plural
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..models.checkpoint import save_model
-from ..outset import staged
 from ..provenance import provenance
 from ..redundancy.curves import PARTIAL_JSON, CurveResult, check_args, check_target_drop, clear_partial, prune_curve
 from ..redundancy.importance import CRITERIA

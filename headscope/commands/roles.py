@@ -20,11 +20,10 @@ from ..data.sources import LONG_SOURCES
 from ..distributed import add_workers_arg, check_ranks, is_main, local
 from ..errors import HeadscopeError
 from ..export.cards import CARD_SCORES, head_card, write_card
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..learned.longctx import check_long_args, check_long_model, long_roles
 from ..learned.roles import read_coref, read_treebank, role_columns, roles, syntax_rows
 from ..learned.syntax import RELATIONS
-from ..outset import staged
 from ..provenance import provenance
 from ..table import HeadTable, to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args

@@ -24,8 +24,7 @@ from ..distributed import add_workers_arg, is_main
 from ..errors import HeadscopeError, did_you_mean
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
-from ..io import atomic_write_text, prepare_out_dir
-from ..outset import staged
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..provenance import provenance
 from ..redundancy.importance import CRITERIA, check_method, parse_methods, rank_correlations, score, score_units
 from ..table import parse_head

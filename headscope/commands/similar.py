@@ -9,7 +9,7 @@ import sys
 from ..artifacts import CLUSTERS_JSON, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, outputs
 from ..data import read_texts
 from ..errors import HeadscopeError
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..learned.similarity import (
     CKA_ESTIMATORS,
     DEFAULT_CKA_BATCH,
@@ -23,7 +23,6 @@ from ..learned.similarity import (
     check_thresholds,
     similarity,
 )
-from ..outset import staged
 from ..provenance import provenance
 from ..table import to_jsonable
 from ._common import add_data_args, add_model_arg, add_out_args, load_from_args

@@ -9,8 +9,7 @@ import io
 import sys
 
 from ..artifacts import TASK_CORRELATION_CSV, TASK_SPECIFIC_CSV, TASKS_CSV, TASKS_JSON, outputs
-from ..io import atomic_write_text, prepare_out_dir
-from ..outset import staged
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..provenance import provenance
 from ..redundancy.importance import CRITERIA
 from ..redundancy.importance.tasks import (

@@ -17,11 +17,10 @@ from typing import Any
 from ..artifacts import HEADS_CSV, HEADS_JSON, REPORT_HTML
 from ..data import read_texts
 from ..errors import HeadscopeError
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..learned.analyze import analyze
 from ..models import load_model
 from ..models.adapter import HeadModel
-from ..outset import staged
 from ..provenance import model_record, provenance
 from .build import collect, figure_names
 from .examples import example_maps
