@@ -10,7 +10,9 @@ import argparse
 import importlib
 import logging
 import pkgutil
+import signal
 import sys
+import threading
 import traceback
 import warnings
 
@@ -19,6 +21,7 @@ import transformers
 from . import commands, distributed
 from .commands._common import check_common
 from .errors import HeadscopeError
+from .io import out_lock
 from .version import __version__
 
 
@@ -45,25 +48,45 @@ def _quiet_libraries(verbose: bool) -> None:
     warnings.simplefilter("once")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so it unwinds like Ctrl-C: temp files, spill folders and staging
+    folders are removed on the way out."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one verb; user errors exit 2 with one line, unexpected ones exit 1 with one line (-v: traceback)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would blame `headscope`, not the verb, for words the verb does not take
+        verb = getattr(args, "verb", None)
+        print(f"headscope{' ' + verb if verb else ''}: error: unrecognized arguments: {' '.join(extra)} (see "
+              f"headscope{' ' + verb if verb else ''} --help)", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s: %(message)s")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
         _quiet_libraries(args.verbose)
+        # One run at a time per --out: rank 0 (or the launching parent, for its ranks) holds the lock.
+        lock = getattr(args, "out", None) if distributed.is_main() else None
         if getattr(args, "workers", 1) != 1 and not distributed.launched():  # --workers N: start N ranks
             distributed.check_workers(args.workers)
             check_common(args)  # refused once, here, before any process starts
-            return distributed.launch(sys.argv[1:] if argv is None else list(argv), args.workers)
+            with out_lock(lock, f"headscope {args.verb}"):
+                return distributed.launch(sys.argv[1:] if argv is None else list(argv), args.workers)
         with distributed.session(args):  # torchrun's ranks: join, stop together on failure (no-op alone)
             distributed.check_workers(getattr(args, "workers", 1))
             check_common(args)  # every shared option is checked before a verb loads anything
-            return int(args.func(args) or 0)
+            with out_lock(lock, f"headscope {args.verb}"):
+                return int(args.func(args) or 0)
     except (HeadscopeError, FileNotFoundError, KeyError) as e:
         if args.verbose:
             traceback.print_exc()
@@ -71,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         if distributed.is_main():  # one line per run: rank 0 speaks for every rank
             print(f"headscope {args.verb}: error: {msg}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if distributed.is_main():
-            print(f"headscope {args.verb}: interrupted; no output was left half-written", file=sys.stderr)
-        return 130
+            how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+            print(f"headscope {args.verb}: {how}; no output was left half-written", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     except Exception as e:  # the safety net: a bug or an unforeseen input, never a bare traceback
         if args.verbose:
             traceback.print_exc()
@@ -83,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"headscope {args.verb}: unexpected {type(e).__name__}: {detail} "
                   f"(run with -v for the traceback)", file=sys.stderr)
         return 1
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

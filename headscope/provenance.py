@@ -132,3 +132,53 @@ def same_model(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool
     if a.get("shape") and b.get("shape"):
         return a["shape"] == b["shape"] and a.get("model_type") == b.get("model_type")
     return None
+
+
+def read_provenance(json_path: Path) -> dict[str, Any] | None:
+    """The provenance record in a verb's JSON (top level, or under meta for table JSONs), or None."""
+    try:
+        data = json.loads(Path(json_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    rec = data.get("provenance") or (data.get("meta") or {}).get("provenance")
+    return rec if isinstance(rec, dict) else None
+
+
+def recorded_for(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """The JSON beside a verb's output file holding its provenance, and that record (None when the file is not a
+    declared output, or nothing was recorded)."""
+    from .artifacts import provenance_file  # artifacts imports nothing of provenance: no cycle, loaded late
+    from .errors import HeadscopeError
+
+    path = Path(path)
+    try:
+        name = provenance_file(path.name)
+    except HeadscopeError:  # a file of the user's own naming: no declared provenance
+        return None
+    if not name:
+        return None
+    rec = read_provenance(path.with_name(name))
+    return (path.with_name(name), rec) if rec else None
+
+
+def check_made_for(path: str | Path, hm: Any, option: str) -> None:
+    """Refuse a file another verb wrote for another model than `hm` (weights fingerprint, else type and attention
+    shape), naming both; a file without recorded provenance passes (its head grid is checked by its reader)."""
+    from .errors import HeadscopeError
+
+    found = recorded_for(path)
+    if found is None:
+        return
+    where, rec = found
+    theirs = rec.get("model") or {}
+    if same_model(theirs, model_record(hm)) is False:
+        shape = theirs.get("shape") or {}
+        grid = f", {shape['n_layers']} x {shape['n_heads']} heads" if {"n_layers", "n_heads"} <= set(shape) else ""
+        fp = str(theirs.get("fingerprint") or theirs.get("config_sha256") or "?")[:12]
+        raise HeadscopeError(
+            f"{option} {str(path)!r} was written for {theirs.get('name', '?')} (fingerprint {fp}{grid}; see "
+            f"{where.name}), not "
+            f"{hm.name} ({hm.n_layers} x {hm.n_heads} heads); rerun `headscope {rec.get('verb', 'analyze')}` on this "
+            f"model")

@@ -131,6 +131,11 @@ class HeadTable:
         n_heads = int(df["head"].max()) + 1
         if len(df) != n_layers * n_heads:
             raise HeadscopeError(f"table has {len(df)} rows; expected n_layers*n_heads = {n_layers * n_heads}")
+        dup = df.duplicated(list(KEY_COLUMNS))
+        if dup.any() or int(df["layer"].min()) < 0 or int(df["head"].min()) < 0:
+            row = df[dup].iloc[0] if dup.any() else df.iloc[0]
+            raise HeadscopeError(f"table lists head L{int(row['layer'])}H{int(row['head'])} twice or a negative "
+                                 f"index; every (layer, head) of the grid must appear once")
         df = df.sort_values(list(KEY_COLUMNS))
         cols = {}
         for name in df.columns:

@@ -178,3 +178,100 @@ def test_a_normal_run_prints_no_loading_bar_and_each_warning_once(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "Loading weights" not in r.stderr, r.stderr
     assert r.stderr.count("the same warning on every batch") == 1, r.stderr
+
+
+# --- every option of every verb through one table (tests/bad_options.py) --------------------------------------
+def _verb_options() -> dict[str, dict[str, object]]:
+    """verb -> {option as the user types it (positionals by name): its argparse action}."""
+    import argparse
+
+    from headscope.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    found: dict[str, dict[str, object]] = {}
+    for verb, parser in sub.choices.items():
+        found[verb] = {}
+        for a in parser._actions:
+            if isinstance(a, argparse._HelpAction):
+                continue
+            name = next((o for o in a.option_strings if o.startswith("--")), None) or a.dest
+            found[verb][name] = a
+    return found
+
+
+def _row(verb: str, option: str, action):
+    """The table's row for `option` of `verb` (a verb's own before the shared one), an automatic row for an
+    option with choices, or KeyError."""
+    from bad_options import BY_VERB, SHARED, bad
+
+    if verb not in BY_VERB:
+        raise KeyError(f"verb {verb!r} has no block in tests/bad_options.py BY_VERB")
+    if option in BY_VERB[verb]:
+        return BY_VERB[verb][option]
+    if option in SHARED:
+        return SHARED[option]
+    if getattr(action, "choices", None) and getattr(action, "option_strings", None):
+        return bad(option, "no-such-choice", says=f"argument {option}")
+    raise KeyError(option)
+
+
+def test_every_option_has_a_row():
+    missing = []
+    for verb, options in _verb_options().items():
+        for option, action in options.items():
+            try:
+                _row(verb, option, action)
+            except KeyError:
+                missing.append(f"headscope {verb} {option}")
+    assert not missing, ("options without a bad-value row in tests/bad_options.py (add one to SHARED or to the "
+                         "verb's block of BY_VERB, or FLAG for a flag no value can make bad): " + ", ".join(missing))
+
+
+def _cases():
+    """Every (verb, option) with a bad value to try (flags marked FLAG have none; a missing row fails
+    test_every_option_has_a_row, and here too)."""
+    cases = []
+    for verb, options in sorted(_verb_options().items()):
+        for option, action in options.items():
+            try:
+                if _row(verb, option, action) is None:
+                    continue
+            except KeyError:
+                pass
+            cases.append((verb, option))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def table_inputs(tmp_path_factory) -> dict[str, str]:
+    import numpy as np
+    from test_artifacts import WORDS, tiny_llama_dir
+
+    base = tmp_path_factory.mktemp("table")
+    llama, text = tiny_llama_dir(base, num_key_value_heads=3, max_position_embeddings=128, init_std=0.2)
+    long = base / "long.txt"
+    long.write_text("\n".join(" ".join(np.random.default_rng(0).choice(WORDS, 100)) for _ in range(3)) + "\n")
+    return {"bert": str(tiny_bert_dir(base)), "llama": str(llama), "text": str(text), "long": str(long)}
+
+
+@pytest.mark.parametrize("verb,option", _cases())
+def test_every_option_refuses_its_bad_value(tmp_path, capsys, table_inputs, verb, option):
+    from bad_options import REQUIRED
+
+    row = _row(verb, option, _verb_options()[verb][option])
+    args = [a.format(**table_inputs) for a in ((*REQUIRED.get(verb, ()), *row.args) if row.required else row.args)]
+    before = listing(tmp_path)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        try:
+            rc = main([verb, *args])
+        except SystemExit as e:  # argparse's own refusals (types, choices) exit from parse_args
+            rc = e.code
+    finally:
+        os.chdir(cwd)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("headscope ")]
+    assert rc == 2, f"headscope {verb} {' '.join(args)}: exit {rc}, want 2\n{err}"
+    assert len(lines) == 1 and row.says in lines[0], f"headscope {verb} {' '.join(args)}:\n{err}"
+    assert "Traceback" not in err and listing(tmp_path) == before

@@ -233,7 +233,6 @@ def test_cli_interrupted_prune_with_recovery_resumes_to_identical_files(tmp_path
     The model is a tiny GPT-2 reading MiniLM's tokenizer (so recovery is LM distillation, and fast)."""
     import headscope.redundancy.importance as importance
     from headscope.models.adapter import HeadModel
-    from headscope.redundancy.curves import PARTIAL_STATE
 
     def load(*args, **kwargs):
         tiny = tiny_model("gpt2", init_std=0.2, vocab_size=minilm.tokenizer.vocab_size)
@@ -258,7 +257,7 @@ def test_cli_interrupted_prune_with_recovery_resumes_to_identical_files(tmp_path
     monkeypatch.setattr(importance, "score", flaky)
     assert _cli(*argv, "--out", str(part)) == 130
     saved = json.loads((part / PARTIAL_JSON).read_text())
-    assert len(saved["rows"]) == 2 and (part / PARTIAL_STATE).exists()
+    assert len(saved["rows"]) == 2 and (part / saved["state"]["file"]).exists()
     monkeypatch.setattr(importance, "score", real)
     assert _cli(*argv, "--out", str(part)) == 0
     names = sorted(p.name for p in full.iterdir())

@@ -13,7 +13,7 @@ import torch
 
 from ..data import DEFAULT_LIMIT
 from ..errors import HeadscopeError
-from ..io import check_writable_dir
+from ..io import check_writable_dir, check_writable_file
 from ..models.adapter import HeadModel
 from ..models.loading import check_device_map, load_model, resolve_dtype
 from ..table import HeadTable
@@ -28,6 +28,12 @@ POSITIVE = {"batch_size": "--batch-size", "max_length": "--max-length", "limit":
 NON_NEGATIVE = {"sentences": "--sentences", "recover": "--recover", "uptrain": "--uptrain", "top": "--top"}
 # Learning rates: finite and > 0.
 RATES = {"lr": "--lr", "recover_lr": "--recover-lr"}
+# Folders and files a verb writes: checked (creatable, writable, no dangling symlink) before any work.
+OUTPUT_DIRS = {"out": "--out", "offload_dir": "--offload-dir"}
+OUTPUT_FILES = {"export_card": "--export-card"}
+# One seed rule for every verb: what torch's generators, numpy's (legacy np.random.seed included) and
+# Python's random all accept, so a seed that passes here never fails deep in a run.
+SEED_MAX = 2**32 - 1
 
 
 def check_device(device: str) -> str:
@@ -72,6 +78,16 @@ def check_common(args: argparse.Namespace) -> None:
     if getattr(args, "until_stable", None) is not None and not (0.0 < args.until_stable < 1.0):
         raise HeadscopeError(f"--until-stable must be a split-half stability in (0, 1), e.g. 0.9; got "
                              f"{args.until_stable}")
+    seed = getattr(args, "seed", None)
+    if seed is not None and not (0 <= seed <= SEED_MAX):
+        raise HeadscopeError(f"--seed must be a whole number from 0 to {SEED_MAX} (2**32 - 1, what torch, numpy "
+                             f"and random all accept); got {seed}")
+    for dest, flag in OUTPUT_DIRS.items():
+        if getattr(args, dest, None) is not None:
+            check_writable_dir(getattr(args, dest), option=flag)
+    for dest, flag in OUTPUT_FILES.items():
+        if getattr(args, dest, None) is not None:
+            check_writable_file(getattr(args, dest), flag)
     if getattr(args, "device", None) is not None:
         check_device(args.device)
     if hasattr(args, "device_map"):  # the verbs that load a model (kv's own --dtype is a cache dtype)
@@ -87,9 +103,7 @@ def check_placement(args: argparse.Namespace) -> None:
             if v is not None:
                 raise HeadscopeError(f"{flag} places a model spread over devices; give --device-map auto with it")
         return
-    parse_max_memory(args.max_memory)
-    if args.offload_dir is not None:
-        check_writable_dir(args.offload_dir, option="--offload-dir")
+    parse_max_memory(args.max_memory)  # --offload-dir: checked with every output folder (OUTPUT_DIRS)
 
 
 def read_device_map(value: str | None) -> str | dict | None:
@@ -146,7 +160,8 @@ def parse_max_memory(text: str | None) -> dict[int | str, int | str] | None:
 
 
 def load_from_args(args: argparse.Namespace) -> HeadModel:
-    """The verb's model, loaded as --device / --dtype / --device-map (--max-memory, --offload-dir) say."""
+    """The verb's model, loaded as --device / --dtype / --device-map (--max-memory, --offload-dir) say (a model
+    without a tokenizer is told what to copy where its text is tokenised: headscope.data.prepare)."""
     return load_model(args.model, device=args.device, dtype=args.dtype, device_map=read_device_map(args.device_map),
                       max_memory=parse_max_memory(args.max_memory), offload_folder=args.offload_dir)
 

@@ -8,7 +8,7 @@ import sys
 from ..artifacts import HEADS_CSV, HEADS_JSON, outputs
 from ..data import read_texts
 from ..distributed import add_workers_arg, check_ranks, is_main
-from ..io import prepare_out_dir
+from ..io import prepare_out_dir, staged
 from ..learned.analyze import analyze
 from ..provenance import provenance
 from ..stats import STATISTICS
@@ -47,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
     if not is_main():  # every rank holds the merged table; rank 0 alone writes and prints
         return 0
     table = table.with_columns(meta={"provenance": provenance("analyze", hm, source, args)})
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / HEADS_CSV.name)
-    table.to_json(out / HEADS_JSON.name)
+    with staged(out, args.force) as stage:  # both files appear together, or neither
+        table.to_csv(stage / HEADS_CSV.name)
+        table.to_json(stage / HEADS_JSON.name)
     m = table.meta
     print(f"{hm.name}: {m['n_layers']} layers x {m['n_heads']} heads ({m['n_kv_heads']} KV), "
           f"{m['passages']} passages, {m['tokens_seen']} tokens from {m['data']}")

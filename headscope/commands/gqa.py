@@ -9,7 +9,7 @@ import sys
 from ..artifacts import GQA_JSON, MODEL_DIR, outputs
 from ..capacity.gqa import GROUPINGS, TRAINABLE, convert_and_evaluate
 from ..capacity.kv_bytes import human_bytes
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..models.checkpoint import save_model
 from ..provenance import provenance
 from ._common import add_device_args, load_from_args
@@ -70,9 +70,10 @@ def run(args: argparse.Namespace) -> int:
         progress=True,
     )
     prov = provenance("gqa", hm, data, args, heldout=heldout)  # the original model (conversion leaves it untouched)
-    save_model(final, out / MODEL_DIR.name, force=args.force)
     report = {**report, "provenance": prov}
-    atomic_write_text(out / GQA_JSON.name, json.dumps(report, indent=2) + "\n")
+    with staged(out, args.force) as stage:  # model/ and gqa.json appear together, or neither
+        save_model(final, stage / MODEL_DIR.name)
+        atomic_write_text(stage / GQA_JSON.name, json.dumps(report, indent=2) + "\n")
 
     r = report
     print(f"{r['model']}: {r['n_layers']} layers, {r['n_heads']} query heads, "

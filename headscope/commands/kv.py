@@ -17,7 +17,7 @@ from ..capacity.kv_bytes import (
     normalize_dtype,
 )
 from ..errors import HeadscopeError
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..provenance import config_fingerprint, provenance, shape_record
 
 CSV_COLUMNS = KV_CSV.columns()
@@ -134,8 +134,9 @@ def run(args: argparse.Namespace) -> int:
         print(UNITS)
         csv_rows += [{"source": "classic", **r} for r in rows]
     if out is not None:
-        write_csv(out, KV_CSV, csv_rows, CSV_COLUMNS)  # rows also hold `key` (classic configs): not a column
         prov = provenance("kv", options=args, model_info=model_info)
-        atomic_write_text(out / KV_JSON.name, json.dumps({"provenance": prov}, indent=1) + "\n")
+        with staged(out, args.force) as stage:  # both files appear together, or neither
+            write_csv(stage, KV_CSV, csv_rows, CSV_COLUMNS)  # rows also hold `key` (classic configs): not a column
+            atomic_write_text(stage / KV_JSON.name, json.dumps({"provenance": prov}, indent=1) + "\n")
         print(f"wrote {out / KV_CSV.name} and {out / KV_JSON.name}")
     return 0

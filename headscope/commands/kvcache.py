@@ -21,9 +21,9 @@ from ..capacity.kvcache.uptrain import training_batches
 from ..data import read_texts
 from ..errors import HeadscopeError
 from ..export.cards import check_card_path, duo_pattern, write_duo
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..models import BUILTINS, load_model
-from ..provenance import provenance
+from ..provenance import check_made_for, provenance
 from ..table import to_jsonable
 from ..train import check_settings
 from ._kv_learned import add_learned_args, learned_settings
@@ -193,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
                       "batches": len(batches), "steps": args.uptrain, "loss": args.loss, "lr": args.lr}
     score_info: dict[str, Any] = {"by": args.by, "from": args.scores_file}
     if scores_file is not None:
+        check_made_for(scores_file.path, hm, "--from")  # its provenance: another model's file is refused
         scores = scores_matrix(scores_file, hm.n_layers, hm.n_heads)
     else:
         scores, info = retrieval_scores(hm, args.context, args.score_haystacks, args.seed, progress=True)
@@ -211,9 +212,10 @@ def run(args: argparse.Namespace) -> int:
                            "random_control": not args.no_random, "seed": args.seed, "uptrain": train_info},
               "rows": rows, "scores": scores.tolist(), "provenance": provenance("kvcache", hm, data, args)}
     # The rows also hold full_heads, riders, answers and bytes_stored: kvcache.json's, not columns.
-    write_csv(out, KVCACHE_CSV, rows, KVCACHE_CSV.columns())
-    atomic_write_text(out / KVCACHE_JSON.name, json.dumps(to_jsonable(report), indent=2) + "\n")
-    if card is not None:
+    with staged(out, args.force) as stage:  # both files appear together, or neither
+        write_csv(stage, KVCACHE_CSV, rows, KVCACHE_CSV.columns())
+        atomic_write_text(stage / KVCACHE_JSON.name, json.dumps(to_jsonable(report), indent=2) + "\n")
+    if card is not None:  # outside --out: written (atomically) once the set is in place
         write_duo(card, duo_pattern(scores, hm.n_kv_heads), sink=args.sink, recent=args.window, force=args.force,
                   source=f"headscope kvcache: {hm.name}, --by {args.by}")
 

@@ -12,7 +12,7 @@ from ..capacity.mla import SELECTIONS, SUPPORTED_MODEL_TYPES
 from ..capacity.mla.checkpoint import save_mla
 from ..capacity.mla.to_latent import convert_and_evaluate
 from ..errors import HeadscopeError
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..provenance import provenance
 from ._common import add_device_args, load_from_args
 from ._uptrain import add_uptrain_args, check_uptrain_args, read_uptrain_texts
@@ -67,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
         uptrain_steps=args.uptrain, loss=args.loss, lr=args.lr, max_length=args.max_length,
         batch_size=args.batch_size, seed=args.seed, progress=True)
     prov = provenance("mla", hm, data, args, heldout=heldout)  # the original model (conversion leaves it untouched)
-    save_mla(final, out / MODEL_DIR.name, force=args.force)
     report = {**report, "provenance": prov}
-    atomic_write_text(out / MLA_JSON.name, json.dumps(report, indent=2) + "\n")
+    with staged(out, args.force) as stage:  # model/ and mla.json appear together, or neither
+        save_mla(final, stage / MODEL_DIR.name)
+        atomic_write_text(stage / MLA_JSON.name, json.dumps(report, indent=2) + "\n")
 
     r = report
     print(f"{r['model']}: {r['n_layers']} layers, {r['n_heads']} query / {r['n_kv_heads']} KV heads, d_head "

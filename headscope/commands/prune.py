@@ -26,7 +26,7 @@ from ..errors import HeadscopeError, plural
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..models.checkpoint import plain_shape, save_model
 from ..provenance import provenance
 from ..redundancy.curves import (
@@ -184,19 +184,21 @@ def run(args: argparse.Namespace) -> int:
             print("headscope prune: interrupted before the first point; nothing was written", file=sys.stderr)
         return 130
     summary = res.summary()
-    if args.save_model:
-        summary["saved_model"] = _save(hm, res, out, args.force)
-    _write(res, summary, prov, out)
+    with staged(out, args.force) as stage:  # the curve's files (and model/) appear together, or none
+        if args.save_model:
+            summary["saved_model"] = _save(hm, res, stage, out)
+        _write(res, summary, prov, stage)
     clear_partial(out)  # the run is complete: its checkpoint is no longer needed
     (_print if heads else _print_units)(res, summary)
     print(f"\nwrote {', '.join(str(out / n) for n in will)}", file=sys.stderr)
     return 0
 
 
-def _save(hm: Any, res: CurveResult, out: Path, force: bool) -> dict[str, Any]:
-    """Write the physically pruned model to OUT/model; its size for the JSON."""
+def _save(hm: Any, res: CurveResult, stage: Path, out: Path) -> dict[str, Any]:
+    """Write the physically pruned model into the staging folder (OUT/model once published); its size for the
+    JSON."""
     small = res.pruned_model(hm)
-    save_model(small, out / MODEL_DIR.name, force=force)
+    save_model(small, stage / MODEL_DIR.name)
     info: dict[str, Any] = {"path": str(out / MODEL_DIR.name), "parameters": n_parameters(small),
                             "parameters_original": n_parameters(hm),
                             # an ordinary config (plain from_pretrained), else its own model_type (trust_remote_code)
@@ -211,7 +213,6 @@ def _write(res: CurveResult, summary: dict[str, Any], prov: dict[str, Any], out:
     """The curve's CSV, figure and JSON (prune_curve.* and redundancy.csv, or unit_curve.* and units.json)."""
     heads = res.scope == "heads"
     records = res.records()
-    out.mkdir(parents=True, exist_ok=True)
     write_csv(out, PRUNE_CURVE_CSV if heads else UNIT_CURVE_CSV, records)
     if heads:
         write_csv(out, REDUNDANCY_CSV, res.redundancy())

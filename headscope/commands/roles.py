@@ -29,8 +29,8 @@ from ..export.cards import (
     write_card,
     write_duo,
 )
-from ..io import atomic_write_text, prepare_out_dir
-from ..learned.longctx import check_long_args, long_roles
+from ..io import atomic_write_text, prepare_out_dir, staged
+from ..learned.longctx import check_long_args, check_long_model, long_roles
 from ..learned.roles import read_coref, read_treebank, role_columns, roles, syntax_rows
 from ..learned.syntax import RELATIONS
 from ..provenance import provenance
@@ -116,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     coref = read_coref(args.coref) if args.coref else None
     check_ranks(len(source), "passages")  # torchrun / --workers: every rank needs a passage
     hm = load_from_args(args)
+    if long_n is not None:  # the model's positions and kind are known now: refuse before the short-text pass
+        check_long_model(hm, long_n)
     table = roles(hm, source, treebank=treebank, coref=coref, max_length=args.max_length,
                   batch_size=args.batch_size, limit=args.limit, seed=args.seed, progress=True)
     if not is_main():  # every rank holds the merged census; rank 0 alone runs --long, writes and prints
@@ -132,11 +134,14 @@ def run(args: argparse.Namespace) -> int:
             card_values, card_note = head_card(lr, args.card_score)
             report["long_context"]["card"] = {"file": str(card), "score": args.card_score, "note": card_note,
                                               "format": args.card_format}
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / ROLES_CSV.name)
-    atomic_write_text(out / ROLES_JSON.name, json.dumps(to_jsonable(report), indent=1, allow_nan=False) + "\n")
-    written = [str(out / ROLES_CSV.name), str(out / ROLES_JSON.name)]
-    if card_values is not None and card is not None:
+    rows = syntax_rows(report)
+    with staged(out, args.force) as stage:  # roles.csv, roles.json (and syntax.csv) together, or none
+        table.to_csv(stage / ROLES_CSV.name)
+        atomic_write_text(stage / ROLES_JSON.name, json.dumps(to_jsonable(report), indent=1, allow_nan=False) + "\n")
+        if rows:
+            write_csv(stage, SYNTAX_CSV, rows)
+    written = [str(out / ROLES_CSV.name), str(out / ROLES_JSON.name)] + ([str(out / SYNTAX_CSV.name)] if rows else [])
+    if card_values is not None and card is not None:  # outside --out: written atomically once the set is in place
         if args.card_format == "duo":
             write_duo(card, duo_pattern(card_scores(card_values, hm.n_layers, hm.n_heads), hm.n_kv_heads),
                       sink=DUO_SINK, recent=DUO_RECENT, force=args.force, source=f"headscope roles: {hm.name}, "
@@ -144,9 +149,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             write_card(card, card_values)
         written.append(str(card))
-    rows = syntax_rows(report)
-    if rows:
-        written.append(str(write_csv(out, SYNTAX_CSV, rows)))
 
     t = report["text"]
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_heads} heads, {t['passages']} passages from {t['data']}; "

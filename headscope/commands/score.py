@@ -24,7 +24,7 @@ from ..distributed import add_workers_arg, is_main
 from ..errors import HeadscopeError, did_you_mean
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..provenance import provenance
 from ..redundancy.importance import CRITERIA, check_method, parse_methods, rank_correlations, score, score_units
 from ..table import parse_head
@@ -87,6 +87,9 @@ def parse_pruned(text: str | None, n_layers: int, n_heads: int) -> torch.Tensor 
                 raise HeadscopeError(f"--pruned: head {item.strip()} does not exist; the model has "
                                      f"L0..L{n_layers - 1} and H0..H{n_heads - 1}")
             gates[layer, head] = 0
+    if not gates.any():  # nothing left to score: every importance would be NaN and every Spearman undefined
+        raise HeadscopeError(f"--pruned lists all {n_layers * n_heads} heads; leave at least one head unpruned "
+                             f"to score")
     return gates
 
 
@@ -114,10 +117,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     corr = rank_correlations(table)
     table = table.with_columns(meta={"provenance": prov})
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / IMPORTANCE_CSV.name)
-    table.to_json(out / IMPORTANCE_JSON.name)
-    atomic_write_text(out / RANK_CORRELATION_CSV.name, corr.to_csv(float_format="%.4f", lineterminator="\n"))
+    with staged(out, args.force) as stage:  # the three files appear together, or none
+        table.to_csv(stage / IMPORTANCE_CSV.name)
+        table.to_json(stage / IMPORTANCE_JSON.name)
+        atomic_write_text(stage / RANK_CORRELATION_CSV.name, corr.to_csv(float_format="%.4f", lineterminator="\n"))
 
     m = table.meta
     value = m["metric_value"]
@@ -197,10 +200,10 @@ def _run_units(args: argparse.Namespace) -> int:
     rows, meta = score_units(hm, data, unit, methods, metric=args.metric, max_length=args.max_length,
                              batch_size=args.batch_size, seed=args.seed,
                              limit=args.limit if isinstance(data, str) else None, progress=True)
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out, UNIT_IMPORTANCE_CSV, rows)
     meta["provenance"] = prov
-    atomic_write_text(out / UNIT_IMPORTANCE_JSON.name, json.dumps(meta, indent=2, default=str) + "\n")
+    with staged(out, args.force) as stage:
+        write_csv(stage, UNIT_IMPORTANCE_CSV, rows)
+        atomic_write_text(stage / UNIT_IMPORTANCE_JSON.name, json.dumps(meta, indent=2, default=str) + "\n")
     _print_units(hm.name, unit, rows, meta)
     print(f"\nwrote {', '.join(str(out / n) for n in UNIT_OUTPUTS)}", file=sys.stderr)
     return 0

@@ -9,7 +9,7 @@ import sys
 from ..artifacts import CLUSTERS_JSON, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, outputs
 from ..data import read_texts
 from ..errors import HeadscopeError
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..learned.similarity import (
     CKA_ESTIMATORS,
     DEFAULT_CKA_BATCH,
@@ -84,14 +84,15 @@ def run(args: argparse.Namespace) -> int:
                      cka_pool=args.cka_pool, cka_memory=args.cka_memory * 2**20, progress=True)
     clusters = sim.clusters(args.js_max, args.cka_min)
     pairs = sim.pairs()
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / SIMILAR_PAIRS_CSV.name, pairs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
-    sim.to_npz(out / SIMILARITY_NPZ.name)
-    atomic_write_text(out / CLUSTERS_JSON.name, json.dumps(to_jsonable({
-        "js_max": args.js_max, "cka_min": args.cka_min,
-        "rule": "complete linkage: every pair inside a cluster has js <= js_max and cka >= cka_min",
-        "clusters": clusters, "meta": sim.meta, "provenance": provenance("similar", hm, source, args)}),
-        indent=1, allow_nan=False) + "\n")
+    with staged(out, args.force) as stage:  # the three files appear together, or none
+        atomic_write_text(stage / SIMILAR_PAIRS_CSV.name,
+                          pairs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+        sim.to_npz(stage / SIMILARITY_NPZ.name)
+        atomic_write_text(stage / CLUSTERS_JSON.name, json.dumps(to_jsonable({
+            "js_max": args.js_max, "cka_min": args.cka_min,
+            "rule": "complete linkage: every pair inside a cluster has js <= js_max and cka >= cka_min",
+            "clusters": clusters, "meta": sim.meta, "provenance": provenance("similar", hm, source, args)}),
+            indent=1, allow_nan=False) + "\n")
 
     m = sim.meta
     print(f"{hm.name}: {m['n_layers']} layers x {m['n_heads']} heads = {sim.n} heads, {len(pairs)} pairs; "

@@ -9,7 +9,7 @@ import io
 import sys
 
 from ..artifacts import TASK_CORRELATION_CSV, TASK_SPECIFIC_CSV, TASKS_CSV, TASKS_JSON, outputs
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..provenance import provenance
 from ..redundancy.importance import CRITERIA
 from ..redundancy.importance.tasks import (
@@ -61,17 +61,17 @@ def run(args: argparse.Namespace) -> int:
     corr = task_correlations(table)
     specific = task_specific(table)
     table = table.with_columns(meta={"provenance": prov})
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / TASKS_CSV.name)
-    table.to_json(out / TASKS_JSON.name)
-    atomic_write_text(out / TASK_CORRELATION_CSV.name, corr.to_csv(float_format="%.4f", lineterminator="\n"))
     buf = io.StringIO()
     fields = [f.name for f in TASK_SPECIFIC_CSV.fields]
     w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     w.writeheader()
     for r in specific:
         w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
-    atomic_write_text(out / TASK_SPECIFIC_CSV.name, buf.getvalue())
+    with staged(out, args.force) as stage:  # the four files appear together, or none
+        table.to_csv(stage / TASKS_CSV.name)
+        table.to_json(stage / TASKS_JSON.name)
+        atomic_write_text(stage / TASK_CORRELATION_CSV.name, corr.to_csv(float_format="%.4f", lineterminator="\n"))
+        atomic_write_text(stage / TASK_SPECIFIC_CSV.name, buf.getvalue())
     print(f"{hm.name}: {table.n_layers} layers x {table.n_heads} heads; tasks "
           + ", ".join(f"{t} ({s:.0f} s)" for t, s in table.meta["seconds"].items()))
     print("\nSpearman rank correlation between tasks:")

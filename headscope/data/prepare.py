@@ -290,7 +290,9 @@ def prepare_tokens(hm: HeadModel, data: Any, max_length: int, limit: int | None 
     else:
         source = TextSource(keep_text([t for t in data if t.strip()], "in-memory")[:limit], "in-memory")
     if hm.tokenizer is None:
-        raise HeadscopeError("this model has no tokenizer: pass token ids (a list of lists of ints) instead of text")
+        raise HeadscopeError(f"model {hm.name!r} has no tokenizer (its folder holds no tokenizer.json or "
+                             f"tokenizer_config.json): copy the tokenizer files of the model it came from into "
+                             f"that folder, or (Python API) pass token ids, a list of lists of ints, instead of text")
     ids, word_ids, truncated = tokenize(hm.tokenizer, source, max_length, by_words=by_words)
     ids, word_ids, source, keep = _drop_tokenless(hm, ids, word_ids, source)
     return Tokens(ids, source.source, max_length, truncated, source, word_ids,

@@ -109,9 +109,21 @@ def keep_text(texts: list[str], source: str) -> list[str]:
     return kept
 
 
+# Byte-order marks of encodings other than UTF-8: named, so the fix says which encoding to convert from.
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"), (b"\xff\xfe", "UTF-16LE"),
+         (b"\xfe\xff", "UTF-16BE"))
+# The suffixes a --data file may have (no suffix: plain text, one passage a line).
+TEXT_SUFFIXES = (".txt", ".text", "")
+
+
 def _read_lines(path: Path) -> list[str]:
-    """Read a UTF-8 file as lines, naming file:line of the first byte that is not UTF-8."""
+    """Read a UTF-8 file as lines, naming file:line of the first byte that is not UTF-8 (or the encoding a
+    byte-order mark names)."""
     raw = path.read_bytes()
+    for bom, encoding in _BOMS:
+        if raw.startswith(bom):
+            raise HeadscopeError(f"{path} is {encoding} (it starts with a {encoding} byte-order mark); re-encode it "
+                                 f"as UTF-8, e.g. `iconv -f {encoding.replace('LE', '').replace('BE', '')} -t utf-8`")
     try:
         return raw.decode("utf-8-sig").splitlines()
     except UnicodeDecodeError as e:
@@ -128,19 +140,28 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
     reading stops with an error)."""
     path = treebank_path(path)
     sentences: list[Sentence] = []
-    cur: dict[str, list[Any]] = {"words": [], "heads": [], "deprels": [], "misc": [], "space": []}
+    cur: dict[str, list[Any]] = {"words": [], "heads": [], "deprels": [], "misc": [], "space": [], "lines": []}
     sent_id, bad, bad_lines, bad_sentences = "", False, 0, 0
     doc_id, n_docs = "", 0
     range_end, range_space = 0, True  # a multiword token's SpaceAfter applies to its last word
 
     def flush() -> None:
-        nonlocal sent_id, bad, range_end, bad_sentences
+        nonlocal sent_id, bad, range_end, bad_sentences, bad_lines
         range_end = 0
+        n = len(cur["words"])
+        past = next((i for i, h in enumerate(cur["heads"]) if h > n), None)
+        if past is not None and not bad:  # a HEAD past the sentence: its tree cannot be built
+            where = f"{path}:{cur['lines'][past]}"
+            problem = f"head {cur['heads'][past]} points past the sentence's {n} words"
+            if strict:
+                raise HeadscopeError(f"{where}: malformed CoNLL-U line: {problem}")
+            log.warning("%s: malformed CoNLL-U line (%s); skipping its sentence", where, problem)
+            bad, bad_lines = True, bad_lines + 1
         bad_sentences += bad
         if cur["words"] and not bad:
             sentences.append(Sentence(cur["words"], cur["heads"], cur["deprels"], cur["misc"], sent_id, cur["space"],
                                       doc_id))
-        cur.update({"words": [], "heads": [], "deprels": [], "misc": [], "space": []})
+        cur.update({"words": [], "heads": [], "deprels": [], "misc": [], "space": [], "lines": []})
         sent_id, bad = "", False
 
     for lineno, line in enumerate(_read_lines(path), start=1):
@@ -179,6 +200,7 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
         cur["words"].append(cols[1])
         cur["heads"].append(int(cols[6]) if cols[6].isdigit() else -1)
         cur["deprels"].append(cols[7])
+        cur["lines"].append(lineno)
         cur["misc"].append(cols[9])
         space = "SpaceAfter=No" not in cols[9].split("|")
         if int(cols[0]) == range_end:
@@ -280,6 +302,9 @@ def _existing_file(path: str | Path, what: str, kinds: str, names: Any) -> Path:
                              f"name{did_you_mean(str(path), names)}: {', '.join(names)}")
     if p.is_dir():
         raise HeadscopeError(f"{what} path {str(p)!r} is a directory; give {kinds}")
+    if not p.is_file():  # a FIFO or a device would block or never end
+        raise HeadscopeError(f"{what} path {str(p)!r} is not a regular file (a pipe, socket or device); "
+                             f"save the text to a file and give {kinds}")
     return p
 
 
@@ -336,6 +361,9 @@ def read_texts(data: str | Path | None = None, limit: int | None = None) -> Text
         p = _existing_file(data, "data", "a .txt, .jsonl or .conllu file", BUILTIN_NAMES)
         source = str(p)
         suffix = p.suffix.lower()
+        if suffix not in (*TEXT_SUFFIXES, ".jsonl", ".conllu"):
+            raise HeadscopeError(f"data file {str(p)!r}: headscope does not read {suffix} files; give a .txt "
+                                 f"(one passage a line), .jsonl (a 'text' field per line) or .conllu file")
         if suffix == ".conllu":
             sentences = read_conllu(p)
             texts = [s.text for s in sentences]

@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -148,7 +150,9 @@ class SpilledExactCKA:
         self.count = 0
         self.dtype: torch.dtype | None = None
         self._sum: torch.Tensor | None = None
-        self._dir = tempfile.TemporaryDirectory(prefix="headscope-cka-", dir=spill_dir)
+        remove_stale_spills(spill_dir)
+        # The pid in the name lets a later run tell a dead process's folder (SIGKILL, power) from a live one's.
+        self._dir = tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=spill_dir)
         self._path = Path(self._dir.name) / "samples.bin"
         self._file = open(self._path, "wb")
 
@@ -208,6 +212,38 @@ class SpilledExactCKA:
         if not self._file.closed:
             self._file.close()
         self._dir.cleanup()
+
+
+SPILL_PREFIX = "headscope-cka-"  # spill folders: headscope-cka-<pid>-<random>
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_spills(spill_dir: str | None = None) -> list[Path]:
+    """Delete spill folders that processes now dead left in `spill_dir` (default: the temporary folder); a
+    SIGINT or SIGTERM removes its own on the way out, a SIGKILL cannot. Returns what was removed."""
+    root = Path(spill_dir or tempfile.gettempdir())
+    gone = []
+    for d in root.glob(f"{SPILL_PREFIX}*-*"):
+        pid = d.name[len(SPILL_PREFIX):].split("-", 1)[0]
+        try:
+            mine = d.is_dir() and d.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if pid.isdigit() and mine and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    if gone:
+        log.info("removed %d spill folder(s) of dead headscope runs from %s", len(gone), root)
+    return gone
 
 
 def check_cka_memory(memory: int, n_groups: int, dim: int) -> int:

@@ -31,6 +31,7 @@ from ..io import atomic_dir
 from . import layout
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 from .config import HEAD_KEYS, KV_KEYS, attn_implementation_for
+from .files import check_safetensors
 from .own_type import config_class_source, mark_own_type, read_config
 
 log = logging.getLogger(__name__)
@@ -287,6 +288,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     """Load the checkpoint's safetensors into `model` (already shaped like them), tying shared weights back."""
     state: dict[str, torch.Tensor] = {}
     for f in _state_dict_files(path):
+        check_safetensors(f)  # a truncated file: named, before safetensors' own error
         state.update(load_file(str(f)))
     missing, unexpected = model.load_state_dict(state, strict=False)
     # save_pretrained omits tied weights (lm_head tied to the embeddings); tie them back.

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import tempfile
 import weakref
 from contextlib import contextmanager
@@ -19,9 +20,10 @@ import transformers
 
 from ..errors import HeadscopeError, did_you_mean
 from ..io import atomic_dir
-from .adapter import HeadModel
+from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 from .checkpoint import MLA_FILE, PRUNING_FILE, auto_class, load_checkpoint
 from .config import attn_implementation_for
+from .files import check_head_geometry, check_weight_files
 from .specs import spec_for
 
 log = logging.getLogger(__name__)
@@ -190,8 +192,10 @@ def _gguf_errors(path: Path) -> Iterator[None]:
         yield
     except HeadscopeError:
         raise
-    except (ValueError, KeyError, OSError, RuntimeError, TypeError) as e:
+    except (ValueError, KeyError, OSError, RuntimeError, TypeError, IndexError, EOFError, struct.error) as e:
         detail = str(e).strip().splitlines()[0][:300].rstrip(".") if str(e).strip() else type(e).__name__
+        if isinstance(e, (struct.error, EOFError)):  # a header cut short: a truncated copy
+            detail = f"the file ends inside its header ({path.stat().st_size:,} bytes); is it truncated?"
         raise HeadscopeError(
             f"cannot read the GGUF file {str(path)!r}: {detail}. transformers "
             f"{transformers.__version__} reads GGUF files of these architectures: {', '.join(gguf_architectures())}; "
@@ -362,7 +366,7 @@ def load_model(
             return load_gguf(path, device=device, dtype=dtype)
         path = str(path) if path.exists() else name_or_path
     # MLA attention modules and per-layer head counts need our loader, which builds the model whole in memory.
-    own = [f for f in (MLA_FILE, PRUNING_FILE) if (Path(path) / f).exists()]
+    own = [f for f in (MLA_FILE, PRUNING_FILE) if (Path(path) / f).exists()] or _pruned_config(Path(path))
     if own:
         if dispatch:
             raise HeadscopeError(f"{name_or_path!r} is a checkpoint headscope changed ({own[0]}): its loader builds "
@@ -414,6 +418,21 @@ def _check_model_dir(path: Path, name: str) -> None:
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise HeadscopeError(f"model directory {name!r} has a config.json but no weights (*.safetensors or *.bin); "
                              f"save the model with save_pretrained, or give another directory")
+    check_head_geometry(json.loads(cfg.read_text(encoding="utf-8")), name)
+    check_weight_files(path)
+
+
+def _pruned_config(path: Path) -> list[str]:
+    """The headscope keys of a folder's config.json that record pruned heads or FFN neurons ([] if none): such a
+    checkpoint loads through headscope's loader even when headscope_pruning.json is gone."""
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        return []
+    try:
+        d = json.loads(cfg.read_text(encoding="utf-8"))
+    except ValueError:
+        return []  # refused with its reason by _check_model_dir
+    return [k for k in (PRUNING_CONFIG_KEY, FFN_CONFIG_KEY) if isinstance(d, dict) and d.get(k)]
 
 
 def load_gguf(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> HeadModel:

@@ -17,7 +17,7 @@ from typing import Any
 from ..artifacts import HEADS_CSV, HEADS_JSON, REPORT_HTML
 from ..data import read_texts
 from ..errors import HeadscopeError
-from ..io import atomic_write_text, prepare_out_dir
+from ..io import atomic_write_text, prepare_out_dir, staged
 from ..learned.analyze import analyze
 from ..models import load_model
 from ..models.adapter import HeadModel
@@ -55,9 +55,14 @@ def report_data(
     write_plots: bool = True,
     device: str = "cpu",
     progress: bool = False,
+    stage: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Everything the page shows, as one JSON-ready dict (computes statistics if heads.csv is absent)."""
+    """Everything the page shows, as one JSON-ready dict (computes statistics if heads.csv is absent).
+
+    Files it writes (computed heads.csv/.json, the figures) go to `stage` when given (render_report's staging
+    folder, moved into `out_dir` with the page), else into `out_dir`."""
     out = Path(out_dir)
+    write_to = Path(stage) if stage is not None else out
     dirs = [Path(d) for d in (from_dirs or [])] + [out]
     src = Sources.scan(dirs)
     hm: HeadModel | None
@@ -85,10 +90,10 @@ def report_data(
                 "report", hm, read_texts(data, limit) if data is None or isinstance(data, (str, Path)) else data,
                 {"max_length": max_length, "limit": limit})})
             if src.get(HEADS_CSV.name) is None:  # never replace a file the user has, even an unusable one
-                out.mkdir(parents=True, exist_ok=True)
-                table.to_csv(out / HEADS_CSV.name)
-                table.to_json(out / HEADS_JSON.name)
-                src.found[HEADS_CSV.name] = out / HEADS_CSV.name
+                write_to.mkdir(parents=True, exist_ok=True)
+                table.to_csv(write_to / HEADS_CSV.name)
+                table.to_json(write_to / HEADS_JSON.name)
+                src.found[HEADS_CSV.name] = write_to / HEADS_CSV.name
                 records[HEADS_CSV.name] = table.meta["provenance"]
     model_meta: dict[str, Any] = {}
     if hm is not None:
@@ -100,9 +105,20 @@ def report_data(
         raise HeadscopeError(f"nothing to report: {why}, and no model given; "
                              f"run `headscope analyze MODEL --out {out}` or pass the model")
     examples = example_maps(hm, texts, sentences, token_ids) if hm is not None else []
-    out.mkdir(parents=True, exist_ok=True)
-    return collect(table, src, out, examples, model_meta, _special_names(hm), write_plots=write_plots,
+    write_to.mkdir(parents=True, exist_ok=True)
+    return collect(table, src, write_to, examples, model_meta, _special_names(hm), write_plots=write_plots,
                    config=hm.config if hm is not None else None, records=records)
+
+
+def check_from_dirs(from_dirs: Sequence[str | Path] | None) -> None:
+    """Each --from is an existing folder (a file is named, with the folder to give instead)."""
+    for d in from_dirs or ():
+        p = Path(d)
+        if p.is_file():
+            raise HeadscopeError(f"--from {str(p)!r} is a file; --from takes the folder holding a verb's outputs: "
+                                 f"give --from {str(p.parent)!r}")
+        if not p.is_dir():
+            raise HeadscopeError(f"--from {str(p)!r} does not exist; give a folder holding other verbs' outputs")
 
 
 def check_report_args(sentences: int, max_length: int | None, limit: int | None) -> None:
@@ -136,8 +152,10 @@ def render_report(
     out = Path(out_dir)
     names = [REPORT_NAME, *figure_names()]
     check_report_args(sentences, max_length, limit)
+    check_from_dirs(from_dirs)
     prepare_out_dir(out, force, names)
-    d = report_data(out, model, from_dirs, data, sentences, max_length, limit, True, device, progress)
-    path = out / REPORT_NAME
-    atomic_write_text(path, page(d))
-    return path
+    with staged(out, force) as stage:  # the page, its figures (and computed heads.csv/.json) together, or none
+        d = report_data(out, model, from_dirs, data, sentences, max_length, limit, True, device, progress, stage)
+        # Paths on the page name the files where they will be, not the staging folder they were written in.
+        atomic_write_text(stage / REPORT_NAME, page(d).replace(str(stage), str(out)))
+    return out / REPORT_NAME

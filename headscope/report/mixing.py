@@ -10,31 +10,18 @@ own layout rows against the model's shape) and listed as "provenance not recorde
 from __future__ import annotations
 
 import csv
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from ..artifacts import ARTIFACTS, KV_CSV, provenance_file
 from ..errors import HeadscopeError
-from ..provenance import same_model
+from ..provenance import read_provenance, same_model
 from .sources import READABLE, Sources
 
 log = logging.getLogger(__name__)
 
 __all__ = ["check_one_model", "read_provenance"]
-
-
-def read_provenance(json_path: Path) -> dict[str, Any] | None:
-    """The provenance record in a verb's JSON (top level, or under meta for table JSONs), or None."""
-    try:
-        data = json.loads(json_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    rec = data.get("provenance") or (data.get("meta") or {}).get("provenance")
-    return rec if isinstance(rec, dict) else None
 
 
 def _label(rec: dict[str, Any] | None) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..artifacts import ARTIFACTS, HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, artifact
+from ..errors import HeadscopeError
 from ..table import HeadTable, to_jsonable
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,7 @@ def read_heads(src: Sources) -> HeadTable | None:
         except Exception as e:  # the numbers are in the CSV; the provenance only labels them
             log.warning("cannot read %s (%s)", js, e)
             prov = None
+        check_grid(path, table, prov)
         meta = {"provenance": prov, "source_file": str(path)} if prov else {"source_file": str(path)}
         return table.with_columns(meta=meta)
     if js.is_file():
@@ -235,5 +237,41 @@ def read_heads(src: Sources) -> HeadTable | None:
             log.warning("cannot read %s (%s); the report shows heads.csv without its meta", js, e)
             data = None
         if isinstance(data, dict) and isinstance(data.get("meta"), dict):
+            check_grid(path, table, data["meta"].get("provenance"))
+            check_same_run(path, table, js, data)
             table = table.with_columns(meta=data["meta"])
     return table
+
+
+def check_grid(path: Path, table: HeadTable, prov: Any) -> None:
+    """Refuse a per-head table whose rows do not cover the heads of the model its provenance names (a file cut
+    at a line boundary still parses, as a smaller model)."""
+    shape = ((prov or {}).get("model") or {}).get("shape") if isinstance(prov, dict) else None
+    if not isinstance(shape, dict) or not {"n_layers", "n_heads"} <= set(shape):
+        return
+    if (table.n_layers, table.n_heads) != (shape["n_layers"], shape["n_heads"]):
+        raise HeadscopeError(
+            f"{path} has rows for {table.n_layers} layers x {table.n_heads} heads, but the model it records "
+            f"({prov['model'].get('name', '?')}) has {shape['n_layers']} x {shape['n_heads']}: the file is cut or "
+            f"edited; rerun the verb that wrote it")
+
+
+def check_same_run(path: Path, table: HeadTable, js: Path, data: dict[str, Any]) -> None:
+    """Refuse a heads.csv whose numbers are not those of the heads.json beside it (files of two runs)."""
+    try:
+        other = HeadTable.from_json(json.dumps(data))
+    except (KeyError, ValueError, TypeError) as e:
+        raise HeadscopeError(f"{js} does not read as a heads table ({type(e).__name__}: {e}); rerun analyze") from None
+    if (other.n_layers, other.n_heads) != (table.n_layers, table.n_heads):
+        raise HeadscopeError(f"{path} has {table.n_layers} x {table.n_heads} heads but {js.name} beside it has "
+                             f"{other.n_layers} x {other.n_heads}: they are not one run's files; rerun analyze")
+    for col in table.columns:
+        if col not in other.columns or table[col].dtype.kind != "f":
+            continue
+        a, b = np.asarray(table[col], float), np.asarray(other[col], float)
+        # The CSV keeps six significant digits; the JSON full precision.
+        bad = ~((np.isnan(a) & np.isnan(b)) | np.isclose(a, b, rtol=2e-5, atol=1e-12))
+        if bad.any():
+            l, h = (int(i) for i in np.argwhere(bad)[0])
+            raise HeadscopeError(f"{path} and {js.name} beside it are from different runs ({col} of L{l}H{h}: "
+                                 f"{a[l, h]:.6g} vs {b[l, h]:.6g}); rerun analyze to write both")

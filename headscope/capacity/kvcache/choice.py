@@ -172,9 +172,11 @@ def check_scores_file(path: str | Path, column: str) -> tuple[Path, str]:
 
 
 def scores_matrix(f: ScoresFile, n_layers: int, n_heads: int) -> np.ndarray:
-    """`[n_layers, n_heads]` scores from the file's column (negated for '-COLUMN'); refuses heads the model lacks."""
+    """`[n_layers, n_heads]` scores from the file's column (negated for '-COLUMN'); refuses heads the model lacks,
+    a head twice, and a file that does not cover every head."""
     p, name = f.path, f.column
     out = np.full((n_layers, n_heads), np.nan)
+    seen = np.zeros((n_layers, n_heads), bool)
     for lineno, row in enumerate(f.rows, start=2):
         try:
             layer, head, value = int(row["layer"]), int(row["head"]), float(row[name] or "nan")
@@ -184,7 +186,13 @@ def scores_matrix(f: ScoresFile, n_layers: int, n_heads: int) -> np.ndarray:
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
             raise HeadscopeError(f"{p}:{lineno}: head L{layer}H{head} is not in this model ({n_layers} layers x "
                                  f"{n_heads} heads): the file belongs to another model")
+        if seen[layer, head]:
+            raise HeadscopeError(f"{p}:{lineno}: head L{layer}H{head} appears twice; give a file written by headscope")
+        seen[layer, head] = True
         out[layer, head] = f.sign * value
+    if not seen.all():  # another model's file fits inside this one's grid (e.g. 18 x 4 heads in 30 x 9)
+        raise HeadscopeError(f"{p} has rows for {int(seen.sum())} of this model's {seen.size} heads ({n_layers} layers "
+                             f"x {n_heads}); give a file written for this model, one row per head")
     if np.isnan(out).all():
         raise HeadscopeError(f"{p}: column {name!r} holds no numbers for this model's heads")
     return out

@@ -116,7 +116,7 @@ def plan_sweep(
                 if cfg not in configs:
                     configs.append(cfg)
     if not configs:
-        raise HeadscopeError("no valid configuration to train:\n  " + "\n  ".join(skipped) +
-                             f"\nhead counts dividing d_model={d_model}: "
-                             f"{[h for h in range(1, d_model + 1) if d_model % h == 0 and h <= 64]}")
+        divisors = ", ".join(str(h) for h in range(1, min(d_model, 64) + 1) if d_model % h == 0)
+        raise HeadscopeError(f"no valid configuration to train ({'; '.join(skipped)}); head counts dividing "
+                             f"d_model={d_model}: {divisors}")
     return configs, skipped

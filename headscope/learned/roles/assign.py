@@ -47,8 +47,14 @@ class CorefSource:
 
 
 def read_treebank(path: str | Path) -> TreebankSource:
-    """Read a CoNLL-U treebank (or a built-in one: `ewt-test`) for the syntactic roles."""
-    return TreebankSource(str(path), read_conllu(path))
+    """Read a CoNLL-U treebank (or a built-in one: `ewt-test`) for the syntactic roles; refused when no
+    sentence is well formed (before any model loads)."""
+    sentences = read_conllu(path)
+    if not sentences:
+        raise HeadscopeError(f"treebank {str(path)!r} holds no well-formed sentence (the warnings above say which "
+                             f"lines are malformed); give a CoNLL-U file whose HEAD column points inside each "
+                             f"sentence, or a built-in treebank (ewt-test, gum-test)")
+    return TreebankSource(str(path), sentences)
 
 
 def read_coref(path: str | Path) -> CorefSource:

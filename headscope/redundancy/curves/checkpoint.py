@@ -1,9 +1,12 @@
 """The partial checkpoint of an unfinished pruning curve, so an interrupted run resumes where it stopped.
 
 After every curve point the run writes `prune_curve.partial.json` (settings and finished points) and,
-with recovery, `prune_curve.partial.pt`: the recovered copy's whole training state at that point
-(`Trainer.save`: weights, optimizer, generator, step), so a resumed run draws the same batches and
-takes the same steps as an uninterrupted one, and writes the same files.
+with recovery, the recovered copy's whole training state at that point (`Trainer.save`: weights,
+optimizer, generator, step) as `prune_curve.partial.<n>.pt`, n the units removed. The pair is
+crash-consistent: the new state file is written first under its own name, then the json that names it
+replaces the old json in one rename (the commit), then the older state file is deleted. A crash at any
+moment leaves a json naming a complete state file of the same point, so a resumed run draws the same
+batches and takes the same steps as an uninterrupted one, and writes the same files.
 """
 
 from __future__ import annotations
@@ -23,52 +26,94 @@ from .recovery import Recovery
 log = logging.getLogger(__name__)
 
 PARTIAL_JSON = "prune_curve.partial.json"  # checkpoint of an unfinished run, resumed on rerun
-PARTIAL_STATE = "prune_curve.partial.pt"  # the recovered copy's training state at the last checkpoint
+PARTIAL_STATE = "prune_curve.partial.{n}.pt"  # the recovered copy's training state after n units went
 L0_STATE = "l0_gates.partial.pt"  # --method l0: the gates' training state (resumed to the same gates)
+_STATES = "prune_curve.partial*.pt"  # every state file, the current one and leftovers of a crash
+
+
+def state_name(n_removed: int) -> str:
+    """The state file of the checkpoint taken after `n_removed` units were removed."""
+    return PARTIAL_STATE.format(n=n_removed)
 
 
 def save_partial(folder: Path, settings: dict[str, Any], rows: list[CurvePoint], recovery: Recovery | None) -> None:
-    """Write the finished points (and the recovered copy's training state) to `folder`, atomically."""
+    """Write the finished points (and the recovered copy's training state) to `folder`, crash-consistently."""
     folder.mkdir(parents=True, exist_ok=True)
+    state: dict[str, Any] | None = None
     if recovery is not None:
-        # Weights first, then the json: a crash in between leaves weights newer than the json,
-        # which `resume` detects by the curve point stored with the weights.
-        recovery.trainer.save(folder / PARTIAL_STATE, n_removed=recovery.n_removed)
-    atomic_write_text(folder / PARTIAL_JSON, json.dumps(
+        name = state_name(recovery.n_removed)
+        state = {"file": name, "n_removed": recovery.n_removed}
+        recovery.trainer.save(folder / name, n_removed=recovery.n_removed)
+    atomic_write_text(folder / PARTIAL_JSON, json.dumps(  # the commit: this json names its state file
         {"note": "unfinished headscope prune run; rerun the same command to resume, or delete this file",
-         "settings": settings, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+         "settings": settings, "rows": [asdict(r) for r in rows], "state": state}, indent=1) + "\n")
+    _drop_states(folder, keep=str(state["file"]) if state else None)
+
+
+def _drop_states(folder: Path, keep: str | None) -> None:
+    """Delete every state file but `keep` (older points', or one a crash left before its json was written)."""
+    for f in folder.glob(_STATES):
+        if f.name != keep:
+            f.unlink(missing_ok=True)
+
+
+def _damaged(path: Path, why: str) -> HeadscopeError:
+    return HeadscopeError(f"{path} is damaged ({why}), so the unfinished run cannot resume; pass --force to "
+                          f"start over (or delete {PARTIAL_JSON})")
+
+
+def _read_saved(folder: Path) -> dict[str, Any]:
+    path = folder / PARTIAL_JSON
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise _damaged(path, "not UTF-8 text") from None
+    except ValueError as e:
+        raise _damaged(path, f"not JSON: {e}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("rows"), list) or not saved["rows"]:
+        raise _damaged(path, "no finished points")
+    return saved
 
 
 def resume(folder: Path, settings: dict[str, Any], recovery: Recovery | None
            ) -> list[CurvePoint]:
     """The finished points of the run saved in `folder` (its recovered copy's state loaded into `recovery`);
-    refuses a run with other settings."""
-    saved = json.loads((folder / PARTIAL_JSON).read_text(encoding="utf-8"))
+    refuses a run with other settings, and names a damaged checkpoint file."""
+    saved = _read_saved(folder)
     if saved.get("settings") != settings:
         diff = sorted(k for k in set(settings) | set(saved.get("settings", {}))
                       if saved.get("settings", {}).get(k) != settings.get(k))
         raise HeadscopeError(
             f"{folder / PARTIAL_JSON} holds an unfinished run with other settings (differs in: {', '.join(diff)}); "
             f"rerun with the same settings to resume it, or pass --force (or delete the file) to start over")
-    rows = [CurvePoint(**r) for r in saved["rows"]]
+    try:
+        rows = [CurvePoint(**r) for r in saved["rows"]]
+    except TypeError as e:
+        raise _damaged(folder / PARTIAL_JSON, f"a point does not read: {e}") from None
     if recovery is not None:
-        state_file = folder / PARTIAL_STATE
-        blob = Trainer.read(state_file) if state_file.exists() else None
-        valid = {r.n_removed for r in rows[-2:]}
-        # A state without "model" was written by an older headscope, in another layout.
-        if blob is None or "model" not in blob or blob.get("n_removed") not in valid:
-            raise HeadscopeError(f"{folder} holds a curve checkpoint without matching recovered weights; "
-                                 f"delete {PARTIAL_JSON} (or pass --force) to start over")
+        state = saved.get("state") or {}
+        state_file = folder / str(state.get("file", ""))
+        if not state or not state_file.is_file():
+            raise HeadscopeError(f"{folder / PARTIAL_JSON} names no recovered weights ({state_file.name or 'none'} "
+                                 f"is missing); pass --force to start over")
+        try:
+            blob = Trainer.read(state_file)
+        except Exception as e:  # torch.load of a cut file: EOFError, RuntimeError, UnpicklingError, ...
+            raise _damaged(state_file, f"{type(e).__name__}: {str(e).strip()[:120] or 'unreadable'}") from None
+        if not isinstance(blob, dict) or "model" not in blob or blob.get("n_removed") != state.get("n_removed"):
+            raise _damaged(state_file, "not the recovered weights its json names")
         recovery.trainer.load_state_dict(blob)
         recovery.n_removed = blob["n_removed"]
+        _drop_states(folder, keep=state_file.name)  # a crash's leftover newer state
     log.info("resuming from %s: %d points, %d units removed", folder / PARTIAL_JSON, len(rows), rows[-1].n_removed)
     return rows
 
 
 def clear_partial(folder: str | Path) -> None:
     """Delete a finished (or abandoned) run's checkpoint files."""
-    for name in (PARTIAL_JSON, PARTIAL_STATE, L0_STATE):
-        (Path(folder) / name).unlink(missing_ok=True)
+    (Path(folder) / PARTIAL_JSON).unlink(missing_ok=True)
+    (Path(folder) / L0_STATE).unlink(missing_ok=True)
+    _drop_states(Path(folder), keep=None)
 
 
-__all__ = ["L0_STATE", "PARTIAL_JSON", "PARTIAL_STATE", "clear_partial", "resume", "save_partial"]
+__all__ = ["L0_STATE", "PARTIAL_JSON", "PARTIAL_STATE", "clear_partial", "resume", "save_partial", "state_name"]

@@ -1,0 +1,169 @@
+"""The table of bad values: for every option of every verb, an input headscope must refuse (one line, exit 2,
+nothing written) and a piece of the line it prints. tests/test_bad_input.py runs every row and fails, naming
+the option, when a verb has an option without a row here.
+
+To add an option: add one line to SHARED (the same row for every verb that has the option) or to the verb's
+block of BY_VERB (`"--option": bad(ARGS..., says="...")`). A flag that no single value can make bad still
+needs a row: the combination it refuses, or `FLAG` with the reason it cannot be wrong. Options with
+`choices=` get an automatic row (argparse refuses an unknown choice) unless a row is given.
+
+Placeholders in ARGS: {bert} (a tiny BERT folder with a tokenizer), {llama} (a tiny LLaMA folder, 6 query /
+3 KV heads, 128 positions), {text} (a small text file), {long} (a text file of 100-word lines).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Row:
+    args: tuple[str, ...]  # appended after `headscope VERB` and the verb's REQUIRED arguments
+    says: str  # a piece of the one error line
+    required: bool = True  # False: ARGS replace the verb's REQUIRED arguments
+
+
+def bad(*args: str, says: str, required: bool = True) -> Row:
+    return Row(tuple(args), says, required)
+
+
+FLAG = None  # a flag no value can make bad, on its own (its combinations are refused where they apply)
+
+# What a verb needs before its options are read.
+REQUIRED = {"gqa": ("{llama}", "--kv-heads", "1"), "mla": ("{llama}", "--kv-rank", "8"), "kvcache": ("{llama}",),
+            "prune": ("--fraction", "0.1")}
+
+SEED = "--seed must be a whole number from 0 to 4294967295"
+SHARED: dict[str, Row | None] = {
+    "model": bad("no-such-model", says="unknown model 'no-such-model'"),
+    "--device": bad("--device", "bogus", says="--device 'bogus' is not a torch device"),
+    "--dtype": bad("--dtype", "float8", says="dtype 'float8' is not supported"),
+    "--device-map": bad("--device-map", "bogus", says="device map 'bogus' is not a placement strategy"),
+    "--max-memory": bad("--max-memory", "0=1GiB", says="--max-memory places a model spread over devices"),
+    "--offload-dir": bad("--offload-dir", "od", says="--offload-dir places a model spread over devices"),
+    "--data": bad("--data", "missing.txt", says="data file 'missing.txt' does not exist"),
+    "--heldout": bad("--heldout", "missing.txt", says="data file 'missing.txt' does not exist"),
+    "--max-length": bad("--max-length", "0", says="--max-length must be at least 1; got 0"),
+    "--batch-size": bad("--batch-size", "0", says="--batch-size must be at least 1; got 0"),
+    "--limit": bad("--limit", "0", says="--limit must be at least 1; got 0"),
+    "--data-limit": bad("--data-limit", "0", says="--data-limit must be at least 1; got 0"),
+    "--heldout-limit": bad("--heldout-limit", "0", says="--heldout-limit must be at least 1; got 0"),
+    "--seed": bad("--seed", "-1", says=SEED),
+    "--out": bad("--out", "", says="--out is empty"),
+    "--force": FLAG,
+    "--ci": bad("--ci", "1.5", says="--ci must be a confidence level in (0, 1)"),
+    "--bootstrap": bad("--bootstrap", "5", says="--bootstrap must be an integer of at least 100"),
+    "--until-stable": bad("--until-stable", "1.5", says="--until-stable must be a split-half stability in (0, 1)"),
+    "--workers": bad("--workers", "0", says="--workers must be at least 1; got 0"),
+    "--uptrain": bad("--uptrain", "-1", says="--uptrain must be 0 or more"),
+    "--lr": bad("--lr", "-1", says="--lr must be a positive number"),
+}
+
+BY_VERB: dict[str, dict[str, Row | None]] = {
+    "analyze": {},
+    "gqa": {
+        "model": bad("no-such-model", "--kv-heads", "1", says="unknown model 'no-such-model'", required=False),
+        "--kv-heads": bad("{llama}", "--kv-heads", "4", says="--kv-heads 4 is larger than the model's current 3",
+                          required=False),
+        "--search-candidates": bad("--search-candidates", "0", says="--search-candidates must be at least 1"),
+        "--no-fallback": FLAG,
+    },
+    "kv": {
+        "model": bad("no-such-model", says="no such model or config 'no-such-model'"),
+        "--seq": bad("minilm", "--seq", "0", says="argument --seq: expected a positive integer, got 0"),
+        "--batch": bad("minilm", "--batch", "0", says="argument --batch: expected a positive integer, got 0"),
+        "--dtype": bad("minilm", "--dtype", "float7", says="unknown cache dtype 'float7'"),
+        "--kv-heads": bad("minilm", "--kv-heads", "x", says="--kv-heads must be comma-separated integers"),
+        "--classic": FLAG,
+        "--out": bad("minilm", "--out", "", says="--out is empty"),
+    },
+    "kvcache": {
+        "model": bad("no-such-model", says="unknown model 'no-such-model'", required=False),
+        "--keep-full": bad("--keep-full", "200%", says="--keep-full '200%' must lie in (0, 1]"),
+        "--threshold": bad("--threshold", "nan", says="--threshold must be a finite number"),
+        "--by": bad("--by", "entropy", says="--by 'entropy' needs --from FILE"),
+        "--from": bad("--from", "missing.csv", says="--from 'missing.csv' is not a file"),
+        "--score-haystacks": bad("--score-haystacks", "0", says="--score-haystacks must be at least 1"),
+        "--sink": bad("--sink", "-1", says="--sink must be 0 or more tokens"),
+        "--window": bad("--window", "0", says="--window must be at least 1 token"),
+        "--context": bad("--context", "1", says="--context must be at least 2"),
+        "--passages": bad("--passages", "0", says="--passages must be at least 1"),
+        "--needles": bad("--needles", "-1", says="--needles must be at least 0"),
+        "--chunk": bad("--chunk", "0", says="--chunk must be at least 1"),
+        "--train-data": bad("--uptrain", "1", "--train-data", "missing.txt", says="'missing.txt' does not exist"),
+        "--train-length": bad("--uptrain", "1", "--train-length", "1", says="--train-length must be at least 2"),
+        "--train-batch": bad("--uptrain", "1", "--train-batch", "0", says="--train-batch must be at least 1"),
+        "--no-random": FLAG,
+    },
+    "mla": {
+        "model": bad("no-such-model", "--kv-rank", "8", says="unknown model 'no-such-model'", required=False),
+        "--kv-rank": bad("{llama}", "--kv-rank", "0", says="--kv-rank must be at least 1; got 0", required=False),
+        "--rope-dims": bad("--rope-dims", "3", says="--rope-dims must be an even number"),
+    },
+    "models": {},
+    "prune": {
+        "--fraction": bad("--fraction", "1.5", says="fraction must be in [0, 1)"),
+        "--target-drop": bad("--target-drop=-1%", says="target"),
+        "--method": bad("--method", "gradeint", says="did you mean 'gradient'"),
+        "--metric": bad("--metric", "bogus", says="unknown metric 'bogus'"),
+        "--step": bad("--step", "0", says="step must be in"),
+        "--latency": bad("--latency", says="--latency needs --unit attention, block, ffn or mix"),
+        "--recover": bad("--recover", "-1", says="--recover must be 0 or more"),
+        "--recover-lr": bad("--recover-lr", "nan", says="--recover-lr must be a positive number"),
+        "--wordsim": bad("--unit", "ffn", "--wordsim", says="--wordsim is for head units"),
+        "--wordsim-recovered": bad("--unit", "ffn", "--wordsim-recovered",
+                                   says="--wordsim is for head units"),
+        "--save-model": FLAG,
+    },
+    "report": {
+        "--no-model": bad("--no-model", "--out", "empty", says="nothing to report"),
+        "--from": bad("--from", "missing", says="--from 'missing' does not exist"),
+        "--sentences": bad("--sentences=-1", says="--sentences must be 0 or more"),
+    },
+    "roles": {
+        "--treebank": bad("--treebank", "missing.conllu", says="treebank file 'missing.conllu' does not exist"),
+        "--coref": bad("--coref", "missing.conllu", says="treebank file 'missing.conllu' does not exist"),
+        "--long": bad("--long", "10", says="--long must be an integer of at least 64"),
+        "--long-data": bad("--long", "128", "--long-windows", "1", "--long-data", "missing.txt",
+                           says="'missing.txt' does not exist"),
+        "--long-windows": bad("--long", "128", "--long-windows", "-1", says="--long-windows must be an integer"),
+        "--stride": bad("--long", "128", "--stride", "0", says="--stride must be between 1 and --long"),
+        "--haystacks": bad("--long", "128", "--haystacks", "-1", says="--haystacks must be an integer"),
+        "--block": bad("--long", "128", "--block", "0", says="block size must be a positive number"),
+        "--export-card": bad("--export-card", "card.json", says="--export-card needs --long N"),
+    },
+    "score": {
+        "--method": bad("--method", "gradeint", says="did you mean 'gradient'"),
+        "--metric": bad("--metric", "bogus", says="unknown metric 'bogus'"),
+        "--ig-steps": bad("--ig-steps", "0", says="--ig-steps must be at least 1"),
+        "--pruned": bad("{bert}", "--limit", "2", "--pruned", "L99H0", says="--pruned: head L99H0 does not exist",
+                        required=False),
+    },
+    "similar": {
+        "--top": bad("--top", "-1", says="--top must be 0 or more"),
+        "--js-max-tokens": bad("--js-max-tokens", "0", says="--js-max-tokens must be at least 1"),
+        "--js-max": bad("--js-max", "-1", says="near-duplicate thresholds need 0 < js_max <= ln 2"),
+        "--cka-min": bad("--cka-min", "2", says="0 <= cka_min < 1; got js_max=0.05, cka_min=2.0"),
+        "--cka-batch": bad("--cka-batch", "0", says="the CKA minibatch must be a whole number of tokens, at least 8"),
+        "--cka-pool": bad("--cka-pool", "-1", says="--cka-pool must be 0 or more tokens"),
+        "--cka-memory": bad("--cka-memory", "0", says="--cka-memory must be at least 1 MiB"),
+    },
+    "sweep": {
+        "--d-model": bad("--d-model", "0", says="--d-model must be at least 1"),
+        "--heads": bad("--heads", "x", says="expected comma-separated integers"),
+        "--kv-heads": bad("--kv-heads", "x", says="expected comma-separated integers"),
+        "--d-head": bad("--d-head", "0", says="--d-head must be positive"),
+        "--layers": bad("--layers", "0", says="--layers must be at least 1"),
+        "--steps": bad("--steps", "0", says="--steps must be at least 1"),
+        "--seq": bad("--seq", "0", says="--seq must be at least 1"),
+        "--batch": bad("--batch", "0", says="--batch must be at least 1"),
+        "--init-std": bad("--init-std", "-1", says="--init-std must be positive"),
+        "--eval-tokens": bad("--eval-tokens", "0", says="--eval-tokens must be at least 1"),
+        "--threads": bad("--threads", "0", says="--threads must be positive"),
+        "--no-progress": FLAG,
+    },
+    "tasks": {
+        "--tasks": bad("--tasks", "bogus", says="unknown task 'bogus'"),
+        "--method": bad("--method", "gradeint", says="did you mean 'gradient'"),
+    },
+}
