@@ -31,7 +31,9 @@ FLAG = None  # a flag no value can make bad, on its own (its combinations are re
 
 # What a verb needs before its options are read.
 REQUIRED = {"gqa": ("{llama}", "--kv-heads", "1"), "mla": ("{llama}", "--kv-rank", "8"), "kvcache": ("{llama}",),
-            "prune": ("--fraction", "0.1")}
+            "prune": ("--fraction", "0.1"), "export": ("{llama}", "--to", "gguf", "--out", "o.gguf")}
+L0 = ("--method", "l0")
+LEARNED = ("--choose", "learned", "--context", "64", "--sink", "4", "--window", "16")  # a context the tiny model has
 
 SEED = "--seed must be a whole number from 0 to 4294967295"
 SHARED: dict[str, Row | None] = {
@@ -94,6 +96,18 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--train-length": bad("--uptrain", "1", "--train-length", "1", says="--train-length must be at least 2"),
         "--train-batch": bad("--uptrain", "1", "--train-batch", "0", says="--train-batch must be at least 1"),
         "--no-random": FLAG,
+        "--learn-steps": bad(*LEARNED, "--learn-steps", "0", says="--learn-steps must be at least 1"),
+        "--learn-lr": bad(*LEARNED, "--learn-lr", "0", says="--learn-lr must be a positive number"),
+        "--learn-l1": bad(*LEARNED, "--learn-l1", "-1", says="--learn-l1 must be a positive number"),
+        "--learn-prompts": bad(*LEARNED, "--learn-prompts", "0", says="--learn-prompts must be at least 1"),
+        "--export-card": bad("--export-card", "{text}", says="is a file; the duo format is a directory"),
+    },
+    "export": {
+        "model": bad("missing-dir", "--to", "gguf", "--out", "o.gguf", says="missing-dir", required=False),
+        "--to": bad("--to", "onnx", says="--to 'onnx' is not a format headscope exports"),
+        "--out": bad("--out", "{text}", says="already holds a file"),
+        "--dtype": bad("--dtype", "f8", says="--dtype 'f8' is not one of"),
+        "--force": FLAG,
     },
     "mla": {
         "model": bad("no-such-model", "--kv-rank", "8", says="unknown model 'no-such-model'", required=False),
@@ -114,6 +128,12 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--wordsim-recovered": bad("--unit", "ffn", "--wordsim-recovered",
                                    says="--wordsim is for head units"),
         "--save-model": FLAG,
+        "--uniform": bad("--unit", "attention", "--uniform", says="--uniform is for head units"),
+        "--l0-steps": bad(*L0, "--l0-steps", "0", says="L0 gate training needs at least 1 step"),
+        "--l0-lr": bad(*L0, "--l0-lr", "0", says="L0 gate learning rate must be a positive number"),
+        "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="hard-concrete temperature must be a positive"),
+        "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="L0 penalty must be a positive number"),
+        "--l0-target": bad(*L0, "--l0-target", "1.5", says="L0 target fraction must be in [0, 1)"),
     },
     "report": {
         "--no-model": bad("--no-model", "--out", "empty", says="nothing to report"),
@@ -138,6 +158,11 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--ig-steps": bad("--ig-steps", "0", says="--ig-steps must be at least 1"),
         "--pruned": bad("{bert}", "--limit", "2", "--pruned", "L99H0", says="--pruned: head L99H0 does not exist",
                         required=False),
+        "--l0-steps": bad(*L0, "--l0-steps", "0", says="L0 gate training needs at least 1 step"),
+        "--l0-lr": bad(*L0, "--l0-lr", "0", says="L0 gate learning rate must be a positive number"),
+        "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="hard-concrete temperature must be a positive"),
+        "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="L0 penalty must be a positive number"),
+        "--l0-target": bad(*L0, "--l0-target", "1.5", says="L0 target fraction must be in [0, 1)"),
     },
     "similar": {
         "--top": bad("--top", "-1", says="--top must be 0 or more"),

@@ -30,7 +30,7 @@ NON_NEGATIVE = {"sentences": "--sentences", "recover": "--recover", "uptrain": "
 RATES = {"lr": "--lr", "recover_lr": "--recover-lr"}
 # Folders and files a verb writes: checked (creatable, writable, no dangling symlink) before any work.
 OUTPUT_DIRS = {"out": "--out", "offload_dir": "--offload-dir"}
-OUTPUT_FILES = {"export_card": "--export-card"}
+OUTPUT_FILES = {"export_card": "--export-card", "out_file": "--out"}  # out_file: export's --out, one file
 # One seed rule for every verb: what torch's generators, numpy's (legacy np.random.seed included) and
 # Python's random all accept, so a seed that passes here never fails deep in a run.
 SEED_MAX = 2**32 - 1
@@ -86,8 +86,9 @@ def check_common(args: argparse.Namespace) -> None:
         if getattr(args, dest, None) is not None:
             check_writable_dir(getattr(args, dest), option=flag)
     for dest, flag in OUTPUT_FILES.items():
-        if getattr(args, dest, None) is not None:
-            check_writable_file(getattr(args, dest), flag)
+        path = getattr(args, dest, None)
+        if path is not None and not (dest == "export_card" and Path(path).is_dir()):  # a duo card is a folder
+            check_writable_file(path, flag)
     if getattr(args, "device", None) is not None:
         check_device(args.device)
     if hasattr(args, "device_map"):  # the verbs that load a model (kv's own --dtype is a cache dtype)

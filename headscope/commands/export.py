@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="Example: headscope export out/model --to gguf --out small.gguf --dtype q8_0")
     p.add_argument("model", help="checkpoint folder (config.json, weights, tokenizer.json)")
     p.add_argument("--to", required=True, help="target format: gguf")
-    p.add_argument("--out", required=True, help="path of the file to write (its folder must exist)")
+    p.add_argument("--out", dest="out_file", required=True, help="path of the file to write (its folder must exist)")
     p.add_argument("--dtype", default="f16",
                    help=f"weight type: {', '.join(DTYPES)} (default f16; norms stay f32; q8_0 writes f16 for "
                         f"matrices whose rows are not a multiple of 32)")
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_target(args.to, args.dtype)
-    out, src = Path(args.out), Path(args.model)
+    out, src = Path(args.out_file), Path(args.model)
     check_out(out, args.force)
     check_source(src)  # everything refusable is refused before the weights load
     try:
