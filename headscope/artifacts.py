@@ -174,7 +174,8 @@ HEADS_CSV = Artifact("heads.csv", "csv", {"analyze": ""}, "per-head attention st
 ROLES_CSV = Artifact(
     "roles.csv", "csv", {"roles": ""}, "heads.csv's statistics on the roles passages, then every role column",
     (*_STATS,
-     _f("roles", "roles found above their baselines by headscope roles (';'-separated)", _ROLES),
+     _f("roles", "roles whose rule passes on the score's conservative confidence bound (';'-separated)", _ROLES),
+     _f("uncertain_roles", "roles whose point estimate passes but whose bound does not (';'-separated)", _ROLES),
      _f("offset_<offset>_mass", "weight on the token at a fixed offset (m3 = three back, p2 = two ahead)", _ROLES),
      _f("sink_mass", "weight on the sink: the first token, or the special token the model rests on", _ROLES),
      _f("delimiter_mass", "weight on delimiter tokens ([SEP], periods, commas)", _ROLES),
@@ -189,7 +190,8 @@ ROLES_CSV = Artifact(
         "roles --long"),
      _f("streaming_share", "weight on sink + recent window at --long tokens (DuoAttention's split)", "roles --long"),
      _f("echo_far", "weight on earlier copies of the current token at least 256 tokens back", "roles --long"),
-     _f("induction_far", "weight on the tokens after such copies (induction at long range)", "roles --long")))
+     _f("induction_far", "weight on the tokens after such copies (induction at long range)", "roles --long")),
+    bounds=True)
 HEADS_JSON = Artifact("heads.json", "json", {"analyze": ""}, "heads.csv with its metadata", _TABLE_JSON)
 ROLES_JSON = Artifact(
     "roles.json", "json", {"roles": ""}, "every role score, its baseline and threshold, and the census",
@@ -198,7 +200,15 @@ ROLES_JSON = Artifact(
      _f("scores", "score name -> [layer][head] matrix"),
      _f("baselines", "baseline name -> [layer][head] matrix: score X's is X_uniform, X_baseline, or "
                      "uniform_distance for mean_distance"),
-     _f("roles", "L3H7 -> the roles the head holds"), _f("census", "role -> [{head, score, baseline}], best first"),
+     _f("intervals", "level, B, method and seed of every interval (bootstrap over passages / sequences)"),
+     _f("score_intervals", "score or baseline name -> {lo, hi: [layer][head] matrices, rows resampled}"),
+     _f("held_share", "role -> [layer][head] share of bootstrap resamples in which the head passes the rule"),
+     _f("decided_on", "role -> 'bound' (its conservative confidence bound) or 'estimate' (no interval)"),
+     _f("roles", "L3H7 -> the roles the head holds"),
+     _f("uncertain", "L3H7 -> roles whose point estimate passes but whose bound does not"),
+     _f("uncertain_heads", "how many heads hold an uncertain role"),
+     _f("census", "role -> [{head, score, baseline, lo, hi, held_share}], best first"),
+     _f("stability", "score -> split-half stability of its ranking over heads"),
      _f("syntax", "per relation: accuracies and the best fixed-offset baseline (null without --treebank)"),
      _f("coreference", "antecedent accuracies and baselines (null without --coref)"),
      _f("long_context", "long-range scores, baselines, census, needle haystacks and text windows", "roles --long"),

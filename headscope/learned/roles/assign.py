@@ -20,12 +20,14 @@ from ...distributed import is_main, run_on_main
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
 from ...table import HeadTable, head_name
+from ...uncertainty import IntervalSettings
 from ..analyze import table_from_stats
 from ..coref import Document, coreference_accuracy, read_documents
 from ..syntax import RELATIONS, dependency_accuracy
-from .induction import induction_scores, special_frame
-from .registry import Thresholds, census_of, judge, report_scores, role_columns
-from .text import text_pass, text_scores
+from .confidence import heads_map, reached, role_intervals, scores_in, split_roles, stability_of
+from .induction import INDUCTION_SCORES, induction_sums, scores_of, special_frame
+from .registry import Thresholds, census_of, judge, report_scores, resolve, role_columns
+from .text import text_pass, text_scores, text_sums
 
 
 # --- what the passes read ----------------------------------------------------------------------------
@@ -155,29 +157,43 @@ def roles(
     n_sequences: int = 32,
     coref_context: int = 3,
     thresholds: Thresholds | None = None,
+    intervals: IntervalSettings | None = None,
+    until_stable: float | None = None,
+    chunk: int = 32,
     progress: bool = False,
 ) -> HeadTable:
-    """Role census of `hm`: analyze's statistics plus role scores, a `roles` column and, in
-    `meta['roles']`, every score, baseline and threshold (what roles.json holds).
+    """Role census of `hm`: analyze's statistics plus role scores with their intervals, a `roles` column
+    (roles whose rule passes on the score's conservative bound), an `uncertain_roles` column (roles whose
+    point estimate passes but whose bound does not) and, in `meta['roles']`, every score, interval, held
+    share, baseline and threshold (what roles.json holds; `confidence.py` states the rule).
 
     `data` as for `analyze` (default: the built-in sample; a TextSource already read is used as it
     is); `treebank` a CoNLL-U file, a list of `Sentence` or a `TreebankSource` for syntactic roles;
     `coref` a CorefUD CoNLL-U file (e.g. GUM) or a `CorefSource` for coreference. `limit` keeps the
-    first N passages / sentences of each.
+    first N passages / sentences of each. `intervals`: level, resamples, method, seed (default 95%,
+    1,000, BCa, `seed`). With `until_stable` the text passages are read `chunk` at a time until every text
+    role score's ranking reaches that split-half stability (Spearman-Brown), capped by `limit`.
     """
     th = thresholds or Thresholds()
+    settings = intervals or IntervalSettings(seed=seed)
     torch.manual_seed(seed)
     np.random.seed(seed)
     max_len = resolve_max_length(hm, max_length)
     # Read the treebank and coreference files before any slow work, so bad input fails fast.
     tb, co = _treebank(treebank, limit), _coref(coref, limit)
 
-    stats, role_stats, info = text_pass(hm, data, max_len, batch_size, limit, progress)
-    base = table_from_stats(hm, stats, {**info, "batch_size": batch_size, "seed": seed})
+    def stable(stats: Any, role_stats: Any) -> tuple[bool, dict[str, float]]:
+        sums = text_sums(stats, role_stats)
+        return reached(stability_of(sums, scores_in(sums), seed), float(until_stable)) if sums else (False, {})
+
+    stats, role_stats, info = text_pass(hm, data, max_len, batch_size, limit, progress, until_stable=until_stable,
+                                        stable=stable, chunk=chunk)
+    base = table_from_stats(hm, stats, {**info, "batch_size": batch_size, "seed": seed}, settings)
     scores = text_scores(stats.means(), role_stats.means())
     # The passes below are not split across ranks (a fixed synthetic pass; per-relation and per-anaphor
     # argmax counts): rank 0 runs them alone and sends the result to every rank.
-    scores.update(run_on_main(lambda: induction_scores(hm, n_sequences, repeat_length, seed, batch_size)))
+    ind = run_on_main(lambda: induction_sums(hm, n_sequences, repeat_length, seed, batch_size))
+    scores.update(scores_of(ind, INDUCTION_SCORES))
     shape = (hm.n_layers, hm.n_heads)
     syntax = _syntax_pass(hm, tb, max_len, batch_size, progress) if tb is not None else None
     if syntax is not None:
@@ -185,13 +201,9 @@ def roles(
     coref_dict = _coref_pass(hm, co, max_len, batch_size, coref_context, progress) if co is not None else None
     if coref_dict is not None:
         scores.update(coref_scores(coref_dict, shape))
-
-    role_lists = decide(scores, th)
-    role_col = np.empty(shape, dtype=object)
-    for idx in np.ndindex(shape):
-        role_col[idx] = ";".join(role_lists[idx])
-    columns = {"roles": role_col, **{c: scores[c] for c in role_columns("short", scores)}}
-    report_part, baselines = report_scores("short", scores)
+    text = text_sums(stats, role_stats)
+    groups = [g for g in (text, ind) if g is not None]
+    columns, decided = _decided(scores, groups, th, settings, shape)
     report = {
         "model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "causal": hm.causal,
         "thresholds": th.as_dict(),
@@ -199,13 +211,57 @@ def roles(
                  else "first ordinary token: the tokenizer adds no BOS, so the sink is position 0"},
         "induction": {"sequences": n_sequences, "repeat_length": repeat_length, "seed": seed,
                       "special_prefix": special_frame(hm)[0]},
-        "scores": report_part, "baselines": baselines,
-        "roles": {head_name(l, h): role_lists[l, h] for l in range(hm.n_layers) for h in range(hm.n_heads)},
-        "census": census(role_lists, scores),
+        **decided,
+        "stability": {**(stability_of(text, scores_in(text), seed) if text is not None else {}),
+                      **stability_of(ind, scores_in(ind), seed)},
         "syntax": syntax,
         "coreference": coref_dict,
     }
     return base.with_columns(columns, meta={"roles": report})
+
+
+def _decided(scores: dict[str, np.ndarray], groups: list[Any], th: Thresholds, settings: IntervalSettings,
+             shape: tuple[int, int]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """roles.csv's role columns (with bounds) and roles.json's scores, intervals, held shares, roles and census:
+    roles decided on their conservative bounds where the scores have intervals (`confidence.py`)."""
+    iv = role_intervals(groups, th, settings)
+    point = judge("short", scores, th)
+    sure = judge("short", {**scores, **iv.conservative}, th)
+    assigned, uncertain = split_roles(point, sure, iv.roles)
+
+    def col(held: dict[tuple[int, int], list[str]]) -> np.ndarray:
+        out = np.empty(shape, dtype=object)
+        for idx in np.ndindex(shape):
+            out[idx] = ";".join(held.get(idx, []))
+        return out
+
+    columns: dict[str, np.ndarray] = {"roles": col(assigned), "uncertain_roles": col(uncertain)}
+    for c in role_columns("short", scores):
+        columns[c] = scores[c]
+        columns.update(iv.columns([c]))
+    report_part, baselines = report_scores("short", scores)
+    census_ = census_of(((idx, assigned.get(idx, [])) for idx in np.ndindex(shape)), scores)
+    for role_, heads in census_.items():
+        found = resolve(role_)
+        score_name = found[0].score if found and not found[0].family and found[0].score in iv.bounds else None
+        for e in heads:
+            l, h = (int(x) for x in e["head"][1:].split("H"))
+            if role_ in iv.held_share:
+                e["held_share"] = float(iv.held_share[role_][l, h])
+            if score_name is not None:
+                lo, hi = iv.bounds[score_name]
+                e["lo"], e["hi"] = float(lo[l, h]), float(hi[l, h])
+    every = sorted({r for v in point.values() for r in v})
+    decided = {
+        "scores": report_part, "baselines": baselines, "intervals": settings.record(),
+        "score_intervals": {n: {"lo": lo, "hi": hi, "rows": iv.rows[n]} for n, (lo, hi) in iv.bounds.items()},
+        "held_share": iv.held_share,
+        "decided_on": {r: "bound" if r in iv.roles else "estimate" for r in every},
+        "roles": {head_name(l, h): assigned.get((l, h), []) for l in range(shape[0]) for h in range(shape[1])},
+        "uncertain": heads_map(uncertain), "uncertain_heads": len(uncertain),
+        "census": census_,
+    }
+    return columns, decided
 
 
 def _syntax_pass(hm: HeadModel, tb: TreebankSource, max_len: int, batch_size: int,
