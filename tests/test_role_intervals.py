@@ -1,0 +1,175 @@
+"""Role scores with their intervals: oracles on hand-built heads, batch-size invariance on every family,
+held shares, the conservative-bound decision, --until-stable for roles, and the CLI's bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from headscope.cli import main
+from headscope.learned.roles import Thresholds, roles
+from headscope.learned.roles.confidence import role_intervals, split_roles
+from headscope.stats import COUNT
+from headscope.uncertainty import IntervalSettings, PassageSums
+from tests.families import FAMILIES, model
+from tests.test_roles import REPEAT, positional_model
+
+MOE = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3")
+
+
+def _passages(hm, n: int = 7, seed: int = 0) -> list[list[int]]:
+    """Passages of different lengths (so batches pad), ordinary token ids."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = int(hm.model.get_input_embeddings().num_embeddings)
+    return [torch.randint(5, min(vocab, 200), (6 + 3 * i,), generator=g).tolist() for i in range(n)]
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    assert (np.isnan(a) == np.isnan(b)).all(), "NaN in different places"
+    ok = ~np.isnan(a)
+    return float(np.max(np.abs(a[ok] - b[ok]) / np.maximum(1.0, np.abs(a[ok])))) if ok.any() else 0.0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_role_scores_their_intervals_and_roles_do_not_depend_on_the_batch_size(family):
+    hm = model(family)
+    data = _passages(hm)
+    tables = {b: roles(hm, data, batch_size=b, max_length=64, repeat_length=REPEAT, n_sequences=5, seed=1)
+              for b in (1, 3, 16)}
+    first = tables[1]
+    assert {"sink_mass_lo", "sink_mass_hi", "induction_score_lo", "uniform_distance_hi"} <= set(first.columns)
+    for b in (3, 16):
+        for col in first.columns:
+            if col in ("roles", "uncertain_roles"):
+                assert np.array_equal(first[col], tables[b][col]), f"{family}: {col} at batch {b}"
+                continue
+            diff = _rel(first[col], tables[b][col])
+            assert diff < 1e-6, f"{family}: {col} at batch {b} differs by {diff:.2e} from batch 1"
+        for role, share in first.meta["roles"]["held_share"].items():
+            diff = _rel(share, tables[b].meta["roles"]["held_share"][role])
+            assert diff < 1e-6, f"{family}: held share of {role} at batch {b} differs by {diff:.2e}"
+    # layers without softmax heads (Qwen3.5's linear attention) score NaN and have NaN bounds, nothing else
+    for col in ("sink_mass", "offset_m2_mass", "induction_score"):
+        v, lo, hi = (np.asarray(first[c], float) for c in (col, f"{col}_lo", f"{col}_hi"))
+        assert np.array_equal(np.isnan(v), np.isnan(lo)) and np.array_equal(np.isnan(v), np.isnan(hi)), col
+        ok = ~np.isnan(v)
+        assert np.all(lo[ok] <= v[ok] + 1e-12) and np.all(v[ok] <= hi[ok] + 1e-12), col
+        if hm.headless_layers:
+            assert np.isnan(v[list(hm.headless_layers)]).all(), col
+    for share in first.meta["roles"]["held_share"].values():
+        s = np.asarray(share, float)
+        assert np.all((s[~np.isnan(s)] >= 0) & (s[~np.isnan(s)] <= 1))
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_a_strong_previous_token_head_stays_above_and_a_dead_head_holds_zero(family):
+    """Head 0 puts all its weight on the previous token: its lower bound stays above the 0.5 threshold, it
+    holds the role in every resample and is assigned it. Heads 0, 2, 6 never look ahead (dead for the
+    next-token role): their next-token mass's interval holds 0 and no resample gives them that role."""
+    hm = positional_model(family)
+    g = torch.Generator().manual_seed(3)
+    data = [torch.randint(5, 100, (n,), generator=g).tolist() for n in (16, 14, 12, 16, 10, 15, 13, 11)]
+    table = roles(hm, data, repeat_length=REPEAT, n_sequences=6, batch_size=4)
+    rep = table.meta["roles"]
+    th = Thresholds()
+    prev = rep["score_intervals"]["offset_m1_mass"]
+    assert np.asarray(prev["lo"], float)[0, 0] > th.offset_mass
+    assert rep["held_share"]["previous_token"][0][0] == 1.0
+    assert "previous_token" in table["roles"][0, 0].split(";")
+    assert "previous_token" not in table["uncertain_roles"][0, 0].split(";")
+    assert rep["decided_on"]["previous_token"] == "bound"
+    entry = next(e for e in rep["census"]["previous_token"] if e["head"] == "L0H0")
+    assert entry["lo"] > th.offset_mass and entry["lo"] <= entry["score"] <= entry["hi"]
+    if not hm.causal:
+        nxt = rep["score_intervals"]["offset_p1_mass"]
+        for h in (0, 2, 6):
+            lo, hi = float(np.asarray(nxt["lo"])[0, h]), float(np.asarray(nxt["hi"])[0, h])
+            assert lo <= 1e-6 and hi >= 0.0 and hi < 1e-3, (h, lo, hi)
+            assert rep["held_share"]["next_token"][0][h] == 0.0, h
+
+
+def test_a_noisy_score_at_its_threshold_is_uncertain_and_a_clear_one_assigned():
+    """Simulated per-passage sink masses: a head at 0.9 is assigned, a head whose mean sits just above the
+    threshold with wide passage-to-passage spread passes on its estimate but not its bound (uncertain)."""
+    rng = np.random.default_rng(0)
+    n = 40
+    queries = np.full((n, 1, 2), 20.0)
+    mass = np.stack([rng.beta(90, 10, n), np.clip(rng.normal(0.52, 0.25, n), 0, 1)], 1)[:, None, :] * queries
+    base = np.full_like(queries, 0.05) * queries
+    sums = PassageSums({"sink_mass": mass, "sink_mass" + COUNT: queries,
+                        "sink_mass_uniform": base, "sink_mass_uniform" + COUNT: queries})
+    th = Thresholds()
+    iv = role_intervals([sums], th, IntervalSettings(B=400, seed=3))
+    value = mass.sum(0) / queries.sum(0)
+    assert value[0, 1] > th.sink_mass  # the point estimate passes
+    lo = iv.bounds["sink_mass"][0]
+    assert lo[0, 0] > th.sink_mass and lo[0, 1] < th.sink_mass
+    assert iv.held_share["sink"][0, 0] == 1.0 and 0.2 < iv.held_share["sink"][0, 1] < 0.9
+    point = {(0, 0): ["sink"], (0, 1): ["sink"]}
+    sure = {(0, 0): ["sink"]}
+    assigned, uncertain = split_roles(point, sure, iv.roles)
+    assert assigned == {(0, 0): ["sink"]} and uncertain == {(0, 1): ["sink"]}
+    # a role without intervals (not decided on bounds) is assigned on its estimate
+    assigned, uncertain = split_roles({(0, 1): ["coreference"]}, {}, iv.roles)
+    assert assigned == {(0, 1): ["coreference"]} and not uncertain
+
+
+def test_same_seed_same_role_intervals():
+    hm = model("llama")
+    data = _passages(hm, 6)
+    a, b = (roles(hm, data, repeat_length=REPEAT, n_sequences=4, max_length=64,
+                  intervals=IntervalSettings(B=200, seed=7)) for _ in range(2))
+    c = roles(hm, data, repeat_length=REPEAT, n_sequences=4, max_length=64, intervals=IntervalSettings(B=200, seed=8))
+    assert np.array_equal(a["sink_mass_lo"], b["sink_mass_lo"]) and np.array_equal(a["sink_mass_hi"], b["sink_mass_hi"])
+    assert not np.array_equal(a["sink_mass_lo"], c["sink_mass_lo"])
+    assert a.meta["roles"]["intervals"] == {"level": 0.95, "B": 200, "method": "bca", "seed": 7,
+                                            "resampled": "passages, with replacement"}
+
+
+def test_until_stable_reads_chunks_and_says_whether_it_reached(tmp_path):
+    hm = model("gpt2")
+    data = _passages(hm, 40, seed=2) * 1
+    # an easy target is reached before the data runs out, at a chunk's end; an impossible one reads everything
+    easy = roles(hm, data, repeat_length=REPEAT, n_sequences=4, max_length=48, until_stable=0.05, chunk=8)
+    u = easy.meta["roles"]["text"]["until_stable"]
+    used = u["passages"]
+    assert u["reached"] and used < 40 and used % 8 == 0 and easy.meta["roles"]["text"]["passages"] == used
+    assert min(u["stability"].values()) >= 0.05
+    assert easy.meta["roles"]["stability"]["sink_mass"]["passages"] == used
+    hard = roles(hm, data, repeat_length=REPEAT, n_sequences=4, max_length=48, until_stable=0.999999, chunk=8)
+    u = hard.meta["roles"]["text"]["until_stable"]
+    assert not u["reached"] and u["passages"] == 40 and u["available"] == 40
+    # the passages read are the first ones: the same as a plain run on them
+    plain = roles(hm, data[:used], repeat_length=REPEAT, n_sequences=4, max_length=48)
+    for col in ("sink_mass", "sink_mass_lo", "entropy", "entropy_hi"):
+        assert _rel(easy[col], plain[col]) < 1e-6, col  # float32 forwards of other batches: rounding only
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ci", "1.5"], "--ci"), (["--bootstrap", "50"], "--bootstrap"), (["--until-stable", "1.0"], "--until-stable"),
+    (["--until-stable", "0.9", "--limit", "5"], "at least 8 passages"),
+])
+def test_roles_bad_uncertainty_options_are_refused_before_anything_is_written(tmp_path, capsys, argv, message):
+    out = tmp_path / "o"
+    rc = main(["roles", "minilm", "--out", str(out), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+def test_roles_cli_writes_bounds_uncertain_roles_and_intervals(tmp_path, capsys):
+    out = tmp_path / "r"
+    rc = main(["roles", "minilm", "--limit", "10", "--max-length", "32", "--bootstrap", "200", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "uncertain:" in text and "intervals: bca bootstrap, 200 resamples of the 10 passages" in text
+    header = (out / "roles.csv").read_text().splitlines()[0].split(",")
+    assert {"sink_mass_lo", "sink_mass_hi", "uncertain_roles", "entropy_lo"} <= set(header)
+    rep = json.loads((out / "roles.json").read_text())
+    assert rep["intervals"]["B"] == 200 and rep["uncertain_heads"] == len(rep["uncertain"])
+    for head, names in rep["uncertain"].items():
+        assert not set(names) & set(rep["roles"][head]), head
