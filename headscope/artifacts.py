@@ -220,8 +220,8 @@ SYNTAX_CSV = Artifact(
      _f("layer"), _f("head"), _f("relation", "Universal Dependencies relation"),
      _f("count", "arcs of this relation scored"), _f("dep_to_head", "accuracy from the dependent to its head word"),
      _f("head_to_dep", "accuracy from the head word to its dependent"),
-     _f("accuracy", "the better direction's accuracy"),
-     _f("baseline_offset", "offset of the baseline row (empty on head rows)")))
+     _f("accuracy", "the better direction's accuracy (with its interval over sentences on head rows)"),
+     _f("baseline_offset", "offset of the baseline row (empty on head rows)")), bounds=True)
 SIMILAR_PAIRS_CSV = Artifact(
     "similar_pairs.csv", "csv", {"similar": ""}, "one row per pair of heads, most similar (lowest js) first",
     (_f("head_a", "a head, written L3H7"), _f("head_b", "the other head"),

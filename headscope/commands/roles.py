@@ -124,14 +124,15 @@ def run(args: argparse.Namespace) -> int:
         info = report["syntax"]["info"]
         print(f"\nsyntax ({info['sentences']} sentences, {info['skipped_long']} too long, "
               f"{info['unaligned_words']} unaligned words): best head per relation vs best fixed offset")
-        print(f"  {'relation':<10} {'arcs':>6}  {'head':<6} {'acc':>5}  {'direction':<11}  {'offset':>6} {'acc':>5}")
+        print(f"  {'relation':<10} {'arcs':>6}  {'head':<6} {'acc [95% interval]':<18}  {'direction':<11}  "
+              f"{'offset':>6} {'acc':>5}")
         for rel in [r for r in RELATIONS if r in syn] + [r for r in syn if r not in RELATIONS and syn[r]["count"] >= 100]:
             r = syn[rel]
-            print(f"  {rel:<10} {r['count']:>6}  {r['best_head']:<6} {_f(r['best_accuracy']):>5}  "
+            print(f"  {rel:<10} {r['count']:>6}  {r['best_head']:<6} {_acc(r, r['best_head']):<18}  "
                   f"{r['best_direction']:<11}  {r['baseline_offset']:>+6d} {_f(r['baseline']):>5}")
     c = report.get("coreference")
     if c:
-        print(f"\ncoreference ({c['anaphors']} anaphors): best head {c['best_head']} {_f(c['best_accuracy'])}, "
+        print(f"\ncoreference ({c['anaphors']} anaphors): best head {c['best_head']} {_acc(c, c['best_head'])}, "
               f"nearest mention {_f(c['nearest_mention_baseline'])}, same head word {_f(c['same_head_word_baseline'])}, "
               f"chance {_f(c['chance'])}")
     lc = report.get("long_context")
@@ -141,6 +142,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"  head card: {card_note}")
     print(f"\nwrote {', '.join(written)}", file=sys.stderr)
     return 0
+
+
+def _acc(r: dict[str, Any], head: str) -> str:
+    """The best head's accuracy with its interval over sentences (windows), where roles.json has one."""
+    acc = float(r["best_accuracy"])
+    if "accuracy_lo" not in r:
+        return _f(acc)
+    l, h = (int(x) for x in head[1:].split("H"))
+    return f"{_f(acc)} [{_f(float(r['accuracy_lo'][l][h]))}, {_f(float(r['accuracy_hi'][l][h]))}]"
 
 
 def _entry(e: dict[str, Any]) -> str:

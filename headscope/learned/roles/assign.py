@@ -22,11 +22,20 @@ from ...models.adapter import HeadModel
 from ...table import HeadTable, head_name
 from ...uncertainty import IntervalSettings
 from ..analyze import table_from_stats
-from ..coref import Document, coreference_accuracy, read_documents
-from ..syntax import RELATIONS, dependency_accuracy
-from .confidence import heads_map, reached, role_intervals, scores_in, split_roles, stability_of
+from ..coref import COREF_ACCURACY, CorefCounts, Document, coreference_accuracy, read_documents
+from ..syntax import RELATIONS, DependencyCounts, best_accuracy, dependency_accuracy
+from .confidence import (
+    RoleIntervals,
+    add_member,
+    heads_map,
+    reached,
+    role_intervals,
+    scores_in,
+    split_roles,
+    stability_of,
+)
 from .induction import INDUCTION_SCORES, induction_sums, scores_of, special_frame
-from .registry import Thresholds, census_of, judge, report_scores, resolve, role_columns
+from .registry import Thresholds, census_of, judge, key, report_scores, resolve, role_columns
 from .text import text_pass, text_scores, text_sums
 
 
@@ -195,15 +204,20 @@ def roles(
     ind = run_on_main(lambda: induction_sums(hm, n_sequences, repeat_length, seed, batch_size))
     scores.update(scores_of(ind, INDUCTION_SCORES))
     shape = (hm.n_layers, hm.n_heads)
-    syntax = _syntax_pass(hm, tb, max_len, batch_size, progress) if tb is not None else None
+    syntax, dep = _syntax_pass(hm, tb, max_len, batch_size, progress) if tb is not None else (None, None)
     if syntax is not None:
         scores.update(syntax_scores(syntax["relations"], shape))
-    coref_dict = _coref_pass(hm, co, max_len, batch_size, coref_context, progress) if co is not None else None
+    coref_dict, cc = _coref_pass(hm, co, max_len, batch_size, coref_context, progress) if co is not None \
+        else (None, None)
     if coref_dict is not None:
         scores.update(coref_scores(coref_dict, shape))
     text = text_sums(stats, role_stats)
-    groups = [g for g in (text, ind) if g is not None]
-    columns, decided = _decided(scores, groups, th, settings, shape)
+    iv = role_intervals([g for g in (text, ind) if g is not None], th, settings)
+    if dep is not None and syntax is not None:
+        _syntax_bounds(iv, dep, syntax["relations"], th, settings, shape)
+    if cc is not None and coref_dict is not None:
+        _coref_bounds(iv, cc, coref_dict, scores, th, settings)
+    columns, decided = _decided(scores, iv, th, settings, shape)
     report = {
         "model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "causal": hm.causal,
         "thresholds": th.as_dict(),
@@ -220,11 +234,35 @@ def roles(
     return base.with_columns(columns, meta={"roles": report})
 
 
-def _decided(scores: dict[str, np.ndarray], groups: list[Any], th: Thresholds, settings: IntervalSettings,
+def _syntax_bounds(iv: RoleIntervals, dep: DependencyCounts, relations: dict[str, Any], th: Thresholds,
+                   settings: IntervalSettings, shape: tuple[int, int]) -> None:
+    """Each relation's accuracy interval over sentences (into `relations[rel]` as accuracy_lo/_hi, the better
+    direction's) and the syntactic role's decision on its bound."""
+    for rel, r in relations.items():
+        sums = dep.relation_sums(rel)
+        if sums is None:
+            continue
+        lo, hi = add_member(iv, "syntactic", rel, sums, best_accuracy(rel), np.full(shape, r["baseline"]), th,
+                            settings)
+        r["accuracy_lo"], r["accuracy_hi"] = lo.tolist(), hi.tolist()
+        r["sentence_rows"] = sums.rows
+
+
+def _coref_bounds(iv: RoleIntervals, cc: CorefCounts, coref: dict[str, Any], scores: dict[str, np.ndarray],
+                  th: Thresholds, settings: IntervalSettings) -> None:
+    """The antecedent accuracy's interval over windows (into `coref` as accuracy_lo/_hi) and the coreference
+    role's decision on its bound."""
+    sums = cc.window_sums()
+    if sums is None or not cc.total:
+        return
+    lo, hi = add_member(iv, "coreference", None, sums, COREF_ACCURACY, scores["coref_accuracy_baseline"], th, settings)
+    coref["accuracy_lo"], coref["accuracy_hi"], coref["window_rows"] = lo.tolist(), hi.tolist(), sums.rows
+
+
+def _decided(scores: dict[str, np.ndarray], iv: RoleIntervals, th: Thresholds, settings: IntervalSettings,
              shape: tuple[int, int]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """roles.csv's role columns (with bounds) and roles.json's scores, intervals, held shares, roles and census:
     roles decided on their conservative bounds where the scores have intervals (`confidence.py`)."""
-    iv = role_intervals(groups, th, settings)
     point = judge("short", scores, th)
     sure = judge("short", {**scores, **iv.conservative}, th)
     assigned, uncertain = split_roles(point, sure, iv.roles)
@@ -243,7 +281,8 @@ def _decided(scores: dict[str, np.ndarray], groups: list[Any], th: Thresholds, s
     census_ = census_of(((idx, assigned.get(idx, [])) for idx in np.ndindex(shape)), scores)
     for role_, heads in census_.items():
         found = resolve(role_)
-        score_name = found[0].score if found and not found[0].family and found[0].score in iv.bounds else None
+        score_name = key(found[0].score, found[1]) if found else None
+        score_name = score_name if score_name in iv.bounds else None
         for e in heads:
             l, h = (int(x) for x in e["head"][1:].split("H"))
             if role_ in iv.held_share:
@@ -265,7 +304,7 @@ def _decided(scores: dict[str, np.ndarray], groups: list[Any], th: Thresholds, s
 
 
 def _syntax_pass(hm: HeadModel, tb: TreebankSource, max_len: int, batch_size: int,
-                 progress: bool) -> dict[str, Any]:
+                 progress: bool) -> tuple[dict[str, Any], DependencyCounts]:
     """roles.json's `syntax`: dependency accuracy per relation (Clark et al. 2019) and what was read."""
     bar = tqdm(total=len(tb.sentences), desc="roles: treebank", unit="sent", disable=not progress or not is_main(),
                leave=False)
@@ -276,11 +315,11 @@ def _syntax_pass(hm: HeadModel, tb: TreebankSource, max_len: int, batch_size: in
         bar.close()
     info = {"treebank": tb.name, "sentences": dep.sentences, "skipped_long": dep.skipped_long,
             "merged_tokens": dep.merged_tokens, "unaligned_words": dep.unaligned_words}
-    return {"info": info, "relations": dep.to_dict(min_count=1)}
+    return {"info": info, "relations": dep.to_dict(min_count=1)}, dep
 
 
 def _coref_pass(hm: HeadModel, co: CorefSource, max_len: int, batch_size: int, context: int,
-                progress: bool) -> dict[str, Any]:
+                progress: bool) -> tuple[dict[str, Any], CorefCounts]:
     """roles.json's `coreference`: antecedent accuracy per head, its baselines, and what was read."""
     bar = tqdm(desc="roles: coreference", unit="window", disable=not progress or not is_main(), leave=False)
     pid = pad_id(hm)
@@ -289,7 +328,7 @@ def _coref_pass(hm: HeadModel, co: CorefSource, max_len: int, batch_size: int, c
             lambda: coreference_accuracy(hm, co.documents, max_len, batch_size, pid, context, bar))
     finally:
         bar.close()
-    return {**cc.to_dict(), "file": co.name, **co.info, **items_info, "context_sentences": context}
+    return {**cc.to_dict(), "file": co.name, **co.info, **items_info, "context_sentences": context}, cc
 
 
 def syntax_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -298,13 +337,16 @@ def syntax_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for rel, r in syn.items():
         d2h, h2d = np.array(r["dep_to_head"], float), np.array(r["head_to_dep"], float)
+        lo, hi = (np.array(r[k], float) if k in r else np.full(d2h.shape, np.nan)
+                  for k in ("accuracy_lo", "accuracy_hi"))
         for l in range(d2h.shape[0]):
             for h in range(d2h.shape[1]):
                 rows.append({"kind": "head", "layer": l, "head": h, "relation": rel, "count": r["count"],
                              "dep_to_head": d2h[l, h], "head_to_dep": h2d[l, h],
-                             "accuracy": max(d2h[l, h], h2d[l, h]), "baseline_offset": ""})
+                             "accuracy": max(d2h[l, h], h2d[l, h]), "accuracy_lo": lo[l, h], "accuracy_hi": hi[l, h],
+                             "baseline_offset": ""})
     for rel, r in syn.items():
         rows.append({"kind": "offset_baseline", "layer": "", "head": "", "relation": rel, "count": r["count"],
                      "dep_to_head": r["baseline"], "head_to_dep": r["baseline"], "accuracy": r["baseline"],
-                     "baseline_offset": r["baseline_offset"]})
+                     "accuracy_lo": "", "accuracy_hi": "", "baseline_offset": r["baseline_offset"]})
     return rows

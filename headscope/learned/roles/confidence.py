@@ -11,8 +11,11 @@ and baseline come from such a pass:
   when a higher score is better, the upper bound otherwise, e.g. `local`) against the baseline's estimate;
   a head whose point estimate passes but whose bound does not holds the role as *uncertain*.
 
-Roles from the treebank and coreference passes (syntactic, coreference) are decided on their point
-estimates: their scores are counts of argmax hits without per-sentence sums here (roles.json says so).
+The syntactic and coreference roles read accuracies (argmax hits / arcs or anaphors): their intervals resample
+sentences (windows for coreference; fixed groups of consecutive ones past 512, a block bootstrap), against the
+point estimate of their baseline (the best fixed offset; the better simple coreference rule). A role without
+per-passage sums (a plug-in role scored elsewhere) is decided on its estimate; roles.json's `decided_on` says
+which.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from ...stats import COUNT
 from ...table import head_name
 from ...uncertainty import IntervalSettings, PassageSums, Statistic, interval_from, jackknife, replicates, split_half
 from ...uncertainty import ratio as ratio_of
-from .registry import RoleThresholds, key, members, of_scope, role_name
+from .registry import ROLES, RoleThresholds, key, members, of_scope, role_name
 
 
 def stacked(names: list[str]) -> Statistic:
@@ -110,6 +113,35 @@ def role_intervals(groups: list[PassageSums], th: RoleThresholds, settings: Inte
     return out
 
 
+def figure_replicates(sums: PassageSums, stat: Statistic,
+                      settings: IntervalSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A figure's value, bootstrap replicates `[B, ...]` and (for BCa) jackknife values over the rows of `sums`."""
+    value = np.asarray(stat(sums.total()), float)
+    if sums.rows < 2:
+        return value, np.empty((0, *value.shape)), None
+    reps = replicates(sums, stat, settings.B, settings.seed)
+    return value, reps, jackknife(sums, stat) if settings.method == "bca" else None
+
+
+def add_member(out: RoleIntervals, role: str, member: str | None, sums: PassageSums, stat: Statistic,
+               baseline: np.ndarray, th: RoleThresholds, settings: IntervalSettings) -> tuple[np.ndarray, np.ndarray]:
+    """One role (a family's member) decided on its bound: its score (`stat` of `sums`: per-sentence or per-window
+    hits) gets an interval and a held share against the point `baseline`; returns the score's (lo, hi)."""
+    entry = ROLES.get(role)
+    score = key(entry.score, member)
+    value, reps, jack = figure_replicates(sums, stat, settings)
+    iv = interval_from(value, reps, jack, sums.rows, settings)
+    out.bounds[score], out.rows[score] = (iv.lo, iv.hi), sums.rows
+    name = role_name(entry, member)
+    if len(reps):
+        with np.errstate(invalid="ignore"):
+            held = np.asarray(entry.fn(reps, np.broadcast_to(baseline, reps.shape), th), float).mean(0)
+        out.held_share[name] = np.where(np.isnan(value), np.nan, held)
+    out.conservative[score] = iv.lo if entry.higher_is_better else iv.hi
+    out.roles.add(name)
+    return iv.lo, iv.hi
+
+
 def split_roles(point: Mapping[tuple[int, int], list[str]], sure: Mapping[tuple[int, int], list[str]],
                 decided: set[str]) -> tuple[dict[tuple[int, int], list[str]], dict[tuple[int, int], list[str]]]:
     """Each head's assigned and uncertain roles: a role decided on its bounds is assigned where its point
@@ -144,5 +176,5 @@ def heads_map(held: Mapping[tuple[int, int], list[str]]) -> dict[str, list[str]]
     return {head_name(*h): list(v) for h, v in sorted(held.items())}
 
 
-__all__ = ["RoleIntervals", "heads_map", "reached", "role_intervals", "scores_in", "split_roles", "stability_of",
-           "stacked"]
+__all__ = ["RoleIntervals", "add_member", "figure_replicates", "heads_map", "reached", "role_intervals",
+           "scores_in", "split_roles", "stability_of", "stacked"]
