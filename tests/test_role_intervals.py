@@ -173,3 +173,72 @@ def test_roles_cli_writes_bounds_uncertain_roles_and_intervals(tmp_path, capsys)
     assert rep["intervals"]["B"] == 200 and rep["uncertain_heads"] == len(rep["uncertain"])
     for head, names in rep["uncertain"].items():
         assert not set(names) & set(rep["roles"][head]), head
+
+
+# --- syntax and coreference accuracies over sentences ------------------------------------------------
+def test_per_sentence_hits_add_up_and_do_not_depend_on_the_batch_size(minilm):
+    """Each sentence's hits sum to the totals, the better-direction accuracy of the summed rows is the
+    reported one, and batches of 1, 3 and 16 give the same per-sentence rows and intervals."""
+    from headscope.data import read_conllu
+    from headscope.learned.roles.confidence import RoleIntervals, add_member
+    from headscope.learned.syntax import best_accuracy, dependency_accuracy
+
+    sents = read_conllu("ewt-test")[:12]
+    runs = {b: dependency_accuracy(minilm, sents, max_length=96, batch_size=b) for b in (1, 3, 16)}
+    c = runs[1]
+    for rel in ("det", "nsubj", "case"):
+        sums = c.relation_sums(rel)
+        assert sums.rows == c.sentences
+        assert np.array_equal(sums.total()[f"{rel}|dep_to_head"], c.dep_to_head[rel])
+        assert sums.total()[f"{rel}|count"] == c.total[rel]
+        assert np.allclose(best_accuracy(rel)(sums.total()), c.accuracy(rel, "best"))
+        bounds = {}
+        for b, run in runs.items():
+            assert np.array_equal(run.relation_sums(rel)[f"{rel}|head_to_dep"], sums[f"{rel}|head_to_dep"]), (b, rel)
+            iv = RoleIntervals()
+            bounds[b] = add_member(iv, "syntactic", rel, run.relation_sums(rel), best_accuracy(rel),
+                                   np.full((6, 12), 0.3), Thresholds(), IntervalSettings(B=200))
+        for b in (3, 16):
+            assert np.array_equal(bounds[1][0], bounds[b][0]) and np.array_equal(bounds[1][1], bounds[b][1])
+        lo, hi = bounds[1]
+        acc = c.accuracy(rel, "best")
+        assert np.all(lo <= acc + 1e-12) and np.all(acc <= hi + 1e-12) and np.all((lo >= 0) & (hi <= 1))
+
+
+def test_a_sure_syntactic_head_is_assigned_and_a_coin_flip_is_not():
+    """Simulated per-sentence hits: a head right on 90% of 300 arcs clears a 0.5 baseline + 0.1 margin on its
+    lower bound; one right on 25 of 40 arcs (0.625) passes on its estimate only (its bound is below 0.6)."""
+    from headscope.learned.roles.confidence import RoleIntervals, add_member
+    from headscope.learned.syntax import best_accuracy
+
+    rng = np.random.default_rng(5)
+
+    def sums(p: float, sentences: int) -> PassageSums:
+        hits = rng.permutation(np.arange(sentences) < round(p * sentences)).astype(float)[:, None, None]
+        return PassageSums({"det|dep_to_head": hits, "det|head_to_dep": np.zeros_like(hits),
+                            "det|count": np.ones(sentences)})
+
+    iv = RoleIntervals()
+    th = Thresholds()
+    lo_sure, _ = add_member(iv, "syntactic", "det", sums(0.9, 300), best_accuracy("det"), np.full((1, 1), 0.5), th,
+                            IntervalSettings(B=400))
+    assert lo_sure[0, 0] >= 0.6 and iv.held_share["syntactic:det"][0, 0] > 0.99
+    iv = RoleIntervals()
+    s = sums(0.625, 40)
+    assert float(best_accuracy("det")(s.total())[0, 0]) == 0.625  # the estimate passes 0.5 + 0.1
+    lo, _ = add_member(iv, "syntactic", "det", s, best_accuracy("det"), np.full((1, 1), 0.5), th,
+                       IntervalSettings(B=400))
+    assert lo[0, 0] < 0.6 and 0.3 < iv.held_share["syntactic:det"][0, 0] < 0.95
+    assert "syntactic:det" in iv.roles and iv.conservative["syntax_det"][0, 0] == lo[0, 0]
+
+
+def test_coreference_windows_add_up(minilm):
+    from headscope.learned.coref import COREF_ACCURACY, coreference_accuracy, read_documents
+    from headscope.learned.roles.assign import _limit_docs
+
+    docs, _ = read_documents("gum-test")
+    c, _ = coreference_accuracy(minilm, _limit_docs(docs, 30), max_length=96, batch_size=5)
+    sums = c.window_sums()
+    assert np.array_equal(sums.total()["hits"], c.hits)
+    assert np.all(sums.total()["hits|count"] == c.total)
+    assert np.allclose(COREF_ACCURACY(sums.total()), np.asarray(c.to_dict()["accuracy"]))
