@@ -223,7 +223,8 @@ SYNTAX_CSV = Artifact(
      _f("accuracy", "the better direction's accuracy (with its interval over sentences on head rows)"),
      _f("baseline_offset", "offset of the baseline row (empty on head rows)")), bounds=True)
 SIMILAR_PAIRS_CSV = Artifact(
-    "similar_pairs.csv", "csv", {"similar": ""}, "one row per pair of heads, most similar (lowest js) first",
+    "similar_pairs.csv", "csv", {"similar": ""}, "one row per pair of heads, most similar (lowest js) first; the "
+    "--top pairs' js has its interval over passages (js_lo, js_hi; empty for the others)",
     (_f("head_a", "a head, written L3H7"), _f("head_b", "the other head"),
      _f("js", "Jensen-Shannon divergence of their attention on the same tokens, nats (0 = same)"),
      _f("cka", "linear CKA of their outputs (1 = same up to rotation and scale)"),
@@ -232,7 +233,7 @@ SIMILAR_PAIRS_CSV = Artifact(
      _f("cka_z", "cka against its permutation baseline, in standard deviations"),
      _f("ov_read_cos", "OV read subspaces' cosine"), _f("ov_write_cos", "OV write subspaces' cosine"),
      _f("qk_query_cos", "QK query subspaces' cosine"), _f("qk_key_cos", "QK key subspaces' cosine"),
-     _f("same_layer", "1 when both heads are in one layer")))
+     _f("same_layer", "1 when both heads are in one layer")), bounds=True)
 SIMILARITY_MATRICES = ("js", "cka", "cka_z", "ov_write_cos", "ov_read_cos", "qk_query_cos", "qk_key_cos",
                        "ov_angle_cos", "qk_angle_cos")
 SIMILARITY_NPZ = Artifact(
@@ -243,7 +244,8 @@ SIMILARITY_NPZ = Artifact(
 CLUSTERS_JSON = Artifact(
     "clusters.json", "json", {"similar": ""}, "near-duplicate clusters of heads",
     (_f("js_max", "every pair in a cluster has js <= this"), _f("cka_min", "every pair in a cluster has cka >= this"),
-     _f("rule"), _f("clusters", "[{heads, size, max_js, mean_js, min_cka, mean_cka}]"), _f("meta"), _PROVENANCE))
+     _f("rule"), _f("clusters", "[{heads, size, max_js, mean_js, min_cka, mean_cka}]"), _f("meta"),
+     _f("intervals", "level, B, method, seed of the --top pairs' js intervals"), _PROVENANCE))
 IMPORTANCE_CSV = Artifact(
     "importance.csv", "csv", {"score": ""}, "importance of every head by each criterion (higher = more important), "
     "each followed by its confidence interval's bounds",

@@ -242,3 +242,24 @@ def test_coreference_windows_add_up(minilm):
     assert np.array_equal(sums.total()["hits"], c.hits)
     assert np.all(sums.total()["hits|count"] == c.total)
     assert np.allclose(COREF_ACCURACY(sums.total()), np.asarray(c.to_dict()["accuracy"]))
+
+
+# --- similar: the js of the top pairs over passages ----------------------------------------------------
+def test_per_passage_js_adds_up_and_its_intervals_do_not_depend_on_the_batch_size():
+    from headscope.learned.similarity import similarity
+
+    hm = model("bert")
+    data = _passages(hm, 7)
+    sims = {b: similarity(hm, data, batch_size=b, max_length=64, cka_batch=8, weights=False) for b in (1, 3, 16)}
+    s = sims[1]
+    rows = s.js_rows
+    assert rows.rows == 7 and float(rows.total()["js|count"]) == s.meta["js_queries"]
+    assert np.allclose(rows.total()["js"] / rows.total()["js|count"], s["js"], atol=1e-12)
+    pairs = [("L0H0", "L0H1"), ("L0H1", "L1H0"), ("L1H0", "L1H1")]
+    lo, hi = s.js_intervals(pairs, IntervalSettings(B=300))
+    value = np.array([s.pair(a, b)["js"] for a, b in pairs])
+    assert np.all(lo <= value + 1e-12) and np.all(value <= hi + 1e-12) and np.all(hi > lo)
+    for b in (3, 16):
+        assert _rel(sims[b]["js"], s["js"]) < 1e-6, b
+        lo_b, hi_b = sims[b].js_intervals(pairs, IntervalSettings(B=300))
+        assert _rel(lo_b, lo) < 1e-6 and _rel(hi_b, hi) < 1e-6, b
