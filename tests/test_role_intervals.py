@@ -263,3 +263,24 @@ def test_per_passage_js_adds_up_and_its_intervals_do_not_depend_on_the_batch_siz
         assert _rel(sims[b]["js"], s["js"]) < 1e-6, b
         lo_b, hi_b = sims[b].js_intervals(pairs, IntervalSettings(B=300))
         assert _rel(lo_b, lo) < 1e-6 and _rel(hi_b, hi) < 1e-6, b
+
+
+# --- tasks: Spearman between rankings over heads -----------------------------------------------------------
+def test_spearman_interval_over_heads_covers_the_true_rank_correlation():
+    """Heads as a sample: 72 heads from a bivariate normal with correlation 0.6, whose Spearman is
+    (6/pi) asin(0.3); the 95% interval holds it in 93-97% of 1,000 simulated data sets."""
+    import math
+
+    from headscope.uncertainty import spearman, spearman_interval
+
+    rng = np.random.default_rng(11)
+    rho = 0.6
+    truth = 6 / math.pi * math.asin(rho / 2)
+    hits = 0
+    for _ in range(1000):
+        x = rng.normal(size=72)
+        y = rho * x + math.sqrt(1 - rho ** 2) * rng.normal(size=72)
+        lo, hi = spearman_interval(spearman(x, y), 72)
+        hits += lo <= truth <= hi
+    assert 0.93 <= hits / 1000 <= 0.97, hits / 1000
+    assert all(math.isnan(v) for v in spearman_interval(0.5, 3))

@@ -32,6 +32,7 @@ from .stability import (
                         rank,
                         spearman,
                         spearman_brown,
+                        spearman_interval,
                         spearman_rows,
                         split_half,
 )
@@ -40,4 +41,4 @@ __all__ = ["MAX_ROWS", "METHODS", "MIN_STABLE_PASSAGES", "Accumulator", "Interva
            "PassageSums", "Stability", "Statistic", "Sums", "binomial_interval", "bootstrap", "bootstrap_many",
            "check_settings", "check_until_stable", "chunk_spans", "default_k", "expanded_z", "group_size",
            "interval_from", "jackknife", "lowest", "mean_of", "rank", "ratio", "replicates", "resample_weights",
-           "spearman", "spearman_brown", "spearman_rows", "split_half"]
+           "spearman", "spearman_brown", "spearman_interval", "spearman_rows", "split_half"]

@@ -124,6 +124,19 @@ def split_half(sums: PassageSums, statistic: Statistic, *, seed: int = 0, splits
     return Stability(r, spearman_brown(r), float(np.mean(overlaps)), k, splits, n, seed)
 
 
+def spearman_interval(r: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """An interval for Spearman's r over `n` paired elements (heads): Fisher's z with Bonett & Wright's (2000)
+    variance (1 + r²/2) / (n - 3). It treats the heads as the sample; the noise of the data each ranking was
+    computed on is not in it (use a paired bootstrap of per-passage contributions where they exist)."""
+    if not math.isfinite(r) or n < 4:
+        return math.nan, math.nan
+    from scipy.stats import norm  # scipy.stats takes ~1 s to import; only this interval needs it
+
+    z, se = math.atanh(max(min(r, 1 - 1e-12), -1 + 1e-12)), math.sqrt((1 + r * r / 2) / (n - 3))
+    q = float(norm.ppf(1 - (1 - level) / 2))
+    return math.tanh(z - q * se), math.tanh(z + q * se)
+
+
 def check_until_stable(until_stable: float | None, available: int) -> None:
     """Refuse a target stability outside (0, 1), or one with fewer than 8 passages to split (every verb's
     --until-stable: score, prune, roles)."""
@@ -148,4 +161,4 @@ def chunk_spans(n: int, until_stable: float | None, chunk: int) -> list[tuple[in
 
 
 __all__ = ["MIN_STABLE_PASSAGES", "Stability", "check_until_stable", "chunk_spans", "default_k", "lowest", "rank",
-           "spearman", "spearman_brown", "spearman_rows", "split_half"]
+           "spearman", "spearman_brown", "spearman_interval", "spearman_rows", "split_half"]
