@@ -382,14 +382,19 @@ KVCACHE_CSV = Artifact(
      _f("kv_ratio", "kv_bytes_measured relative to the full cache's"),
      _f("perplexity", "on the long text, every position predicted through this cache"),
      _f("ppl_tokens", "predictions perplexity averages over"),
-     _f("needle_accuracy", "share of needle prompts whose generated answer holds the needle"),
+     _f("needle_accuracy", "share of needle prompts whose generated answer holds the needle (exact binomial "
+                           "interval: Clopper-Pearson)"),
      _f("needles", "needle prompts asked"), _f("uptrain_steps", "training steps after windowing (0: none)"),
-     _f("seed", "seed of the random choice and of the needle set")))
+     _f("seed", "seed of the random choice and of the needle set"),
+     _f("ppl_vs_random", "score rows: perplexity minus the random control's at the same budget, on the same "
+                         "passages (paired interval over passages; below 0 = the chosen heads predict better)",
+        "a score row with its random control")), bounds=True)
 KVCACHE_JSON = Artifact(
     "kvcache.json", "json", {"kvcache": ""}, "kvcache.csv's settings, each cache's full KV heads, answers, provenance",
     (_f("model"), _f("n_layers"), _f("n_heads"), _f("n_kv_heads"), _f("d_head"),
      _f("settings", "sink, window, context, budgets, score source, data, needle settings"),
-     _f("rows", "kvcache.csv's rows, each with `full_heads` (per layer, the KV heads kept full) and needle answers"),
+     _f("rows", "kvcache.csv's rows, each with `full_heads` (per layer, the KV heads kept full), needle answers, "
+                "per-passage NLL and, on score rows, `vs_random` (the paired difference, its interval and verdict)"),
      _f("scores", "[layer][head] the score that chose the full heads (as used: '-COLUMN' negated)"),
      _PROVENANCE))
 SWEEP_CSV = Artifact(

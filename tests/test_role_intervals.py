@@ -284,3 +284,36 @@ def test_spearman_interval_over_heads_covers_the_true_rank_correlation():
         hits += lo <= truth <= hi
     assert 0.93 <= hits / 1000 <= 0.97, hits / 1000
     assert all(math.isnan(v) for v in spearman_interval(0.5, 3))
+
+
+# --- kvcache: chosen heads against random heads at equal bytes, needles --------------------------------------
+def test_paired_perplexity_difference_and_its_verdict():
+    import math
+
+    from headscope.capacity.kvcache.paired import add_paired, perplexity_difference
+    from headscope.uncertainty import binomial_interval
+
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(200, 400, 12).astype(float)
+    base = rng.normal(3.0, 0.3, 12) * tokens  # per-passage summed NLL of the random control
+    better = base - 0.05 * tokens  # 0.05 nats per token better on every passage
+    st = IntervalSettings(B=400)
+    d = perplexity_difference({"passage_nll": better, "passage_tokens": tokens},
+                              {"passage_nll": base, "passage_tokens": tokens}, st)
+    want = math.exp(better.sum() / tokens.sum()) - math.exp(base.sum() / tokens.sum())
+    assert abs(d["difference"] - want) < 1e-12 and d["lo"] < want < d["hi"] < 0
+    assert d["verdict"].startswith("the chosen heads beat random heads beyond noise") and d["B"] == 400
+    # the same caches on noisy passages: the paired difference holds 0
+    noisy = base + rng.normal(0, 0.05, 12) * tokens
+    d = perplexity_difference({"passage_nll": noisy, "passage_tokens": tokens},
+                              {"passage_nll": base, "passage_tokens": tokens}, st)
+    assert d["lo"] < 0 < d["hi"] and d["verdict"].startswith("not distinguishable")
+    # rows: the score row gets its control's paired difference; needles their exact interval
+    answers = [{"correct": c} for c in (True, True, False, True)]
+    rows = [{"method": "score", "budget": 0.25, "passage_nll": better, "passage_tokens": tokens, "needles": 4,
+             "answers": answers},
+            {"method": "random", "budget": 0.25, "passage_nll": base, "passage_tokens": tokens, "needles": 4,
+             "answers": answers[::-1]}]
+    add_paired(rows, st)
+    assert rows[0]["ppl_vs_random_hi"] < 0 and "ppl_vs_random" not in rows[1]
+    assert (rows[0]["needle_accuracy_lo"], rows[0]["needle_accuracy_hi"]) == binomial_interval(3, 4)
