@@ -161,6 +161,8 @@ _PROVENANCE = _f("provenance", "verb, model (name, config and weights fingerprin
                                "sha256), options and versions: see headscope.provenance",
                  # optional only so that files written before provenance was recorded still read
                  "every run (absent from files written before headscope recorded provenance)")
+# Keys every run writes since intervals were recorded: optional so that older files still read.
+_SINCE_INTERVALS = "every run (absent from files written before headscope recorded intervals)"
 _TABLE_JSON = (_f("n_layers"), _f("n_heads"),
                _f("meta", "model, data, settings and versions behind the numbers; meta.provenance: see "
                           "headscope.provenance"),
@@ -200,15 +202,19 @@ ROLES_JSON = Artifact(
      _f("scores", "score name -> [layer][head] matrix"),
      _f("baselines", "baseline name -> [layer][head] matrix: score X's is X_uniform, X_baseline, or "
                      "uniform_distance for mean_distance"),
-     _f("intervals", "level, B, method and seed of every interval (bootstrap over passages / sequences)"),
-     _f("score_intervals", "score or baseline name -> {lo, hi: [layer][head] matrices, rows resampled}"),
-     _f("held_share", "role -> [layer][head] share of bootstrap resamples in which the head passes the rule"),
-     _f("decided_on", "role -> 'bound' (its conservative confidence bound) or 'estimate' (no interval)"),
+     _f("intervals", "level, B, method and seed of every interval (bootstrap over passages / sequences)",
+        _SINCE_INTERVALS),
+     _f("score_intervals", "score or baseline name -> {lo, hi: [layer][head] matrices, rows resampled}",
+        _SINCE_INTERVALS),
+     _f("held_share", "role -> [layer][head] share of bootstrap resamples in which the head passes the rule",
+        _SINCE_INTERVALS),
+     _f("decided_on", "role -> 'bound' (its conservative confidence bound) or 'estimate' (no interval)",
+        _SINCE_INTERVALS),
      _f("roles", "L3H7 -> the roles the head holds"),
-     _f("uncertain", "L3H7 -> roles whose point estimate passes but whose bound does not"),
-     _f("uncertain_heads", "how many heads hold an uncertain role"),
+     _f("uncertain", "L3H7 -> roles whose point estimate passes but whose bound does not", _SINCE_INTERVALS),
+     _f("uncertain_heads", "how many heads hold an uncertain role", _SINCE_INTERVALS),
      _f("census", "role -> [{head, score, baseline, lo, hi, held_share}], best first"),
-     _f("stability", "score -> split-half stability of its ranking over heads"),
+     _f("stability", "score -> split-half stability of its ranking over heads", _SINCE_INTERVALS),
      _f("syntax", "per relation: accuracies and the best fixed-offset baseline (null without --treebank)"),
      _f("coreference", "antecedent accuracies and baselines (null without --coref)"),
      _f("long_context", "long-range scores, baselines, census, needle haystacks and text windows", "roles --long"),
@@ -245,7 +251,7 @@ CLUSTERS_JSON = Artifact(
     "clusters.json", "json", {"similar": ""}, "near-duplicate clusters of heads",
     (_f("js_max", "every pair in a cluster has js <= this"), _f("cka_min", "every pair in a cluster has cka >= this"),
      _f("rule"), _f("clusters", "[{heads, size, max_js, mean_js, min_cka, mean_cka}]"), _f("meta"),
-     _f("intervals", "level, B, method, seed of the --top pairs' js intervals"), _PROVENANCE))
+     _f("intervals", "level, B, method, seed of the --top pairs' js intervals", _SINCE_INTERVALS), _PROVENANCE))
 IMPORTANCE_CSV = Artifact(
     "importance.csv", "csv", {"score": ""}, "importance of every head by each criterion (higher = more important), "
     "each followed by its confidence interval's bounds",

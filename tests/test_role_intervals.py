@@ -317,3 +317,35 @@ def test_paired_perplexity_difference_and_its_verdict():
     add_paired(rows, st)
     assert rows[0]["ppl_vs_random_hi"] < 0 and "ppl_vs_random" not in rows[1]
     assert (rows[0]["needle_accuracy_lo"], rows[0]["needle_accuracy_hi"]) == binomial_interval(3, 4)
+
+
+# --- the report: intervals on role scores and bars, uncertain heads grey -----------------------------------
+def test_report_reads_role_intervals_and_marks_uncertain_heads(tmp_path):
+    from headscope.report.heads import heads_part
+    from headscope.report.roles import census_rows, role_bar_rows, role_scores, roles_part
+    from headscope.report.sources import Sources
+
+    hm = model("bert")
+    table = roles(hm, _passages(hm, 8), repeat_length=REPEAT, n_sequences=4, max_length=64,
+                  intervals=IntervalSettings(B=200), thresholds=Thresholds(sink_mass=0.0, min_ratio=0.0))
+    rj = json.loads(json.dumps(table.meta["roles"], default=lambda a: np.asarray(a).tolist()))
+    # make one sink head uncertain by hand: its role moves from the census to `uncertain`
+    head = rj["census"]["sink"][0]["head"]
+    rj["census"]["sink"] = rj["census"]["sink"][1:]
+    rj["uncertain"] = {head: ["sink"]}
+    rows = census_rows(rj["census"], rj["uncertain"])
+    sink = next(r for r in rows if r["role"] == "sink")
+    assert sink["uncertain"] == 1 and "[" in sink["best"]
+    rec = role_scores(rj, 2, hm.n_heads)[head]["sink_mass"]
+    assert rec["lo"] <= rec["score"] <= rec["hi"] and 0.0 <= rec["held in resamples"] <= 1.0
+    bars = role_bar_rows(rj)
+    grey = [b for b in bars if b["uncertain"]]
+    assert grey == [{**grey[0], "role": "sink", "head": head}] and grey[0]["lo"] <= grey[0]["score"]
+    (tmp_path / "roles.json").write_text(json.dumps(rj))
+    part = roles_part(Sources.scan([tmp_path]), 2, hm.n_heads, tmp_path)
+    assert (tmp_path / "report-roles.png").read_bytes()[:4] == b"\x89PNG" and "report-roles.png" in part.plots
+    cells = np.array(table["uncertain_roles"], dtype=object)
+    cells[0, 0] = "sink"
+    grid = heads_part(table.with_columns({"uncertain_roles": cells}), Sources.scan([tmp_path]), None, "[CLS]")
+    assert grid.data["uncertain"][0] == "sink"
+    assert any("marked uncertain (grey in the grid)" in s for s in grid.text["q1"])
