@@ -48,7 +48,7 @@ def role_scores(rj: dict[str, Any], n_layers: int, n_heads: int) -> dict[str, di
         share = np.asarray(shares[entry.name], dtype=float).reshape(n_layers, n_heads) if entry.name in shares else None
         for l in range(n_layers):
             for h in range(n_heads):
-                rec = {"score": float(a[l, h])}
+                rec: dict[str, Any] = {"score": float(a[l, h])}
                 if lo is not None and hi is not None:
                     rec.update({"lo": float(lo[l, h]), "hi": float(hi[l, h])})
                 rec.update({"baseline": float(b[l, h]), "beats baseline when": direction})

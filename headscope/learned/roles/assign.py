@@ -193,7 +193,9 @@ def roles(
 
     def stable(stats: Any, role_stats: Any) -> tuple[bool, dict[str, float]]:
         sums = text_sums(stats, role_stats)
-        return reached(stability_of(sums, scores_in(sums), seed), float(until_stable)) if sums else (False, {})
+        if sums is None or until_stable is None:
+            return False, {}
+        return reached(stability_of(sums, scores_in(sums), seed), until_stable)
 
     stats, role_stats, info = text_pass(hm, data, max_len, batch_size, limit, progress, until_stable=until_stable,
                                         stable=stable, chunk=chunk)

@@ -261,8 +261,8 @@ def _joined(parts: list[tuple[HeadStats, HeadStats]]) -> tuple[HeadStats, HeadSt
         rows = [p[k].passage_sums() for p in parts]
         if all(r is not None for r in rows):
             sums = PassageSums.concat([r for r in rows if r is not None])
-            merged.per_passage = Accumulator.holding(sums, sum(p[k].per_passage.n_passages for p in parts
-                                                               if p[k].per_passage is not None))
+            n = sum(acc.n_passages for p in parts if (acc := p[k].per_passage) is not None)
+            merged.per_passage = Accumulator.holding(sums, n)
         out.append(merged)
     return out[0], out[1]
 
@@ -286,7 +286,7 @@ def text_pass(hm: HeadModel, data: Any, max_len: int, batch_size: int, limit: in
     desc = "roles: text until stable" if until_stable is not None else "roles: text"
     bar = tqdm(total=len(ids), desc=desc, unit="passage", disable=not progress or not is_main(), leave=False)
     parts: list[tuple[HeadStats, HeadStats]] = []
-    used, reached, now = 0, None, {}
+    used, reached, now = 0, False, {}  # type: tuple[int, bool, dict[str, float]]
     try:
         for lo, hi in chunk_spans(len(ids), until_stable, chunk):
             parts.append(_scan(hm, ids, rare_targets, flags, lo, hi, batch_size, bar))
