@@ -191,14 +191,8 @@ def roles(
     # Read the treebank and coreference files before any slow work, so bad input fails fast.
     tb, co = _treebank(treebank, limit), _coref(coref, limit)
 
-    def stable(stats: Any, role_stats: Any) -> tuple[bool, dict[str, float]]:
-        sums = text_sums(stats, role_stats)
-        if sums is None or until_stable is None:
-            return False, {}
-        return reached(stability_of(sums, scores_in(sums), seed), until_stable)
-
     stats, role_stats, info = text_pass(hm, data, max_len, batch_size, limit, progress, until_stable=until_stable,
-                                        stable=stable, chunk=chunk)
+                                        stable=_stable_check(until_stable, seed), chunk=chunk)
     base = table_from_stats(hm, stats, {**info, "batch_size": batch_size, "seed": seed}, settings)
     scores = text_scores(stats.means(), role_stats.means())
     # The passes below are not split across ranks (a fixed synthetic pass; per-relation and per-anaphor
@@ -234,6 +228,18 @@ def roles(
         "coreference": coref_dict,
     }
     return base.with_columns(columns, meta={"roles": report})
+
+
+def _stable_check(target: float | None, seed: int) -> Any:
+    """--until-stable's test after each chunk: whether every text role score's ranking reached `target`."""
+
+    def stable(stats: Any, role_stats: Any) -> tuple[bool, dict[str, float]]:
+        sums = text_sums(stats, role_stats)
+        if sums is None or target is None:
+            return False, {}
+        return reached(stability_of(sums, scores_in(sums), seed), target)
+
+    return stable
 
 
 def _syntax_bounds(iv: RoleIntervals, dep: DependencyCounts, relations: dict[str, Any], th: Thresholds,
