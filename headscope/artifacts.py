@@ -164,6 +164,8 @@ _PROVENANCE = _f("provenance", "verb, model (name, config and weights fingerprin
                                "sha256), options and versions: see headscope.provenance",
                  # optional only so that files written before provenance was recorded still read
                  "every run (absent from files written before headscope recorded provenance)")
+# Keys every run writes since intervals were recorded: optional so that older files still read.
+_SINCE_INTERVALS = "every run (absent from files written before headscope recorded intervals)"
 _TABLE_JSON = (_f("n_layers"), _f("n_heads"),
                _f("meta", "model, data, settings and versions behind the numbers; meta.provenance: see "
                           "headscope.provenance"),
@@ -177,7 +179,8 @@ HEADS_CSV = Artifact("heads.csv", "csv", {"analyze": ""}, "per-head attention st
 ROLES_CSV = Artifact(
     "roles.csv", "csv", {"roles": ""}, "heads.csv's statistics on the roles passages, then every role column",
     (*_STATS,
-     _f("roles", "roles found above their baselines by headscope roles (';'-separated)", _ROLES),
+     _f("roles", "roles whose rule passes on the score's conservative confidence bound (';'-separated)", _ROLES),
+     _f("uncertain_roles", "roles whose point estimate passes but whose bound does not (';'-separated)", _ROLES),
      _f("offset_<offset>_mass", "weight on the token at a fixed offset (m3 = three back, p2 = two ahead)", _ROLES),
      _f("sink_mass", "weight on the sink: the first token, or the special token the model rests on", _ROLES),
      _f("delimiter_mass", "weight on delimiter tokens ([SEP], periods, commas)", _ROLES),
@@ -192,7 +195,8 @@ ROLES_CSV = Artifact(
         "roles --long"),
      _f("streaming_share", "weight on sink + recent window at --long tokens (DuoAttention's split)", "roles --long"),
      _f("echo_far", "weight on earlier copies of the current token at least 256 tokens back", "roles --long"),
-     _f("induction_far", "weight on the tokens after such copies (induction at long range)", "roles --long")))
+     _f("induction_far", "weight on the tokens after such copies (induction at long range)", "roles --long")),
+    bounds=True)
 HEADS_JSON = Artifact("heads.json", "json", {"analyze": ""}, "heads.csv with its metadata", _TABLE_JSON)
 ROLES_JSON = Artifact(
     "roles.json", "json", {"roles": ""}, "every role score, its baseline and threshold, and the census",
@@ -201,7 +205,19 @@ ROLES_JSON = Artifact(
      _f("scores", "score name -> [layer][head] matrix"),
      _f("baselines", "baseline name -> [layer][head] matrix: score X's is X_uniform, X_baseline, or "
                      "uniform_distance for mean_distance"),
-     _f("roles", "L3H7 -> the roles the head holds"), _f("census", "role -> [{head, score, baseline}], best first"),
+     _f("intervals", "level, B, method and seed of every interval (bootstrap over passages / sequences)",
+        _SINCE_INTERVALS),
+     _f("score_intervals", "score or baseline name -> {lo, hi: [layer][head] matrices, rows resampled}",
+        _SINCE_INTERVALS),
+     _f("held_share", "role -> [layer][head] share of bootstrap resamples in which the head passes the rule",
+        _SINCE_INTERVALS),
+     _f("decided_on", "role -> 'bound' (its conservative confidence bound) or 'estimate' (no interval)",
+        _SINCE_INTERVALS),
+     _f("roles", "L3H7 -> the roles the head holds"),
+     _f("uncertain", "L3H7 -> roles whose point estimate passes but whose bound does not", _SINCE_INTERVALS),
+     _f("uncertain_heads", "how many heads hold an uncertain role", _SINCE_INTERVALS),
+     _f("census", "role -> [{head, score, baseline, lo, hi, held_share}], best first"),
+     _f("stability", "score -> split-half stability of its ranking over heads", _SINCE_INTERVALS),
      _f("syntax", "per relation: accuracies and the best fixed-offset baseline (null without --treebank)"),
      _f("coreference", "antecedent accuracies and baselines (null without --coref)"),
      _f("long_context", "long-range scores, baselines, census, needle haystacks and text windows", "roles --long"),
@@ -213,10 +229,11 @@ SYNTAX_CSV = Artifact(
      _f("layer"), _f("head"), _f("relation", "Universal Dependencies relation"),
      _f("count", "arcs of this relation scored"), _f("dep_to_head", "accuracy from the dependent to its head word"),
      _f("head_to_dep", "accuracy from the head word to its dependent"),
-     _f("accuracy", "the better direction's accuracy"),
-     _f("baseline_offset", "offset of the baseline row (empty on head rows)")))
+     _f("accuracy", "the better direction's accuracy (with its interval over sentences on head rows)"),
+     _f("baseline_offset", "offset of the baseline row (empty on head rows)")), bounds=True)
 SIMILAR_PAIRS_CSV = Artifact(
-    "similar_pairs.csv", "csv", {"similar": ""}, "one row per pair of heads, most similar (lowest js) first",
+    "similar_pairs.csv", "csv", {"similar": ""}, "one row per pair of heads, most similar (lowest js) first; the "
+    "--top pairs' js has its interval over passages (js_lo, js_hi; empty for the others)",
     (_f("head_a", "a head, written L3H7"), _f("head_b", "the other head"),
      _f("js", "Jensen-Shannon divergence of their attention on the same tokens, nats (0 = same)"),
      _f("cka", "linear CKA of their outputs (1 = same up to rotation and scale)"),
@@ -225,7 +242,7 @@ SIMILAR_PAIRS_CSV = Artifact(
      _f("cka_z", "cka against its permutation baseline, in standard deviations"),
      _f("ov_read_cos", "OV read subspaces' cosine"), _f("ov_write_cos", "OV write subspaces' cosine"),
      _f("qk_query_cos", "QK query subspaces' cosine"), _f("qk_key_cos", "QK key subspaces' cosine"),
-     _f("same_layer", "1 when both heads are in one layer")))
+     _f("same_layer", "1 when both heads are in one layer")), bounds=True)
 SIMILARITY_MATRICES = ("js", "cka", "cka_z", "ov_write_cos", "ov_read_cos", "qk_query_cos", "qk_key_cos",
                        "ov_angle_cos", "qk_angle_cos")
 SIMILARITY_NPZ = Artifact(
@@ -236,7 +253,8 @@ SIMILARITY_NPZ = Artifact(
 CLUSTERS_JSON = Artifact(
     "clusters.json", "json", {"similar": ""}, "near-duplicate clusters of heads",
     (_f("js_max", "every pair in a cluster has js <= this"), _f("cka_min", "every pair in a cluster has cka >= this"),
-     _f("rule"), _f("clusters", "[{heads, size, max_js, mean_js, min_cka, mean_cka}]"), _f("meta"), _PROVENANCE))
+     _f("rule"), _f("clusters", "[{heads, size, max_js, mean_js, min_cka, mean_cka}]"), _f("meta"),
+     _f("intervals", "level, B, method, seed of the --top pairs' js intervals", _SINCE_INTERVALS), _PROVENANCE))
 IMPORTANCE_CSV = Artifact(
     "importance.csv", "csv", {"score": ""}, "importance of every head by each criterion (higher = more important), "
     "each followed by its confidence interval's bounds",
@@ -378,14 +396,19 @@ KVCACHE_CSV = Artifact(
      _f("kv_ratio", "kv_bytes_measured relative to the full cache's"),
      _f("perplexity", "on the long text, every position predicted through this cache"),
      _f("ppl_tokens", "predictions perplexity averages over"),
-     _f("needle_accuracy", "share of needle prompts whose generated answer holds the needle"),
+     _f("needle_accuracy", "share of needle prompts whose generated answer holds the needle (exact binomial "
+                           "interval: Clopper-Pearson)"),
      _f("needles", "needle prompts asked"), _f("uptrain_steps", "training steps after windowing (0: none)"),
-     _f("seed", "seed of the random choice and of the needle set")))
+     _f("seed", "seed of the random choice and of the needle set"),
+     _f("ppl_vs_random", "score rows: perplexity minus the random control's at the same budget, on the same "
+                         "passages (paired interval over passages; below 0 = the chosen heads predict better)",
+        "a score row with its random control")), bounds=True)
 KVCACHE_JSON = Artifact(
     "kvcache.json", "json", {"kvcache": ""}, "kvcache.csv's settings, each cache's full KV heads, answers, provenance",
     (_f("model"), _f("n_layers"), _f("n_heads"), _f("n_kv_heads"), _f("d_head"),
      _f("settings", "sink, window, context, budgets, score source, data, needle settings"),
-     _f("rows", "kvcache.csv's rows, each with `full_heads` (per layer, the KV heads kept full) and needle answers"),
+     _f("rows", "kvcache.csv's rows, each with `full_heads` (per layer, the KV heads kept full), needle answers, "
+                "per-passage NLL and, on score rows, `vs_random` (the paired difference, its interval and verdict)"),
      _f("scores", "[layer][head] the score that chose the full heads (as used: '-COLUMN' negated)"),
      _PROVENANCE))
 SWEEP_CSV = Artifact(

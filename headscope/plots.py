@@ -165,6 +165,28 @@ def pruning_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], *, title: 
     return save_png(fig, path)
 
 
+def role_bars(bars: Sequence[Mapping[str, Any]], path: Path | None = None) -> bytes:
+    """Role scores as horizontal bars with their confidence intervals (error bars), one per (role, head) of `bars`
+    (`role`, `head`, `score`, `lo`, `hi`, `uncertain`), assigned heads coloured by role, uncertain ones grey."""
+    if not bars:
+        raise ValueError("no role scores to draw")
+    fig, ax = figure(6.0, max(2.0, 0.22 * len(bars) + 0.8))
+    roles = list(dict.fromkeys(str(b["role"]) for b in bars))
+    y = list(range(len(bars)))[::-1]
+    colours = ["#bbbbbb" if b.get("uncertain") else f"C{roles.index(str(b['role'])) % 10}" for b in bars]
+    score = [num(b.get("score")) for b in bars]
+    lo, hi = [num(b.get("lo")) for b in bars], [num(b.get("hi")) for b in bars]
+    err = [[max(0.0, s - l) if not math.isnan(l) else 0.0 for s, l in zip(score, lo, strict=True)],
+           [max(0.0, h - s) if not math.isnan(h) else 0.0 for s, h in zip(score, hi, strict=True)]]
+    ax.barh(y, score, xerr=err, color=colours, ecolor="#333333", capsize=2, height=0.7)
+    ax.set_yticks(y)
+    ax.set_yticklabels([f"{b['role']} {b['head']}" + (" (uncertain)" if b.get("uncertain") else "") for b in bars],
+                       fontsize=6)
+    ax.set_xlabel("role score (bars: 95% interval over passages; grey: uncertain, not assigned)")
+    ax.set_title("strongest heads per role", fontsize=9)
+    return save_png(fig, path)
+
+
 def redundancy_profile(rows: Sequence[Mapping[str, Any]], path: Path | None = None) -> bytes:
     """redundancy.csv as bars: removable heads per layer (and with recovery) over the layer's head count."""
     layers = [int(num(r.get("layer"))) for r in rows]

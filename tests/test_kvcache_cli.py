@@ -42,7 +42,9 @@ def test_kvcache_run_with_retrieval_scores(llama, tmp_path):
                  "--score-haystacks", "1", *SMALL, "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(A.outputs("kvcache"))
     header = (out / "kvcache.csv").read_text().splitlines()[0].split(",")
-    assert A.KVCACHE_CSV.check(header) == [] and header == A.KVCACHE_CSV.columns()
+    assert A.KVCACHE_CSV.check(header) == []
+    assert [c for c in header if not c.endswith(("_lo", "_hi"))] == A.KVCACHE_CSV.columns()
+    assert {"needle_accuracy_lo", "needle_accuracy_hi", "ppl_vs_random_lo", "ppl_vs_random_hi"} <= set(header)
     report = json.loads((out / "kvcache.json").read_text())
     assert A.KVCACHE_JSON.check(list(report)) == []
     rows = _rows(out / "kvcache.csv")
@@ -56,6 +58,12 @@ def test_kvcache_run_with_retrieval_scores(llama, tmp_path):
     assert report["settings"]["scores"]["haystacks"] == 1 and report["provenance"]["verb"] == "kvcache"
     assert len(report["rows"][1]["full_heads"]) == 2 and len(report["rows"][1]["answers"]) == 2
     assert np.asarray(report["scores"], float).shape == (2, 6)
+    for r, j in zip(rows, report["rows"], strict=True):  # needle counts: the exact binomial interval of k of 2
+        assert float(r["needle_accuracy_lo"]) <= float(r["needle_accuracy"]) <= float(r["needle_accuracy_hi"])
+        if r["method"] == "score":  # one passage: no paired interval, and the verdict says so
+            assert r["ppl_vs_random_lo"] == "" and "no interval from 1 passage" in j["vs_random"]["verdict"]
+            control = rows[rows.index(r) + 1]
+            assert abs(float(r["ppl_vs_random"]) - (float(r["perplexity"]) - float(control["perplexity"]))) < 1e-3
 
 
 def test_kvcache_threshold_from_a_scores_file(llama, tmp_path):

@@ -141,3 +141,36 @@ def test_missing_sections_in_chromium(browser, tmp_path):
         assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
     finally:
         page.close()
+
+
+def test_uncertain_heads_are_grey_in_the_roles_grid(browser, report, tmp_path):
+    """A head whose only role is uncertain is grey (not 'no role' and not a role colour), the legend counts it,
+    and the tooltip shows a column's interval beside it."""
+    import json
+
+    hm, path = report
+    html = path.read_text(encoding="utf-8")
+    start = html.index('id="hs-data"')
+    start = html.index(">", start) + 1
+    end = html.index("</script>", start)
+    data = json.loads(html[start:end])
+    n = hm.n_layers * hm.n_heads
+    data["roles"] = ["sink"] + [""] * (n - 1)
+    data["uncertain"] = ["", "sink"] + [""] * (n - 2)
+    data["columns"]["entropy_lo"] = [0.0] * n
+    data["columns"]["entropy_hi"] = [9.0] * n
+    page_path = tmp_path / "report.html"
+    page_path.write_text(html[:start] + json.dumps(data).replace("</", "<\\/") + html[end:], encoding="utf-8")
+    page, problems, _ = open_page(browser, page_path)
+    try:
+        page.select_option("#colour-by", "roles")
+        got = colours(page)
+        assert got[1] == "rgb(150, 150, 150)" and got[0] not in (got[1], "rgb(225, 225, 225)") and \
+            got[2] == "rgb(225, 225, 225)", got[:3]
+        assert "uncertain (1)" in page.locator("#legend").inner_text()
+        page.locator("#grid .cell[data-name='L0H1']").hover()
+        tip = page.locator("#tooltip").inner_text()
+        assert "uncertain roles" in tip and "[0, 9]" in tip.replace(".000", ""), tip
+        assert not problems, problems
+    finally:
+        page.close()

@@ -143,6 +143,9 @@ def test_minilm_tasks_end_to_end(tmp_path):
     assert corr[0] == ",fidelity,syntax" and len(corr) == 3
     meta = json.loads((out / "tasks.json").read_text())["meta"]
     assert meta["provenance"]["verb"] == "tasks" and set(meta["tasks"]) == {"fidelity", "syntax"}
+    (pair,) = meta["correlation_intervals"]["pairs"]  # the printed matrix's interval, over the 72 heads
+    assert pair["heads"] == 72 and pair["lo"] < pair["spearman"] < pair["hi"]
+    assert abs(pair["spearman"] - float(corr[1].split(",")[2])) < 1e-4
     syntax = np.loadtxt(out / "tasks.csv", delimiter=",", skiprows=1)[:, 3]
     assert 0.3 < syntax.max() <= 1.0  # some head follows some relation far above chance (accuracies in [0, 1])
 

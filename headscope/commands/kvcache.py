@@ -26,6 +26,7 @@ from ..models import BUILTINS, load_model
 from ..provenance import check_made_for, provenance
 from ..table import to_jsonable
 from ..train import check_settings
+from ._common import add_interval_args, interval_settings
 from ._kv_learned import add_learned_args, learned_settings
 from ._uptrain import add_training_args
 
@@ -93,6 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "min-max scaled, so its top --keep-full share is the set this run keeps full")
     p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
     p.add_argument("--force", action="store_true", help="overwrite kvcache.csv and kvcache.json in --out")
+    add_interval_args(p)
     p.set_defaults(func=run)
 
 
@@ -160,6 +162,23 @@ def _row_line(r: dict[str, Any]) -> str:
             f"{r['needle_accuracy']:>8.2f}")
 
 
+def _print_uncertainty(rows: list[dict[str, Any]], level: float) -> None:
+    """Whether each choice beats its random control beyond noise, and the needles' exact intervals."""
+    for r in rows:
+        if "vs_random" in r:
+            v = r["vs_random"]
+            print(f"vs random at {r['budget']:.1%}: {v['verdict']} ({level:.0%} paired {v['method']} interval over "
+                  f"{v['passages']} passage(s))")
+    parts = []
+    for r in rows:
+        if r["needles"]:
+            label = r["method"] if r["method"] == "full" else f"{r['method']} {r['budget']:.1%}"
+            parts.append(f"{label} {r['needle_accuracy']:.2f} [{r['needle_accuracy_lo']:.2f}, "
+                         f"{r['needle_accuracy_hi']:.2f}] of {r['needles']}")
+    if parts:
+        print(f"needles ({level:.0%} exact binomial intervals): " + "; ".join(parts))
+
+
 def _print_row(r: dict[str, Any]) -> None:
     """Each cache's row on stderr as soon as it is measured (a long run shows its results as it goes)."""
     print(f"done: {_row_line(r)}", file=sys.stderr, flush=True)
@@ -183,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(sink=args.sink, window=args.window, context=args.context, budgets=tuple(budgets),
                         threshold=args.threshold, needles=args.needles, chunk=args.chunk,
                         random_control=not args.no_random, seed=args.seed, uptrain=args.uptrain, loss=args.loss,
-                        lr=args.lr)
+                        lr=args.lr, intervals=interval_settings(args))
     batches, train_info = [], None
     if args.uptrain:
         texts = train.texts if train is not None else _after_evaluation(data.texts, used, len(passages))
@@ -212,8 +231,9 @@ def run(args: argparse.Namespace) -> int:
                            "random_control": not args.no_random, "seed": args.seed, "uptrain": train_info},
               "rows": rows, "scores": scores.tolist(), "provenance": provenance("kvcache", hm, data, args)}
     # The rows also hold full_heads, riders, answers and bytes_stored: kvcache.json's, not columns.
+    columns = [x for c in KVCACHE_CSV.columns() for x in (c, f"{c}_lo", f"{c}_hi") if any(x in r for r in rows)]
     with staged(out, args.force) as stage:  # both files appear together, or neither
-        write_csv(stage, KVCACHE_CSV, rows, KVCACHE_CSV.columns())
+        write_csv(stage, KVCACHE_CSV, rows, columns)
         atomic_write_text(stage / KVCACHE_JSON.name, json.dumps(to_jsonable(report), indent=2) + "\n")
     if card is not None:  # outside --out: written (atomically) once the set is in place
         write_duo(card, duo_pattern(scores, hm.n_kv_heads), sink=args.sink, recent=args.window, force=args.force,
@@ -232,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"+N: after N uptraining steps ({args.loss}, lr {args.lr:g}) on {train_info['batches']} batch(es) of "
               f"{args.train_batch} x {args.train_length} tokens from {train_info['data']}")
     print(f"bytes/step: K and V read by one decoding step at {args.context} tokens, measured = formula in every row")
+    _print_uncertainty(rows, args.ci)
     print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}{' and ' + str(card) if card else ''}",
           file=sys.stderr)
     return 0

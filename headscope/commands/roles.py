@@ -35,7 +35,8 @@ from ..learned.roles import read_coref, read_treebank, role_columns, roles, synt
 from ..learned.syntax import RELATIONS
 from ..provenance import provenance
 from ..table import HeadTable, to_jsonable
-from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
+from ..uncertainty import check_until_stable
+from ._common import add_data_args, add_interval_args, add_model_arg, add_out_args, interval_settings, load_from_args
 
 OUTPUTS = outputs("roles", optional=True)  # roles.csv, roles.json, syntax.csv (with --treebank)
 
@@ -90,6 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--card-score", default="retrieval", choices=list(CARD_SCORES),
                    help="score the card holds (default retrieval: one value per answered haystack)")
     add_out_args(p)
+    add_interval_args(p, until_stable=True)
     add_workers_arg(p)
     p.set_defaults(func=run)
 
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     card = _check_card(args)
     # Every source is read once, here, so bad input fails before the model loads; the passes get what was read.
     source = read_texts(args.data, args.limit)
+    check_until_stable(args.until_stable, len(source))
     treebank = read_treebank(args.treebank) if args.treebank else None
     coref = read_coref(args.coref) if args.coref else None
     check_ranks(len(source), "passages")  # torchrun / --workers: every rank needs a passage
@@ -119,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if long_n is not None:  # the model's positions and kind are known now: refuse before the short-text pass
         check_long_model(hm, long_n)
     table = roles(hm, source, treebank=treebank, coref=coref, max_length=args.max_length,
-                  batch_size=args.batch_size, limit=args.limit, seed=args.seed, progress=True)
+                  batch_size=args.batch_size, limit=args.limit, seed=args.seed, intervals=interval_settings(args),
+                  until_stable=args.until_stable, progress=True)
     if not is_main():  # every rank holds the merged census; rank 0 alone runs --long, writes and prints
         return 0
     report = {**table.meta["roles"], "provenance": provenance("roles", hm, source, args)}
@@ -153,33 +157,25 @@ def run(args: argparse.Namespace) -> int:
     t = report["text"]
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_heads} heads, {t['passages']} passages from {t['data']}; "
           f"first token: {t['first_token']}")
-    print("\nrole census (score vs baseline: the uniform head's, the best fixed offset's, or the best coreference "
-          "baseline's)")
-    for role, heads in report["census"].items():
-        shown = ", ".join(f"{e['head']} {_f(e['score'])}/{_f(e['baseline'])}" for e in heads[:8])
-        more = f" (+{len(heads) - 8} more)" if len(heads) > 8 else ""
-        print(f"  {role:<22} {len(heads):>3}  {shown}{more}")
-    if not report["census"]:
-        print("  no head passes any role's decision rule")
+    _print_census(report)
     syn = (report.get("syntax") or {}).get("relations")
     if syn:
         info = report["syntax"]["info"]
         print(f"\nsyntax ({info['sentences']} sentences, {info['skipped_long']} too long, "
               f"{info['unaligned_words']} unaligned words): best head per relation vs best fixed offset")
-        print(f"  {'relation':<10} {'arcs':>6}  {'head':<6} {'acc':>5}  {'direction':<11}  {'offset':>6} {'acc':>5}")
-        for rel in [r for r in RELATIONS if r in syn] + [
-            r for r in syn if r not in RELATIONS and syn[r]["count"] >= 100
-        ]:
+        print(f"  {'relation':<10} {'arcs':>6}  {'head':<6} {'acc [95% interval]':<18}  {'direction':<11}  "
+              f"{'offset':>6} {'acc':>5}")
+        others = [r for r in syn if r not in RELATIONS and syn[r]["count"] >= 100]
+        for rel in [r for r in RELATIONS if r in syn] + others:
             r = syn[rel]
-            print(f"  {rel:<10} {r['count']:>6}  {r['best_head']:<6} {_f(r['best_accuracy']):>5}  "
+            print(f"  {rel:<10} {r['count']:>6}  {r['best_head']:<6} {_acc(r, r['best_head']):<18}  "
                   f"{r['best_direction']:<11}  {r['baseline_offset']:>+6d} {_f(r['baseline']):>5}")
     c = report.get("coreference")
     if c:
-        print(
-            f"\ncoreference ({c['anaphors']} anaphors): best head {c['best_head']} {_f(c['best_accuracy'])}, "
-            f"nearest mention {_f(c['nearest_mention_baseline'])}, same head word {_f(c['same_head_word_baseline'])}, "
-            f"chance {_f(c['chance'])}"
-        )
+        print(f"\ncoreference ({c['anaphors']} anaphors): best head {c['best_head']} {_acc(c, c['best_head'])}, "
+              f"nearest mention {_f(c['nearest_mention_baseline'])}, "
+              f"same head word {_f(c['same_head_word_baseline'])}, "
+              f"chance {_f(c['chance'])}")
     lc = report.get("long_context")
     if lc:
         _print_long(lc)
@@ -187,6 +183,62 @@ def run(args: argparse.Namespace) -> int:
             print(f"  head card: {card_note}")
     print(f"\nwrote {', '.join(written)}", file=sys.stderr)
     return 0
+
+
+def _acc(r: dict[str, Any], head: str) -> str:
+    """The best head's accuracy with its interval over sentences (windows), where roles.json has one."""
+    acc = float(r["best_accuracy"])
+    if "accuracy_lo" not in r:
+        return _f(acc)
+    l, h = (int(x) for x in head[1:].split("H"))
+    return f"{_f(acc)} [{_f(float(r['accuracy_lo'][l][h]))}, {_f(float(r['accuracy_hi'][l][h]))}]"
+
+
+def _entry(e: dict[str, Any]) -> str:
+    """`L0H3 0.91 [0.88, 0.93]/0.12`: a census head's score, its interval where it has one, and its baseline."""
+    bounds = f" [{_f(e['lo'])}, {_f(e['hi'])}]" if "lo" in e else ""
+    return f"{e['head']} {_f(e['score'])}{bounds}/{_f(e['baseline'])}"
+
+
+def _print_census(report: dict[str, Any]) -> None:
+    """The census with intervals, how many heads are uncertain, the scores' stability and --until-stable."""
+    iv, t = report["intervals"], report["text"]
+    print(f"\nrole census (score [{iv['level']:.0%} interval] / baseline: the uniform head's, the best fixed "
+          f"offset's, or the best coreference baseline's); a role is assigned where its rule passes on the "
+          f"interval's conservative bound")
+    for role, heads in report["census"].items():
+        shown = ", ".join(_entry(e) for e in heads[:8])
+        more = f" (+{len(heads) - 8} more)" if len(heads) > 8 else ""
+        print(f"  {role:<22} {len(heads):>3}  {shown}{more}")
+    if not report["census"]:
+        print("  no head passes any role's decision rule on its bound")
+    n = report["uncertain_heads"]
+    if n:
+        counts: dict[str, int] = {}
+        for names in report["uncertain"].values():
+            for r in names:
+                counts[r] = counts.get(r, 0) + 1
+        detail = ", ".join(f"{r} {c}" for r, c in sorted(counts.items(), key=lambda kv: -kv[1]))
+        print(f"  uncertain: {n} head(s) pass a rule on the point estimate but not on its bound ({detail}); "
+              f"roles.csv's uncertain_roles names them")
+    else:
+        print("  uncertain: no head (every role passing on its point estimate passes on its bound too)")
+    print(f"  intervals: {iv['method']} bootstrap, {iv['B']} resamples of the {t['passages']} passages (induction: "
+          f"of the {report['induction']['sequences']} sequences), seed {iv['seed']}")
+    stab = {k: v for k, v in report["stability"].items() if isinstance(v.get("spearman_brown"), float)
+            and math.isfinite(v["spearman_brown"])}
+    if stab:
+        worst = min(stab, key=lambda k: stab[k]["spearman_brown"])
+        print(f"  stability: split-half Spearman-Brown of the role scores' rankings from "
+              f"{min(v['spearman_brown'] for v in stab.values()):.2f} ({worst}) to "
+              f"{max(v['spearman_brown'] for v in stab.values()):.2f}; every score's in roles.json")
+    u = t.get("until_stable")
+    if u:
+        state = "reached" if u["reached"] else "NOT reached"
+        now = min(u["stability"].values()) if u["stability"] else math.nan
+        print(f"  --until-stable {u['target']}: {state} with {u['passages']} of the {u['available']} passages "
+              f"available (lowest text-score stability {_f(now)})"
+              + ("" if u["reached"] else "; raise --limit or give more data"))
 
 
 def _check_card(args: argparse.Namespace) -> Path | None:

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+import numpy as np
+
 from ..artifacts import CLUSTERS_JSON, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, outputs
 from ..data import read_texts
 from ..errors import HeadscopeError
@@ -25,7 +27,7 @@ from ..learned.similarity import (
 )
 from ..provenance import provenance
 from ..table import to_jsonable
-from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
+from ._common import add_data_args, add_interval_args, add_model_arg, add_out_args, interval_settings, load_from_args
 
 OUTPUTS = outputs("similar")  # similar_pairs.csv, similarity.npz, clusters.json
 
@@ -41,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_data_args(p)
     add_out_args(p)
-    p.add_argument("--top", type=int, default=20, help="pairs to print (default 20)")
+    p.add_argument("--top", type=int, default=20,
+                   help="pairs to print (default 20); these get js's interval over passages (js_lo, js_hi)")
     p.add_argument("--js-max-tokens", type=int, default=None,
                    help="average JS over at most N query tokens, a seeded random sample (for big models; "
                         "default: every query)")
@@ -62,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cka-memory", type=int, default=DEFAULT_CKA_MEMORY // 2**20, metavar="MiB",
                    help=f"with --cka exact: MiB of the cross-covariance held at once (default "
                         f"{DEFAULT_CKA_MEMORY // 2**20}); less memory means more reads of the spilled outputs")
+    add_interval_args(p)
     p.set_defaults(func=run)
 
 
@@ -84,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
                      cka_pool=args.cka_pool, cka_memory=args.cka_memory * 2**20, progress=True)
     clusters = sim.clusters(args.js_max, args.cka_min)
     pairs = sim.pairs()
+    settings = interval_settings(args)
+    top = min(args.top, len(pairs))
+    lo, hi = sim.js_intervals(list(zip(pairs["head_a"][:top], pairs["head_b"][:top], strict=True)), settings)
+    at = list(pairs.columns).index("js") + 1
+    pairs.insert(at, "js_lo", np.concatenate([lo, np.full(len(pairs) - top, np.nan)]))
+    pairs.insert(at + 1, "js_hi", np.concatenate([hi, np.full(len(pairs) - top, np.nan)]))
     with staged(out, args.force) as stage:  # the three files appear together, or none
         atomic_write_text(stage / SIMILAR_PAIRS_CSV.name,
                           pairs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
@@ -91,7 +101,10 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_text(stage / CLUSTERS_JSON.name, json.dumps(to_jsonable({
             "js_max": args.js_max, "cka_min": args.cka_min,
             "rule": "complete linkage: every pair inside a cluster has js <= js_max and cka >= cka_min",
-            "clusters": clusters, "meta": sim.meta, "provenance": provenance("similar", hm, source, args)}),
+            "clusters": clusters, "meta": sim.meta,
+            "intervals": {**settings.record(), "pairs": top,
+                          "of": "js of the --top pairs (similar_pairs.csv js_lo, js_hi)"},
+            "provenance": provenance("similar", hm, source, args)}),
             indent=1, allow_nan=False) + "\n")
 
     m = sim.meta
@@ -100,10 +113,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"js in nats (0 = same pattern, ln 2 = {LN2:.3f} = disjoint); cka, *_cos: 1 = same")
     print()
     shown = pairs.head(args.top)
-    cols = ["js", "cka", "ov_angle_cos", "qk_angle_cos"]
-    print(f"{'head_a':>7} {'head_b':>7} " + " ".join(f"{c:>12}" for c in cols))
+    cols = ["cka", "ov_angle_cos", "qk_angle_cos"]
+    print(f"{'head_a':>7} {'head_b':>7} {'js [' + format(settings.level, '.0%') + ' interval]':>26} "
+          + " ".join(f"{c:>12}" for c in cols))
     for row in shown.itertuples(index=False):
-        print(f"{row.head_a:>7} {row.head_b:>7} " + " ".join(f"{getattr(row, c):12.4f}" for c in cols))
+        js = f"{row.js:.4f} [{row.js_lo:.4f}, {row.js_hi:.4f}]"
+        print(f"{row.head_a:>7} {row.head_b:>7} {js:>26} " + " ".join(f"{getattr(row, c):12.4f}" for c in cols))
+    if top:
+        print(f"js intervals: {settings.method} bootstrap over the {m['passages']} passages, {settings.B} resamples "
+              f"(CKA mixes passages in its minibatches: no interval)")
     print()
     if clusters:
         print(f"near-duplicate clusters (every pair js <= {args.js_max:g}, cka >= {args.cka_min:g}):")

@@ -16,6 +16,7 @@ from ..redundancy.importance.tasks import (
     TASKS,
     check_tasks_usable,
     parse_tasks,
+    task_correlation_intervals,
     task_correlations,
     task_importance,
     task_specific,
@@ -59,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
     table = task_importance(hm, tasks, method=args.method, limit=args.limit, max_length=args.max_length,
                             batch_size=args.batch_size, seed=args.seed, progress=True)
     corr = task_correlations(table)
+    intervals = task_correlation_intervals(table)
     specific = task_specific(table)
-    table = table.with_columns(meta={"provenance": prov})
+    table = table.with_columns(meta={"provenance": prov, "correlation_intervals": {
+        "level": 0.95, "method": "Fisher z over heads, Bonett-Wright variance (the tasks' data noise not included)",
+        "pairs": intervals}})
     buf = io.StringIO()
     fields = [f.name for f in TASK_SPECIFIC_CSV.fields]
     w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
@@ -74,8 +78,15 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_text(stage / TASK_SPECIFIC_CSV.name, buf.getvalue())
     print(f"{hm.name}: {table.n_layers} layers x {table.n_heads} heads; tasks "
           + ", ".join(f"{t} ({s:.0f} s)" for t, s in table.meta["seconds"].items()))
-    print("\nSpearman rank correlation between tasks:")
-    print(corr.round(2).to_string())
+    print("\nSpearman rank correlation between tasks [95% interval over heads: Fisher z, Bonett-Wright variance; "
+          "the noise of each task's data is not in it]:")
+    names = list(corr.columns)
+    cell = {(c["a"], c["b"]): f"{c['spearman']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]" for c in intervals}
+    width = max([len(n) for n in names] + [18])
+    print(" " * width + "".join(f"  {n:>{width}}" for n in names))
+    for a in names:
+        row = [cell.get((a, b)) or cell.get((b, a)) or ("1" if a == b else "-") for b in names]
+        print(f"{a:<{width}}" + "".join(f"  {v:>{width}}" for v in row))
     pairs: dict[tuple[str, str], list[str]] = {}
     for r in specific:
         pairs.setdefault((r["task"], r["other"]), []).append(r["head"])

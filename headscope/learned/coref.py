@@ -20,7 +20,8 @@ import numpy as np
 
 from ..data import Sentence, read_conllu
 from ..errors import HeadscopeError
-from .syntax import Aligned, align_words, stream_word_attention
+from ..uncertainty import Accumulator, PassageSums, ratio
+from .syntax import SENTENCE_ROWS, Aligned, align_words, stream_word_attention
 
 log = logging.getLogger(__name__)
 
@@ -220,17 +221,34 @@ class CorefCounts:
     nearest_hits: int = 0
     same_head_hits: int = 0
     chance: float = 0.0
+    per_window: Accumulator | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.hits = np.zeros((self.n_layers, self.n_heads))
 
-    def add_item(self, layer: int, wattn: np.ndarray, item: CorefItem) -> None:
-        """Score one window's word attention `[head, word, word]` at `layer` (baselines at layer 0)."""
+    def track_windows(self, n_windows: int) -> "CorefCounts":
+        """Keep each window's hits and anaphors from now on (`window_sums`); returns self."""
+        self.per_window = Accumulator(n_windows, max_rows=SENTENCE_ROWS)
+        self.per_window.declare("hits", (self.n_layers, self.n_heads))
+        self.per_window.declare("hits|count", (self.n_layers, self.n_heads))
+        return self
+
+    def window_sums(self) -> PassageSums | None:
+        """Per-window hits and anaphors (`hits`, `hits|count`, `[rows, n_layers, n_heads]`), or None."""
+        return self.per_window.result() if self.per_window is not None else None
+
+    def add_item(self, layer: int, wattn: np.ndarray, item: CorefItem, row: int | None = None) -> None:
+        """Score one window's word attention `[head, word, word]` at `layer` (baselines at layer 0); `row` (the
+        window's index) keeps its hits per window too, when tracked."""
         for a, cands, ok, near, same in zip(item.anaphors, item.candidates, item.correct, item.nearest,
                                             item.same_head, strict=True):
-            row = np.nan_to_num(wattn[:, a, cands], nan=-np.inf)  # [head, candidate]
-            pick = row.argmax(-1)
-            self.hits[layer] += np.asarray(ok)[pick]
+            row_w = np.nan_to_num(wattn[:, a, cands], nan=-np.inf)  # [head, candidate]
+            pick = row_w.argmax(-1)
+            hit = np.asarray(ok, float)[pick]
+            self.hits[layer] += hit
+            if self.per_window is not None and row is not None:
+                self.per_window.add("hits", [row], hit[None], (layer,))
+                self.per_window.add("hits|count", [row], np.ones((1, self.n_heads)), (layer,))
             if layer == 0:
                 self.total += 1
                 self.nearest_hits += ok[near]
@@ -250,6 +268,10 @@ class CorefCounts:
 
 
 
+# The antecedent accuracy as a statistic of per-window sums (`CorefCounts.window_sums`).
+COREF_ACCURACY = ratio("hits", "hits|count")
+
+
 def coreference_accuracy(hm: Any, docs: Sequence[Document], max_length: int, batch_size: int = 16, pad_id: int = 0,
                          max_context: int = 3, progress: Any = None) -> tuple[CorefCounts, dict[str, int]]:
     """Per-head antecedent-selection accuracy of `hm` on coreference `docs` (streamed)."""
@@ -262,9 +284,10 @@ def coreference_accuracy(hm: Any, docs: Sequence[Document], max_length: int, bat
     counts = CorefCounts(hm.n_layers, hm.n_heads)
     if not items:
         return counts, info
+    counts.track_windows(len(items))
 
     def fn(layer: int, idx: int, w: np.ndarray) -> None:
-        counts.add_item(layer, w, items[idx])
+        counts.add_item(layer, w, items[idx], row=idx)
 
     if progress is not None and hasattr(progress, "refresh"):
         progress.total = len(items)  # known only now: windows are built from the documents first

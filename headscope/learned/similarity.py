@@ -37,6 +37,7 @@ from ..hooks import on_attention_blocks, on_head_outputs
 from ..io import atomic_write_bytes
 from ..models.adapter import HeadModel
 from ..table import head_name, parse_head
+from ..uncertainty import Accumulator, IntervalSettings, PassageSums
 from ..version import versions
 
 # The CKA estimators live in cka.py; their names stay importable from here (the API and `similar` use them).
@@ -54,6 +55,7 @@ from .cka import (  # noqa: F401
     hsic1_linear,
     linear_cka,
 )
+from .js import JS_ROWS, js_divergence, pair_intervals, pairwise_js_sums, split_rows  # noqa: F401 (js_divergence: the API's)
 
 log = logging.getLogger(__name__)
 
@@ -181,40 +183,6 @@ def weight_similarity(hm: HeadModel) -> dict[str, np.ndarray]:
 
 
 # --- Jensen-Shannon ---------------------------------------------------------------------------------
-def js_divergence(p: Any, q: Any) -> float:
-    """Jensen-Shannon divergence of two distributions, natural log (0 .. ln 2)."""
-    p = torch.as_tensor(np.asarray(p), dtype=torch.float64)
-    q = torch.as_tensor(np.asarray(q), dtype=torch.float64)
-    m = (p + q) / 2
-    return float(0.5 * (torch.special.xlogy(p, p / m).nansum() + torch.special.xlogy(q, q / m).nansum()))
-
-
-def pairwise_js_sums(probs: torch.Tensor) -> torch.Tensor:
-    """Sum over queries of JS(head i, head j) for every pair: `probs [N, M]` holds, for each head, the
-    weights of every (query, key) entry of the selected queries (entries of one query together sum to 1).
-
-    JS(p, q) = 1/2 sum_k [p log p + q log q - (p+q) log((p+q)/2)]; the sum over all entries is the
-    sum of per-query divergences. Elementwise work runs in float32 (float64 inputs stay float64) in
-    cache-sized chunks; every sum is accumulated in float64 (measured error < 1e-8 per query).
-    """
-    work = torch.float64 if probs.dtype == torch.float64 else torch.float32
-    p = probs.to(work)
-    tiny = torch.finfo(work).tiny  # log(0 + tiny) is finite, so 0 * log(..) = 0 without xlogy's cost
-    n, m = p.shape
-    f = (p * torch.log(p + tiny)).sum(-1, dtype=torch.float64)  # [N]
-    cross = torch.zeros(n, n, dtype=torch.float64, device=p.device)
-    mc = min(m, max(256, _CHUNK // max(n, 1)))
-    for m0 in range(0, m, mc):
-        pm = p[:, m0:m0 + mc]
-        rows = max(1, _CHUNK // max(1, n * pm.shape[1]))
-        for i0 in range(0, n, rows):
-            s = pm[i0:i0 + rows, None, :] + pm[None, i0:, :]  # [c, N - i0, mc]
-            cross[i0:i0 + rows, i0:] += (s * torch.log(s * 0.5 + tiny)).sum(-1, dtype=torch.float64)
-    upper = torch.triu(0.5 * (f[:, None] + f[None, :] - cross))
-    js = upper + torch.triu(upper, 1).T
-    return js.clamp_min(0.0)  # rounding can leave -1e-17 where the patterns are identical
-
-
 def check_thresholds(js_max: float, cka_min: float) -> None:
     """Raise a clear error unless 0 < js_max <= ln 2 and 0 <= cka_min < 1."""
     if not 0 < js_max <= LN2 or not 0 <= cka_min < 1:
@@ -231,6 +199,7 @@ class Similarity:
     n_heads: int
     matrices: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    js_rows: PassageSums | None = field(default=None, repr=False)  # per-passage JS sums (`js_intervals`)
 
     @property
     def n(self) -> int:
@@ -274,6 +243,11 @@ class Similarity:
         if keys:
             df = df.sort_values(keys, ascending=[True, False][: len(keys)], kind="stable", na_position="last")
         return df.reset_index(drop=True)
+
+    def js_intervals(self, pairs: Any, settings: IntervalSettings) -> tuple[np.ndarray, np.ndarray]:
+        """The bootstrap interval over passages of the js of each pair `[(head_a, head_b), ...]` (NaN without
+        per-passage sums, e.g. a similarity.npz read back)."""
+        return pair_intervals(self.js_rows, [(self.index(a), self.index(b)) for a, b in pairs], settings)
 
     def clusters(self, js_max: float = DEFAULT_JS_MAX, cka_min: float = DEFAULT_CKA_MIN) -> list[dict[str, Any]]:
         """Groups of near-duplicate heads: complete-linkage clusters in which EVERY pair has
@@ -368,6 +342,10 @@ class _Stream:
             self.estimator = MinibatchCKA(n, hm.d_head, cka_batch, {"cka": r.to(self.device), "cka_z": None},
                                           pool=cka_pool, seed=seed, device=self.device)
         self.maps: dict[int, list[torch.Tensor]] = {}
+        self.row_counts: dict[int, list[torch.Tensor]] = {}  # layer -> per block, entries of each batch row
+        self.js_rows = Accumulator(len(selection), max_rows=JS_ROWS)  # per-passage JS sums and queries
+        self.js_rows.declare("js", (n, n))
+        self.js_rows.declare("js|count", ())
         self.outputs: dict[int, torch.Tensor] = {}
         self.cur: dict[str, torch.Tensor] = {}
 
@@ -381,6 +359,7 @@ class _Stream:
         entries = entries.to(probs.device)
         if bool(entries.any()):  # layers of a dispatched model may sit on other devices: gather on hm.device
             self.maps.setdefault(layer, []).append(probs.permute(1, 0, 2, 3)[:, entries].to(self.device))
+            self.row_counts.setdefault(layer, []).append(entries.sum((1, 2)).cpu())
 
     def keep_z(self, layer: int, z: torch.Tensor) -> None:
         """Keep the head outputs of the non-padding tokens, `[tokens, head, d_head]`."""
@@ -402,10 +381,18 @@ class _Stream:
             if len(self.maps) != n_layers:
                 raise HeadscopeError(f"captured attention for {len(self.maps)} of {n_layers} layers; "
                                      f"the model's forward skipped some layers")
-            # every layer's blocks arrive in the same (block, batch, query, key) order
-            self.js_sum += pairwise_js_sums(torch.cat([torch.cat(self.maps[l], dim=1) for l in range(n_layers)]))
+            # every layer's blocks arrive in the same (block, batch, query, key) order; each passage's entries
+            # are scored apart, so its JS sum can be resampled (the totals are their sum)
+            entries = torch.cat([torch.cat(self.maps[l], dim=1) for l in range(n_layers)])
+            for row, idx in enumerate(split_rows(self.row_counts[0], len(batch.index))):
+                if len(idx):
+                    js = pairwise_js_sums(entries[:, idx])
+                    self.js_sum += js
+                    self.js_rows.add("js", [batch.index[row]], js.cpu().numpy()[None])
+        self.js_rows.add("js|count", list(batch.index), queries.sum(1).cpu().numpy().astype(float))
         self.n_queries += int(queries.sum())
         self.maps.clear()
+        self.row_counts.clear()
         feats = torch.cat([self.outputs[l] for l in range(n_layers)], dim=1)  # [tokens, N, d_head]
         self.estimator.update(feats)
         self.n_tokens += int(valid.sum())
@@ -500,4 +487,4 @@ def similarity(
             "max_length": max_len, "batch_size": batch_size, "js_queries": stream.n_queries,
             "cka_tokens": stream.n_tokens, **cka_meta, "js_max_tokens": js_max_tokens, "seed": seed,
             "js_log_base": "e", "versions": versions()}
-    return Similarity(n_layers, n_heads, matrices, meta)
+    return Similarity(n_layers, n_heads, matrices, meta, stream.js_rows.result())

@@ -35,10 +35,15 @@ import torch
 from ..data import Sentence
 from ..errors import HeadscopeError
 from ..hooks import on_attention_blocks
+from ..uncertainty import Accumulator, PassageSums, Statistic
 
 log = logging.getLogger(__name__)
 
 # The relations Clark et al. report (UD labels; `poss` is UD's nmod:poss).
+# Rows of per-sentence hits kept per relation: more sentences are pooled into fixed groups of consecutive
+# sentences (a block bootstrap; headscope.uncertainty.passages), so memory stays 512 x relations x 2 x heads.
+SENTENCE_ROWS = 512
+
 RELATIONS: tuple[str, ...] = ("nsubj", "obj", "det", "amod", "case", "advmod", "aux", "compound", "poss")
 
 
@@ -159,6 +164,12 @@ class DependencyCounts:
     skipped_long: int = 0
     merged_tokens: int = 0
     unaligned_words: int = 0
+    per_sentence: Accumulator | None = field(default=None, repr=False)
+
+    def track_sentences(self, n_sentences: int) -> "DependencyCounts":
+        """Keep each sentence's hits and arcs per relation from now on (`relation_sums`); returns self."""
+        self.per_sentence = Accumulator(n_sentences, max_rows=SENTENCE_ROWS)
+        return self
 
     def _arr(self, d: dict[str, np.ndarray], rel: str) -> np.ndarray:
         if rel not in d:
@@ -166,23 +177,48 @@ class DependencyCounts:
         return d[rel]
 
     def add_sentence(self, layer: int, wattn: np.ndarray, heads: Sequence[int], deprels: Sequence[str],
-                     aligned_words: np.ndarray) -> None:
+                     aligned_words: np.ndarray, row: int | None = None) -> None:
         """Score one sentence's word attention `[head, word, word]` at `layer`.
 
         `heads` are 1-based (0 = root); `aligned_words` flags words that have tokens. Offsets and
-        totals are counted at layer 0 only, so each arc is counted once.
+        totals are counted at layer 0 only, so each arc is counted once. `row` (the sentence's index)
+        keeps its hits per sentence too, when tracked.
         """
         pred = _argmax_no_self(wattn)  # [head, word]
+        mine: dict[str, list[np.ndarray]] = {}
         for d, (g, rel) in enumerate(zip(heads, deprels, strict=True)):
             g -= 1
             if g < 0 or g == d or not (aligned_words[d] and aligned_words[g]):
                 continue
             r = relation_of(rel)
-            self._arr(self.dep_to_head, r)[layer] += pred[:, d] == g
-            self._arr(self.head_to_dep, r)[layer] += pred[:, g] == d
+            d2h, h2d = pred[:, d] == g, pred[:, g] == d
+            self._arr(self.dep_to_head, r)[layer] += d2h
+            self._arr(self.head_to_dep, r)[layer] += h2d
+            got = mine.setdefault(r, [np.zeros(self.n_heads), np.zeros(self.n_heads), np.zeros(())])
+            got[0] += d2h
+            got[1] += h2d
+            got[2] += 1
             if layer == 0:
                 self.total[r] += 1
                 self.offsets[r][g - d] += 1
+        if self.per_sentence is not None and row is not None:
+            acc, shape = self.per_sentence, (self.n_layers, self.n_heads)
+            for r, (d2h_, h2d_, n) in mine.items():
+                for key, v in ((f"{r}|dep_to_head", d2h_), (f"{r}|head_to_dep", h2d_)):
+                    acc.declare(key, shape)
+                    acc.add(key, [row], v[None], (layer,))
+                if layer == 0:
+                    acc.declare(f"{r}|count", ())
+                    acc.add(f"{r}|count", [row], n[None])
+
+    def relation_sums(self, rel: str) -> PassageSums | None:
+        """Per-sentence hits of `rel` in both directions and its arcs (`[rows, ...]`), or None when untracked."""
+        if self.per_sentence is None or f"{rel}|count" not in self.per_sentence.arrays:
+            return None
+        acc, shape = self.per_sentence, (self.n_layers, self.n_heads)
+        for key in (f"{rel}|dep_to_head", f"{rel}|head_to_dep"):
+            acc.declare(key, shape)
+        return acc.result().select([f"{rel}|dep_to_head", f"{rel}|head_to_dep", f"{rel}|count"])
 
     def baseline(self, rel: str) -> tuple[float, int]:
         """Best fixed-offset accuracy for `rel` and its offset (head position - dependent position)."""
@@ -218,6 +254,18 @@ class DependencyCounts:
                         "best_direction": "dep_to_head" if d2h[li, hi] >= h2d[li, hi] else "head_to_dep",
                         "dep_to_head": d2h.tolist(), "head_to_dep": h2d.tolist()}
         return out
+
+
+def best_accuracy(rel: str) -> Statistic:
+    """The better direction's accuracy of `rel` as a statistic of per-sentence sums (`relation_sums`)."""
+
+    def stat(s: Any) -> np.ndarray:
+        n = np.asarray(s[f"{rel}|count"], float)[..., None, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, np.maximum(s[f"{rel}|dep_to_head"], s[f"{rel}|head_to_dep"]) /
+                            np.where(n > 0, n, 1.0), np.nan)
+
+    return stat
 
 
 # --- streaming runner ----------------------------------------------------------------------------
@@ -287,9 +335,10 @@ def dependency_accuracy(hm: Any, sentences: Iterable[Sentence], max_length: int,
         raise HeadscopeError(f"no treebank sentence fits in {max_length} tokens; raise --max-length")
     has_tokens = [np.isin(np.arange(a.n_words), a.word_of) for a in inputs]
     counts.sentences = len(inputs)
+    counts.track_sentences(len(inputs))
 
     def fn(layer: int, idx: int, w: np.ndarray) -> None:
-        counts.add_sentence(layer, w, kept[idx].heads, kept[idx].deprels, has_tokens[idx])
+        counts.add_sentence(layer, w, kept[idx].heads, kept[idx].deprels, has_tokens[idx], row=idx)
 
     stream_word_attention(hm, inputs, batch_size, fn, pad_id, progress)
     return counts

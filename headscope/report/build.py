@@ -51,7 +51,7 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
     fig_dir = out if write_plots else None
     parts: list[Part] = [
         heads_part(table, src, fig_dir, special_names),
-        roles_part(src, n_layers, n_heads),
+        roles_part(src, n_layers, n_heads, fig_dir),
         longctx_part(src),
         similarity_part(src, n_layers, n_heads),
         sweep.sweep_part(src, fig_dir),

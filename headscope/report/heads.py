@@ -70,6 +70,11 @@ def summarise_heads(table: HeadTable, special_names: str) -> list[str]:
             parts = ", ".join(f"{r} {len(c)}" for r, c in sorted(families.items(), key=lambda t: -len(t[1])))
             out.append(f"Heads per role family (a head can hold several): {parts}; {none} heads hold no role "
                        "above its baseline.")
+        if "uncertain_roles" in table:
+            unsure = sum(bool(role_names(table["uncertain_roles"][l, h])) for l, h in table.heads())
+            if unsure:
+                out.append(f"{unsure} heads pass a role's rule on the point estimate but not on its confidence bound: "
+                           "they are marked uncertain (grey in the grid), not assigned.")
     return out
 
 
@@ -85,6 +90,8 @@ def heads_part(table: HeadTable | None, src: Sources, out: Path | None, special_
     part.data["descriptions"] = {c: ROLES_CSV.meaning(c) for c in [*columns, "roles"] if ROLES_CSV.meaning(c)}
     if "roles" in table:
         part.data["roles"] = [";".join(role_names(table["roles"][l, h])) for l, h in table.heads()]
+    if "uncertain_roles" in table:  # the grid greys heads whose only roles are uncertain
+        part.data["uncertain"] = [";".join(role_names(table["uncertain_roles"][l, h])) for l, h in table.heads()]
     part.say("q1", *summarise_heads(table, special_names))
     if out is not None:
         for col in GRID_PLOT_COLUMNS:

@@ -3,12 +3,14 @@ best head per dependency relation and for coreference (syntax.csv, roles.json's 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .. import plots
 from ..artifacts import ROLES_JSON, SYNTAX_CSV
-from ..learned.roles.registry import role_for_score
+from ..learned.roles.registry import key, resolve, role_for_score
 from .sources import Part, Sources, clean
 
 # Relations seen only a few times give accuracies of 0 or 1 by chance; they are left out.
@@ -30,6 +32,8 @@ def fmt_num(v: Any) -> str:
 def role_scores(rj: dict[str, Any], n_layers: int, n_heads: int) -> dict[str, dict[str, Any]]:
     """Per head (`L3H7`), each role score that has a baseline: {score, baseline, beats baseline when}."""
     scores, baselines = rj["scores"], rj["baselines"]
+    bounds = rj.get("score_intervals") or {}  # files written before intervals have none
+    shares = rj.get("held_share") or {}
     per_head: dict[str, dict[str, Any]] = {}
     for name, matrix in scores.items():
         entry = role_for_score(name)
@@ -39,21 +43,41 @@ def role_scores(rj: dict[str, Any], n_layers: int, n_heads: int) -> dict[str, di
         direction = "higher" if entry.higher_is_better else "lower"
         a = np.asarray(matrix, dtype=float).reshape(n_layers, n_heads)
         b = np.asarray(baselines[entry.baseline], dtype=float).reshape(n_layers, n_heads)
+        lo, hi = (np.asarray(bounds[name][k], dtype=float).reshape(n_layers, n_heads) if name in bounds else None
+                  for k in ("lo", "hi"))
+        share = np.asarray(shares[entry.name], dtype=float).reshape(n_layers, n_heads) if entry.name in shares else None
         for l in range(n_layers):
             for h in range(n_heads):
-                per_head.setdefault(f"L{l}H{h}", {})[name] = {
-                    "score": float(a[l, h]), "baseline": float(b[l, h]), "beats baseline when": direction}
+                rec: dict[str, Any] = {"score": float(a[l, h])}
+                if lo is not None and hi is not None:
+                    rec.update({"lo": float(lo[l, h]), "hi": float(hi[l, h])})
+                rec.update({"baseline": float(b[l, h]), "beats baseline when": direction})
+                if share is not None:
+                    rec["held in resamples"] = float(share[l, h])
+                per_head.setdefault(f"L{l}H{h}", {})[name] = rec
     return clean(per_head)
 
 
-def census_rows(census: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """One row per role: how many heads hold it and the best four with their scores and baselines."""
+def census_rows(census: dict[str, list[dict[str, Any]]],
+                uncertain: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+    """One row per role: how many heads hold it, how many are uncertain (roles.json's `uncertain`), and the best
+    four with their scores, intervals and baselines."""
+    unsure: dict[str, int] = {}
+    for names in (uncertain or {}).values():
+        for r in names:
+            unsure[r] = unsure.get(r, 0) + 1
     rows = []
-    for role, heads in census.items():
+    for role in [*census, *(r for r in unsure if r not in census)]:
+        heads = census.get(role, [])
         best = ", ".join(f"{x['head']} {fmt_num(x['score'])}"
+                         + (f" [{fmt_num(x['lo'])}, {fmt_num(x['hi'])}]" if isinstance(x.get("lo"), (int, float))
+                            and isinstance(x.get("hi"), (int, float)) else "")
                          + (f" (baseline {fmt_num(x['baseline'])})" if isinstance(x.get("baseline"), (int, float))
                             else "") for x in heads[:4])
-        rows.append({"role": role, "heads": len(heads), "best": best})
+        row = {"role": role, "heads": len(heads), "best": best}
+        if uncertain is not None:
+            row = {"role": role, "heads": len(heads), "uncertain": unsure.get(role, 0), "best": best}
+        rows.append(row)
     return rows
 
 
@@ -114,8 +138,36 @@ def syntax_table(src: Sources, coref: dict[str, Any] | None) -> dict[str, Any] |
             "accuracy": "accuracy", "baseline": "baseline", "rows": len(head_rows)}
 
 
-def roles_part(src: Sources, n_layers: int, n_heads: int) -> Part:
-    """Role scores per head, the census, thresholds, and the syntax/coreference table."""
+ROLE_BARS_PNG = "report-roles.png"
+
+
+def role_bar_rows(rj: dict[str, Any], per_role: int = 3) -> list[dict[str, Any]]:
+    """The best `per_role` assigned heads of each role with their intervals, then each role's best uncertain heads
+    (roles.json's `uncertain`), for the role bar chart; roles without intervals are left out."""
+    bounds = rj.get("score_intervals") or {}
+    rows: list[dict[str, Any]] = []
+    for role, heads in rj["census"].items():
+        rows += [{"role": role, "head": e["head"], "score": e["score"], "lo": e["lo"], "hi": e["hi"],
+                  "uncertain": False} for e in heads[:per_role] if "lo" in e]
+    unsure: dict[str, list[dict[str, Any]]] = {}
+    for head, names in (rj.get("uncertain") or {}).items():
+        l, h = (int(x) for x in head[1:].split("H"))
+        for r in names:
+            found = resolve(r)
+            name = key(found[0].score, found[1]) if found is not None else None
+            if name is None or name not in bounds or name not in rj["scores"]:
+                continue
+            unsure.setdefault(r, []).append({"role": r, "head": head, "score": float(rj["scores"][name][l][h]),
+                                             "lo": float(bounds[name]["lo"][l][h]),
+                                             "hi": float(bounds[name]["hi"][l][h]), "uncertain": True})
+    for items in unsure.values():
+        rows += sorted(items, key=lambda e: -e["score"])[:per_role]
+    return rows
+
+
+def roles_part(src: Sources, n_layers: int, n_heads: int, out: Path | None = None) -> Part:
+    """Role scores per head with their intervals, the census (with uncertain counts), thresholds, the bar chart
+    of the strongest heads per role (intervals as error bars, uncertain heads grey), and the syntax table."""
     part = Part()
     rj = src.json(ROLES_JSON.name) if n_layers else None
     if rj is not None and (rj["n_layers"], rj["n_heads"]) != (n_layers, n_heads):
@@ -127,7 +179,11 @@ def roles_part(src: Sources, n_layers: int, n_heads: int) -> Part:
         part.missing["roles"] = src.note(ROLES_JSON.name)
     else:
         part.data["role_scores"] = role_scores(rj, n_layers, n_heads)
-        part.data["census"] = census_rows(rj["census"])
+        part.data["census"] = census_rows(rj["census"], rj.get("uncertain"))
+        bars = role_bar_rows(rj)
+        if out is not None and bars:
+            plots.role_bars(bars, out / ROLE_BARS_PNG)
+            part.plots.append(ROLE_BARS_PNG)
         part.data["thresholds"] = clean(rj["thresholds"])
         coref = coreference_row(rj["coreference"], n_layers, n_heads)
     syn = syntax_table(src, coref)

@@ -22,9 +22,23 @@ from .bootstrap import (
                         resample_weights,
 )
 from .passages import MAX_ROWS, Accumulator, PassageSums, Statistic, Sums, group_size, mean_of, ratio
-from .stability import Stability, default_k, lowest, rank, spearman, spearman_brown, spearman_rows, split_half
+from .stability import (
+                        MIN_STABLE_PASSAGES,
+                        Stability,
+                        check_until_stable,
+                        chunk_spans,
+                        default_k,
+                        lowest,
+                        rank,
+                        spearman,
+                        spearman_brown,
+                        spearman_interval,
+                        spearman_rows,
+                        split_half,
+)
 
-__all__ = ["MAX_ROWS", "METHODS", "Accumulator", "Interval", "IntervalSettings", "PassageSums", "Stability",
-           "Statistic", "Sums", "binomial_interval", "bootstrap", "bootstrap_many", "check_settings", "default_k",
-           "expanded_z", "group_size", "interval_from", "jackknife", "lowest", "mean_of", "rank", "ratio",
-           "replicates", "resample_weights", "spearman", "spearman_brown", "spearman_rows", "split_half"]
+__all__ = ["MAX_ROWS", "METHODS", "MIN_STABLE_PASSAGES", "Accumulator", "Interval", "IntervalSettings",
+           "PassageSums", "Stability", "Statistic", "Sums", "binomial_interval", "bootstrap", "bootstrap_many",
+           "check_settings", "check_until_stable", "chunk_spans", "default_k", "expanded_z", "group_size",
+           "interval_from", "jackknife", "lowest", "mean_of", "rank", "ratio", "replicates", "resample_weights",
+           "spearman", "spearman_brown", "spearman_interval", "spearman_rows", "split_half"]

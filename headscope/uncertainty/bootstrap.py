@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,9 +99,21 @@ def resample_weights(rows: int, B: int, seed: int) -> Iterator[np.ndarray]:
         yield w
 
 
+def one_blas_thread() -> AbstractContextManager[Any]:
+    """BLAS on one thread for the resampling products: they are small (`[250, rows] x [rows, heads]`), and a
+    multi-threaded OpenBLAS spends far longer synchronising than computing them (measured 80x slower on 2 busy
+    cores, benchmarks/bench_uncertainty.py). Without threadpoolctl, BLAS keeps its own setting."""
+    try:
+        from threadpoolctl import threadpool_limits  # a dependency of headscope; tolerated when absent
+    except ImportError:
+        return nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def replicates(sums: PassageSums, statistic: Statistic, B: int, seed: int) -> np.ndarray:
     """The statistic on `B` resamples of the rows: `[B, *figure]`."""
-    out = [np.asarray(statistic(sums.weighted(w)), dtype=float) for w in resample_weights(sums.rows, B, seed)]
+    with one_blas_thread():
+        out = [np.asarray(statistic(sums.weighted(w)), dtype=float) for w in resample_weights(sums.rows, B, seed)]
     return np.concatenate(out, axis=0)
 
 
@@ -206,4 +219,5 @@ def binomial_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float
 
 
 __all__ = ["METHODS", "Interval", "IntervalSettings", "binomial_interval", "bootstrap", "bootstrap_many",
-           "check_settings", "expanded_z", "interval_from", "jackknife", "replicates", "resample_weights"]
+           "check_settings", "expanded_z", "interval_from", "jackknife", "one_blas_thread", "replicates",
+           "resample_weights"]

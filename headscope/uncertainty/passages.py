@@ -140,6 +140,14 @@ class Accumulator:
     def result(self) -> PassageSums:
         return PassageSums(self.arrays, self.per_row)
 
+    @classmethod
+    def holding(cls, sums: PassageSums, n_passages: int) -> "Accumulator":
+        """An accumulator already holding `sums` (e.g. chunks of passages read in turn and concatenated)."""
+        acc = cls(0)
+        acc.n_passages, acc.per_row, acc.n_rows = n_passages, sums.passages_per_row, sums.rows
+        acc.arrays = {k: v.copy() for k, v in sums.arrays.items()}
+        return acc
+
 
 def ratio(num: str, den: str) -> Statistic:
     """The statistic sum(num) / sum(den) (NaN where nothing was counted)."""

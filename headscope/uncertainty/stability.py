@@ -23,7 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import HeadscopeError
 from .passages import PassageSums, Statistic
+
+# The fewest passages --until-stable starts from (two halves of four).
+MIN_STABLE_PASSAGES = 8
 
 
 def rank(values: np.ndarray) -> np.ndarray:
@@ -120,4 +124,41 @@ def split_half(sums: PassageSums, statistic: Statistic, *, seed: int = 0, splits
     return Stability(r, spearman_brown(r), float(np.mean(overlaps)), k, splits, n, seed)
 
 
-__all__ = ["Stability", "default_k", "lowest", "rank", "spearman", "spearman_brown", "spearman_rows", "split_half"]
+def spearman_interval(r: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """An interval for Spearman's r over `n` paired elements (heads): Fisher's z with Bonett & Wright's (2000)
+    variance (1 + r²/2) / (n - 3). It treats the heads as the sample; the noise of the data each ranking was
+    computed on is not in it (use a paired bootstrap of per-passage contributions where they exist)."""
+    if not math.isfinite(r) or n < 4:
+        return math.nan, math.nan
+    from scipy.stats import norm  # scipy.stats takes ~1 s to import; only this interval needs it
+
+    z, se = math.atanh(max(min(r, 1 - 1e-12), -1 + 1e-12)), math.sqrt((1 + r * r / 2) / (n - 3))
+    q = float(norm.ppf(1 - (1 - level) / 2))
+    return math.tanh(z - q * se), math.tanh(z + q * se)
+
+
+def check_until_stable(until_stable: float | None, available: int) -> None:
+    """Refuse a target stability outside (0, 1), or one with fewer than 8 passages to split (every verb's
+    --until-stable: score, prune, roles)."""
+    if until_stable is None:
+        return
+    if isinstance(until_stable, bool) or not isinstance(until_stable, (int, float)) or \
+            not 0.0 < float(until_stable) < 1.0:
+        raise HeadscopeError(f"--until-stable must be a split-half stability in (0, 1), e.g. 0.9; got {until_stable!r}")
+    if available < MIN_STABLE_PASSAGES:
+        raise HeadscopeError(f"--until-stable needs at least {MIN_STABLE_PASSAGES} passages to split in halves; the "
+                             f"data holds {available} (raise --limit or give more data)")
+
+
+def chunk_spans(n: int, until_stable: float | None, chunk: int) -> list[tuple[int, int]]:
+    """Passage ranges [lo, hi) to read in turn: all at once without `until_stable`, else a first chunk of at
+    least `MIN_STABLE_PASSAGES` and then `chunk` passages at a time."""
+    if until_stable is None:
+        return [(0, n)]
+    first = max(MIN_STABLE_PASSAGES, chunk)
+    bounds = [0, *range(first, n, chunk), n]
+    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+__all__ = ["MIN_STABLE_PASSAGES", "Stability", "check_until_stable", "chunk_spans", "default_k", "lowest", "rank",
+           "spearman", "spearman_brown", "spearman_interval", "spearman_rows", "split_half"]

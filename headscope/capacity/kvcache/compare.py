@@ -13,10 +13,12 @@ from ...errors import HeadscopeError
 from ...learned.longctx import build_haystack, long_roles
 from ...learned.longctx.needle import DEPTHS, gum_sentences
 from ...models.adapter import HeadModel
+from ...uncertainty import IntervalSettings
 from ..kv_formula import normalize_dtype
 from .cache import HeadPlan, check_supported
 from .choice import Choice, choose_full, choose_random, choose_threshold, choose_top
 from .evaluate import DEFAULT_CHUNK, evaluate_needles, evaluate_perplexity
+from .paired import add_paired
 from .uptrain import uptrain_head_aware
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class Settings:
     uptrain: int = 0  # steps of distillation under each score choice's masks (0: none); see uptrain.py
     loss: str = "kd"
     lr: float = 1e-3
+    intervals: IntervalSettings = IntervalSettings()  # the paired chosen-vs-random interval (paired.py)
 
 
 def check_context(context: int, sink: int, window: int, max_positions: int | None = None) -> None:
@@ -135,7 +138,7 @@ def compare(hm: HeadModel, passages: Sequence[Sequence[int]], scores: np.ndarray
             "needle_accuracy": needles["needle_accuracy"], "needles": needles["needles"], "uptrain_steps": steps,
             "seed": s.seed,
             "full_heads": c.full_heads(), "riders": c.riders, "bytes_stored": ppl["bytes_stored"][-1],
-            "answers": needles["answers"]}
+            "answers": needles["answers"], "passage_nll": ppl["passage_nll"], "passage_tokens": ppl["passage_tokens"]}
         rows.append(row)
         if on_row is not None:
             on_row(row)
@@ -151,6 +154,7 @@ def compare(hm: HeadModel, passages: Sequence[Sequence[int]], scores: np.ndarray
             row = measure(student, c, plan, f"{label} uptrained", s.uptrain)
             row["uptrain"] = {"losses": log_.losses, "settings": log_.settings}
             del student
+    add_paired(rows, s.intervals)
     return rows
 
 

@@ -82,14 +82,17 @@ def passage_nll(hm: HeadModel, plan: HeadPlan, ids: torch.Tensor, chunk: int = D
 def evaluate_perplexity(hm: HeadModel, plan: HeadPlan, passages: Sequence[Sequence[int]], chunk: int = DEFAULT_CHUNK,
                         progress: bool = False, desc: str = "perplexity") -> dict[str, Any]:
     """Perplexity over `passages` (token ids) through the cache, and the bytes read at each last step."""
-    nll, count, reads, stored = 0.0, 0, [], []
+    nll, count, reads, stored, per_nll, per_count = 0.0, 0, [], [], [], []
     with head_aware_attention(hm), torch.inference_mode():
         for p in tqdm(passages, desc=desc, disable=not progress, leave=False):
             r = passage_nll(hm, plan, torch.tensor([list(p)], device=hm.device), chunk)
             nll, count = nll + r.nll, count + r.count
+            per_nll.append(r.nll)  # per passage: the paired comparison with the random control resamples them
+            per_count.append(r.count)
             reads.append(r.bytes_read)
             stored.append(r.bytes_stored)
-    return {"perplexity": perplexity(nll, count), "ppl_tokens": count, "bytes_read": reads, "bytes_stored": stored}
+    return {"perplexity": perplexity(nll, count), "ppl_tokens": count, "bytes_read": reads, "bytes_stored": stored,
+            "passage_nll": per_nll, "passage_tokens": per_count}
 
 
 def long_passages_ids(tokenizer: Any, texts: Sequence[str], context: int, passages: int) -> list[list[int]]:

@@ -20,12 +20,23 @@ from ...distributed import is_main, run_on_main
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
 from ...table import HeadTable, head_name
+from ...uncertainty import IntervalSettings
 from ..analyze import table_from_stats
-from ..coref import Document, coreference_accuracy, read_documents
-from ..syntax import RELATIONS, dependency_accuracy
-from .induction import induction_scores, special_frame
-from .registry import Thresholds, census_of, judge, report_scores, role_columns
-from .text import text_pass, text_scores
+from ..coref import COREF_ACCURACY, CorefCounts, Document, coreference_accuracy, read_documents
+from ..syntax import RELATIONS, DependencyCounts, best_accuracy, dependency_accuracy
+from .confidence import (
+    RoleIntervals,
+    add_member,
+    heads_map,
+    reached,
+    role_intervals,
+    scores_in,
+    split_roles,
+    stability_of,
+)
+from .induction import INDUCTION_SCORES, induction_sums, scores_of, special_frame
+from .registry import Thresholds, census_of, judge, key, report_scores, resolve, role_columns
+from .text import text_pass, text_scores, text_sums
 
 
 # --- what the passes read ----------------------------------------------------------------------------
@@ -161,43 +172,54 @@ def roles(
     n_sequences: int = 32,
     coref_context: int = 3,
     thresholds: Thresholds | None = None,
+    intervals: IntervalSettings | None = None,
+    until_stable: float | None = None,
+    chunk: int = 32,
     progress: bool = False,
 ) -> HeadTable:
-    """Role census of `hm`: analyze's statistics plus role scores, a `roles` column and, in
-    `meta['roles']`, every score, baseline and threshold (what roles.json holds).
+    """Role census of `hm`: analyze's statistics plus role scores with their intervals, a `roles` column
+    (roles whose rule passes on the score's conservative bound), an `uncertain_roles` column (roles whose
+    point estimate passes but whose bound does not) and, in `meta['roles']`, every score, interval, held
+    share, baseline and threshold (what roles.json holds; `confidence.py` states the rule).
 
     `data` as for `analyze` (default: the built-in sample; a TextSource already read is used as it
     is); `treebank` a CoNLL-U file, a list of `Sentence` or a `TreebankSource` for syntactic roles;
     `coref` a CorefUD CoNLL-U file (e.g. GUM) or a `CorefSource` for coreference. `limit` keeps the
-    first N passages / sentences of each.
+    first N passages / sentences of each. `intervals`: level, resamples, method, seed (default 95%,
+    1,000, BCa, `seed`). With `until_stable` the text passages are read `chunk` at a time until every text
+    role score's ranking reaches that split-half stability (Spearman-Brown), capped by `limit`.
     """
     th = thresholds or Thresholds()
+    settings = intervals or IntervalSettings(seed=seed)
     torch.manual_seed(seed)
     np.random.seed(seed)
     max_len = resolve_max_length(hm, max_length)
     # Read the treebank and coreference files before any slow work, so bad input fails fast.
     tb, co = _treebank(treebank, limit), _coref(coref, limit)
 
-    stats, role_stats, info = text_pass(hm, data, max_len, batch_size, limit, progress)
-    base = table_from_stats(hm, stats, {**info, "batch_size": batch_size, "seed": seed})
+    stats, role_stats, info = text_pass(hm, data, max_len, batch_size, limit, progress, until_stable=until_stable,
+                                        stable=_stable_check(until_stable, seed), chunk=chunk)
+    base = table_from_stats(hm, stats, {**info, "batch_size": batch_size, "seed": seed}, settings)
     scores = text_scores(stats.means(), role_stats.means())
     # The passes below are not split across ranks (a fixed synthetic pass; per-relation and per-anaphor
     # argmax counts): rank 0 runs them alone and sends the result to every rank.
-    scores.update(run_on_main(lambda: induction_scores(hm, n_sequences, repeat_length, seed, batch_size)))
+    ind = run_on_main(lambda: induction_sums(hm, n_sequences, repeat_length, seed, batch_size))
+    scores.update(scores_of(ind, INDUCTION_SCORES))
     shape = (hm.n_layers, hm.n_heads)
-    syntax = _syntax_pass(hm, tb, max_len, batch_size, progress) if tb is not None else None
+    syntax, dep = _syntax_pass(hm, tb, max_len, batch_size, progress) if tb is not None else (None, None)
     if syntax is not None:
         scores.update(syntax_scores(syntax["relations"], shape))
-    coref_dict = _coref_pass(hm, co, max_len, batch_size, coref_context, progress) if co is not None else None
+    coref_dict, cc = _coref_pass(hm, co, max_len, batch_size, coref_context, progress) if co is not None \
+        else (None, None)
     if coref_dict is not None:
         scores.update(coref_scores(coref_dict, shape))
-
-    role_lists = decide(scores, th)
-    role_col = np.empty(shape, dtype=object)
-    for idx in np.ndindex(shape):
-        role_col[idx] = ";".join(role_lists[idx])
-    columns = {"roles": role_col, **{c: scores[c] for c in role_columns("short", scores)}}
-    report_part, baselines = report_scores("short", scores)
+    text = text_sums(stats, role_stats)
+    iv = role_intervals([g for g in (text, ind) if g is not None], th, settings)
+    if dep is not None and syntax is not None:
+        _syntax_bounds(iv, dep, syntax["relations"], th, settings, shape)
+    if cc is not None and coref_dict is not None:
+        _coref_bounds(iv, cc, coref_dict, scores, th, settings)
+    columns, decided = _decided(scores, iv, th, settings, shape)
     report = {
         "model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "causal": hm.causal,
         "thresholds": th.as_dict(),
@@ -205,17 +227,98 @@ def roles(
                  else "first ordinary token: the tokenizer adds no BOS, so the sink is position 0"},
         "induction": {"sequences": n_sequences, "repeat_length": repeat_length, "seed": seed,
                       "special_prefix": special_frame(hm)[0]},
-        "scores": report_part, "baselines": baselines,
-        "roles": {head_name(l, h): role_lists[l, h] for l in range(hm.n_layers) for h in range(hm.n_heads)},
-        "census": census(role_lists, scores),
+        **decided,
+        "stability": {**(stability_of(text, scores_in(text), seed) if text is not None else {}),
+                      **stability_of(ind, scores_in(ind), seed)},
         "syntax": syntax,
         "coreference": coref_dict,
     }
     return base.with_columns(columns, meta={"roles": report})
 
 
+def _stable_check(target: float | None, seed: int) -> Any:
+    """--until-stable's test after each chunk: whether every text role score's ranking reached `target`."""
+
+    def stable(stats: Any, role_stats: Any) -> tuple[bool, dict[str, float]]:
+        sums = text_sums(stats, role_stats)
+        if sums is None or target is None:
+            return False, {}
+        return reached(stability_of(sums, scores_in(sums), seed), target)
+
+    return stable
+
+
+def _syntax_bounds(iv: RoleIntervals, dep: DependencyCounts, relations: dict[str, Any], th: Thresholds,
+                   settings: IntervalSettings, shape: tuple[int, int]) -> None:
+    """Each relation's accuracy interval over sentences (into `relations[rel]` as accuracy_lo/_hi, the better
+    direction's) and the syntactic role's decision on its bound."""
+    for rel, r in relations.items():
+        sums = dep.relation_sums(rel)
+        if sums is None:
+            continue
+        lo, hi = add_member(iv, "syntactic", rel, sums, best_accuracy(rel), np.full(shape, r["baseline"]), th,
+                            settings)
+        r["accuracy_lo"], r["accuracy_hi"] = lo.tolist(), hi.tolist()
+        r["sentence_rows"] = sums.rows
+
+
+def _coref_bounds(iv: RoleIntervals, cc: CorefCounts, coref: dict[str, Any], scores: dict[str, np.ndarray],
+                  th: Thresholds, settings: IntervalSettings) -> None:
+    """The antecedent accuracy's interval over windows (into `coref` as accuracy_lo/_hi) and the coreference
+    role's decision on its bound."""
+    sums = cc.window_sums()
+    if sums is None or not cc.total:
+        return
+    lo, hi = add_member(iv, "coreference", None, sums, COREF_ACCURACY, scores["coref_accuracy_baseline"], th, settings)
+    coref["accuracy_lo"], coref["accuracy_hi"], coref["window_rows"] = lo.tolist(), hi.tolist(), sums.rows
+
+
+def _decided(scores: dict[str, np.ndarray], iv: RoleIntervals, th: Thresholds, settings: IntervalSettings,
+             shape: tuple[int, int]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """roles.csv's role columns (with bounds) and roles.json's scores, intervals, held shares, roles and census:
+    roles decided on their conservative bounds where the scores have intervals (`confidence.py`)."""
+    point = judge("short", scores, th)
+    sure = judge("short", {**scores, **iv.conservative}, th)
+    assigned, uncertain = split_roles(point, sure, iv.roles)
+
+    def col(held: dict[tuple[int, int], list[str]]) -> np.ndarray:
+        out = np.empty(shape, dtype=object)
+        for idx in np.ndindex(shape):
+            out[idx] = ";".join(held.get(idx, []))
+        return out
+
+    columns: dict[str, np.ndarray] = {"roles": col(assigned), "uncertain_roles": col(uncertain)}
+    for c in role_columns("short", scores):
+        columns[c] = scores[c]
+        columns.update(iv.columns([c]))
+    report_part, baselines = report_scores("short", scores)
+    census_ = census_of(((idx, assigned.get(idx, [])) for idx in np.ndindex(shape)), scores)
+    for role_, heads in census_.items():
+        found = resolve(role_)
+        score_name = key(found[0].score, found[1]) if found else None
+        score_name = score_name if score_name in iv.bounds else None
+        for e in heads:
+            l, h = (int(x) for x in e["head"][1:].split("H"))
+            if role_ in iv.held_share:
+                e["held_share"] = float(iv.held_share[role_][l, h])
+            if score_name is not None:
+                lo, hi = iv.bounds[score_name]
+                e["lo"], e["hi"] = float(lo[l, h]), float(hi[l, h])
+    every = sorted({r for v in point.values() for r in v})
+    decided = {
+        "scores": report_part, "baselines": baselines, "intervals": settings.record(),
+        "score_intervals": {n: {"lo": lo, "hi": hi, "rows": iv.rows[n]} for n, (lo, hi) in iv.bounds.items()},
+        "held_share": iv.held_share,
+        "decided_on": {r: "bound" if r in iv.roles else "estimate" for r in every},
+        "roles": {head_name(l, h): assigned.get((l, h), []) for l in range(shape[0]) for h in range(shape[1])},
+        "uncertain": heads_map(uncertain), "uncertain_heads": len(uncertain),
+        "census": census_,
+    }
+    return columns, decided
+
+
 def _syntax_pass(hm: HeadModel, tb: TreebankSource, max_len: int, batch_size: int,
-                 progress: bool) -> dict[str, Any]:
+                 progress: bool) -> tuple[dict[str, Any], DependencyCounts]:
     """roles.json's `syntax`: dependency accuracy per relation (Clark et al. 2019) and what was read."""
     bar = tqdm(total=len(tb.sentences), desc="roles: treebank", unit="sent", disable=not progress or not is_main(),
                leave=False)
@@ -226,11 +329,11 @@ def _syntax_pass(hm: HeadModel, tb: TreebankSource, max_len: int, batch_size: in
         bar.close()
     info = {"treebank": tb.name, "sentences": dep.sentences, "skipped_long": dep.skipped_long,
             "merged_tokens": dep.merged_tokens, "unaligned_words": dep.unaligned_words}
-    return {"info": info, "relations": dep.to_dict(min_count=1)}
+    return {"info": info, "relations": dep.to_dict(min_count=1)}, dep
 
 
 def _coref_pass(hm: HeadModel, co: CorefSource, max_len: int, batch_size: int, context: int,
-                progress: bool) -> dict[str, Any]:
+                progress: bool) -> tuple[dict[str, Any], CorefCounts]:
     """roles.json's `coreference`: antecedent accuracy per head, its baselines, and what was read."""
     bar = tqdm(desc="roles: coreference", unit="window", disable=not progress or not is_main(), leave=False)
     pid = pad_id(hm)
@@ -239,7 +342,7 @@ def _coref_pass(hm: HeadModel, co: CorefSource, max_len: int, batch_size: int, c
             lambda: coreference_accuracy(hm, co.documents, max_len, batch_size, pid, context, bar))
     finally:
         bar.close()
-    return {**cc.to_dict(), "file": co.name, **co.info, **items_info, "context_sentences": context}
+    return {**cc.to_dict(), "file": co.name, **co.info, **items_info, "context_sentences": context}, cc
 
 
 def syntax_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -248,13 +351,16 @@ def syntax_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for rel, r in syn.items():
         d2h, h2d = np.array(r["dep_to_head"], float), np.array(r["head_to_dep"], float)
+        lo, hi = (np.array(r[k], float) if k in r else np.full(d2h.shape, np.nan)
+                  for k in ("accuracy_lo", "accuracy_hi"))
         for l in range(d2h.shape[0]):
             for h in range(d2h.shape[1]):
                 rows.append({"kind": "head", "layer": l, "head": h, "relation": rel, "count": r["count"],
                              "dep_to_head": d2h[l, h], "head_to_dep": h2d[l, h],
-                             "accuracy": max(d2h[l, h], h2d[l, h]), "baseline_offset": ""})
+                             "accuracy": max(d2h[l, h], h2d[l, h]), "accuracy_lo": lo[l, h], "accuracy_hi": hi[l, h],
+                             "baseline_offset": ""})
     for rel, r in syn.items():
         rows.append({"kind": "offset_baseline", "layer": "", "head": "", "relation": rel, "count": r["count"],
                      "dep_to_head": r["baseline"], "head_to_dep": r["baseline"], "accuracy": r["baseline"],
-                     "baseline_offset": r["baseline_offset"]})
+                     "accuracy_lo": "", "accuracy_hi": "", "baseline_offset": r["baseline_offset"]})
     return rows

@@ -16,6 +16,8 @@ from ...data.prepare import passage_frame
 from ...errors import HeadscopeError
 from ...hooks import on_attention_blocks
 from ...models.adapter import HeadModel
+from ...stats import COUNT
+from ...uncertainty import Accumulator, PassageSums, ratio
 
 
 def special_frame(hm: HeadModel) -> tuple[list[int], list[int]]:
@@ -48,42 +50,60 @@ def repeated_sequences(hm: HeadModel, n_sequences: int = 32, length: int = 24,
     return ids, len(prefix)
 
 
-def induction_scores(hm: HeadModel, n_sequences: int = 32, length: int = 24, seed: int = 0,
-                     batch_size: int = 16) -> dict[str, np.ndarray]:
-    """Induction and duplicate-token scores `[n_layers, n_heads]` and their uniform baselines.
+def induction_sums(hm: HeadModel, n_sequences: int = 32, length: int = 24, seed: int = 0,
+                   batch_size: int = 16) -> PassageSums:
+    """Per-sequence sums of the induction and duplicate-token masses and their uniform baselines, each with
+    its count (`<name>|count`), `[sequences, n_layers, n_heads]`: the scores are their ratios (`induction_scores`),
+    and resampling the sequences gives their intervals.
 
     For the second occurrence of token i (position s = start + length + i), induction is the mass
     on position start + i + 1 (the token that followed its first occurrence), duplicate is the mass
     on start + i; the last token is left out of induction (what followed it is the repeat itself).
     """
     ids, start = repeated_sequences(hm, n_sequences, length, seed)
-    L, H = hm.n_layers, hm.n_heads
-    sums = {k: np.zeros((L, H)) for k in ("induction", "duplicate")}
-    base = {k: np.zeros(L) for k in ("induction", "duplicate")}
-    counts = {"induction": 0, "duplicate": 0}
+    L, H, n = hm.n_layers, hm.n_heads, len(ids)
+    acc = Accumulator(n)
+    for name in ("induction_score", "duplicate_score"):
+        for k in (name, name + "_uniform"):
+            acc.declare(k, (L, H))
+            acc.declare(k + COUNT, (L, H))
     second = torch.arange(length) + start + length  # query positions
     t = ids.shape[1]
+    rows: list[int] = []
 
     def on_attn(layer: int, q_start: int, probs: torch.Tensor) -> None:
         p = probs.detach().double()  # [b, h, q_block, k]: queries q_start ..
         ones = torch.ones(p.shape[0], t, dtype=torch.long, device=p.device)
         n_keys = n_visible_keys(ones, hm.causal, hm.sliding_window(layer)).double()  # [b, q]
-        for name, shift, n in (("duplicate", 0, length), ("induction", 1, length - 1)):
-            q = second[:n]
+        for name, shift, m in (("duplicate_score", 0, length), ("induction_score", 1, length - 1)):
+            q = second[:m]
             q = q[(q >= q_start) & (q < q_start + p.shape[2])]  # this block's queries
             k = q - length + shift
-            sums[name][layer] += p[:, :, q - q_start, k].sum((0, 2)).cpu().numpy()
-            base[name][layer] += float((1.0 / n_keys[:, q]).sum())
+            acc.add(name, rows, p[:, :, q - q_start, k].sum(2).cpu().numpy(), (layer,))
+            base = (1.0 / n_keys[:, q]).sum(-1).cpu().numpy()  # [b]
+            acc.add(name + "_uniform", rows, np.repeat(base[:, None], H, 1), (layer,))
+            for key in (name, name + "_uniform"):
+                acc.add(key + COUNT, rows, np.full((len(rows), H), float(len(q))), (layer,))
 
     with on_attention_blocks(hm, on_attn), torch.inference_mode():
-        for s in range(0, len(ids), batch_size):
+        for s in range(0, n, batch_size):
             chunk = ids[s:s + batch_size]
+            rows[:] = range(s, s + len(chunk))
             hm.model(input_ids=chunk.to(hm.device), attention_mask=torch.ones_like(chunk).to(hm.device),
                      use_cache=False)
-            counts["duplicate"] += len(chunk) * length
-            counts["induction"] += len(chunk) * (length - 1)
-    out = {}
-    for name in ("induction", "duplicate"):
-        out[f"{name}_score"] = sums[name] / counts[name]
-        out[f"{name}_score_uniform"] = np.repeat((base[name] / counts[name])[:, None], H, 1)
-    return out
+    return acc.result()
+
+
+INDUCTION_SCORES = ("induction_score", "duplicate_score")
+
+
+def scores_of(sums: PassageSums, names: tuple[str, ...] | list[str]) -> dict[str, np.ndarray]:
+    """Each `name` and its `name_uniform` twin as the ratio of its summed mass to its summed count."""
+    total = sums.total()
+    return {k: ratio(k, k + COUNT)(total) for name in names for k in (name, name + "_uniform")}
+
+
+def induction_scores(hm: HeadModel, n_sequences: int = 32, length: int = 24, seed: int = 0,
+                     batch_size: int = 16) -> dict[str, np.ndarray]:
+    """Induction and duplicate-token scores `[n_layers, n_heads]` and their uniform baselines (`induction_sums`)."""
+    return scores_of(induction_sums(hm, n_sequences, length, seed, batch_size), INDUCTION_SCORES)

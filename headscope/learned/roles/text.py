@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -24,7 +25,8 @@ from ...distributed import all_reduce_stats, is_main, shard_indices
 from ...errors import HeadscopeError
 from ...hooks import on_attention_blocks
 from ...models.adapter import HeadModel
-from ...stats import HeadStats, allowed_keys, collect_stats_kernel
+from ...stats import COUNT, HeadStats, allowed_keys, collect_stats_kernel
+from ...uncertainty import Accumulator, PassageSums, check_until_stable, chunk_spans
 
 OFFSETS = (-3, -2, -1, 0, 1, 2, 3)
 # The offsets whose mass the statistics kernel sums already (headscope.stats.STATISTICS), by column.
@@ -94,11 +96,15 @@ class RoleReducer:
     def __init__(self, hm: HeadModel, stats: HeadStats) -> None:
         self.hm, self.stats = hm, stats
         self.batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # mask, delimiter, rare flags
+        self.rows: list[int] | None = None
 
-    def set_batch(self, attention_mask: torch.Tensor, delimiter: torch.Tensor, rare: torch.Tensor) -> None:
-        """Flags for the next forward: delimiter keys `[batch, pos]`, rare-word keys `[batch, pos]`."""
+    def set_batch(self, attention_mask: torch.Tensor, delimiter: torch.Tensor, rare: torch.Tensor,
+                  passages: list[int] | None = None) -> None:
+        """Flags for the next forward: delimiter keys `[batch, pos]`, rare-word keys `[batch, pos]`, and which
+        passages (indices in the data) the rows are, for per-passage sums."""
         dev = self.hm.device
         self.batch = attention_mask.to(dev), delimiter.to(dev), rare.to(dev)
+        self.rows = passages
 
     def __call__(self, layer: int, q_start: int, probs: torch.Tensor) -> None:
         """One block of queries `[q_start, q_start + q_block)`: probs `[batch, head, q_block, key]`."""
@@ -108,24 +114,29 @@ class RoleReducer:
         with torch.no_grad():
             allowed = allowed_keys(mask, self.hm.causal, self.hm.sliding_window(layer),
                                    queries=(q_start, q_start + probs.shape[2]))  # [batch, q_block, key]
-            reduce_roles(self.stats, layer, probs.float(), allowed, delim, rare, q_start=q_start)
+            reduce_roles(self.stats, layer, probs.float(), allowed, delim, rare, q_start=q_start, rows=self.rows)
 
 
-def _add(stats: HeadStats, name: str, layer: int, per_head: torch.Tensor, count: torch.Tensor, n_heads: int) -> None:
-    if per_head.dim() == 0:
-        per_head = per_head.expand(n_heads)
-    stats.add(name, layer, per_head, count)
+def _add(stats: HeadStats, name: str, layer: int, per_passage: torch.Tensor, count: torch.Tensor, n_heads: int,
+         rows: list[int] | None, uniform: bool = False) -> None:
+    """Add one passage-by-head sum `[batch, heads]` (or, `uniform`, `[batch]`: the same for every head) with its
+    count `[batch]`; per passage when `rows` names the passages."""
+    if uniform:
+        per_passage = per_passage[:, None].expand(-1, n_heads)
+    stats.add(name, layer, per_passage, count, rows=rows)
 
 
 def reduce_roles(stats: HeadStats, layer: int, p: torch.Tensor, allowed: torch.Tensor,
-                 delimiter: torch.Tensor, rare: torch.Tensor, *, q_start: int = 0) -> None:
+                 delimiter: torch.Tensor, rare: torch.Tensor, *, q_start: int = 0,
+                 rows: list[int] | None = None) -> None:
     """Add one layer's role sums for queries `q_start ..`: `p` `[batch, head, q, k]` (all keys),
     `allowed` `[batch, q, k]` for the same queries, key flags `[batch, k]`.
 
     The sums add over queries, so a layer may come whole (q_start 0, q = k) or in blocks of queries.
     Each score `<name>` has a twin `<name>_uniform`: what a head spreading its weight evenly over
     the allowed keys would score on the same queries. The masses at `KERNEL_OFFSETS` are the
-    statistics kernel's; only their twins are added here.
+    statistics kernel's; only their twins are added here. Sums are kept per passage (`rows`: the
+    passages of the batch's rows; `HeadStats.track_passages`), so every score has a bootstrap interval.
     """
     _, h, nq, t = p.shape
     al = allowed.double()
@@ -133,7 +144,11 @@ def reduce_roles(stats: HeadStats, layer: int, p: torch.Tensor, allowed: torch.T
     inv = torch.where(n_keys > 0, 1.0 / n_keys.clamp(min=1), torch.zeros_like(n_keys))
     qpos = torch.arange(q_start, q_start + nq, device=p.device)
     kpos = torch.arange(t, device=p.device)
-    rows = slice(q_start, q_start + nq)
+    q_rows = slice(q_start, q_start + nq)
+
+    def add(name: str, per_passage: torch.Tensor, count: torch.Tensor, uniform: bool = False) -> None:
+        _add(stats, name, layer, per_passage, count, h, rows, uniform)
+
     for k in OFFSETS:
         # query q_start + i and key q_start + i + k lie on the block's diagonal q_start + k
         ok = torch.diagonal(al, offset=q_start + k, dim1=-2, dim2=-1)  # [b, n]
@@ -142,27 +157,27 @@ def reduce_roles(stats: HeadStats, layer: int, p: torch.Tensor, allowed: torch.T
         name = offset_score(k)
         if k not in KERNEL_OFFSETS:
             diag = torch.diagonal(p, offset=q_start + k, dim1=-2, dim2=-1).double()  # [b, h, n]
-            _add(stats, name, layer, (diag * ok[:, None]).sum((0, 2)), ok.sum(), h)
-        _add(stats, name + "_uniform", layer, (q_inv * ok).sum(), ok.sum(), h)
+            add(name, (diag * ok[:, None]).sum(2), ok.sum(-1))
+        add(name + "_uniform", (q_inv * ok).sum(-1), ok.sum(-1), uniform=True)
 
     q_after = (n_keys > 0).double() * (qpos[None, :] > 0).double()  # queries after the first token
-    _add(stats, "sink_mass", layer, (p[..., 0].double() * q_after[:, None]).sum((0, 2)), q_after.sum(), h)
-    _add(stats, "sink_mass_uniform", layer, (inv * q_after * al[..., 0]).sum(), q_after.sum(), h)
+    add("sink_mass", (p[..., 0].double() * q_after[:, None]).sum(2), q_after.sum(-1))
+    add("sink_mass_uniform", (inv * q_after * al[..., 0]).sum(-1), q_after.sum(-1), uniform=True)
 
     def keyed(name: str, keys: torch.Tensor, queries: torch.Tensor) -> None:
         ak = al * keys[:, None, :].double()  # allowed flagged keys [b, q, k]
         q = queries.double() * (ak.sum(-1) > 0).double()
         mass = torch.einsum("bhqk,bqk->bhq", p.double(), ak)
-        _add(stats, name, layer, (mass * q[:, None]).sum((0, 2)), q.sum(), h)
-        _add(stats, name + "_uniform", layer, (ak.sum(-1) * inv * q).sum(), q.sum(), h)
+        add(name, (mass * q[:, None]).sum(2), q.sum(-1))
+        add(name + "_uniform", (ak.sum(-1) * inv * q).sum(-1), q.sum(-1), uniform=True)
 
     delim = delimiter.bool() & (kpos[None, :] > 0)
     keyed("delimiter_mass", delim, n_keys > 0)
-    keyed("rare_word_mass", rare.bool(), (n_keys > 0) & ~rare.bool()[:, rows] & ~delimiter.bool()[:, rows])
+    keyed("rare_word_mass", rare.bool(), (n_keys > 0) & ~rare.bool()[:, q_rows] & ~delimiter.bool()[:, q_rows])
 
     dist = (qpos[:, None] - kpos[None, :]).abs().double()  # [q, k]
     qv = (n_keys > 0).double()
-    _add(stats, "uniform_distance", layer, ((al * dist).sum(-1) * inv * qv).sum(), qv.sum(), h)
+    add("uniform_distance", ((al * dist).sum(-1) * inv * qv).sum(-1), qv.sum(-1), uniform=True)
 
 
 def text_scores(statistics: dict[str, np.ndarray], role_means: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -175,6 +190,20 @@ def text_scores(statistics: dict[str, np.ndarray], role_means: dict[str, np.ndar
         out[name + "_uniform"] = role_means[name + "_uniform"]
     out.update({k: v for k, v in role_means.items() if k not in out})
     return out
+
+
+def text_sums(stats: HeadStats, role_stats: HeadStats) -> PassageSums | None:
+    """The text pass's per-passage sums under the role scores' names (`text_scores`): the statistics, the
+    kernel's offset masses as `offset_*_mass`, and the role sums; None when passages were not tracked."""
+    a, b = stats.passage_sums(), role_stats.passage_sums()
+    if a is None or b is None:
+        return None
+    arrays = dict(a.arrays)
+    for k, name in KERNEL_OFFSETS.items():
+        for suffix in ("", COUNT):
+            arrays[offset_score(k) + suffix] = a[name + suffix]
+    arrays.update(b.arrays)
+    return PassageSums(arrays, a.passages_per_row)
 
 
 # --- the pass ---------------------------------------------------------------------------------------
@@ -193,41 +222,90 @@ def _rare_targets(hm: HeadModel, ids: list[list[int]], texts: Any) -> list[np.nd
     return out
 
 
-def text_pass(hm: HeadModel, data: Any, max_len: int, batch_size: int, limit: int | None,
-              progress: bool) -> tuple[HeadStats, HeadStats, dict[str, Any]]:
-    """analyze's statistics and the role sums of the text pass, in one streamed run."""
-    tokens = prepare_tokens(hm, data, max_len, limit)
-    ids = tokens.ids
-    flags = token_classes(hm)
-    rare_targets = _rare_targets(hm, ids, tokens.texts)
-    stats = HeadStats(hm.n_layers, hm.n_heads)
-    role_stats = HeadStats(hm.n_layers, hm.n_heads)  # kept apart so heads.csv gets only analyze's columns from `stats`
+def _scan(hm: HeadModel, ids: list[list[int]], rare_targets: list[np.ndarray | None], flags: Any, lo: int, hi: int,
+          batch_size: int, bar: Any) -> tuple[HeadStats, HeadStats]:
+    """The statistics and role sums of passages lo..hi-1, per passage (rows 0..hi-lo-1), merged over ranks."""
+    n = hi - lo
+    # kept apart so heads.csv gets only analyze's columns from `stats`
+    stats, role_stats = HeadStats(hm.n_layers, hm.n_heads).track_passages(n), \
+        HeadStats(hm.n_layers, hm.n_heads).track_passages(n)
     reducer = RoleReducer(hm, role_stats)
     # torchrun / --workers: each rank scans whole batches of its own; every role score is a sum over
     # queries with its count, so the ranks' HeadStats are added (headscope.distributed)
-    mine = shard_indices(ids, batch_size)
-    bar = tqdm(total=len(mine), desc="roles: text", unit="passage", disable=not progress or not is_main(),
-               leave=False)
+    part = ids[lo:hi]
+    mine = shard_indices(part, batch_size)
+    with collect_stats_kernel(hm, stats, flags) as session, on_attention_blocks(hm, reducer), torch.inference_mode():
+        for batch in batches([part[i] for i in mine], batch_size, pad_id=pad_id(hm)):
+            passages = [mine[j] for j in batch.index]
+            session.set_batch(batch.attention_mask, batch.input_ids, passages)
+            tok = batch.input_ids
+            delim = (flags.special[tok] | flags.punct[tok]) & batch.attention_mask.bool()
+            rare = torch.zeros_like(delim)
+            for r, i in enumerate(passages):
+                target = rare_targets[lo + i]
+                if target is not None:
+                    rare[r, : len(target)] = torch.from_numpy(target)
+            reducer.set_batch(batch.attention_mask, delim, rare, passages)
+            hm.model(**batch.model_inputs(hm.device), use_cache=False)
+            bar.update(len(batch.index))
+    return all_reduce_stats(stats), all_reduce_stats(role_stats)
+
+
+def _joined(parts: list[tuple[HeadStats, HeadStats]]) -> tuple[HeadStats, HeadStats]:
+    """The chunks' statistics and role sums as one HeadStats each, their per-passage rows one after the other."""
+    out = []
+    for k in (0, 1):
+        merged = parts[0][k]
+        for p in parts[1:]:
+            merged = merged.merge(p[k])
+        rows = [p[k].passage_sums() for p in parts]
+        if all(r is not None for r in rows):
+            sums = PassageSums.concat([r for r in rows if r is not None])
+            n = sum(acc.n_passages for p in parts if (acc := p[k].per_passage) is not None)
+            merged.per_passage = Accumulator.holding(sums, n)
+        out.append(merged)
+    return out[0], out[1]
+
+
+# Called after each chunk with the statistics and role sums so far: (reached, {score: stability}).
+StableCheck = Callable[[HeadStats, HeadStats], tuple[bool, dict[str, float]]]
+
+
+def text_pass(hm: HeadModel, data: Any, max_len: int, batch_size: int, limit: int | None,
+              progress: bool, *, until_stable: float | None = None, stable: StableCheck | None = None,
+              chunk: int = 32) -> tuple[HeadStats, HeadStats, dict[str, Any]]:
+    """analyze's statistics and the role sums of the text pass, in one streamed run, kept per passage.
+
+    With `until_stable`, passages are read in chunks (`chunk_spans`) until `stable` says the role scores'
+    rankings reached it, or the data runs out; info['until_stable'] says which."""
+    tokens = prepare_tokens(hm, data, max_len, limit)
+    ids = tokens.ids
+    check_until_stable(until_stable, len(ids))
+    flags = token_classes(hm)
+    rare_targets = _rare_targets(hm, ids, tokens.texts)
+    desc = "roles: text until stable" if until_stable is not None else "roles: text"
+    bar = tqdm(total=len(ids), desc=desc, unit="passage", disable=not progress or not is_main(), leave=False)
+    parts: list[tuple[HeadStats, HeadStats]] = []
+    used, reached, now = 0, False, {}  # type: tuple[int, bool, dict[str, float]]
     try:
-        with collect_stats_kernel(hm, stats, flags) as session, on_attention_blocks(hm, reducer), \
-                torch.inference_mode():
-            for batch in batches([ids[i] for i in mine], batch_size, pad_id=pad_id(hm)):
-                session.set_batch(batch.attention_mask, batch.input_ids)
-                tok = batch.input_ids
-                delim = (flags.special[tok] | flags.punct[tok]) & batch.attention_mask.bool()
-                rare = torch.zeros_like(delim)
-                for r, j in enumerate(batch.index):
-                    target = rare_targets[mine[j]]
-                    if target is not None:
-                        rare[r, : len(target)] = torch.from_numpy(target)
-                reducer.set_batch(batch.attention_mask, delim, rare)
-                hm.model(**batch.model_inputs(hm.device), use_cache=False)
-                bar.update(len(batch.index))
+        for lo, hi in chunk_spans(len(ids), until_stable, chunk):
+            parts.append(_scan(hm, ids, rare_targets, flags, lo, hi, batch_size, bar))
+            used = hi
+            if until_stable is not None and stable is not None:
+                reached, now = stable(*_joined(parts))
+                bar.set_postfix({"stability": f"{min(now.values()):.2f}" if now else "-"})
+                if reached:
+                    break
     finally:
         bar.close()
-    stats, role_stats = all_reduce_stats(stats), all_reduce_stats(role_stats)
+    stats, role_stats = _joined(parts) if parts else (HeadStats(hm.n_layers, hm.n_heads),
+                                                      HeadStats(hm.n_layers, hm.n_heads))
+    ids = ids[:used]
     first_special = bool(ids) and all(bool(flags.special[t[0]]) for t in ids if t)
     info = {"data": tokens.source, "passages": len(ids), "truncated": tokens.truncated, "max_length": max_len,
-            "rare_word_passages": int(sum(t is not None for t in rare_targets)),
+            "rare_word_passages": int(sum(t is not None for t in rare_targets[:used])),
             "first_token_is_special": first_special}
+    if until_stable is not None:
+        info["until_stable"] = {"target": until_stable, "reached": bool(reached), "passages": used,
+                                "available": len(tokens.ids), "stability": now}
     return stats, role_stats, info

@@ -19,9 +19,12 @@ from ...eval.metrics import METRICS, resolve_metric
 from ...models.adapter import HeadModel
 from ...table import HeadTable
 from ...uncertainty import (
+    MIN_STABLE_PASSAGES,
     IntervalSettings,
     PassageSums,
     Statistic,
+    check_until_stable,
+    chunk_spans,
     interval_from,
     jackknife,
     replicates,
@@ -31,21 +34,6 @@ from ...uncertainty import (
 )
 from ...version import versions
 from .criteria import CRITERIA, ScoreContext, base_gates, parse_methods, shares
-
-# The fewest passages --until-stable starts from (two halves of four).
-MIN_STABLE_PASSAGES = 8
-
-
-def check_until_stable(until_stable: float | None, available: int) -> None:
-    """Refuse a target stability outside (0, 1), or one with fewer than 8 passages to split."""
-    if until_stable is None:
-        return
-    if isinstance(until_stable, bool) or not isinstance(until_stable, (int, float)) or \
-            not 0.0 < float(until_stable) < 1.0:
-        raise HeadscopeError(f"--until-stable must be a split-half stability in (0, 1), e.g. 0.9; got {until_stable!r}")
-    if available < MIN_STABLE_PASSAGES:
-        raise HeadscopeError(f"--until-stable needs at least {MIN_STABLE_PASSAGES} passages to split in halves; the "
-                             f"data holds {available} (raise --limit or give more data)")
 
 
 def _take(prep: Tokens, lo: int, hi: int) -> Tokens:
@@ -109,14 +97,6 @@ def _stable_enough(run: _Run, chosen: list[str], target: float, seed: int) -> tu
     return bool(got) and all(v >= target for v in got.values()), got
 
 
-def _chunks(n: int, until_stable: float | None, chunk: int) -> list[tuple[int, int]]:
-    if until_stable is None:
-        return [(0, n)]
-    first = max(MIN_STABLE_PASSAGES, chunk)
-    bounds = [0, *range(first, n, chunk), n]
-    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
-
-
 def score(
     hm: HeadModel,
     data: Any,
@@ -173,7 +153,7 @@ def score(
     run, used, reached = _Run(), 0, None
     bar = tqdm(total=len(prep.ids), desc="score until stable", unit="passage",
                disable=until_stable is None or not progress or not is_main(), leave=False)
-    for lo, hi in _chunks(len(prep.ids), until_stable, chunk):
+    for lo, hi in chunk_spans(len(prep.ids), until_stable, chunk):
         part = _take(prep, lo, hi) if (lo, hi) != (0, len(prep.ids)) else prep
         ref = _take_reference(reference, prep, lo, hi) if part is not prep else reference
         ctx = ScoreContext(hm, part, metric, base, ref, batch_size, ig_steps, seed, progress,

@@ -53,6 +53,7 @@ from ...learned.syntax import dependency_accuracy
 from ...models.adapter import HeadModel
 from ...registry import Registry
 from ...table import HeadTable
+from ...uncertainty import spearman, spearman_interval
 from ...version import versions
 from .criteria import CRITERIA
 from .scoring import rank_correlations, score
@@ -286,6 +287,22 @@ def task_correlations(table: HeadTable) -> Any:
     return rank_correlations(table)
 
 
+def task_correlation_intervals(table: HeadTable, level: float = 0.95) -> list[dict[str, Any]]:
+    """Each pair of tasks' Spearman over the heads both score, with its interval over heads
+    (`uncertainty.spearman_interval`: Fisher z, Bonett-Wright variance; the tasks' own data noise is not in it)."""
+    names = [c.removeprefix("importance_") for c in table.columns
+             if c.startswith("importance_") and not c.endswith(("_lo", "_hi"))]
+    out = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            va, vb = (np.asarray(table[f"importance_{t}"], float).ravel() for t in (a, b))
+            ok = np.isfinite(va) & np.isfinite(vb)
+            r = spearman(va, vb)
+            lo, hi = spearman_interval(r, int(ok.sum()), level)
+            out.append({"a": a, "b": b, "spearman": r, "lo": lo, "hi": hi, "heads": int(ok.sum())})
+    return out
+
+
 def task_specific(table: HeadTable, top: float = 0.1) -> list[dict[str, Any]]:
     """Heads in the top `top` share of one task's ranking that rank in the bottom half of another's.
 
@@ -316,5 +333,5 @@ def task_specific(table: HeadTable, top: float = 0.1) -> list[dict[str, Any]]:
     return rows
 
 
-__all__ = ["TASKS", "TaskContext", "check_tasks_usable", "parse_tasks", "task_correlations", "task_importance",
-           "task_specific"]
+__all__ = ["TASKS", "TaskContext", "check_tasks_usable", "parse_tasks", "task_correlation_intervals",
+           "task_correlations", "task_importance", "task_specific"]

@@ -84,6 +84,7 @@
   var CATEGORY = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1', '#ff9da7',
     '#9c755f', '#17becf', '#bcbd22', '#8c564b'];
   var NONE = [225, 225, 225];
+  var UNCERTAIN = [150, 150, 150];  // a head whose only roles are uncertain (point estimate passes, bound does not)
   function hexToRgb(h) { return [1, 3, 5].map(function (i) { return parseInt(h.substr(i, 2), 16); }); }
   function range(values) {
     var lo = Infinity, hi = -Infinity;
@@ -126,13 +127,16 @@
         r.split(';').forEach(function (x) { if (x && !seen[fam(x)]) { seen[fam(x)] = 1; counts[fam(x)] = (counts[fam(x)] || 0) + 1; } });
       });
       var names = Object.keys(counts).sort(function (a, b) { return counts[b] - counts[a]; });
-      D.roles.forEach(function (r) {
+      var unsure = 0;
+      D.roles.forEach(function (r, k) {
         var first = r ? fam(r.split(';')[0]) : '';
-        var c = first ? hexToRgb(CATEGORY[names.indexOf(first) % CATEGORY.length]) : NONE;
+        var u = !first && D.uncertain && D.uncertain[k] ? fam(D.uncertain[k].split(';')[0]) : '';
+        unsure += u ? 1 : 0;
+        var c = first ? hexToRgb(CATEGORY[names.indexOf(first) % CATEGORY.length]) : (u ? UNCERTAIN : NONE);
         out.colours.push(c);
-        out.labels.push(first ? first.slice(0, 4) + (r.split(';').length > 1 ? '+' : '') : '');
+        out.labels.push(first ? first.slice(0, 4) + (r.split(';').length > 1 ? '+' : '') : (u ? u.slice(0, 4) + '?' : ''));
       });
-      out.legend = { roles: names, counts: counts };
+      out.legend = { roles: names, counts: counts, uncertain: unsure };
     } else {
       var vals = D.columns[col], r = range(vals);
       vals.forEach(function (v) {
@@ -162,6 +166,10 @@
         lg.appendChild(el('span', null, el('span', { cls: 'swatch', style: 'background:' + CATEGORY[i % CATEGORY.length] }),
           r + ' (' + cc.legend.counts[r] + ')'));
       });
+      if (cc.legend.uncertain) {
+        lg.appendChild(el('span', null, el('span', { cls: 'swatch', style: 'background:' + rgb(UNCERTAIN) }),
+          'uncertain (' + cc.legend.uncertain + '): a rule passes on the estimate, not on its confidence bound'));
+      }
       lg.appendChild(el('span', null, el('span', { cls: 'swatch', style: 'background:' + rgb(NONE) }), 'no role'));
       lg.appendChild(el('span', { text: '(colour = first role; + = more roles; hover for all)' }));
     } else {
@@ -176,7 +184,15 @@
   function headNumbers(k) {
     var rows = [];
     if (D.roles) rows.push(['roles', D.roles[k] || '(none)']);
-    Object.keys(D.columns).forEach(function (c) { rows.push([c, D.columns[c][k]]); });
+    if (D.uncertain && D.uncertain[k]) rows.push(['uncertain roles', D.uncertain[k]]);
+    // a column's interval bounds (`<name>_lo`, `<name>_hi`) are shown with it: value [lo, hi]
+    Object.keys(D.columns).forEach(function (c) {
+      if (/_(lo|hi)$/.test(c) && D.columns[c.slice(0, -3)]) return;
+      var lo = D.columns[c + '_lo'], hi = D.columns[c + '_hi'];
+      var v = D.columns[c][k];
+      rows.push([c, lo && hi && typeof v === 'number' && typeof lo[k] === 'number' && typeof hi[k] === 'number' ?
+        fmt(v) + ' [' + fmt(lo[k]) + ', ' + fmt(hi[k]) + ']' : v]);
+    });
     return rows;
   }
   function renderGrid() {
@@ -360,7 +376,8 @@
     var box = $('census');
     if (!D.census) { box.appendChild(missing('roles')); return; }
     box.appendChild(el('p', { cls: 'hint', text: 'Each role, how many heads hold it above its baseline, and the strongest of them.' }));
-    box.appendChild(table(['role', 'heads', 'best'], D.census));
+    box.appendChild(table(D.census.length && 'uncertain' in D.census[0] ? ['role', 'heads', 'uncertain', 'best'] :
+      ['role', 'heads', 'best'], D.census));
   }
   function renderSyntax() {
     var box = $('syntax');
