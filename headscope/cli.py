@@ -19,6 +19,7 @@ import transformers
 from . import commands, distributed
 from .commands._common import check_common
 from .errors import HeadscopeError
+from .study import cli as study_cli
 from .version import __version__
 
 
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):
             importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
+    study_cli.register(sub)  # the verb above the others: it runs them
     return parser
 
 

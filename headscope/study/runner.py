@@ -1,0 +1,248 @@
+"""`study(...)`: every stage a family supports, sized to the budget, into one folder; then the report.
+
+Order of work: refuse bad options, read the data and probe the model (nothing is written until the budget
+is known to cover the least a study needs), plan, then run the stages in order. Before each stage the plan
+of what is left is redone with the time left and the measured/estimated ratio of the stages run so far;
+after each, study.json records it (so an interrupted study continues where it stopped).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..data import read_texts
+from ..errors import HeadscopeError
+from ..io import check_writable_dir
+from ..provenance import data_fingerprint, model_fingerprint
+from ..version import versions
+from . import answers as answers_mod
+from .budget import FILL, Plan, fmt_duration, make_plan, tolerance_s
+from .probe import probe
+from .progress import Progress
+from .stages import MAX_LENGTH, PRIORITY, Ctx, Family, Stage, stages_for
+from .state import LOG_DIR, State, clear_stage_files, clear_study, file_hashes, stage_key, verb_files
+from .verbs import command_line, run_verb
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DATA, DEFAULT_PRUNE_DATA, DEFAULT_HELDOUT = "ptb-valid", "ptb-train", "ptb-valid"
+CORRECTION_RANGE = (0.3, 5.0)
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    model: str = "minilm"
+    budget_s: float = 600.0
+    data: str | None = None
+    out: str = "headscope-study"
+    force: bool = False
+    device: str | None = None
+
+
+@dataclass
+class Outcome:
+    """What a study did: the state written, the answers, the elapsed time and whether a stage failed."""
+
+    state: State
+    answers: dict[str, str]
+    elapsed: float
+    failed: list[str]
+
+
+def check_out(out: Path, force: bool) -> State | None:
+    """The folder's study.json (to continue), or None; refuses a folder holding another verb's results."""
+    check_writable_dir(out)
+    if force or not out.is_dir():
+        return None
+    state = State.load(out)
+    if state is not None:
+        return state
+    verbs = ("analyze", "roles", "similar", "score", "prune", "kv", "kvcache", "report")
+    clash = sorted({n for v in verbs for n in verb_files(v) if (out / n).exists()})
+    if clash:
+        shown = ", ".join(clash[:4]) + (", ..." if len(clash) > 4 else "")
+        raise HeadscopeError(f"--out {str(out)!r} holds results no study recorded ({shown}); pass --force to "
+                             f"replace them or choose another --out")
+    return None
+
+
+def _estimate(stage: Stage, level: int, probe_: Any, family: Family, corr: float) -> float:
+    return stage.cost(probe_, family, stage.levels[level]) * corr
+
+
+def _plan(stages: list[Stage], probe_: Any, family: Family, corr: float, available: float,
+          fixed: dict[str, int] | None = None) -> Plan:
+    """A plan of `stages` within `available` seconds (`fixed`: sizes a resumed study keeps)."""
+    by = {s.name: s for s in stages}
+
+    def cost(name: str, lv: int) -> float:
+        return _estimate(by[name], lv, probe_, family, corr)
+
+    if fixed is not None:
+        from .budget import Choice
+
+        return Plan([Choice(s.name, fixed.get(s.name), cost(s.name, fixed[s.name]) if s.name in fixed else 0.0,
+                            "" if s.name in fixed else "left out when the study was planned")
+                     for s in stages])
+    return make_plan([s.name for s in stages], cost, lambda n: len(by[n].levels), lambda n: by[n].required,
+                     PRIORITY, available)
+
+
+def minimum_s(stages: list[Stage], probe_: Any, family: Family) -> float:
+    """The least a study of this model needs here: its required stages at their cheapest."""
+    return sum(s.cost(probe_, family, s.levels[0]) for s in stages if s.required)
+
+
+def study(opts: StudyOptions, stream: TextIO, live: bool | None = None) -> Outcome:
+    """Run (or continue) the study `opts` describes; the progress view goes to `stream`."""
+    start = time.perf_counter()
+    out = Path(opts.out)
+    previous = check_out(out, opts.force)
+    data = opts.data or DEFAULT_DATA
+    texts = read_texts(data)  # bad data fails before the model loads
+    prune_data, heldout = (opts.data, opts.data) if opts.data else (DEFAULT_PRUNE_DATA, DEFAULT_HELDOUT)
+    hm, probe_ = probe(opts.model, texts, MAX_LENGTH, opts.device)
+    if hm.tokenizer is None:
+        raise HeadscopeError(f"{hm.name} has no tokenizer: no stage of a study can read text with it; give a model "
+                             f"directory with its tokenizer")
+    family = Family.of(hm)
+    model_fp = model_fingerprint(hm.model, hm.config)
+    del hm
+    all_stages = stages_for(family)
+    refused = {s.name: s.refusal(family) for s in all_stages}
+    stages = [s for s in all_stages if not refused[s.name]]
+    need = time.perf_counter() - start + minimum_s(stages, probe_, family)
+    if opts.budget_s < need:
+        raise HeadscopeError(f"--budget {fmt_duration(opts.budget_s)} is below what a study of {family.name} needs "
+                             f"on this machine now: ~{fmt_duration(need)} (the probe, then analyze and the report at "
+                             f"their cheapest); give --budget {int(need // 60) + 1}m or more")
+    data_fp = {"data": data_fingerprint(texts), "prune_data": prune_data, "heldout": heldout}
+    if opts.force:
+        clear_study(out)
+    state = previous or State(out)
+    study_key = stage_key(model_fp, data_fp, [f"budget={opts.budget_s}", f"device={opts.device}"])
+    fixed = state.data.get("plan") if state.data.get("study_key") == study_key else None
+    ctx = Ctx(opts.model, data, prune_data, heldout, str(out), family, opts.device)
+    state.data.update({
+        "format": state.data.get("format", 1), "study_key": study_key,
+        "model": {"name": family.name, "given": opts.model, "model_type": family.model_type,
+                  "causal": family.causal, "n_layers": family.n_layers, "n_heads": family.n_heads,
+                  "n_kv_heads": family.n_kv_heads, "heads": family.heads_total,
+                  "max_positions": family.max_positions, "fingerprint": model_fp},
+        "data": data_fp, "budget_s": opts.budget_s, "tolerance_s": tolerance_s(opts.budget_s),
+        "probe": probe_.as_dict(), "versions": versions()})
+    for name, why in refused.items():
+        if why:
+            state.stage(name).clear()
+            state.stage(name).update({"status": "not supported", "reason": why})
+    plan = _plan(stages, probe_, family, 1.0, opts.budget_s * FILL - (time.perf_counter() - start), fixed)
+    state.data["plan"] = {c.stage: c.level for c in plan.chosen()}
+    state.data.setdefault("answers", {})
+    state.data["elapsed_s"] = 0.0
+    out.mkdir(parents=True, exist_ok=True)
+    state.save()
+    progress = Progress(stream, opts.budget_s, start, len(stages), live)
+    try:
+        failed = _run_stages(stages, plan, state, ctx, probe_, family, model_fp, data_fp, opts, start, progress)
+    finally:
+        progress.close()
+    state.data["elapsed_s"] = round(time.perf_counter() - start, 1)
+    state.save()
+    return Outcome(state, state.data.get("answers", {}), time.perf_counter() - start, failed)
+
+
+def _run_stages(stages: list[Stage], plan: Plan, state: State, ctx: Ctx, probe_: Any, family: Family,
+                model_fp: str, data_fp: dict[str, Any], opts: StudyOptions, start: float,
+                progress: Progress) -> list[str]:
+    """Each stage in turn: reused, left out, downsized to the time left, or run; returns the failed ones."""
+    spent_est, spent_real, failed = 0.0, 0.0, []
+    for i, stage in enumerate(stages, 1):
+        corr = min(max(spent_real / spent_est, CORRECTION_RANGE[0]), CORRECTION_RANGE[1]) if spent_est else 1.0
+        choice = plan.get(stage.name)
+        rec = state.stage(stage.name)
+        if choice.level is None:
+            rec.clear()
+            rec.update({"status": "left out", "reason": choice.reason or "left out by the plan"})
+            progress.say(f"[{i}/{len(stages)}] {stage.name}: {rec['reason']}")
+            state.save()
+            continue
+        level = _fit(stage, stages[i - 1:], plan, probe_, family, corr, opts.budget_s * FILL
+                     - (time.perf_counter() - start))
+        if level is None:
+            rec.clear()
+            left = fmt_duration(opts.budget_s - (time.perf_counter() - start))
+            rec.update({"status": "left out", "reason": f"the time left ({left}) does not cover its cheapest size "
+                                                        f"and the cheapest of the stages after it"})
+            progress.say(f"[{i}/{len(stages)}] {stage.name}: {rec['reason']}")
+            state.save()
+            continue
+        if stage.name == "report":
+            state.data["answers"] = answers_mod.answers(Path(ctx.out), state.data)
+            state.save()
+        argv = [*stage.argv(ctx, stage.levels[level]), "--out", stage.out_dir(ctx.out)]
+        deps = {n: r.get("key") for n, r in state.data["stages"].items() if n != "report"} if stage.name == "report" \
+            else {}
+        key = stage_key(model_fp, {**data_fp, **({"stages": deps, "answers": state.data["answers"]} if deps else {})},
+                        argv)
+        if state.reusable(stage.name, key):
+            progress.say(f"[{i}/{len(stages)}] {stage.name}: reused (same model, data and options; "
+                         f"{rec.get('seconds', 0):.0f} s when it ran)")
+            rec["reused"] = True
+            state.save()
+            continue
+        estimate = _estimate(stage, level, probe_, family, corr)
+        root = Path(stage.out_dir(ctx.out))
+        clear_stage_files(root, stage.verb)
+        rec.clear()
+        rec.update({"status": "running", "command": command_line(argv), "level": level, "size": stage.levels[level],
+                    "estimate_s": round(estimate, 1), "dir": str(root.relative_to(Path(ctx.out)))})
+        state.save()
+        progress.stage(i, stage.name, estimate)
+        t0 = time.perf_counter()
+        try:
+            run_verb(argv, Path(ctx.out) / LOG_DIR / f"{stage.name}.txt")
+        except HeadscopeError as e:  # the verb refused this model or these sizes: say so, go on
+            rec.update({"status": "not supported", "reason": str(e).splitlines()[0]})
+            progress.say(f"[{i}/{len(stages)}] {stage.name}: refused: {rec['reason']}")
+            state.save()
+            continue
+        except KeyboardInterrupt:
+            rec.update({"status": "interrupted"})
+            state.save()
+            raise
+        except Exception as e:  # a bug in one stage must not lose the others; the log has the details
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            rec.update({"status": "failed", "reason": f"{type(e).__name__}: {first}"})
+            log.warning("stage %s failed: %s", stage.name, rec["reason"])
+            failed.append(stage.name)
+            progress.say(f"[{i}/{len(stages)}] {stage.name}: FAILED ({rec['reason']}); see {LOG_DIR}/{stage.name}.txt")
+            state.save()
+            continue
+        seconds = time.perf_counter() - t0
+        spent_est, spent_real = spent_est + estimate / corr, spent_real + seconds
+        rec.update({"status": "done", "key": key, "seconds": round(seconds, 1),
+                    "files": file_hashes(root, verb_files(stage.verb))})
+        progress.say(f"[{i}/{len(stages)}] {stage.name}: done in {fmt_duration(seconds)} (estimate "
+                     f"{fmt_duration(estimate)}) | study {fmt_duration(time.perf_counter() - start)} / "
+                     f"{fmt_duration(opts.budget_s)}")
+        state.save()
+    return failed
+
+
+def _fit(stage: Stage, rest: list[Stage], plan: Plan, probe_: Any, family: Family, corr: float,
+         available: float) -> int | None:
+    """The planned size of `stage`, or a smaller one, such that it and the cheapest sizes of the planned stages
+    after it fit in `available` seconds (estimates times `corr`); None when even its cheapest does not (a
+    required stage always gets its cheapest). Later stages shrink in their turn."""
+    after = sum(_estimate(s, 0, probe_, family, corr) for s in rest[1:] if plan.get(s.name).level is not None)
+    planned = plan.get(stage.name).level or 0
+    for level in range(planned, -1, -1):
+        if _estimate(stage, level, probe_, family, corr) + after <= available:
+            if level != planned:
+                log.info("%s: size %d instead of %d to fit the time left", stage.name, level, planned)
+            return level
+    return 0 if stage.required else None
