@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.verb == "study":  # run from the command line, a study counts the process's start against its budget
+        args.from_command_line = argv is None
     try:
         _quiet_libraries(args.verbose)
         if getattr(args, "workers", 1) != 1 and not distributed.launched():  # --workers N: start N ranks

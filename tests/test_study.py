@@ -40,6 +40,20 @@ def tiny_bert_dir(base: Path) -> Path:
     return path
 
 
+def tiny_llama_dir(base: Path) -> Path:
+    """A tiny LLaMA (6 query heads, 2 KV heads, 64 positions) with a word-level tokenizer over WORDS."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", ".", ",", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path = base / "llama"
+    tiny_model("llama", vocab_size=len(vocab)).model.save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory) -> Path:
     return tiny_bert_dir(tmp_path_factory.mktemp("model"))
@@ -91,6 +105,29 @@ def test_a_tiny_study_end_to_end(bert, tmp_path, capsys):
     kv = d["kv"]
     assert "bytes_per_token" not in kv["columns"] and "per token" in kv["columns"] and "vs MHA" in kv["columns"]
     assert all("site-packages" not in str(r["name"]) for r in kv["rows"])
+
+
+def test_a_tiny_decoder_study_converts_its_kv_heads(tmp_path, capsys):
+    """A decoder's study adds GQA and MLA conversion (into their own folders); the head-aware cache and the
+    long-range roles need 512 positions, which this model lacks: one line each."""
+    model = tiny_llama_dir(tmp_path)
+    out = tmp_path / "study"
+    assert main(["study", str(model), "--budget", "3m", "--out", str(out)]) == 0
+    st = json.loads((out / "study.json").read_text())
+    status = {n: r["status"] for n, r in st["stages"].items()}
+    assert status == {"analyze": "done", "roles": "done", "similar": "done", "score": "done", "prune": "done",
+                      "kv": "done", "gqa": "done", "mla": "done", "kvcache": "not supported", "report": "done"}
+    assert "512-token contexts" in st["stages"]["kvcache"]["reason"]
+    for sub, name in (("gqa", "gqa.json"), ("mla", "mla.json")):
+        assert (out / sub / name).is_file() and (out / sub / "model" / "config.json").is_file()
+    assert (out / "model" / "config.json").is_file()  # the pruned model
+    q2 = st["answers"]["q2"]
+    assert "2 -> 1 KV heads moves held-out perplexity" in q2 and "MLA at rank" in q2, q2
+    assert "perplexity" in st["answers"]["q3"]
+    d = _page_data((out / "report.html").read_text(encoding="utf-8"))
+    assert d["gqa"] and not any("not run yet" in m for m in d["missing"].values()), d["missing"]
+    assert "syntax" in d["na"] and all(p.get("na") for p in d["panels"] if p.get("note") and not p.get("rows"))
+    capsys.readouterr()
 
 
 def test_an_interrupted_study_continues(bert, tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import sys
 
 from ..commands._common import check_device
 from .budget import fmt_duration, parse_duration, tolerance_s
-from .runner import StudyOptions, study
+from .runner import StudyOptions, process_age, study
 from .state import LOG_DIR, STUDY_NAME
 
 
@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     opts = StudyOptions(model=args.model, budget_s=budget, data=args.data, out=args.out, force=args.force,
                         device=args.device)
     try:
-        outcome = study(opts, sys.stderr)
+        ago = process_age() if getattr(args, "from_command_line", False) else 0.0
+        outcome = study(opts, sys.stderr, started_ago=ago)
     except KeyboardInterrupt:
         print(f"headscope study: interrupted; the finished stages are recorded in {args.out}/{STUDY_NAME}: rerun "
               f"the same command to continue (--force starts over)", file=sys.stderr)

@@ -21,6 +21,7 @@ from ..models import load_model
 from ..models.adapter import HeadModel
 
 PROBE_PASSAGES = 8
+SAMPLE = 64  # passages whose mean token length scales the probe's padded batch to the stages' batches
 # The CPU work `cpu_s` times: on an idle core of the machine these constants were fitted on it takes ~0.05 s.
 _CPU_N = 200_000
 
@@ -31,7 +32,7 @@ class Probe:
     one token of a long forward, and the fixed CPU work."""
 
     load_s: float
-    fwd_s: float  # per passage of `length` tokens, batched
+    fwd_s: float  # per passage of the data's mean length (at most `length` tokens), batched
     train_s: float  # per passage, forward + backward
     cpu_s: float
     length: int
@@ -62,19 +63,24 @@ def probe(model: str, text: TextSource, max_length: int, device: str | None = No
         return hm, Probe(load_s, 0.0, 0.0, _cpu_work(), max_length, 0)
     toks = prepare_tokens(hm, TextSource(text.texts[:batch_size], text.source), max_length)
     batch = next(batches(toks.ids, len(toks.ids), pad_id=pad_id(hm)))
+    # The stages batch passages of similar length (little padding): a passage costs its mean length in tokens,
+    # not the probe batch's padded width.
+    sample = prepare_tokens(hm, TextSource(text.texts[:SAMPLE], text.source), max_length)
+    mean_len = sum(map(len, sample.ids)) / len(sample.ids)
+    scale = min(1.0, mean_len / batch.input_ids.shape[1])
     inputs = batch.model_inputs(hm.device if hasattr(hm, "device") else "cpu")
     n = len(toks.ids)
     with torch.no_grad():
         hm.model(**inputs)  # one-off costs (kernels, allocations) paid here, not timed
         t = time.perf_counter()
         hm.model(**inputs)
-        fwd = (time.perf_counter() - t) / n
+        fwd = (time.perf_counter() - t) / n * scale
     t = time.perf_counter()
     out = hm.model(**inputs)
     first = out[0] if isinstance(out, tuple) else getattr(out, "logits", None)
     if first is None:
         first = out.last_hidden_state
     first.float().pow(2).mean().backward()
-    train = (time.perf_counter() - t) / n
+    train = (time.perf_counter() - t) / n * scale
     hm.model.zero_grad(set_to_none=True)
     return hm, Probe(load_s, fwd, train, _cpu_work(), max_length, n)

@@ -9,6 +9,7 @@ after each, study.json records it (so an interrupted study continues where it st
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,9 +98,21 @@ def minimum_s(stages: list[Stage], probe_: Any, family: Family) -> float:
     return sum(s.cost(probe_, family, s.levels[0]) for s in stages if s.required)
 
 
-def study(opts: StudyOptions, stream: TextIO, live: bool | None = None) -> Outcome:
-    """Run (or continue) the study `opts` describes; the progress view goes to `stream`."""
-    start = time.perf_counter()
+def process_age() -> float:
+    """Seconds since this process started (Linux /proc; 0 elsewhere): the budget counts Python's start and the
+    imports too, which is what the user's clock sees."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def study(opts: StudyOptions, stream: TextIO, live: bool | None = None, started_ago: float = 0.0) -> Outcome:
+    """Run (or continue) the study `opts` describes; the progress view goes to `stream`. `started_ago`: seconds
+    of the user's wall clock already spent (the process's start), counted against the budget."""
+    start = time.perf_counter() - started_ago
     out = Path(opts.out)
     previous = check_out(out, opts.force)
     data = opts.data or DEFAULT_DATA

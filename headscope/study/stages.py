@@ -109,8 +109,8 @@ def _analyze_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
 
 
 def _analyze_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
-    # eager attention with the statistics kernel (~3 forwards), then bootstrap intervals per statistic and head
-    return _load(p) + lv["n"] * 3 * p.fwd_s + p.cpu_s * (2 + 0.3 * lv["n"] * f.heads_total / 72)
+    # eager attention with the statistics kernel, then bootstrap intervals per statistic and head
+    return _load(p) + lv["n"] * 0.9 * p.fwd_s + p.cpu_s * (2 + 0.05 * lv["n"] * f.heads_total / 72)
 
 
 def _roles_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
@@ -125,7 +125,7 @@ def _roles_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
 def _roles_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     n = lv["n"]
     # text pass, induction sequences (32 of 48 tokens), treebank and coreference passes (encoders)
-    passes = 2 * n + 16 + (0 if f.causal else 4 * n)
+    passes = 16 + (1.3 * n if f.causal else 3.8 * n)
     long_s = 0.0
     if lv.get("long"):
         scale = lv["long"] / p.length
@@ -140,7 +140,7 @@ def _similar_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
 
 def _similar_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     pairs = f.heads_total * (f.heads_total - 1) / 2
-    return _load(p) + 4 * lv["n"] * p.fwd_s + p.cpu_s * (5 + pairs * lv["js"] * 5e-6 + pairs * 3e-3)
+    return _load(p) + 2.5 * lv["n"] * p.fwd_s + p.cpu_s * (5 + pairs * lv["js"] * 4e-6 + pairs * 3e-3)
 
 
 def _prefix(f: Family, what: str) -> str | None:
@@ -158,7 +158,7 @@ def _score_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     n = lv["n"]
     s = 2 * n * p.train_s + 2 * n * p.fwd_s  # taylor (forward + backward), output norm and entropy passes
     if lv["ablation"]:
-        s += f.heads_total * n * p.fwd_s  # one forward per head and passage
+        s += 0.6 * f.heads_total * n * p.fwd_s  # one (gated, no-grad) forward per head and passage
     # bootstrap intervals of every criterion, their rank correlations and split-half stabilities
     return _load(p) + s + p.cpu_s * (20 + 2 * n * f.heads_total / 72)
 
@@ -173,7 +173,7 @@ def _prune_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     points = round(lv["fraction"] / lv["step"]) + 1
     per_point = (lv["n"] * p.train_s  # re-scoring by Taylor
                  + 2 * lv["heldout"] * p.fwd_s  # the metric, before and after recovery
-                 + lv["recover"] * 8 * p.train_s * 1.3)  # recovery steps of a batch of 8 (optimizer too)
+                 + lv["recover"] * 8 * p.train_s * 3.0)  # recovery steps of a batch of 8 (AdamW over every weight)
     return _load(p) + points * per_point + 2 * p.load_s + p.cpu_s * (6 + 10 * points)
 
 
@@ -264,7 +264,7 @@ def _report_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
 
 
 def _report_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
-    return _load(p) + 6 * p.fwd_s + p.cpu_s * (15 + f.heads_total / 20)
+    return _load(p) + 6 * p.fwd_s + p.cpu_s * (40 + f.heads_total / 10)
 
 
 def _long_levels(f: Family) -> list[int]:
