@@ -101,6 +101,11 @@ def test_a_tiny_study_end_to_end(bert, tmp_path, capsys):
     assert "not supported for this model (gqa)" in d["na"]["gqa"] and "sweep" in d["na"]
     notes = [p["note"] for p in d["panels"] if p.get("note")]
     assert all(p.get("na") for p in d["panels"] if p.get("note")), notes
+    # Time left goes where intervals are widest: every stage with intervals has a relative width.
+    from headscope.study.leftover import widths
+
+    w = widths(out)
+    assert set(w) == {"analyze", "score", "prune"} and all(v >= 0 for v in w.values()), w
     # The KV table names the model, shows each quantity once, formatted.
     kv = d["kv"]
     assert "bytes_per_token" not in kv["columns"] and "per token" in kv["columns"] and "vs MHA" in kv["columns"]

@@ -22,10 +22,10 @@ PANEL_STAGES: dict[str, tuple[str, ...] | None] = {
     "Units beyond heads": None, "Head importance across tasks": None}
 NOT_A_STAGE = {
     "sweep": "not part of a study: the head-count sweep trains new small models from scratch, whatever the model "
-             "(`headscope sweep`, docs/sweep.md)",
+             "(headscope sweep, docs/sweep.md)",
     "Units beyond heads": "not part of a study: curves of attention sub-layers, blocks and FFN neurons are "
-                          "`headscope prune --unit ...` (docs/pruning.md)",
-    "Head importance across tasks": "not part of a study: importance on labelled tasks is `headscope tasks` "
+                          "headscope prune --unit ... (docs/pruning.md)",
+    "Head importance across tasks": "not part of a study: importance on labelled tasks is headscope tasks "
                                     "(docs/importance.md)"}
 WHY_ENCODER = {"syntax": "the study measures treebank syntax and coreference on encoders (a decoder's head sees only "
                          "earlier words)",
@@ -96,6 +96,10 @@ def apply(data: dict[str, Any]) -> None:
         elif title in WHY_ENCODER and (st.get("max_positions") or LONG_MIN) < LONG_MIN:
             p["note"], p["na"] = (f"long-range roles are measured at {LONG_MIN}+ tokens; this model has "
                                   f"{st['max_positions']} positions"), True
+        elif owners and not st.get("causal") and all((stages.get(o) or {}).get("status") == "not supported"
+                                                     for o in owners):
+            p["note"], p["na"] = ("not applicable: GQA, MLA and the head-aware cache change a decoder's KV cache; "
+                                  "an encoder keeps none"), True
         elif owners:
             lines = [ln for o in owners if (ln := _line(stages.get(o), o))]
             if len(lines) == len(owners):

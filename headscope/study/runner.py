@@ -21,7 +21,8 @@ from ..io import check_writable_dir
 from ..provenance import data_fingerprint, model_fingerprint
 from ..version import versions
 from . import answers as answers_mod
-from .budget import FILL, Plan, fmt_duration, make_plan, tolerance_s
+from .budget import FILL, Choice, Plan, fmt_duration, make_plan, tolerance_s
+from .leftover import widths
 from .probe import probe
 from .progress import Progress
 from .stages import MAX_LENGTH, PRIORITY, Ctx, Family, Stage, stages_for
@@ -84,8 +85,6 @@ def _plan(stages: list[Stage], probe_: Any, family: Family, corr: float, availab
         return _estimate(by[name], lv, probe_, family, corr)
 
     if fixed is not None:
-        from .budget import Choice
-
         return Plan([Choice(s.name, fixed.get(s.name), cost(s.name, fixed[s.name]) if s.name in fixed else 0.0,
                             "" if s.name in fixed else "left out when the study was planned")
                      for s in stages])
@@ -160,7 +159,8 @@ def study(opts: StudyOptions, stream: TextIO, live: bool | None = None, started_
     state.save()
     progress = Progress(stream, opts.budget_s, start, len(stages), live)
     try:
-        failed = _run_stages(stages, plan, state, ctx, probe_, family, model_fp, data_fp, opts, start, progress)
+        failed = _Runner(stages, plan, state, ctx, probe_, family, (model_fp, data_fp), opts, start,
+                         progress).run_all()
     finally:
         progress.close()
     state.data["elapsed_s"] = round(time.perf_counter() - start, 1)
@@ -168,90 +168,149 @@ def study(opts: StudyOptions, stream: TextIO, live: bool | None = None, started_
     return Outcome(state, state.data.get("answers", {}), time.perf_counter() - start, failed)
 
 
-def _run_stages(stages: list[Stage], plan: Plan, state: State, ctx: Ctx, probe_: Any, family: Family,
-                model_fp: str, data_fp: dict[str, Any], opts: StudyOptions, start: float,
-                progress: Progress) -> list[str]:
-    """Each stage in turn: reused, left out, downsized to the time left, or run; returns the failed ones."""
-    spent_est, spent_real, failed = 0.0, 0.0, []
-    for i, stage in enumerate(stages, 1):
-        corr = min(max(spent_real / spent_est, CORRECTION_RANGE[0]), CORRECTION_RANGE[1]) if spent_est else 1.0
-        choice = plan.get(stage.name)
-        rec = state.stage(stage.name)
-        if choice.level is None:
-            rec.clear()
-            rec.update({"status": "left out", "reason": choice.reason or "left out by the plan"})
-            progress.say(f"[{i}/{len(stages)}] {stage.name}: {rec['reason']}")
-            state.save()
-            continue
-        level = _fit(stage, stages[i - 1:], plan, probe_, family, corr, opts.budget_s * FILL
-                     - (time.perf_counter() - start))
-        if level is None:
-            rec.clear()
-            left = fmt_duration(opts.budget_s - (time.perf_counter() - start))
-            rec.update({"status": "left out", "reason": f"the time left ({left}) does not cover its cheapest size "
-                                                        f"and the cheapest of the stages after it"})
-            progress.say(f"[{i}/{len(stages)}] {stage.name}: {rec['reason']}")
-            state.save()
-            continue
-        if stage.name == "report":
-            state.data["answers"] = answers_mod.answers(Path(ctx.out), state.data)
-            state.save()
+class _Runner:
+    """The stages in turn: reused, left out, downsized to the time left, or run; then the time left goes to
+    the stage whose intervals are widest; then the report."""
+
+    def __init__(self, stages: list[Stage], plan: Plan, state: State, ctx: Ctx, probe_: Any, family: Family,
+                 keys: tuple[str, dict[str, Any]], opts: StudyOptions, start: float, progress: Progress) -> None:
+        self.stages, self.plan, self.state, self.ctx, self.probe, self.family = stages, plan, state, ctx, probe_, family
+        self.model_fp, self.data_fp = keys
+        self.opts, self.start, self.progress = opts, start, progress
+        self.spent_est, self.spent_real = 0.0, 0.0
+        self.failed: list[str] = []
+        self.reused_any = False  # a continued study spends no time left: its reruns reuse everything
+
+    def corr(self) -> float:
+        if not self.spent_est:
+            return 1.0
+        return min(max(self.spent_real / self.spent_est, CORRECTION_RANGE[0]), CORRECTION_RANGE[1])
+
+    def left(self) -> float:
+        """Seconds of the plan's share of the budget not yet used."""
+        return self.opts.budget_s * FILL - (time.perf_counter() - self.start)
+
+    def tag(self, i: int, stage: Stage) -> str:
+        return f"[{i}/{len(self.stages)}] {stage.name}"
+
+    def leave_out(self, i: int, stage: Stage, reason: str) -> None:
+        rec = self.state.stage(stage.name)
+        rec.clear()
+        rec.update({"status": "left out", "reason": reason})
+        self.progress.say(f"{self.tag(i, stage)}: {reason}")
+        self.state.save()
+
+    def run_all(self) -> list[str]:
+        for i, stage in enumerate(self.stages, 1):
+            choice = self.plan.get(stage.name)
+            if choice.level is None:
+                self.leave_out(i, stage, choice.reason or "left out by the plan")
+                continue
+            level = _fit(stage, self.stages[i - 1:], self.plan, self.probe, self.family, self.corr(), self.left())
+            if level is None:
+                self.leave_out(i, stage, f"the time left ({fmt_duration(self.left() / FILL)}) does not cover its "
+                                         f"cheapest size and the cheapest of the more important stages after it")
+                continue
+            if stage.name == "report":
+                self.spend_leftover(i, stage)
+                self.state.data["answers"] = answers_mod.answers(Path(self.ctx.out), self.state.data)
+                self.state.save()
+            self.one(i, stage, level)
+        return self.failed
+
+    def spend_leftover(self, i: int, report: Stage) -> None:
+        """Rerun one size larger the stage whose intervals are widest, while that fits before the report."""
+        by = {s.name: s for s in self.stages}
+        for _ in range(3 if not self.reused_any else 0):
+            reserve = _estimate(report, 0, self.probe, self.family, self.corr())
+            options = []
+            for name, width in widths(Path(self.ctx.out)).items():
+                rec = self.state.data["stages"].get(name) or {}
+                lv = rec.get("level")
+                if rec.get("status") != "done" or lv is None or lv + 1 >= len(by[name].levels):
+                    continue
+                cost = _estimate(by[name], lv + 1, self.probe, self.family, self.corr())
+                if cost + reserve <= self.left():
+                    options.append((width, name, lv + 1))
+            if not options:
+                return
+            width, name, lv = max(options)
+            self.progress.say(f"{self.tag(i, report)}: time left: {name} again one size larger (its intervals are "
+                              f"the widest, relative width {width:.2f})")
+            self.state.data["plan"][name] = lv
+            self.state.stage(name)["widened_from"] = lv - 1
+            self.one(self.stages.index(by[name]) + 1, by[name], lv)
+
+    def one(self, i: int, stage: Stage, level: int) -> None:
+        """Reuse `stage` at `level` when study.json has it, else run it and record it."""
+        state, ctx, rec = self.state, self.ctx, self.state.stage(stage.name)
         argv = [*stage.argv(ctx, stage.levels[level]), "--out", stage.out_dir(ctx.out)]
-        deps = {n: r.get("key") for n, r in state.data["stages"].items() if n != "report"} if stage.name == "report" \
-            else {}
-        key = stage_key(model_fp, {**data_fp, **({"stages": deps, "answers": state.data["answers"]} if deps else {})},
-                        argv)
+        extra: dict[str, Any] = {}
+        if stage.name == "report":  # the report depends on every other stage's result and the answers
+            extra = {"stages": {n: r.get("key") for n, r in state.data["stages"].items() if n != "report"},
+                     "answers": state.data["answers"]}
+        key = stage_key(self.model_fp, {**self.data_fp, **extra}, argv)
         if state.reusable(stage.name, key):
-            progress.say(f"[{i}/{len(stages)}] {stage.name}: reused (same model, data and options; "
-                         f"{rec.get('seconds', 0):.0f} s when it ran)")
+            self.progress.say(f"{self.tag(i, stage)}: reused (same model, data and options; "
+                              f"{rec.get('seconds', 0):.0f} s when it ran)")
             rec["reused"] = True
+            self.reused_any = True
             state.save()
-            continue
-        estimate = _estimate(stage, level, probe_, family, corr)
+            return
+        estimate = _estimate(stage, level, self.probe, self.family, self.corr())
         root = Path(stage.out_dir(ctx.out))
         clear_stage_files(root, stage.verb)
+        widened = rec.get("widened_from")
         rec.clear()
         rec.update({"status": "running", "command": command_line(argv), "level": level, "size": stage.levels[level],
                     "estimate_s": round(estimate, 1), "dir": str(root.relative_to(Path(ctx.out)))})
+        if widened is not None:
+            rec["widened_from"] = widened
         state.save()
-        progress.stage(i, stage.name, estimate)
+        self.progress.stage(i, stage.name, estimate)
         t0 = time.perf_counter()
+        if not self.attempt(i, stage, argv, rec):
+            return
+        seconds = time.perf_counter() - t0
+        self.spent_est, self.spent_real = self.spent_est + estimate / self.corr(), self.spent_real + seconds
+        rec.update({"status": "done", "key": key, "seconds": round(seconds, 1),
+                    "files": file_hashes(root, verb_files(stage.verb))})
+        self.progress.say(f"{self.tag(i, stage)}: done in {fmt_duration(seconds)} (estimate {fmt_duration(estimate)})"
+                          f" | study {fmt_duration(time.perf_counter() - self.start)} / "
+                          f"{fmt_duration(self.opts.budget_s)}")
+        state.save()
+
+    def attempt(self, i: int, stage: Stage, argv: list[str], rec: dict[str, Any]) -> bool:
+        """Run the verb; False (recorded) when it refused or failed. An interrupt is recorded, then raised."""
         try:
-            run_verb(argv, Path(ctx.out) / LOG_DIR / f"{stage.name}.txt")
+            run_verb(argv, Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt")
+            return True
         except HeadscopeError as e:  # the verb refused this model or these sizes: say so, go on
             rec.update({"status": "not supported", "reason": str(e).splitlines()[0]})
-            progress.say(f"[{i}/{len(stages)}] {stage.name}: refused: {rec['reason']}")
-            state.save()
-            continue
+            self.progress.say(f"{self.tag(i, stage)}: refused: {rec['reason']}")
         except KeyboardInterrupt:
             rec.update({"status": "interrupted"})
-            state.save()
+            self.state.save()
             raise
         except Exception as e:  # a bug in one stage must not lose the others; the log has the details
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             rec.update({"status": "failed", "reason": f"{type(e).__name__}: {first}"})
             log.warning("stage %s failed: %s", stage.name, rec["reason"])
-            failed.append(stage.name)
-            progress.say(f"[{i}/{len(stages)}] {stage.name}: FAILED ({rec['reason']}); see {LOG_DIR}/{stage.name}.txt")
-            state.save()
-            continue
-        seconds = time.perf_counter() - t0
-        spent_est, spent_real = spent_est + estimate / corr, spent_real + seconds
-        rec.update({"status": "done", "key": key, "seconds": round(seconds, 1),
-                    "files": file_hashes(root, verb_files(stage.verb))})
-        progress.say(f"[{i}/{len(stages)}] {stage.name}: done in {fmt_duration(seconds)} (estimate "
-                     f"{fmt_duration(estimate)}) | study {fmt_duration(time.perf_counter() - start)} / "
-                     f"{fmt_duration(opts.budget_s)}")
-        state.save()
-    return failed
+            self.failed.append(stage.name)
+            self.progress.say(f"{self.tag(i, stage)}: FAILED ({rec['reason']}); see {LOG_DIR}/{stage.name}.txt")
+        self.state.save()
+        return False
 
 
 def _fit(stage: Stage, rest: list[Stage], plan: Plan, probe_: Any, family: Family, corr: float,
          available: float) -> int | None:
     """The planned size of `stage`, or a smaller one, such that it and the cheapest sizes of the planned stages
-    after it fit in `available` seconds (estimates times `corr`); None when even its cheapest does not (a
-    required stage always gets its cheapest). Later stages shrink in their turn."""
-    after = sum(_estimate(s, 0, probe_, family, corr) for s in rest[1:] if plan.get(s.name).level is not None)
+    after it that rank above it in PRIORITY fit in `available` seconds (estimates times `corr`); None when even
+    its cheapest does not (a required stage always gets its cheapest). Later stages of lower priority shrink
+    or go in their turn."""
+    rank = {name: k for k, name in enumerate(PRIORITY)}
+    after = sum(_estimate(s, 0, probe_, family, corr) for s in rest[1:]
+                if plan.get(s.name).level is not None and rank.get(s.name, 99) < rank.get(stage.name, 99))
     planned = plan.get(stage.name).level or 0
     for level in range(planned, -1, -1):
         if _estimate(stage, level, probe_, family, corr) + after <= available:

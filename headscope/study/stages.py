@@ -140,7 +140,7 @@ def _similar_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
 
 def _similar_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     pairs = f.heads_total * (f.heads_total - 1) / 2
-    return _load(p) + 2.5 * lv["n"] * p.fwd_s + p.cpu_s * (5 + pairs * lv["js"] * 4e-6 + pairs * 3e-3)
+    return _load(p) + 2.5 * lv["n"] * p.fwd_s + p.cpu_s * (5 + pairs * lv["js"] * 6e-6 + pairs * 8e-3)
 
 
 def _prefix(f: Family, what: str) -> str | None:
@@ -213,6 +213,11 @@ def _conversion_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     # perplexity before, after and uptrained (3 x heldout), KL passes, uptraining steps of batches of 8
     return (2 * _load(p) + 4 * lv["heldout"] * p.fwd_s + lv["uptrain"] * 8 * p.train_s * 2
             + lv["n"] * p.fwd_s + p.cpu_s * 4)
+
+
+def _mla_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    # the conversion's SVDs and RoPE-frequency pass on top of what every conversion costs (fitted on SmolLM2)
+    return 1.5 * _conversion_cost(p, f, lv)
 
 
 def _mla_rank(f: Family) -> int:
@@ -301,7 +306,7 @@ def stages_for(f: Family) -> list[Stage]:
         Stage("prune", "prune", "q3", prune, _prune_argv, _prune_cost, lambda fam: _prefix(fam, "prune")),
         Stage("kv", "kv", "q2", ({},), _kv_argv, _kv_cost),
         Stage("gqa", "gqa", "q2", conversion, _gqa_argv, _conversion_cost, _gqa_refusal),
-        Stage("mla", "mla", "q2", conversion, _mla_argv, _conversion_cost, _mla_refusal),
+        Stage("mla", "mla", "q2", conversion, _mla_argv, _mla_cost, _mla_refusal),
         Stage("kvcache", "kvcache", "q2", kvc, _kvcache_argv, _kvcache_cost, _kvcache_refusal),
         Stage("report", "report", "report", ({},), _report_argv, _report_cost, required=True),
     ]
