@@ -249,7 +249,7 @@ def _kvcache_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     scale = lv["context"] / p.length
     # full, by score and random caches, each over passages and needles; the scoring haystacks once
     seqs = 3 * (lv["passages"] + lv["needles"]) + lv["haystacks"] * 3
-    return _load(p) + seqs * scale * p.fwd_s * 1.5 * (1 + lv["context"] / 2048) + p.cpu_s * 4
+    return _load(p) + seqs * scale * p.fwd_s * (1 + lv["context"] / 2048) + p.cpu_s * 4
 
 
 def _kvcache_refusal(f: Family) -> str | None:
