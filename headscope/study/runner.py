@@ -147,8 +147,11 @@ def study(opts: StudyOptions, stream: TextIO, live: bool | None = None, started_
                   "max_positions": family.max_positions, "fingerprint": model_fp},
         "data": data_fp, "budget_s": opts.budget_s, "tolerance_s": tolerance_s(opts.budget_s),
         "probe": probe_.as_dict(), "versions": versions()})
-    for name, why in refused.items():
-        if why:
+    for stage in all_stages:
+        why = refused[stage.name]
+        if why:  # a previous study's files of this stage (another model's) must not reach the report
+            clear_stage_files(Path(stage.out_dir(str(out))), stage.verb)
+            name = stage.name
             state.stage(name).clear()
             state.stage(name).update({"status": "not supported", "reason": why})
     plan = _plan(stages, probe_, family, 1.0, opts.budget_s * FILL - (time.perf_counter() - start), fixed)
@@ -197,6 +200,7 @@ class _Runner:
         rec = self.state.stage(stage.name)
         rec.clear()
         rec.update({"status": "left out", "reason": reason})
+        clear_stage_files(Path(stage.out_dir(self.ctx.out)), stage.verb)  # no stale result reaches the report
         self.progress.say(f"{self.tag(i, stage)}: {reason}")
         self.state.save()
 
