@@ -140,8 +140,8 @@ def test_an_interrupted_study_continues(bert, tmp_path, monkeypatch):
     real = runner.run_verb
 
     def interrupt_at_score(argv, log):
-        if argv[0] == "score":
-            raise KeyboardInterrupt
+        if argv[0] == "score":  # as prune does: the verb catches the interrupt and returns 130
+            return 130
         return real(argv, log)
 
     monkeypatch.setattr(runner, "run_verb", interrupt_at_score)
@@ -190,6 +190,11 @@ def test_the_plan_fits_the_budget_and_drops_optional_stages_first():
                        ["a", "b", "c"], 40)
     assert plan.total() <= 40 and plan.get("a").level is not None
     assert [c.level for c in plan.choices] == [1, 1, None] and "left out" in plan.get("c").reason
+    # "d" goes first (lowest priority), then "c"; dropping "c" left room for "d" again
+    cost2 = {"a": [10], "b": [5], "c": [30], "d": [3]}
+    back = B.make_plan(list(cost2), lambda n, lv: cost2[n][lv], lambda n: 1, lambda n: n == "a",
+                       ["a", "b", "c", "d"], 20)
+    assert [c.level for c in back.choices] == [0, 0, None, 0] and back.total() == 18, back
     roomy = B.make_plan(["a", "b", "c"], lambda n, lv: cost[n][lv], lambda n: len(cost[n]), lambda n: n == "a",
                         ["a", "b", "c"], 1000)
     assert [c.level for c in roomy.choices] == [2, 1, 1]

@@ -81,8 +81,9 @@ def make_plan(names: Sequence[str], costs: Callable[[str, int], float], n_levels
     """Sizes for `names` (running order) within `available` seconds.
 
     Every stage starts at its cheapest size; while that is over, the optional stage last in `priority` goes
-    (then required ones, last first). The time left then grows sizes one step at a time, stages in
-    `priority` order, each step taken only when the whole plan still fits."""
+    (then required ones, last first); a dropped stage comes back at its cheapest when the later drops left
+    room for it. The time left then grows sizes one step at a time, stages in `priority` order, each step
+    taken only when the whole plan still fits."""
     level: dict[str, int | None] = {n: 0 for n in names}
     reasons: dict[str, str] = {}
 
@@ -97,6 +98,10 @@ def make_plan(names: Sequence[str], costs: Callable[[str, int], float], n_levels
         level[drop] = None
         reasons[drop] = (f"left out: its cheapest size needs ~{fmt_duration(need)} and the budget left no room "
                          f"for it after the stages before it in priority")
+    for back in [n for n in order if level[n] is None]:  # a later drop may have made room for an earlier one
+        if total() + costs(back, 0) <= available:
+            level[back] = 0
+            reasons.pop(back, None)
     grown = True
     while grown:
         grown = False

@@ -287,7 +287,11 @@ class _Runner:
     def attempt(self, i: int, stage: Stage, argv: list[str], rec: dict[str, Any]) -> bool:
         """Run the verb; False (recorded) when it refused or failed. An interrupt is recorded, then raised."""
         try:
-            run_verb(argv, Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt")
+            rc = run_verb(argv, Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt")
+            if rc == 130:  # the verb caught the interrupt itself (prune keeps its finished points): pass it on
+                raise KeyboardInterrupt
+            if rc != 0:
+                raise RuntimeError(f"headscope {stage.verb} exited with code {rc}")
             return True
         except HeadscopeError as e:  # the verb refused this model or these sizes: say so, go on
             rec.update({"status": "not supported", "reason": str(e).splitlines()[0]})
