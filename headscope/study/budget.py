@@ -96,7 +96,7 @@ def make_plan(names: Sequence[str], costs: Callable[[str, int], float], n_levels
             break
         need = costs(drop, 0)
         level[drop] = None
-        reasons[drop] = (f"left out: its cheapest size needs ~{fmt_duration(need)} and the budget left no room "
+        reasons[drop] = (f"its cheapest size needs ~{fmt_duration(need)} and the budget left no room "
                          f"for it after the stages before it in priority")
     for back in [n for n in order if level[n] is None]:  # a later drop may have made room for an earlier one
         if total() + costs(back, 0) <= available:

@@ -289,7 +289,8 @@ def stages_for(f: Family) -> list[Stage]:
         roles_levels = tuple({"n": n} for n in ns)
     ablation = tuple({"n": n, "ablation": False} for n in (16, 32)) + tuple(
         {"n": n, "ablation": True} for n in (16, 32, 64, 128))
-    prune = ({"n": 16, "heldout": 16, "fraction": 0.5, "step": 0.25, "recover": 2},
+    prune = ({"n": 8, "heldout": 16, "fraction": 0.5, "step": 0.25, "recover": 1},
+             {"n": 16, "heldout": 16, "fraction": 0.5, "step": 0.25, "recover": 2},
              {"n": 32, "heldout": 32, "fraction": 0.5, "step": 0.125, "recover": 4},
              {"n": 64, "heldout": 64, "fraction": 0.5, "step": 0.1, "recover": 8},
              {"n": 64, "heldout": 128, "fraction": 0.6, "step": 0.05, "recover": 16})
