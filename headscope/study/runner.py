@@ -223,9 +223,21 @@ class _Runner:
         return self.failed
 
     def spend_leftover(self, i: int, report: Stage) -> None:
-        """Rerun one size larger the stage whose intervals are widest, while that fits before the report."""
+        """Time left before the report: first the stages left out, at their cheapest, by priority; then, while
+        it fits, the stage whose intervals are widest again one size larger."""
         by = {s.name: s for s in self.stages}
-        for _ in range(3 if not self.reused_any else 0):
+        if self.reused_any:
+            return
+        for name in PRIORITY:  # first the stages left out (estimates come out high on a busy probe), by priority
+            rec = self.state.data["stages"].get(name) or {}
+            if name not in by or rec.get("status") != "left out":
+                continue
+            cost = _estimate(by[name], 0, self.probe, self.family, self.corr())
+            if cost + _estimate(report, 0, self.probe, self.family, self.corr()) <= self.left():
+                self.progress.say(f"{self.tag(i, report)}: time left: {name}, left out before, at its cheapest size")
+                self.state.data["plan"][name] = 0
+                self.one(self.stages.index(by[name]) + 1, by[name], 0)
+        for _ in range(3):
             reserve = _estimate(report, 0, self.probe, self.family, self.corr())
             options = []
             for name, width in widths(Path(self.ctx.out)).items():
