@@ -33,6 +33,7 @@ __all__ = [
     "UNIT_IMPORTANCE_JSON", "TASKS_CSV", "TASK_CORRELATION_CSV", "TASK_SPECIFIC_CSV", "TASKS_JSON", "MODEL_DIR",
     "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
+    "STUDY_JSON",
 ]
 
 KINDS = ("csv", "json", "npz", "png", "dir", "html")
@@ -468,13 +469,20 @@ MLA_JSON = Artifact(
      _f("kv_bytes_after"), _f("kv_bytes_per_token_before"), _f("kv_bytes_per_token_after"),
      _f("kv_fraction", "cache bytes after / before"), _PROVENANCE))
 REPORT_HTML = Artifact("report.html", "html", {"report": ""}, "the offline report page")
+STUDY_JSON = Artifact(
+    "study.json", "json", {"study": ""}, "what `headscope study` planned, ran, reused and left out, and its answers",
+    (_f("format"), _f("model", "name, type, shape and weights fingerprint"), _f("data", "the texts' sha256"),
+     _f("budget_s", "the budget in seconds"), _f("tolerance_s", "how far past the budget the study may end"),
+     _f("probe", "the timed passes every estimate is built from"),
+     _f("stages", "per stage: status (done, left out, not supported), command, size, estimate, seconds, files"),
+     _f("answers", "the three paragraphs, one per question"), _f("elapsed_s", "wall time of the last run")))
 
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
     PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG,
     SWEEP_SPEED_PNG, GQA_JSON,
-    MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML)}
+    MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold

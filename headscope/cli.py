@@ -22,6 +22,7 @@ from . import commands, distributed
 from .commands._common import check_common
 from .errors import HeadscopeError
 from .io import out_lock
+from .study import cli as study_cli
 from .version import __version__
 
 
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):
             importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
+    study_cli.register(sub)  # the verb above the others: it runs them
     return parser
 
 
@@ -73,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    if args.verb == "study":  # run from the command line, a study counts the process's start against its budget
+        args.from_command_line = argv is None
     try:
         _quiet_libraries(args.verbose)
         # One run at a time per --out: rank 0 (or the launching parent, for its ranks) holds the lock.

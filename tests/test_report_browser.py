@@ -174,3 +174,28 @@ def test_uncertain_heads_are_grey_in_the_roles_grid(browser, report, tmp_path):
         assert not problems, problems
     finally:
         page.close()
+
+
+def test_a_study_report_in_chromium(browser, tmp_path):
+    """A report built by `headscope study` (a tiny BERT): the three answers head the page, no section says
+    "not run yet", and the stages an encoder does not support show as plain lines."""
+    from test_study import tiny_bert_dir
+
+    from headscope.cli import main
+
+    out = tmp_path / "study"
+    assert main(["study", str(tiny_bert_dir(tmp_path)), "--budget", "3m", "--out", str(out)]) == 0
+    page, problems, requests = open_page(browser, out / "report.html")
+    try:
+        assert page.locator("#study").is_visible()
+        answers = page.locator("#study-text p").all_inner_texts()
+        assert len(answers) == 3 and answers[0].startswith("What the heads learn"), answers
+        assert page.locator(".missing").count() == 0, page.locator(".missing").all_inner_texts()
+        lines = page.locator(".na").all_inner_texts()
+        assert any("not supported for this model (gqa)" in t for t in lines), lines
+        assert any(t.startswith("not applicable: GQA, MLA") for t in lines), lines
+        assert page.locator("#kv table").count() == 1 and page.locator("#prune img").count() == 1
+        assert problems == [], problems
+        assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
+    finally:
+        page.close()

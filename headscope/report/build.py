@@ -26,6 +26,8 @@ from .pruning import importance_part, prune_part
 from .roles import roles_part
 from .similarity import similarity_part
 from .sources import Part, Sources, clean
+from .study import apply as apply_study
+from .study import study_part
 from .units import units_part
 
 __all__ = ["collect", "figure_names"]
@@ -62,6 +64,7 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
         prune_part(src, fig_dir),
         units_part(src),
         provenance_part(src, records or {}),
+        study_part(src),
     ]
     data: dict[str, Any] = {"model": clean(meta), "n_layers": n_layers, "n_heads": n_heads, "missing": {},
                             "text": {"q1": [], "q2": [], "q3": []}, "descriptions": {}, "columns": {},
@@ -84,6 +87,7 @@ def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dic
     for name, values in data.pop("importance").items():
         data["columns"].setdefault(name, values)
         data["descriptions"].setdefault(name, IMPORTANCE_CSV.meaning(name))
+    apply_study(data)  # a study's refused or left-out stages: one line each, not a to-do
     data["problems"] = list(src.problems.values()) + ([data.pop("data_mismatch")] if "data_mismatch" in data else [])
     data["sources"] = {k: str(v) for k, v in src.found.items()}
     return data

@@ -47,6 +47,10 @@ def page(data: dict[str, Any]) -> str:
 <nav><a href="#q1">1. What do the heads learn?</a><a href="#q2">2. Are more heads better?</a>
 <a href="#q3">3. Which heads are redundant?</a><a href="#about">About</a></nav>
 <main>
+<section class="q" id="study" hidden>
+<h2>The answer, in three paragraphs</h2>
+<div class="summary" id="study-text"></div>
+</section>
 <section class="q" id="q1">
 <h2>1. What do the heads learn?</h2>
 <div class="summary" id="q1-text"></div>

@@ -9,23 +9,27 @@ from ..capacity import kv_bytes as kvmod
 from ..errors import HeadscopeError
 from .sources import Part, Sources, clean
 
-# The kv.csv columns the page shows, in this order, then the byte counts in binary units.
-SHOWN = ("source", "name", "layout", "n_layers", "n_heads", "n_kv_heads", "d_head", "dtype", "bytes_per_token",
-         "seq_len", "bytes_per_sequence", "vs_mha", "note")
+# The kv.csv columns the page shows, in this order; byte counts appear once each, in binary units
+# (bytes_per_token and bytes_per_sequence become "per token" and "per sequence"), vs_mha as a ratio.
+SHOWN = ("source", "name", "layout", "n_layers", "n_heads", "n_kv_heads", "d_head", "dtype", "per token",
+         "seq_len", "per sequence", "vs MHA", "note")
 SEQ_LEN, DTYPE = 4096, "bf16"  # what the table shows when it is computed here
 
 
 def kv_view(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """kv.csv rows as the page shows them: SHOWN columns, readable sizes, the model's own layout marked."""
+    """kv.csv rows as the page shows them: SHOWN columns, each quantity once and formatted (sizes in binary
+    units, the ratio to MHA as 0.33x), the model's own layout marked."""
     out = []
     for r in rows:
         v = {c: r.get(c) for c in SHOWN}
         v["per token"] = kvmod.human_bytes(r["bytes_per_token"])
         v["per sequence"] = kvmod.human_bytes(r["bytes_per_sequence"])
+        ratio = r.get("vs_mha")
+        v["vs MHA"] = f"{float(ratio):.2f}x" if isinstance(ratio, (int, float)) else ratio
         if r["is_model"] and r["source"] == "model":
             v["layout"] = f"{r['layout']} (this model)"
         out.append(v)
-    return [*SHOWN, "per token", "per sequence"], out
+    return list(SHOWN), out
 
 
 def computed_rows(meta: dict[str, Any], config: Any) -> list[dict[str, Any]]:
@@ -36,7 +40,10 @@ def computed_rows(meta: dict[str, Any], config: Any) -> list[dict[str, Any]]:
         "num_hidden_layers": meta["n_layers"], "num_attention_heads": meta["n_heads"],
         "num_key_value_heads": meta["n_kv_heads"], "head_dim": meta["d_head"],
         "hidden_size": meta["n_heads"] * meta["d_head"]}
-    rows = [{"source": "model", **r} for r in kvmod.layouts(cfg, SEQ_LEN, 1, DTYPE)]
+    # The model by its name (a built-in's config names its site-packages folder, which says nothing).
+    name = meta.get("model")
+    rows = [{"source": "model", **r, **({"name": str(name)} if name else {})}
+            for r in kvmod.layouts(cfg, SEQ_LEN, 1, DTYPE)]
     return rows + [{"source": "classic", **r} for r in kvmod.classic_rows(SEQ_LEN, 1, DTYPE)]
 
 

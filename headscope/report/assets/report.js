@@ -44,6 +44,8 @@
     return p;
   }
   function missing(key) {
+    var na = (D.na || {})[key];
+    if (na) return el('p', { cls: 'na', 'data-na': key, text: na });  // a study's one line: not a to-do
     var msg = D.missing[key];
     return msg ? el('div', { cls: 'missing', 'data-missing': key }, richText(msg)) : null;
   }
@@ -106,6 +108,11 @@
     (D.problems || []).forEach(function (msg) {
       $('meta').parentNode.appendChild(el('div', { cls: 'problem' }, richText(msg)));
     });
+    if (D.study && D.study.answers && D.study.answers.length) {  // a study's answer heads the page
+      var sb = $('study-text');
+      D.study.answers.forEach(function (s) { sb.appendChild(el('p', { text: s })); });
+      $('study').hidden = false;
+    }
     ['q1', 'q2', 'q3'].forEach(function (q) {
       var box = $(q + '-text');
       (D.text[q] || []).forEach(function (s) { box.appendChild(richText(s)); });
@@ -534,7 +541,8 @@
       if (p.rows && p.rows.length) {
         var t = table(p.columns, p.rows);
         box.appendChild(p.rows.length > 12 ? collapsible(p.title + ' (' + p.rows.length + ' rows)', t) : t);
-      } else if (p.note) box.appendChild(el('p', { cls: 'missing' }, richText(p.note)));
+      } else if (p.note && p.na) box.appendChild(el('p', { cls: 'na', text: p.note }));
+      else if (p.note) box.appendChild(el('p', { cls: 'missing' }, richText(p.note)));
     });
   }
 

@@ -1,0 +1,147 @@
+"""The study's answer: one short paragraph per question, with the numbers (and intervals) the stages wrote.
+
+Each paragraph reads the files in the study's folder by their declared names; a stage that did not run
+adds the reason instead of a number. The same text heads the report (study.json's `answers`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from ..artifacts import CLUSTERS_JSON, GQA_JSON, IMPORTANCE_JSON, KV_CSV, KVCACHE_JSON, MLA_JSON, PRUNE_JSON, ROLES_JSON
+from ..capacity.kv_bytes import human_bytes
+
+ROLE_WORDS = {"sink": "sink heads", "previous_token": "previous-token", "next_token": "next-token", "broad": "broad",
+              "local": "local", "duplicate_token": "duplicate-token", "induction": "induction",
+              "coreference": "coreference", "rare_word": "rare-word", "delimiter": "delimiter", "self": "self"}
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _why(state: dict[str, Any], stage: str) -> str:
+    rec = state.get("stages", {}).get(stage) or {}
+    return rec.get("reason") or rec.get("status") or "not run"
+
+
+def _q1(out: Path, state: dict[str, Any], heads: int) -> str:
+    r = _json(out / ROLES_JSON.name)
+    if r is None:
+        return f"What the heads learn: no role census ({_why(state, 'roles')})."
+    census = r.get("census") or {}
+    plain = sorted(((k, len(v)) for k, v in census.items() if not k.startswith("syntactic:")), key=lambda t: -t[1])
+    parts = [f"{n} {ROLE_WORDS.get(k, k.replace('_', ' '))}" for k, n in plain[:5]]
+    s = (f"What the heads learn: of the {heads} heads, " + ", ".join(parts) + " pass their role's rule beside its "
+         "baseline" if parts else f"What the heads learn: none of the {heads} heads passes a role's rule")
+    syn_roles = sum(len(v) for k, v in census.items() if k.startswith("syntactic:"))
+    syn = (r.get("syntax") or {}).get("relations") or {}
+    if syn:
+        best = max(((rel, v) for rel, v in syn.items() if v.get("count", 0) >= 20),
+                   key=lambda t: t[1]["best_accuracy"] - t[1]["baseline"], default=None)
+        if best:
+            rel, v = best
+            s += (f"; {syn_roles} head-relation pairs beat the best fixed offset on treebank syntax (clearest: "
+                  f"{v['best_head']} finds {rel} {v['best_accuracy']:.0%} of the time vs {v['baseline']:.0%} at "
+                  f"offset {v['baseline_offset']:+d}, {v['count']} arcs)")
+    c = r.get("coreference")
+    if c:
+        s += (f"; the best coreference head, {c['best_head']}, picks the gold antecedent {c['best_accuracy']:.0%} "
+              f"of {c['anaphors']} times (same-head-word baseline {c['same_head_word_baseline']:.0%})")
+    lc = r.get("long_context")
+    if lc:
+        counts = ", ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in lc["census"].items()) or "no head"
+        s += f"; at {lc['length']} tokens: {counts}"
+    cl = _json(out / CLUSTERS_JSON.name)
+    if cl is not None:
+        n = len(cl.get("clusters") or [])
+        s += f"; {n} near-duplicate cluster{'s' if n != 1 else ''} of heads (similar attention and outputs)"
+    return s + "."
+
+
+def _model_kv_row(out: Path) -> dict[str, str] | None:
+    try:
+        with open(out / KV_CSV.name, encoding="utf-8") as f:
+            return next((r for r in csv.DictReader(f) if r.get("is_model") == "True" and r.get("source") == "model"),
+                        None)
+    except OSError:
+        return None
+
+
+def _q2(out: Path, state: dict[str, Any]) -> str:
+    kv = _model_kv_row(out)
+    s = "Are more heads better: "
+    if kv is not None:
+        s += (f"the {kv['layout']} cache costs {human_bytes(float(kv['bytes_per_token']))} per token "
+              f"({kv['n_kv_heads']} KV heads for {kv['n_heads']} query heads, {kv['dtype']})")
+    else:
+        s += f"no KV-cost table ({_why(state, 'kv')})"
+    g = _json(out / "gqa" / GQA_JSON.name)
+    if g is not None:
+        up = f", {g['ppl_uptrained']:.2f} after uptraining" if g.get("ppl_uptrained") is not None else ""
+        s += (f"; {g['n_kv_heads_before']} -> {g['n_kv_heads_after']} KV heads moves held-out perplexity "
+              f"{g['ppl_before']:.2f} -> {g['ppl_after']:.2f}{up} for "
+              f"{g['kv_bytes_after']['measured'] / max(g['kv_bytes_before']['measured'], 1):.0%} of the cache")
+    m = _json(out / "mla" / MLA_JSON.name)
+    if m is not None:
+        up = f", {m['ppl_uptrained']:.2f} after uptraining" if m.get("ppl_uptrained") is not None else ""
+        s += (f"; MLA at rank {m['kv_rank']}: perplexity {m['ppl_before']:.2f} -> {m['ppl_after']:.2f}{up}, "
+              f"{m['kv_fraction']:.0%} of the cache")
+    k = _json(out / KVCACHE_JSON.name)
+    if k is not None:
+        rows = {r["method"]: r for r in k.get("rows", [])}
+        full, chosen, rnd = rows.get("full"), next((r for m_, r in rows.items() if m_ not in ("full", "random")),
+                                                  None), rows.get("random")
+        if full and chosen:
+            s += (f"; keeping full KV for {chosen['budget']:.0%} of KV heads (sink + window for the rest) gives "
+                  f"perplexity {chosen['perplexity']:.2f} vs {full['perplexity']:.2f} full"
+                  + (f" and {rnd['perplexity']:.2f} for a random choice" if rnd else "")
+                  + f" at {chosen['kv_ratio']:.0%} of the bytes read")
+    causal = state.get("model", {}).get("causal")
+    if not causal:
+        s += ("; fewer KV heads is a decoder question (an encoder keeps no cache): GQA, MLA and the head-aware "
+              "cache do not apply")
+    return s + "."
+
+
+def _q3(out: Path, state: dict[str, Any]) -> str:
+    s = "Which heads are redundant: "
+    p = _json(out / PRUNE_JSON.name)
+    if p is not None:
+        within = p.get("within") or {}
+        level = max(within, key=lambda k: float(k.rstrip("%")), default=None)
+        if level is not None:
+            w = within[level]
+            rec = w.get("recovered") or w
+            label = "after recovery" if "recovered" in w else "without recovery"
+            metric = "perplexity" if p.get("baseline_perplexity") else p["metric"]
+            s += (f"{rec['fraction_removed']:.0%} of heads ({rec['n_removed']}) can go within a {level} drop of "
+                  f"{metric} {label} (drop {rec['drop']:.2%}")
+            if rec.get("drop_lo") is not None:
+                s += f" [{rec['drop_lo']:.2%}, {rec['drop_hi']:.2%}]"
+            s += f", {p['heldout_passages']} held-out passages; {p['method']} order)"
+        sm = p.get("saved_model")
+        if sm:
+            s += (f"; the physically pruned model keeps {sm['heads_kept']} heads and {sm['parameters']:,} of "
+                  f"{sm['parameters_original']:,} parameters")
+    else:
+        s += f"no pruning curve ({_why(state, 'prune')})"
+    imp = _json(out / IMPORTANCE_JSON.name)
+    if imp is not None:
+        st = imp["meta"].get("stability") or {}
+        ranks = ", ".join(f"{m} {v['spearman_brown']:.2f}" for m, v in st.items())
+        s += f"; the criteria's rankings hold up across halves of the passages (split-half, Spearman-Brown): {ranks}"
+    return s + "."
+
+
+def answers(out: Path, state: dict[str, Any]) -> dict[str, str]:
+    """{"q1", "q2", "q3"}: one paragraph each, from the files the stages wrote into `out`."""
+    heads = int(state.get("model", {}).get("heads") or 0)
+    return {"q1": _q1(out, state, heads), "q2": _q2(out, state), "q3": _q3(out, state)}

@@ -1,0 +1,66 @@
+"""Where a study's time left goes: the stage whose intervals came out widest, rerun one size larger.
+
+Each width is relative, so stages compare: for `score` the median over heads and criteria of an importance
+interval's width over the criterion's spread across heads; for `prune` the width of the drop's interval
+at the largest drop level over that level; for `analyze` the median over statistics and heads of the
+interval's width over the statistic's spread. Larger = less settled.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..artifacts import HEADS_CSV, IMPORTANCE_CSV, PRUNE_JSON
+
+
+def _csv_widths(path: Path) -> float | None:
+    """Median over columns with _lo/_hi bounds and rows of (hi - lo) / the column's spread (max - min)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        return None
+    if not rows:
+        return None
+    out = []
+    for col in rows[0]:
+        if f"{col}_lo" not in rows[0] or f"{col}_hi" not in rows[0]:
+            continue
+        try:
+            v = np.array([float(r[col]) for r in rows if r[col] not in ("", None)])
+            lo = np.array([float(r[f"{col}_lo"]) for r in rows if r[col] not in ("", None)])
+            hi = np.array([float(r[f"{col}_hi"]) for r in rows if r[col] not in ("", None)])
+        except ValueError:
+            continue
+        spread = float(np.nanmax(v) - np.nanmin(v)) if v.size else 0.0
+        if spread > 0 and np.isfinite(hi - lo).any():
+            out.append(float(np.nanmedian((hi - lo) / spread)))
+    return float(np.median(out)) if out else None
+
+
+def _prune_width(path: Path) -> float | None:
+    try:
+        p = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    within = p.get("within") or {}
+    if not within:
+        return None
+    level = max(within, key=lambda k: float(k.rstrip("%")))
+    w = within[level].get("recovered") or within[level]
+    if w.get("drop_lo") is None:
+        return None
+    width = (w["drop_hi"] - w["drop_lo"]) / (float(level.rstrip("%")) / 100)
+    return width if math.isfinite(width) else None
+
+
+def widths(out: Path) -> dict[str, float]:
+    """Stage -> its intervals' relative width, for the stages whose files hold intervals."""
+    found = {"analyze": _csv_widths(out / HEADS_CSV.name), "score": _csv_widths(out / IMPORTANCE_CSV.name),
+             "prune": _prune_width(out / PRUNE_JSON.name)}
+    return {k: v for k, v in found.items() if v is not None}

@@ -1,0 +1,317 @@
+"""The stages of a study: which verb each runs, with which options at each size, what it costs, and which
+families it serves.
+
+A stage is one existing verb run in-process (its own parser, checks and writers: a study's files are
+the ones the verb writes) into the study's folder. Its sizes go from cheapest to richest; the cost of a
+size is in the probe's measured units (`Probe`): passage forwards, passage forward + backwards, and the
+fixed CPU work, plus one model load. The counts are what the stage's passes do (e.g. exact ablation: one
+forward per head and passage); the factors on them were fitted on this machine's runs and are corrected
+during a study by the measured time of the stages already run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..capacity.gqa import SUPPORTED_MODEL_TYPES as GQA_TYPES
+from ..capacity.kvcache.cache import check_supported
+from ..capacity.mla import SUPPORTED_MODEL_TYPES as MLA_TYPES
+from ..errors import HeadscopeError
+from ..models.adapter import HeadModel
+from .probe import Probe
+
+MAX_LENGTH = 64  # tokens per passage of the short-text stages
+LONG_MIN = 512  # decoders reaching this many positions get the long-range roles
+STABLE_METHODS = "taylor,output_norm,entropy"  # split-half Spearman 0.91-0.995 (DESIGN.md); gradient is not
+SUBDIRS = {"gqa": "gqa", "mla": "mla"}  # stages whose model/ would clash with prune's: their own folder
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the stages need to know of the model: its kind and attention shape."""
+
+    name: str
+    model_type: str
+    causal: bool
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    max_positions: int | None
+    heads_total: int
+    refuses: dict[str, str] = field(default_factory=dict)
+    kvcache_refusal: str | None = None
+
+    @classmethod
+    def of(cls, hm: HeadModel) -> Family:
+        try:
+            check_supported(hm)
+            kvc = None
+        except HeadscopeError as e:
+            kvc = str(e)
+        total = sum(hm.heads_in_layer(layer) for layer in range(hm.n_layers))
+        return cls(hm.name, str(hm.config.model_type), bool(hm.causal), hm.n_layers, hm.n_heads, hm.n_kv_heads,
+                   hm.d_head, int(getattr(hm.config, "hidden_size", hm.n_heads * hm.d_head)), hm.max_positions,
+                   total, dict(hm.spec.refuses), kvc)
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """The study's inputs every stage's options are built from."""
+
+    model: str  # as the user gave it
+    data: str  # the short text (analysis stages)
+    prune_data: str  # the scoring text of the pruning curve
+    heldout: str  # its held-out text
+    out: str
+    family: Family
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One verb of the study: its sizes, options, cost and the families it serves."""
+
+    name: str
+    verb: str
+    question: str  # q1 | q2 | q3 | report
+    levels: tuple[dict[str, Any], ...]
+    argv: Callable[[Ctx, dict[str, Any]], list[str]]
+    cost: Callable[[Probe, Family, dict[str, Any]], float]
+    refusal: Callable[[Family], str | None] = lambda f: None
+    required: bool = False
+
+    def out_dir(self, out: str) -> str:
+        return f"{out}/{SUBDIRS[self.name]}" if self.name in SUBDIRS else out
+
+
+def _common(ctx: Ctx, verb: str, data: str | None = None) -> list[str]:
+    argv = [verb, ctx.model]
+    if ctx.device:
+        argv += ["--device", ctx.device]
+    return argv + (["--data", data] if data else [])
+
+
+def _short(ctx: Ctx, n: int) -> list[str]:
+    return ["--limit", str(n), "--max-length", str(MAX_LENGTH)]
+
+
+def _load(p: Probe) -> float:
+    return p.load_s
+
+
+# --- question 1 ----------------------------------------------------------------------------------------
+def _analyze_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    return [*_common(ctx, "analyze", ctx.data), *_short(ctx, lv["n"])]
+
+
+def _analyze_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    # eager attention with the statistics kernel, then bootstrap intervals per statistic and head
+    return _load(p) + lv["n"] * 0.9 * p.fwd_s + p.cpu_s * (2 + 0.05 * lv["n"] * f.heads_total / 72)
+
+
+def _roles_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    argv = [*_common(ctx, "roles", ctx.data), *_short(ctx, lv["n"])]
+    if not ctx.family.causal:
+        argv += ["--treebank", "ewt-test", "--coref", "gum-test"]
+    if lv.get("long"):
+        argv += ["--long", str(lv["long"]), "--long-windows", str(lv["windows"]), "--haystacks", str(lv["haystacks"])]
+    return argv
+
+
+def _roles_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    n = lv["n"]
+    # text pass, induction sequences (32 of 48 tokens), treebank and coreference passes (encoders)
+    passes = 16 + (1.3 * n if f.causal else 3.8 * n)
+    long_s = 0.0
+    if lv.get("long"):
+        scale = lv["long"] / p.length
+        # every long sequence costs its tokens' forwards and grows with its length (eager T x T)
+        long_s = (lv["windows"] + lv["haystacks"]) * scale * p.fwd_s * 3 * (1 + lv["long"] / 1024)
+    return _load(p) + passes * p.fwd_s + long_s + p.cpu_s * 6
+
+
+def _similar_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    return [*_common(ctx, "similar", ctx.data), *_short(ctx, lv["n"]), "--js-max-tokens", str(lv["js"])]
+
+
+def _similar_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    pairs = f.heads_total * (f.heads_total - 1) / 2
+    return _load(p) + 2.5 * lv["n"] * p.fwd_s + p.cpu_s * (5 + pairs * lv["js"] * 6e-6 + pairs * 8e-3)
+
+
+def _prefix(f: Family, what: str) -> str | None:
+    why = f.refuses.get(what)
+    return f"{f.model_type} refuses {what}: {why}" if why else None
+
+
+# --- question 3 ----------------------------------------------------------------------------------------
+def _score_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    methods = STABLE_METHODS + (",ablation" if lv["ablation"] else "")
+    return [*_common(ctx, "score", ctx.data), *_short(ctx, lv["n"]), "--method", methods]
+
+
+def _score_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    n = lv["n"]
+    s = 2 * n * p.train_s + 2 * n * p.fwd_s  # taylor (forward + backward), output norm and entropy passes
+    if lv["ablation"]:
+        s += 0.6 * f.heads_total * n * p.fwd_s  # one (gated, no-grad) forward per head and passage
+    # bootstrap intervals of every criterion, their rank correlations and split-half stabilities
+    return _load(p) + s + p.cpu_s * (20 + 2 * n * f.heads_total / 72)
+
+
+def _prune_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    return [*_common(ctx, "prune", ctx.prune_data), "--heldout", ctx.heldout, *_short(ctx, lv["n"]),
+            "--heldout-limit", str(lv["heldout"]), "--method", "taylor", "--fraction", str(lv["fraction"]),
+            "--step", str(lv["step"]), "--recover", str(lv["recover"]), "--batch-size", "8", "--save-model"]
+
+
+def _prune_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    points = round(lv["fraction"] / lv["step"]) + 1
+    per_point = (lv["n"] * p.train_s  # re-scoring by Taylor
+                 + 2 * lv["heldout"] * p.fwd_s  # the metric, before and after recovery
+                 + lv["recover"] * 8 * p.train_s * 3.0)  # recovery steps of a batch of 8 (AdamW over every weight)
+    return _load(p) + points * per_point + 2 * p.load_s + p.cpu_s * (6 + 10 * points)
+
+
+# --- question 2 ----------------------------------------------------------------------------------------
+def _kv_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    return ["kv", ctx.model]
+
+
+def _kv_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    return 1.0 + p.cpu_s
+
+
+def _gqa_target(f: Family) -> int:
+    """The KV-head count a study converts to: the current count over its smallest prime factor (3 -> 1, 8 -> 4)."""
+    k = next(d for d in range(2, f.n_kv_heads + 1) if f.n_kv_heads % d == 0)
+    return f.n_kv_heads // k
+
+
+def _conversion_args(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    return ["--data", ctx.prune_data, "--heldout", ctx.heldout, "--data-limit", str(lv["n"]), "--heldout-limit",
+            str(lv["heldout"]), "--max-length", str(MAX_LENGTH), "--uptrain", str(lv["uptrain"])]
+
+
+def _gqa_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    return [*_common(ctx, "gqa"), "--kv-heads", str(_gqa_target(ctx.family)), *_conversion_args(ctx, lv)]
+
+
+def _gqa_refusal(f: Family) -> str | None:
+    if not f.causal or f.model_type not in GQA_TYPES:
+        return f"GQA conversion serves LLaMA-like decoders ({', '.join(GQA_TYPES)}); this model is {f.model_type}"
+    if f.n_kv_heads < 2:
+        return f"the model has {f.n_kv_heads} KV head per layer already (MQA): nothing to regroup"
+    return _prefix(f, "convert")
+
+
+def _conversion_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    # perplexity before, after and uptrained (3 x heldout), KL passes, uptraining steps of batches of 8
+    return (2 * _load(p) + 4 * lv["heldout"] * p.fwd_s + lv["uptrain"] * 8 * p.train_s * 2
+            + lv["n"] * p.fwd_s + p.cpu_s * 4)
+
+
+def _mla_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    # the conversion's SVDs and RoPE-frequency pass on top of what every conversion costs (fitted on SmolLM2)
+    return 1.5 * _conversion_cost(p, f, lv)
+
+
+def _mla_rank(f: Family) -> int:
+    """Half the full rank (MHA2MLA's d_head / 8 RoPE dimensions per KV head kept)."""
+    rope = max(2, (f.d_head // 8) // 2 * 2)
+    return max(1, min(f.d_model, f.n_kv_heads * (2 * f.d_head - rope)) // 2)
+
+
+def _mla_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    rope = max(2, (ctx.family.d_head // 8) // 2 * 2)
+    return [*_common(ctx, "mla"), "--kv-rank", str(_mla_rank(ctx.family)), "--rope-dims", str(rope),
+            *_conversion_args(ctx, lv)]
+
+
+def _mla_refusal(f: Family) -> str | None:
+    if not f.causal or f.model_type not in MLA_TYPES:
+        return f"MLA conversion serves {', '.join(MLA_TYPES)} decoders; this model is {f.model_type}"
+    return None
+
+
+def _kvcache_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    argv = ["kvcache", ctx.model, "--keep-full", "25%", "--context", str(lv["context"]), "--window",
+            str(lv["window"]), "--passages", str(lv["passages"]), "--needles", str(lv["needles"]),
+            "--score-haystacks", str(lv["haystacks"])]
+    return argv + (["--device", ctx.device] if ctx.device else [])
+
+
+def _kvcache_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    scale = lv["context"] / p.length
+    # full, by score and random caches, each over passages and needles; the scoring haystacks once
+    seqs = 3 * (lv["passages"] + lv["needles"]) + lv["haystacks"] * 3
+    return _load(p) + seqs * scale * p.fwd_s * (1 + lv["context"] / 2048) + p.cpu_s * 4
+
+
+def _kvcache_refusal(f: Family) -> str | None:
+    if f.kvcache_refusal:
+        return f.kvcache_refusal
+    if f.max_positions is not None and f.max_positions < LONG_MIN:
+        return (f"the head-aware cache is measured on {LONG_MIN}-token contexts and the model has "
+                f"{f.max_positions} positions")
+    return None
+
+
+def _report_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    argv = [*_common(ctx, "report", ctx.data), "--sentences", "3", "--limit", "8"]
+    for sub in SUBDIRS.values():
+        argv += ["--from", f"{ctx.out}/{sub}"]
+    return argv
+
+
+def _report_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    return _load(p) + 6 * p.fwd_s + p.cpu_s * (40 + f.heads_total / 10)
+
+
+def _long_levels(f: Family) -> list[int]:
+    if not f.causal or f.max_positions is None:
+        return [512, 1024] if f.causal else []
+    return [n for n in (512, 1024) if n <= f.max_positions]
+
+
+def stages_for(f: Family) -> list[Stage]:
+    """Every stage of a study of this family, in running order (the report last)."""
+    ns = (16, 32, 64, 128, 200)
+    long = _long_levels(f)
+    if long:
+        roles_levels = tuple({"n": n, "long": long[min(i, len(long) - 1)], "windows": 1 + (i > 0),
+                              "haystacks": 2 if i == 0 else 4} for i, n in enumerate(ns))
+    else:
+        roles_levels = tuple({"n": n} for n in ns)
+    ablation = tuple({"n": n, "ablation": False} for n in (16, 32)) + tuple(
+        {"n": n, "ablation": True} for n in (16, 32, 64, 128))
+    prune = ({"n": 8, "heldout": 16, "fraction": 0.5, "step": 0.25, "recover": 1},
+             {"n": 16, "heldout": 16, "fraction": 0.5, "step": 0.25, "recover": 2},
+             {"n": 32, "heldout": 32, "fraction": 0.5, "step": 0.125, "recover": 4},
+             {"n": 64, "heldout": 64, "fraction": 0.5, "step": 0.1, "recover": 8},
+             {"n": 64, "heldout": 128, "fraction": 0.6, "step": 0.05, "recover": 16})
+    conversion = ({"n": 16, "heldout": 16, "uptrain": 0}, {"n": 32, "heldout": 32, "uptrain": 10},
+                  {"n": 64, "heldout": 64, "uptrain": 30})
+    kvc = ({"context": 512, "window": 128, "passages": 1, "needles": 2, "haystacks": 2},
+           {"context": 1024, "window": 256, "passages": 2, "needles": 4, "haystacks": 4})
+    return [
+        Stage("analyze", "analyze", "q1", tuple({"n": n} for n in ns), _analyze_argv, _analyze_cost, required=True),
+        Stage("roles", "roles", "q1", roles_levels, _roles_argv, _roles_cost),
+        Stage("similar", "similar", "q1", tuple({"n": n, "js": 32 * n} for n in ns[:4]), _similar_argv,
+              _similar_cost, lambda fam: _prefix(fam, "similar")),
+        Stage("score", "score", "q3", ablation, _score_argv, _score_cost),
+        Stage("prune", "prune", "q3", prune, _prune_argv, _prune_cost, lambda fam: _prefix(fam, "prune")),
+        Stage("kv", "kv", "q2", ({},), _kv_argv, _kv_cost),
+        Stage("gqa", "gqa", "q2", conversion, _gqa_argv, _conversion_cost, _gqa_refusal),
+        Stage("mla", "mla", "q2", conversion, _mla_argv, _mla_cost, _mla_refusal),
+        Stage("kvcache", "kvcache", "q2", kvc, _kvcache_argv, _kvcache_cost, _kvcache_refusal),
+        Stage("report", "report", "report", ({},), _report_argv, _report_cost, required=True),
+    ]
+
+
+# When the budget is short, stages go in the reverse of this order (the report and statistics stay).
+PRIORITY = ("report", "analyze", "kv", "roles", "score", "prune", "similar", "gqa", "kvcache", "mla")

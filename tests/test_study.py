@@ -1,0 +1,222 @@
+"""`headscope study`: a tiny model's study end to end within a small budget (every expected file and report
+section), an interrupted study whose rerun reuses the finished stages (byte-identical, far less time), the
+budget's parsing and plan, and bad input (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from headscope.cli import main
+from headscope.errors import HeadscopeError
+from headscope.models.tiny import tiny_model
+from headscope.study import budget as B
+from headscope.study import runner
+
+WORDS = ("the of and to a in is was for on that with as by at it from he his she her they them we you i said "
+         "n't 's mr. million year new company market share stock price also but would more will has had have "
+         "are be been its their this an or not about which who one two three up out last years first "
+         "than some other over after into could only people time can president government business").split()
+
+
+def tiny_bert_dir(base: Path) -> Path:
+    """A tiny BERT whose word-level tokenizer knows the commonest PTB words ([CLS] ... [SEP] around each)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
+                                                                                                ("[SEP]", 3)])
+    path = base / "bert"
+    tiny_model("bert", init_std=0.2, vocab_size=len(vocab)).model.save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                            sep_token="[SEP]", mask_token="[MASK]").save_pretrained(path)
+    return path
+
+
+def tiny_llama_dir(base: Path) -> Path:
+    """A tiny LLaMA (6 query heads, 2 KV heads, 64 positions) with a word-level tokenizer over WORDS."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", ".", ",", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path = base / "llama"
+    tiny_model("llama", vocab_size=len(vocab)).model.save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory) -> Path:
+    return tiny_bert_dir(tmp_path_factory.mktemp("model"))
+
+
+def _page_data(html: str) -> dict:
+    return json.loads(re.search(r'<script type="application/json" id="hs-data">(.*?)</script>', html, re.DOTALL)[1])
+
+
+EXPECTED = ["heads.csv", "heads.json", "roles.csv", "roles.json", "syntax.csv", "similar_pairs.csv", "similarity.npz",
+            "clusters.json", "importance.csv", "importance.json", "rank_correlation.csv", "prune_curve.csv",
+            "prune_curve.png", "redundancy.csv", "prune.json", "model", "kv.csv", "kv.json", "report.html",
+            "study.json"]
+
+
+def test_a_tiny_study_end_to_end(bert, tmp_path, capsys):
+    out = tmp_path / "study"
+    t = time.perf_counter()
+    assert main(["study", str(bert), "--budget", "3m", "--out", str(out)]) == 0
+    elapsed = time.perf_counter() - t
+    assert elapsed < 180 + B.tolerance_s(180), elapsed
+    st = json.loads((out / "study.json").read_text())
+    for name in EXPECTED:
+        assert (out / name).exists(), (name, st["stages"])
+    done = {n for n, r in st["stages"].items() if r["status"] == "done"}
+    assert done == {"analyze", "roles", "similar", "score", "prune", "kv", "report"}, st["stages"]
+    for n in ("gqa", "mla", "kvcache"):  # decoder stages: one line each, saying why
+        assert st["stages"][n]["status"] == "not supported" and st["stages"][n]["reason"]
+    for n in done:
+        rec = st["stages"][n]
+        assert rec["command"].startswith(f"headscope {n} ") and rec["seconds"] >= 0 and rec["files"], n
+    printed = capsys.readouterr().out
+    paragraphs = [p for p in printed.split("\n\n") if p.strip()]
+    assert paragraphs[0].startswith("What the heads learn: of the 8 heads")
+    assert paragraphs[1].startswith("Are more heads better: the MHA cache costs")
+    assert paragraphs[2].startswith("Which heads are redundant: ") and "held-out passages" in paragraphs[2]
+    d = _page_data((out / "report.html").read_text(encoding="utf-8"))
+    assert d["study"]["answers"] == [st["answers"][q] for q in ("q1", "q2", "q3")]
+    assert st["answers"]["q1"] in printed
+    # No "not run yet" box for any stage the family supports; the rest say why in one line.
+    assert not any("not run yet" in m for m in d["missing"].values()), d["missing"]
+    for key in ("heads", "roles", "syntax", "similarity", "kv", "importance", "rank_correlation", "prune_curve",
+                "prune_summary", "redundancy"):
+        assert key not in d["missing"] and key not in d["na"], key
+    assert "not supported for this model (gqa)" in d["na"]["gqa"] and "sweep" in d["na"]
+    notes = [p["note"] for p in d["panels"] if p.get("note")]
+    assert all(p.get("na") for p in d["panels"] if p.get("note")), notes
+    # Time left goes where intervals are widest: every stage with intervals has a relative width.
+    from headscope.study.leftover import widths
+
+    w = widths(out)
+    assert set(w) == {"analyze", "score", "prune"} and all(v >= 0 for v in w.values()), w
+    # The KV table names the model, shows each quantity once, formatted.
+    kv = d["kv"]
+    assert "bytes_per_token" not in kv["columns"] and "per token" in kv["columns"] and "vs MHA" in kv["columns"]
+    assert all("site-packages" not in str(r["name"]) for r in kv["rows"])
+
+
+def test_a_tiny_decoder_study_converts_its_kv_heads(tmp_path, capsys):
+    """A decoder's study adds GQA and MLA conversion (into their own folders); the head-aware cache and the
+    long-range roles need 512 positions, which this model lacks: one line each."""
+    model = tiny_llama_dir(tmp_path)
+    out = tmp_path / "study"
+    assert main(["study", str(model), "--budget", "3m", "--out", str(out)]) == 0
+    st = json.loads((out / "study.json").read_text())
+    status = {n: r["status"] for n, r in st["stages"].items()}
+    assert status == {"analyze": "done", "roles": "done", "similar": "done", "score": "done", "prune": "done",
+                      "kv": "done", "gqa": "done", "mla": "done", "kvcache": "not supported", "report": "done"}
+    assert "512-token contexts" in st["stages"]["kvcache"]["reason"]
+    for sub, name in (("gqa", "gqa.json"), ("mla", "mla.json")):
+        assert (out / sub / name).is_file() and (out / sub / "model" / "config.json").is_file()
+    assert (out / "model" / "config.json").is_file()  # the pruned model
+    q2 = st["answers"]["q2"]
+    assert "2 -> 1 KV heads moves held-out perplexity" in q2 and "MLA at rank" in q2, q2
+    assert "perplexity" in st["answers"]["q3"]
+    d = _page_data((out / "report.html").read_text(encoding="utf-8"))
+    assert d["gqa"] and not any("not run yet" in m for m in d["missing"].values()), d["missing"]
+    assert "syntax" in d["na"] and all(p.get("na") for p in d["panels"] if p.get("note") and not p.get("rows"))
+    capsys.readouterr()
+
+
+def test_an_interrupted_study_continues(bert, tmp_path, monkeypatch):
+    out = tmp_path / "study"
+    real = runner.run_verb
+
+    def interrupt_at_score(argv, log):
+        if argv[0] == "score":  # as prune does: the verb catches the interrupt and returns 130
+            return 130
+        return real(argv, log)
+
+    monkeypatch.setattr(runner, "run_verb", interrupt_at_score)
+    assert main(["study", str(bert), "--budget", "3m", "--out", str(out)]) == 130
+    st = json.loads((out / "study.json").read_text())
+    assert [n for n, r in st["stages"].items() if r.get("status") == "done"] == ["analyze", "roles", "similar"]
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "study.json"}
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.is_file()}
+    monkeypatch.setattr(runner, "run_verb", real)
+    t = time.perf_counter()
+    assert main(["study", str(bert), "--budget", "3m", "--out", str(out)]) == 0
+    first = time.perf_counter() - t
+    st = json.loads((out / "study.json").read_text())
+    assert all(st["stages"][n].get("reused") for n in ("analyze", "roles", "similar"))
+    assert not st["stages"]["score"].get("reused") and st["stages"]["score"]["status"] == "done"
+    for name, data in before.items():  # the finished stages' files: untouched, byte for byte
+        assert (out / name).read_bytes() == data and (out / name).stat().st_mtime_ns == mtimes[name], name
+    # A third run reuses everything (the report too): far less time than running the stages.
+    t = time.perf_counter()
+    assert main(["study", str(bert), "--budget", "3m", "--out", str(out)]) == 0
+    again = time.perf_counter() - t
+    st2 = json.loads((out / "study.json").read_text())
+    assert all(r.get("reused") for r in st2["stages"].values() if r["status"] == "done")
+    ran = sum(r["seconds"] for r in st2["stages"].values() if r["status"] == "done")
+    assert again < ran, (again, ran, first)
+    # --force starts over: every stage runs again.
+    assert main(["study", str(bert), "--budget", "3m", "--out", str(out), "--force"]) == 0
+    st3 = json.loads((out / "study.json").read_text())
+    assert not any(r.get("reused") for r in st3["stages"].values())
+
+
+@pytest.mark.parametrize("text, seconds", [("10m", 600), ("90s", 90), ("1h30m", 5400), ("2.5m", 150), ("1h", 3600)])
+def test_durations(text, seconds):
+    assert B.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["10x", "10", "", "m", "-5m", "0s", "5m10"])
+def test_bad_durations(text):
+    with pytest.raises(HeadscopeError, match="duration"):
+        B.parse_duration(text)
+
+
+def test_the_plan_fits_the_budget_and_drops_optional_stages_first():
+    cost = {"a": [10, 20, 40], "b": [5, 10], "c": [30, 60]}
+    plan = B.make_plan(["a", "b", "c"], lambda n, lv: cost[n][lv], lambda n: len(cost[n]), lambda n: n == "a",
+                       ["a", "b", "c"], 40)
+    assert plan.total() <= 40 and plan.get("a").level is not None
+    assert [c.level for c in plan.choices] == [1, 1, None] and "cheapest size needs" in plan.get("c").reason
+    # "d" goes first (lowest priority), then "c"; dropping "c" left room for "d" again
+    cost2 = {"a": [10], "b": [5], "c": [30], "d": [3]}
+    back = B.make_plan(list(cost2), lambda n, lv: cost2[n][lv], lambda n: 1, lambda n: n == "a",
+                       ["a", "b", "c", "d"], 20)
+    assert [c.level for c in back.choices] == [0, 0, None, 0] and back.total() == 18, back
+    roomy = B.make_plan(["a", "b", "c"], lambda n, lv: cost[n][lv], lambda n: len(cost[n]), lambda n: n == "a",
+                        ["a", "b", "c"], 1000)
+    assert [c.level for c in roomy.choices] == [2, 1, 1]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--budget", "10x"], "is not a duration"),
+    (["--budget", "2s"], "is below what a study of .* needs .* give --budget \\d+m or more"),
+])
+def test_bad_input_one_line_exit_2_nothing_written(bert, tmp_path, capsys, argv, match):
+    out = tmp_path / "never"
+    assert main(["study", str(bert), *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(match, err[0]), err
+    assert not out.exists()
+
+
+def test_a_model_no_stage_supports(tmp_path, capsys):
+    path = tmp_path / "no-tokenizer"
+    tiny_model("bert").model.save_pretrained(path)
+    out = tmp_path / "never"
+    assert main(["study", str(path), "--budget", "1m", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no stage of a study" in err[0], err
+    assert not out.exists()
