@@ -164,6 +164,9 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="L0 penalty must be a positive number"),
         "--l0-target": bad(*L0, "--l0-target", "1.5", says="L0 target fraction must be in [0, 1)"),
     },
+    "study": {
+        "--budget": bad("--budget", "10x", says="--budget '10x' is not a duration"),
+    },
     "similar": {
         "--top": bad("--top", "-1", says="--top must be 0 or more"),
         "--js-max-tokens": bad("--js-max-tokens", "0", says="--js-max-tokens must be at least 1"),

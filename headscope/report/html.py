@@ -30,6 +30,7 @@ def page(data: dict[str, Any]) -> str:
     title = html.escape(f"headscope report: {data.get('model', {}).get('model', 'model')}")
     css = asset("report.css")
     js = asset("report.js").replace("</script", "<\\/script")
+    main = asset("main.html")  # the sections the script fills, in the order of the three questions
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -46,61 +47,7 @@ def page(data: dict[str, Any]) -> str:
 <header><h1 id="title">{title}</h1><div class="meta" id="meta"></div></header>
 <nav><a href="#q1">1. What do the heads learn?</a><a href="#q2">2. Are more heads better?</a>
 <a href="#q3">3. Which heads are redundant?</a><a href="#about">About</a></nav>
-<main>
-<section class="q" id="study" hidden>
-<h2>The answer, in three paragraphs</h2>
-<div class="summary" id="study-text"></div>
-</section>
-<section class="q" id="q1">
-<h2>1. What do the heads learn?</h2>
-<div class="summary" id="q1-text"></div>
-<div class="controls"><label>colour by <select id="colour-by"></select></label>
-<span class="legend" id="legend"></span><span class="legend" id="colour-desc"></span></div>
-<div class="q1-layout">
-<div id="grid-box"><div class="grid" id="grid"></div></div>
-<div id="head-detail"></div>
-</div>
-<div class="tooltip" id="tooltip"></div>
-<h3>Role census</h3>
-<div id="census"></div>
-<h3>Syntax and coreference heads</h3>
-<div id="syntax"></div>
-<h3>Similar heads and redundancy clusters</h3>
-<div id="similarity"></div>
-<div id="q1-panels"></div>
-</section>
-<section class="q" id="q2">
-<h2>2. Are more heads better?</h2>
-<div class="summary" id="q2-text"></div>
-<h3>Head-count sweep</h3>
-<div id="sweep"></div>
-<h3>KV-cache cost</h3>
-<div id="kv"></div>
-<h3>MHA &rarr; GQA conversion</h3>
-<div id="gqa"></div>
-<div id="q2-panels"></div>
-</section>
-<section class="q" id="q3">
-<h2>3. Which heads are redundant?</h2>
-<div class="summary" id="q3-text"></div>
-<h3>Importance per criterion</h3>
-<div id="importance"></div>
-<h3>Do the criteria agree? (rank correlation)</h3>
-<div id="rankcorr"></div>
-<h3>Pruning curve</h3>
-<div id="prune"></div>
-<h3>Layer-wise redundancy</h3>
-<div id="redundancy"></div>
-<h3>The pruned model</h3>
-<div id="speedup"></div>
-<div id="q3-panels"></div>
-</section>
-<section class="q" id="about">
-<h2>About this report</h2>
-<div id="about-panels"></div>
-</section>
-</main>
-<footer>Written by headscope; works offline (no scripts, fonts or images are loaded from anywhere).</footer>
+{main}<footer>Written by headscope; works offline (no scripts, fonts or images are loaded from anywhere).</footer>
 <script type="application/json" id="hs-data">{embed_json(data)}</script>
 <script>
 {js}

@@ -288,12 +288,7 @@ def prune_curve(
     if extra and scope != "heads":
         raise HeadscopeError("extra measures (--wordsim) are taken on head curves; unit curves record the metric")
     torch.manual_seed(seed)
-    prep, metric = prepare(hm, data, metric, max_length)
-    check_target_drop(metric, target_drop)  # 'auto' is resolved only now; before any pruning
-    evalprep = prep if heldout is None else prepare(hm, heldout, metric, max_length)[0]
-    entry = METRICS.get(metric)
-    ref = make_reference(hm, prep, batch_size=batch_size) if entry.needs_reference else None
-    eval_ref = ref if heldout is None or ref is None else make_reference(hm, evalprep, batch_size=batch_size)
+    prep, evalprep, metric, ref, eval_ref = _prepare(hm, data, heldout, metric, max_length, batch_size, target_drop)
     ckpt = Path(checkpoint) if checkpoint is not None and scope == "heads" else None
     plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress, dict(options or {}), ckpt), unit,
                      scope, method, fraction, step, uniform)
@@ -327,6 +322,17 @@ def prune_curve(
     if scope == "heads":
         result.meta["uniform"] = uniform
     return result
+
+
+def _prepare(hm: HeadModel, data: Any, heldout: Any, metric: str, max_length: int | None, batch_size: int,
+             target_drop: float | None) -> tuple[Any, Any, str, Any, Any]:
+    """(scoring passages, held-out passages, the resolved metric, its reference on each)."""
+    prep, metric = prepare(hm, data, metric, max_length)
+    check_target_drop(metric, target_drop)  # 'auto' is resolved only now; before any pruning
+    evalprep = prep if heldout is None else prepare(hm, heldout, metric, max_length)[0]
+    ref = make_reference(hm, prep, batch_size=batch_size) if METRICS.get(metric).needs_reference else None
+    eval_ref = ref if heldout is None or ref is None else make_reference(hm, evalprep, batch_size=batch_size)
+    return prep, evalprep, metric, ref, eval_ref
 
 
 def _walk(run: _Curve, method: str, ckpt: Path | None, settings: dict[str, Any], progress: bool) -> None:
