@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 import torch
 from test_bad_input import refused
@@ -91,7 +92,7 @@ def test_kvcache_choose_learned(llama, tmp_path):  # noqa: F811
     out = tmp_path / "out"
     assert main(["kvcache", str(src), "--keep-full", "34%", "--data", str(text), "--needles", "1",
                  "--score-haystacks", "1", "--choose", "learned", "--learn-steps", "3", "--learn-prompts", "2",
-                 *SMALL, "--out", str(out)]) == 0
+                 *SMALL, "--out", str(out), "--export-card", str(tmp_path / "duo")]) == 0
     with (out / "kvcache.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["method"] for r in rows] == ["full", "score", "random", "learned"]
@@ -100,6 +101,9 @@ def test_kvcache_choose_learned(llama, tmp_path):  # noqa: F811
     report = json.loads((out / "kvcache.json").read_text())
     rec = report["settings"]["scores"]["learned"]
     assert rec["steps"] == 3 and len(rec["alpha"]) == 2 and len(rec["alpha"][0]) == 3
+    # the head pattern DuoAttention and kvpress read holds the learned alphas themselves
+    pattern = np.loadtxt(tmp_path / "duo" / "full_attention_heads.tsv", ndmin=2)
+    assert pattern.shape == (2, 3) and np.allclose(pattern, rec["alpha"], atol=1e-6)
 
 
 def test_passkey_prompts_refuse_short_text(llama):  # noqa: F811

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..artifacts import KVCACHE_CSV, KVCACHE_JSON, outputs, write_csv
 from ..capacity.kv_bytes import attention_shape, human_bytes, load_config
 from ..capacity.kvcache.cache import SUPPORTED, check_supported, check_supported_config, check_window
@@ -236,8 +238,12 @@ def run(args: argparse.Namespace) -> int:
         write_csv(stage, KVCACHE_CSV, rows, columns)
         atomic_write_text(stage / KVCACHE_JSON.name, json.dumps(to_jsonable(report), indent=2) + "\n")
     if card is not None:  # outside --out: written (atomically) once the set is in place
-        write_duo(card, duo_pattern(scores, hm.n_kv_heads), sink=args.sink, recent=args.window, force=args.force,
-                  source=f"headscope kvcache: {hm.name}, --by {args.by}")
+        if learned is not None:  # DuoAttention's own pattern: the learned alphas, [layers, KV heads] in [0, 1]
+            pattern, chosen = np.asarray(score_info["learned"]["alpha"], float), "the learned alphas (--choose learned)"
+        else:
+            pattern, chosen = duo_pattern(scores, hm.n_kv_heads), f"--by {args.by}"
+        write_duo(card, pattern, sink=args.sink, recent=args.window, force=args.force,
+                  source=f"headscope kvcache: {hm.name}, {chosen}")
 
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_kv_heads} KV heads ({hm.group_size} query heads each); "
           f"sink {args.sink} + window {args.window}; {len(passages)} passage(s) of {args.context} tokens from "
