@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .errors import HeadscopeError
 from .models.dispatch import state_items
 from .version import versions
 
@@ -150,7 +151,6 @@ def recorded_for(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
     """The JSON beside a verb's output file holding its provenance, and that record (None when the file is not a
     declared output, or nothing was recorded)."""
     from .artifacts import provenance_file  # artifacts imports nothing of provenance: no cycle, loaded late
-    from .errors import HeadscopeError
 
     path = Path(path)
     try:
@@ -166,7 +166,6 @@ def recorded_for(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
 def check_made_for(path: str | Path, hm: Any, option: str) -> None:
     """Refuse a file another verb wrote for another model than `hm` (weights fingerprint, else type and attention
     shape), naming both; a file without recorded provenance passes (its head grid is checked by its reader)."""
-    from .errors import HeadscopeError
 
     found = recorded_for(path)
     if found is None:

@@ -367,7 +367,7 @@ def test_roles_rejects_bad_treebank(tmp_path):
     hm = tiny_model("bert", init_std=0.2)
     empty = tmp_path / "empty.conllu"
     empty.write_text("# nothing\n\n", encoding="utf-8")
-    with pytest.raises(HeadscopeError, match="holds no sentences"):
+    with pytest.raises(HeadscopeError, match="holds no well-formed sentence"):
         roles(hm, [[5, 6, 7]], treebank=empty)
 
 

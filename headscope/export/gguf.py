@@ -162,7 +162,7 @@ def _umask() -> int:
 
 
 def _write_header(writer: Any, hm: HeadModel, shape: Shape, dtype: str, src: Path) -> None:
-    import gguf
+    import gguf  # deferred: the writer is needed only when exporting (commands/export.py checks it is there)
 
     c = hm.config
     uniform = shape.uniform
@@ -231,7 +231,7 @@ def _pre_name(pre: Any) -> str | None:
 
 
 def _write_tokenizer(writer: Any, src: Path, tok: dict[str, Any], hm: HeadModel) -> None:
-    import gguf
+    import gguf  # deferred: the writer is needed only when exporting (commands/export.py checks it is there)
 
     if len(tok["tokens"]) > hm.vocab_size:
         raise HeadscopeError(f"{str(src)!r}: the tokenizer has {len(tok['tokens'])} tokens, more than the model's "
@@ -254,7 +254,7 @@ def _write_tokenizer(writer: Any, src: Path, tok: dict[str, Any], hm: HeadModel)
 
 def _tensor(writer: Any, name: str, t: torch.Tensor, dtype: str, fallback: list[str]) -> None:
     """Add one tensor: 1-D ones (norms) stay float32, as llama.cpp's converter keeps them."""
-    import gguf
+    import gguf  # deferred: the writer is needed only when exporting (commands/export.py checks it is there)
 
     a = t.detach().to(torch.float32).cpu().numpy()
     if a.ndim == 1 or dtype == "f32":
