@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..commands._common import check_device
 from .budget import fmt_duration, parse_duration, tolerance_s
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
           + (f"; reused {', '.join(reused)}" if reused else ""))
     for n, r in other.items():
         print(f"  {n}: {r.get('status')}: {r.get('reason', '')}")
-    print(f"\nwrote {args.out}/report.html, {args.out}/{STUDY_NAME} (commands, sizes, times) and each stage's "
+    page = f"{args.out}/report.html, " if (Path(args.out) / "report.html").exists() else ""
+    print(f"\nwrote {page}{args.out}/{STUDY_NAME} (commands, sizes, times) and each stage's "
           f"output; logs in {args.out}/{LOG_DIR}/", file=sys.stderr)
     return 1 if outcome.failed else 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..capacity.gqa import SUPPORTED_MODEL_TYPES as GQA_TYPES
@@ -263,8 +264,9 @@ def _kvcache_refusal(f: Family) -> str | None:
 
 def _report_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
     argv = [*_common(ctx, "report", ctx.data), "--sentences", "3", "--limit", "8"]
-    for sub in SUBDIRS.values():
-        argv += ["--from", f"{ctx.out}/{sub}"]
+    for sub in SUBDIRS.values():  # the conversions' folders, where their stages ran (report refuses a missing one)
+        if (Path(ctx.out) / sub).is_dir():
+            argv += ["--from", f"{ctx.out}/{sub}"]
     return argv
 
 
