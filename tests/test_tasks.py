@@ -87,7 +87,7 @@ def test_cli_tasks_bad_input_writes_nothing(tmp_path, capsys):
 def test_retrieval_task_uses_answered_haystacks_else_all(monkeypatch):
     """The retrieval task is Wu et al.'s score over the haystacks the model answered; when it answered none,
     every haystack's copy score, and tasks.json's task_info says which (a stand-in long_roles report)."""
-    import headscope.learned.longctx as longctx
+    import headscope.redundancy.importance.tasks as tasks_module
     from headscope.redundancy.importance.tasks import TASKS, TaskContext
 
     hm = model("llama")
@@ -102,7 +102,7 @@ def test_retrieval_task_uses_answered_haystacks_else_all(monkeypatch):
                 "scores": {"retrieval_score": answered if ok else np.full_like(answered, np.nan),
                            "retrieval_score_all": every}}
 
-    monkeypatch.setattr(longctx, "long_roles", fake)
+    monkeypatch.setattr(tasks_module, "long_roles", fake)  # the name the task calls
     fn = TASKS.get("retrieval").fn
     for ok, want, says in ((2, answered, "answered haystacks"), (0, every, "answered no haystack")):
         fake.succeeded = ok
@@ -117,7 +117,7 @@ def test_retrieval_task_uses_answered_haystacks_else_all(monkeypatch):
 def test_wordsim_task_is_the_ablation_of_each_head(monkeypatch):
     """With a stand-in measure whose value is known for every gate setting (a weighted sum of the gates), the
     task returns exactly each head's weight: base minus the value with that head zeroed."""
-    import headscope.eval.wordsim as ws
+    import headscope.redundancy.importance.tasks as tasks_module
     from headscope.redundancy.importance.tasks import TASKS, TaskContext
 
     hm = model("bert")
@@ -127,7 +127,7 @@ def test_wordsim_task_is_the_ablation_of_each_head(monkeypatch):
         g = np.ones_like(weights) if gates is None else gates.numpy()
         return float((weights * g).sum())
 
-    monkeypatch.setattr(ws, "wordsim_spearman", fake)
+    monkeypatch.setattr(tasks_module, "wordsim_spearman", fake)  # the name the task calls
     got = TASKS.get("wordsim").fn(TaskContext(hm, None, "taylor", None, None, 4, 0))
     np.testing.assert_allclose(got, weights, atol=1e-12)
 
