@@ -21,7 +21,7 @@ from ..artifacts import (
     outputs,
     write_csv,
 )
-from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
+from ..data import BUILTIN_NAMES, DEFAULT_LIMIT, TextSource
 from ..errors import HeadscopeError, plural
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
@@ -38,10 +38,11 @@ from ..redundancy.curves import (
     clear_partial,
     prune_curve,
 )
-from ..redundancy.importance import CRITERIA
+from ..redundancy.importance import CRITERIA, score
 from ..redundancy.pruning.heads import n_parameters
 from ..redundancy.unit_kinds import LAYER_UNITS, UNITS, unit_kind
-from ._common import add_data_args, add_model_arg, add_out_args, load_from_args
+from ..uncertainty import MIN_STABLE_PASSAGES, check_until_stable
+from ._common import add_data_args, add_interval_args, add_model_arg, add_out_args, interval_settings, load_from_args
 from ._l0 import add_l0_args, l0_settings
 
 # The files of a head curve and of a curve of units beyond heads (each with model/ under --save-model).
@@ -74,6 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_arg(p)
     add_data_args(p)
+    add_interval_args(p, until_stable=True)
     add_out_args(p)
     p.add_argument("--fraction", type=parse_share, default=None,
                    help="share of heads to remove, in [0, 1), e.g. 0.4 or 40%%")
@@ -147,6 +149,9 @@ def _check_cli(args: argparse.Namespace) -> tuple[str | None, bool]:
         METRICS.get(args.metric)  # an unknown metric raises, with a did-you-mean
         check_target_drop(args.metric, args.target_drop)
     l0_settings(args, args.fraction)  # checked even when l0 is not chosen: no bad value is ignored
+    if args.until_stable is not None and (not heads or method == "l0"):
+        raise HeadscopeError("--until-stable reads scoring passages until the head ranking is stable: it is for "
+                             "head curves scored per passage (not --unit attention/block/ffn/mix or --method l0)")
     if method == "l0" and args.fraction is None and args.l0_penalty is None and args.l0_target is None:
         raise HeadscopeError("--method l0 with only --target-drop needs --l0-penalty or --l0-target (what the "
                              "gates are trained towards); or give --fraction")
@@ -162,7 +167,12 @@ def run(args: argparse.Namespace) -> int:
         clear_partial(out)
     data = read_task_data(args.data, args.limit)  # bad data fails before the model loads
     heldout = read_task_data(args.heldout, args.heldout_limit or args.limit) if args.heldout else None
+    if args.until_stable is not None:
+        check_until_stable(args.until_stable, len(data) if isinstance(data, TextSource) else MIN_STABLE_PASSAGES)
     hm = load_from_args(args)
+    stable = _until_stable(hm, data, args) if args.until_stable is not None else None
+    if stable is not None:
+        data = TextSource(data.texts[:stable["passages"]], data.source)  # type: ignore[union-attr]
     prov = provenance("prune", hm, data, args, heldout=heldout)  # before pruning: the model as loaded
     extra = {w: wordsim_measure(w) for w in WORDSIM} if args.wordsim else None
     try:
@@ -171,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                           metric=args.metric, unit=unit, max_length=args.max_length, batch_size=args.batch_size,
                           checkpoint=out, extra=extra, extra_on_recovered=args.wordsim_recovered,
                           latency=args.latency, options={"l0": {"settings": l0_settings(args, args.fraction)}},
-                          seed=args.seed, progress=True, uniform=args.uniform)
+                          intervals=interval_settings(args), seed=args.seed, progress=True, uniform=args.uniform)
     except KeyboardInterrupt:
         part = out / PARTIAL_JSON
         if part.exists():
@@ -184,14 +194,30 @@ def run(args: argparse.Namespace) -> int:
             print("headscope prune: interrupted before the first point; nothing was written", file=sys.stderr)
         return 130
     summary = res.summary()
+    if stable is not None:
+        summary["until_stable"] = stable
     with staged(out, args.force) as stage:  # the curve's files (and model/) appear together, or none
         if args.save_model:
             summary["saved_model"] = _save(hm, res, stage, out)
         _write(res, summary, prov, stage)
     clear_partial(out)  # the run is complete: its checkpoint is no longer needed
     (_print if heads else _print_units)(res, summary)
+    if stable is not None:
+        state = "reached" if stable["reached"] else "NOT reached"
+        print(f"--until-stable {stable['target']}: {state} with {stable['passages']} of the {stable['available']} "
+              f"scoring passages" + ("" if stable["reached"] else "; raise --limit or give more data"))
     print(f"\nwrote {', '.join(str(out / n) for n in will)}", file=sys.stderr)
     return 0
+
+
+def _until_stable(hm: Any, data: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """How many of the scoring passages the unpruned ranking by --method needs to reach --until-stable (read in
+    chunks, as `score --until-stable`); the curve then scores on those passages only."""
+    if not isinstance(data, TextSource):
+        raise HeadscopeError("--until-stable reads plain passages; a labelled jsonl --data is scored whole")
+    table = score(hm, data, methods=(args.method,), metric=args.metric, max_length=args.max_length,
+                  batch_size=args.batch_size, seed=args.seed, until_stable=args.until_stable, progress=True)
+    return dict(table.meta["until_stable"])
 
 
 def _save(hm: Any, res: CurveResult, stage: Path, out: Path) -> dict[str, Any]:
