@@ -33,6 +33,13 @@ FLAG = None  # a flag no value can make bad, on its own (its combinations are re
 REQUIRED = {"gqa": ("{llama}", "--kv-heads", "1"), "mla": ("{llama}", "--kv-rank", "8"), "kvcache": ("{llama}",),
             "prune": ("--fraction", "0.1"), "export": ("{llama}", "--to", "gguf", "--out", "o.gguf")}
 L0 = ("--method", "l0")
+L0_ROWS = {  # prune's and score's --method l0 options
+    "--l0-steps": bad(*L0, "--l0-steps", "0", says="L0 gate training needs at least 1 step"),
+    "--l0-lr": bad(*L0, "--l0-lr", "0", says="L0 gate learning rate must be a positive number"),
+    "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="hard-concrete temperature must be a positive"),
+    "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="L0 penalty must be a positive number"),
+    "--l0-target": bad(*L0, "--l0-target", "1.5", says="L0 target fraction must be in [0, 1)"),
+}
 LEARNED = ("--choose", "learned", "--context", "64", "--sink", "4", "--window", "16")  # a context the tiny model has
 
 SEED = "--seed must be a whole number from 0 to 4294967295"
@@ -129,11 +136,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
                                    says="--wordsim is for head units"),
         "--save-model": FLAG,
         "--uniform": bad("--unit", "attention", "--uniform", says="--uniform is for head units"),
-        "--l0-steps": bad(*L0, "--l0-steps", "0", says="L0 gate training needs at least 1 step"),
-        "--l0-lr": bad(*L0, "--l0-lr", "0", says="L0 gate learning rate must be a positive number"),
-        "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="hard-concrete temperature must be a positive"),
-        "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="L0 penalty must be a positive number"),
-        "--l0-target": bad(*L0, "--l0-target", "1.5", says="L0 target fraction must be in [0, 1)"),
+        **L0_ROWS,
     },
     "report": {
         "--no-model": bad("--no-model", "--out", "empty", says="nothing to report"),
@@ -158,11 +161,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--ig-steps": bad("--ig-steps", "0", says="--ig-steps must be at least 1"),
         "--pruned": bad("{bert}", "--limit", "2", "--pruned", "L99H0", says="--pruned: head L99H0 does not exist",
                         required=False),
-        "--l0-steps": bad(*L0, "--l0-steps", "0", says="L0 gate training needs at least 1 step"),
-        "--l0-lr": bad(*L0, "--l0-lr", "0", says="L0 gate learning rate must be a positive number"),
-        "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="hard-concrete temperature must be a positive"),
-        "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="L0 penalty must be a positive number"),
-        "--l0-target": bad(*L0, "--l0-target", "1.5", says="L0 target fraction must be in [0, 1)"),
+        **L0_ROWS,
     },
     "study": {
         "--budget": bad("--budget", "10x", says="--budget '10x' is not a duration"),

@@ -15,23 +15,8 @@ from headscope.learned.roles.confidence import role_intervals, split_roles
 from headscope.stats import COUNT
 from headscope.uncertainty import IntervalSettings, PassageSums
 from tests.families import FAMILIES, model
+from tests.test_passages import _passages, _rel
 from tests.test_roles import REPEAT, positional_model
-
-MOE = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3")
-
-
-def _passages(hm, n: int = 7, seed: int = 0) -> list[list[int]]:
-    """Passages of different lengths (so batches pad), ordinary token ids."""
-    g = torch.Generator().manual_seed(seed)
-    vocab = int(hm.model.get_input_embeddings().num_embeddings)
-    return [torch.randint(5, min(vocab, 200), (6 + 3 * i,), generator=g).tolist() for i in range(n)]
-
-
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    assert (np.isnan(a) == np.isnan(b)).all(), "NaN in different places"
-    ok = ~np.isnan(a)
-    return float(np.max(np.abs(a[ok] - b[ok]) / np.maximum(1.0, np.abs(a[ok])))) if ok.any() else 0.0
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -310,6 +310,20 @@ def windowed_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, sink: int, win
     return (kp <= qp) & ((kp < sink) | (kp > qp - window))
 
 
+def training_band(q_len: int, k_len: int, attention_mask: torch.Tensor | None, sink: int, window: int,
+                  device: torch.device, what: str) -> torch.Tensor:
+    """`[1|batch, 1, q, k]` bool: the sink + window band of a forward without a cache (the queries are the last
+    `q_len` of `k_len` positions), within sdpa's boolean `attention_mask` when given (`what` names the caller
+    in the error for any other mask)."""
+    query_pos = torch.arange(k_len - q_len, k_len, device=device)
+    band = windowed_mask(query_pos, torch.arange(k_len, device=device), sink, window)[None, None]
+    if attention_mask is None:
+        return band
+    if attention_mask.dtype != torch.bool:
+        raise HeadscopeError(f"{what} expects sdpa's boolean masks; got {attention_mask.dtype}")
+    return band & attention_mask[..., :k_len]
+
+
 def kvcache_attention(module: nn.Module, query: torch.Tensor, key: Any, value: Any, attention_mask: torch.Tensor | None,
                       scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """The registered attention function: sdpa for plain tensors; for a head-aware layer, sdpa over the

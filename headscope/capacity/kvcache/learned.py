@@ -35,7 +35,7 @@ from ...learned.longctx.needle import DEPTHS, Haystack, build_haystack
 from ...models.adapter import HeadModel
 from ...models.config import attention_implementation
 from ...train import Trainer, frozen_weights
-from .cache import check_supported, check_window, windowed_mask
+from .cache import check_supported, check_window, training_band
 from .compare import Settings, compare
 
 MIXED_NAME = "headscope_kvcache_mixed"
@@ -72,12 +72,7 @@ def mixed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     q_len, k_len = query.shape[-2], key.shape[-2]  # query [batch, head, q, d_head]
     full, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                      **kwargs)
-    query_pos = torch.arange(k_len - q_len, k_len, device=query.device)  # no cache: queries are the last positions
-    band = windowed_mask(query_pos, torch.arange(k_len, device=query.device), sink, window)[None, None]
-    if attention_mask is not None:
-        if attention_mask.dtype != torch.bool:
-            raise HeadscopeError(f"mixed KV attention expects sdpa's boolean masks; got {attention_mask.dtype}")
-        band = band & attention_mask[..., :k_len]
+    band = training_band(q_len, k_len, attention_mask, sink, window, query.device, "mixed KV attention")
     win, _ = sdpa_attention_forward(module, query, key, value, band, scaling=scaling, dropout=dropout, **kwargs)
     a = alpha.to(full.dtype).repeat_interleave(module.num_key_value_groups)[None, None, :, None]  # [1, 1, head, 1]
     return a * full + (1 - a) * win, None

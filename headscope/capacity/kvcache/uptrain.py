@@ -30,7 +30,7 @@ from ...eval.lm import distillation_loss
 from ...models.adapter import HeadModel
 from ...models.config import attention_implementation
 from ..convert.uptraining import GRAD_CLIP, UptrainLog, check_uptrain, run_uptraining, uptrain_loss
-from .cache import HeadPlan, _gather_heads, check_supported, windowed_mask
+from .cache import HeadPlan, _gather_heads, check_supported, training_band
 
 MASKED_NAME = "headscope_kvcache_masked"
 _PLAN_ATTR = "_headscope_kv_plan"  # (full KV heads, windowed KV heads, sink, window) on an attention module
@@ -59,12 +59,7 @@ def masked_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
         out = out.index_copy(2, idx, o)
     idx = _gather_heads(windowed, group, query.device)
     kv = torch.tensor(windowed, dtype=torch.long, device=query.device)
-    query_pos = torch.arange(k_len - q_len, k_len, device=query.device)  # no cache: queries are the last positions
-    mask = windowed_mask(query_pos, torch.arange(k_len, device=query.device), sink, window)[None, None]
-    if attention_mask is not None:
-        if attention_mask.dtype != torch.bool:
-            raise HeadscopeError(f"head-aware training expects sdpa's boolean masks; got {attention_mask.dtype}")
-        mask = mask & attention_mask[..., :k_len]
+    mask = training_band(q_len, k_len, attention_mask, sink, window, query.device, "head-aware training")
     o, _ = sdpa_attention_forward(module, query.index_select(1, idx), key.index_select(1, kv),
                                   value.index_select(1, kv), mask, scaling=scaling, dropout=dropout, **kwargs)
     return out.index_copy(2, idx, o), None
