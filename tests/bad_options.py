@@ -189,6 +189,13 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--threads": bad("--threads", "0", says="--threads must be positive"),
         "--no-progress": FLAG,
     },
+    "view": {
+        "--from": bad("--from", "missing", says="--from 'missing' does not exist"),
+        "--port": bad("--port", "70000", says="--port must be from 1 to 65535"),
+        "--host": bad("--host", "", says="--host is empty"),
+        "--open": FLAG,
+        "--max-tokens": bad("--max-tokens", "0", says="--max-tokens must be a whole number from 1"),
+    },
     "tasks": {
         "--tasks": bad("--tasks", "bogus", says="unknown task 'bogus'"),
         "--method": bad("--method", "gradeint", says="did you mean 'gradient'"),
