@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
     hm = load_from_args(args)
     app = ViewApp(hm, heads_table(hm, options.from_dirs), options.max_tokens, EXAMPLES)
     server = make_server(app, args.host, args.port)
-    host, port = server.server_address[:2]
-    url = f"http://{f'[{host}]' if ':' in str(host) else host}:{port}/"
+    host, port = str(args.host), int(server.server_address[1])  # port 0: the one the OS chose
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     if args.host not in LOOPBACK:
         print(f"headscope view: warning: --host {args.host} exposes the model to every machine that can reach this "
               f"one; anyone there can run text through it (use --host 127.0.0.1 for this machine only)",
