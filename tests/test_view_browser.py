@@ -101,8 +101,11 @@ def test_typed_text_drawn_in_chromium(browser, dirs, evidence):  # noqa: F811
             assert page.locator("#view-0 canvas[data-head='L1H2']").count() == 1
 
             # The markup token is text on the page, never an element.
-            labels = page.eval_on_selector_all("#view-0 svg text[data-side='q']", "ts => ts.map(t => t.textContent)")
+            labels = page.eval_on_selector_all("#view-0 svg text[data-side='q']", "ts => ts.map(t => t.dataset.token)")
             assert labels == tokens and MARKUP in labels
+            shown = page.eval_on_selector_all("#view-0 svg text[data-side='q']", "ts => ts.map(t => t.textContent)")
+            assert shown[1] == tokens[1] + tokens[1] + " (token 1)"  # the label, then its tooltip (full label)
+            assert shown[-2].startswith(MARKUP[:17] + "\u2026" + MARKUP)  # cut to 18 characters on the page
             assert page.evaluate("window.pwned") is None and page.locator("img").count() == 0
 
             # The card: roles, importance rank, KV-cache choice and patching effect, each with its command.

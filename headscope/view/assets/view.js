@@ -175,7 +175,9 @@
       .map(([v, j]) => label(state.tokens[j]) + " " + num(v, 3)).join(", ");
   }
   function arcs(w, l, h, caption) {
-    const T = state.tokens.length, rowH = 18, width = 380, xl = 150, xr = 230;
+    const T = state.tokens.length, rowH = 18, LABEL = 18; // longer labels are cut, the full token in its tooltip
+    const shown = state.tokens.map((t) => { const s = label(t); return s.length > LABEL ? s.slice(0, LABEL - 1) + "\u2026" : s; });
+    const wide = 7.3 * Math.max(...shown.map((s) => s.length)) + 8, xl = wide, xr = wide + 80, width = xr + wide;
     const g = svg("svg", { width: width, height: T * rowH + 8, "data-head": headName(l, h), class: "arcs" });
     const lines = [];
     for (let i = 0; i < T; i++) {
@@ -191,8 +193,12 @@
     const show = (fn) => { for (const ln of lines) ln.style.display = fn(+ln.dataset.q, +ln.dataset.k) ? "" : "none"; };
     for (const [side, x, anchor] of [["q", xl, "end"], ["k", xr, "start"]]) {
       for (let i = 0; i < T; i++) {
-        const t = svg("text", { x: x, y: i * rowH + 16, "text-anchor": anchor, "data-side": side, "data-i": i });
-        t.textContent = label(state.tokens[i]);
+        const t = svg("text", { x: x, y: i * rowH + 16, "text-anchor": anchor, "data-side": side, "data-i": i,
+          "data-token": state.tokens[i] });
+        t.textContent = shown[i];
+        const tip = svg("title");
+        tip.textContent = label(state.tokens[i]) + " (token " + i + ")";
+        t.appendChild(tip);
         t.addEventListener("mouseenter", () => {
           t.classList.add("on");
           if (side === "q") { show((q) => q === i); caption.textContent = "query " + i + " " + label(state.tokens[i]) + " attends to: " + top(w[i], 5); }
