@@ -369,3 +369,16 @@ def test_exposed_host_warns_in_one_line(dirs):
         _, err = proc.communicate(timeout=30)
     warnings = [l for l in err.splitlines() if "warning" in l]
     assert len(warnings) == 1 and "--host 0.0.0.0 exposes the model" in warnings[0], err
+
+
+def test_a_port_in_use_is_one_line(dirs):
+    from headscope.view.page import EXAMPLES
+    from headscope.view.server import ViewApp, make_server
+
+    hm = load_model(str(dirs["bert"]))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(headscope.HeadscopeError, match=f"cannot listen on 127.0.0.1:{port} .*choose another --port"):
+            make_server(ViewApp(hm, heads_table(hm, []), 64, EXAMPLES), "127.0.0.1", port)

@@ -171,3 +171,23 @@ def test_notebook_page_in_chromium(browser, dirs, tmp_path):  # noqa: F811
         assert problems == [], problems
     finally:
         page.close()
+
+
+def test_notebook_iframe_in_chromium(browser, dirs):  # noqa: F811
+    """What a notebook shows: `_repr_html_`'s iframe draws the page from its srcdoc alone."""
+    hm = load_model(str(dirs["bert"]))
+    v = headscope.view(hm, unseen_text(5, seed=25) + " " + MARKUP)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    try:
+        page.set_content("<!doctype html><html><body>" + v._repr_html_() + "</body></html>")
+        frame = page.frame_locator("iframe")
+        frame.locator("body[data-drawn]").wait_for(timeout=20000)
+        assert frame.locator("#view-0 canvas[data-head='L0H0']").count() == 1
+        assert frame.locator("#multiples canvas").count() == 8
+        assert page.evaluate("window.pwned") is None and frame.locator("img").count() == 0
+        assert problems == [], problems
+    finally:
+        page.close()
