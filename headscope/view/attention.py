@@ -25,12 +25,16 @@ from ..hooks import on_attention_weights
 from ..models.adapter import HeadModel
 from ..models.config import attention_implementation
 
-__all__ = ["MAX_CHARS", "SMALL_MAX", "Encoded", "all_heads", "check_head", "encode", "one_head"]
+__all__ = ["MAX_CHARS", "SMALL_MAX", "Encoded", "TooLong", "all_heads", "check_head", "encode", "one_head"]
 
 MAX_CHARS = 20_000  # characters of text read at all: the tokenizer's work stays small whatever is sent
 SMALL_MAX = 48  # tokens up to which every head is computed at once (small multiples, switching heads)
 ONE_HEAD_NAME = "headscope_view_one_head"
 BLOCK = 128  # queries per block of the one-head path: memory block x T per step
+
+
+class TooLong(HeadscopeError):
+    """A text over the view's limits (characters or tokens): the server answers 413."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ def encode(hm: HeadModel, text: Any, max_tokens: int) -> Encoded:
     if not text.strip():
         raise HeadscopeError("text is empty; type a sentence")
     if len(text) > MAX_CHARS:
-        raise HeadscopeError(f"text has {len(text)} characters; the limit is {MAX_CHARS} characters and "
+        raise TooLong(f"text has {len(text)} characters; the limit is {MAX_CHARS} characters and "
                              f"{max_tokens} tokens")
     if hm.tokenizer is None:
         raise HeadscopeError(f"{hm.name} has no tokenizer, so it cannot read text; load a model folder with its "
@@ -58,7 +62,7 @@ def encode(hm: HeadModel, text: Any, max_tokens: int) -> Encoded:
     if not ids:
         raise HeadscopeError("text gives no tokens; type a sentence")
     if len(ids) > max_tokens:
-        raise HeadscopeError(f"text has {len(ids)} tokens; the limit is {max_tokens} tokens (shorten the text, or "
+        raise TooLong(f"text has {len(ids)} tokens; the limit is {max_tokens} tokens (shorten the text, or "
                              f"start the view with a larger --max-tokens)")
     tokens = [str(t) for t in hm.tokenizer.convert_ids_to_tokens(ids)]
     return Encoded(text, ids, tokens)

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
-from .attention import SMALL_MAX, Encoded, all_heads, check_head, encode, one_head
+from .attention import SMALL_MAX, Encoded, TooLong, all_heads, check_head, encode, one_head
 from .page import PAGE_CSP, model_info, page
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,8 @@ class ViewApp:
         self.hm, self.heads, self.max_tokens, self.examples = hm, heads, max_tokens, examples
         self.lock = threading.Lock()  # the model: one forward pass at a time
         self.cache_lock = threading.Lock()  # the maps cache, read by every request thread
+        # A fast tokenizer's Rust object refuses concurrent calls that reset its truncation ("Already borrowed").
+        self.tokenizer_lock = threading.Lock()
         self.waiting = threading.BoundedSemaphore(MAX_WAITING)
         self.maps: OrderedDict[str, tuple[Encoded, list[np.ndarray]]] = OrderedDict()
         self.info = model_info(hm, max_tokens, examples)
@@ -127,9 +129,12 @@ class ViewApp:
         if "text" not in params:
             raise BadRequest(400, "missing parameter 'text'")
         try:
-            return encode(self.hm, params["text"], self.max_tokens)
+            with self.tokenizer_lock:
+                return encode(self.hm, params["text"], self.max_tokens)
+        except TooLong as e:
+            raise BadRequest(413, str(e)) from None
         except HeadscopeError as e:
-            raise BadRequest(400 if "limit" not in str(e) else 413, str(e)) from None
+            raise BadRequest(400, str(e)) from None
 
     def attention(self, params: dict[str, str]) -> dict[str, Any]:
         """{"tokens", "ids", "layer", "head", "weights"}: rows are queries, the model's own probabilities."""
