@@ -74,10 +74,11 @@ def test_api_equals_transformers_eager(dirs, family):
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2", "llama", "gemma3_text", "gemma2", "gpt_oss", "modernbert",
-                                    "starcoder2"])
+                                    "starcoder2", "qwen3_5_text"])
 def test_every_head_and_one_head_equal_eager_across_families(family):
     """Both paths of the view against transformers' eager attention, on families whose attention differs:
-    GQA, sliding windows (causal and bidirectional), logit soft-capping (gemma2) and a learned sink (gpt_oss)."""
+    GQA, sliding windows (causal and bidirectional), logit soft-capping (gemma2), a learned sink (gpt_oss), and
+    layers without softmax heads (qwen3_5's linear attention), which the view refuses by name."""
     import copy
 
     import torch
@@ -93,12 +94,17 @@ def test_every_head_and_one_head_equal_eager_across_families(family):
     with torch.no_grad():
         att = ref(input_ids=torch.tensor([ids]), output_attentions=True).attentions
     maps = all_heads(hm, ids)
-    for l in head_layers(hm):
-        a = att[l][0].numpy()
+    layers = head_layers(hm)
+    for i, l in enumerate(layers):
+        a = att[i][0].numpy()  # transformers returns maps for the layers with softmax heads only
         assert np.abs(maps[l] - a).max() <= 1e-4, (family, l)
         for h in range(hm.heads_in_layer(l)):
             d = np.abs(one_head(hm, ids, l, h) - a[h]).max()
             assert d <= 1e-4, f"{family} L{l}H{h}: one-head path differs from eager by {d:.2e}"
+    for l in sorted(set(range(hm.n_layers)) - set(layers)):
+        assert maps[l].shape[0] == 0
+        with pytest.raises(headscope.HeadscopeError, match=f"layer {l} has no attention heads"):
+            one_head(hm, ids, l, 0)
 
 
 @pytest.mark.real
@@ -289,6 +295,7 @@ def test_notebook_view_is_self_contained(dirs, evidence, tmp_path):
     assert frame.startswith("<iframe srcdoc=\"") and "<script" not in frame
     assert v.save(tmp_path) == [tmp_path / "view.html"] and (tmp_path / "view.html").read_text() == page
     assert v.lines()[0].endswith("showing L1H2, L0H3")
+    assert headscope.view(hm, "the year").heads == ((0, 0),)  # default: head 0 of the first layer with heads
     long = headscope.view(hm, unseen_text(60, seed=6), headscope.ViewOptions(heads=("L1H1",)))
     assert long.maps is None and list(long.attention) == ["L1H1"]
     with pytest.raises(headscope.HeadscopeError, match="L0H0 was not computed"):

@@ -38,8 +38,9 @@ MAX_TOKENS_CAP = 8192  # one head's map at this length is 8192^2 floats (256 MiB
 class ViewOptions:
     """What the view shows and reads: the first heads drawn, the evidence folders and the token limit."""
 
-    heads: tuple[str, ...] = field(default=("L0H0",), metadata={
-        "help": "heads drawn first, at most two side by side, written L3H7 (default L0H0)"})
+    heads: tuple[str, ...] = field(default=(), metadata={
+        "help": "heads drawn first, at most two side by side, written L3H7 (default: head 0 of the first layer "
+                "with heads)"})
     from_dirs: tuple[str, ...] = field(default=(), metadata={
         "help": "folders holding analyze, roles, score, kvcache or patch outputs, or a study folder"})
     max_tokens: int = field(default=DEFAULT_MAX_TOKENS, metadata={
@@ -51,9 +52,9 @@ class ViewOptions:
                 not 1 <= self.max_tokens <= MAX_TOKENS_CAP:
             raise HeadscopeError(f"--max-tokens must be a whole number from 1 to {MAX_TOKENS_CAP}; got "
                                  f"{self.max_tokens!r}")
-        if not 1 <= len(self.heads) <= 2:
+        if len(self.heads) > 2:
             raise HeadscopeError(f"the view draws one or two heads side by side; got {len(self.heads)}: "
-                                 f"{', '.join(self.heads) or 'none'}")
+                                 f"{', '.join(self.heads)}")
         for h in self.heads:
             parse_head(h)
         for d in self.from_dirs:
@@ -132,7 +133,8 @@ def view(hm: HeadModel, text: str, options: ViewOptions | None = None) -> View:
     """The live view's page for one text, for a notebook: every head's map (texts up to `SMALL_MAX` tokens) or
     the chosen heads' alone, beside the evidence in `options.from_dirs`. Writes nothing."""
     options = (options or ViewOptions()).validate()
-    heads = tuple(parse_head(h) for h in options.heads)
+    first = next((l for l in range(hm.n_layers) if hm.heads_in_layer(l)), 0)
+    heads = tuple(parse_head(h) for h in options.heads) or ((first, 0),)
     for l, h in heads:
         check_head(hm, l, h)
     enc = encode(hm, text, options.max_tokens)

@@ -8,7 +8,9 @@
   const ARC_MAX = 96; // tokens up to which the arcs are drawn (the heat map draws any length)
   const COLOURS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6",
     "#9d755d", "#bab0ac", "#1b9e77", "#d95f02"];
-  const state = { heads: null, text: "", tokens: null, maps: null, slots: [[0, 0], null], seq: 0 };
+  // The first head drawn: head 0 of the first layer that has heads (a hybrid model's layer 0 may have none).
+  const FIRST = [Math.max(0, INFO.heads_in_layer.findIndex((n) => n > 0)), 0];
+  const state = { heads: null, text: "", tokens: null, maps: null, slots: [FIRST, null], seq: 0 };
   const $ = (id) => document.getElementById(id);
 
   function el(tag, attrs, text) {
@@ -315,7 +317,7 @@
       let maps = null, tokens = null;
       try { const r = await api("/api/maps", { text: text }); maps = r.maps; tokens = r.tokens; }
       catch (e) { if (e.status !== 413 || !(String(e.message).includes("every head"))) throw e; }
-      if (!maps) { const s = state.slots[0] || [0, 0]; const r = await api("/api/attention", { text: text, layer: s[0], head: s[1] }); tokens = r.tokens; }
+      if (!maps) { const s = state.slots[0] || FIRST; const r = await api("/api/attention", { text: text, layer: s[0], head: s[1] }); tokens = r.tokens; }
       if (mine !== state.seq) return;
       Object.assign(state, { text: text, tokens: tokens, maps: maps });
       status(tokens.length + " tokens" + (maps ? "" : " (long text: each head is computed when shown)"), false);
