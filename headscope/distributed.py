@@ -308,13 +308,6 @@ def all_reduce_totals(totals: list[list[dict[str, list[float]]]]) -> list[list[d
 
 
 # --- the CLI: --workers and the per-process session -----------------------------------------
-def add_workers_arg(p: argparse.ArgumentParser) -> None:
-    """`--workers N` on a verb that runs data-parallel (the CLI refuses torchrun for the others)."""
-    p.add_argument("--workers", type=int, default=1,
-                   help="processes that share the scan (default 1); the same as `torchrun --nproc-per-node N "
-                        "-m headscope ...`, see docs/distributed.md")
-
-
 @contextmanager
 def session(args: argparse.Namespace) -> Iterator[None]:
     """One verb run in this process: join the group, stop every rank on a failure, sync at the end.
@@ -412,7 +405,6 @@ __all__ = [
     "RankCrashed",
     "RankFailed",
     "active",
-    "add_workers_arg",
     "all_reduce_stats",
     "all_reduce_totals",
     "backend_for",

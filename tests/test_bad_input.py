@@ -192,7 +192,7 @@ def _verb_options() -> dict[str, dict[str, object]]:
     for verb, parser in sub.choices.items():
         found[verb] = {}
         for a in parser._actions:
-            if isinstance(a, argparse._HelpAction):
+            if isinstance(a, argparse._HelpAction) or a.help == argparse.SUPPRESS:  # old spellings: hidden
                 continue
             name = next((o for o in a.option_strings if o.startswith("--")), None) or a.dest
             found[verb][name] = a

@@ -135,7 +135,7 @@ def recover_run(monkeypatch, minilm):
 
     monkeypatch.setattr(_common, "load_model", load)
     return ["prune", "tiny", "--fraction", "75%", "--step", "0.25", "--limit", "6", "--max-length", "16",
-            "--batch-size", "2", "--recover", "2", "--recover-lr", "1e-3"]
+            "--batch-size", "2", "--recover-steps", "2", "--recover-lr", "1e-3"]
 
 
 def test_prune_recover_crash_between_the_two_checkpoint_writes(tmp_path, monkeypatch, capsys, recover_run):
@@ -323,9 +323,9 @@ def test_kvcache_from_another_models_file(tmp_path, capsys):
     shutil.copy(tmp_path / "theirs" / "heads.csv", tmp_path / "mine" / "scores.csv")
     capsys.readouterr()
     kv = ["kvcache", str(src), "--data", str(long), "--sink", "2", "--window", "8", "--context", "64",
-          "--passages", "1", "--needles", "0", "--by", "entropy"]
-    refused(tmp_path, capsys, [*kv, "--from", "theirs/heads.csv"], "was written for")
-    refused(tmp_path, capsys, [*kv, "--from", "mine/scores.csv"], "has rows for 6 of this model's 12 heads")
+          "--limit", "1", "--needles", "0", "--by", "entropy"]
+    refused(tmp_path, capsys, [*kv, "--scores", "theirs/heads.csv"], "was written for")
+    refused(tmp_path, capsys, [*kv, "--scores", "mine/scores.csv"], "has rows for 6 of this model's 12 heads")
 
 
 def test_score_with_every_head_pruned(tmp_path, capsys, bert):

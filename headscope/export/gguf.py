@@ -64,12 +64,12 @@ class Shape:
 
 
 def check_target(to: str, dtype: str) -> None:
-    """Refuse an unknown --to or --dtype (before anything loads)."""
+    """Refuse an unknown --to or --file-type (before anything loads)."""
     if to not in TARGETS:
         raise HeadscopeError(f"--to {to!r} is not a format headscope exports{did_you_mean(to, TARGETS)}; "
                              f"choose one of {', '.join(TARGETS)}")
     if dtype not in DTYPES:
-        raise HeadscopeError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}{did_you_mean(dtype, DTYPES)}")
+        raise HeadscopeError(f"--file-type {dtype!r} is not one of {', '.join(DTYPES)}{did_you_mean(dtype, DTYPES)}")
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -77,7 +77,7 @@ def check_out(out: Path, force: bool) -> None:
     if out.is_dir():
         raise HeadscopeError(f"--out {str(out)!r} is a directory; give the path of the .gguf file to write")
     if out.exists() and not force:
-        raise HeadscopeError(f"--out {str(out)!r} already holds a file; pass --force to replace it, or choose "
+        raise HeadscopeError(f"--file {str(out)!r} already holds a file; pass --force to replace it, or choose "
                              f"another path")
     if not out.parent.is_dir():
         raise HeadscopeError(f"the folder of --out, {str(out.parent)!r}, does not exist; create it first")

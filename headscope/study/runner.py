@@ -23,6 +23,7 @@ from ..version import versions
 from . import answers as answers_mod
 from .budget import FILL, Choice, Plan, fmt_duration, make_plan, tolerance_s
 from .leftover import widths
+from .options import StudyOptions
 from .probe import probe
 from .progress import Progress
 from .stages import MAX_LENGTH, PRIORITY, Ctx, Family, Stage, stages_for
@@ -33,16 +34,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DATA, DEFAULT_PRUNE_DATA, DEFAULT_HELDOUT = "ptb-valid", "ptb-train", "ptb-valid"
 CORRECTION_RANGE = (0.3, 5.0)
-
-
-@dataclass(frozen=True)
-class StudyOptions:
-    model: str = "minilm"
-    budget_s: float = 600.0
-    data: str | None = None
-    out: str = "headscope-study"
-    force: bool = False
-    device: str | None = None
 
 
 @dataclass

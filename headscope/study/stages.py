@@ -167,7 +167,7 @@ def _score_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
 def _prune_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
     return [*_common(ctx, "prune", ctx.prune_data), "--heldout", ctx.heldout, *_short(ctx, lv["n"]),
             "--heldout-limit", str(lv["heldout"]), "--method", "taylor", "--fraction", str(lv["fraction"]),
-            "--step", str(lv["step"]), "--recover", str(lv["recover"]), "--batch-size", "8", "--save-model"]
+            "--step", str(lv["step"]), "--recover-steps", str(lv["recover"]), "--batch-size", "8", "--save-model"]
 
 
 def _prune_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
@@ -194,8 +194,8 @@ def _gqa_target(f: Family) -> int:
 
 
 def _conversion_args(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    return ["--data", ctx.prune_data, "--heldout", ctx.heldout, "--data-limit", str(lv["n"]), "--heldout-limit",
-            str(lv["heldout"]), "--max-length", str(MAX_LENGTH), "--uptrain", str(lv["uptrain"])]
+    return ["--data", ctx.prune_data, "--heldout", ctx.heldout, "--limit", str(lv["n"]), "--heldout-limit",
+            str(lv["heldout"]), "--max-length", str(MAX_LENGTH), "--steps", str(lv["uptrain"])]
 
 
 def _gqa_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
@@ -241,8 +241,8 @@ def _mla_refusal(f: Family) -> str | None:
 
 def _kvcache_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
     argv = ["kvcache", ctx.model, "--keep-full", "25%", "--context", str(lv["context"]), "--window",
-            str(lv["window"]), "--passages", str(lv["passages"]), "--needles", str(lv["needles"]),
-            "--score-haystacks", str(lv["haystacks"])]
+            str(lv["window"]), "--limit", str(lv["passages"]), "--needles", str(lv["needles"]),
+            "--haystacks", str(lv["haystacks"])]
     return argv + (["--device", ctx.device] if ctx.device else [])
 
 

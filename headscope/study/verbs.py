@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from ..commands._common import check_common
+from ..commands._common import check_options
 
 __all__ = ["command_line", "parse_verb", "run_verb"]
 
@@ -28,7 +28,7 @@ def parse_verb(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="headscope", exit_on_error=False)
     module.register(parser.add_subparsers(dest="verb"))
     args = parser.parse_args(argv)
-    check_common(args)
+    check_options(args)
     return args
 
 

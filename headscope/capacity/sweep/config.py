@@ -71,11 +71,11 @@ def _check_shape(task: str, d_model: int, n_layers: int, steps: int, seq: int, b
         if v < 1:
             raise HeadscopeError(f"--{name} must be positive; got {v}")
     if task == "pair" and seq <= max(PAIR_OFFSETS):
-        raise HeadscopeError(f"the pair task reads offsets {PAIR_OFFSETS}, so --seq must exceed "
+        raise HeadscopeError(f"the pair task reads offsets {PAIR_OFFSETS}, so --max-length must exceed "
                              f"{max(PAIR_OFFSETS)}; got {seq}")
     if task == "xor" and seq <= max(XOR_POSITIONS) + 1:
         raise HeadscopeError(f"the xor task reads the bits at positions {XOR_POSITIONS} and ends with a query token, "
-                             f"so --seq (bits + 1) must be at least {max(XOR_POSITIONS) + 2}; got {seq}")
+                             f"so --max-length (bits + 1) must be at least {max(XOR_POSITIONS) + 2}; got {seq}")
 
 
 def plan_sweep(
