@@ -69,11 +69,28 @@ EXPECTED = ["heads.csv", "heads.json", "roles.csv", "roles.json", "syntax.csv", 
             "study.json"]
 
 
-def test_a_tiny_study_end_to_end(bert, tmp_path, capsys):
+def _count_loads(monkeypatch) -> list[str]:
+    """Every model load from here on (transformers' from_pretrained, whichever class), by class name."""
+    from transformers import modeling_utils
+
+    loads: list[str] = []
+    real = modeling_utils.PreTrainedModel.from_pretrained.__func__
+
+    def counting(cls, *args, **kwargs):
+        loads.append(cls.__name__)
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_utils.PreTrainedModel, "from_pretrained", classmethod(counting))
+    return loads
+
+
+def test_a_tiny_study_end_to_end(bert, tmp_path, capsys, monkeypatch):
     out = tmp_path / "study"
+    loads = _count_loads(monkeypatch)
     t = time.perf_counter()
     assert main(["study", str(bert), "--budget", "3m", "--out", str(out)]) == 0
     elapsed = time.perf_counter() - t
+    assert len(loads) == 1, loads  # the study's one load: every stage runs on it (8 loads before the spine)
     assert elapsed < 180 + B.tolerance_s(180), elapsed
     st = json.loads((out / "study.json").read_text())
     for name in EXPECTED:
@@ -112,12 +129,14 @@ def test_a_tiny_study_end_to_end(bert, tmp_path, capsys):
     assert all("site-packages" not in str(r["name"]) for r in kv["rows"])
 
 
-def test_a_tiny_decoder_study_converts_its_kv_heads(tmp_path, capsys):
+def test_a_tiny_decoder_study_converts_its_kv_heads(tmp_path, capsys, monkeypatch):
     """A decoder's study adds GQA and MLA conversion (into their own folders); the head-aware cache and the
     long-range roles need 512 positions, which this model lacks: one line each."""
     model = tiny_llama_dir(tmp_path)
     out = tmp_path / "study"
+    loads = _count_loads(monkeypatch)
     assert main(["study", str(model), "--budget", "3m", "--out", str(out)]) == 0
+    assert len(loads) == 1, loads  # the study's one load; gqa and mla convert copies of it
     st = json.loads((out / "study.json").read_text())
     status = {n: r["status"] for n, r in st["stages"].items()}
     assert status == {"analyze": "done", "roles": "done", "similar": "done", "score": "done", "prune": "done",

@@ -128,7 +128,7 @@ class MlaOptions(ConversionOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class KvcacheOptions(SeedOptions, IntervalOptions, OutputOptions):
+class KvcacheOptions(IntervalOptions, OutputOptions):
     """`headscope kvcache`: the head-aware KV cache (full KV for chosen heads, sink + window for the rest)."""
 
     model: str = option(None, "built-in name (smollm2), a model directory, or a hub id; families: llama, "

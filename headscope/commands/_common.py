@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import math
-
-import numpy as np
 
 from ..models.adapter import HeadModel
 from ..models.loading import load_model
 from ..options import OptionError, Options, parse_max_memory, read_device_map
-from ..table import HeadTable
+from ..table import HeadTable, fmt, grid  # noqa: F401  (re-exported for the verbs)
 from ..uncertainty import IntervalSettings
 
 
@@ -46,18 +43,3 @@ def load_from_args(args: argparse.Namespace) -> HeadModel:
 def interval_settings(args: argparse.Namespace) -> IntervalSettings:
     """The interval settings a verb's --ci, --bootstrap and --seed ask for."""
     return IntervalSettings(level=args.ci, B=args.bootstrap, seed=args.seed)
-
-
-def fmt(v: float, width: int = 5) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-".rjust(width)
-    return f"{v:{width}.2f}"
-
-
-def grid(table: HeadTable, column: str, title: str) -> str:
-    """A layers x heads grid of one column as text."""
-    values = table[column]
-    lines = [f"{title} ({column})", "layer " + "".join(f"{'H' + str(h):>6}" for h in range(table.n_heads))]
-    for layer in range(table.n_layers):
-        lines.append(f"L{layer:<4} " + "".join(" " + fmt(float(v)) for v in np.asarray(values[layer], float)))
-    return "\n".join(lines)

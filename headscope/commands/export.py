@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import HeadscopeError
 from ..export.gguf import MODEL_TYPES, check_out, check_source, check_target, export_gguf
 from ..export.options import ExportOptions
+from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
 
 
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     check_target(args.to, args.file_type)
     out, src = Path(args.file), Path(args.model)
     check_out(out, args.force)

@@ -11,6 +11,7 @@ from ..capacity.gqa import convert_and_evaluate
 from ..capacity.kv_bytes import human_bytes
 from ..capacity.options import GqaOptions
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..models.adapter import HeadModel
 from ..models.checkpoint import save_model
 from ..options.cli import verb_parser
 from ..provenance import provenance
@@ -33,11 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     check_uptrain_args(args)
     data, heldout = read_uptrain_texts(args)  # bad data fails before the model loads; passed on, never read again
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     # convert_and_evaluate checks --kv-heads against the model first, before any work.
     final, report = convert_and_evaluate(
         hm,

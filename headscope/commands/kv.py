@@ -19,6 +19,7 @@ from ..capacity.kv_bytes import (
 from ..capacity.options import KvOptions
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
 from ..provenance import config_fingerprint, provenance, shape_record
 
@@ -87,7 +88,7 @@ def _classic_table(rows: list[dict[str, Any]], seq: int, batch: int) -> list[str
     return lines + (["notes:"] + notes + windows if notes or windows else [])
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     dtype = normalize_dtype(args.cache_dtype)
     if args.model is None and not args.classic:
         raise HeadscopeError("give a MODEL (built-in name, model directory or config.json) or --classic")

@@ -26,6 +26,7 @@ from ..errors import HeadscopeError
 from ..export.cards import check_card_path, duo_pattern, write_duo
 from ..io import atomic_write_text, prepare_out_dir, staged
 from ..models import BUILTINS, load_model
+from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
 from ..provenance import check_made_for, provenance
 from ..table import to_jsonable
@@ -137,12 +138,12 @@ def _print_row(r: dict[str, Any]) -> None:
     print(f"done: {_row_line(r)}", file=sys.stderr, flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     card = check_card_path(args.export_card, "duo", args.force) if args.export_card is not None else None
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     budgets, data, train, scores_file, positions_checked = _check_args(args)
     learned = learned_settings(args)  # None unless --choose learned; checked before the model loads
-    hm = load_model(args.model, device=args.device)
+    hm = model or load_model(args.model, device=args.device)
     if not positions_checked:
         check_positions(args.context, hm.max_positions)
     check_supported(hm)  # before any pass over the model

@@ -14,6 +14,7 @@ from ..capacity.mla.to_latent import convert_and_evaluate
 from ..capacity.options import MlaOptions
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
 from ..provenance import provenance
 from ._common import load_from_args
@@ -36,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     # What needs no model is refused before anything loads; convert_and_evaluate checks the rank against the
     # model's full rank (check_mla) right after loading, before any work or any file.
     if args.kv_rank < 1:
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                              "the memory)")
     out = prepare_out_dir(args.out, args.force, OUTPUTS)
     data, heldout = read_uptrain_texts(args)  # passed on, never read again
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     final, report = convert_and_evaluate(
         hm, args.kv_rank, args.rope_dims, selection=args.selection, data=data, heldout=heldout,
         uptrain_steps=args.steps, loss=args.loss, lr=args.lr, max_length=args.max_length,

@@ -27,6 +27,7 @@ from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..models.adapter import HeadModel
 from ..models.checkpoint import plain_shape, save_model
 from ..options.cli import verb_parser
 from ..provenance import provenance
@@ -113,7 +114,7 @@ def _check_cli(args: argparse.Namespace) -> tuple[str | None, bool]:
     return args.unit, heads
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     unit, heads = _check_cli(args)
     files = OUTPUTS if heads else UNIT_OUTPUTS
     will = files + ([MODEL_DIR.name] if args.save_model else [])
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     heldout = read_task_data(args.heldout, args.heldout_limit or args.limit) if args.heldout else None
     if args.until_stable is not None:
         check_until_stable(args.until_stable, len(data) if isinstance(data, TextSource) else MIN_STABLE_PASSAGES)
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     stable = _until_stable(hm, data, args) if args.until_stable is not None else None
     if stable is not None:
         data = TextSource(data.texts[:stable["passages"]], data.source)  # type: ignore[union-attr]

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..io import prepare_out_dir
+from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
 from ..report import REPORT_NAME, render_report
 from ..report.build import figure_names
@@ -27,11 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    model = None
-    if not args.no_model:  # a clashing --out is refused before a (possibly large) model loads
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
+    if args.no_model:
+        model = None
+    else:  # a clashing --out is refused before a (possibly large) model loads
         prepare_out_dir(args.out, args.force, [REPORT_NAME, *figure_names()])
-        model = load_from_args(args)
+        model = model or load_from_args(args)
     path = render_report(args.out, model=model, from_dirs=args.from_dirs,
                          data=args.data, sentences=args.sentences, force=args.force, max_length=args.max_length,
                          limit=args.limit, device=args.device, progress=True)

@@ -30,6 +30,7 @@ from ..learned.longctx import check_long_args, check_long_model, long_roles
 from ..learned.options import RolesOptions
 from ..learned.roles import read_coref, read_treebank, role_columns, roles, syntax_rows
 from ..learned.syntax import RELATIONS
+from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
 from ..provenance import provenance
 from ..table import HeadTable, to_jsonable
@@ -57,7 +58,7 @@ def _f(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     long_n = getattr(args, "long", None)
     long_text = args.long_data
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     treebank = read_treebank(args.treebank) if args.treebank else None
     coref = read_coref(args.coref) if args.coref else None
     check_ranks(len(source), "passages")  # torchrun / --workers: every rank needs a passage
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     if long_n is not None:  # the model's positions and kind are known now: refuse before the short-text pass
         check_long_model(hm, long_n)
     table = roles(hm, source, treebank=treebank, coref=coref, max_length=args.max_length,

@@ -20,6 +20,7 @@ from ..learned.similarity import (
     check_thresholds,
     similarity,
 )
+from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
 from ..provenance import provenance
 from ..table import to_jsonable
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     if args.top < 0:
         raise HeadscopeError(f"--top must be 0 or more, got {args.top}")
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cka_memory < 1:
         raise HeadscopeError(f"--cka-memory must be at least 1 MiB, got {args.cka_memory}")
     source = read_texts(args.data, args.limit)  # bad data fails before the model loads
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     if args.cka == "exact":  # one head's block must fit: known once the model's shape is
         check_cka_memory(args.cka_memory * 2**20, hm.n_layers * hm.n_heads, hm.d_head)
     sim = similarity(hm, source, max_length=args.max_length, batch_size=args.batch_size,

@@ -14,6 +14,7 @@ from ..capacity.options import SweepOptions
 from ..capacity.sweep import plan_sweep, plot_sweep, run_sweep
 from ..errors import HeadscopeError
 from ..io import check_writable_dir
+from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
 
 OUTPUTS = outputs("sweep")  # sweep.csv, runs/, sweep_quality.png, sweep_speed.png
@@ -43,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     check_writable_dir(args.out)  # before any training: a file or read-only --out fails now, not after
     if args.threads is not None:
         if args.threads < 1:

@@ -10,6 +10,7 @@ import sys
 
 from ..artifacts import TASK_CORRELATION_CSV, TASK_SPECIFIC_CSV, TASKS_CSV, TASKS_JSON, outputs
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
 from ..provenance import provenance
 from ..redundancy.importance import CRITERIA
@@ -39,11 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     tasks = parse_tasks(args.tasks)  # unknown tasks, labelled tasks without labels: before anything loads
     CRITERIA.get(args.method)
     out = prepare_out_dir(args.out, args.force, OUTPUTS)
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     check_tasks_usable(hm, tasks)
     prov = provenance("tasks", hm, None, args)
     table = task_importance(hm, tasks, method=args.method, limit=args.limit, max_length=args.max_length,

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..io import check_writable_dir
-from ..models.loading import check_device_map, resolve_dtype
-from ..uncertainty import check_settings
+from ..models.adapter import HeadModel
+from ..models.loading import check_device_map, load_model, resolve_dtype
+from ..uncertainty import IntervalSettings, check_settings
 from .base import Options
 from .placement import check_device, parse_max_memory, read_device_map
 from .spec import OptionError, option
@@ -65,6 +66,12 @@ class ModelOptions(Options):
         if self.offload_dir is not None:
             check_writable_dir(self.offload_dir, option="--offload-dir")
 
+    def load(self) -> HeadModel:
+        """The model these options name, loaded as they place it."""
+        return load_model(self.model, device=self.device, dtype=self.dtype,
+                          device_map=read_device_map(self.device_map), max_memory=parse_max_memory(self.max_memory),
+                          offload_folder=self.offload_dir)
+
 
 @dataclass(frozen=True, kw_only=True)
 class SeedOptions(Options):
@@ -98,8 +105,8 @@ class HeldoutOptions(Options):
 
 
 @dataclass(frozen=True, kw_only=True)
-class IntervalOptions(Options):
-    """Every figure's confidence interval."""
+class IntervalOptions(SeedOptions):
+    """Every figure's confidence interval (its bootstrap seeded by --seed)."""
 
     ci: float = option(0.95, "confidence level of every interval, in (0, 1) (default 0.95; BCa bootstrap over "
                              "passages)", metavar="LEVEL", group=INTERVALS)
@@ -109,6 +116,10 @@ class IntervalOptions(Options):
     def check(self) -> None:
         super().check()
         check_settings(self.ci, self.bootstrap)
+
+    def intervals(self) -> IntervalSettings:
+        """The interval settings these options ask for."""
+        return IntervalSettings(level=self.ci, B=self.bootstrap, seed=self.seed)
 
 
 @dataclass(frozen=True, kw_only=True)

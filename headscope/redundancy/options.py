@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import HeadscopeError, did_you_mean
+from ..eval.metrics import METRICS
 from ..options import (
     DataOptions,
     HeldoutOptions,
@@ -15,9 +17,12 @@ from ..options import (
     option,
 )
 from ..options.parse import share
+from .importance import check_method, parse_methods
 from .importance.hard_concrete import BETA
+from .importance.l0 import L0Settings, check_l0
 
 L0 = "L0 gates (--method l0)"
+DEFAULT_METHODS = ("gradient", "ablation")
 UNIT_CHOICES = ("head", "slice", "group", "attention", "block", "ffn", "mix")
 
 
@@ -34,6 +39,14 @@ class L0Options(DataOptions):
     l0_target: float | None = option(None, "share of heads the gates are trained to close, in [0, 1) (score: "
                                            "default 0.5 unless --l0-penalty; prune: default --fraction)", group=L0)
 
+    def l0_settings(self, default_target: float | None = None) -> L0Settings:
+        """The L0 gate settings these options give (checked: a bad value is refused even when l0 is not run)."""
+        given = self.l0_target is not None or self.l0_penalty is not None
+        target = self.l0_target if given else default_target
+        check_l0(self.l0_steps, self.l0_lr, self.l0_temperature, self.l0_penalty, target)
+        return L0Settings(steps=self.l0_steps, lr=self.l0_lr, temperature=self.l0_temperature,
+                          penalty=self.l0_penalty, target=target)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ScoreOptions(ModelOptions, L0Options, StableOptions, OutputOptions, WorkerOptions):
@@ -49,6 +62,23 @@ class ScoreOptions(ModelOptions, L0Options, StableOptions, OutputOptions, Worker
                                  "fidelity), or a metric's name")
     ig_steps: int = option(16, "integrated-gradients steps (default 16)", at_least=1)
     pruned: str | None = option(None, "heads already pruned (gate 0; scored NaN), e.g. L0H3,L5H1")
+
+    def check(self) -> None:
+        super().check()
+        if self.unit != "head":
+            for m in self.methods or ():
+                if m != "all":
+                    check_method(self.unit, m)
+            if self.metric != "auto":
+                METRICS.get(self.metric)
+            if self.pruned:
+                raise HeadscopeError("--pruned applies to heads; with --unit score the whole model")
+            return
+        parse_methods(",".join(self.methods or DEFAULT_METHODS))  # an unknown method: did you mean
+        if self.metric != "auto" and self.metric not in METRICS:
+            raise HeadscopeError(f"unknown metric {self.metric!r}{did_you_mean(self.metric, METRICS)}; "
+                                 f"choose auto or one of {', '.join(METRICS)}")
+        self.l0_settings(0.5)
 
 
 @dataclass(frozen=True, kw_only=True)

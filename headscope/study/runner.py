@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import check_writable_dir
+from ..models.adapter import HeadModel
 from ..provenance import data_fingerprint, model_fingerprint
 from ..version import versions
 from . import answers as answers_mod
@@ -114,7 +115,6 @@ def study(opts: StudyOptions, stream: TextIO, live: bool | None = None, started_
                              f"directory with its tokenizer")
     family = Family.of(hm)
     model_fp = model_fingerprint(hm.model, hm.config)
-    del hm
     all_stages = stages_for(family)
     refused = {s.name: s.refusal(family) for s in all_stages}
     stages = [s for s in all_stages if not refused[s.name]]
@@ -153,7 +153,7 @@ def study(opts: StudyOptions, stream: TextIO, live: bool | None = None, started_
     state.save()
     progress = Progress(stream, opts.budget_s, start, len(stages), live)
     try:
-        failed = _Runner(stages, plan, state, ctx, probe_, family, (model_fp, data_fp), opts, start,
+        failed = _Runner(stages, plan, state, ctx, probe_, family, hm, (model_fp, data_fp), opts, start,
                          progress).run_all()
     finally:
         progress.close()
@@ -167,8 +167,10 @@ class _Runner:
     the stage whose intervals are widest; then the report."""
 
     def __init__(self, stages: list[Stage], plan: Plan, state: State, ctx: Ctx, probe_: Any, family: Family,
-                 keys: tuple[str, dict[str, Any]], opts: StudyOptions, start: float, progress: Progress) -> None:
+                 hm: HeadModel, keys: tuple[str, dict[str, Any]], opts: StudyOptions, start: float,
+                 progress: Progress) -> None:
         self.stages, self.plan, self.state, self.ctx, self.probe, self.family = stages, plan, state, ctx, probe_, family
+        self.hm = hm  # the study's one loaded model: every stage runs on it (they copy before they change it)
         self.model_fp, self.data_fp = keys
         self.opts, self.start, self.progress = opts, start, progress
         self.spent_est, self.spent_real = 0.0, 0.0
@@ -290,7 +292,7 @@ class _Runner:
     def attempt(self, i: int, stage: Stage, argv: list[str], rec: dict[str, Any]) -> bool:
         """Run the verb; False (recorded) when it refused or failed. An interrupt is recorded, then raised."""
         try:
-            rc = run_verb(argv, Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt")
+            rc = run_verb(argv, Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt", model=self.hm)
             if rc == 130:  # the verb caught the interrupt itself (prune keeps its finished points): pass it on
                 raise KeyboardInterrupt
             if rc != 0:

@@ -101,7 +101,8 @@ def _short(ctx: Ctx, n: int) -> list[str]:
 
 
 def _load(p: Probe) -> float:
-    return p.load_s
+    """A stage's model load: none, since every stage runs on the study's one loaded model."""
+    return 0.0
 
 
 # --- question 1 ----------------------------------------------------------------------------------------
@@ -211,8 +212,9 @@ def _gqa_refusal(f: Family) -> str | None:
 
 
 def _conversion_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
-    # perplexity before, after and uptrained (3 x heldout), KL passes, uptraining steps of batches of 8
-    return (2 * _load(p) + 4 * lv["heldout"] * p.fwd_s + lv["uptrain"] * 8 * p.train_s * 2
+    # a copy of the model to convert (about a load), perplexity before, after and uptrained (3 x heldout), KL
+    # passes, uptraining steps of batches of 8
+    return (p.load_s + 4 * lv["heldout"] * p.fwd_s + lv["uptrain"] * 8 * p.train_s * 2
             + lv["n"] * p.fwd_s + p.cpu_s * 4)
 
 

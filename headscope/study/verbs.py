@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..commands._common import check_options
+from ..models.adapter import HeadModel
 
 __all__ = ["command_line", "parse_verb", "run_verb"]
 
@@ -32,14 +33,17 @@ def parse_verb(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def run_verb(argv: list[str], log: Path) -> int:
-    """Run the verb `argv` names with its output into `log`; its return code (errors raise as from the CLI)."""
+def run_verb(argv: list[str], log: Path, model: HeadModel | None = None) -> int:
+    """Run the verb `argv` names with its output into `log`; its return code (errors raise as from the CLI).
+
+    `model`: the study's loaded model, which the verb uses instead of loading its own (argv names the same
+    model, so the logged command line still reproduces the stage on its own)."""
     args = parse_verb(argv)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f), \
             _logging_to(f):
         print("$ " + command_line(argv), flush=True)
-        return int(args.func(args) or 0)
+        return int(args.func(args, model) or 0)
 
 
 @contextlib.contextmanager
