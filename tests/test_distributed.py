@@ -182,7 +182,6 @@ def test_more_ranks_than_passages_stops_analyze_before_the_model_loads(tmp_path,
     monkeypatch.setenv("WORLD_SIZE", "2")
     import headscope.commands.analyze as cmd
     from headscope.cli import build_parser
-
     from headscope.options import ModelOptions
 
     loaded = []

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from headscope.cli import build_parser, main
-from headscope.options import Options, OptionError, flag_of, spec_of
+from headscope.options import OptionError, Options, flag_of, spec_of
 
 # The second spellings this round retired: none may appear in any verb's --help.
 RETIRED = ("--data-limit", "--passages", "--seq", "--batch", "--train-batch", "--score-haystacks", "--uptrain",

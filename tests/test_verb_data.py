@@ -33,7 +33,6 @@ def _received(monkeypatch, tmp_path, verb: str, *argv: str) -> dict[str, TextSou
 
     module = {"score": score_cmd, "prune": prune_cmd}[verb]
     from headscope.commands import _common  # verbs load through _common.load_from_args or Options.load
-
     from headscope.options import groups
     from headscope.redundancy import verbs
 
