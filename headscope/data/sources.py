@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadscopeError, did_you_mean
+from .shared import remembered
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +331,14 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("text",)) -> list[
 
 
 def read_texts(data: str | Path | None = None, limit: int | None = None) -> TextSource:
+    """The one data resolver (see `_read_texts`); within `shared_data()` each corpus and limit is read once."""
+    if limit is not None and limit < 1:
+        raise HeadscopeError(f"--limit must be at least 1, got {limit}")
+    key = ("texts", str(data) if data is not None else None, limit)
+    return remembered(key, lambda: _read_texts(data, limit))
+
+
+def _read_texts(data: str | Path | None = None, limit: int | None = None) -> TextSource:
     """The one data resolver: a built-in name or a file path -> passages (see the module docstring).
 
     None or `sample` -> the built-in sample; `ptb-train|ptb-valid|ptb-test` -> PTB sentences;

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..data import read_texts
+from ..data.shared import shared_data
 from ..errors import HeadscopeError
 from ..io import check_writable_dir
 from ..models.adapter import HeadModel
@@ -102,7 +103,13 @@ def process_age() -> float:
 
 def study(opts: StudyOptions, stream: TextIO, live: bool | None = None, started_ago: float = 0.0) -> Outcome:
     """Run (or continue) the study `opts` describes; the progress view goes to `stream`. `started_ago`: seconds
-    of the user's wall clock already spent (the process's start), counted against the budget."""
+    of the user's wall clock already spent (the process's start), counted against the budget. Every stage runs
+    on the one loaded model, and each corpus is read and tokenised once (`data.shared.shared_data`)."""
+    with shared_data():
+        return _study(opts, stream, live, started_ago)
+
+
+def _study(opts: StudyOptions, stream: TextIO, live: bool | None, started_ago: float) -> Outcome:
     start = time.perf_counter() - started_ago
     out = Path(opts.out)
     previous = check_out(out, opts.force)
