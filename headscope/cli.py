@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             check_options(args)  # refused once, here, before any process starts
             with out_lock(lock, f"headscope {args.verb}"):
                 return distributed.launch(sys.argv[1:] if argv is None else list(argv), args.workers)
-        with distributed.session(args):  # torchrun's ranks: join, stop together on failure (no-op alone)
+        # torchrun's ranks: join, stop together on failure (no-op alone); each rank on its own device
+        with distributed.session(args.verb, getattr(args, "device", None), hasattr(args, "workers")) as device:
+            if device is not None:
+                args.device = device
             distributed.check_workers(getattr(args, "workers", 1))
             check_options(args)  # every option is checked before a verb loads anything
             with out_lock(lock, f"headscope {args.verb}"):
