@@ -174,6 +174,29 @@ def atomic_dir(path: str | Path, *, force: bool = False) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def inside(folder: str | Path, name: Any, source: str | Path, remedy: str) -> Path:
+    """`folder / name` for a file name read back from one of headscope's own records (`source`: a partial
+    checkpoint's json, study.json, a model's weight index), refused unless it stays inside `folder`.
+
+    A results folder someone sent you cannot point headscope at other files: an absolute path, a `..` part or a
+    symlink that leaves the folder is refused with one line naming `source` and the name (`remedy`: what to do).
+    """
+    folder = Path(folder)
+    text = name if isinstance(name, str) else ""
+    parts = Path(text).parts
+    if not text or Path(text).is_absolute() or ".." in parts or "\x00" in text:
+        why = "not a file name" if not text or "\x00" in text else "a path outside its folder"
+        raise HeadscopeError(f"{source} names {name!r}, {why}: headscope reads back only files inside "
+                             f"{str(folder)!r}; {remedy}")
+    path = folder / text
+    try:
+        path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        raise HeadscopeError(f"{source} names {name!r}, which leads outside {str(folder)!r} (through a symlink): "
+                             f"headscope reads back only files inside it; {remedy}") from None
+    return path
+
+
 def _nearest_existing(path: Path, option: str, shown: Path) -> Path:
     """The nearest ancestor of `path` (or `path`) that exists; a dangling symlink on the way is refused (mkdir
     would fail on it only once the results exist)."""

@@ -163,9 +163,19 @@ class Trainer:
 
     @staticmethod
     def read(path: str | Path) -> dict[str, Any]:
-        """A state written by `save` (weights, optimizer and generator state: not a safe format for
-        untrusted files, like any torch checkpoint)."""
-        return torch.load(path, weights_only=False)
+        """A state written by `save`, read with `torch.load(weights_only=True)`: tensors, numbers, strings, lists
+        and dicts only, so a crafted file (a results folder someone sent) cannot run code; anything else, or a
+        cut file, is a HeadscopeError naming the file."""
+        try:
+            blob = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as e:  # a cut file (EOFError, RuntimeError) or a pickle of objects (UnpicklingError)
+            first = str(e).strip().splitlines()[0][:160] if str(e).strip() else "unreadable"
+            raise HeadscopeError(f"{path} is damaged ({type(e).__name__}: {first}): not a training state headscope "
+                                 f"wrote, and nothing in it was run (headscope loads only tensors and plain values "
+                                 f"from such files)") from None
+        if not isinstance(blob, dict) or not isinstance(blob.get("model"), dict):
+            raise HeadscopeError(f"{path} is damaged (no weights in it): not a training state headscope wrote")
+        return blob
 
 
 @contextmanager

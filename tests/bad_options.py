@@ -38,7 +38,7 @@ L0_ROWS = {  # prune's and score's --method l0 options
     "--l0-lr": bad(*L0, "--l0-lr", "0", says="L0 gate learning rate must be a positive number"),
     "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="hard-concrete temperature must be a positive"),
     "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="L0 penalty must be a positive number"),
-    "--l0-target": bad(*L0, "--l0-target", "1.5", says="L0 target fraction must be in [0, 1)"),
+    "--l0-target": bad(*L0, "--l0-target", "1.5", says="--l0-target (the L0 gates' target share"),
 }
 LEARNED = ("--choose", "learned", "--context", "64", "--sink", "4", "--window", "16")  # a context the tiny model has
 

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..errors import HeadscopeError
-from ..io import atomic_dir
+from ..io import atomic_dir, inside
 from . import layout
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 from .config import HEAD_KEYS, KV_KEYS, attn_implementation_for
@@ -279,8 +279,11 @@ def _state_dict_files(path: Path) -> list[Path]:
         return [single]
     index = path / "model.safetensors.index.json"
     if index.exists():
-        names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        return [path / n for n in names]
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise HeadscopeError(f"{index} is damaged ({type(e).__name__}: {e}); save the model again") from None
+        return [inside(path, n, index, "save the model again") for n in names]
     raise HeadscopeError(f"{str(path)!r} holds no model.safetensors (or its index); was it written by save_model?")
 
 
