@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,79 @@ def test_a_weight_index_cannot_name_a_file_outside_the_model(tmp_path, capsys):
         json.dumps({"weight_map": {"w": "../other/model.safetensors"}}))
     with pytest.raises(HeadscopeError, match="model.safetensors.index.json names '../other/model.safetensors'"):
         load_weights(torch.nn.Linear(1, 1), tmp_path / "m")
+
+
+# --- refusals before the work: output locations, the conversion cache --------------------------------------------
+@pytest.mark.parametrize("argv, files, says", [
+    (["kvcache", "smollm2", "--export-card", "X", "--out", "X"], [], "writing --export-card would replace --out"),
+    (["kvcache", "smollm2", "--export-card", "o", "--out", "o/sub"], [], "writing --export-card would replace --out"),
+    (["kvcache", "smollm2", "--export-card", "o/kvcache.csv", "--out", "o"], [], "is a file --out writes"),
+    (["analyze", "{bert}", "--out", "{bert}"], [], "is the model's own folder"),
+    (["analyze", "--data", "o/heads.csv", "--out", "o", "--force"], ["o/heads.csv"], "lies where --out 'o'"),
+    (["prune", "{bert}/model", "--fraction", "0.2", "--save-model", "--out", "{bert}", "--force"], [],
+     "lies where --out"),
+    (["roles", "--long", "64", "--long-data", "c/x.txt", "--export-card", "c", "--force"], ["c/x.txt"],
+     "--long-data 'c/x.txt' lies where --export-card writes"),
+])
+def test_output_locations_refused_before_the_model_loads(tmp_path, capsys, bert, monkeypatch, argv, files, says):
+    from headscope.commands import _common
+
+    def never(*a, **k):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(_common, "load_model", never)
+    base = tmp_path / "b"
+    shutil.copytree(bert, base)
+    shutil.copytree(bert, base / "model")
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("the cat saw the dog .\n")
+    argv = [a.replace("{bert}", str(base)) for a in argv]
+    refused(tmp_path, capsys, argv, says)
+
+
+def test_separate_locations_run(tmp_path, bert):
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(["analyze", str(bert), *SMALL, "--out", "o"]) == 0
+        assert main(["analyze", str(bert), *SMALL, "--out", str(tmp_path / "o2")]) == 0
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.mark.parametrize("cache", ["file", "file/sub"])
+def test_a_cache_that_cannot_hold_the_copy_is_refused_before_converting(tmp_path, capsys, monkeypatch, cache):
+    from headscope.models import loading
+
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / cache))
+    monkeypatch.setattr(loading, "_dequantise", lambda *a: pytest.fail("converted before the cache was checked"))
+    line = refused(tmp_path, capsys, ["analyze", "smollm2", "--limit", "1"], "HEADSCOPE_CACHE")
+    assert "set HEADSCOPE_CACHE to a writable folder" in line
+
+
+def test_a_truncated_cache_entry_is_rebuilt(tmp_path, monkeypatch, caplog):
+    import transformers
+    from test_artifacts import tiny_llama_dir
+
+    from headscope.models import loading
+
+    src, _ = tiny_llama_dir(tmp_path)
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
+    entry = loading.float_copy_dir("smollm2")
+    shutil.copytree(src, entry)
+    weights = entry / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:2000])  # a full disk cut it
+    calls = []
+
+    def dequantise(*a):
+        calls.append(a)
+        return (transformers.AutoModelForCausalLM.from_pretrained(src), transformers.AutoTokenizer.from_pretrained(src))
+
+    monkeypatch.setattr(loading, "_dequantise", dequantise)
+    hm = loading.load_model("smollm2")
+    assert len(calls) == 1 and "is damaged" in caplog.text and hm.n_layers == 2
+    assert weights.stat().st_size == (src / "model.safetensors").stat().st_size
+    loading.load_model("smollm2")  # the rebuilt entry is used as it is
+    assert len(calls) == 1

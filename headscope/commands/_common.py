@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..artifacts import outputs
 from ..data import DEFAULT_LIMIT
 from ..errors import HeadscopeError
-from ..io import check_writable_dir, check_writable_file
+from ..io import check_locations, check_writable_dir, check_writable_file
 from ..models.adapter import HeadModel
 from ..models.loading import check_device_map, load_model, resolve_dtype
 from ..table import HeadTable
@@ -89,10 +90,35 @@ def check_common(args: argparse.Namespace) -> None:
         path = getattr(args, dest, None)
         if path is not None and not (dest == "export_card" and Path(path).is_dir()):  # a duo card is a folder
             check_writable_file(path, flag)
+    check_output_locations(args)
     if getattr(args, "device", None) is not None:
         check_device(args.device)
     if hasattr(args, "device_map"):  # the verbs that load a model (kv's own --dtype is a cache dtype)
         check_placement(args)
+
+
+# Inputs a verb reads (argparse dest -> the option as typed), checked against every place it writes.
+INPUTS = {"model": "the model", "data": "--data", "heldout": "--heldout", "train_data": "--train-data",
+          "long_data": "--long-data", "treebank": "--treebank", "scores_file": "--from"}
+WHOLE = {"export_card": "--export-card", "out_file": "--out", "offload_dir": "--offload-dir"}  # replaced whole
+
+
+def check_output_locations(args: argparse.Namespace) -> None:
+    """Output locations that collide with each other or with an input, refused before any model loads
+    (`io.check_locations`): --export-card equal to --out, --out being the model's folder, --data where a result
+    goes, ..."""
+    read = {flag: Path(v) for dest, flag in INPUTS.items()
+            if isinstance(v := getattr(args, dest, None), str) and v and Path(v).exists()}
+    read.update({f"--from {d!r}": Path(d) for d in getattr(args, "from_dirs", None) or [] if Path(d).exists()})
+    whole = {flag: Path(v) for dest, flag in WHOLE.items() if isinstance(v := getattr(args, dest, None), str) and v}
+    out = None
+    if isinstance(getattr(args, "out", None), str) and args.out.strip():
+        try:
+            names = outputs(args.verb, optional=True) if getattr(args, "verb", None) else []
+        except HeadscopeError:  # a verb that declares no files
+            names = []
+        out = ("--out", Path(args.out), names)
+    check_locations(out, whole, read)
 
 
 def check_placement(args: argparse.Namespace) -> None:

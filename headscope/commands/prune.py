@@ -144,11 +144,12 @@ def _check_cli(args: argparse.Namespace) -> tuple[str | None, bool]:
     if heads:
         args.method = args.method or "gradient"  # recorded as chosen in prune.json's provenance
     method = args.method or UNITS.get(args.unit).default_method
-    l0_settings(args, args.fraction)  # its own options named first (checked even when l0 is not chosen)
+    l0_settings(args)  # the --l0-* options given, named in their own words before --fraction's checks
     check_args(args.fraction, args.target_drop, args.step, args.recover, method, args.unit)
     if args.metric != "auto":
         METRICS.get(args.metric)  # an unknown metric raises, with a did-you-mean
         check_target_drop(args.metric, args.target_drop)
+    l0_settings(args, args.fraction)  # checked even when l0 is not chosen: no bad value is ignored
     if args.until_stable is not None and (not heads or method == "l0"):
         raise HeadscopeError("--until-stable reads scoring passages until the head ranking is stable: it is for "
                              "head curves scored per passage (not --unit attention/block/ffn/mix or --method l0)")
