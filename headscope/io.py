@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import HeadscopeError
+from .errors import HeadscopeError, OutputConflict
 
 
 def _umask() -> int:
@@ -148,7 +148,7 @@ def atomic_dir(path: str | Path, *, force: bool = False) -> Iterator[Path]:
     if path.exists() and not path.is_dir():
         raise HeadscopeError(f"{str(path)!r} exists and is not a directory; choose another path")
     if path.exists() and not force:
-        raise HeadscopeError(f"{str(path)!r} already exists; pass force=True (--force) to replace it "
+        raise OutputConflict(f"{str(path)!r} already exists; pass force=True (--force) to replace it "
                              "or choose another path")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _sibling(path, "partial")
@@ -160,7 +160,7 @@ def atomic_dir(path: str | Path, *, force: bool = False) -> Iterator[Path]:
             os.replace(tmp, path)
             return
         if not force:  # appeared while we were writing
-            raise HeadscopeError(f"{str(path)!r} appeared while it was being written; pass force=True to replace it")
+            raise OutputConflict(f"{str(path)!r} appeared while it was being written; pass force=True to replace it")
         old = _sibling(path, "old")
         os.replace(path, old)  # a folder cannot be renamed over a non-empty one: move the old aside first
         try:
@@ -308,7 +308,7 @@ def prepare_out_dir(out: str | Path, force: bool, will_write: list[str]) -> Path
     if out.is_dir() and not force:
         clash = [n for n in will_write if (out / n).exists()]
         if clash:
-            raise HeadscopeError(
+            raise OutputConflict(
                 f"output directory {str(out)!r} already holds {', '.join(clash)}; "
                 f"pass --force to overwrite them or choose another --out"
             )
@@ -349,7 +349,7 @@ def _publish_set(stage: Path, out: Path, force: bool) -> None:
     entries = sorted(stage.iterdir())
     clash = [e.name for e in entries if (out / e.name).exists()]
     if clash and not force:
-        raise HeadscopeError(f"{', '.join(clash)} appeared in {str(out)!r} while this run was writing; pass "
+        raise OutputConflict(f"{', '.join(clash)} appeared in {str(out)!r} while this run was writing; pass "
                              f"--force to replace them or choose another --out")
     for e in entries:
         target = out / e.name

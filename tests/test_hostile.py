@@ -232,3 +232,95 @@ def test_a_truncated_cache_entry_is_rebuilt(tmp_path, monkeypatch, caplog):
     assert weights.stat().st_size == (src / "model.safetensors").stat().st_size
     loading.load_model("smollm2")  # the rebuilt entry is used as it is
     assert len(calls) == 1
+
+
+# --- the study: its record read back, its report across reruns, a failing stage ------------------------------------
+def _study_json(tmp_path: Path, data) -> Path:
+    out = tmp_path / "s"
+    out.mkdir(exist_ok=True)
+    (out / "study.json").write_text(data if isinstance(data, str) else json.dumps(data))
+    return out
+
+
+GOOD = {"format": 1, "stages": {"analyze": {"status": "done", "key": "k", "dir": ".", "level": 0,
+                                            "files": {"heads.csv": "a" * 64}}}, "plan": {"analyze": 0}}
+
+
+@pytest.mark.parametrize("edit, says", [
+    ('{"format": 1, "stages": {"ana', "not JSON"),
+    ({**GOOD, "plan": {"analyze": "big"}}, "plan.analyze is 'big'"),
+    ({**GOOD, "plan": {"analyze": -1}}, "plan.analyze is -1"),
+    ({**GOOD, "stages": []}, "stages is []"),
+    ({**GOOD, "stages": {"analyze": {"status": "done", "level": "0"}}}, "stages.analyze.level is '0'"),
+    ({**GOOD, "stages": {"analyze": {"status": "maybe"}}}, "stages.analyze.status is 'maybe'"),
+    ({**GOOD, "stages": {"analyze": {"status": "done", "files": {"../../etc/passwd": "a" * 64}}}}, "outside"),
+    ({**GOOD, "stages": {"analyze": {"status": "done", "dir": "/etc", "files": {"passwd": "a" * 64}}}}, "outside"),
+    ({**GOOD, "budget_s": True}, "budget_s is True"),
+    ({**GOOD, "format": 7}, "format 7"),
+    ([1, 2], "not a JSON object"),
+])
+def test_a_damaged_study_json_is_refused_by_name(tmp_path, capsys, bert, edit, says):
+    from headscope.study.runner import check_out
+    from headscope.study.state import State
+
+    out = _study_json(tmp_path, edit)
+    with pytest.raises(HeadscopeError, match="study.json is damaged or edited"):
+        State.load(out)
+    line = refused(tmp_path, capsys, ["study", str(bert), "--budget", "10m", "--out", str(out)], says)
+    assert "pass --force to start the study over" in line
+    assert check_out(out, force=True) is None  # --force plans anew (and clear_study removes the file)
+
+
+def test_a_good_study_json_loads(tmp_path):
+    from headscope.study.state import State
+
+    assert State.load(_study_json(tmp_path, GOOD)).data == GOOD
+
+
+@pytest.mark.parametrize("text, says", [("1h1h", "the unit 'h' twice"), ("30m1h", "out of order"),
+                                        ("10m5m", "the unit 'm' twice"), ("5s1m", "out of order")])
+def test_a_repeated_budget_unit_is_refused(tmp_path, capsys, text, says):
+    refused(tmp_path, capsys, ["study", "--budget", text], says)
+
+
+def test_every_report_figure_is_named_so_a_rerun_clears_it():
+    """Each report-*.png a report module can write is among figure_names() (which the report and the study clear
+    and check): a name missing there made every study rerun fail its report."""
+    import re
+
+    import headscope.report as report_pkg
+    from headscope.report.build import figure_names
+    from headscope.report.heads import GRID_PLOT_COLUMNS, grid_plot_name
+
+    literal = {m for f in Path(report_pkg.__file__).parent.glob("*.py")
+               for m in re.findall(r"report-[a-z0-9_-]+\.png", f.read_text())}
+    assert literal and literal <= set(figure_names()), literal - set(figure_names())
+    assert {grid_plot_name(c) for c in GRID_PLOT_COLUMNS} <= set(figure_names())
+
+
+def test_a_rerun_clears_every_figure_of_the_last_report(tmp_path):
+    from headscope.study.state import clear_stage_files
+
+    for name in ("report.html", "report-roles.png", "report-some-future-figure.png", "heads.csv"):
+        (tmp_path / name).write_text("x")
+    clear_stage_files(tmp_path, "report")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heads.csv"]
+
+
+def test_a_stage_failing_on_a_clash_is_failed_not_unsupported(tmp_path, monkeypatch):
+    from headscope.errors import OutputConflict
+    from headscope.study import runner
+    from headscope.study.state import State
+
+    def clash(argv, log):
+        raise OutputConflict("report-roles.png appeared in 's' while this run was writing")
+
+    monkeypatch.setattr(runner, "run_verb", clash)
+    r = object.__new__(runner._Runner)
+    r.state, r.failed, r.stages = State(tmp_path), [], []
+    r.ctx = type("Ctx", (), {"out": str(tmp_path)})()
+    r.progress = type("P", (), {"say": lambda self, s: None})()
+    stage = type("Stage", (), {"name": "report", "verb": "report"})()
+    rec: dict = {}
+    assert r.attempt(1, stage, ["report"], rec) is False
+    assert rec["status"] == "failed" and r.failed == ["report"], rec
