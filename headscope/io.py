@@ -36,6 +36,38 @@ from typing import Any, Iterator
 
 from .errors import HeadscopeError, OutputConflict
 
+# What torch's zip writer says when a write comes up short (it checks the position, not errno): a full disk.
+_TORCH_SHORT_WRITE = ("unexpected pos", "PytorchStreamWriter failed writing", "file write failed")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """ENOSPC (or a quota's EDQUOT) from the OS, or torch's zip writer failing a write part way (what it raises
+    on a full disk: "enforce fail at inline_container.cc ... unexpected pos")."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(e, RuntimeError) and any(t in str(e) for t in _TORCH_SHORT_WRITE)
+
+
+def disk_full_error(where: str | Path, needed: int | None = None) -> HeadscopeError:
+    """One line: the disk holding `where` is full, how much was free and (when known) how much was needed."""
+    probe = _nearest_existing(Path(where), "", Path(where)) if str(where) else Path(".")
+    try:
+        free = f"{_size(shutil.disk_usage(probe).free)} free"
+    except OSError:
+        free = "its free space unknown"
+    need = f" needed about {_size(needed)} and" if needed else ""
+    return HeadscopeError(f"the disk is full: writing {str(where)!r}{need} the filesystem holding {str(probe)!r} has "
+                          f"{free}; nothing was left half-written: free some space there or write elsewhere "
+                          f"(another --out), then rerun")
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -58,8 +90,10 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
         _publish(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise disk_full_error(path, len(text.encode("utf-8"))) from None
         raise
 
 
@@ -106,8 +140,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         _publish(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise disk_full_error(path, len(data)) from None
         raise
 
 
@@ -135,14 +171,15 @@ def _sibling(path: Path, kind: str) -> Path:
 
 
 @contextmanager
-def atomic_dir(path: str | Path, *, force: bool = False) -> Iterator[Path]:
+def atomic_dir(path: str | Path, *, force: bool = False, needed: int | None = None) -> Iterator[Path]:
     """Yield an empty temp folder beside `path`; on success it becomes `path` in one rename.
 
     `path` is therefore absent, the old complete folder, or the new complete one, never half
     written. An existing `path` is refused before anything is written unless `force`; with
     `force` it is replaced only once the new folder is complete, and put back if the final
     rename fails. On any exception inside the block the temp folder is removed and `path` is
-    left as it was. Files written inside end with the usual umask modes (0644 under umask 022).
+    left as it was. Files written inside end with the usual umask modes (0644 under umask 022). A full disk is
+    said in one line (`needed`: about how many bytes the folder takes, when the caller knows).
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -154,7 +191,12 @@ def atomic_dir(path: str | Path, *, force: bool = False) -> Iterator[Path]:
     tmp = _sibling(path, "partial")
     tmp.mkdir()  # os.mkdir honours the umask (mkdtemp would make it 0700)
     try:
-        yield tmp
+        try:
+            yield tmp
+        except BaseException as e:
+            if is_disk_full(e):
+                raise disk_full_error(path, needed) from None
+            raise
         _normal_modes(tmp)
         if not path.exists():
             os.replace(tmp, path)
@@ -333,7 +375,12 @@ def staged(out: str | Path, force: bool = False) -> Iterator[Path]:
     stage = out.parent / f"{_stage_prefix(out)}{os.getpid()}.{secrets.token_hex(4)}"
     stage.mkdir()
     try:
-        yield stage
+        try:
+            yield stage
+        except BaseException as e:
+            if is_disk_full(e):
+                raise disk_full_error(out) from None
+            raise
         _publish_set(stage, out, force)
     finally:
         if stage.exists():

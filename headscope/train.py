@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .errors import HeadscopeError
+from .io import disk_full_error, is_disk_full
 
 SCHEDULES = ("constant", "cosine")
 BatchFn = Callable[[torch.Generator], Any]
@@ -154,11 +155,14 @@ class Trainer:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        state = {**self.state_dict(), **extra}
         try:
-            torch.save({**self.state_dict(), **extra}, tmp)
+            torch.save(state, tmp)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as e:
             tmp.unlink(missing_ok=True)
+            if is_disk_full(e):  # torch reports a short write as "enforce fail ... unexpected pos"
+                raise disk_full_error(path, _tensor_bytes(state)) from None
             raise
 
     @staticmethod
@@ -192,6 +196,17 @@ def frozen_weights(model: Any) -> Iterator[None]:
     finally:
         for p, w in zip(params, was, strict=True):
             p.requires_grad_(w)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor in a nested state (what a checkpoint of it needs on disk, about)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def _clone(obj: Any) -> Any:

@@ -324,3 +324,76 @@ def test_a_stage_failing_on_a_clash_is_failed_not_unsupported(tmp_path, monkeypa
     rec: dict = {}
     assert r.attempt(1, stage, ["report"], rec) is False
     assert rec["status"] == "failed" and r.failed == ["report"], rec
+
+
+# --- messages that say what is wrong: a damaged pruning record, a full disk ----------------------------------------
+@pytest.fixture()
+def pruned_dir(tmp_path) -> Path:
+    """A tiny LLaMA with heads pruned differently per layer, saved (its own loader and headscope_pruning.json)."""
+    from headscope.models.checkpoint import save_model
+    from headscope.models.tiny import tiny_model
+
+    hm = tiny_model("llama")
+    hm.slice_heads(0, [0, 1, 3, 4])  # two of each KV group (group size 3)
+    return save_model(hm, tmp_path / "pruned")
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("{ cut", "not JSON"),
+    ("[]", "not a JSON object"),
+    ('{"format": 1}', "it has no kept_heads"),
+    ('{"kept_heads": "L0H1"}', "kept_heads is L0H1, not {layer: [head, ...]}"),
+    ('{"kept_heads": {"x": [1]}}', "not {layer: [head, ...]}"),
+    ('{"kept_heads": {"9": [0, 1]}}', "kept_heads of layer 9"),
+])
+def test_a_damaged_pruning_record_is_named(tmp_path, capsys, pruned_dir, damage, says):
+    from headscope.models.checkpoint import load_checkpoint
+
+    record = pruned_dir / "headscope_pruning.json"
+    good = record.read_bytes()
+    record.write_text(damage)
+    line = refused(tmp_path, capsys, ["analyze", str(pruned_dir), "--out", "o"], says)
+    assert "headscope_pruning.json is damaged" in line and "records which heads" in line
+    record.write_bytes(good)
+    assert load_checkpoint(pruned_dir).heads_in_layer(0) == 4  # the intact record loads again
+
+
+def test_a_full_disk_inside_torchs_writer_is_said(tmp_path, monkeypatch):
+    from headscope import train
+
+    m = torch.nn.Linear(64, 64)
+    t = Trainer(m, m.parameters(), lr=1e-3, steps=1)
+
+    def short_write(obj, f):
+        Path(f).write_bytes(b"PK partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4416 vs 4352")
+
+    monkeypatch.setattr(train.torch, "save", short_write)
+    need = (64 * 64 + 64) * 4 + t.generator.get_state().numel()  # the weights and the generator's state, in bytes
+    with pytest.raises(HeadscopeError, match=rf"the disk is full: writing '.*state.pt' needed about "
+                                             rf"{need / 1024:.1f} KiB and the filesystem holding .* has .* free"):
+        t.save(tmp_path / "state.pt")
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_a_full_disk_while_writing_results_is_one_line_and_a_rerun_works(tmp_path, capsys, monkeypatch, bert):
+    import errno
+
+    from headscope.table import HeadTable
+
+    real = HeadTable.to_json
+
+    def full(self, path, *a, **k):
+        Path(path).write_text("{")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(HeadTable, "to_json", full)
+    line = refused(tmp_path, capsys, ["analyze", str(bert), *SMALL, "--out", "o"], "the disk is full: writing 'o'")
+    assert "free some space there" in line
+    monkeypatch.setattr(HeadTable, "to_json", real)
+    os.chdir(tmp_path)
+    try:
+        assert main(["analyze", str(bert), *SMALL, "--out", "o"]) == 0
+    finally:
+        os.chdir(Path(__file__).parent.parent)
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["heads.csv", "heads.json"]
