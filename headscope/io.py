@@ -81,11 +81,47 @@ def _publish(tmp: str, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def temp_prefix(path: Path) -> str:
+    """`.NAME.PID.`: how every temporary beside `path` starts, so a later run can tell whose writer is gone."""
+    return f".{path.name}.{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temps(path: str | Path) -> list[Path]:
+    """Remove the temporaries a killed writer of `path` left beside it (`.NAME.PID.*.tmp` files, `.NAME.PID.*.partial`
+    folders) whose process is gone; a live writer's are left alone. Returns what was removed."""
+    path = Path(path)
+    gone: list[Path] = []
+    if not path.parent.is_dir():
+        return gone
+    for p in path.parent.glob(f".{glob_escape(path.name)}.*"):
+        pid, _, rest = p.name[len(path.name) + 2:].partition(".")
+        if not pid.isdigit() or not (rest.endswith("tmp") or rest.endswith("partial")) or _alive(int(pid)):
+            continue
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+        gone.append(p)
+    return gone
+
+
+def glob_escape(name: str) -> str:
+    """`name` with glob's special characters taken literally."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write `text` to `path` through a temp file in the same folder, then rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
@@ -135,7 +171,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Binary twin of `atomic_write_text`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -188,6 +224,7 @@ def atomic_dir(path: str | Path, *, force: bool = False, needed: int | None = No
         raise OutputConflict(f"{str(path)!r} already exists; pass force=True (--force) to replace it "
                              "or choose another path")
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)  # a killed writer's half-written folder beside it
     tmp = _sibling(path, "partial")
     tmp.mkdir()  # os.mkdir honours the umask (mkdtemp would make it 0700)
     try:
@@ -298,49 +335,6 @@ def check_writable_file(path: str | Path, option: str) -> Path:
                              f"choose another path")
     check_writable_dir(p.parent if str(p.parent) else ".", option=f"{option} {str(p)!r}: folder")
     return p
-
-
-def _at_or_under(path: Path, top: Path) -> bool:
-    return path == top or top in path.parents
-
-
-def check_locations(out: tuple[str, Path, list[str]] | None, whole: dict[str, Path], read: dict[str, Path]) -> None:
-    """Refuse, before any work, output locations that collide with each other or with an input.
-
-    `out`: (option, folder, the names written into it); `whole`: outputs replaced whole (a card, export's file,
-    an offload folder), by option; `read`: inputs by option (a model folder, --data, ...). Refused: two outputs
-    at one path; an output folder inside one replaced whole; an input at or under anything written (it would be
-    overwritten, or replaced with --force, after it was read); --out being an input's own folder.
-    """
-    real = {k: Path(v).expanduser().resolve() for k, v in whole.items()}
-    targets = dict(real)
-    if out is not None:
-        option, folder, names = out
-        top = Path(folder).expanduser().resolve()
-        for k, p in real.items():
-            if p == top or _at_or_under(top, p):
-                raise HeadscopeError(f"{k} {str(whole[k])!r} and {option} {str(folder)!r} are the same place or one "
-                                     f"holds the other: writing {k} would replace {option}; give them separate paths")
-            if p.parent == top and p.name in names:
-                raise HeadscopeError(f"{k} {str(whole[k])!r} is a file {option} writes ({p.name}); give {k} another "
-                                     f"name")
-        targets.update({f"{option} {str(folder)!r} ({n})": top / n for n in names})
-        for k, v in read.items():
-            if Path(v).expanduser().resolve() == top:
-                raise HeadscopeError(f"{option} {str(folder)!r} is {k}'s own folder: results would mix with its "
-                                     f"files; choose another {option}")
-    keys = list(real)
-    for i, a in enumerate(keys):
-        for b in keys[i + 1:]:
-            if _at_or_under(real[a], real[b]) or _at_or_under(real[b], real[a]):
-                raise HeadscopeError(f"{a} {str(whole[a])!r} and {b} {str(whole[b])!r} are the same place or one "
-                                     f"holds the other; give them separate paths")
-    for k, v in read.items():
-        p = Path(v).expanduser().resolve()
-        for label, t in targets.items():
-            if _at_or_under(p, t):
-                raise HeadscopeError(f"{k} {str(v)!r} lies where {label} writes: it would be overwritten; read it "
-                                     f"from elsewhere or choose another output path")
 
 
 def prepare_out_dir(out: str | Path, force: bool, will_write: list[str]) -> Path:

@@ -397,3 +397,89 @@ def test_a_full_disk_while_writing_results_is_one_line_and_a_rerun_works(tmp_pat
     finally:
         os.chdir(Path(__file__).parent.parent)
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["heads.csv", "heads.json"]
+
+
+# --- an unreadable --data, as a user without root's override reads it -------------------------------------------
+def _as_user() -> list[str]:
+    """The prefix that runs a command without the DAC override root has (what a plain user's process lacks)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is absent: root reads a mode-000 file, so the refusal cannot be seen")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def test_unreadable_data_refused_by_the_open_itself(tmp_path, bert):
+    import subprocess
+    import sys
+
+    data = tmp_path / "secret.txt"
+    data.write_text("the cat saw the dog .\nthe small bird sang .\n")
+    data.chmod(0)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "OMP_NUM_THREADS": "1"}
+    try:
+        r = subprocess.run([*_as_user(), sys.executable, "-m", "headscope", "analyze", str(bert), "--data", str(data),
+                            *SMALL, "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env, timeout=300)
+        lines = [l for l in r.stderr.splitlines() if l.startswith("headscope ")]
+        assert r.returncode == 2, r.stderr
+        assert lines == [f"headscope analyze: error: {str(data)!r} cannot be read (Permission denied); give a file "
+                         f"this user can read (check its permissions, e.g. chmod u+r, or its owner)"], r.stderr
+        assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+    finally:
+        data.chmod(0o644)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(["analyze", str(bert), "--data", str(data), *SMALL, "--out", "o"]) == 0  # readable: it runs
+    finally:
+        os.chdir(cwd)
+
+
+# --- what a killed export leaves beside its file -----------------------------------------------------------------
+def _bpe_llama(path: Path) -> Path:
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from headscope.models.checkpoint import save_model
+    from headscope.models.tiny import tiny_model
+
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(["the cat saw a dog"] * 10, vocab_size=280, min_frequency=1,
+                            special_tokens=["<|endoftext|>"], show_progress=False)
+    hm = tiny_model("llama", vocab_size=280)
+    hm.tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, eos_token="<|endoftext|>",
+                                           bos_token="<|endoftext|>")
+    return save_model(hm, path)
+
+
+def test_a_killed_exports_temp_file_is_removed_by_the_next_export(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    import gguf
+
+    src = _bpe_llama(tmp_path / "m")
+    seen = []
+
+    def killed(self, *a, **k):  # what the writer's temp file is called while it writes
+        seen.extend(p.name for p in tmp_path.glob(".m.gguf.*"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", killed)
+    assert main(["export", str(src), "--to", "gguf", "--out", str(tmp_path / "m.gguf")]) == 130
+    monkeypatch.undo()
+    assert len(seen) == 1 and seen[0].startswith(f".m.gguf.{os.getpid()}.") and seen[0].endswith(".tmp"), seen
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        stale = tmp_path / f".m.gguf.{dead.pid}.a1b2c3.tmp"  # a SIGKILLed export's leftover: its writer is gone
+        busy = tmp_path / f".m.gguf.{live.pid}.d4e5f6.tmp"  # another export still writing
+        other = tmp_path / f".n.gguf.{dead.pid}.a1b2c3.tmp"  # another file's
+        for p in (stale, busy, other):
+            p.write_bytes(b"GGUF" + bytes(1000))
+        assert main(["export", str(src), "--to", "gguf", "--out", str(tmp_path / "m.gguf")]) == 0
+        assert not stale.exists() and busy.exists() and other.exists() and (tmp_path / "m.gguf").is_file()
+    finally:
+        live.kill()
+        live.wait()

@@ -12,9 +12,10 @@ import numpy as np
 import torch
 
 from ..artifacts import outputs
+from ..artifacts.locations import check_locations
 from ..data import DEFAULT_LIMIT
 from ..errors import HeadscopeError
-from ..io import check_locations, check_writable_dir, check_writable_file
+from ..io import check_writable_dir, check_writable_file
 from ..models.adapter import HeadModel
 from ..models.loading import check_device_map, load_model, resolve_dtype
 from ..table import HeadTable
