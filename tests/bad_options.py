@@ -194,3 +194,34 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--method": bad("--method", "gradeint", says="did you mean 'gradient'"),
     },
 }
+
+# Upper bounds (issue 31): for every option that sizes memory or work, too large a value refused before the work,
+# in one line with the limit and why (tests/test_bad_input.py, test_every_size_has_an_upper_bound). HUGE would
+# allocate until the OOM killer ended the run, or run for days.
+HUGE = "100000000000"
+TOO_LARGE: dict[str, dict[str, Row]] = {
+    "analyze": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000")},
+    "score": {"--bootstrap": bad("--bootstrap", "200000", says="--bootstrap must be at most 100,000"),
+              "--ig-steps": bad("--ig-steps", HUGE, says="--ig-steps must be at most 10,000"),
+              "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
+    "prune": {"--recover": bad("--recover", HUGE, says="--recover must be at most 10,000,000"),
+              "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
+    "gqa": {"--uptrain": bad("--uptrain", HUGE, says="--uptrain must be at most 10,000,000")},
+    "mla": {"--uptrain": bad("--uptrain", HUGE, says="--uptrain must be at most 10,000,000")},
+    "roles": {"--haystacks": bad("--long", "128", "--haystacks", HUGE, says="--haystacks must be at most 100,000")},
+    "kvcache": {"--uptrain": bad("--uptrain", HUGE, says="--uptrain must be at most 10,000,000"),
+                "--score-haystacks": bad("--score-haystacks", HUGE, says="--score-haystacks must be at most 100,000"),
+                "--learn-prompts": bad(*LEARNED, "--learn-prompts", HUGE, says="--learn-prompts must be at most"),
+                "--learn-steps": bad(*LEARNED, "--learn-steps", HUGE, says="--learn-steps must be at most")},
+    "similar": {"--cka-memory": bad("--cka", "exact", "--cka-memory", HUGE, says="of memory for the memory it may "
+                                    "take (MiB), but this machine has"),
+                "--cka-pool": bad("{bert}", "--limit", "2", "--cka-pool", HUGE, required=False,
+                                  says="needs about"),
+                "--cka-batch": bad("{bert}", "--limit", "2", "--cka-batch", HUGE, required=False,
+                                   says="--cka-batch 100,000,000,000 needs about")},
+    "sweep": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000"),
+              "--d-model": bad("--d-model", HUGE, says="of memory, but this machine has"),
+              "--layers": bad("--layers", HUGE, says="of memory, but this machine has"),
+              "--batch": bad("--batch", HUGE, says="of memory, but this machine has"),
+              "--threads": bad("--threads", HUGE, says="--threads must be at most")},
+}

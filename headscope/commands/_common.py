@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from ..artifacts import outputs
 from ..artifacts.locations import check_locations
 from ..data import DEFAULT_LIMIT
+from ..data.limits import STEPS_MAX, WORK, check_at_most, check_fits_memory
 from ..errors import HeadscopeError
 from ..io import check_writable_dir, check_writable_file
 from ..models.adapter import HeadModel
@@ -28,6 +30,14 @@ POSITIVE = {"batch_size": "--batch-size", "max_length": "--max-length", "limit":
             "eval_tokens": "--eval-tokens", "ig_steps": "--ig-steps", "search_candidates": "--search-candidates"}
 # Options that must be >= 0.
 NON_NEGATIVE = {"sentences": "--sentences", "recover": "--recover", "uptrain": "--uptrain", "top": "--top"}
+# Training steps (optimizer steps of one run, or between two points): bounded (data.limits.STEPS_MAX).
+STEPS = {"steps": "--steps", "recover": "--recover", "uptrain": "--uptrain", "l0_steps": "--l0-steps",
+         "learn_steps": "--learn-steps"}
+# Work counts with a fixed bound of their own (data.limits.WORK: the most, and why).
+WORK_COUNTS = {"ig_steps": ("--ig-steps", "ig_steps"), "haystacks": ("--haystacks", "haystacks"),
+               "score_haystacks": ("--score-haystacks", "haystacks"), "learn_prompts": ("--learn-prompts", "haystacks")}
+# Memory caps a user gives in MiB: at most what the machine has available now.
+MEMORY_MIB = {"cka_memory": "--cka-memory"}
 # Learning rates: finite and > 0.
 RATES = {"lr": "--lr", "recover_lr": "--recover-lr"}
 # Folders and files a verb writes: checked (creatable, writable, no dangling symlink) before any work.
@@ -71,6 +81,7 @@ def check_common(args: argparse.Namespace) -> None:
         v = getattr(args, dest, None)
         if v is not None and v < 0:
             raise HeadscopeError(f"{flag} must be 0 or more; got {v}")
+    check_upper_bounds(args)
     for dest, flag in RATES.items():
         v = getattr(args, dest, None)
         if v is not None and not (math.isfinite(v) and v > 0):
@@ -120,6 +131,29 @@ def check_output_locations(args: argparse.Namespace) -> None:
             names = []
         out = ("--out", Path(args.out), names)
     check_locations(out, whole, read)
+
+
+def check_upper_bounds(args: argparse.Namespace) -> None:
+    """The sizes with an upper bound (data.limits), each refused before any work with the limit and why."""
+    for dest, flag in STEPS.items():
+        v = getattr(args, dest, None)
+        if isinstance(v, int):
+            check_at_most(flag, v, STEPS_MAX, "optimizer steps: a run of more is days of work and keeps a loss per "
+                                              "step; train in stages from a saved model instead")
+    tokens = getattr(args, "context", None) or getattr(args, "long", None)  # one haystack's length
+    for dest, (flag, kind) in WORK_COUNTS.items():
+        v = getattr(args, dest, None)
+        if isinstance(v, int):
+            check_at_most(flag, v, *WORK[kind])
+            if kind == "haystacks" and isinstance(tokens, int) and tokens > 0:  # held as token ids (a Python int each)
+                check_fits_memory(flag, v, 40 * tokens, f"haystacks of {tokens:,} tokens held as token ids")
+    threads, cpus = getattr(args, "threads", None), os.cpu_count() or 1
+    if isinstance(threads, int):
+        check_at_most("--threads", threads, cpus, "the CPUs this machine has: more threads only wait on each other")
+    for dest, flag in MEMORY_MIB.items():
+        v = getattr(args, dest, None)
+        if isinstance(v, int) and v > 0:
+            check_fits_memory(flag, v, 2**20, "the memory it may take (MiB)", share=0.9)
 
 
 def check_placement(args: argparse.Namespace) -> None:
