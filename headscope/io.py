@@ -53,6 +53,8 @@ def is_disk_full(e: BaseException) -> bool:
     on a full disk: "enforce fail at inline_container.cc ... unexpected pos")."""
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
+    if isinstance(e, Exception) and ("No space left on device" in str(e) or "StorageFull" in str(e)):
+        return True  # safetensors' writer (a Rust IoError inside its own exception type)
     return isinstance(e, RuntimeError) and any(t in str(e) for t in _TORCH_SHORT_WRITE)
 
 
