@@ -483,3 +483,14 @@ def test_a_killed_exports_temp_file_is_removed_by_the_next_export(tmp_path, monk
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_report_into_the_folder_it_reads_is_not_a_conflict(tmp_path, bert):
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(["analyze", str(bert), *SMALL, "--out", "runs"]) == 0
+        assert main(["report", "--no-model", "--from", "runs", "--out", "runs"]) == 0
+    finally:
+        os.chdir(cwd)
+    assert (tmp_path / "runs" / "report.html").is_file()

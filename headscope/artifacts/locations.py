@@ -11,6 +11,8 @@ from pathlib import Path
 
 from ..errors import HeadscopeError
 
+MODEL = "the model"  # `read`'s key for the model folder a verb loads
+
 
 def _at_or_under(path: Path, top: Path) -> bool:
     return path == top or top in path.parents
@@ -22,7 +24,7 @@ def check_locations(out: tuple[str, Path, list[str]] | None, whole: dict[str, Pa
     `out`: (option, folder, the names written into it); `whole`: outputs replaced whole (a card, export's file,
     an offload folder), by option; `read`: inputs by option (a model folder, --data, ...). Refused: two outputs
     at one path; an output folder inside one replaced whole; an input at or under anything written (it would be
-    overwritten, or replaced with --force, after it was read); --out being an input's own folder.
+    overwritten, or replaced with --force, after it was read); --out being the model's own folder.
     """
     real = {k: Path(v).expanduser().resolve() for k, v in whole.items()}
     targets = dict(real)
@@ -37,8 +39,8 @@ def check_locations(out: tuple[str, Path, list[str]] | None, whole: dict[str, Pa
                 raise HeadscopeError(f"{k} {str(whole[k])!r} is a file {option} writes ({p.name}); give {k} another "
                                      f"name")
         targets.update({f"{option} {str(folder)!r} ({n})": top / n for n in names})
-        for k, v in read.items():
-            if Path(v).expanduser().resolve() == top:
+        for k, v in read.items():  # a model's folder is not a results folder (--from OUT --out OUT is: report)
+            if k == MODEL and Path(v).expanduser().resolve() == top:
                 raise HeadscopeError(f"{option} {str(folder)!r} is {k}'s own folder: results would mix with its "
                                      f"files; choose another {option}")
     keys = list(real)
@@ -55,4 +57,4 @@ def check_locations(out: tuple[str, Path, list[str]] | None, whole: dict[str, Pa
                                      f"from elsewhere or choose another output path")
 
 
-__all__ = ["check_locations"]
+__all__ = ["MODEL", "check_locations"]

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..artifacts import outputs
-from ..artifacts.locations import check_locations
+from ..artifacts.locations import MODEL, check_locations
 from ..data import DEFAULT_LIMIT
 from ..data.limits import STEPS_MAX, WORK, check_at_most, check_fits_memory
 from ..errors import HeadscopeError
@@ -110,7 +110,7 @@ def check_common(args: argparse.Namespace) -> None:
 
 
 # Inputs a verb reads (argparse dest -> the option as typed), checked against every place it writes.
-INPUTS = {"model": "the model", "data": "--data", "heldout": "--heldout", "train_data": "--train-data",
+INPUTS = {"model": MODEL, "data": "--data", "heldout": "--heldout", "train_data": "--train-data",
           "long_data": "--long-data", "treebank": "--treebank", "scores_file": "--from"}
 WHOLE = {"export_card": "--export-card", "out_file": "--out", "offload_dir": "--offload-dir"}  # replaced whole
 
