@@ -144,11 +144,17 @@ class Trainer:
                 "step": self.step, "losses": list(self.losses)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state from `state_dict` (or from a file written by `save`)."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-        self.step, self.losses = int(state["step"]), list(state["losses"])
+        """Restore a state from `state_dict` (or from a file written by `save`); one that does not fit this
+        trainer (other shapes, a damaged optimizer state) is a HeadscopeError."""
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.generator.set_state(state["generator"])
+            self.step, self.losses = int(state["step"]), [float(x) for x in state["losses"]]
+        except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
+            first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            raise HeadscopeError(f"the saved training state does not fit this run ({type(e).__name__}: {first}); "
+                                 f"pass --force (or delete the partial files) to start over") from None
 
     def save(self, path: str | Path, **extra: Any) -> None:
         """Write the state (plus `extra` entries) to `path` atomically: a crash leaves the old file."""
@@ -177,8 +183,11 @@ class Trainer:
             raise HeadscopeError(f"{path} is damaged ({type(e).__name__}: {first}): not a training state headscope "
                                  f"wrote, and nothing in it was run (headscope loads only tensors and plain values "
                                  f"from such files)") from None
-        if not isinstance(blob, dict) or not isinstance(blob.get("model"), dict):
-            raise HeadscopeError(f"{path} is damaged (no weights in it): not a training state headscope wrote")
+        missing = [k for k in ("model", "optimizer", "generator", "step", "losses") if not isinstance(blob, dict)
+                   or k not in blob]
+        if missing or not isinstance(blob["model"], dict) or not isinstance(blob["generator"], torch.Tensor):
+            raise HeadscopeError(f"{path} is damaged ({'no ' + ', '.join(missing) if missing else 'wrong types'} in "
+                                 f"it): not a training state headscope wrote")
         return blob
 
 

@@ -494,3 +494,53 @@ def test_a_report_into_the_folder_it_reads_is_not_a_conflict(tmp_path, bert):
     finally:
         os.chdir(cwd)
     assert (tmp_path / "runs" / "report.html").is_file()
+
+
+# --- the other records a changed checkpoint reads back -----------------------------------------------------------
+@pytest.fixture()
+def mla_dir(tmp_path) -> Path:
+    from headscope.capacity import mla
+    from headscope.capacity.mla.checkpoint import save_mla
+    from headscope.models.tiny import tiny_model
+
+    hm = tiny_model("llama", init_std=0.2)
+    calib = [list(range(5, 40)), list(range(60, 90))]
+    return save_mla(mla.convert_to_mla(hm, 7, 4, data=calib), tmp_path / "m")
+
+
+@pytest.mark.parametrize("damage, says", [("{ cut", "not JSON"), ("[1]", "not a JSON object"),
+                                          ("{}", "KeyError")])
+def test_a_damaged_mla_record_is_named(tmp_path, capsys, mla_dir, damage, says):
+    from headscope.capacity.mla.checkpoint import load_mla
+
+    record = mla_dir / "headscope_mla.json"
+    good = record.read_bytes()
+    record.write_text(damage)
+    line = refused(tmp_path, capsys, ["analyze", str(mla_dir), "--out", "o"], says)
+    assert "headscope_mla.json is damaged" in line and "copy the checkpoint again" in line
+    record.write_bytes(good)
+    assert load_mla(mla_dir).n_layers == 2
+
+
+@pytest.mark.parametrize("base", ['"x"', '{"model_type": "nope", "architectures": []}', '{"model_type": "llama", '
+                                                                                         '"architectures": 3}'])
+def test_a_damaged_own_type_config_is_named(tmp_path, capsys, mla_dir, base):
+    cfg = mla_dir / "config.json"
+    data = json.loads(cfg.read_text())
+    data["headscope_base"] = json.loads(base)
+    cfg.write_text(json.dumps(data))
+    line = refused(tmp_path, capsys, ["analyze", str(mla_dir), "--out", "o"], "config.json is damaged")
+    assert "headscope_base is" in line
+
+
+def test_a_training_state_that_does_not_fit_is_named(tmp_path):
+    m = torch.nn.Linear(4, 4)
+    t = Trainer(m, m.parameters(), lr=1e-3, steps=1)
+    t.save(tmp_path / "s.pt")
+    blob = Trainer.read(tmp_path / "s.pt")
+    other = torch.nn.Linear(4, 3)
+    with pytest.raises(HeadscopeError, match="the saved training state does not fit this run .*--force"):
+        Trainer(other, other.parameters(), lr=1e-3, steps=1).load_state_dict(blob)
+    torch.save({"model": {}}, tmp_path / "bare.pt")
+    with pytest.raises(HeadscopeError, match=r"bare.pt is damaged \(no optimizer, generator, step, losses in it\)"):
+        Trainer.read(tmp_path / "bare.pt")
