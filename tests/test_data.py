@@ -84,10 +84,11 @@ def test_builtin_corpus_default_limit_and_sample_read_whole():
 
 def test_shared_data_reads_and_tokenises_each_corpus_once(monkeypatch, tmp_path):
     """Within shared_data() (a study), a corpus is read once and tokenised once per length; outside, afresh."""
+    from test_artifacts import tiny_bert_dir
+
     from headscope.data import prepare, sources
     from headscope.data.shared import shared_data
     from headscope.models import load_model
-    from test_artifacts import tiny_bert_dir
 
     hm = load_model(str(tiny_bert_dir(tmp_path)))
     calls = {"read": 0, "tokenize": 0}

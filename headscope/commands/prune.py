@@ -100,6 +100,7 @@ def _check_cli(args: argparse.Namespace) -> tuple[str | None, bool]:
     if heads:
         args.method = args.method or "gradient"  # recorded as chosen in prune.json's provenance
     method = args.method or UNITS.get(args.unit).default_method
+    l0_settings(args)  # the --l0-* options given, named in their own words before --fraction's checks
     check_args(args.fraction, args.target_drop, args.step, args.recover_steps, method, args.unit)
     if args.metric != "auto":
         METRICS.get(args.metric)  # an unknown metric raises, with a did-you-mean

@@ -120,7 +120,11 @@ TEXT_SUFFIXES = (".txt", ".text", "")
 def _read_lines(path: Path) -> list[str]:
     """Read a UTF-8 file as lines, naming file:line of the first byte that is not UTF-8 (or the encoding a
     byte-order mark names)."""
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()  # the open itself decides: root passes an os.access check that a user fails
+    except OSError as e:
+        raise HeadscopeError(f"{str(path)!r} cannot be read ({e.strerror or type(e).__name__}); give a file this user "
+                             f"can read (check its permissions, e.g. chmod u+r, or its owner)") from None
     for bom, encoding in _BOMS:
         if raw.startswith(bom):
             raise HeadscopeError(f"{path} is {encoding} (it starts with a {encoding} byte-order mark); re-encode it "
