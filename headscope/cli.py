@@ -19,9 +19,10 @@ import warnings
 import transformers
 
 from . import commands, distributed
-from .commands._common import check_common
+from .commands._common import check_options, flag_message
 from .errors import HeadscopeError
-from .io import out_lock
+from .io import disk_full_error, is_disk_full, out_lock
+from .options import OptionError
 from .study import cli as study_cli
 from .version import __version__
 
@@ -83,18 +84,23 @@ def main(argv: list[str] | None = None) -> int:
         lock = getattr(args, "out", None) if distributed.is_main() else None
         if getattr(args, "workers", 1) != 1 and not distributed.launched():  # --workers N: start N ranks
             distributed.check_workers(args.workers)
-            check_common(args)  # refused once, here, before any process starts
+            check_options(args)  # refused once, here, before any process starts
             with out_lock(lock, f"headscope {args.verb}"):
                 return distributed.launch(sys.argv[1:] if argv is None else list(argv), args.workers)
-        with distributed.session(args):  # torchrun's ranks: join, stop together on failure (no-op alone)
+        # torchrun's ranks: join, stop together on failure (no-op alone); each rank on its own device
+        with distributed.session(args.verb, getattr(args, "device", None), hasattr(args, "workers")) as device:
+            if device is not None:
+                args.device = device
             distributed.check_workers(getattr(args, "workers", 1))
-            check_common(args)  # every shared option is checked before a verb loads anything
+            check_options(args)  # every option is checked before a verb loads anything
             with out_lock(lock, f"headscope {args.verb}"):
                 return int(args.func(args) or 0)
     except (HeadscopeError, FileNotFoundError, KeyError) as e:
         if args.verbose:
             traceback.print_exc()
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        if isinstance(e, OptionError):
+            msg = flag_message(args, e)
         if distributed.is_main():  # one line per run: rank 0 speaks for every rank
             print(f"headscope {args.verb}: error: {msg}", file=sys.stderr)
         return 2
@@ -104,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"headscope {args.verb}: {how}; no output was left half-written", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     except Exception as e:  # the safety net: a bug or an unforeseen input, never a bare traceback
+        if is_disk_full(e) and distributed.is_main():  # a writer that did not say it itself
+            where = getattr(e, "filename", None) or getattr(args, "out", None) or "."
+            print(f"headscope {args.verb}: error: {disk_full_error(where)}", file=sys.stderr)
+            return 2
         if args.verbose:
             traceback.print_exc()
         detail = str(e).strip().splitlines()[0] if str(e).strip() else ""

@@ -97,6 +97,7 @@ _NOT_OPTIONS = ("func", "verb", "out", "force", "verbose", "no_progress")
 
 def _options(options: argparse.Namespace | Mapping[str, Any] | None) -> dict[str, Any]:
     d = vars(options) if isinstance(options, argparse.Namespace) else dict(options or {})
+    d = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
     return {k: (v if isinstance(v, (str, int, float, bool, type(None), list)) else str(v))
             for k, v in sorted(d.items()) if k not in _NOT_OPTIONS and not callable(v)}
 

@@ -208,3 +208,19 @@ def to_jsonable(obj: Any, digits: int | None = None) -> Any:
             return None
         return float(f"{obj:.{digits}g}") if digits is not None else obj
     return obj
+
+
+def fmt(v: float, width: int = 5) -> str:
+    """A number with two decimals in `width` characters; NaN or None as a dash."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-".rjust(width)
+    return f"{v:{width}.2f}"
+
+
+def grid(table: HeadTable, column: str, title: str) -> str:
+    """A layers x heads grid of one column as text."""
+    values = table[column]
+    lines = [f"{title} ({column})", "layer " + "".join(f"{'H' + str(h):>6}" for h in range(table.n_heads))]
+    for layer in range(table.n_layers):
+        lines.append(f"L{layer:<4} " + "".join(" " + fmt(float(v)) for v in np.asarray(values[layer], float)))
+    return "\n".join(lines)

@@ -31,14 +31,14 @@ FLAG = None  # a flag no value can make bad, on its own (its combinations are re
 
 # What a verb needs before its options are read.
 REQUIRED = {"gqa": ("{llama}", "--kv-heads", "1"), "mla": ("{llama}", "--kv-rank", "8"), "kvcache": ("{llama}",),
-            "prune": ("--fraction", "0.1"), "export": ("{llama}", "--to", "gguf", "--out", "o.gguf")}
+            "prune": ("--fraction", "0.1"), "export": ("{llama}", "--to", "gguf", "--file", "o.gguf")}
 L0 = ("--method", "l0")
 L0_ROWS = {  # prune's and score's --method l0 options
     "--l0-steps": bad(*L0, "--l0-steps", "0", says="L0 gate training needs at least 1 step"),
     "--l0-lr": bad(*L0, "--l0-lr", "0", says="L0 gate learning rate must be a positive number"),
     "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="hard-concrete temperature must be a positive"),
     "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="L0 penalty must be a positive number"),
-    "--l0-target": bad(*L0, "--l0-target", "1.5", says="L0 target fraction must be in [0, 1)"),
+    "--l0-target": bad(*L0, "--l0-target", "1.5", says="--l0-target (the L0 gates' target share"),
 }
 LEARNED = ("--choose", "learned", "--context", "64", "--sink", "4", "--window", "16")  # a context the tiny model has
 
@@ -55,7 +55,6 @@ SHARED: dict[str, Row | None] = {
     "--max-length": bad("--max-length", "0", says="--max-length must be at least 1; got 0"),
     "--batch-size": bad("--batch-size", "0", says="--batch-size must be at least 1; got 0"),
     "--limit": bad("--limit", "0", says="--limit must be at least 1; got 0"),
-    "--data-limit": bad("--data-limit", "0", says="--data-limit must be at least 1; got 0"),
     "--heldout-limit": bad("--heldout-limit", "0", says="--heldout-limit must be at least 1; got 0"),
     "--seed": bad("--seed", "-1", says=SEED),
     "--out": bad("--out", "", says="--out is empty"),
@@ -64,7 +63,7 @@ SHARED: dict[str, Row | None] = {
     "--bootstrap": bad("--bootstrap", "5", says="--bootstrap must be an integer of at least 100"),
     "--until-stable": bad("--until-stable", "1.5", says="--until-stable must be a split-half stability in (0, 1)"),
     "--workers": bad("--workers", "0", says="--workers must be at least 1; got 0"),
-    "--uptrain": bad("--uptrain", "-1", says="--uptrain must be 0 or more"),
+    "--steps": bad("--steps", "-1", says="--steps must be 0 or more"),
     "--lr": bad("--lr", "-1", says="--lr must be a positive number"),
 }
 
@@ -79,9 +78,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
     },
     "kv": {
         "model": bad("no-such-model", says="no such model or config 'no-such-model'"),
-        "--seq": bad("minilm", "--seq", "0", says="argument --seq: expected a positive integer, got 0"),
-        "--batch": bad("minilm", "--batch", "0", says="argument --batch: expected a positive integer, got 0"),
-        "--dtype": bad("minilm", "--dtype", "float7", says="unknown cache dtype 'float7'"),
+        "--cache-dtype": bad("minilm", "--cache-dtype", "float7", says="unknown cache dtype 'float7'"),
         "--kv-heads": bad("minilm", "--kv-heads", "x", says="--kv-heads must be comma-separated integers"),
         "--classic": FLAG,
         "--out": bad("minilm", "--out", "", says="--out is empty"),
@@ -90,18 +87,18 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "model": bad("no-such-model", says="unknown model 'no-such-model'", required=False),
         "--keep-full": bad("--keep-full", "200%", says="--keep-full '200%' must lie in (0, 1]"),
         "--threshold": bad("--threshold", "nan", says="--threshold must be a finite number"),
-        "--by": bad("--by", "entropy", says="--by 'entropy' needs --from FILE"),
-        "--from": bad("--from", "missing.csv", says="--from 'missing.csv' is not a file"),
-        "--score-haystacks": bad("--score-haystacks", "0", says="--score-haystacks must be at least 1"),
+        "--by": bad("--by", "entropy", says="--by 'entropy' needs --scores FILE"),
+        "--scores": bad("--scores", "missing.csv", says="--scores 'missing.csv' is not a file"),
+        "--haystacks": bad("--haystacks", "0", says="--haystacks must be at least 1"),
         "--sink": bad("--sink", "-1", says="--sink must be 0 or more tokens"),
         "--window": bad("--window", "0", says="--window must be at least 1 token"),
         "--context": bad("--context", "1", says="--context must be at least 2"),
-        "--passages": bad("--passages", "0", says="--passages must be at least 1"),
         "--needles": bad("--needles", "-1", says="--needles must be at least 0"),
         "--chunk": bad("--chunk", "0", says="--chunk must be at least 1"),
-        "--train-data": bad("--uptrain", "1", "--train-data", "missing.txt", says="'missing.txt' does not exist"),
-        "--train-length": bad("--uptrain", "1", "--train-length", "1", says="--train-length must be at least 2"),
-        "--train-batch": bad("--uptrain", "1", "--train-batch", "0", says="--train-batch must be at least 1"),
+        "--train-data": bad("--uptrain-steps", "1", "--train-data", "missing.txt", says="'missing.txt' does not exist"),
+        "--train-length": bad("--uptrain-steps", "1", "--train-length", "1", says="--train-length must be at least 2"),
+        "--uptrain-steps": bad("--uptrain-steps", "-1", says="--uptrain-steps must be 0 or more"),
+        "--uptrain-lr": bad("--uptrain-lr", "0", says="--uptrain-lr must be a positive number"),
         "--no-random": FLAG,
         "--learn-steps": bad(*LEARNED, "--learn-steps", "0", says="--learn-steps must be at least 1"),
         "--learn-lr": bad(*LEARNED, "--learn-lr", "0", says="--learn-lr must be a positive number"),
@@ -112,8 +109,8 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
     "export": {
         "model": bad("missing-dir", "--to", "gguf", "--out", "o.gguf", says="missing-dir", required=False),
         "--to": bad("--to", "onnx", says="--to 'onnx' is not a format headscope exports"),
-        "--out": bad("--out", "{text}", says="already holds a file"),
-        "--dtype": bad("--dtype", "f8", says="--dtype 'f8' is not one of"),
+        "--file": bad("--file", "{text}", says="already holds a file"),
+        "--file-type": bad("--file-type", "f8", says="--file-type 'f8' is not one of"),
         "--force": FLAG,
     },
     "mla": {
@@ -129,7 +126,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--metric": bad("--metric", "bogus", says="unknown metric 'bogus'"),
         "--step": bad("--step", "0", says="step must be in"),
         "--latency": bad("--latency", says="--latency needs --unit attention, block, ffn or mix"),
-        "--recover": bad("--recover", "-1", says="--recover must be 0 or more"),
+        "--recover-steps": bad("--recover-steps", "-1", says="--recover-steps must be 0 or more"),
         "--recover-lr": bad("--recover-lr", "nan", says="--recover-lr must be a positive number"),
         "--wordsim": bad("--unit", "ffn", "--wordsim", says="--wordsim is for head units"),
         "--wordsim-recovered": bad("--unit", "ffn", "--wordsim-recovered",
@@ -182,8 +179,6 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--d-head": bad("--d-head", "0", says="--d-head must be positive"),
         "--layers": bad("--layers", "0", says="--layers must be at least 1"),
         "--steps": bad("--steps", "0", says="--steps must be at least 1"),
-        "--seq": bad("--seq", "0", says="--seq must be at least 1"),
-        "--batch": bad("--batch", "0", says="--batch must be at least 1"),
         "--init-std": bad("--init-std", "-1", says="--init-std must be positive"),
         "--eval-tokens": bad("--eval-tokens", "0", says="--eval-tokens must be at least 1"),
         "--threads": bad("--threads", "0", says="--threads must be positive"),
@@ -191,13 +186,46 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
     },
     "view": {
         "--from": bad("--from", "missing", says="--from 'missing' does not exist"),
-        "--port": bad("--port", "70000", says="--port must be from 1 to 65535"),
+        "--port": bad("--port", "-1", says="--port must be 0 or more; got -1"),
         "--host": bad("--host", "", says="--host is empty"),
         "--open": FLAG,
-        "--max-tokens": bad("--max-tokens", "0", says="--max-tokens must be a whole number from 1"),
+        "--max-tokens": bad("--max-tokens", "0", says="--max-tokens must be at least 1; got 0"),
     },
     "tasks": {
         "--tasks": bad("--tasks", "bogus", says="unknown task 'bogus'"),
         "--method": bad("--method", "gradeint", says="did you mean 'gradient'"),
     },
+}
+
+# Upper bounds (issue 31): for every option that sizes memory or work, too large a value refused before the work,
+# in one line with the limit and why (tests/test_bad_input.py, test_every_size_has_an_upper_bound). HUGE would
+# allocate until the OOM killer ended the run, or run for days.
+HUGE = "100000000000"
+TOO_LARGE: dict[str, dict[str, Row]] = {
+    "analyze": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000")},
+    "score": {"--bootstrap": bad("--bootstrap", "200000", says="--bootstrap must be at most 100,000"),
+              "--ig-steps": bad("--ig-steps", HUGE, says="--ig-steps must be at most 10,000"),
+              "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
+    "prune": {"--recover-steps": bad("--recover-steps", HUGE, says="--recover-steps must be at most 10,000,000"),
+              "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
+    "gqa": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000")},
+    "mla": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000")},
+    "roles": {"--haystacks": bad("--long", "128", "--haystacks", HUGE, says="--haystacks must be at most 100,000")},
+    "kvcache": {"--uptrain-steps": bad("--uptrain-steps", HUGE, says="--uptrain-steps must be at most 10,000,000"),
+                "--haystacks": bad("--haystacks", HUGE, says="--haystacks must be at most 100,000"),
+                "--learn-prompts": bad(*LEARNED, "--learn-prompts", HUGE, says="--learn-prompts must be at most"),
+                "--learn-steps": bad(*LEARNED, "--learn-steps", HUGE, says="--learn-steps must be at most")},
+    "similar": {"--cka-memory": bad("--cka", "exact", "--cka-memory", HUGE, says="of memory for the memory it may "
+                                    "take (MiB), but this machine has"),
+                "--cka-pool": bad("{bert}", "--limit", "2", "--cka-pool", HUGE, required=False,
+                                  says="needs about"),
+                "--cka-batch": bad("{bert}", "--limit", "2", "--cka-batch", HUGE, required=False,
+                                   says="--cka-batch 100,000,000,000 needs about")},
+    "view": {"--max-tokens": bad("--max-tokens", HUGE, says="--max-tokens must be at most 8192"),
+             "--port": bad("--port", "70000", says="--port must be at most 65535; got 70000")},
+    "sweep": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000"),
+              "--d-model": bad("--d-model", HUGE, says="of memory, but this machine has"),
+              "--layers": bad("--layers", HUGE, says="of memory, but this machine has"),
+              "--batch-size": bad("--batch-size", HUGE, says="of memory, but this machine has"),
+              "--threads": bad("--threads", HUGE, says="--threads must be at most")},
 }

@@ -114,7 +114,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             "25%",
             "--step",
             "0.125",
-            "--recover",
+            "--recover-steps",
             "1",
             "--wordsim",
             "--wordsim-recovered",
@@ -131,15 +131,15 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             "1,2",
             "--steps",
             "2",
-            "--seq",
+            "--max-length",
             "16",
-            "--batch",
+            "--batch-size",
             "2",
             "--eval-tokens",
             "32",
             "--no-progress",
         ],
-        "gqa": ["gqa", str(llama), "--kv-heads", "3", "--uptrain", "1", "--data", str(text), "--heldout", str(text)],
+        "gqa": ["gqa", str(llama), "--kv-heads", "3", "--steps", "1", "--data", str(text), "--heldout", str(text)],
         "gqa_similarity": [
             "gqa",
             str(llama),
@@ -279,7 +279,7 @@ def test_score_files(runs):
 def test_prune_files(runs):
     check_csv(runs["prune"] / "prune_curve.csv", A.PRUNE_CURVE_CSV, {"--wordsim", "--wordsim-recovered"})
     check_csv(runs["prune_lm"] / "prune_curve.csv", A.PRUNE_CURVE_CSV, {"lm_loss metric"})
-    check_csv(runs["prune"] / "redundancy.csv", A.REDUNDANCY_CSV, {"--recover"})
+    check_csv(runs["prune"] / "redundancy.csv", A.REDUNDANCY_CSV, {"--recover-steps"})
     check_csv(runs["prune_lm"] / "redundancy.csv", A.REDUNDANCY_CSV, set())
     check_keys(runs["prune"] / "prune.json", A.PRUNE_JSON, {"saved_model"})
     assert "saved_model" not in check_keys(runs["prune_lm"] / "prune.json", A.PRUNE_JSON)

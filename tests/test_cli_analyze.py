@@ -112,7 +112,7 @@ def test_failure_midway_leaves_no_output(tmp_path, capsys, monkeypatch):
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cmd, "analyze", boom)
+    monkeypatch.setattr(cmd.verbs, "analyze", boom)
     rc, _, err = run(capsys, "analyze", "--out", str(tmp_path / "o"))
     assert rc == 130 and "no output was left half-written" in err
     assert not (tmp_path / "o").exists()

@@ -243,7 +243,7 @@ def test_cli_interrupted_prune_with_recovery_resumes_to_identical_files(tmp_path
     monkeypatch.setattr(_common, "load_model", load)
     # Batches of 2 of the 6 passages: a resumed run that drew other batches would train differently.
     argv = ["prune", "tiny", "--fraction", "50%", "--step", "0.25", "--limit", "6", "--max-length", "16",
-            "--batch-size", "2", "--recover", "2", "--recover-lr", "1e-3"]
+            "--batch-size", "2", "--recover-steps", "2", "--recover-lr", "1e-3"]
     full, part = tmp_path / "full", tmp_path / "part"
     assert _cli(*argv, "--out", str(full)) == 0
     real, calls = importance.score, {"n": 0}

@@ -182,9 +182,10 @@ def test_more_ranks_than_passages_stops_analyze_before_the_model_loads(tmp_path,
     monkeypatch.setenv("WORLD_SIZE", "2")
     import headscope.commands.analyze as cmd
     from headscope.cli import build_parser
+    from headscope.options import ModelOptions
 
     loaded = []
-    monkeypatch.setattr(cmd, "load_from_args", lambda args: loaded.append(args))
+    monkeypatch.setattr(ModelOptions, "load", lambda options: loaded.append(options))
     args = build_parser().parse_args(["analyze", "minilm", "--data", str(data), "--out", str(tmp_path / "res")])
     with pytest.raises(HeadscopeError) as e:
         cmd.run(args)

@@ -16,7 +16,7 @@ from headscope.cli import main
 from headscope.errors import HeadscopeError
 from headscope.export.cards import card_scores, check_card_path, duo_pattern, write_duo
 
-SMALL = ["--sink", "2", "--window", "8", "--context", "64", "--passages", "1", "--chunk", "16"]
+SMALL = ["--sink", "2", "--window", "8", "--context", "64", "--limit", "1", "--chunk", "16"]
 
 
 def _top(pattern: np.ndarray, k: int) -> list[list[int]]:
@@ -85,7 +85,7 @@ def test_kvcache_export_card_holds_the_heads_it_keeps(llama, tmp_path):
     values = np.random.default_rng(2).permutation(12) / 12  # distinct: kvcache breaks ties at random
     scores.write_text("layer,head,retrieval_score\n" + "".join(
         f"{l},{h},{values[l * 6 + h]}\n" for l in range(2) for h in range(6)))
-    assert main(["kvcache", str(src), "--keep-full", "34%,67%", "--from", str(scores), "--data", str(text),
+    assert main(["kvcache", str(src), "--keep-full", "34%,67%", "--scores", str(scores), "--data", str(text),
                  "--needles", "0", "--no-random", *SMALL, "--out", str(out), "--export-card", str(card)]) == 0
     pattern = np.loadtxt(card / "full_attention_heads.tsv", delimiter="\t")
     assert pattern.shape == (2, 3) and pattern.min() >= 0 and pattern.max() <= 1

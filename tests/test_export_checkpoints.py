@@ -33,18 +33,18 @@ def _checkpoints(base: Path) -> dict[str, Path]:
     """Every kind of checkpoint, written by the verbs (tiny LLaMA with a tokenizer) or the API."""
     src, text = tiny_llama_dir(base)
     data = ["--data", str(text), "--max-length", "12"]
-    conv = [*data, "--heldout", str(text), "--data-limit", "4", "--heldout-limit", "4", "--batch-size", "2"]
+    conv = [*data, "--heldout", str(text), "--limit", "4", "--heldout-limit", "4", "--batch-size", "2"]
     runs = {
-        "heads-free-recovered": ["prune", str(src), "--fraction", "0.34", "--step", "0.34", "--recover", "1",
+        "heads-free-recovered": ["prune", str(src), "--fraction", "0.34", "--step", "0.34", "--recover-steps", "1",
                                  "--save-model", "--unit", "group", *data],
-        "prune-uniform-recovered": ["prune", str(src), "--fraction", "0.34", "--uniform", "--recover", "1",
+        "prune-uniform-recovered": ["prune", str(src), "--fraction", "0.34", "--uniform", "--recover-steps", "1",
                                     "--save-model", *data],
         "units-ffn": ["prune", str(src), "--unit", "ffn", "--fraction", "0.2", "--step", "0.2", "--save-model", *data],
         "units-mix": ["prune", str(src), "--unit", "mix", "--fraction", "0.5", "--step", "0.5", "--save-model",
                       *data],
-        "gqa-uptrained": ["gqa", str(src), "--kv-heads", "1", "--uptrain", "1", *conv],
+        "gqa-uptrained": ["gqa", str(src), "--kv-heads", "1", "--steps", "1", *conv],
         "mla": ["mla", str(src), "--kv-rank", "6", "--rope-dims", "2", *conv],
-        "mla-uptrained": ["mla", str(src), "--kv-rank", "6", "--rope-dims", "2", "--uptrain", "1", *conv],
+        "mla-uptrained": ["mla", str(src), "--kv-rank", "6", "--rope-dims", "2", "--steps", "1", *conv],
     }
     paths = {}
     for kind, argv in runs.items():

@@ -171,12 +171,12 @@ def test_bad_input(exported, tmp_path, capsys):
     gpt2 = save_model(tiny_model("gpt2"), tmp_path / "gpt2")
     out = tmp_path / "x.gguf"
     capsys.readouterr()
-    _bad([str(src), "--to", "onnx", "--out", str(out)], capsys, "is not a format", out)
-    _bad([str(src), "--to", "gguf", "--dtype", "q4", "--out", str(out)], capsys, "--dtype 'q4'", out)
-    _bad([str(tmp_path / "nothing"), "--to", "gguf", "--out", str(out)], capsys, "not a checkpoint folder", out)
-    _bad([str(gpt2), "--to", "gguf", "--out", str(out)], capsys, "covers the llama family", out)
+    _bad([str(src), "--to", "onnx", "--file", str(out)], capsys, "is not a format", out)
+    _bad([str(src), "--to", "gguf", "--file-type", "q4", "--file", str(out)], capsys, "--file-type 'q4'", out)
+    _bad([str(tmp_path / "nothing"), "--to", "gguf", "--file", str(out)], capsys, "not a checkpoint folder", out)
+    _bad([str(gpt2), "--to", "gguf", "--file", str(out)], capsys, "covers the llama family", out)
     out.write_text("keep")
-    _bad([str(src), "--to", "gguf", "--out", str(out)], capsys, "already holds a file", out)
+    _bad([str(src), "--to", "gguf", "--file", str(out)], capsys, "already holds a file", out)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
@@ -187,7 +187,7 @@ def test_mla_checkpoint_refused_with_the_reason(tmp_path, capsys):
     hm = tiny_model("llama", init_std=0.2)
     src = save_mla(convert_to_mla(hm, 6, 2, data=[list(range(5, 40))]), tmp_path / "mla")
     capsys.readouterr()
-    _bad([str(src), "--to", "gguf", "--out", str(tmp_path / "m.gguf")], capsys, "MLA", tmp_path / "m.gguf")
+    _bad([str(src), "--to", "gguf", "--file", str(tmp_path / "m.gguf")], capsys, "MLA", tmp_path / "m.gguf")
 
 
 def test_interrupted_export_leaves_no_file(exported, tmp_path, monkeypatch):

@@ -80,9 +80,9 @@ def _tiny_dir(family: str, base: Path, hf_model=None) -> tuple[Path, Path]:
 CLI_REFUSALS = [("mixtral", "ffn", ["score", "--unit", "ffn", "--max-length", "8"]),
                 ("gpt_oss", "ffn", ["prune", "--unit", "ffn", "--fraction", "10%", "--max-length", "8"]),
                 ("olmo2", "prune", ["prune", "--fraction", "25%", "--max-length", "8"]),
-                ("olmo3", "convert", ["gqa", "--kv-heads", "1", "--data-limit", "3"]),
+                ("olmo3", "convert", ["gqa", "--kv-heads", "1", "--limit", "3"]),
                 ("qwen3_5_text", "similar", ["similar", "--max-length", "8"]),
-                ("deepseek_v3", "convert", ["gqa", "--kv-heads", "1", "--data-limit", "3"]),
+                ("deepseek_v3", "convert", ["gqa", "--kv-heads", "1", "--limit", "3"]),
                 ("gemma4_text", "block", ["score", "--unit", "block", "--max-length", "8"])]
 
 
@@ -95,7 +95,7 @@ def _refused_on_the_command_line(family, argv, why, tmp_path, capsys, hf_model=N
     path, text = _tiny_dir(family, tmp_path, hf_model)
     out = tmp_path / "out"
     capsys.readouterr()  # saving the model printed a progress bar
-    limit = [] if "--data-limit" in argv else ["--limit", "3"]
+    limit = [] if "--limit" in argv else ["--limit", "3"]
     code = main([argv[0], str(path), *argv[1:], "--data", str(text), *limit, "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, err

@@ -135,7 +135,7 @@ def recover_run(monkeypatch, minilm):
 
     monkeypatch.setattr(_common, "load_model", load)
     return ["prune", "tiny", "--fraction", "75%", "--step", "0.25", "--limit", "6", "--max-length", "16",
-            "--batch-size", "2", "--recover", "2", "--recover-lr", "1e-3"]
+            "--batch-size", "2", "--recover-steps", "2", "--recover-lr", "1e-3"]
 
 
 def test_prune_recover_crash_between_the_two_checkpoint_writes(tmp_path, monkeypatch, capsys, recover_run):
@@ -199,7 +199,8 @@ def test_a_failed_write_leaves_nothing_and_the_rerun_matches(tmp_path, monkeypat
 
     monkeypatch.setattr(HeadTable, "to_json", disk_full)
     before = listing(tmp_path)
-    assert _run(tmp_path, [*argv, "--out", "o"]) == 1  # heads.csv was written (into staging), heads.json failed
+    assert _run(tmp_path, [*argv, "--out", "o"]) == 2  # heads.csv was written (into staging), heads.json failed
+    assert "error: the disk is full: writing 'o'" in capsys.readouterr().err  # said as such (issue 31), exit 2
     assert listing(tmp_path) == before, "a failed run left files behind"
     monkeypatch.setattr(HeadTable, "to_json", real)
     assert _run(tmp_path, [*argv, "--out", "o"]) == 0
@@ -217,7 +218,7 @@ def test_report_failing_half_way_leaves_nothing(tmp_path, monkeypatch, bert):
 
     monkeypatch.setattr(report, "page", broken)
     before = listing(tmp_path)
-    assert _run(tmp_path, [*argv, "--out", "r"]) == 1
+    assert _run(tmp_path, [*argv, "--out", "r"]) == 2  # a full disk is said as such (issue 31)
     assert listing(tmp_path) == before  # neither the computed heads.csv/.json nor the figures
     monkeypatch.setattr(report, "page", real)
     assert _run(tmp_path, [*argv, "--out", "r"]) == 0
@@ -323,9 +324,9 @@ def test_kvcache_from_another_models_file(tmp_path, capsys):
     shutil.copy(tmp_path / "theirs" / "heads.csv", tmp_path / "mine" / "scores.csv")
     capsys.readouterr()
     kv = ["kvcache", str(src), "--data", str(long), "--sink", "2", "--window", "8", "--context", "64",
-          "--passages", "1", "--needles", "0", "--by", "entropy"]
-    refused(tmp_path, capsys, [*kv, "--from", "theirs/heads.csv"], "was written for")
-    refused(tmp_path, capsys, [*kv, "--from", "mine/scores.csv"], "has rows for 6 of this model's 12 heads")
+          "--limit", "1", "--needles", "0", "--by", "entropy"]
+    refused(tmp_path, capsys, [*kv, "--scores", "theirs/heads.csv"], "was written for")
+    refused(tmp_path, capsys, [*kv, "--scores", "mine/scores.csv"], "has rows for 6 of this model's 12 heads")
 
 
 def test_score_with_every_head_pruned(tmp_path, capsys, bert):

@@ -347,7 +347,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     from headscope.cli import main  # here, not at the top: the parser imports every verb, which only these tests need
 
     src, text = _cli_checkpoint(tmp_path)
-    args = ["gqa", str(src), "--kv-heads", "1", "--grouping", "similarity", "--uptrain", "2", "--data", str(text),
+    args = ["gqa", str(src), "--kv-heads", "1", "--grouping", "similarity", "--steps", "2", "--data", str(text),
             "--heldout", str(text), "--out", str(tmp_path / "out")]
     assert main(args) == 0
     printed = capsys.readouterr().out

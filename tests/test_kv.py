@@ -276,7 +276,7 @@ def test_cli_writes_csv_matching_the_calculator(tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     out = tmp_path / "out"
-    assert main(["kv", str(path), "--seq", "100", "--batch", "3", "--dtype", "fp16", "--classic",
+    assert main(["kv", str(path), "--max-length", "100", "--batch-size", "3", "--cache-dtype", "fp16", "--classic",
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "GQA *" in printed and "binary" in printed and "LLaMA-2-70B" in printed

@@ -16,7 +16,7 @@ from headscope import artifacts as A
 from headscope.cli import main
 from headscope.models.tiny import tiny_model
 
-SMALL = ["--sink", "2", "--window", "8", "--context", "64", "--passages", "1", "--chunk", "16"]
+SMALL = ["--sink", "2", "--window", "8", "--context", "64", "--limit", "1", "--chunk", "16"]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_kvcache_run_with_retrieval_scores(llama, tmp_path):
     src, text = llama
     out = tmp_path / "out"
     assert main(["kvcache", str(src), "--keep-full", "34%,67%", "--data", str(text), "--needles", "2",
-                 "--score-haystacks", "1", *SMALL, "--out", str(out)]) == 0
+                 "--haystacks", "1", *SMALL, "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(A.outputs("kvcache"))
     header = (out / "kvcache.csv").read_text().splitlines()[0].split(",")
     assert A.KVCACHE_CSV.check(header) == []
@@ -73,7 +73,7 @@ def test_kvcache_threshold_from_a_scores_file(llama, tmp_path):
     scores.write_text("layer,head,retrieval_score\n" + "".join(
         f"{l},{h},{values.get((l, h), 0.0)}\n" for l in range(2) for h in range(6)))
     out = tmp_path / "out"
-    assert main(["kvcache", str(src), "--threshold", "0.4", "--from", str(scores), "--data", str(text),
+    assert main(["kvcache", str(src), "--threshold", "0.4", "--scores", str(scores), "--data", str(text),
                  "--needles", "0", "--no-random", *SMALL, "--out", str(out)]) == 0
     report = json.loads((out / "kvcache.json").read_text())
     assert [r["method"] for r in report["rows"]] == ["full", "score"]
@@ -90,9 +90,9 @@ def test_kvcache_threshold_from_a_scores_file(llama, tmp_path):
     (["--window", "0"], "--window must be at least 1"),
     (["--context", "10"], "--context 10 must exceed --sink + --window = 10"),
     (["--keep-full", "25%", "--threshold", "0.1"], "not both"),
-    (["--by", "entropy"], "--by 'entropy' needs --from FILE"),
-    (["--from", "missing.csv"], "--from 'missing.csv' is not a file"),
-    (["--passages", "0"], "--passages must be at least 1"),
+    (["--by", "entropy"], "--by 'entropy' needs --scores FILE"),
+    (["--scores", "missing.csv"], "--scores 'missing.csv' is not a file"),
+    (["--limit", "0"], "--limit must be at least 1"),
 ])
 def test_bad_input(llama, tmp_path, capsys, extra, message):
     src, text = llama
@@ -104,7 +104,7 @@ def test_bad_scores_column(llama, tmp_path, capsys):
     src, text = llama
     f = tmp_path / "heads.csv"
     f.write_text("layer,head,entropy\n0,0,1.0\n")
-    refused(tmp_path, capsys, ["kvcache", str(src), "--data", str(text), "--from", str(f), "--by", "entropyy"],
+    refused(tmp_path, capsys, ["kvcache", str(src), "--data", str(text), "--scores", str(f), "--by", "entropyy"],
             "has no column 'entropyy'")
 
 

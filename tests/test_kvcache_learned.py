@@ -91,7 +91,7 @@ def test_kvcache_choose_learned(llama, tmp_path):  # noqa: F811
     src, text = llama
     out = tmp_path / "out"
     assert main(["kvcache", str(src), "--keep-full", "34%", "--data", str(text), "--needles", "1",
-                 "--score-haystacks", "1", "--choose", "learned", "--learn-steps", "3", "--learn-prompts", "2",
+                 "--haystacks", "1", "--choose", "learned", "--learn-steps", "3", "--learn-prompts", "2",
                  *SMALL, "--out", str(out), "--export-card", str(tmp_path / "duo")]) == 0
     with (out / "kvcache.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
@@ -117,7 +117,7 @@ def test_passkey_prompts_refuse_short_text(llama):  # noqa: F811
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--passages", "3"], "needs long text for one passkey prompt of --context 64"),
+    (["--limit", "3"], "needs long text for one passkey prompt of --context 64"),
     (["--learn-l1", "0"], "--learn-l1 must be a positive number"),
     (["--learn-steps", "0"], "--learn-steps must be at least 1"),
     (["--threshold", "0.3"], "it does not take --threshold"),

@@ -113,7 +113,7 @@ def test_kvcache_cli_uptrain(llama, tmp_path):  # noqa: F811
     train = tmp_path / "train.txt"
     train.write_text(text.read_text())
     assert main(["kvcache", str(src), "--keep-full", "34%", "--data", str(text), "--needles", "1",
-                 "--score-haystacks", "1", *SMALL, "--uptrain", "2", "--train-data", str(train),
+                 "--haystacks", "1", *SMALL, "--uptrain-steps", "2", "--train-data", str(train),
                  "--train-length", "24", "--out", str(out)]) == 0
     with (out / "kvcache.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
@@ -130,19 +130,19 @@ def test_kvcache_cli_uptrain_on_the_rest_of_data(llama, tmp_path):  # noqa: F811
     src, text = llama  # 3 lines: the first is evaluated, the other two train
     out = tmp_path / "out"
     assert main(["kvcache", str(src), "--keep-full", "67%", "--data", str(text), "--needles", "0", "--no-random",
-                 "--score-haystacks", "1", *SMALL, "--uptrain", "1", "--train-length", "32", "--out", str(out)]) == 0
+                 "--haystacks", "1", *SMALL, "--uptrain-steps", "1", "--train-length", "32", "--out", str(out)]) == 0
     report = json.loads((out / "kvcache.json").read_text())
     assert report["settings"]["uptrain"]["texts"] == 2
     assert [r["uptrain_steps"] for r in report["rows"]] == [0, 0, 1]
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--uptrain", "-1"], "--uptrain must be 0 or more; got -1"),
-    (["--uptrain", "2", "--lr", "0"], "--lr must be a positive number"),
-    (["--uptrain", "2", "--train-length", "1"], "--train-length must be at least 2"),
-    (["--uptrain", "2", "--train-batch", "0"], "--train-batch must be at least 1"),
-    (["--uptrain", "2", "--threshold", "0.5"], "does not take --threshold"),
-    (["--uptrain", "2", "--train-data", "missing.txt"], "missing.txt"),
+    (["--uptrain-steps", "-1"], "--uptrain-steps must be 0 or more; got -1"),
+    (["--uptrain-steps", "2", "--uptrain-lr", "0"], "--uptrain-lr must be a positive number"),
+    (["--uptrain-steps", "2", "--train-length", "1"], "--train-length must be at least 2"),
+    (["--uptrain-steps", "2", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--uptrain-steps", "2", "--threshold", "0.5"], "does not take --threshold"),
+    (["--uptrain-steps", "2", "--train-data", "missing.txt"], "missing.txt"),
 ])
 def test_bad_uptrain_input(llama, tmp_path, capsys, extra, message):  # noqa: F811
     src, text = llama

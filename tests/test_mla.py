@@ -254,7 +254,7 @@ def test_cli_end_to_end_and_bad_input_leaves_nothing(tmp_path, capsys):
     assert main(["mla", str(gpt2_src), "--kv-rank", "2", *common]) == 2
     assert "supports model types llama, mistral, qwen2" in capsys.readouterr().err and not out.exists()
 
-    args = ["mla", str(src), "--kv-rank", "6", "--rope-dims", "4", "--uptrain", "2", *common]
+    args = ["mla", str(src), "--kv-rank", "6", "--rope-dims", "4", "--steps", "2", *common]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "latent rank 6 (full rank 24)" in printed and printed.count("(equal)") == 2, printed

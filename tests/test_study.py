@@ -69,11 +69,28 @@ EXPECTED = ["heads.csv", "heads.json", "roles.csv", "roles.json", "syntax.csv", 
             "study.json"]
 
 
-def test_a_tiny_study_end_to_end(bert, tmp_path, capsys):
+def _count_loads(monkeypatch) -> list[str]:
+    """Every model load from here on (transformers' from_pretrained, whichever class), by class name."""
+    from transformers import modeling_utils
+
+    loads: list[str] = []
+    real = modeling_utils.PreTrainedModel.from_pretrained.__func__
+
+    def counting(cls, *args, **kwargs):
+        loads.append(cls.__name__)
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_utils.PreTrainedModel, "from_pretrained", classmethod(counting))
+    return loads
+
+
+def test_a_tiny_study_end_to_end(bert, tmp_path, capsys, monkeypatch):
     out = tmp_path / "study"
+    loads = _count_loads(monkeypatch)
     t = time.perf_counter()
     assert main(["study", str(bert), "--budget", "3m", "--out", str(out)]) == 0
     elapsed = time.perf_counter() - t
+    assert len(loads) == 1, loads  # the study's one load: every stage runs on it (8 loads before the spine)
     assert elapsed < 180 + B.tolerance_s(180), elapsed
     st = json.loads((out / "study.json").read_text())
     for name in EXPECTED:
@@ -112,12 +129,14 @@ def test_a_tiny_study_end_to_end(bert, tmp_path, capsys):
     assert all("site-packages" not in str(r["name"]) for r in kv["rows"])
 
 
-def test_a_tiny_decoder_study_converts_its_kv_heads(tmp_path, capsys):
+def test_a_tiny_decoder_study_converts_its_kv_heads(tmp_path, capsys, monkeypatch):
     """A decoder's study adds GQA and MLA conversion (into their own folders); the head-aware cache and the
     long-range roles need 512 positions, which this model lacks: one line each."""
     model = tiny_llama_dir(tmp_path)
     out = tmp_path / "study"
+    loads = _count_loads(monkeypatch)
     assert main(["study", str(model), "--budget", "3m", "--out", str(out)]) == 0
+    assert len(loads) == 1, loads  # the study's one load; gqa and mla convert copies of it
     st = json.loads((out / "study.json").read_text())
     status = {n: r["status"] for n, r in st["stages"].items()}
     assert status == {"analyze": "done", "roles": "done", "similar": "done", "score": "done", "prune": "done",
@@ -139,10 +158,10 @@ def test_an_interrupted_study_continues(bert, tmp_path, monkeypatch):
     out = tmp_path / "study"
     real = runner.run_verb
 
-    def interrupt_at_score(argv, log):
+    def interrupt_at_score(argv, log, model=None):
         if argv[0] == "score":  # as prune does: the verb catches the interrupt and returns 130
             return 130
-        return real(argv, log)
+        return real(argv, log, model)
 
     monkeypatch.setattr(runner, "run_verb", interrupt_at_score)
     assert main(["study", str(bert), "--budget", "3m", "--out", str(out)]) == 130
@@ -202,7 +221,8 @@ def test_the_plan_fits_the_budget_and_drops_optional_stages_first():
 
 @pytest.mark.parametrize("argv, match", [
     (["--budget", "10x"], "is not a duration"),
-    (["--budget", "2s"], "is below what a study of .* needs .* give --budget \\d+m or more"),
+    # Far below any machine's minimum (the stages share one load now, so a tiny model's minimum is ~2 s).
+    (["--budget", "0.5s"], "is below what a study of .* needs .* give --budget \\d+m or more"),
 ])
 def test_bad_input_one_line_exit_2_nothing_written(bert, tmp_path, capsys, argv, match):
     out = tmp_path / "never"
@@ -220,3 +240,20 @@ def test_a_model_no_stage_supports(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no stage of a study" in err[0], err
     assert not out.exists()
+
+
+def test_kvcache_stage_takes_the_retrieval_scores_roles_measured(tmp_path):
+    """The head-aware cache ranks KV heads by the retrieval scores the roles stage measured (--long), rather
+    than measuring them again; without them it measures its own."""
+    from headscope.study.stages import Ctx, Family, _kvcache_argv
+
+    fam = Family("m", "llama", True, 2, 4, 2, 8, 32, 2048, 8)
+    ctx = Ctx("m", "ptb-valid", "ptb-train", "ptb-valid", str(tmp_path), fam)
+    level = {"context": 512, "window": 128, "passages": 1, "needles": 2, "haystacks": 2}
+    argv = _kvcache_argv(ctx, level)
+    assert "--haystacks" in argv and "--scores" not in argv
+    (tmp_path / "roles.csv").write_text("layer,head,retrieval_score\n0,0,nan\n")  # no head answered: measure
+    assert "--scores" not in _kvcache_argv(ctx, level)
+    (tmp_path / "roles.csv").write_text("layer,head,retrieval_score\n0,0,0.5\n0,1,nan\n")
+    argv = _kvcache_argv(ctx, level)
+    assert argv[argv.index("--scores") + 1] == str(tmp_path / "roles.csv") and "--haystacks" not in argv

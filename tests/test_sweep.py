@@ -171,7 +171,7 @@ def test_cli_refuses_when_no_head_count_divides(capsys):
 
 
 def test_cli_end_to_end(tmp_path, capsys):
-    args = ["sweep", "--d-model", "16", "--heads", "1,3,2", "--steps", "2", "--seq", "16", "--batch", "2",
+    args = ["sweep", "--d-model", "16", "--heads", "1,3,2", "--steps", "2", "--max-length", "16", "--batch-size", "2",
             "--eval-tokens", "64", "--out", str(tmp_path), "--no-progress"]
     assert main(args) == 0
     captured = capsys.readouterr()

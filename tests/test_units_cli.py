@@ -28,7 +28,7 @@ def llama(tmp_path_factory) -> tuple[Path, Path]:
 def test_prune_unit_files_and_saved_model(llama, tmp_path):
     src, text = llama
     out = tmp_path / "p"
-    argv = ["prune", str(src), "--unit", "mix", "--fraction", "0.5", "--step", "0.2", "--recover", "1",
+    argv = ["prune", str(src), "--unit", "mix", "--fraction", "0.5", "--step", "0.2", "--recover-steps", "1",
             "--latency", "--save-model", "--data", str(text), "--max-length", "16", "--out", str(out)]
     assert main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(A.outputs("prune --unit", optional=True))

@@ -32,10 +32,14 @@ def _received(monkeypatch, tmp_path, verb: str, *argv: str) -> dict[str, TextSou
         raise Stop
 
     module = {"score": score_cmd, "prune": prune_cmd}[verb]
-    from headscope.commands import _common  # every verb loads through _common.load_from_args
+    from headscope.commands import _common  # verbs load through _common.load_from_args or Options.load
+    from headscope.options import groups
+    from headscope.redundancy import verbs
 
     monkeypatch.setattr(_common, "load_model", lambda *a, **k: tiny_model("gpt2"))
-    monkeypatch.setattr(module, {"score": "score", "prune": "prune_curve"}[verb], stage)
+    monkeypatch.setattr(groups, "load_model", lambda *a, **k: tiny_model("gpt2"))  # Options.load
+    target = {"score": (verbs, "score_table"), "prune": (module, "prune_curve")}[verb]
+    monkeypatch.setattr(*target, stage)
     parser = argparse.ArgumentParser()
     module.register(parser.add_subparsers())
     args = parser.parse_args([verb, "tiny", "--out", str(tmp_path / verb), *argv])

@@ -254,9 +254,9 @@ def test_heads_table_reads_every_verbs_files(dirs, evidence):
     assert t["kvcache"] == [{"label": "score by retrieval_score, 50% of KV heads full", "sink": 4, "window": 16,
                              "full": [False, False, True, True, True, True, False, False]}]
     cmd = t["sources"]["roles"]["command"]
-    assert cmd.startswith(f"headscope roles {dirs['bert']}") and "--bootstrap 100" in cmd, cmd
-    assert t["sources"]["importance"]["command"].startswith("headscope score ") and \
-        "--method ablation" in t["sources"]["importance"]["command"]
+    assert cmd == f"headscope roles {dirs['bert']} --bootstrap 100 --data {evidence.parent / 'passages.txt'}", cmd
+    assert t["sources"]["importance"]["command"] == \
+        f"headscope score {dirs['bert']} --bootstrap 100 --data {evidence.parent / 'passages.txt'} --method ablation"
     assert t["sources"]["patching"]["command"] is None  # no patching.json beside it: no provenance to show
     for name, entries in t["role_detail"].items():
         l, h = map(int, re.findall(r"\d+", name))
@@ -271,8 +271,12 @@ def test_heads_table_refuses_another_models_files(dirs, evidence):
 
 def test_command_of_a_provenance_record():
     rec = {"verb": "score", "model": {"name": "minilm", "source": "minilm"},
-           "options": {"method": "ablation", "limit": 8, "force": True, "device": None, "from_dirs": ["a b"]}}
-    assert command_of(rec) == "headscope score minilm --force --from-dirs 'a b' --limit 8 --method ablation"
+           "options": {"methods": ["ablation", "taylor"], "limit": 8, "device": None, "unit": "head", "seed": 3,
+                       "dtype": "float32", "data": "a b.txt"}}
+    # flags as the verb spells them, values at their defaults (unit head, dtype float32) left out
+    assert command_of(rec) == "headscope score minilm --data 'a b.txt' --limit 8 --method ablation,taylor --seed 3"
+    rec = {"verb": "report", "model": {"name": "m"}, "options": {"from_dirs": ["x", "y"], "sentences": 2}}
+    assert command_of(rec) == "headscope report m --from-dirs x --from-dirs y --sentences 2"  # no class: as recorded
     assert command_of(None) is None and command_of({"model": {}}) is None
 
 

@@ -174,7 +174,7 @@ def test_one_head_cannot_be_fixed_by_width_or_training_longer():
 
 def test_xor_sweep_cli_and_bad_seq(tmp_path, capsys):
     out = tmp_path / "xor"
-    assert main(["sweep", "--task", "xor", "--heads", "1,2", "--d-model", "8", "--seq", "13", "--steps", "5",
+    assert main(["sweep", "--task", "xor", "--heads", "1,2", "--d-model", "8", "--max-length", "13", "--steps", "5",
                  "--no-progress", "--threads", "1", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "xor, d_model=8, 1 layer(s), 5 steps of 128x13 tokens" in err and "acc " in err
@@ -183,5 +183,5 @@ def test_xor_sweep_cli_and_bad_seq(tmp_path, capsys):
     assert (out / "sweep_quality.png").stat().st_size > 0
     with pytest.raises(HeadscopeError, match="at least 13"):
         S.plan_sweep("xor", 8, [1], 1, 5, 12, 4)
-    assert main(["sweep", "--task", "xor", "--seq", "9", "--out", str(tmp_path / "never")]) == 2
+    assert main(["sweep", "--task", "xor", "--max-length", "9", "--out", str(tmp_path / "never")]) == 2
     assert "at least 13" in capsys.readouterr().err

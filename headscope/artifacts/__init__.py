@@ -148,7 +148,7 @@ PRUNE_CURVE_CSV = Artifact(
      _f("n_removed", "heads removed"), _f("metric", "the metric with those heads gated off"),
      _f("drop", "relative drop of the metric (for lm_loss: perplexity increase)"),
      _f("perplexity", "exp(metric)", "lm_loss metric"),
-     _f("metric_recovered", "the metric after recovery training (empty without --recover)"),
+     _f("metric_recovered", "the metric after recovery training (empty without --recover-steps)"),
      _f("drop_recovered", "drop after recovery training"),
      _f("perplexity_recovered", "exp(metric_recovered)", "lm_loss metric"),
      _f("wordsim353", "Spearman correlation with wordsim353 similarity judgements", "--wordsim"),
@@ -160,14 +160,14 @@ PRUNE_CURVE_PNG = Artifact("prune_curve.png", "png", {"prune": ""}, "the pruning
 REDUNDANCY_CSV = Artifact(
     "redundancy.csv", "csv", {"prune": ""}, "per layer: heads removable within the target drop",
     (_f("layer"), _f("heads", "heads in the layer"), _f("removable", "heads of this layer removable within the drop"),
-     _f("removable_recovered", "the same with recovery training", "--recover")))
+     _f("removable_recovered", "the same with recovery training", "--recover-steps")))
 PRUNE_JSON = Artifact(
     "prune.json", "json", {"prune": ""}, "settings, baseline and the largest fractions within each drop",
     (_f("model"), _f("n_layers"), _f("n_heads"), _f("n_kv_heads"), _f("method", "importance criterion"),
      _f("metric"), _f("higher_is_better"), _f("unit", "head, slice or group"), _f("recover_steps"),
      _f("target_drop"), _f("baseline", "the unpruned metric"), _f("baseline_perplexity", "null unless lm_loss"),
      _f("largest_fraction_within_target"), _f("heads_removed_within_target"),
-     _f("largest_fraction_within_target_recovered", "null without --recover"),
+     _f("largest_fraction_within_target_recovered", "null without --recover-steps"),
      _f("within", "'1%' -> {fraction_removed, n_removed, metric, drop, drop_lo, drop_hi, confident (the largest "
                   "fraction whose drop's upper bound stays within), next_step (whether the next point differs "
                   "beyond noise), recovered?}"), _f("points"),
@@ -192,7 +192,7 @@ UNIT_CURVE_CSV = Artifact(
      _f("metric", "the metric with those units switched off"),
      _f("drop", "relative drop (lm_loss: perplexity increase)"),
      _f("perplexity", "exp(metric)", "lm_loss metric"),
-     _f("metric_recovered", "after distillation recovery (empty without --recover)"), _f("drop_recovered"),
+     _f("metric_recovered", "after distillation recovery (empty without --recover-steps)"), _f("drop_recovered"),
      _f("perplexity_recovered", "exp(metric_recovered)", "lm_loss metric"),
      _f("latency_s", "median seconds of one forward pass of the physically pruned model (empty without --latency)"),
      _f("speedup", "original latency / this latency"), _f("flop_speedup", "original FLOPs / these FLOPs (ideal)"),
@@ -325,8 +325,8 @@ GQA_JSON = Artifact(
      _f("layers_changed_by_search", "", _SEARCH), _f("kl_evaluations", "", _SEARCH),
      _f("calibration_batches", "", _SEARCH), _f("search_seconds", "", _SEARCH),
      _f("heldout_tokens"), _f("ppl_before"), _f("ppl_after"), _f("kl_after", "KL to the original, nats/token"),
-     _f("ppl_uptrained", "null without --uptrain"), _f("kl_uptrained", "null without --uptrain"),
-     _f("uptrain", "uptraining settings and losses", "--uptrain"),
+     _f("ppl_uptrained", "null without --steps"), _f("kl_uptrained", "null without --steps"),
+     _f("uptrain", "uptraining settings and losses", "--steps"),
      _f("kv_bytes_before", "{measured, calculated, seq_len, batch, dtype, match}"), _f("kv_bytes_after"),
      _PROVENANCE))
 MLA_JSON = Artifact(
@@ -338,8 +338,8 @@ MLA_JSON = Artifact(
      _f("frequencies", "per layer, the kept rotary frequencies of each KV head"),
      _f("data"), _f("data_passages"), _f("heldout"), _f("heldout_passages"), _f("max_length"),
      _f("heldout_tokens"), _f("ppl_before"), _f("ppl_after"), _f("kl_after", "KL to the original, nats/token"),
-     _f("ppl_uptrained", "null without --uptrain"), _f("kl_uptrained", "null without --uptrain"),
-     _f("uptrain", "uptraining settings and losses", "--uptrain"),
+     _f("ppl_uptrained", "null without --steps"), _f("kl_uptrained", "null without --steps"),
+     _f("uptrain", "uptraining settings and losses", "--steps"),
      _f("kv_bytes_before", "{measured, calculated, bytes_per_token, formula, seq_len, batch, dtype, match}"),
      _f("kv_bytes_after"), _f("kv_bytes_per_token_before"), _f("kv_bytes_per_token_after"),
      _f("kv_fraction", "cache bytes after / before"), _PROVENANCE))

@@ -7,50 +7,38 @@ import json
 import sys
 
 from ..artifacts import GQA_JSON, MODEL_DIR, outputs
-from ..capacity.gqa import GROUPINGS, TRAINABLE, convert_and_evaluate
+from ..capacity.gqa import convert_and_evaluate
 from ..capacity.kv_bytes import human_bytes
+from ..capacity.options import GqaOptions
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..models.adapter import HeadModel
 from ..models.checkpoint import save_model
+from ..options.cli import verb_parser
 from ..provenance import provenance
-from ._common import add_device_args, load_from_args
-from ._uptrain import add_uptrain_args, check_uptrain_args, read_uptrain_texts
+from ._common import load_from_args
+from ._uptrain import check_uptrain_args, read_uptrain_texts
 
 OUTPUTS = outputs("gqa")  # model/, gqa.json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "gqa", help="convert a LLaMA-like model to fewer KV heads (GQA/MQA), optionally uptrain, save",
+    p = verb_parser(
+        sub, "gqa", GqaOptions,
+        help="convert a LLaMA-like model to fewer KV heads (GQA/MQA), optionally uptrain, save",
         description="Mean-pool the K/V projections of groups of KV heads into KV heads (Ainslie et al. 2023), "
                     "optionally uptrain by distillation, and write a standard checkpoint (OUT/model) plus a report "
                     "(OUT/gqa.json): perplexity before / after conversion / after uptraining on held-out text, and "
                     "KV-cache bytes measured from a real generation cache beside the calculator. "
-                    "Supported: llama, mistral, qwen2.")
-    p.add_argument("model", help="built-in name (smollm2), a model directory, or a hub id")
-    p.add_argument("--kv-heads", type=int, required=True, help="KV heads after conversion (1 = MQA); must divide "
-                                                                "the model's current KV heads")
-    p.add_argument("--grouping", choices=GROUPINGS.names(), default="mean",
-                   help="; ".join(GROUPINGS.help_lines()) + " (default: mean)")
-    p.add_argument("--search-candidates", type=int, default=8, metavar="N",
-                   help="--grouping search: seeded (--seed) random groupings tried per layer besides adjacent and "
-                        "similarity (default 8)")
-    p.add_argument("--train", choices=TRAINABLE, default="attention",
-                   help="what uptraining updates: attention = q/k/v/o projections, all = every parameter "
-                        "(default: attention)")
-    p.add_argument("--no-fallback", action="store_true",
-                   help="keep similarity groups even when adjacent groups do better on --data")
-    add_uptrain_args(p, "calibration text for similarity grouping, search and uptraining")
-    add_device_args(p)
-    p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
-    p.add_argument("--force", action="store_true", help="overwrite OUT/model and OUT/gqa.json")
+                    "Supported: llama, mistral, qwen2.",
+    )
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     check_uptrain_args(args)
     data, heldout = read_uptrain_texts(args)  # bad data fails before the model loads; passed on, never read again
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     # convert_and_evaluate checks --kv-heads against the model first, before any work.
     final, report = convert_and_evaluate(
         hm,
@@ -58,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         args.grouping,
         data=data,
         heldout=heldout,
-        uptrain_steps=args.uptrain,
+        uptrain_steps=args.steps,
         loss=args.loss,
         lr=args.lr,
         train=args.train,
@@ -87,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  before      {r['ppl_before']:10.3f}")
     print(f"  converted   {r['ppl_after']:10.3f}   KL to original {r['kl_after']:.4f} nats/token")
     if r["ppl_uptrained"] is not None:
-        print(f"  uptrained   {r['ppl_uptrained']:10.3f}   ({args.uptrain} steps, {args.loss}, "
+        print(f"  uptrained   {r['ppl_uptrained']:10.3f}   ({args.steps} steps, {args.loss}, "
               f"{args.train}, lr {args.lr:g}, "
               f"on {r['data']})  KL to original {r['kl_uptrained']:.4f}")
     for key, label in (("kv_bytes_before", "before"), ("kv_bytes_after", "after")):

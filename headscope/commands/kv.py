@@ -16,8 +16,11 @@ from ..capacity.kv_bytes import (
     load_config,
     normalize_dtype,
 )
+from ..capacity.options import KvOptions
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..models.adapter import HeadModel
+from ..options.cli import verb_parser
 from ..provenance import config_fingerprint, provenance, shape_record
 
 CSV_COLUMNS = KV_CSV.columns()
@@ -35,22 +38,13 @@ def _positive(text: str) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "kv", help="KV-cache size of a model's MHA / GQA / MQA layouts, and of classic models",
+    p = verb_parser(
+        sub, "kv", KvOptions,
+        help="KV-cache size of a model's MHA / GQA / MQA layouts, and of classic models",
         description="Bytes of KV cache per token, per sequence and per batch. MODEL is a built-in model "
                     "(minilm, smollm2; only its config is read), a model directory, a config.json, or a classic "
                     "config name (see --classic). " + UNITS,
     )
-    p.add_argument(
-        "model", nargs="?", default=None, help="built-in name, model directory, config.json, or classic name"
-    )
-    p.add_argument("--seq", type=_positive, default=4096, help="tokens per sequence (default 4096)")
-    p.add_argument("--batch", type=_positive, default=8, help="sequences in the batch (default 8)")
-    p.add_argument("--dtype", default="bf16", help=f"cache dtype: {', '.join(DTYPE_BITS)} (default bf16)")
-    p.add_argument("--kv-heads", default=None, help="extra KV-head counts to compare, e.g. 2,4 (must divide n_heads)")
-    p.add_argument("--classic", action="store_true", help="also print the built-in table of classic configs")
-    p.add_argument("--out", default=None, help="directory to write kv.csv into (default: print only)")
-    p.add_argument("--force", action="store_true", help="overwrite kv.csv already in --out")
     p.set_defaults(func=run)
 
 
@@ -94,8 +88,8 @@ def _classic_table(rows: list[dict[str, Any]], seq: int, batch: int) -> list[str
     return lines + (["notes:"] + notes + windows if notes or windows else [])
 
 
-def run(args: argparse.Namespace) -> int:
-    dtype = normalize_dtype(args.dtype)
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
+    dtype = normalize_dtype(args.cache_dtype)
     if args.model is None and not args.classic:
         raise HeadscopeError("give a MODEL (built-in name, model directory or config.json) or --classic")
     out = prepare_out_dir(args.out, args.force, [KV_CSV.name, KV_JSON.name]) if args.out else None
@@ -109,11 +103,11 @@ def run(args: argparse.Namespace) -> int:
         model_info = {"name": str(args.model), "model_type": shape.model_type,
                       "shape": shape_record(shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.d_head),
                       "config_sha256": config_fingerprint(config), "fingerprint": None}
-        rows = layouts(shape, args.seq, args.batch, dtype, _parse_kv_heads(args.kv_heads))
+        rows = layouts(shape, args.max_length, args.batch_size, dtype, _parse_kv_heads(args.kv_heads))
         print(f"{shape.name} ({shape.model_type}): {shape.n_layers} layers, {shape.n_heads} query heads, "
               f"{shape.n_kv_heads} KV heads ({shape.layout}), d_head {shape.d_head}; "
               f"cache dtype {dtype} ({bits} bits)")
-        print("\n".join(_layout_table(rows, args.seq, args.batch)))
+        print("\n".join(_layout_table(rows, args.max_length, args.batch_size)))
         legend = ("layers x latent numbers x bytes (see the note)" if shape.latent is not None else
                   "2 (K,V) x layers x KV heads x d_head x bytes")
         print(f"* = the model's own layout; bytes/token = {legend}. " + UNITS)
@@ -126,11 +120,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {shape.note}")
         csv_rows += [{"source": "model", "note": shape.note, **r} for r in rows]
     if args.classic:
-        rows = classic_rows(args.seq, args.batch, dtype)
+        rows = classic_rows(args.max_length, args.batch_size, dtype)
         if args.model is not None:
             print()
-        print(f"Classic configs, own layout, {dtype}, {args.seq} tokens per sequence, batch of {args.batch}:")
-        print("\n".join(_classic_table(rows, args.seq, args.batch)))
+        print(f"Classic configs, own layout, {dtype}, {args.max_length} tokens per sequence, "
+              f"batch of {args.batch_size}:")
+        print("\n".join(_classic_table(rows, args.max_length, args.batch_size)))
         print(UNITS)
         csv_rows += [{"source": "classic", **r} for r in rows]
     if out is not None:

@@ -14,89 +14,40 @@ import numpy as np
 
 from ..artifacts import KVCACHE_CSV, KVCACHE_JSON, outputs, write_csv
 from ..capacity.kv_bytes import attention_shape, human_bytes, load_config
-from ..capacity.kvcache.cache import SUPPORTED, check_supported, check_supported_config, check_window
+from ..capacity.kvcache.cache import check_supported, check_supported_config, check_window
 from ..capacity.kvcache.choice import ScoresFile, parse_budgets, read_scores_file, scores_matrix
 from ..capacity.kvcache.compare import Settings, check_context, check_positions, compare, retrieval_scores
-from ..capacity.kvcache.evaluate import DEFAULT_CHUNK, long_passages
+from ..capacity.kvcache.evaluate import long_passages
 from ..capacity.kvcache.learned import learned_rows, passkey_prompts
 from ..capacity.kvcache.uptrain import training_batches
+from ..capacity.options import KvcacheOptions
 from ..data import read_texts
 from ..errors import HeadscopeError
 from ..export.cards import check_card_path, duo_pattern, write_duo
 from ..io import atomic_write_text, prepare_out_dir, staged
 from ..models import BUILTINS, load_model
+from ..models.adapter import HeadModel
+from ..options.cli import verb_parser
 from ..provenance import check_made_for, provenance
 from ..table import to_jsonable
 from ..train import check_settings
-from ._common import add_interval_args, interval_settings
-from ._kv_learned import add_learned_args, learned_settings
-from ._uptrain import add_training_args
+from ._common import interval_settings
+from ._kv_learned import learned_settings
 
 OUTPUTS = outputs("kvcache")  # kvcache.csv, kvcache.json
 IN_PROCESS_SCORES = ("retrieval_score",)  # scores --by can compute without --from
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "kvcache",
+    p = verb_parser(
+        sub, "kvcache", KvcacheOptions,
         help="head-aware KV cache: full KV for chosen heads, sink + window for the rest (DuoAttention-style)",
         description="Keep the full KV cache only for the KV heads a per-head score ranks highest (default: Wu et al.'s "
-        "retrieval score, measured here on needle haystacks), and only the first --sink and the last "
-        "--window tokens for the others; evaluate perplexity on long text, needle retrieval and KV bytes "
-        "read per decoding step, against the full cache and a random choice of full heads at equal bytes. "
-        "A KV head is windowed only when all its query heads are (GQA). See docs/kvcache.md.",
+                    "retrieval score, measured here on needle haystacks), and only the first --sink and the last "
+                    "--window tokens for the others; evaluate perplexity on long text, needle retrieval and KV bytes "
+                    "read per decoding step, against the full cache and a random choice of full heads at equal bytes. "
+                    "A KV head is windowed only when all its query heads are (GQA). See docs/kvcache.md.",
     )
-    p.add_argument("model", help="built-in name (smollm2), a model directory, or a hub id; families: "
-                                 + ", ".join(SUPPORTED) + " with 2+ KV heads per layer")
-    p.add_argument("--keep-full", default=None, metavar="SHARE[,SHARE...]",
-                   help="share of KV heads kept full, in (0, 1]: 25%% or 0.25; several give one cache each "
-                        "(e.g. 12.5%%,25%%,50%%; default 25%%)")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="instead of --keep-full: keep full every KV head with a query head scoring at least this")
-    p.add_argument("--by", default="retrieval_score", metavar="COLUMN",
-                   help="the per-head score, higher = keep full ('-COLUMN': lower = keep full). Without --from only "
-                        "retrieval_score, measured on --score-haystacks needles (default: retrieval_score)")
-    p.add_argument("--from", dest="scores_file", default=None, metavar="FILE",
-                   help="a per-head CSV (heads.csv, roles.csv from `headscope roles --long N`, importance.csv) "
-                        "holding --by")
-    p.add_argument("--score-haystacks", type=int, default=4, metavar="N",
-                   help="needle haystacks that measure the retrieval score (other facts than the evaluation "
-                        "needles; default 4)")
-    p.add_argument("--sink", type=int, default=4, help="first tokens every windowed head keeps (default 4)")
-    p.add_argument("--window", type=int, default=256,
-                   help="recent tokens every windowed head keeps, the current one included (default 256)")
-    p.add_argument("--context", type=int, default=2048, help="tokens per passage and per needle prompt (default 2048)")
-    p.add_argument("--data", default="ptb-long",
-                   help="long text for perplexity: ptb-long, gum-long or a file; the first --context tokens of each "
-                        "passage that has them (default ptb-long)")
-    p.add_argument("--passages", type=int, default=2, help="passages for perplexity (default 2)")
-    p.add_argument(
-        "--needles",
-        type=int,
-        default=4,
-        help="needle-in-a-haystack prompts answered by greedy generation through each cache (default 4; 0: none)",
-    )
-    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
-                   help=f"tokens per prefill forward (default {DEFAULT_CHUNK}; memory ~ chunk x vocabulary)")
-    add_training_args(p)
-    p.add_argument("--train-data", default=None, metavar="DATA",
-                   help="uptraining text, same forms as --data (default: the passages of --data after those "
-                        "perplexity is measured on, so training never sees them)")
-    p.add_argument("--train-length", type=int, default=512, metavar="N",
-                   help="tokens per uptraining passage: the texts cut into consecutive pieces (default 512)")
-    p.add_argument("--train-batch", type=int, default=1, metavar="N", help="passages per uptraining step (default 1)")
-    add_learned_args(p)
-    p.add_argument("--no-random", action="store_true", help="skip the random control at equal bytes")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random control, ties and needles (default 0)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    p.add_argument("--export-card", default=None, metavar="DIR",
-                   help="also write the head scores as DuoAttention's pattern directory (full_attention_heads.tsv "
-                        "[layers, KV heads] in [0, 1] and config.json with --sink and --window), which kvpress's "
-                        "DuoAttentionPress reads: a KV head scores its best query head (the rule --keep-full uses), "
-                        "min-max scaled, so its top --keep-full share is the set this run keeps full")
-    p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
-    p.add_argument("--force", action="store_true", help="overwrite kvcache.csv and kvcache.json in --out")
-    add_interval_args(p)
     p.set_defaults(func=run)
 
 
@@ -120,29 +71,30 @@ def _check_args(args: argparse.Namespace) -> tuple[list[float], Any, Any, Scores
         raise HeadscopeError("give --keep-full (a share of KV heads) or --threshold (a score), not both")
     budgets = parse_budgets(args.keep_full or "25%")
     check_window(args.sink, args.window)
-    for flag, value, low in (("--context", args.context, 2), ("--passages", args.passages, 1),
+    for flag, value, low in (("--context", args.context, 2), ("--limit", args.limit, 1),
                              ("--needles", args.needles, 0), ("--chunk", args.chunk, 1),
-                             ("--score-haystacks", args.score_haystacks, 1)):
+                             ("--haystacks", args.haystacks, 1)):
         if value < low:
             raise HeadscopeError(f"{flag} must be at least {low}; got {value}")
     check_context(args.context, args.sink, args.window)
-    if args.uptrain < 0:
-        raise HeadscopeError(f"--uptrain must be 0 or more steps; got {args.uptrain}")
-    if args.uptrain:
-        check_settings(args.uptrain, args.lr)
-        for flag, value in (("--train-length", args.train_length), ("--train-batch", args.train_batch)):
+    if args.uptrain_steps < 0:
+        raise HeadscopeError(f"--uptrain-steps must be 0 or more steps; got {args.uptrain_steps}")
+    if args.uptrain_steps:
+        check_settings(args.uptrain_steps, args.uptrain_lr)
+        for flag, value in (("--train-length", args.train_length), ("--batch-size", args.batch_size)):
             if value < (2 if flag == "--train-length" else 1):
                 raise HeadscopeError(f"{flag} must be at least {2 if flag == '--train-length' else 1}; got {value}")
         if args.threshold is not None:
-            raise HeadscopeError("--uptrain trains one model per --keep-full budget; it does not take --threshold")
+            raise HeadscopeError("--uptrain-steps trains one model per --keep-full budget; it does not take "
+                                 "--threshold")
     if args.threshold is not None and not math.isfinite(args.threshold):
         raise HeadscopeError(f"--threshold must be a finite number; got {args.threshold}")
-    if args.scores_file is None and args.by not in IN_PROCESS_SCORES:
-        raise HeadscopeError(f"--by {args.by!r} needs --from FILE (a heads.csv or roles.csv holding it); without "
-                             f"--from headscope measures only {', '.join(IN_PROCESS_SCORES)}")
-    scores_file = read_scores_file(args.scores_file, args.by) if args.scores_file is not None else None
+    if args.scores is None and args.by not in IN_PROCESS_SCORES:
+        raise HeadscopeError(f"--by {args.by!r} needs --scores FILE (a heads.csv or roles.csv holding it); without "
+                             f"--scores headscope measures only {', '.join(IN_PROCESS_SCORES)}")
+    scores_file = read_scores_file(args.scores, args.by) if args.scores is not None else None
     data = read_texts(args.data)
-    train = read_texts(args.train_data) if args.uptrain and args.train_data is not None else None
+    train = read_texts(args.train_data) if args.uptrain_steps and args.train_data is not None else None
     positions_checked = _precheck_model(args.model, args.context)
     return budgets, data, train, scores_file, positions_checked
 
@@ -186,38 +138,38 @@ def _print_row(r: dict[str, Any]) -> None:
     print(f"done: {_row_line(r)}", file=sys.stderr, flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     card = check_card_path(args.export_card, "duo", args.force) if args.export_card is not None else None
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     budgets, data, train, scores_file, positions_checked = _check_args(args)
     learned = learned_settings(args)  # None unless --choose learned; checked before the model loads
-    hm = load_model(args.model, device=args.device)
+    hm = model or load_model(args.model, device=args.device)
     if not positions_checked:
         check_positions(args.context, hm.max_positions)
     check_supported(hm)  # before any pass over the model
     if hm.tokenizer is None:
         raise HeadscopeError(f"{hm.name} has no tokenizer; kvcache builds text")
-    passages, used = long_passages(hm.tokenizer, data.texts, args.context, args.passages)
+    passages, used = long_passages(hm.tokenizer, data.texts, args.context, args.limit)
     # Passkey prompts from the text after the perplexity passages; too little of it refuses before any slow work.
     prompts = passkey_prompts(hm.tokenizer, data.texts[used:], args.context, learned.prompts, args.seed) \
         if learned is not None else []
     settings = Settings(sink=args.sink, window=args.window, context=args.context, budgets=tuple(budgets),
                         threshold=args.threshold, needles=args.needles, chunk=args.chunk,
-                        random_control=not args.no_random, seed=args.seed, uptrain=args.uptrain, loss=args.loss,
-                        lr=args.lr, intervals=interval_settings(args))
+                        random_control=not args.no_random, seed=args.seed, uptrain=args.uptrain_steps, loss=args.loss,
+                        lr=args.uptrain_lr, intervals=interval_settings(args))
     batches, train_info = [], None
-    if args.uptrain:
+    if args.uptrain_steps:
         texts = train.texts if train is not None else _after_evaluation(data.texts, used, len(passages))
-        batches = training_batches(hm.tokenizer, texts, args.train_length, args.train_batch)
+        batches = training_batches(hm.tokenizer, texts, args.train_length, args.batch_size)
         train_info = {"data": train.source if train is not None else f"{data.source} after the evaluation passages",
-                      "texts": len(texts), "passage_tokens": args.train_length, "batch": args.train_batch,
-                      "batches": len(batches), "steps": args.uptrain, "loss": args.loss, "lr": args.lr}
-    score_info: dict[str, Any] = {"by": args.by, "from": args.scores_file}
+                      "texts": len(texts), "passage_tokens": args.train_length, "batch": args.batch_size,
+                      "batches": len(batches), "steps": args.uptrain_steps, "loss": args.loss, "lr": args.uptrain_lr}
+    score_info: dict[str, Any] = {"by": args.by, "from": args.scores}
     if scores_file is not None:
         check_made_for(scores_file.path, hm, "--from")  # its provenance: another model's file is refused
         scores = scores_matrix(scores_file, hm.n_layers, hm.n_heads)
     else:
-        scores, info = retrieval_scores(hm, args.context, args.score_haystacks, args.seed, progress=True)
+        scores, info = retrieval_scores(hm, args.context, args.haystacks, args.seed, progress=True)
         score_info.update(info)
     rows = compare(hm, passages, scores, args.by, settings, progress=True, on_row=_print_row, train_batches=batches)
     if learned is not None:  # DuoAttention's learned alphas: rows beside the score's and random's at equal bytes
@@ -248,15 +200,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_kv_heads} KV heads ({hm.group_size} query heads each); "
           f"sink {args.sink} + window {args.window}; {len(passages)} passage(s) of {args.context} tokens from "
           f"{data.source}; {args.needles} needle(s); full heads by {args.by}"
-          f"{' from ' + args.scores_file if args.scores_file else ''}")
+          f"{' from ' + args.scores if args.scores else ''}")
     print(f"{'cache':<16} {'KV full':>8} {'freed':>6} {'riders':>6} {'bytes/step':>12} {'ratio':>6} "
           f"{'perplexity':>11} {'needles':>8}")
     for r in rows:
         print(_row_line(r))
-    if args.uptrain:
+    if args.uptrain_steps:
         assert train_info is not None, "set above whenever --uptrain is given"
-        print(f"+N: after N uptraining steps ({args.loss}, lr {args.lr:g}) on {train_info['batches']} batch(es) of "
-              f"{args.train_batch} x {args.train_length} tokens from {train_info['data']}")
+        print(f"+N: after N uptraining steps ({args.loss}, lr {args.uptrain_lr:g}) on {train_info['batches']} "
+              f"batch(es) of "
+              f"{args.batch_size} x {args.train_length} tokens from {train_info['data']}")
     print(f"bytes/step: K and V read by one decoding step at {args.context} tokens, measured = formula in every row")
     _print_uncertainty(rows, args.ci)
     print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}{' and ' + str(card) if card else ''}",

@@ -8,45 +8,36 @@ import sys
 
 from ..artifacts import MLA_JSON, MODEL_DIR, outputs
 from ..capacity.kv_bytes import human_bytes
-from ..capacity.mla import SELECTIONS, SUPPORTED_MODEL_TYPES
+from ..capacity.mla import SUPPORTED_MODEL_TYPES
 from ..capacity.mla.checkpoint import save_mla
 from ..capacity.mla.to_latent import convert_and_evaluate
+from ..capacity.options import MlaOptions
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..models.adapter import HeadModel
+from ..options.cli import verb_parser
 from ..provenance import provenance
-from ._common import add_device_args, load_from_args
-from ._uptrain import add_uptrain_args, check_uptrain_args, read_uptrain_texts
+from ._common import load_from_args
+from ._uptrain import check_uptrain_args, read_uptrain_texts
 
 OUTPUTS = outputs("mla")  # model/, mla.json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "mla", help="convert a LLaMA-like model to multi-head latent attention (MHA2MLA), optionally uptrain, save",
+    p = verb_parser(
+        sub, "mla", MlaOptions,
+        help="convert a LLaMA-like model to multi-head latent attention (MHA2MLA), optionally uptrain, save",
         description="Keep RoPE on a few key dimensions per KV head (the frequencies with the largest query x key "
                     "2-norms), factor the other key dimensions and the values jointly into a rank-R latent by SVD "
                     "(Ji et al. 2025, MHA2MLA), optionally uptrain by distillation, and write a checkpoint "
                     "(OUT/model, reloads with headscope.load_model or trust_remote_code) plus OUT/mla.json: "
                     "perplexity before / after / uptrained on held-out text and KV-cache bytes measured from a "
-                    f"real generation cache beside the formula. Supported: {', '.join(SUPPORTED_MODEL_TYPES)}.")
-    p.add_argument("model", help="built-in name (smollm2), a model directory, or a hub id")
-    p.add_argument("--kv-rank", type=int, required=True, metavar="R",
-                   help="latent width cached per token and layer (below the full rank, "
-                        "min(d_model, n_kv_heads x (2 d_head - rope dims)): 360 for SmolLM2 with --rope-dims 8)")
-    p.add_argument("--rope-dims", type=int, default=None, metavar="D",
-                   help="key dimensions per KV head that keep RoPE, even, 2..d_head (default: d_head / 8, "
-                        "MHA2MLA's d_head / 16 frequencies; 8 for SmolLM2)")
-    p.add_argument("--selection", choices=SELECTIONS, default="2-norm",
-                   help="which rotary frequencies stay: 2-norm = largest mean ||q_f|| x ||k_f|| on --data "
-                        "(MHA2MLA), high = the fastest ones (default: 2-norm)")
-    add_uptrain_args(p, "calibration and uptraining text")
-    add_device_args(p)
-    p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
-    p.add_argument("--force", action="store_true", help="overwrite OUT/model and OUT/mla.json")
+                    f"real generation cache beside the formula. Supported: {', '.join(SUPPORTED_MODEL_TYPES)}.",
+    )
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     # What needs no model is refused before anything loads; convert_and_evaluate checks the rank against the
     # model's full rank (check_mla) right after loading, before any work or any file.
     if args.kv_rank < 1:
@@ -61,10 +52,10 @@ def run(args: argparse.Namespace) -> int:
                              "the memory)")
     out = prepare_out_dir(args.out, args.force, OUTPUTS)
     data, heldout = read_uptrain_texts(args)  # passed on, never read again
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     final, report = convert_and_evaluate(
         hm, args.kv_rank, args.rope_dims, selection=args.selection, data=data, heldout=heldout,
-        uptrain_steps=args.uptrain, loss=args.loss, lr=args.lr, max_length=args.max_length,
+        uptrain_steps=args.steps, loss=args.loss, lr=args.lr, max_length=args.max_length,
         batch_size=args.batch_size, seed=args.seed, progress=True)
     prov = provenance("mla", hm, data, args, heldout=heldout)  # the original model (conversion leaves it untouched)
     report = {**report, "provenance": prov}
@@ -80,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  before      {r['ppl_before']:10.3f}")
     print(f"  converted   {r['ppl_after']:10.3f}   KL to original {r['kl_after']:.4f} nats/token")
     if r["ppl_uptrained"] is not None:
-        print(f"  uptrained   {r['ppl_uptrained']:10.3f}   ({args.uptrain} steps, {args.loss}, lr {args.lr:g}, "
+        print(f"  uptrained   {r['ppl_uptrained']:10.3f}   ({args.steps} steps, {args.loss}, lr {args.lr:g}, "
               f"on {r['data']})  KL to original {r['kl_uptrained']:.4f}")
     for key, label in (("kv_bytes_before", "before"), ("kv_bytes_after", "after")):
         k = r[key]

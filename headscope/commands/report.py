@@ -6,41 +6,34 @@ import argparse
 import sys
 
 from ..io import prepare_out_dir
+from ..models.adapter import HeadModel
+from ..options.cli import verb_parser
 from ..report import REPORT_NAME, render_report
 from ..report.build import figure_names
-from ._common import add_model_arg, load_from_args
+from ..report.options import ReportOptions
+from ._common import load_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="offline HTML report of every result in an output directory",
-                       description="Write report.html (one self-contained offline page: what the heads learn, "
-                                   "whether more heads help, which heads are redundant) and report-*.png into "
-                                   "--out. Sections read the files other verbs wrote (--from directories, then "
-                                   "--out); a missing one says which verb to run. Statistics are computed here "
-                                   "when heads.csv is absent, and every head's attention map is drawn for a few "
-                                   "short example sentences.")
-    add_model_arg(p)
-    p.add_argument("--no-model", action="store_true",
-                   help="do not load the model: report only what the files hold (no example attention maps)")
-    p.add_argument("--from", dest="from_dirs", action="append", default=None, metavar="DIR",
-                   help="a directory holding other verbs' outputs; repeat for several (searched before --out)")
-    p.add_argument("--data", default=None,
-                   help="text for the statistics (if computed here) and the example sentences "
-                        "(.txt, .jsonl or .conllu; default: the built-in English sample)")
-    p.add_argument("--sentences", type=int, default=3,
-                   help="example sentences (of at most 24 tokens) whose full attention maps are embedded (default 3)")
-    p.add_argument("--max-length", type=int, default=None, help="tokens per passage for computed statistics")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N passages for computed statistics")
-    p.add_argument("--out", default="headscope-out", help="output directory (default: headscope-out/)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing report.html in --out")
+    p = verb_parser(
+        sub, "report", ReportOptions,
+        help="offline HTML report of every result in an output directory",
+        description="Write report.html (one self-contained offline page: what the heads learn, "
+                    "whether more heads help, which heads are redundant) and report-*.png into "
+                    "--out. Sections read the files other verbs wrote (--from directories, then "
+                    "--out); a missing one says which verb to run. Statistics are computed here "
+                    "when heads.csv is absent, and every head's attention map is drawn for a few "
+                    "short example sentences.",
+    )
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    model = None
-    if not args.no_model:  # a clashing --out is refused before a (possibly large) model loads
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
+    if args.no_model:
+        model = None
+    else:  # a clashing --out is refused before a (possibly large) model loads
         prepare_out_dir(args.out, args.force, [REPORT_NAME, *figure_names()])
-        model = load_from_args(args)
+        model = model or load_from_args(args)
     path = render_report(args.out, model=model, from_dirs=args.from_dirs,
                          data=args.data, sentences=args.sentences, force=args.force, max_length=args.max_length,
                          limit=args.limit, device=args.device, progress=True)

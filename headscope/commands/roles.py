@@ -14,14 +14,10 @@ from typing import Any
 import numpy as np
 
 from ..artifacts import ROLES_CSV, ROLES_JSON, SYNTAX_CSV, outputs, write_csv
-from ..attention import DEFAULT_BLOCK
 from ..data import read_texts
-from ..data.sources import LONG_SOURCES
-from ..distributed import add_workers_arg, check_ranks, is_main, local
+from ..distributed import check_ranks, is_main, local
 from ..errors import HeadscopeError
 from ..export.cards import (
-    CARD_FORMATS,
-    CARD_SCORES,
     card_scores,
     check_card_path,
     duo_pattern,
@@ -31,68 +27,27 @@ from ..export.cards import (
 )
 from ..io import atomic_write_text, prepare_out_dir, staged
 from ..learned.longctx import check_long_args, check_long_model, long_roles
+from ..learned.options import RolesOptions
 from ..learned.roles import read_coref, read_treebank, role_columns, roles, syntax_rows
 from ..learned.syntax import RELATIONS
+from ..models.adapter import HeadModel
+from ..options.cli import verb_parser
 from ..provenance import provenance
 from ..table import HeadTable, to_jsonable
 from ..uncertainty import check_until_stable
-from ._common import add_data_args, add_interval_args, add_model_arg, add_out_args, interval_settings, load_from_args
+from ._common import interval_settings, load_from_args
 
 OUTPUTS = outputs("roles", optional=True)  # roles.csv, roles.json, syntax.csv (with --treebank)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "roles",
+    p = verb_parser(
+        sub, "roles", RolesOptions,
         help="role census: previous-token, sink, induction, syntactic, coreference heads ...",
         description="Score every head for each role beside a baseline and name the heads that pass "
-        "(see docs/roles.md). Writes roles.csv (analyze's statistics and a `roles` column), roles.json "
-        "(every score, baseline and threshold) and syntax.csv (with --treebank).",
+                    "(see docs/roles.md). Writes roles.csv (analyze's statistics and a `roles` column), roles.json "
+                    "(every score, baseline and threshold) and syntax.csv (with --treebank).",
     )
-    add_model_arg(p)
-    add_data_args(p)
-    p.add_argument(
-        "--treebank",
-        default=None,
-        help="treebank for syntactic roles (Clark et al. 2019): ewt-test (built in: UD English-EWT test split) "
-        "or a CoNLL-U file",
-    )
-    p.add_argument(
-        "--coref",
-        default=None,
-        help="coreference data: gum-test (built in: UD English-GUM test split) or a CoNLL-U file "
-        "with CorefUD Entity= annotations",
-    )
-    g = p.add_argument_group("long-range roles (docs/long_context.md)")
-    g.add_argument("--long", type=int, default=None, metavar="N",
-                   help="also score retrieval (needle copy, Wu et al. 2024), streaming (sink + recent share), echo and "
-                        "induction at long range on sequences of N tokens (at most the model's positions)")
-    g.add_argument("--long-data", default="gum-long",
-                   help=f"long text for the streaming/echo/induction windows: {', '.join(LONG_SOURCES)} (default "
-                        f"gum-long) or a file; passages longer than N are cut into windows, never truncated")
-    g.add_argument("--long-windows", type=int, default=2, help="windows of long text to score (default 2)")
-    g.add_argument("--stride", type=int, default=None,
-                   help="tokens between the starts of a long passage's windows (default N: side by side); each "
-                        "position's query is counted in one window only")
-    g.add_argument("--haystacks", type=int, default=4,
-                   help="needle-in-a-haystack sequences for the retrieval score (default 4; depths 0.1, 0.35, 0.6, "
-                        "0.85 in turn)")
-    g.add_argument("--block", type=int, default=DEFAULT_BLOCK,
-                   help=f"queries per block of the statistics kernel (default {DEFAULT_BLOCK}; memory ~ block x N "
-                        "per head)")
-    g.add_argument("--export-card", default=None, metavar="FILE",
-                   help='write per-head scores for KV-compression code; needs --long. --card-format retrieval-head: '
-                        'a file {"layer-head": [scores]} (Retrieval Head / HeadKV); duo: a directory '
-                        '(DuoAttention, kvpress DuoAttentionPress)')
-    g.add_argument("--card-format", default="retrieval-head", choices=list(CARD_FORMATS),
-                   help="retrieval-head (default) or duo: full_attention_heads.tsv [layers, KV heads] in [0, 1] "
-                        f"(a KV head scores its best query head's --card-score, min-max scaled) and config.json "
-                        f"(sink_size {DUO_SINK}, recent_size {DUO_RECENT}: kvcache's defaults)")
-    g.add_argument("--card-score", default="retrieval", choices=list(CARD_SCORES),
-                   help="score the card holds (default retrieval: one value per answered haystack)")
-    add_out_args(p)
-    add_interval_args(p, until_stable=True)
-    add_workers_arg(p)
     p.set_defaults(func=run)
 
 
@@ -103,7 +58,7 @@ def _f(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     long_n = getattr(args, "long", None)
     long_text = args.long_data
@@ -118,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     treebank = read_treebank(args.treebank) if args.treebank else None
     coref = read_coref(args.coref) if args.coref else None
     check_ranks(len(source), "passages")  # torchrun / --workers: every rank needs a passage
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     if long_n is not None:  # the model's positions and kind are known now: refuse before the short-text pass
         check_long_model(hm, long_n)
     table = roles(hm, source, treebank=treebank, coref=coref, max_length=args.max_length,

@@ -12,64 +12,38 @@ from ..artifacts import CLUSTERS_JSON, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, output
 from ..data import read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..learned.options import SimilarOptions
 from ..learned.similarity import (
-    CKA_ESTIMATORS,
-    DEFAULT_CKA_BATCH,
-    DEFAULT_CKA_MEMORY,
-    DEFAULT_CKA_MIN,
-    DEFAULT_CKA_POOL,
-    DEFAULT_JS_MAX,
     LN2,
     check_cka_batch,
     check_cka_memory,
     check_thresholds,
     similarity,
 )
+from ..models.adapter import HeadModel
+from ..options.cli import verb_parser
 from ..provenance import provenance
 from ..table import to_jsonable
-from ._common import add_data_args, add_interval_args, add_model_arg, add_out_args, interval_settings, load_from_args
+from ._common import interval_settings, load_from_args
 
 OUTPUTS = outputs("similar")  # similar_pairs.csv, similarity.npz, clusters.json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("similar", help="head-to-head similarity (attention JS, output CKA, weight subspaces) "
-                                       "and near-duplicate clusters",
-                       description="Compare every pair of heads: Jensen-Shannon divergence of their attention "
-                                   "patterns on the same tokens (nats), linear CKA of their outputs, and "
-                                   "principal angles between their OV and QK weight subspaces. Writes "
-                                   "similar_pairs.csv (one row per pair, js ascending), similarity.npz "
-                                   "(the full matrices) and clusters.json (near-duplicate groups).")
-    add_model_arg(p)
-    add_data_args(p)
-    add_out_args(p)
-    p.add_argument("--top", type=int, default=20,
-                   help="pairs to print (default 20); these get js's interval over passages (js_lo, js_hi)")
-    p.add_argument("--js-max-tokens", type=int, default=None,
-                   help="average JS over at most N query tokens, a seeded random sample (for big models; "
-                        "default: every query)")
-    p.add_argument("--js-max", type=float, default=DEFAULT_JS_MAX,
-                   help=f"near-duplicate: every pair in a cluster has js <= this (default {DEFAULT_JS_MAX})")
-    p.add_argument("--cka-min", type=float, default=DEFAULT_CKA_MIN,
-                   help=f"near-duplicate: every pair in a cluster has cka >= this (default {DEFAULT_CKA_MIN})")
-    p.add_argument("--cka", choices=CKA_ESTIMATORS, default="minibatch",
-                   help="CKA estimator: minibatch unbiased HSIC (Nguyen et al. 2021; memory heads x batch^2, the "
-                        "default) or exact (the full-data CKA of the (heads x d_head)^2 cross-covariance, computed "
-                        "in blocks of at most --cka-memory with the head outputs spilled to the temporary folder, "
-                        "TMPDIR: heads x d_head x 4 bytes a token)")
-    p.add_argument("--cka-batch", type=int, default=DEFAULT_CKA_BATCH,
-                   help=f"tokens per CKA minibatch (default {DEFAULT_CKA_BATCH}, at least 8)")
-    p.add_argument("--cka-pool", type=int, default=DEFAULT_CKA_POOL,
-                   help=f"tokens pooled before minibatches are drawn at random from them, mixing passages "
-                        f"(default {DEFAULT_CKA_POOL}; memory pool x heads x d_head)")
-    p.add_argument("--cka-memory", type=int, default=DEFAULT_CKA_MEMORY // 2**20, metavar="MiB",
-                   help=f"with --cka exact: MiB of the cross-covariance held at once (default "
-                        f"{DEFAULT_CKA_MEMORY // 2**20}); less memory means more reads of the spilled outputs")
-    add_interval_args(p)
+    p = verb_parser(
+        sub, "similar", SimilarOptions,
+        help="head-to-head similarity (attention JS, output CKA, weight subspaces) "
+             "and near-duplicate clusters",
+        description="Compare every pair of heads: Jensen-Shannon divergence of their attention "
+                    "patterns on the same tokens (nats), linear CKA of their outputs, and "
+                    "principal angles between their OV and QK weight subspaces. Writes "
+                    "similar_pairs.csv (one row per pair, js ascending), similarity.npz "
+                    "(the full matrices) and clusters.json (near-duplicate groups).",
+    )
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     out = prepare_out_dir(args.out, args.force, OUTPUTS)  # refuse before any slow work
     if args.top < 0:
         raise HeadscopeError(f"--top must be 0 or more, got {args.top}")
@@ -80,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cka_memory < 1:
         raise HeadscopeError(f"--cka-memory must be at least 1 MiB, got {args.cka_memory}")
     source = read_texts(args.data, args.limit)  # bad data fails before the model loads
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     if args.cka == "exact":  # one head's block must fit: known once the model's shape is
         check_cka_memory(args.cka_memory * 2**20, hm.n_layers * hm.n_heads, hm.d_head)
     sim = similarity(hm, source, max_length=args.max_length, batch_size=args.batch_size,

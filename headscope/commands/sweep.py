@@ -10,74 +10,41 @@ from typing import Any
 import torch
 
 from ..artifacts import SWEEP_CSV, SWEEP_RUNS, outputs
+from ..capacity.options import SweepOptions
 from ..capacity.sweep import plan_sweep, plot_sweep, run_sweep
 from ..errors import HeadscopeError
 from ..io import check_writable_dir
+from ..models.adapter import HeadModel
+from ..options.cli import verb_parser
 
 OUTPUTS = outputs("sweep")  # sweep.csv, runs/, sweep_quality.png, sweep_speed.png
 # Per-task defaults; every one can be overridden on the command line.
 DEFAULTS = {
-    "ptb": dict(d_model=256, heads=[1, 2, 4, 8, 16, 32], layers=2, steps=400, seq=64, batch=32, lr=3e-3, init_std=None),
+    "ptb": dict(d_model=256, heads=(1, 2, 4, 8, 16, 32), layers=2, steps=400, max_length=64, batch_size=32, lr=3e-3,
+                init_std=None),
     # xor: 16 bits + the query token, one target per sequence, so more sequences per step. GPT-2's small
     # init leaves this model at the symmetric point where XOR's gradient vanishes; N(0, 0.2) does not.
-    "xor": dict(d_model=64, heads=[1, 2, 4, 8, 16], layers=1, steps=1000, seq=17, batch=128, lr=3e-3, init_std=0.2),
-    "pair": dict(d_model=256, heads=[1, 2, 4], layers=1, steps=400, seq=64, batch=32, lr=3e-3, init_std=None),
+    "xor": dict(d_model=64, heads=(1, 2, 4, 8, 16), layers=1, steps=1000, max_length=17, batch_size=128, lr=3e-3,
+                init_std=0.2),
+    "pair": dict(d_model=256, heads=(1, 2, 4), layers=1, steps=400, max_length=64, batch_size=32, lr=3e-3,
+                 init_std=None),
 }
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,2,4; got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
-
-
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "sweep", help="train small LMs from scratch at fixed d_model, varying heads (resumable)",
+    p = verb_parser(
+        sub, "sweep", SweepOptions,
+        help="train small LMs from scratch at fixed d_model, varying heads (resumable)",
         description="Train decoder-only models from scratch with the reference MHA/GQA/MQA attention, one per "
                     "head count (d_head = d_model/h unless --d-head is given), everything else fixed; write "
                     "sweep.csv, runs/<key>.json per configuration and PNG plots. Rerunning with the same --out "
                     "skips finished configurations. Head counts that do not divide d_model are skipped "
-                    "(an error if none is left). See docs/sweep.md.")
-    p.add_argument("--task", default="ptb", choices=["ptb", "xor", "pair"],
-                   help="ptb: next-byte LM on Penn Treebank, scored on PTB valid; xor: XOR of two bits of a random "
-                        "bit string, which one attention-only head provably cannot compute (at most 75%%); pair: "
-                        "output the pair of tokens at two offsets (default: ptb)")
-    p.add_argument("--d-model", type=int, default=None, help="model width (default 256; xor: 64)")
-    p.add_argument("--heads", type=_int_list, default=None,
-                   help="query-head counts, comma-separated (default 1,2,4,8,16,32; xor: 1,2,4,8,16; pair: 1,2,4)")
-    p.add_argument(
-        "--kv-heads",
-        type=_int_list,
-        default=None,
-        help="KV-head counts to try for each head count (default: = heads, MHA); those not dividing h are skipped",
+                    "(an error if none is left). See docs/sweep.md.",
     )
-    p.add_argument("--d-head", type=_int_list, default=None,
-                   help="d_head values, independent of the head count (default: d_model/h)")
-    p.add_argument("--layers", type=int, default=None, help="layers (default 2 for ptb, 1 for xor and pair)")
-    p.add_argument("--steps", type=int, default=None, help="training steps per configuration (default 400; xor: 1000)")
-    p.add_argument("--seq", type=int, default=None,
-                   help="tokens per training window (default 64; xor: 17 = 16 bits + the query token)")
-    p.add_argument("--batch", type=int, default=None, help="windows per step (default 32; xor: 128)")
-    p.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default 3e-3)")
-    p.add_argument("--init-std", type=float, default=None,
-                   help="draw every weight matrix from N(0, STD) (default: GPT-2's init; xor: 0.2)")
-    p.add_argument("--eval-tokens", type=int, default=65536, help="validation targets scored (default 65536)")
-    p.add_argument("--tokenization", default="byte", choices=["byte", "word"], help="PTB tokens (default byte)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for init and data order (default 0)")
-    p.add_argument("--out", default="headscope-sweep", help="output directory (default: headscope-sweep/)")
-    p.add_argument("--force", action="store_true",
-                   help="retrain configurations already finished in --out (default: reuse them, i.e. resume)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     check_writable_dir(args.out)  # before any training: a file or read-only --out fails now, not after
     if args.threads is not None:
         if args.threads < 1:
@@ -86,19 +53,21 @@ def run(args: argparse.Namespace) -> int:
     # The task's defaults fill what was not given, on a copy (the parsed options stay as given).
     args = argparse.Namespace(**{**vars(args), **{name: value for name, value in DEFAULTS[args.task].items()
                                                   if getattr(args, name) is None}})
-    if args.eval_tokens < args.seq:
-        raise HeadscopeError(f"--eval-tokens must be at least --seq ({args.seq}); got {args.eval_tokens}")
+    if args.eval_tokens < args.max_length:
+        raise HeadscopeError(f"--eval-tokens must be at least --max-length ({args.max_length}); got "
+                             f"{args.eval_tokens}")
     if args.init_std is not None and not args.init_std > 0:
         raise HeadscopeError(f"--init-std must be positive; got {args.init_std}")
     layers, steps = args.layers, args.steps
-    configs, skipped = plan_sweep(args.task, args.d_model, args.heads, layers, steps, args.seq, args.batch,
+    configs, skipped = plan_sweep(args.task, args.d_model, args.heads, layers, steps, args.max_length, args.batch_size,
                                   seed=args.seed, kv_heads=args.kv_heads, d_heads=args.d_head, lr=args.lr,
                                   eval_tokens=args.eval_tokens, tokenization=args.tokenization,
                                   init_std=args.init_std)
     for msg in skipped:
         print(f"headscope sweep: skipping {msg}", file=sys.stderr)
     print(f"headscope sweep: {len(configs)} configuration(s) into {args.out}/ "
-          f"({args.task}, d_model={args.d_model}, {layers} layer(s), {steps} steps of {args.batch}x{args.seq} tokens, "
+          f"({args.task}, d_model={args.d_model}, {layers} layer(s), {steps} steps of "
+          f"{args.batch_size}x{args.max_length} tokens, "
           f"{torch.get_num_threads()} thread(s))", file=sys.stderr)
     t0 = time.perf_counter()
 

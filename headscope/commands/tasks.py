@@ -10,6 +10,8 @@ import sys
 
 from ..artifacts import TASK_CORRELATION_CSV, TASK_SPECIFIC_CSV, TASKS_CSV, TASKS_JSON, outputs
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..models.adapter import HeadModel
+from ..options.cli import verb_parser
 from ..provenance import provenance
 from ..redundancy.importance import CRITERIA
 from ..redundancy.importance.tasks import (
@@ -21,40 +23,28 @@ from ..redundancy.importance.tasks import (
     task_importance,
     task_specific,
 )
-from ._common import add_model_arg, add_out_args, load_from_args
+from ..redundancy.options import TasksOptions
+from ._common import load_from_args
 
 OUTPUTS = outputs("tasks")  # tasks.csv, task_correlation.csv, task_specific.csv, tasks.json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "tasks", help="head importance under several tasks, their rank correlation, task-specific heads",
+    p = verb_parser(
+        sub, "tasks", TasksOptions,
+        help="head importance under several tasks, their rank correlation, task-specific heads",
         description="Score the same heads under several tasks and write tasks.csv (importance per task), "
                     "task_correlation.csv (task x task Spearman), task_specific.csv (heads in the top 10% of one "
-                    "task and the bottom half of another) and tasks.json. Tasks: " + "; ".join(TASKS.help_lines()))
-    add_model_arg(p)
-    add_out_args(p)
-    p.add_argument("--tasks", default="fidelity,wordsim,syntax",
-                   help=f"comma-separated, at least two of {', '.join(TASKS)}; a task's own data after '=', e.g. "
-                        f"classification=labels.jsonl (default: the built-in polarity sentences), lm_ptb=ptb-test, "
-                        f"retrieval=4096 (the context length) (default: fidelity,wordsim,syntax)")
-    p.add_argument("--method", default="taylor",
-                   help=f"criterion for the metric tasks (lm_*, fidelity, classification): {', '.join(CRITERIA)} "
-                        f"(default taylor)")
-    p.add_argument("--limit", type=int, default=64,
-                   help="passages (sentences) per task (default 64; classification through a probe: passages scored, "
-                        "the probe is fitted on its whole half)")
-    p.add_argument("--max-length", type=int, default=64, help="tokens per passage (default 64)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+                    "task and the bottom half of another) and tasks.json. Tasks: " + "; ".join(TASKS.help_lines()),
+    )
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     tasks = parse_tasks(args.tasks)  # unknown tasks, labelled tasks without labels: before anything loads
     CRITERIA.get(args.method)
     out = prepare_out_dir(args.out, args.force, OUTPUTS)
-    hm = load_from_args(args)
+    hm = model or load_from_args(args)
     check_tasks_usable(hm, tasks)
     prov = provenance("tasks", hm, None, args)
     table = task_importance(hm, tasks, method=args.method, limit=args.limit, max_length=args.max_length,

@@ -7,6 +7,7 @@ and prints one paragraph per question, which also heads the report. See docs/stu
 """
 
 from .budget import parse_duration
-from .runner import StudyOptions, study
+from .options import StudyOptions
+from .runner import study
 
 __all__ = ["StudyOptions", "parse_duration", "study"]

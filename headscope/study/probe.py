@@ -1,9 +1,10 @@
 """A short timed probe of the model on this machine: what every stage's estimate is built from.
 
-It loads the model twice (the second load timed: every stage loads it again, in the same process), runs
-one batch of the study's passages forward (timed, twice: the first pass pays one-off costs) and once
-forward and backward, and times a fixed piece of CPU work that stands for the stages' bookkeeping
-(bootstrap intervals, pair tables), so that a busy machine slows every estimate alike.
+It loads the model once, timed (the stages share that model; only a stage that writes a checkpoint and
+reads it back pays a load again), runs one batch of the study's passages forward (timed, twice: the first
+pass pays one-off costs) and once forward and backward, and times a fixed piece of CPU work that stands
+for the stages' bookkeeping (bootstrap intervals, pair tables), so that a busy machine slows every
+estimate alike.
 """
 
 from __future__ import annotations
@@ -56,10 +57,8 @@ def _cpu_work() -> float:
 def probe(model: str, text: TextSource, max_length: int, device: str | None = None,
           batch_size: int = PROBE_PASSAGES) -> tuple[HeadModel, Probe]:
     """Load `model` and time the passes every estimate is built from; returns the loaded model too."""
-    hm = load_model(model, device=device)  # the first load pays one-off costs (imports, file cache) ...
-    del hm
     t0 = time.perf_counter()
-    hm = load_model(model, device=device)  # ... the stages' loads are like the second one
+    hm = load_model(model, device=device)  # the study's one load: every stage shares this model
     load_s = time.perf_counter() - t0
     if hm.tokenizer is None:
         return hm, Probe(load_s, 0.0, 0.0, _cpu_work(), max_length, 0)

@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..data import read_texts
-from ..errors import HeadscopeError
+from ..data.shared import shared_data
+from ..errors import HeadscopeError, OutputConflict
 from ..io import check_writable_dir
+from ..models.adapter import HeadModel
 from ..provenance import data_fingerprint, model_fingerprint
 from ..version import versions
 from . import answers as answers_mod
 from .budget import FILL, Choice, Plan, fmt_duration, make_plan, tolerance_s
 from .leftover import widths
+from .options import StudyOptions
 from .probe import probe
 from .progress import Progress
 from .stages import MAX_LENGTH, PRIORITY, Ctx, Family, Stage, stages_for
@@ -33,16 +36,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DATA, DEFAULT_PRUNE_DATA, DEFAULT_HELDOUT = "ptb-valid", "ptb-train", "ptb-valid"
 CORRECTION_RANGE = (0.3, 5.0)
-
-
-@dataclass(frozen=True)
-class StudyOptions:
-    model: str = "minilm"
-    budget_s: float = 600.0
-    data: str | None = None
-    out: str = "headscope-study"
-    force: bool = False
-    device: str | None = None
 
 
 @dataclass
@@ -84,6 +77,9 @@ def _plan(stages: list[Stage], probe_: Any, family: Family, corr: float, availab
     def cost(name: str, lv: int) -> float:
         return _estimate(by[name], lv, probe_, family, corr)
 
+    if fixed is not None and any(lv is not None and (name not in by or lv >= len(by[name].levels))
+                                 for name, lv in fixed.items()):
+        fixed = None  # sizes this version's stages do not have (an edited study.json): plan anew
     if fixed is not None:
         return Plan([Choice(s.name, fixed.get(s.name), cost(s.name, fixed[s.name]) if s.name in fixed else 0.0,
                             "" if s.name in fixed else "left out when the study was planned")
@@ -110,7 +106,13 @@ def process_age() -> float:
 
 def study(opts: StudyOptions, stream: TextIO, live: bool | None = None, started_ago: float = 0.0) -> Outcome:
     """Run (or continue) the study `opts` describes; the progress view goes to `stream`. `started_ago`: seconds
-    of the user's wall clock already spent (the process's start), counted against the budget."""
+    of the user's wall clock already spent (the process's start), counted against the budget. Every stage runs
+    on the one loaded model, and each corpus is read and tokenised once (`data.shared.shared_data`)."""
+    with shared_data():
+        return _study(opts, stream, live, started_ago)
+
+
+def _study(opts: StudyOptions, stream: TextIO, live: bool | None, started_ago: float) -> Outcome:
     start = time.perf_counter() - started_ago
     out = Path(opts.out)
     previous = check_out(out, opts.force)
@@ -123,7 +125,6 @@ def study(opts: StudyOptions, stream: TextIO, live: bool | None = None, started_
                              f"directory with its tokenizer")
     family = Family.of(hm)
     model_fp = model_fingerprint(hm.model, hm.config)
-    del hm
     all_stages = stages_for(family)
     refused = {s.name: s.refusal(family) for s in all_stages}
     stages = [s for s in all_stages if not refused[s.name]]
@@ -162,7 +163,7 @@ def study(opts: StudyOptions, stream: TextIO, live: bool | None = None, started_
     state.save()
     progress = Progress(stream, opts.budget_s, start, len(stages), live)
     try:
-        failed = _Runner(stages, plan, state, ctx, probe_, family, (model_fp, data_fp), opts, start,
+        failed = _Runner(stages, plan, state, ctx, probe_, family, hm, (model_fp, data_fp), opts, start,
                          progress).run_all()
     finally:
         progress.close()
@@ -176,8 +177,10 @@ class _Runner:
     the stage whose intervals are widest; then the report."""
 
     def __init__(self, stages: list[Stage], plan: Plan, state: State, ctx: Ctx, probe_: Any, family: Family,
-                 keys: tuple[str, dict[str, Any]], opts: StudyOptions, start: float, progress: Progress) -> None:
+                 hm: HeadModel, keys: tuple[str, dict[str, Any]], opts: StudyOptions, start: float,
+                 progress: Progress) -> None:
         self.stages, self.plan, self.state, self.ctx, self.probe, self.family = stages, plan, state, ctx, probe_, family
+        self.hm = hm  # the study's one loaded model: every stage runs on it (they copy before they change it)
         self.model_fp, self.data_fp = keys
         self.opts, self.start, self.progress = opts, start, progress
         self.spent_est, self.spent_real = 0.0, 0.0
@@ -299,12 +302,14 @@ class _Runner:
     def attempt(self, i: int, stage: Stage, argv: list[str], rec: dict[str, Any]) -> bool:
         """Run the verb; False (recorded) when it refused or failed. An interrupt is recorded, then raised."""
         try:
-            rc = run_verb(argv, Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt")
+            rc = run_verb(argv, Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt", model=self.hm)
             if rc == 130:  # the verb caught the interrupt itself (prune keeps its finished points): pass it on
                 raise KeyboardInterrupt
             if rc != 0:
                 raise RuntimeError(f"headscope {stage.verb} exited with code {rc}")
             return True
+        except OutputConflict as e:  # the study chose and cleared this folder: a clash there is a bug, not a refusal
+            self._failed(i, stage, rec, e)
         except HeadscopeError as e:  # the verb refused this model or these sizes: say so, go on
             rec.update({"status": "not supported", "reason": str(e).splitlines()[0]})
             self.progress.say(f"{self.tag(i, stage)}: refused: {rec['reason']}")
@@ -313,13 +318,16 @@ class _Runner:
             self.state.save()
             raise
         except Exception as e:  # a bug in one stage must not lose the others; the log has the details
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            rec.update({"status": "failed", "reason": f"{type(e).__name__}: {first}"})
-            log.warning("stage %s failed: %s", stage.name, rec["reason"])
-            self.failed.append(stage.name)
-            self.progress.say(f"{self.tag(i, stage)}: FAILED ({rec['reason']}); see {LOG_DIR}/{stage.name}.txt")
+            self._failed(i, stage, rec, e)
         self.state.save()
         return False
+
+    def _failed(self, i: int, stage: Stage, rec: dict[str, Any], e: Exception) -> None:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        rec.update({"status": "failed", "reason": f"{type(e).__name__}: {first}"})
+        log.warning("stage %s failed: %s", stage.name, rec["reason"])
+        self.failed.append(stage.name)
+        self.progress.say(f"{self.tag(i, stage)}: FAILED ({rec['reason']}); see {LOG_DIR}/{stage.name}.txt")
 
 
 def _fit(stage: Stage, rest: list[Stage], plan: Plan, probe_: Any, family: Family, corr: float,

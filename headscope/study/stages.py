@@ -101,7 +101,8 @@ def _short(ctx: Ctx, n: int) -> list[str]:
 
 
 def _load(p: Probe) -> float:
-    return p.load_s
+    """A stage's model load: none, since every stage runs on the study's one loaded model."""
+    return 0.0
 
 
 # --- question 1 ----------------------------------------------------------------------------------------
@@ -167,7 +168,7 @@ def _score_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
 def _prune_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
     return [*_common(ctx, "prune", ctx.prune_data), "--heldout", ctx.heldout, *_short(ctx, lv["n"]),
             "--heldout-limit", str(lv["heldout"]), "--method", "taylor", "--fraction", str(lv["fraction"]),
-            "--step", str(lv["step"]), "--recover", str(lv["recover"]), "--batch-size", "8", "--save-model"]
+            "--step", str(lv["step"]), "--recover-steps", str(lv["recover"]), "--batch-size", "8", "--save-model"]
 
 
 def _prune_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
@@ -194,8 +195,8 @@ def _gqa_target(f: Family) -> int:
 
 
 def _conversion_args(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    return ["--data", ctx.prune_data, "--heldout", ctx.heldout, "--data-limit", str(lv["n"]), "--heldout-limit",
-            str(lv["heldout"]), "--max-length", str(MAX_LENGTH), "--uptrain", str(lv["uptrain"])]
+    return ["--data", ctx.prune_data, "--heldout", ctx.heldout, "--limit", str(lv["n"]), "--heldout-limit",
+            str(lv["heldout"]), "--max-length", str(MAX_LENGTH), "--steps", str(lv["uptrain"])]
 
 
 def _gqa_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
@@ -211,8 +212,9 @@ def _gqa_refusal(f: Family) -> str | None:
 
 
 def _conversion_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
-    # perplexity before, after and uptrained (3 x heldout), KL passes, uptraining steps of batches of 8
-    return (2 * _load(p) + 4 * lv["heldout"] * p.fwd_s + lv["uptrain"] * 8 * p.train_s * 2
+    # a copy of the model to convert (about a load), perplexity before, after and uptrained (3 x heldout), KL
+    # passes, uptraining steps of batches of 8
+    return (p.load_s + 4 * lv["heldout"] * p.fwd_s + lv["uptrain"] * 8 * p.train_s * 2
             + lv["n"] * p.fwd_s + p.cpu_s * 4)
 
 
@@ -241,9 +243,27 @@ def _mla_refusal(f: Family) -> str | None:
 
 def _kvcache_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
     argv = ["kvcache", ctx.model, "--keep-full", "25%", "--context", str(lv["context"]), "--window",
-            str(lv["window"]), "--passages", str(lv["passages"]), "--needles", str(lv["needles"]),
-            "--score-haystacks", str(lv["haystacks"])]
+            str(lv["window"]), "--limit", str(lv["passages"]), "--needles", str(lv["needles"])]
+    roles = Path(ctx.out) / "roles.csv"
+    if _holds_column(roles, "retrieval_score"):  # the roles stage measured them (--long): not again here
+        argv += ["--scores", str(roles)]
+    else:
+        argv += ["--haystacks", str(lv["haystacks"])]
     return argv + (["--device", ctx.device] if ctx.device else [])
+
+
+def _holds_column(csv: Path, column: str) -> bool:
+    """Whether `csv` exists and its header names `column` with a value in some row."""
+    try:
+        with open(csv, encoding="utf-8") as f:
+            header = f.readline().rstrip("\n").split(",")
+            rows = [line.rstrip("\n").split(",") for line in f]
+    except OSError:
+        return False
+    if column not in header:
+        return False
+    k = header.index(column)
+    return any(len(r) > k and r[k] not in ("", "nan") for r in rows)
 
 
 def _kvcache_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from ..commands._common import check_common
+from ..commands._common import check_options
+from ..models.adapter import HeadModel
 
 __all__ = ["command_line", "parse_verb", "run_verb"]
 
@@ -28,18 +29,21 @@ def parse_verb(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="headscope", exit_on_error=False)
     module.register(parser.add_subparsers(dest="verb"))
     args = parser.parse_args(argv)
-    check_common(args)
+    check_options(args)
     return args
 
 
-def run_verb(argv: list[str], log: Path) -> int:
-    """Run the verb `argv` names with its output into `log`; its return code (errors raise as from the CLI)."""
+def run_verb(argv: list[str], log: Path, model: HeadModel | None = None) -> int:
+    """Run the verb `argv` names with its output into `log`; its return code (errors raise as from the CLI).
+
+    `model`: the study's loaded model, which the verb uses instead of loading its own (argv names the same
+    model, so the logged command line still reproduces the stage on its own)."""
     args = parse_verb(argv)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f), \
             _logging_to(f):
         print("$ " + command_line(argv), flush=True)
-        return int(args.func(args) or 0)
+        return int(args.func(args, model) or 0)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,53 +23,21 @@ import pandas as pd
 from ..errors import HeadscopeError
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
+from ..options import Result
 from ..table import head_name, parse_head
 from .attention import SMALL_MAX, all_heads, check_head, encode, one_head
 from .heads import heads_table
+from .options import DEFAULT_MAX_TOKENS, ViewOptions
 from .page import EXAMPLES, model_info, page
 
 __all__ = ["DEFAULT_MAX_TOKENS", "EXAMPLES", "View", "ViewOptions", "view"]
 
-DEFAULT_MAX_TOKENS = 512
-MAX_TOKENS_CAP = 8192  # one head's map at this length is 8192^2 floats (256 MiB): the most the view will hold
-
-
-@dataclass(frozen=True)
-class ViewOptions:
-    """What the view shows and reads: the first heads drawn, the evidence folders and the token limit."""
-
-    heads: tuple[str, ...] = field(default=(), metadata={
-        "help": "heads drawn first, at most two side by side, written L3H7 (default: head 0 of the first layer "
-                "with heads)"})
-    from_dirs: tuple[str, ...] = field(default=(), metadata={
-        "help": "folders holding analyze, roles, score, kvcache or patch outputs, or a study folder"})
-    max_tokens: int = field(default=DEFAULT_MAX_TOKENS, metadata={
-        "help": f"longest text in tokens (default {DEFAULT_MAX_TOKENS}); longer texts are refused with this limit"})
-
-    def validate(self) -> ViewOptions:
-        """Refuse options that cannot work, in the view's words; returns self."""
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or \
-                not 1 <= self.max_tokens <= MAX_TOKENS_CAP:
-            raise HeadscopeError(f"--max-tokens must be a whole number from 1 to {MAX_TOKENS_CAP}; got "
-                                 f"{self.max_tokens!r}")
-        if len(self.heads) > 2:
-            raise HeadscopeError(f"the view draws one or two heads side by side; got {len(self.heads)}: "
-                                 f"{', '.join(self.heads)}")
-        for h in self.heads:
-            parse_head(h)
-        for d in self.from_dirs:
-            p = Path(d)
-            if p.is_file():
-                raise HeadscopeError(f"--from {str(p)!r} is a file; --from takes the folder holding a verb's "
-                                     f"outputs: give --from {str(p.parent)!r}")
-            if not p.is_dir():
-                raise HeadscopeError(f"--from {str(p)!r} does not exist; give a folder holding other verbs' outputs")
-        return self
-
 
 @dataclass
-class View:
+class View(Result):
     """One text's attention as the model computes it, with the heads table: shown inline by notebooks."""
+
+    files = ("view.html",)
 
     info: dict[str, Any]
     text: str
@@ -116,11 +84,9 @@ class View:
         return (f'<iframe srcdoc="{html.escape(self.html(), quote=True)}" style="width:100%;height:900px;'
                 f'border:1px solid #ddd" title="headscope view"></iframe>')
 
-    def save(self, out: Path) -> list[Path]:
-        """Write view.html into folder `out` (atomically); returns the path written."""
-        path = Path(out) / "view.html"
-        atomic_write_text(path, self.html())
-        return [path]
+    def write(self, folder: Path) -> None:
+        """view.html: the page with this text's maps (`save(out)` stages it beside `out`, then moves it in)."""
+        atomic_write_text(Path(folder) / "view.html", self.html())
 
     def lines(self) -> list[str]:
         """What the CLI prints about this view."""

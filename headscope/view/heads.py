@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,31 +26,57 @@ from ..artifacts import (
     ROLES_JSON,
     artifact,
 )
+from ..capacity.options import KvcacheOptions
 from ..errors import HeadscopeError
+from ..learned.options import AnalyzeOptions, RolesOptions
 from ..models.adapter import HeadModel
+from ..options import Options, spec_of
 from ..provenance import check_made_for, recorded_for
+from ..redundancy.options import ScoreOptions
 from ..report.sources import Sources, Table, clean, read_heads
 
 __all__ = ["command_of", "heads_table"]
 
-# Options a provenance record keeps that are not the user's choice of what to compute.
+# The Options class of each verb whose files the view reads: a provenance record keeps option values by field
+# name, and the command line spells them as that class's flags; values equal to their defaults are left out.
+_VERB_OPTIONS: dict[str, type[Options]] = {"analyze": AnalyzeOptions, "roles": RolesOptions, "score": ScoreOptions,
+                                           "kvcache": KvcacheOptions}
 _SKIP_OPTIONS = ("model", "from_command_line")
 
 
+def _defaults(cls: type[Options] | None) -> dict[str, Any]:
+    if cls is None:
+        return {}
+    out = {}
+    for f in fields(cls):
+        if f.default is not MISSING:
+            out[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
+    return out
+
+
 def command_of(rec: Mapping[str, Any] | None) -> str | None:
-    """The command line a provenance record describes (verb, model, every option it recorded), or None."""
+    """The command line a provenance record describes (verb, model, every option not at its default), or None."""
     if not rec or not rec.get("verb"):
         return None
     model = rec.get("model") or {}
-    parts = ["headscope", *str(rec["verb"]).split(), str(model.get("source") or model.get("name") or "MODEL")]
+    verb = str(rec["verb"])
+    cls = _VERB_OPTIONS.get(verb.split()[0])
+    flags, defaults = (cls.flags() if cls is not None else {}), _defaults(cls)
+    repeated = {f.name for f in fields(cls) if (spec := spec_of(f)) is not None and spec.append} if cls else set()
+    parts = ["headscope", *verb.split(), str(model.get("source") or model.get("name") or "MODEL")]
     for k, v in sorted((rec.get("options") or {}).items()):
-        if k in _SKIP_OPTIONS or v is None or v is False or v == []:
+        if k in _SKIP_OPTIONS or v is None or v is False or v == [] or (k in defaults and defaults[k] == v):
             continue
-        flag = "--" + k.replace("_", "-")
+        flag = flags.get(k) or "--" + k.replace("_", "-")
         if v is True:
             parts.append(flag)
+        elif isinstance(v, list) and (k in repeated or cls is None):
+            for item in v:  # a repeatable option: --from A --from B
+                parts += [flag, str(item)]
+        elif isinstance(v, list):  # a list given as one comma-separated value: --method a,b
+            parts += [flag, ",".join(map(str, v))]
         else:
-            parts += [flag, *(map(str, v) if isinstance(v, list) else [str(v)])]
+            parts += [flag, str(v)]
     return " ".join(shlex.quote(p) for p in parts)
 
 

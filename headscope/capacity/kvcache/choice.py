@@ -146,7 +146,8 @@ def read_scores_file(path: str | Path, column: str) -> ScoresFile:
     or a file without `layer`, `head` and the column; `scores_matrix` then fits it to a model."""
     p = Path(path)
     if not p.is_file():
-        raise HeadscopeError(f"--from {str(path)!r} is not a file; give a heads.csv or roles.csv written by headscope")
+        raise HeadscopeError(f"--scores {str(path)!r} is not a file; give a heads.csv or roles.csv written by "
+                             f"headscope")
     if not _COLUMN.match(column):
         raise HeadscopeError(f"--by {column!r} is not a column name; give e.g. retrieval_score or -streaming_share")
     name = column[1:] if column.startswith("-") else column
@@ -156,7 +157,7 @@ def read_scores_file(path: str | Path, column: str) -> ScoresFile:
             fields = list(reader.fieldnames or [])
             rows = tuple(reader)
     except UnicodeDecodeError:
-        raise HeadscopeError(f"--from {str(path)!r} is not UTF-8 text; give a CSV written by headscope") from None
+        raise HeadscopeError(f"--scores {str(path)!r} is not UTF-8 text; give a CSV written by headscope") from None
     missing = [c for c in ("layer", "head", name) if c not in fields]
     if missing:
         raise HeadscopeError(f"{p} has no column {missing[0]!r}{did_you_mean(missing[0], fields)}; its columns: "

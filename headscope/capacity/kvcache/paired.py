@@ -5,7 +5,7 @@ perplexities are compared passage by passage: the difference exp(sum nll_chosen 
 (n: the predictions, the same for both) is a statistic of per-passage sums, and resampling the passages
 (headscope.uncertainty, BCa) gives its interval. Below 0 = the chosen heads predict better. With the default
 two passages the interval is wide by construction (the expanded bootstrap's t quantile has one degree of
-freedom): raise --passages for a verdict. Needle counts get the exact (Clopper-Pearson) interval.
+freedom): raise --limit for a verdict. Needle counts get the exact (Clopper-Pearson) interval.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def perplexity_difference(chosen: dict[str, Any], control: dict[str, Any],
 def verdict(value: float, lo: float, hi: float, passages: int) -> str:
     """One line: whether the chosen heads beat the random ones beyond noise."""
     if not (np.isfinite(lo) and np.isfinite(hi)):
-        return f"no interval from {passages} passage(s): give --passages 2 or more"
+        return f"no interval from {passages} passage(s): give --limit 2 or more"
     if hi < 0:
         return f"the chosen heads beat random heads beyond noise (perplexity {value:+.3f} [{lo:+.3f}, {hi:+.3f}])"
     if lo > 0:
         return f"random heads beat the chosen ones beyond noise (perplexity {value:+.3f} [{lo:+.3f}, {hi:+.3f}])"
     return (f"not distinguishable from random heads at {passages} passages (perplexity {value:+.3f} "
-            f"[{lo:+.3f}, {hi:+.3f}] holds 0); raise --passages")
+            f"[{lo:+.3f}, {hi:+.3f}] holds 0); raise --limit")
 
 
 def needle_interval(answers: list[dict[str, Any]], level: float = 0.95) -> tuple[float, float]:

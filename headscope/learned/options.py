@@ -1,0 +1,105 @@
+"""The options of question 1's verbs: analyze, roles, similar."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..io import check_writable_file
+from ..options import (
+    DataOptions,
+    IntervalOptions,
+    ModelOptions,
+    OptionError,
+    OutputOptions,
+    StableOptions,
+    WorkerOptions,
+    option,
+)
+from ..options.spec import memory_problem
+
+LONG = "long-range roles (docs/long_context.md)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyzeOptions(ModelOptions, DataOptions, IntervalOptions, OutputOptions, WorkerOptions):
+    """`headscope analyze`: per-head attention statistics."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolesOptions(ModelOptions, DataOptions, StableOptions, OutputOptions, WorkerOptions):
+    """`headscope roles`: the role census."""
+
+    treebank: str | None = option(None, "treebank for syntactic roles (Clark et al. 2019): ewt-test (built in: UD "
+                                        "English-EWT test split) or a CoNLL-U file", reads=True)
+    coref: str | None = option(None, "coreference data: gum-test (built in: UD English-GUM test split) or a CoNLL-U "
+                                     "file with CorefUD Entity= annotations", reads=True)
+    long: int | None = option(None, "also score retrieval (needle copy, Wu et al. 2024), streaming (sink + recent "
+                                    "share), echo and induction at long range on sequences of N tokens (at most the "
+                                    "model's positions)", metavar="N", group=LONG)
+    long_data: str = option("gum-long", "long text for the streaming/echo/induction windows: gum-long, ptb-long "
+                                        "(default gum-long) or a file; passages longer than N are cut into windows, "
+                                        "never truncated", reads=True, group=LONG)
+    long_windows: int = option(2, "windows of long text to score (default 2)", group=LONG)
+    stride: int | None = option(None, "tokens between the starts of a long passage's windows (default N: side by "
+                                      "side); each position's query is counted in one window only",
+                                group=LONG)
+    haystacks: int = option(4, "needle-in-a-haystack sequences for the retrieval score (default 4; depths 0.1, 0.35, "
+                               "0.6, 0.85 in turn)", most="haystacks", group=LONG)
+    block: int = option(128, "queries per block of the statistics kernel (default 128; memory ~ block x N per head)",
+                        group=LONG)
+    export_card: str | None = option(None, "write per-head scores for KV-compression code; needs --long. "
+                                           "--card-format retrieval-head: a file {\"layer-head\": [scores]} (Retrieval "
+                                           "Head / HeadKV); duo: a directory (DuoAttention, kvpress "
+                                           "DuoAttentionPress)", metavar="FILE", whole=True, group=LONG)
+    card_format: str = option("retrieval-head", "retrieval-head (default) or duo: full_attention_heads.tsv [layers, "
+                                                "KV heads] in [0, 1] (a KV head scores its best query head's "
+                                                "--card-score, min-max scaled) and config.json (sink_size 4, "
+                                                "recent_size 256: kvcache's defaults)",
+                              choices=("retrieval-head", "duo"), group=LONG)
+    card_score: str = option("retrieval", "score the card holds (default retrieval: one value per answered "
+                                          "haystack)", choices=("retrieval", "streaming", "echo", "induction"),
+                             group=LONG)
+
+    def check(self) -> None:
+        super().check()
+        if self.long is not None and self.long > 0:  # each haystack is held as token ids (a Python int each)
+            problem = memory_problem(self.haystacks, 40 * self.long, f"haystacks of {self.long:,} tokens held as "
+                                                                     f"token ids")
+            if problem:
+                raise OptionError("haystacks", problem)
+
+    def check_paths(self) -> None:
+        super().check_paths()
+        check_card_path(self.export_card)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimilarOptions(ModelOptions, DataOptions, IntervalOptions, OutputOptions):
+    """`headscope similar`: head-to-head similarity and near-duplicate clusters."""
+
+    top: int = option(20, "pairs to print (default 20); these get js's interval over passages (js_lo, js_hi)",
+                      at_least=0)
+    js_max_tokens: int | None = option(None, "average JS over at most N query tokens, a seeded random sample (for "
+                                             "big models; default: every query)", at_least=1)
+    js_max: float = option(0.05, "near-duplicate: every pair in a cluster has js <= this (default 0.05)")
+    cka_min: float = option(0.8, "near-duplicate: every pair in a cluster has cka >= this (default 0.8)")
+    cka: str = option("minibatch", "CKA estimator: minibatch unbiased HSIC (Nguyen et al. 2021; memory heads x "
+                                   "batch^2, the default) or exact (the full-data CKA of the (heads x d_head)^2 "
+                                   "cross-covariance, computed in blocks of at most --cka-memory with the head "
+                                   "outputs spilled to the temporary folder, TMPDIR: heads x d_head x 4 bytes a "
+                                   "token)", choices=("minibatch", "exact"))
+    cka_batch: int = option(256, "tokens per CKA minibatch (default 256, at least 8)")
+    cka_pool: int = option(2048, "tokens pooled before minibatches are drawn at random from them, mixing passages "
+                                 "(default 2048; memory pool x heads x d_head)")
+    cka_memory: int = option(192, "with --cka exact: MiB of the cross-covariance held at once (default 192); less "
+                                  "memory means more reads of the spilled outputs", metavar="MiB", most="memory_mib")
+
+
+def check_card_path(path: str | None) -> None:
+    """An --export-card target: a file whose folder is writable (an existing folder: the duo format's)."""
+    if path is not None and not Path(path).is_dir():
+        check_writable_file(path, "--export-card")
+
+
+__all__ = ["AnalyzeOptions", "OptionError", "RolesOptions", "SimilarOptions", "check_card_path"]

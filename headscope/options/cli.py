@@ -1,0 +1,101 @@
+"""A verb's argparse parser, built from its Options dataclass: one flag per field, the field's doc as help.
+
+Old spellings of renamed flags (`Spec.old`) still parse for one release, hidden from --help, and print a
+one-line note naming the new flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+import typing
+from dataclasses import MISSING, fields
+from typing import Any
+
+from .base import Options
+from .spec import Spec, flag_of, spec_of
+
+
+class _OldSpelling(argparse.Action):
+    """A renamed flag's old spelling: stores into the new field and says the new name once."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any):
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"headscope: note: {option_string} is now {self.new} (the old spelling works until the next release)",
+              file=sys.stderr)
+        if self.nargs == 0:
+            values = True
+        elif isinstance(self.default, list) or getattr(self, "append", False):
+            values = [*(getattr(namespace, self.dest, None) or []), values]
+        setattr(namespace, self.dest, values)
+
+
+def _value_type(annotation: Any) -> Any:
+    """int for `int | None`, str for `str`, ...: the type argparse converts a flag's text to."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _value_type(args[0]) if len(args) == 1 else str
+    if typing.get_origin(annotation) is tuple:
+        return _value_type(typing.get_args(annotation)[0])
+    return annotation if annotation in (int, float, str, bool) else str
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type[Options]) -> None:
+    """Add one argument per command-line field of `cls` to `parser` (grouped by `Spec.group`)."""
+    hints = typing.get_type_hints(cls)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in fields(cls):
+        spec = spec_of(f)
+        if spec is None:
+            continue
+        default = f.default if f.default is not MISSING else None
+        where: Any = parser
+        if spec.group:
+            where = groups.setdefault(spec.group, parser.add_argument_group(spec.group))
+        kind = _value_type(hints[f.name])
+        _add(where, f.name, spec, kind, default)
+
+
+def _add(where: Any, name: str, spec: Spec, kind: Any, default: Any) -> None:
+    flag = flag_of(name, spec)
+    kw: dict[str, Any] = {"help": spec.help.replace("%", "%%")}
+    if kind is bool:
+        kw["action"] = "store_true"
+    else:
+        kw["type"] = spec.parse or kind
+        if spec.metavar:
+            kw["metavar"] = spec.metavar
+        if spec.choices is not None:
+            kw["choices"] = spec.choices
+        if spec.append:
+            kw["action"] = "append"
+    if spec.positional:
+        where.add_argument(name, nargs=None if spec.required else "?", default=default, **kw)
+        return
+    # A required flag with old spellings is demanded by validate(): argparse would not count the old one.
+    required = spec.required and not spec.old
+    where.add_argument(flag, dest=name, default=None if spec.append else default, required=required, **kw)
+    for old in spec.old:
+        old_kw: dict[str, Any] = {"help": argparse.SUPPRESS, "default": argparse.SUPPRESS}
+        if kind is bool:
+            old_kw["nargs"] = 0
+        else:
+            old_kw["type"] = spec.parse or kind
+            if spec.choices is not None:
+                old_kw["choices"] = spec.choices
+        action = _OldSpelling
+        where.add_argument(old, dest=name, action=action, new=flag, **old_kw)
+
+
+def verb_parser(sub: argparse._SubParsersAction, name: str, cls: type[Options], help: str,
+                description: str | None = None, epilog: str | None = None) -> argparse.ArgumentParser:
+    """The verb's subparser with every option of `cls`; `options_class` set for the CLI's checks."""
+    p = sub.add_parser(name, help=help, description=description or help, epilog=epilog)
+    add_options(p, cls)
+    p.set_defaults(options_class=cls)
+    return p

@@ -1,0 +1,138 @@
+"""One option: its default, its one-line doc, and how it looks on the command line (`option(...)`).
+
+An option is a dataclass field whose metadata holds a `Spec`. The CLI builds each verb's parser from these
+fields (`options.cli`), so a flag and its Python keyword are one name with one doc, and the bounds stated
+here are checked the same way for both (`check_bounds`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
+
+from ..data.limits import STEPS_MAX, STEPS_WHY, WORK, check_fits_memory
+from ..errors import HeadscopeError
+
+
+class OptionError(HeadscopeError):
+    """A bad option value: `name` is the Python keyword, `problem` says what is wrong and what would work.
+
+    The library's message names the keyword (`limit must be at least 1; got 0`); the CLI prints the same
+    problem under the flag (`--limit must be at least 1; got 0`).
+    """
+
+    def __init__(self, name: str, problem: str):
+        self.name, self.problem = name, problem
+        super().__init__(f"{name} {problem}")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How an option appears on the command line and which values it accepts."""
+
+    help: str
+    flag: str | None = None  # default: --field-name
+    positional: bool = False
+    required: bool = False  # no default a run can use: the CLI demands it, validate() refuses None
+    metavar: str | None = None
+    choices: tuple[Any, ...] | None = None
+    parse: Callable[[str], Any] | None = None  # the CLI's text -> value (argparse's type=)
+    append: bool = False  # repeatable (`--from A --from B`): a tuple of values
+    at_least: float | None = None
+    above: float | None = None  # exclusive lower bound
+    at_most: float | None = None
+    below: float | None = None  # exclusive upper bound
+    most: str | None = None  # an upper bound by kind (`data.limits`): "steps", "threads", "memory_mib" or a WORK key
+    reads: bool = False  # a file or folder the verb reads: it must not lie where the verb writes
+    whole: bool = False  # a file or folder the verb writes whole (a card, a GGUF file, an offload folder)
+    old: tuple[str, ...] = ()  # old spellings: still read for one release, hidden from --help
+    group: str | None = None  # the --help section
+
+
+def option(default: Any, help: str, **spec: Any) -> Any:
+    """A dataclass field that is also a command-line option (see `Spec` for the keywords)."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("option defaults must be immutable: use a tuple")
+    return field(default=default, metadata={"spec": Spec(help, **spec)})
+
+
+def spec_of(f: Field[Any]) -> Spec | None:
+    """The field's `Spec`, or None for a field that is no command-line option."""
+    spec = f.metadata.get("spec")
+    return spec if isinstance(spec, Spec) else None
+
+
+def flag_of(name: str, spec: Spec) -> str:
+    """The flag as a user types it: `--max-length` for `max_length` (positionals by their name)."""
+    if spec.positional:
+        return name.upper()
+    return spec.flag or "--" + name.replace("_", "-")
+
+
+def _number_text(v: float) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def bound_problem(value: Any, spec: Spec) -> str | None:
+    """What is wrong with `value` against the bounds and choices of `spec`, or None."""
+    if value is None or isinstance(value, bool):
+        return None
+    if spec.choices is not None and value not in spec.choices:
+        return f"must be one of {', '.join(map(str, spec.choices))}; got {value!r}"
+    if not isinstance(value, (int, float)):
+        return None
+    if spec.above == 0 and spec.at_least is None and not value > 0:  # NaN included
+        return f"must be a positive number like 1e-3; got {value}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number; got {value}"
+    if spec.above is not None and not value > spec.above:
+        return f"must be above {_number_text(spec.above)}; got {value}"
+    if spec.at_least == 0 and not value >= 0:
+        return f"must be 0 or more; got {value}"
+    if spec.at_least is not None and not value >= spec.at_least:
+        return f"must be at least {_number_text(spec.at_least)}; got {value}"
+    if spec.at_most is not None and not value <= spec.at_most:
+        return f"must be at most {_number_text(spec.at_most)}; got {value}"
+    if spec.below is not None and not value < spec.below:
+        return f"must be below {_number_text(spec.below)}; got {value}"
+    return most_problem(spec.most, value) if spec.most is not None else None
+
+
+def most_problem(kind: str, value: int | float) -> str | None:
+    """What is wrong with `value` against the upper bound of `kind` (`data.limits`), or None."""
+    if kind == "memory_mib":
+        return memory_problem(value, 2**20, "the memory it may take (MiB)", share=0.9)
+    if kind == "steps":
+        most, why = STEPS_MAX, STEPS_WHY
+    elif kind == "threads":
+        most, why = os.cpu_count() or 1, "the CPUs this machine has: more threads only wait on each other"
+    else:
+        most, why = WORK[kind]
+    return f"must be at most {most:,}; got {value:,} ({why})" if value > most else None
+
+
+def memory_problem(value: int | float, bytes_each: float, what: str, share: float = 0.5) -> str | None:
+    """`value` times `bytes_each` against `share` of the memory available now: the problem, or None."""
+    try:
+        check_fits_memory("", int(value), bytes_each, what, share=share)
+    except HeadscopeError as e:
+        return str(e).strip().replace("give  ", "give ")  # the message without its (empty) option name
+    return None
+
+
+def check_bounds(options: Any) -> None:
+    """Refuse the first field of `options` whose value breaks its stated bounds or choices."""
+    for f in fields(options):
+        spec = spec_of(f)
+        if spec is None:
+            continue
+        values = getattr(options, f.name)
+        if spec.required and values is None:
+            raise OptionError(f.name, "is required")
+        for value in values if spec.append and values else (values,):
+            problem = bound_problem(value, spec)
+            if problem:
+                raise OptionError(f.name, problem)

@@ -1,0 +1,134 @@
+"""The options of question 3's verbs: score, prune, tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import HeadscopeError, did_you_mean
+from ..eval.metrics import METRICS
+from ..options import (
+    DataOptions,
+    HeldoutOptions,
+    ModelOptions,
+    OutputOptions,
+    SeedOptions,
+    StableOptions,
+    WorkerOptions,
+    option,
+)
+from ..options.parse import share
+from .importance import check_method, parse_methods
+from .importance.hard_concrete import BETA
+from .importance.l0 import L0Settings, check_l0
+
+L0 = "L0 gates (--method l0)"
+DEFAULT_METHODS = ("gradient", "ablation")
+UNIT_CHOICES = ("head", "slice", "group", "attention", "block", "ffn", "mix")
+
+
+@dataclass(frozen=True, kw_only=True)
+class L0Options(DataOptions):
+    """The settings of `--method l0` (hard-concrete head gates) that score and prune share."""
+
+    l0_steps: int = option(200, "gate training steps (default 200)", most="steps", group=L0)
+    l0_lr: float = option(0.1, "Adam learning rate of the gates' log-alpha (default 0.1)", group=L0)
+    l0_temperature: float = option(BETA, f"hard-concrete temperature beta (default {BETA:.3g}, as Louizos et al.)",
+                                   group=L0)
+    l0_penalty: float | None = option(None, "penalty weight on the expected share of open gates (instead of a "
+                                            "target)", group=L0)
+    l0_target: float | None = option(None, "share of heads the gates are trained to close, in [0, 1) (score: "
+                                           "default 0.5 unless --l0-penalty; prune: default --fraction)", group=L0)
+
+    def l0_settings(self, default_target: float | None = None) -> L0Settings:
+        """The L0 gate settings these options give (checked: a bad value is refused even when l0 is not run)."""
+        given = self.l0_target is not None or self.l0_penalty is not None
+        target = self.l0_target if given else default_target
+        check_l0(self.l0_steps, self.l0_lr, self.l0_temperature, self.l0_penalty, target)
+        return L0Settings(steps=self.l0_steps, lr=self.l0_lr, temperature=self.l0_temperature,
+                          penalty=self.l0_penalty, target=target)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreOptions(ModelOptions, L0Options, StableOptions, OutputOptions, WorkerOptions):
+    """`headscope score`: head (or unit) importance by one or more criteria."""
+
+    unit: str = option("head", "what to score: head (default), attention = whole attention sub-layers, block = whole "
+                               "layers, ffn = FFN neurons; units beyond heads write unit_importance.csv/.json",
+                       choices=("head", "attention", "block", "ffn"))
+    methods: tuple[str, ...] | None = option(None, "comma-separated criteria (see the description), or all "
+                                                   "(default: gradient,ablation)", flag="--method",
+                                             parse=lambda text: tuple(m.strip() for m in text.split(",")))
+    metric: str = option("auto", "auto (lm_loss for causal LMs, accuracy for classifiers on labelled jsonl, else "
+                                 "fidelity), or a metric's name")
+    ig_steps: int = option(16, "integrated-gradients steps (default 16)", at_least=1, most="ig_steps")
+    pruned: str | None = option(None, "heads already pruned (gate 0; scored NaN), e.g. L0H3,L5H1")
+
+    def check(self) -> None:
+        super().check()
+        if self.unit != "head":
+            for m in self.methods or ():
+                if m != "all":
+                    check_method(self.unit, m)
+            if self.metric != "auto":
+                METRICS.get(self.metric)
+            if self.pruned:
+                raise HeadscopeError("--pruned applies to heads; with --unit score the whole model")
+            return
+        parse_methods(",".join(self.methods or DEFAULT_METHODS))  # an unknown method: did you mean
+        if self.metric != "auto" and self.metric not in METRICS:
+            raise HeadscopeError(f"unknown metric {self.metric!r}{did_you_mean(self.metric, METRICS)}; "
+                                 f"choose auto or one of {', '.join(METRICS)}")
+        self.l0_settings(0.5)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, OutputOptions):
+    """`headscope prune`: the pruning curve, with recovery, and the smaller model."""
+
+    fraction: float | None = option(None, "share of heads to remove, in [0, 1), e.g. 0.4 or 40%", parse=share)
+    target_drop: float | None = option(None, "stop once the metric drops by more than this, e.g. 1% (for LMs: "
+                                             "perplexity increase); with --fraction too, the fraction is the cap",
+                                       parse=share)
+    method: str | None = option(None, "importance criterion (see `headscope score --help`; default: gradient). With "
+                                      "--unit attention/block/ffn/mix the unit's own criteria (defaults: attention: "
+                                      "ablation, block: block_influence, ffn: taylor, mix: ablation+taylor)")
+    metric: str = option("auto", "auto or a metric's name")
+    step: float = option(0.05, "share of heads removed per step (default 5%)", parse=share)
+    unit: str | None = option(None, "what goes at once: head (MHA), slice = one query head of every KV group, group = "
+                                    "a whole KV group (default: head for MHA, slice for GQA); or beyond heads: "
+                                    "attention = a whole attention sub-layer, block = a whole layer, ffn = FFN "
+                                    "neurons, mix = attention sub-layers and FFN neurons; these write "
+                                    "unit_curve.csv/.png and units.json, with --fraction and --step as shares of all "
+                                    "parameters", choices=UNIT_CHOICES)
+    latency: bool = option(False, "with --unit attention/block/ffn/mix: prune each point physically and time a "
+                                  "forward pass against the original's (in turn, 5 repeats, median ratio) beside the "
+                                  "FLOP-ideal speedup")
+    uniform: bool = option(False, "head units: every point removes the same units from every layer (its least "
+                                  "important ones), so every layer keeps the same number of query heads (per KV "
+                                  "group with --unit slice, whole KV groups alike with --unit group) and "
+                                  "--save-model writes an ordinary config that plain transformers loads; --fraction "
+                                  "is rounded down to whole rounds")
+    recover_steps: int = option(0, "fine-tuning steps between pruning steps (default 0: no recovery)", metavar="N",
+                                at_least=0, most="steps", old=("--recover",))
+    recover_lr: float = option(5e-05, "recovery learning rate (default 5e-5)", above=0)
+    wordsim: bool = option(False, "also record wordsim353 and simlex999 Spearman at each point (encoders)")
+    wordsim_recovered: bool = option(False, "with --wordsim and --recover-steps, also measure them on the recovered "
+                                            "model (slower)")
+    save_model: bool = option(False, "write the physically pruned model (at --fraction, or the largest fraction "
+                                     "within --target-drop) to OUT/model")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TasksOptions(ModelOptions, SeedOptions, OutputOptions):
+    """`headscope tasks`: head importance under several tasks and their rank correlation."""
+
+    tasks: str = option("fidelity,wordsim,syntax", "comma-separated, at least two of lm_ptb, lm_gum, fidelity, "
+                                                   "wordsim, syntax, classification, retrieval; a task's own data "
+                                                   "after '=', e.g. classification=labels.jsonl (default: the "
+                                                   "built-in polarity sentences), lm_ptb=ptb-test, retrieval=4096 "
+                                                   "(the context length) (default: fidelity,wordsim,syntax)")
+    method: str = option("taylor", "criterion for the metric tasks (lm_*, fidelity, classification) (default taylor)")
+    limit: int = option(64, "passages (sentences) per task (default 64; classification through a probe: passages "
+                            "scored, the probe is fitted on its whole half)", at_least=1)
+    max_length: int = option(64, "tokens per passage (default 64)", at_least=1)
+    batch_size: int = option(16, "passages per forward pass (default 16)", at_least=1)

@@ -1,0 +1,196 @@
+"""Question 3's verbs as library functions: each takes a loaded model, the data and its Options, writes
+nothing, and returns a result the CLI saves and prints (`headscope.options.Result`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..artifacts import (
+    IMPORTANCE_CSV,
+    IMPORTANCE_JSON,
+    RANK_CORRELATION_CSV,
+    UNIT_IMPORTANCE_CSV,
+    UNIT_IMPORTANCE_JSON,
+    write_csv,
+)
+from ..errors import HeadscopeError
+from ..eval.evaluate import read_task_data
+from ..io import atomic_write_text
+from ..models.adapter import HeadModel
+from ..options import Result
+from ..provenance import provenance
+from ..table import HeadTable, grid, parse_head
+from .importance import CRITERIA, parse_methods, rank_correlations, score_units
+from .importance import score as score_table
+from .options import DEFAULT_METHODS, ScoreOptions
+
+
+def parse_pruned(text: str | None, n_layers: int, n_heads: int) -> torch.Tensor | None:
+    """A gate tensor with the listed heads at 0 (None when nothing is listed)."""
+    if not text:
+        return None
+    gates = torch.ones(n_layers, n_heads)
+    for item in text.split(","):
+        if item.strip():
+            layer, head = parse_head(item)
+            if not (0 <= layer < n_layers and 0 <= head < n_heads):
+                raise HeadscopeError(f"--pruned: head {item.strip()} does not exist; the model has "
+                                     f"L0..L{n_layers - 1} and H0..H{n_heads - 1}")
+            gates[layer, head] = 0
+    if not gates.any():  # nothing left to score: every importance would be NaN and every Spearman undefined
+        raise HeadscopeError(f"--pruned lists all {n_layers * n_heads} heads; leave at least one head unpruned "
+                             f"to score")
+    return gates
+
+
+@dataclass
+class ScoreResult(Result):
+    """Head importance by each criterion, with intervals: importance.csv/.json and rank_correlation.csv."""
+
+    table: HeadTable
+    correlations: pd.DataFrame
+    name: str
+    files = (IMPORTANCE_CSV.name, IMPORTANCE_JSON.name, RANK_CORRELATION_CSV.name)
+
+    def to_pandas(self) -> pd.DataFrame:
+        return self.table.to_pandas()
+
+    def write(self, folder: Path) -> None:
+        self.table.to_csv(folder / IMPORTANCE_CSV.name)
+        self.table.to_json(folder / IMPORTANCE_JSON.name)
+        atomic_write_text(folder / RANK_CORRELATION_CSV.name,
+                          self.correlations.to_csv(float_format="%.4f", lineterminator="\n"))
+
+    def lines(self) -> list[str]:
+        m = self.table.meta
+        extra = f" (perplexity {m['metric_details']['perplexity']:.2f})" if "perplexity" in m["metric_details"] else ""
+        out = [f"{self.name}: {m['n_layers']} layers x {m['n_heads']} heads, {m['passages']} passages, "
+               f"{m['tokens_seen']} tokens from {m['data']}; metric {m['metric']} = {m['metric_value']:.4f}{extra}"]
+        for method in m["methods"]:
+            out += [""] + self._method_lines(method)
+        out += ["", "Spearman rank correlation between criteria:", self.correlations.round(2).to_string()]
+        return out + self._uncertainty_lines()
+
+    def _method_lines(self, method: str) -> list[str]:
+        table, m = self.table, self.table.meta
+        col = f"importance_{method}"
+        about = CRITERIA.get(method).help
+        values, factor = _scaled(table[col])
+        shown = grid(table, col, about) if _fits(table[col]) else \
+            grid(table.with_columns({col: values}), col, f"{about}; shown x{factor:g}")
+        top = [t for t in table.top(col, 5) if t[2] == t[2]]
+        lo, hi = table[f"{col}_lo"], table[f"{col}_hi"]
+        if method in m.get("learned", {}):
+            r = m["learned"][method]
+            return [shown, "  top: " + ", ".join(f"L{l}H{h} {v:.4g}" for l, h, v in top)
+                    + f"  (learned in {r['steps_done']} steps, {r['closed_units']} of {r['units']} gates closed; "
+                      f"no interval: learned over all passages)"]
+        return [shown, "  top: " + ", ".join(f"L{l}H{h} {v:.4g} [{lo[l, h]:.3g}, {hi[l, h]:.3g}]" for l, h, v in top)]
+
+    def _uncertainty_lines(self) -> list[str]:
+        """Each ranking's split-half stability, the correlations' intervals, and what --until-stable reached."""
+        m = self.table.meta
+        iv = m["intervals"]
+        out = ["", f"uncertainty ({iv['level']:.0%} {iv['method']} bootstrap over {m['passages']} passages, "
+                   f"{iv['B']} resamples; intervals in importance.csv as importance_<method>_lo/_hi):"]
+        for method, st in m["stability"].items():
+            out.append(f"  {method:<14} split-half Spearman {st['spearman']:.2f}, {st['spearman_brown']:.2f} for all "
+                       f"passages (Spearman-Brown); {st['overlap']:.1f} of the {st['k']} least important heads "
+                       f"shared")
+        for c in m["rank_correlations"]:
+            out.append(f"  Spearman {c['a']} vs {c['b']}: {c['spearman']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]")
+        u = m.get("until_stable")
+        if u:
+            state = "reached" if u["reached"] else "NOT reached"
+            out.append(f"  --until-stable {u['target']}: {state} with {u['passages']} of the {u['available']} "
+                       f"passages available" + ("" if u["reached"] else "; raise --limit or give more data"))
+        return out
+
+
+@dataclass
+class UnitScoreResult(Result):
+    """Importance of units beyond heads (attention sub-layers, blocks, FFN neurons): unit_importance.csv/.json."""
+
+    unit: str
+    rows: list[dict[str, Any]]
+    meta: dict[str, Any]
+    name: str
+    files = (UNIT_IMPORTANCE_CSV.name, UNIT_IMPORTANCE_JSON.name)
+
+    def to_pandas(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+    def write(self, folder: Path) -> None:
+        write_csv(folder, UNIT_IMPORTANCE_CSV, self.rows)
+        atomic_write_text(folder / UNIT_IMPORTANCE_JSON.name, json.dumps(self.meta, indent=2, default=str) + "\n")
+
+    def lines(self) -> list[str]:
+        meta = self.meta
+        out = [f"{self.name}: {self.unit} importance on {meta['passages']} passages, metric {meta['metric']} = "
+               f"{meta['metric_value']:.4f}"]
+        for m in meta["methods"]:
+            col = f"importance_{m}"
+            if self.unit == "ffn":
+                per_layer: dict[int, list[float]] = {}
+                for r in self.rows:
+                    per_layer.setdefault(r["layer"], []).append(r[col])
+                out.append(f"  {m}: per-layer mean "
+                           + " ".join(f"L{l}:{sum(v) / len(v):.3g}" for l, v in per_layer.items()))
+            else:
+                order = sorted(self.rows, key=lambda r: r[col])
+                seconds = next(v for k, v in meta["seconds"].items() if m in k.split("+"))
+                out.append(f"  {m} ({seconds:.1f} s), least important first: "
+                           + " ".join(f"L{r['layer']}:{r[col]:.3g}" for r in order))
+        return out
+
+
+def score(hm: HeadModel, data: Any = None, options: ScoreOptions | None = None, *, progress: bool = False,
+          **changes: Any) -> ScoreResult | UnitScoreResult:
+    """`headscope score` on a loaded model: every head (or unit) scored by each criterion, with intervals.
+
+    `data`: passages, a TextSource, a labelled jsonl or a corpus name / file (read with `options.limit`).
+    Keywords override single options: `score(hm, texts, methods=("taylor",))`.
+    """
+    opts = (options or ScoreOptions()).replace(**changes).validate()
+    source = read_task_data(opts.data if data is None else data, opts.limit) if data is None or \
+        isinstance(data, (str, Path)) else data
+    prov = provenance("score", hm, source, opts.with_only())  # before scoring: the model as loaded
+    limit = opts.limit if isinstance(source, str) else None
+    if opts.unit != "head":
+        methods = None if opts.methods in (None, ("all",)) else [m for m in opts.methods if m]
+        rows, meta = score_units(hm, source, opts.unit, methods, metric=opts.metric, max_length=opts.max_length,
+                                 batch_size=opts.batch_size, seed=opts.seed, limit=limit, progress=progress)
+        return UnitScoreResult(unit=opts.unit, rows=rows, meta={**meta, "provenance": prov}, name=hm.name)
+    methods = parse_methods(",".join(opts.methods or DEFAULT_METHODS))
+    l0 = opts.l0_settings(0.5)
+    extra = {"l0": {"settings": l0}} if "l0" in methods else None
+    gates = parse_pruned(opts.pruned, hm.n_layers, hm.n_heads)
+    table = score_table(hm, source, methods, metric=opts.metric, gates=gates, max_length=opts.max_length,
+                        batch_size=opts.batch_size, ig_steps=opts.ig_steps, seed=opts.seed, limit=limit,
+                        intervals=opts.intervals(), until_stable=opts.until_stable, options=extra, progress=progress)
+    corr = rank_correlations(table)
+    return ScoreResult(table=table.with_columns(meta={"provenance": prov}), correlations=corr, name=hm.name)
+
+
+def _fits(values: np.ndarray) -> bool:
+    """Whether a column reads well with two decimals."""
+    v = np.abs(np.asarray(values, float))
+    v = v[np.isfinite(v)]
+    return v.size == 0 or 0.05 <= v.max() < 1000
+
+
+def _scaled(values: np.ndarray) -> tuple[np.ndarray, float]:
+    """The column times a power of ten that brings its largest magnitude into [1, 10)."""
+    v = np.abs(np.asarray(values, float))
+    v = v[np.isfinite(v)]
+    if v.size == 0 or v.max() == 0:
+        return np.asarray(values, float), 1.0
+    factor = 10.0 ** (-np.floor(np.log10(v.max())))
+    return np.asarray(values, float) * factor, float(factor)
