@@ -300,6 +300,9 @@ def test_notebook_view_is_self_contained(dirs, evidence, tmp_path):
     assert v.save(tmp_path) == [tmp_path / "view.html"] and (tmp_path / "view.html").read_text() == page
     assert v.lines()[0].endswith("showing L1H2, L0H3")
     assert headscope.view(hm, "the year").heads == ((0, 0),)  # default: head 0 of the first layer with heads
+    assert headscope.view(hm, "the year", heads=("L1H3",)).heads == ((1, 3),)  # a field changed by keyword
+    with pytest.raises(headscope.HeadscopeError, match="did you mean 'heads'"):
+        headscope.view(hm, "the year", head=("L1H3",))
     long = headscope.view(hm, unseen_text(60, seed=6), headscope.ViewOptions(heads=("L1H1",)))
     assert long.maps is None and list(long.attention) == ["L1H1"]
     with pytest.raises(headscope.HeadscopeError, match="L0H0 was not computed"):

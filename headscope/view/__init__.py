@@ -95,10 +95,11 @@ class View(Result):
         return [f"{self.info['name']}: {len(self.tokens)} tokens; maps of {held}; showing {shown}"]
 
 
-def view(hm: HeadModel, text: str, options: ViewOptions | None = None) -> View:
+def view(hm: HeadModel, text: str, options: ViewOptions | None = None, **changes: Any) -> View:
     """The live view's page for one text, for a notebook: every head's map (texts up to `SMALL_MAX` tokens) or
-    the chosen heads' alone, beside the evidence in `options.from_dirs`. Writes nothing."""
-    options = (options or ViewOptions()).validate()
+    the chosen heads' alone, beside the evidence in `options.from_dirs`; `changes` replace option fields
+    (`heads=("L1H4",)`). Writes nothing."""
+    options = (options or ViewOptions()).replace(**changes).validate()
     first = next((l for l in range(hm.n_layers) if hm.heads_in_layer(l)), 0)
     heads = tuple(parse_head(h) for h in options.heads) or ((first, 0),)
     for l, h in heads:
@@ -114,8 +115,8 @@ def view(hm: HeadModel, text: str, options: ViewOptions | None = None) -> View:
 class _CallableModule(types.ModuleType):
     """The package, callable as `view()` (see the module's docstring)."""
 
-    def __call__(self, hm: HeadModel, text: str, options: ViewOptions | None = None) -> View:
-        return view(hm, text, options)
+    def __call__(self, hm: HeadModel, text: str, options: ViewOptions | None = None, **changes: Any) -> View:
+        return view(hm, text, options, **changes)
 
 
 sys.modules[__name__].__class__ = _CallableModule
