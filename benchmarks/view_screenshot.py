@@ -36,7 +36,7 @@ def screenshot(base: str, out: Path, heads: tuple[str, str]) -> None:
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
                               args=["--headless", "--no-sandbox", "--disable-gpu"])
-        page = b.new_page(viewport={"width": 1500, "height": 1080})
+        page = b.new_page(viewport={"width": 1500, "height": 1350})
         page.goto(base + "/")
         page.wait_for_selector("body[data-ready='1']")
         page.fill("#text", SENTENCE)

@@ -270,7 +270,7 @@ def test_heads_table_refuses_another_models_files(dirs, evidence):
 
 
 def test_command_of_a_provenance_record():
-    rec = {"verb": "score", "model": {"name": "minilm", "source": "minilm"},
+    rec = {"verb": "score", "model": {"name": "minilm", "source": "builtin:minilm"},
            "options": {"methods": ["ablation", "taylor"], "limit": 8, "device": None, "unit": "head", "seed": 3,
                        "dtype": "float32", "data": "a b.txt"}}
     # flags as the verb spells them, values at their defaults (unit head, dtype float32) left out

@@ -63,7 +63,9 @@ def command_of(rec: Mapping[str, Any] | None) -> str | None:
     cls = _VERB_OPTIONS.get(verb.split()[0])
     flags, defaults = (cls.flags() if cls is not None else {}), _defaults(cls)
     repeated = {f.name for f in fields(cls) if (spec := spec_of(f)) is not None and spec.append} if cls else set()
-    parts = ["headscope", *verb.split(), str(model.get("source") or model.get("name") or "MODEL")]
+    source = str(model.get("source") or model.get("name") or "MODEL")
+    source = source.removeprefix("builtin:")  # a built-in model is named on the command line by its name alone
+    parts = ["headscope", *verb.split(), source]
     for k, v in sorted((rec.get("options") or {}).items()):
         if k in _SKIP_OPTIONS or v is None or v is False or v == [] or (k in defaults and defaults[k] == v):
             continue
