@@ -11,9 +11,11 @@ Per context length C, three ways to decode one token with C - 1 tokens cached:
   naive     the same MLA model re-expanding K and V of every cached token from the latent at every step
 Each cache is filled with C - 1 random entries through its own `update` (latency depends on the shapes, not
 the numbers); one step (one new token through the whole model) is then timed `--steps` times per round after
-one untimed warm-up step, the rounds interleaving the three. Each figure is the median step time over all
-rounds; the interval is the range of the per-round medians. The shortest context gives the fixed cost of a
-step (weights, Python); what a longer context adds over it is the part the cache's bytes can change.
+one untimed warm-up step, the rounds interleaving the three. `--clock cpu` (default) times the thread's CPU
+time, which other processes on a shared machine disturb far less than wall-clock time (`--clock wall`).
+Each figure is the median step time over all rounds; the interval is the range of the per-round medians.
+The shortest context gives the fixed cost of a step (weights, Python);
+what a longer context adds over it is the part the cache's bytes can change.
 Weights are converted without calibration data (the fastest frequencies, `selection="high"`): the timing does
 not depend on which are kept.
 """
@@ -45,10 +47,13 @@ def filled(layers: int, key: tuple[int, int], value: tuple[int, int], tokens: in
     return cache
 
 
-def step(model: torch.nn.Module, cache: DynamicCache, token: torch.Tensor) -> float:
-    t0 = time.perf_counter()
+def step(model: torch.nn.Module, cache: DynamicCache, token: torch.Tensor, clock: str = "cpu") -> float:
+    """Seconds one decoding step takes: this thread's CPU time ("cpu", what other processes on a loaded machine
+    disturb least) or wall-clock time ("wall")."""
+    now = time.thread_time if clock == "cpu" else time.perf_counter
+    t0 = now()
     model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
-    return time.perf_counter() - t0
+    return now() - t0
 
 
 def main() -> None:
@@ -63,6 +68,8 @@ def main() -> None:
     ap.add_argument("--long-rounds", nargs="*", default=[], metavar="C=N",
                     help="fewer rounds for long contexts, e.g. 16384=2")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="cpu: the thread's CPU time (default; robust to other load on the machine), wall: elapsed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -82,7 +89,7 @@ def main() -> None:
     per_token = {f: layers * (k[0] * k[1] + v[0] * v[1]) * 4 for f, (k, v) in shapes.items()}
     rows = []
     print(f"{hm.name} -> MLA rank {args.rank} + {rope} RoPE dims per KV head: one decoding step, float32, "
-          f"{args.threads} thread(s), sdpa; KV bytes per token {per_token['full']:,} (full) vs "
+          f"{args.threads} thread(s), sdpa, {args.clock} time; KV bytes per token {per_token['full']:,} (full) vs "
           f"{per_token['absorbed']:,} (MLA) = {per_token['absorbed'] / per_token['full']:.4f}")
     print(f"{'context':>8} {'form':<9} {'ms/token':>9} {'round medians':>22} {'vs full':>8} {'steps':>6}")
     t_start = time.perf_counter()
@@ -95,7 +102,7 @@ def main() -> None:
                     if f != "full":
                         set_decode(models[f], "absorbed" if f == "absorbed" else "naive")
                     step(models[f], caches[f], token)  # warm-up, not timed
-                    times[f].append([step(models[f], caches[f], token) for _ in range(args.steps)])
+                    times[f].append([step(models[f], caches[f], token, args.clock) for _ in range(args.steps)])
         base = statistics.median(x for r in times.get("full", []) for x in r) if "full" in times else None
         for f in args.forms:
             flat = [x for r in times[f] for x in r]
