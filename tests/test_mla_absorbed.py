@@ -131,3 +131,25 @@ def test_smollm2_float32_cached_absorbed_decoding_equals_the_uncached_forward(sm
     diff = (cached - reference).abs().max().item()
     assert diff <= 2e-3, f"max |cached - uncached| {diff:.3g} over logits of magnitude {reference.abs().max():.1f}"
     assert torch.equal(cached.argmax(-1), reference.argmax(-1))
+
+
+def test_absorbed_decoding_of_a_left_padded_batch_equals_the_uncached_forward():
+    """A padded batch hands the attention a boolean mask at every step: the absorbed form applies it as the
+    naive form does (real positions compared; float64)."""
+    conv = converted("llama", 2)
+    model = conv.model.eval()
+    mask = torch.ones_like(IDS)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        mla.set_decode(model, "naive")
+        reference = model(IDS, attention_mask=mask).logits
+        mla.set_decode(model, "auto")
+        calls = count_absorbed(model)
+        cache = DynamicCache()
+        outs = [model(IDS[:, :6], attention_mask=mask[:, :6], cache=cache, use_cache=True).logits]
+        for i in range(6, IDS.shape[1]):
+            outs.append(model(IDS[:, i:i + 1], attention_mask=mask[:, :i + 1], cache=cache, use_cache=True).logits)
+    cached, real = torch.cat(outs, 1), mask.bool()
+    assert len(calls) == conv.n_layers * (IDS.shape[1] - 6)
+    assert not reference[real].isnan().any()
+    assert (cached[real] - reference[real]).abs().max().item() <= 1e-10
