@@ -7,8 +7,8 @@ headscope builds, against the original model's full cache, side by side in one r
 Caches (each a model and the cache it decodes with):
   full        the original model, transformers' DynamicCache, sdpa attention (what generate() uses)
   MQA         the model converted to 1 KV head (`pool_kv_heads`, mean-pooled), DynamicCache, sdpa
-  MLA r       the model converted to MLA with latent rank r (`convert_to_mla`, naive decode: K/V
-              re-expanded from the cached latent each step), DynamicCache holding latent + RoPE dims, sdpa
+  MLA r       the model converted to MLA with latent rank r (`convert_to_mla`; absorbed decode since issue 35,
+              naive before it), DynamicCache holding latent + RoPE dims, sdpa
   head B      the original model with headscope's HeadAwareCache keeping a random share B of KV heads
               full, the rest sink 4 + window 256 (`head_aware_attention`)
 Latency depends on the cached tensors' shapes, not their numbers: each cache is filled with

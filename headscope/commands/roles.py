@@ -18,6 +18,7 @@ from ..data import read_texts
 from ..distributed import check_ranks, is_main, local
 from ..errors import HeadscopeError
 from ..export.cards import (
+    CARD_SCORES,
     card_scores,
     check_card_path,
     duo_pattern,
@@ -27,6 +28,7 @@ from ..export.cards import (
 )
 from ..io import atomic_write_text, prepare_out_dir, staged
 from ..learned.longctx import check_long_args, check_long_model, long_roles
+from ..learned.longctx.confidence import card_record, card_warning, check_until_stable_long
 from ..learned.options import RolesOptions
 from ..learned.roles import read_coref, read_treebank, role_columns, roles, syntax_rows
 from ..learned.syntax import RELATIONS
@@ -64,6 +66,7 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     long_text = args.long_data
     if long_n is not None:
         check_long_args(None, long_n, args.haystacks, args.long_windows, args.stride, args.block)
+        check_until_stable_long(args.until_stable, args.haystacks, args.long_windows)
         if args.long_windows:
             long_text = read_texts(args.long_data)
     card = _check_card(args)
@@ -82,17 +85,18 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     if not is_main():  # every rank holds the merged census; rank 0 alone runs --long, writes and prints
         return 0
     report = {**table.meta["roles"], "provenance": provenance("roles", hm, source, args)}
-    card_values, card_note = None, ""
+    card_values, card_note, card_config = None, "", None
     if long_n is not None:
         with local():  # not split across ranks (per-window maxima and needle answers): rank 0 alone
             lr = long_roles(hm, long_n, data=long_text, stride=args.stride, windows=args.long_windows,
                             haystacks=args.haystacks, block=args.block, seed=args.seed, progress=True,
-                            checked=True)
+                            checked=True, intervals=interval_settings(args), until_stable=args.until_stable)
         table, report = merge_long(table, report, lr)
         if card is not None:
             card_values, card_note = head_card(lr, args.card_score)
+            card_config = card_record(lr, CARD_SCORES[args.card_score])
             report["long_context"]["card"] = {"file": str(card), "score": args.card_score, "note": card_note,
-                                              "format": args.card_format}
+                                              "format": args.card_format, "config": card_config}
     rows = syntax_rows(report)
     with staged(out, args.force) as stage:  # roles.csv, roles.json (and syntax.csv) together, or none
         table.to_csv(stage / ROLES_CSV.name)
@@ -101,13 +105,7 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
             write_csv(stage, SYNTAX_CSV, rows)
     written = [str(out / ROLES_CSV.name), str(out / ROLES_JSON.name)] + ([str(out / SYNTAX_CSV.name)] if rows else [])
     if card_values is not None and card is not None:  # outside --out: written atomically once the set is in place
-        if args.card_format == "duo":
-            write_duo(card, duo_pattern(card_scores(card_values, hm.n_layers, hm.n_heads), hm.n_kv_heads),
-                      sink=DUO_SINK, recent=DUO_RECENT, force=args.force, source=f"headscope roles: {hm.name}, "
-                      f"--card-score {args.card_score}")
-        else:
-            write_card(card, card_values)
-        written.append(str(card))
+        written.append(_write_card(args, card, card_values, card_config, hm))
 
     t = report["text"]
     print(f"{hm.name}: {hm.n_layers} layers x {hm.n_heads} heads, {t['passages']} passages from {t['data']}; "
@@ -136,8 +134,24 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
         _print_long(lc)
         if card_note:
             print(f"  head card: {card_note}")
+        if card_config is not None:
+            warning = card_warning(card_config)
+            if warning:
+                print(f"  {warning}")
     print(f"\nwrote {', '.join(written)}", file=sys.stderr)
     return 0
+
+
+def _write_card(args: argparse.Namespace, card: Path, values: dict[str, list[float]], config: dict[str, Any] | None,
+                hm: Any) -> str:
+    """Write the head card in --card-format, its config recording the ranking's stability and data."""
+    if args.card_format == "duo":
+        write_duo(card, duo_pattern(card_scores(values, hm.n_layers, hm.n_heads), hm.n_kv_heads),
+                  sink=DUO_SINK, recent=DUO_RECENT, force=args.force, source=f"headscope roles: {hm.name}, "
+                  f"--card-score {args.card_score}", config=config)
+    else:
+        write_card(card, values, config)
+    return str(card)
 
 
 def _acc(r: dict[str, Any], head: str) -> str:
@@ -208,8 +222,12 @@ def _check_card(args: argparse.Namespace) -> Path | None:
 def merge_long(table: HeadTable, report: dict[str, Any], lr: dict[str, Any]) -> tuple[HeadTable, dict[str, Any]]:
     """roles.csv gains the long-range score columns and roles; roles.json their census and `long_context`."""
     shape = (table.n_layers, table.n_heads)
-    cols = {name: np.asarray(lr["scores"][name], float) if name in lr["scores"] else np.full(shape, np.nan)
-            for name in role_columns("long")}
+    bounds = (lr.get("uncertainty") or {}).get("bounds", {})
+    cols: dict[str, np.ndarray] = {}
+    for name in role_columns("long"):  # every long-range score with its interval (NaN: under 2 haystacks/windows)
+        cols[name] = np.asarray(lr["scores"][name], float) if name in lr["scores"] else np.full(shape, np.nan)
+        for side in ("lo", "hi"):
+            cols[f"{name}_{side}"] = np.asarray(bounds[name][side], float) if name in bounds else np.full(shape, np.nan)
     role_col = np.array(table["roles"], dtype=object).reshape(shape)
     roles_map = dict(report["roles"])
     for head, names in lr["roles"].items():
@@ -232,6 +250,15 @@ def _print_long(lc: dict[str, Any]) -> None:
     if n:
         print(f"  needles: {len(n['haystacks'])} haystack(s), answered exactly {n['needle_accuracy']:.2f}, "
               f"answer tokens right {n['token_accuracy']:.2f}; retrieval score over the {n['succeeded']} answered")
+    stab = (lc.get("uncertainty") or {}).get("stability", {})
+    if stab:
+        print("  split-half stability of the rankings (Spearman-Brown): " + ", ".join(
+            f"{k} {_f(v['spearman_brown'])} ({v['passages']} {'haystacks' if k.startswith('retrieval') else 'windows'})"
+            for k, v in stab.items()) + "; intervals in roles.csv (<score>_lo/_hi)")
+    u = lc.get("until_stable")
+    if u:
+        print(f"  --until-stable {u['target']}: {u['haystacks']} of up to {u['haystacks_cap']} haystacks, "
+              f"{u['windows']} of up to {u['windows_cap']} windows")
     for role, heads in lc["census"].items():
         shown = ", ".join(f"{e['head']} {_f(e['score'])}/{_f(e['baseline'])}" for e in heads[:8])
         more = f" (+{len(heads) - 8} more)" if len(heads) > 8 else ""

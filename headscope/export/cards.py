@@ -9,7 +9,12 @@
   `capacity.kvcache.choice.kv_head_scores`: the KV head must stay full if any query head reading it needs the
   whole context), then min-max scaled over all KV heads of the model, so the order of the heads (all that
   DuoAttentionPress's `head_compression_ratio` and kvcache's `--keep-full` use) is kept; an unscored head (NaN)
-  gets 0; when every KV head scores the same, all get 1."""
+  gets 0; when every KV head scores the same, all get 1.
+
+Every card records how far its ranking can be trusted (`headscope.learned.longctx.confidence.card_record`: the
+split-half stability of the ranking, whether it is stable, how many haystacks and windows it came from): in
+`config.json` for `duo` (beside `sink_size` and `recent_size`, under `headscope`), in `<card>.config.json`
+beside a `retrieval-head` file (whose readers take every key of the card itself as a head)."""
 
 from __future__ import annotations
 
@@ -63,8 +68,17 @@ def head_card(report: dict[str, Any], score: str = "retrieval") -> tuple[dict[st
     return card, note
 
 
-def write_card(path: str | Path, card: dict[str, list[float]]) -> None:
-    """Write a head card (one JSON object on one line, as the Retrieval Head code writes and reads it)."""
+def card_config_path(path: str | Path) -> Path:
+    """Where a retrieval-head card's config (its ranking's stability and data) lies: `<card>.config.json`."""
+    p = Path(path)
+    return p.with_name(p.name + ".config.json")
+
+
+def write_card(path: str | Path, card: dict[str, list[float]], config: dict[str, Any] | None = None) -> None:
+    """Write a head card (one JSON object on one line, as the Retrieval Head code writes and reads it) and,
+    given `config`, its `<card>.config.json`."""
+    if config is not None:
+        atomic_write_text(card_config_path(path), json.dumps(config, indent=2, allow_nan=False) + "\n")
     atomic_write_text(Path(path), json.dumps(card, allow_nan=True) + "\n")
 
 
@@ -102,13 +116,15 @@ def check_card_path(path: str | Path, fmt: str, force: bool) -> Path:
         raise HeadscopeError(f"--export-card {str(p)!r} is a directory; give a file name such as card.json")
     if p.exists() and not force:
         raise HeadscopeError(f"--export-card {str(p)!r} exists; pass --force to replace it")
+    if fmt != "duo" and card_config_path(p).exists() and not force:
+        raise HeadscopeError(f"{str(card_config_path(p))!r} (the card's config) exists; pass --force to replace it")
     if p.parent.exists() and not p.parent.is_dir():
         raise HeadscopeError(f"--export-card {str(p)!r} lies under a file")
     return p
 
 
 def write_duo(path: str | Path, pattern: np.ndarray, *, sink: int, recent: int, force: bool = False,
-              source: str = "") -> Path:
+              source: str = "", config: dict[str, Any] | None = None) -> Path:
     """Write DuoAttention's pattern directory (module docstring) atomically."""
     if pattern.ndim != 2 or not np.all((pattern >= 0) & (pattern <= 1)):
         raise HeadscopeError(f"a DuoAttention pattern is [layers, kv_heads] in [0, 1]; got shape {pattern.shape}")
@@ -118,6 +134,6 @@ def write_duo(path: str | Path, pattern: np.ndarray, *, sink: int, recent: int, 
         meta = {"sink_size": int(sink), "recent_size": int(recent), "num_hidden_layers": int(pattern.shape[0]),
                 "num_key_value_heads": int(pattern.shape[1]),
                 "rule": "max over each KV head's query heads, min-max scaled over the model; 1 = keep full",
-                "source": source}
-        (tmp / DUO_CONFIG).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+                "source": source, **({"headscope": config} if config is not None else {})}
+        (tmp / DUO_CONFIG).write_text(json.dumps(meta, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return path

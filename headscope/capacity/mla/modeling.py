@@ -10,6 +10,16 @@ Per token and layer the cache holds, instead of K and V of every KV head (2 * n_
 Queries are unchanged, except that the dimensions whose key lost RoPE are not rotated either
 (partial RoPE, Ji et al. 2025 "MHA2MLA"). Dimensions follow transformers' rotate_half convention: the
 frequency f rotates dimensions f and f + d_head/2, so a kept frequency keeps both.
+
+Two ways to attend, with the same result (`MLAAttention.decode`):
+- naive: up-project K_nope and V of every cached token from the latent (`kv_b_proj`), then ordinary attention;
+- absorbed (DeepSeek-V2): fold `kv_b_proj`'s key rows into the query, q_lat = W_bk^T q_nope, and attend in
+  the latent space, score = q_rope . k_rope + q_lat . c; the weighted sum of latents is up-projected once per
+  query by `kv_b_proj`'s value rows (softmax weights sum to 1, so the value bias is added once; the key bias
+  adds the same number to every score of a query and cancels in the softmax). Nothing is computed per
+  cached token except the two products with the cache itself.
+"auto" (the default) attends absorbed when the keys outnumber the queries (decoding on a cache) and
+naive for a forward over the whole sequence (prefill, training), where the up-projection is cheaper.
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ from transformers.models.llama.modeling_llama import eager_attention_forward, ro
 
 #: Config attribute holding the conversion record (kept frequencies, rank, module paths).
 MLA_CONFIG_KEY = "headscope_mla"
+#: How MLAAttention attends: absorbed when decoding on a cache ("auto"), always, or never.
+DECODE_FORMS = ("auto", "absorbed", "naive")
 
 
 def _get(root: nn.Module, path: str) -> Any:
@@ -77,15 +89,48 @@ class MLAAttention(nn.Module):
                            for r, n in zip(rope_idx, nope_idx, strict=True)]
         self._q_rope = [[i in set(rope_idx[h // self.num_key_value_groups]) for i in range(d_head)]
                         for h in range(n_heads)]  # [heads][d_head]: which query dims are rotated
-        self._cache: dict[Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._nope_idx = nope_idx
+        self._cache: dict[Any, tuple[torch.Tensor, ...]] = {}
+        self.decode = "auto"  # one of DECODE_FORMS
 
-    def _indices(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(rope_idx [kv, rope], key_order [kv, d_head], q_rope_mask [heads, d_head]) on `device`."""
+    def _indices(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(rope_idx [kv, rope], key_order [kv, d_head], q_rope_mask [heads, d_head], nope_idx [kv, nope])."""
         if device not in self._cache:
             self._cache[device] = (torch.tensor(self._rope_idx, dtype=torch.long, device=device),
                                    torch.tensor(self._key_order, dtype=torch.long, device=device),
-                                   torch.tensor(self._q_rope, dtype=torch.bool, device=device))
+                                   torch.tensor(self._q_rope, dtype=torch.bool, device=device),
+                                   torch.tensor(self._nope_idx, dtype=torch.long, device=device))
         return self._cache[device]
+
+    def _absorbed(self, q: torch.Tensor, k_rope: torch.Tensor, latent: torch.Tensor, mask: Any) -> torch.Tensor:
+        """Attention in the latent space: q [b, heads, t, d] (RoPE applied), k_rope [b, kv, s, rope],
+        latent [b, 1, s, rank] -> per-head outputs [b, heads, t, d_head]."""
+        b, n_heads, t, d = q.shape
+        g, group, s, r = self.num_key_value_heads, self.num_key_value_groups, latent.shape[2], self.kv_rank
+        rope_idx, _, _, nope_idx = self._indices(q.device)
+        qg = q.reshape(b, g, group * t, d)  # [b, kv, group * t, d]: the query heads of a KV head, then positions
+        q_rope = qg.gather(-1, rope_idx[None, :, None, :].expand(b, g, group * t, -1))
+        q_nope = qg.gather(-1, nope_idx[None, :, None, :].expand(b, g, group * t, -1))
+        w = self.kv_b_proj.weight  # [kv * nope + kv * d, rank]: key rows of each KV head, then value rows
+        w_k = w[:g * self.nope_dims].view(g, self.nope_dims, r)
+        w_v = w[g * self.nope_dims:].view(g, d, r)
+        q_lat = torch.matmul(q_nope, w_k)  # [b, kv, group * t, rank]
+        scores = torch.matmul(q_rope, k_rope.transpose(-1, -2))  # [b, kv, group * t, s]
+        # every head reads the same latent: one product over all heads, the cache read once
+        scores = scores + torch.matmul(q_lat.reshape(b, 1, n_heads * t, r), latent.transpose(-1, -2)).view_as(scores)
+        scores = (scores * self.scaling).view(b, n_heads, t, s)
+        if mask is None and t > 1:  # causal, the queries being the last t positions (sdpa's mask-free case)
+            mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+        if mask is not None:
+            mask = mask[..., :s]
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        exact = q.dtype in (torch.float32, torch.float64)
+        probs = torch.softmax(scores if exact else scores.float(), dim=-1).to(q.dtype)
+        o_lat = torch.matmul(probs.view(b, 1, n_heads * t, s), latent).view(b, g, group * t, r)
+        out = torch.matmul(o_lat, w_v.transpose(-1, -2))  # [b, kv, group * t, d]
+        if self.kv_b_proj.bias is not None:
+            out = out + self.kv_b_proj.bias[g * self.nope_dims:].view(g, 1, d)
+        return out.view(b, n_heads, t, d)
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                 attention_mask: torch.Tensor | None = None, cache: Any = None, **kwargs: Any
@@ -99,7 +144,7 @@ class MLAAttention(nn.Module):
         if position_embeddings is None:
             raise ValueError("MLAAttention needs the decoder's rotary position_embeddings (cos, sin)")
         cos, sin = position_embeddings  # [batch, pos, d_head]
-        rope_idx, key_order, q_rope_mask = self._indices(hidden_states.device)
+        rope_idx, key_order, q_rope_mask, _ = self._indices(hidden_states.device)
         q = self.q_proj(hidden_states).view(b, t, -1, d).transpose(1, 2)  # [batch, head, pos, d_head]
         q_rot = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
         q = torch.where(q_rope_mask[None, :, None, :], q_rot, q)
@@ -114,6 +159,10 @@ class MLAAttention(nn.Module):
         if cache is not None:  # the cache holds only these two: rank + kv * rope_dims numbers per token
             k_rope, latent = cache.update(k_rope, latent, self.layer_idx, kwargs=kwargs)
         s = latent.shape[2]
+        absorb = self.decode == "absorbed" or (self.decode == "auto" and s > t)
+        if absorb and not self.training and (attention_mask is None or isinstance(attention_mask, torch.Tensor)):
+            out = self._absorbed(q, k_rope, latent, attention_mask).transpose(1, 2).reshape(b, t, -1)
+            return self.o_proj(out), None
         kv = self.kv_b_proj(latent[:, 0])  # [batch, pos', kv * (nope + d_head)]
         k_nope = kv[..., :g * self.nope_dims].view(b, s, g, self.nope_dims).transpose(1, 2)
         v = kv[..., g * self.nope_dims:].view(b, s, g, d).transpose(1, 2)  # [batch, kv, pos', d_head]
@@ -145,4 +194,16 @@ def install_mla(model: nn.Module, record: dict[str, Any]) -> None:
                            record["frequencies"][str(layer)], record["kv_bias"], window, float(old.scaling),
                            float(getattr(old, "attention_dropout", 0.0)))
         p = next(old.parameters())
+        new.train(old.training)  # a new module trains by default; keep the model's mode (eval: absorbed decoding)
         setattr(parent, leaf, new.to(device=p.device, dtype=p.dtype))
+
+
+def set_decode(model: nn.Module, form: str) -> None:
+    """Make every MLAAttention of `model` attend `form`-wise: "auto", "absorbed" or "naive" (DECODE_FORMS)."""
+    if form not in DECODE_FORMS:
+        raise ValueError(f"MLA decode form {form!r} is not one of {', '.join(DECODE_FORMS)}")
+    found = [m for m in model.modules() if isinstance(m, MLAAttention)]
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no MLAAttention module; convert it to MLA first")
+    for m in found:
+        m.decode = form

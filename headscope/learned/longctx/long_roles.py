@@ -30,9 +30,11 @@ from ...errors import HeadscopeError
 from ...hooks import on_attention_blocks
 from ...models.adapter import HeadModel
 from ...table import head_name
+from ...uncertainty import IntervalSettings
 from ..roles.registry import LongThresholds, census_of, judge, of_scope, report_scores
+from .confidence import long_intervals, needle_sums, reached, window_sums
 from .needle import DEPTHS, RetrievalCounter, answer_logits, build_haystack, gum_sentences
-from .patterns import PatternReducer, PatternSettings
+from .patterns import PATTERNS, PatternReducer, PatternSettings
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +67,11 @@ def check_long_model(hm: HeadModel, length: int) -> None:
 
 
 def pattern_pass(hm: HeadModel, length: int, data: Any, stride: int | None, windows: int, settings: PatternSettings,
-                 block: int, progress: bool) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Streaming / echo / induction scores over the first `windows` windows of `data`."""
+                 block: int, progress: bool, until_stable: float | None = None,
+                 seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Streaming / echo / induction scores over the first `windows` windows of `data` (with `until_stable`:
+    fewer, once every pattern's ranking is that stable over the windows read). `info["unit_sums"]`: each
+    window's sums (`confidence.window_sums`)."""
     wins, source = prepare_windows(hm, data, length, stride)
     wins = wins[:windows]
     reducer = PatternReducer(hm, settings)
@@ -78,18 +83,25 @@ def pattern_pass(hm: HeadModel, length: int, data: Any, stride: int | None, wind
                 reducer.set_window(ids[0], w.count_from, w.count_to)
                 hm.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
                 bar.update(1)
+                if until_stable is not None and reached(window_sums(reducer.window_rows, PATTERNS, hm.n_heads),
+                                                        PATTERNS, until_stable, seed):
+                    break
     finally:
         bar.close()
+    wins = wins[:len(reducer.window_rows)]
     info = {"data": source.source, "windows": len(wins), "tokens": sum(len(w.ids) for w in wins),
             "counted_tokens": sum(w.count_to - w.count_from for w in wins),
             "window_starts": [[w.passage, w.start] for w in wins], "stride": stride,
-            "counted_queries": reducer.queries(), **asdict(settings)}
+            "counted_queries": reducer.queries(), **asdict(settings),
+            "unit_sums": window_sums(reducer.window_rows, PATTERNS, hm.n_heads)}
     return reducer.results(), info
 
 
 def needle_pass(hm: HeadModel, length: int, haystacks: int, depths: tuple[float, ...], seed: int, block: int,
-                progress: bool) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Retrieval scores over `haystacks` needle sequences, depths taken in turn; the model's accuracy."""
+                progress: bool, until_stable: float | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Retrieval scores over `haystacks` needle sequences, depths taken in turn; the model's accuracy (with
+    `until_stable`: fewer, once the retrieval ranking over the answered ones is that stable).
+    `info["unit_sums"]`: each answered haystack's sums (`confidence.needle_sums`)."""
     if hm.tokenizer is None:
         raise HeadscopeError("the needle test builds text: the model needs a tokenizer")
     sents = gum_sentences()
@@ -116,6 +128,10 @@ def needle_pass(hm: HeadModel, length: int, haystacks: int, depths: tuple[float,
                          "greedy_prefix": prefix, "exact": bool(right.all()),
                          "succeeded": prefix / len(right) > 0.5, "chance": chance[-1]})
             bar.update(1)
+            if until_stable is not None and reached(
+                    needle_sums(np.stack(per_hay), chance, [j for j, r in enumerate(rows) if r["succeeded"]]),
+                    ("retrieval_score",), until_stable, seed):
+                break
     finally:
         bar.close()
     ok = [i for i, r in enumerate(rows) if r["succeeded"]]
@@ -129,7 +145,7 @@ def needle_pass(hm: HeadModel, length: int, haystacks: int, depths: tuple[float,
     info = {"haystacks": rows, "succeeded": len(ok),
             "needle_accuracy": float(np.mean([r["exact"] for r in rows])) if rows else None,
             "token_accuracy": float(np.mean([r["token_accuracy"] for r in rows])) if rows else None,
-            "per_haystack": stack}
+            "per_haystack": stack, "unit_sums": needle_sums(stack, chance, ok)}
     return scores, info
 
 
@@ -141,12 +157,15 @@ def decide_long(scores: dict[str, np.ndarray], th: LongThresholds) -> dict[tuple
 def long_roles(hm: HeadModel, length: int, *, data: Any = "gum-long", stride: int | None = None, windows: int = 2,
                haystacks: int = 4, depths: tuple[float, ...] = DEPTHS, settings: PatternSettings = PatternSettings(),
                thresholds: LongThresholds | None = None, block: int = DEFAULT_BLOCK, seed: int = 0,
-               progress: bool = False, checked: bool = False) -> dict[str, Any]:
+               progress: bool = False, checked: bool = False, intervals: IntervalSettings | None = None,
+               until_stable: float | None = None) -> dict[str, Any]:
     """Long-range role scores, baselines, roles and census of `hm` at `length` tokens (roles.json's `long_context`).
 
     `data`: long text as `prepare_windows` takes it (a name, a path, or a TextSource already read).
     `checked`: the options already passed `check_long_args` (the verb checks them before loading the
-    model); only what needs the model is checked here."""
+    model); only what needs the model is checked here. `intervals`: how `uncertainty` (every score's bounds
+    over haystacks / windows, the rankings' split-half stability) is computed; `until_stable`: each pass
+    stops once its rankings are that stable (`confidence`)."""
     th = thresholds or LongThresholds()
     if checked:
         check_long_model(hm, length)
@@ -154,14 +173,22 @@ def long_roles(hm: HeadModel, length: int, *, data: Any = "gum-long", stride: in
         check_long_args(hm, length, haystacks, windows, stride, block)
     scores: dict[str, np.ndarray] = {}
     report: dict[str, Any] = {"length": length, "block": block, "thresholds": th.as_dict()}
+    groups = []
     if windows:
-        s, info = pattern_pass(hm, length, data, stride, windows, settings, block, progress)
+        s, info = pattern_pass(hm, length, data, stride, windows, settings, block, progress, until_stable, seed)
         scores.update(s)
+        groups.append(info.pop("unit_sums"))
         report["text"] = info
     if haystacks:
-        s, info = needle_pass(hm, length, haystacks, depths, seed, block, progress)
+        s, info = needle_pass(hm, length, haystacks, depths, seed, block, progress, until_stable)
         scores.update(s)
+        groups.append(info.pop("unit_sums"))
         report["needles"] = info
+    report["uncertainty"] = long_intervals(groups, th, intervals or IntervalSettings(seed=seed), seed)
+    if until_stable is not None:
+        report["until_stable"] = {"target": until_stable, "haystacks": len(report.get("needles", {}).get(
+            "haystacks", [])), "haystacks_cap": haystacks, "windows": report.get("text", {}).get("windows", 0),
+            "windows_cap": windows}
     held = decide_long(scores, th)
     report["scores"], report["baselines"] = report_scores("long", scores)
     report["roles"] = {head_name(l, h): r for (l, h), r in held.items()}

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ...models.adapter import HeadModel
+from ...stats import COUNT
 
 PATTERNS = ("streaming_share", "echo_far", "induction_far")
 
@@ -42,12 +43,19 @@ class PatternReducer:
         self.base = {k: np.zeros(L) for k in PATTERNS}
         self.counts = {k: np.zeros(L) for k in PATTERNS}
         self.ids: torch.Tensor | None = None
+        # each window's own sums (`<pattern>`, `<pattern>|count`, `<pattern>_uniform`): its per-window contribution
+        self.window_rows: list[dict[str, np.ndarray]] = []
         self._masks: dict[tuple[int, int, int | None], tuple] = {}
 
     def set_window(self, ids: torch.Tensor, count_from: int, count_to: int) -> None:
         """The next forward's tokens `[pos]` (one window, batch 1) and the positions whose queries count."""
         self.ids, self.count_from, self.count_to = ids.to(self.hm.device), count_from, count_to
         self._masks = {}
+        L, H = self.hm.n_layers, self.hm.n_heads
+        row: dict[str, np.ndarray] = {}
+        for k in PATTERNS:
+            row[k], row[k + COUNT], row[k + "_uniform"] = np.zeros((L, H)), np.zeros(L), np.zeros(L)
+        self.window_rows.append(row)
 
     def masks(self, q_start: int, n_q: int, n_k: int, window: int | None) -> tuple:
         """Key masks `[q_block, key]` of one block: visible, streaming set, echo and induction targets."""
@@ -87,9 +95,16 @@ class PatternReducer:
                 continue
             t = target.float()
             mass = torch.einsum("hqk,qk->hq", p, t).double()  # [head, q]: per-query masses, summed in float64
-            self.sums[name][layer] += mass[:, queries].sum(-1).cpu().numpy()
-            self.base[name][layer] += float((t.sum(-1).double() / n_vis)[queries].sum())
+            total = mass[:, queries].sum(-1).cpu().numpy()
+            base = float((t.sum(-1).double() / n_vis)[queries].sum())
+            self.sums[name][layer] += total
+            self.base[name][layer] += base
             self.counts[name][layer] += int(queries.sum())
+            if self.window_rows:
+                row = self.window_rows[-1]
+                row[name][layer] += total
+                row[name + "_uniform"][layer] += base
+                row[name + COUNT][layer] += int(queries.sum())
 
     def results(self) -> dict[str, np.ndarray]:
         """`<pattern>` and `<pattern>_uniform` `[n_layers, n_heads]`, means over counted queries (NaN: none)."""
