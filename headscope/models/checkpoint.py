@@ -30,9 +30,9 @@ from ..errors import HeadscopeError
 from ..io import atomic_dir
 from . import layout
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
-from .config import HEAD_KEYS, KV_KEYS, attn_implementation_for
+from .config import HEAD_KEYS, KV_KEYS, attn_implementation_for, config_refusal
 from .files import check_safetensors
-from .own_type import config_class_source, mark_own_type, read_config
+from .own_type import BASE_KEY, config_class_source, mark_own_type, read_config
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,10 @@ def plain_shape(hm: HeadModel) -> dict[str, int] | None:
     """The config values that make a pruned `hm` an ordinary checkpoint of its family, or None when there are none.
 
     That needs the same query-head count (at least one), KV-head count and FFN width in every layer with heads,
-    and a config that states them: the candidate config is built (on the meta device, no memory) and must give
-    exactly the pruned model's parameter names and shapes (BERT and GPT-2 derive d_head from the hidden size,
+    and a config that states them and that transformers accepts (its validators run, as from_pretrained runs
+    them: Gemma-3 refuses a hidden size that is not a multiple of the head count even where head_dim is set);
+    the candidate model is built (on the meta device, no memory) and must give exactly the pruned model's
+    parameter names and shapes (BERT and GPT-2 derive d_head from the hidden size,
     so a BERT with fewer heads per layer has no plain config; LLaMA-like configs carry head_dim).
     """
     layers = [l for l in range(hm.n_layers) if hm.has_heads(l)]
@@ -138,7 +140,7 @@ def plain_shape(hm: HeadModel) -> dict[str, int] | None:
     kv_key = next((k for k in KV_KEYS if d.get(k) is not None), None)
     if kv_key is not None:
         values[kv_key] = kv.pop()
-    if "head_dim" in d:
+    if "head_dim" in d and not hm.spec.d_head_attr:  # MLA (DeepSeek): head_dim is the rotary part, unchanged
         values["head_dim"] = hm.d_head
     if widths and hm.spec.ffn_size_attr:
         values[hm.spec.ffn_size_attr] = widths.pop()
@@ -148,6 +150,10 @@ def plain_shape(hm: HeadModel) -> dict[str, int] | None:
             delattr(config, key)
     for k, v in values.items():
         setattr(config, k, v)
+    refusal = config_refusal(config)
+    if refusal is not None:  # transformers' validation refuses this shape (e.g. hidden size vs head count)
+        log.info("no plain config for the pruned %s: transformers refuses %s (%s)", hm.name, values, refusal)
+        return None
     try:
         with torch.device("meta"):
             candidate = type(hm.model)(config)
@@ -156,6 +162,14 @@ def plain_shape(hm: HeadModel) -> dict[str, int] | None:
     want = {k: tuple(t.shape) for k, t in hm.model.state_dict().items()}
     got = {k: tuple(t.shape) for k, t in candidate.state_dict().items()}
     return values if want == got else None
+
+
+def is_plain_checkpoint(path: str | Path) -> bool:
+    """Whether the checkpoint saved at `path` has a plain config (plain `AutoModel*.from_pretrained(path)` loads
+    it), not one of headscope's own model types (`trust_remote_code=True` or headscope's loaders): read from what
+    was written, so what a verb prints about loading is what the folder holds."""
+    cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    return BASE_KEY not in cfg and "auto_map" not in cfg
 
 
 def _write_plain_config(folder: Path, values: dict[str, int]) -> None:

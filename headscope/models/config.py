@@ -23,6 +23,12 @@ except ImportError:  # older releases have no per-layer configs, so nothing rais
     class AmbiguousPerLayerAttribute(Exception):  # type: ignore[no-redef]
         """Stands in for transformers' error where it does not exist."""
 
+try:  # transformers >= 5.2x validates configs as strict dataclasses (huggingface_hub's validators)
+    from huggingface_hub.errors import StrictDataclassError as ConfigValidationError
+except ImportError:  # older releases validate in __init__ with ValueError only
+    class ConfigValidationError(Exception):  # type: ignore[no-redef]
+        """Stands in for huggingface_hub's error where it does not exist."""
+
 log = logging.getLogger(__name__)
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
@@ -111,6 +117,20 @@ def config_value(config: Any, keys: Sequence[str]) -> Any:
                 f"differ (per_layer_config); headscope needs one {k} for every attention layer") from None
         if v is not None:
             return v
+    return None
+
+
+def config_refusal(config: Any) -> str | None:
+    """Why transformers refuses `config` when a checkpoint holding it is loaded, or None when it accepts it.
+
+    The check `from_pretrained` runs: the config class is built from the config's dict, which runs its
+    validators (transformers 5.2x: e.g. "The hidden size (32) is not a multiple of the number of attention heads
+    (3)"). Setting attributes on a config object runs none of them, so a changed config must pass this before
+    it is written as a plain one."""
+    try:
+        type(config).from_dict(config.to_dict())
+    except (ConfigValidationError, ValueError, TypeError) as e:
+        return " ".join(str(e).split())
     return None
 
 
