@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import HeadscopeError
-from .config import attention_counts
+from .config import AmbiguousPerLayerAttribute, attention_counts
 from .layout import get_path
 
 
@@ -52,9 +52,52 @@ def _problem(hm: Any, layer: int) -> str | None:
     return None
 
 
+def _config_attr(config: Any, name: str) -> Any:
+    """`config.name` read without tripping transformers' per-layer checks (None where absent or ambiguous)."""
+    try:
+        return getattr(config, name, None)
+    except AmbiguousPerLayerAttribute:  # the per-layer configs refuse global reads of what their layers differ in
+        return None
+
+
+def _per_layer(config: Any, name: str) -> list[Any] | None:
+    """The per-layer values of `name` in a transformers per-layer config (Gemma-4's per_layer_config), else None."""
+    layers = _config_attr(config, "per_layer_config")
+    if not layers:
+        return None
+    return [getattr(layer, name, None) for layer in layers]
+
+
+def feature_refusal(config: Any) -> str | None:
+    """The attention feature of `config` that headscope refuses, in one clause naming it, or None.
+
+    Gemma-4's: K/V shared across layers (num_kv_shared_layers: the last layers have no K/V projections and reuse
+    an earlier layer's keys and values), keys as values (attention_k_eq_v: full-attention layers have no
+    v_proj), and per-layer head_dim or KV-head count (per_layer_config: global_head_dim,
+    num_global_key_value_heads) where the layers differ."""
+    shared = _config_attr(config, "num_kv_shared_layers")
+    if shared:
+        return (f"KV shared across layers (num_kv_shared_layers={shared}: its last {shared} layers have no K/V "
+                f"projections and reuse an earlier layer's keys and values)")
+    if _config_attr(config, "attention_k_eq_v"):
+        return "keys as values (attention_k_eq_v: its full-attention layers have no v_proj)"
+    for name, feature in (("head_dim", "global_head_dim"), ("num_key_value_heads", "num_global_key_value_heads")):
+        values = _per_layer(config, name)
+        if values and len(set(values)) > 1:
+            per = ", ".join(f"{v} in layer {i}" for i, v in enumerate(values))
+            return f"{name} per layer ({feature} / per_layer_config: {per})"
+    return None
+
+
 def check_layers(hm: Any) -> None:
     """Refuse a model whose layers differ in attention geometry from the one its config declares (see the module
-    docstring); a config whose per-layer attributes differ is refused the same way."""
+    docstring); a config whose per-layer attributes differ, or that shares K/V across layers or uses keys as
+    values, is refused naming that feature."""
+    feature = feature_refusal(hm.config)
+    if feature:
+        raise HeadscopeError(f"{hm.name!r} ({hm.spec.family} family) uses {feature}; headscope does not support "
+                             f"this yet: it needs every attention layer to hold its own Q, K and V projections "
+                             f"with one head_dim and one KV-head count")
     try:
         attention_counts(hm.config)
     except HeadscopeError as e:
