@@ -72,7 +72,7 @@ def pruning_record(hm: HeadModel) -> dict[str, Any]:
         "format": FORMAT_VERSION,
         "model_type": hm.config.model_type,
         "architecture": type(hm.model).__name__,
-        "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,
+        "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head_record,
         "kept_heads": {str(l): k for l, k in kept.items()},
         "pruned_heads": [f"L{l}H{h}" for l, k in kept.items() for h in range(hm.n_heads) if h not in k],
         "n_heads_kept": sum(map(len, kept.values())),
@@ -140,7 +140,8 @@ def plain_shape(hm: HeadModel) -> dict[str, int] | None:
     kv_key = next((k for k in KV_KEYS if d.get(k) is not None), None)
     if kv_key is not None:
         values[kv_key] = kv.pop()
-    if "head_dim" in d and not hm.spec.d_head_attr:  # MLA (DeepSeek): head_dim is the rotary part, unchanged
+    if "head_dim" in d and not hm.spec.d_head_attr and not isinstance(hm.d_head_record, list):
+        # MLA (DeepSeek): head_dim is the rotary part, unchanged; per-layer head_dim (Gemma-4): kept as configured
         values["head_dim"] = hm.d_head
     if widths and hm.spec.ffn_size_attr:
         values[hm.spec.ffn_size_attr] = widths.pop()
@@ -202,7 +203,7 @@ from typing import Any
 import transformers
 
 SPEC = SimpleNamespace(**{spec!r})
-D_HEAD = {hm.d_head}
+D_HEADS = {[hm.d_head_at(layer) for layer in range(hm.n_layers)]!r}
 GROUP_SIZE = {hm.group_size}
 N_HEADS = {hm.n_heads}
 
@@ -218,7 +219,7 @@ class {cls}(transformers.{arch}):
         pruning = getattr(config, "headscope_pruning", None) or {{}}
         for layer, keep in sorted((int(k), list(v)) for k, v in pruning.items()):
             if len(keep) != N_HEADS:
-                slice_block(layers[layer], SPEC, D_HEAD, GROUP_SIZE, list(range(N_HEADS)), keep)
+                slice_block(layers[layer], SPEC, D_HEADS[layer], GROUP_SIZE, list(range(N_HEADS)), keep)
         # FFN neurons kept per layer (original ids = positions in the freshly built, unpruned layer).
         ffn = getattr(config, "headscope_ffn", None) or {{}}
         for layer, keep in sorted((int(k), list(v)) for k, v in ffn.items()):

@@ -1,9 +1,10 @@
 """The attention geometry a HeadModel holds, checked against the model's layers when it is bound.
 
-`HeadModel` holds one head_dim and one KV-head count for every layer with heads; some configs build
-layers that differ (Gemma-4's global layers with their own head_dim, shared KV layers without K/V
-projections, keys reused as values). Those are refused here, when the model is bound, naming the
-family, the layer and what differs, so no verb meets them half way.
+`HeadModel` holds one KV-head count for every layer with heads and one head_dim per layer (Gemma-4's global
+layers have their own, global_head_dim: `HeadModel.d_head_at`); some configs build layers it cannot hold (KV
+heads per layer, shared KV layers without K/V projections, keys reused as values). Those are refused here, when
+the model is bound, naming the family and the feature (or the layer and what differs), so no verb meets them
+half way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import HeadscopeError
-from .config import AmbiguousPerLayerAttribute, attention_counts
+from .config import AmbiguousPerLayerAttribute, attention_counts, layer_values
 from .layout import get_path
 
 
@@ -44,8 +45,8 @@ def _problem(hm: Any, layer: int) -> str | None:
     if missing:
         return f"no {' or '.join(missing)} (its keys or values come from elsewhere)"
     head_dim, groups = getattr(att, "head_dim", None), getattr(att, "num_key_value_groups", None)
-    if isinstance(head_dim, int) and head_dim != hm.d_head:
-        return f"head_dim {head_dim}, not the config's {hm.d_head}"
+    if isinstance(head_dim, int) and head_dim != hm.d_head_at(layer):
+        return f"head_dim {head_dim}, not the config's {hm.d_head_at(layer)}"
     unchanged = hm.heads_in_layer(layer) == hm.n_heads and len(hm.kv_heads_in_layer(layer)) == hm.n_kv_heads
     if isinstance(groups, int) and groups and unchanged and groups != hm.group_size:
         return f"{hm.n_heads // groups} KV heads, not the config's {hm.n_kv_heads}"
@@ -60,32 +61,23 @@ def _config_attr(config: Any, name: str) -> Any:
         return None
 
 
-def _per_layer(config: Any, name: str) -> list[Any] | None:
-    """The per-layer values of `name` in a transformers per-layer config (Gemma-4's per_layer_config), else None."""
-    layers = _config_attr(config, "per_layer_config")
-    if not layers:
-        return None
-    return [getattr(layer, name, None) for layer in layers]
-
-
 def feature_refusal(config: Any) -> str | None:
     """The attention feature of `config` that headscope refuses, in one clause naming it, or None.
 
     Gemma-4's: K/V shared across layers (num_kv_shared_layers: the last layers have no K/V projections and reuse
     an earlier layer's keys and values), keys as values (attention_k_eq_v: full-attention layers have no
-    v_proj), and per-layer head_dim or KV-head count (per_layer_config: global_head_dim,
-    num_global_key_value_heads) where the layers differ."""
+    v_proj), and a KV-head count per layer (per_layer_config: num_global_key_value_heads) where the layers differ.
+    A head_dim per layer (global_head_dim) is held (`HeadModel.d_head_at`)."""
     shared = _config_attr(config, "num_kv_shared_layers")
     if shared:
         return (f"KV shared across layers (num_kv_shared_layers={shared}: its last {shared} layers have no K/V "
                 f"projections and reuse an earlier layer's keys and values)")
     if _config_attr(config, "attention_k_eq_v"):
         return "keys as values (attention_k_eq_v: its full-attention layers have no v_proj)"
-    for name, feature in (("head_dim", "global_head_dim"), ("num_key_value_heads", "num_global_key_value_heads")):
-        values = _per_layer(config, name)
-        if values and len(set(values)) > 1:
-            per = ", ".join(f"{v} in layer {i}" for i, v in enumerate(values))
-            return f"{name} per layer ({feature} / per_layer_config: {per})"
+    values = layer_values(config, "num_key_value_heads")
+    if values and len(set(values)) > 1:
+        per = ", ".join(f"{v} in layer {i}" for i, v in enumerate(values))
+        return f"num_key_value_heads per layer (num_global_key_value_heads / per_layer_config: {per})"
     return None
 
 
@@ -97,7 +89,7 @@ def check_layers(hm: Any) -> None:
     if feature:
         raise HeadscopeError(f"{hm.name!r} ({hm.spec.family} family) uses {feature}; headscope does not support "
                              f"this yet: it needs every attention layer to hold its own Q, K and V projections "
-                             f"with one head_dim and one KV-head count")
+                             f"with one KV-head count")
     try:
         attention_counts(hm.config)
     except HeadscopeError as e:
@@ -110,5 +102,5 @@ def check_layers(hm: Any) -> None:
         if problem:
             raise HeadscopeError(
                 f"{hm.name!r} ({hm.spec.family} family): layer {layer}'s attention has {problem}; headscope needs "
-                f"every attention layer to hold its own Q, K and V projections with one head_dim and one KV-head "
-                f"count")
+                f"every attention layer to hold its own Q, K and V projections with its config's head_dim and one "
+                f"KV-head count")

@@ -78,7 +78,7 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
     # head_dim (global_head_dim defaults to 512, which HeadModel refuses: one head_dim per model).
     "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
         vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, global_head_dim=16, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
+        head_dim=16, global_head_dim=32, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
         layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=8,
         vocab_size_per_layer_input=120, pad_token_id=0, bos_token_id=2, eos_token_id=1)),
     # ModernBERT: layer 0 global, layer 1 local with a window of |q - k| <= 2 (local_attention 4); the special
