@@ -20,7 +20,7 @@ from test_families import _MODELS, SEQS, TOL, _maxdiff, _out
 
 from headscope import HeadscopeError
 from headscope.capacity.gqa import expand_kv_heads
-from headscope.capacity.kv_bytes import attention_shape, layouts
+from headscope.capacity.kv_bytes import attention_shape, kv_cache_bytes, layouts
 from headscope.capacity.mla import check_mla
 from headscope.cli import main
 from headscope.hooks import on_attention_blocks
@@ -245,3 +245,21 @@ def test_gemma4_per_layer_head_dim_analyses_prunes_and_reloads_on_the_command_li
     assert ("a plain config" in last) == plain, last
     assert main(["analyze", str(saved), *data, "--out", str(tmp_path / "a2")]) == 0
     assert main(["kv", str(saved), "--out", str(tmp_path / "kv")]) == 0
+
+
+def test_gemma4_kv_shared_layers_cache_nothing_in_the_calculator():
+    """Gemma-4's shared KV layers (the last num_kv_shared_layers) keep no cache of their own: the calculator counts
+    the others, each at its own head_dim, and equals the static cache transformers fills."""
+    config = tiny_config("gemma4_text", num_kv_shared_layers=1, num_hidden_layers=3,
+                         layer_types=["sliding_attention", "full_attention", "full_attention"])
+    config._attn_implementation = "eager"
+    hf_model = transformers.Gemma4ForCausalLM(config).eval()
+    ids = torch.randint(5, 120, (2, 9), generator=torch.Generator().manual_seed(0))
+    static = transformers.StaticCache(config=config, max_cache_len=9)
+    with torch.no_grad():
+        hf_model(input_ids=ids, cache=static, use_cache=True)
+    measured = sum(t.numel() * t.element_size() for layer in static.layers
+                   for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if torch.is_tensor(t))
+    shape = attention_shape(config)
+    assert shape.n_layers == 2 and "reuse an earlier layer's keys and values" in shape.note
+    assert measured == kv_cache_bytes(config, 9, 2, "fp32")

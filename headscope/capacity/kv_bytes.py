@@ -211,6 +211,12 @@ def attention_shape(config: Any, name: str | None = None) -> AttentionShape:
     if d_heads is not None and len(windows) < counts.n_layers:  # keep the cached layers' widths
         types = d.get("layer_types") or []
         d_heads = tuple(w for w, t in zip(d_heads, types, strict=True) if t not in NO_KV_LAYER_TYPES)
+    shared = int(d.get("num_kv_shared_layers") or 0)
+    if 0 < shared < len(windows):  # Gemma-4: the last layers reuse an earlier layer's K/V and cache none
+        windows = windows[:-shared]
+        d_heads = d_heads[:-shared] if d_heads is not None else None
+        note = note or (f"the last {shared} of {counts.n_layers} layers reuse an earlier layer's keys and values "
+                        f"(num_kv_shared_layers): no cache of their own (not counted)")
     if len(windows) < counts.n_layers and not note:
         note = (f"{counts.n_layers - len(windows)} of {counts.n_layers} layers are linear attention: a fixed-size "
                 f"recurrent state each, no K/V cache (not counted)")
