@@ -164,3 +164,23 @@ def test_gemma3_uniform_prune_that_transformers_refuses_gets_its_own_type(loads)
     assert not is_plain_checkpoint(path)
     assert json.loads((path / "config.json").read_text())["model_type"] == "headscope_pruned_gemma3_text"
     assert "trust_remote_code" in loads["got"][name]["error"]
+
+
+def test_a_plain_config_transformers_refuses_is_one_line_on_the_command_line(tmp_path, capsys):
+    """A checkpoint an older headscope wrote as plain (Gemma-3 with 3 heads in 32 wide, issue 35): analyze says
+    in one line that transformers refuses its config and how to get one that loads (exit 2, not 1)."""
+    from headscope.cli import main  # the command line: only this test runs it
+    from headscope.redundancy.pruning import prune_heads
+
+    hm = model("gemma3_text")
+    path = save_model(prune_heads(hm, {0: [3], 1: [3]}), tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    plain = {k: v for k, v in cfg.items() if k not in ("headscope_base", "auto_map", "headscope_pruning")}
+    plain.update(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], num_attention_heads=3)
+    (path / "config.json").write_text(json.dumps(plain))
+    (path / "headscope_pruning.json").unlink()
+    capsys.readouterr()
+    assert main(["analyze", str(path), "--limit", "1", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "refuses the config" in err[0] and "not a multiple of the number of attention heads" \
+        in err[0] and "prune again" in err[0], err

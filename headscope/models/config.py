@@ -165,6 +165,17 @@ def _d_heads(config: Any) -> tuple[int, ...] | None:
     return tuple(int(v) for v in values)
 
 
+def config_refused(name: Any, error: Exception) -> HeadscopeError:
+    """The one-line error for a saved config that transformers' validation refuses (e.g. a checkpoint an older
+    headscope prune wrote as plain with a head count the family's config rejects)."""
+    import transformers  # the version, for the message: only this error path needs it
+
+    detail = " ".join(str(error).split())[:300]
+    return HeadscopeError(f"transformers {transformers.__version__} refuses the config of {str(name)!r}: {detail}. "
+                          f"If headscope prune wrote it (older headscope), prune again: the checkpoint then gets "
+                          f"headscope's own model_type, which loads")
+
+
 def language_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The language model's part of a config dict: multimodal wrappers (Gemma 3, LLaVA...) keep it in
     `text_config`; other configs are returned as they are (a copy)."""

@@ -20,6 +20,8 @@ from typing import Any
 
 import transformers
 
+from .config import ConfigValidationError, config_refused
+
 #: config.json key holding the base family's model_type and architectures.
 BASE_KEY = "headscope_base"
 
@@ -57,12 +59,15 @@ def read_config(path: str | Path) -> Any:
     path = Path(path)
     cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
     base = cfg.get(BASE_KEY)
-    if not base:
-        return transformers.AutoConfig.from_pretrained(path)
-    cfg = {k: v for k, v in cfg.items() if k not in (BASE_KEY, "auto_map")}
-    cfg["model_type"] = base["model_type"]
-    cfg["architectures"] = base["architectures"] or None
-    return transformers.CONFIG_MAPPING[base["model_type"]].from_dict(cfg)
+    try:
+        if not base:
+            return transformers.AutoConfig.from_pretrained(path)
+        cfg = {k: v for k, v in cfg.items() if k not in (BASE_KEY, "auto_map")}
+        cfg["model_type"] = base["model_type"]
+        cfg["architectures"] = base["architectures"] or None
+        return transformers.CONFIG_MAPPING[base["model_type"]].from_dict(cfg)
+    except ConfigValidationError as e:
+        raise config_refused(path, e) from None
 
 
 __all__ = ["BASE_KEY", "config_class_source", "mark_own_type", "own_model_type", "read_config"]
