@@ -24,7 +24,7 @@ import torch
 
 from headscope.errors import HeadscopeError
 from headscope.models import HeadModel
-from headscope.models.checkpoint import auto_class, is_plain_checkpoint, load_checkpoint, save_model
+from headscope.models.checkpoint import auto_class, how_it_loads, is_plain_checkpoint, load_checkpoint, save_model
 from headscope.models.own_type import read_config
 from tests.families import DECODERS, FAMILIES, KV_FAMILIES, PRUNABLE, head_layers, model
 
@@ -133,6 +133,8 @@ def test_every_checkpoint_loads_the_way_headscope_says(loads, family):
         cfg = json.loads((path / "config.json").read_text())
         plain = is_plain_checkpoint(path)
         assert plain == ("headscope_base" not in cfg), name
+        # what prune, gqa and mla print about loading it
+        assert ("plain config" in how_it_loads(path)) == plain and ("trust_remote_code" in how_it_loads(path)) != plain
         if plain:
             assert "error" not in row, f"{name}: plain transformers refused a plain config: {row['error'][:400]}"
             assert _diff(row["plain"], want) < TOL, f"{name}: plain from_pretrained != the written model"
@@ -184,3 +186,21 @@ def test_a_plain_config_transformers_refuses_is_one_line_on_the_command_line(tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "refuses the config" in err[0] and "not a multiple of the number of attention heads" \
         in err[0] and "prune again" in err[0], err
+
+
+@pytest.mark.parametrize("verb, extra, plain", [("gqa", ["--kv-heads", "1"], True),
+                                                ("mla", ["--kv-rank", "6", "--rope-dims", "2"], False)])
+def test_gqa_and_mla_last_line_says_how_the_model_loads(tmp_path, capsys, verb, extra, plain):
+    """The last line of gqa and mla names how the checkpoint they wrote loads, read from the folder."""
+    from headscope.cli import main  # the command line: only these tests run it
+    from tests.test_artifacts import tiny_llama_dir
+
+    src, text = tiny_llama_dir(tmp_path)
+    argv = [verb, str(src), *extra, "--data", str(text), "--heldout", str(text), "--max-length", "12",
+            "--data-limit", "4", "--heldout-limit", "4", "--batch-size", "2", "--out", str(tmp_path / "o")]
+    capsys.readouterr()
+    assert main(argv) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert is_plain_checkpoint(tmp_path / "o" / "model") == plain
+    assert last.endswith(how_it_loads(tmp_path / "o" / "model")), last
+    assert ("AutoModel*.from_pretrained(path) loads it" in last) == plain, last

@@ -10,7 +10,7 @@ from ..artifacts import GQA_JSON, MODEL_DIR, outputs
 from ..capacity.gqa import GROUPINGS, TRAINABLE, convert_and_evaluate
 from ..capacity.kv_bytes import human_bytes
 from ..io import atomic_write_text, prepare_out_dir, staged
-from ..models.checkpoint import save_model
+from ..models.checkpoint import how_it_loads, save_model
 from ..provenance import provenance
 from ._common import add_device_args, load_from_args
 from ._uptrain import add_uptrain_args, check_uptrain_args, read_uptrain_texts
@@ -95,5 +95,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"KV cache {label:<6} {k['measured']:>10} B measured ({human_bytes(k['measured'])}, batch {k['batch']} x "
               f"{k['seq_len']} tokens, {k['dtype']}), calculator {k['calculated']} B "
               f"{'(equal)' if k['match'] else '(DIFFERENT)'}")
-    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
+    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}; the model has {how_it_loads(out / MODEL_DIR.name)}",
+          file=sys.stderr)
     return 0

@@ -13,6 +13,7 @@ from ..capacity.mla.checkpoint import save_mla
 from ..capacity.mla.to_latent import convert_and_evaluate
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir, staged
+from ..models.checkpoint import how_it_loads
 from ..provenance import provenance
 from ._common import add_device_args, load_from_args
 from ._uptrain import add_uptrain_args, check_uptrain_args, read_uptrain_texts
@@ -87,5 +88,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"KV cache {label:<6} {k['bytes_per_token']:>7} B/token; {k['measured']:>9} B measured "
               f"({human_bytes(k['measured'])}, batch {k['batch']} x {k['seq_len']} tokens, {k['dtype']}), formula "
               f"{k['calculated']} B {'(equal)' if k['match'] else '(DIFFERENT)'}")
-    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
+    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}; the model has {how_it_loads(out / MODEL_DIR.name)}",
+          file=sys.stderr)
     return 0

@@ -103,7 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="head units: every point removes the same units from every layer (its least important "
                         "ones), so every layer keeps the same number of query heads (per KV group with --unit "
                         "slice, whole KV groups alike with --unit group) and --save-model writes an ordinary "
-                        "config that plain transformers loads; --fraction is rounded down to whole rounds")
+                        "config that plain transformers loads where transformers accepts that shape (else its own "
+                        "model_type; the last line says which); --fraction is rounded down to whole rounds")
     p.add_argument("--recover", type=int, default=0, metavar="N",
                    help="fine-tuning steps between pruning steps (default 0: no recovery)")
     p.add_argument("--recover-lr", type=float, default=5e-5, help="recovery learning rate (default 5e-5)")

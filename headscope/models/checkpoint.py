@@ -173,6 +173,14 @@ def is_plain_checkpoint(path: str | Path) -> bool:
     return BASE_KEY not in cfg and "auto_map" not in cfg
 
 
+def how_it_loads(path: str | Path) -> str:
+    """What a verb prints about loading the checkpoint it wrote at `path`, read from what the folder holds."""
+    if is_plain_checkpoint(path):
+        return "a plain config: AutoModel*.from_pretrained(path) loads it"
+    return ("headscope's own model_type: load it with headscope.load_model(path) or "
+            "AutoModel*.from_pretrained(path, trust_remote_code=True)")
+
+
 def _write_plain_config(folder: Path, values: dict[str, int]) -> None:
     """config.json of a uniformly pruned model: its shape as the family's own keys, no headscope records."""
     cfg_path = folder / "config.json"
