@@ -35,7 +35,7 @@ def on_head_outputs(hm: HeadModel, fn: HeadOutputFn, layers: list[int] | None = 
     def make_hook(layer: int) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...] | None]:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
             x = args[0]
-            z = x.view(*x.shape[:-1], -1, hm.d_head)  # [batch, pos, head, d_head]
+            z = x.view(*x.shape[:-1], -1, hm.d_head_at(layer))  # [batch, pos, head, d_head]
             new = fn(layer, z)
             if new is None:
                 return None

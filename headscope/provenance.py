@@ -65,15 +65,17 @@ def model_fingerprint(model: torch.nn.Module, config: Any) -> str:
 def model_record(hm: Any) -> dict[str, Any]:
     """name, source, model_type, config and config+weights fingerprints of a loaded HeadModel."""
     return {"name": hm.name, "source": str(getattr(hm, "source", hm.name)), "model_type": hm.config.model_type,
-            "shape": shape_record(hm.n_layers, hm.n_heads, hm.n_kv_heads, hm.d_head),
+            "shape": shape_record(hm.n_layers, hm.n_heads, hm.n_kv_heads, hm.d_head_record),
             # layers with no softmax heads (Qwen3.5's linear attention): every verb skipped them
             **({"layers_without_heads": hm.headless_layers} if getattr(hm, "headless_layers", None) else {}),
             "config_sha256": config_fingerprint(hm.config), "fingerprint": model_fingerprint(hm.model, hm.config)}
 
 
-def shape_record(n_layers: int, n_heads: int, n_kv_heads: int, d_head: int) -> dict[str, int]:
-    """The attention shape a record can be compared on when no weights were read (kv reads a config only)."""
-    return {"n_layers": int(n_layers), "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads), "d_head": int(d_head)}
+def shape_record(n_layers: int, n_heads: int, n_kv_heads: int, d_head: int | list[int]) -> dict[str, Any]:
+    """The attention shape a record can be compared on when no weights were read (kv reads a config only);
+    `d_head` one per layer where the layers differ (Gemma-4)."""
+    return {"n_layers": int(n_layers), "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads),
+            "d_head": [int(d) for d in d_head] if isinstance(d_head, list) else int(d_head)}
 
 
 def data_fingerprint(data: Any) -> dict[str, Any]:

@@ -211,7 +211,7 @@ def reduce_attention(stats: HeadStats, layer: int, probs: torch.Tensor, allowed:
 def output_gram(hm: HeadModel, layer: int) -> torch.Tensor:
     """Per-head Gram matrices `W_h^T W_h`, `[head, d_head, d_head]`, so ||W_h z|| = sqrt(z^T G z)."""
     w = hm.out_weight(layer).detach().float()  # [d_model, head * d_head]
-    wh = w.view(w.shape[0], -1, hm.d_head).transpose(0, 1)  # [head, d_model, d_head]
+    wh = w.view(w.shape[0], -1, hm.d_head_at(layer)).transpose(0, 1)  # [head, d_model, d_head]
     return wh.transpose(1, 2) @ wh
 
 

@@ -20,7 +20,7 @@ from test_families import _MODELS, SEQS, TOL, _maxdiff, _out
 
 from headscope import HeadscopeError
 from headscope.capacity.gqa import expand_kv_heads
-from headscope.capacity.kv_bytes import attention_shape, layouts
+from headscope.capacity.kv_bytes import attention_shape, kv_cache_bytes, layouts
 from headscope.capacity.mla import check_mla
 from headscope.cli import main
 from headscope.hooks import on_attention_blocks
@@ -55,7 +55,7 @@ def test_a_refusal_names_the_family_and_the_reason(family, what):
     assert hm.spec.family in str(err.value)
 
 
-def _tiny_dir(family: str, base: Path, hf_model=None) -> tuple[Path, Path]:
+def _tiny_dir(family: str, base: Path, hf_model=None, extra_words: str = "") -> tuple[Path, Path]:
     """The family's tiny model (or `hf_model`) saved with a word-level tokenizer, and a text file over its words."""
     from tokenizers import (  # only this helper builds a tokenizer
         Tokenizer,
@@ -63,7 +63,7 @@ def _tiny_dir(family: str, base: Path, hf_model=None) -> tuple[Path, Path]:
         pre_tokenizers,
     )
 
-    words = "the of and to a in is was for on that with as by at it from he his".split()
+    words = ("the of and to a in is was for on that with as by at it from he his " + extra_words).split()
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "<pad>", *words])}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     path = base / family
@@ -118,24 +118,28 @@ def test_olmo2_heads_sliced_one_by_one_are_not_the_gated_model():
 
 
 @pytest.mark.parametrize("override, problem", [
-    ({"global_head_dim": 32}, "sets head_dim per layer and its layers differ"),
     ({"num_kv_shared_layers": 1, "num_hidden_layers": 3,
       "layer_types": ["sliding_attention", "full_attention", "full_attention"]},
-     "layer 2's attention has no self_attn.k_proj or self_attn.v_proj"),
-    ({"attention_k_eq_v": True}, "layer 1's attention has no self_attn.v_proj"),
-], ids=["global_head_dim", "shared_kv", "k_eq_v"])
-def test_gemma4_layers_of_another_geometry_are_refused_when_loading(override, problem):
-    """HeadModel holds one head_dim and KV-head count: Gemma-4 configs whose layers differ are refused, naming
-    the family, the layer and what differs."""
-    with pytest.raises(HeadscopeError, match=r"\(gemma4 family\): .*" + re.escape(problem)):
+     "uses KV shared across layers (num_kv_shared_layers=1: its last 1 layers have no K/V projections"),
+    ({"attention_k_eq_v": True}, "uses keys as values (attention_k_eq_v: its full-attention layers have no v_proj)"),
+], ids=["shared_kv", "k_eq_v"])
+def test_gemma4_features_headscope_does_not_hold_are_refused_naming_the_feature(override, problem):
+    """HeadModel holds one KV-head count, and each layer's own K and V: Gemma-4 configs with KV shared across
+    layers or keys as values are refused in one line naming the family and the feature;
+    the model is built by transformers first, so the feature is real, not a misread config."""
+    config = tiny_config("gemma4_text", **override)
+    transformers.Gemma4ForCausalLM(config)  # transformers builds it
+    with pytest.raises(HeadscopeError, match=r"\(gemma4 family\) " + re.escape(problem)) as e:
         tiny_model("gemma4_text", **override)
+    assert "\n" not in str(e.value)
 
 
 def test_gemma4_of_another_geometry_is_one_line_on_the_command_line(tmp_path, capsys):
-    config = tiny_config("gemma4_text", global_head_dim=32)
+    config = tiny_config("gemma4_text", num_kv_shared_layers=1, num_hidden_layers=3,
+                         layer_types=["sliding_attention", "full_attention", "full_attention"])
     config._attn_implementation = "eager"
     hf_model = transformers.Gemma4ForCausalLM(config)
-    _refused_on_the_command_line("gemma4_text", ["analyze", "--max-length", "8"], "sets head_dim per layer",
+    _refused_on_the_command_line("gemma4_text", ["analyze", "--max-length", "8"], "uses KV shared across layers",
                                  tmp_path, capsys, hf_model)
 
 
@@ -202,3 +206,60 @@ def test_deepseek_v3_heads_live_in_the_latent_projections():
     with pytest.raises(HeadscopeError, match=r"\(deepseek_v3 family\) already uses multi-head latent attention.*"
                                              r"kv_lora_rank 12 \+ qk_rope_head_dim = 16 numbers"):
         check_mla(hm, 4, None)
+
+
+def test_gemma4_per_layer_head_dim_is_held_per_layer():
+    """The tiny Gemma-4 carries the real config's per-layer head_dim (global_head_dim: 32 in its full-attention
+    layer, 16 in its sliding one); the adapter reads each layer's own, as transformers built it, and the KV
+    calculator counts each layer at its own width."""
+    hm = _MODELS["gemma4_text"]
+    assert [hm.attention(l).head_dim for l in range(2)] == [hm.d_head_at(l) for l in range(2)] == [16, 32]
+    assert hm.d_head_record == [16, 32] and model_record(hm)["shape"]["d_head"] == [16, 32]
+    with pytest.raises(HeadscopeError, match=r"has head_dim per layer \(\[16, 32\]\)"):
+        _ = hm.d_head
+    shape = attention_shape(hm.config)
+    assert shape.d_heads == (16, 32)
+    # The same from config.json as the released models write it (global_head_dim beside layer_types).
+    released = {**{k: v for k, v in hm.config.to_dict().items() if k != "per_layer_config"}, "global_head_dim": 32}
+    assert attention_shape(released).d_heads == (16, 32)
+
+
+def test_gemma4_per_layer_head_dim_analyses_prunes_and_reloads_on_the_command_line(tmp_path, capsys):
+    """analyze, score, roles, report and prune --uniform --save-model run on a Gemma-4 with per-layer head_dim;
+    the pruned checkpoint analyses again (load_model), prune's last line says how it loads, `kv` reads it."""
+    import json  # only this test reads the verbs' JSON
+
+    path, text = _tiny_dir("gemma4_text", tmp_path, extra_words="cat dog saw bird sang small mary john")  # roles: 24+
+    data = ["--data", str(text), "--limit", "3", "--max-length", "10"]
+    assert main(["analyze", str(path), *data, "--out", str(tmp_path / "a")]) == 0
+    assert main(["score", str(path), *data, "--out", str(tmp_path / "s")]) == 0
+    assert main(["roles", str(path), *data, "--out", str(tmp_path / "r")]) == 0
+    assert main(["report", str(path), *data, "--from", str(tmp_path / "a"), "--from", str(tmp_path / "s"),
+                 "--out", str(tmp_path / "rep")]) == 0
+    assert main(["prune", str(path), *data, "--fraction", "0.5", "--uniform", "--save-model",
+                 "--out", str(tmp_path / "p")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    saved = tmp_path / "p" / "model"
+    cfg = json.loads((saved / "config.json").read_text())
+    plain = "headscope_base" not in cfg
+    assert ("a plain config" in last) == plain, last
+    assert main(["analyze", str(saved), *data, "--out", str(tmp_path / "a2")]) == 0
+    assert main(["kv", str(saved), "--out", str(tmp_path / "kv")]) == 0
+
+
+def test_gemma4_kv_shared_layers_cache_nothing_in_the_calculator():
+    """Gemma-4's shared KV layers (the last num_kv_shared_layers) keep no cache of their own: the calculator counts
+    the others, each at its own head_dim, and equals the static cache transformers fills."""
+    config = tiny_config("gemma4_text", num_kv_shared_layers=1, num_hidden_layers=3,
+                         layer_types=["sliding_attention", "full_attention", "full_attention"])
+    config._attn_implementation = "eager"
+    hf_model = transformers.Gemma4ForCausalLM(config).eval()
+    ids = torch.randint(5, 120, (2, 9), generator=torch.Generator().manual_seed(0))
+    static = transformers.StaticCache(config=config, max_cache_len=9)
+    with torch.no_grad():
+        hf_model(input_ids=ids, cache=static, use_cache=True)
+    measured = sum(t.numel() * t.element_size() for layer in static.layers
+                   for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if torch.is_tensor(t))
+    shape = attention_shape(config)
+    assert shape.n_layers == 2 and "reuse an earlier layer's keys and values" in shape.note
+    assert measured == kv_cache_bytes(config, 9, 2, "fp32")

@@ -60,6 +60,9 @@ class AttentionShape:
     # (qk_head_dim + v_head_dim)); None for MHA / GQA / MQA.
     latent: int | None = None
     expanded: int | None = None
+    # head_dim per cached layer where the layers differ (Gemma-4's global layers: global_head_dim), else None;
+    # d_head is then the largest
+    d_heads: tuple[int, ...] | None = None
 
     @property
     def layout(self) -> str:
@@ -204,12 +207,23 @@ def attention_shape(config: Any, name: str | None = None) -> AttentionShape:
         note = "encoder: keeps no cache in use; figure = caching K/V of every layer"
     label = name or d.get("_name") or d.get("_name_or_path") or model_type
     windows = _windows(d, counts.n_layers)
+    d_heads = counts.d_heads
+    if d_heads is not None and len(windows) < counts.n_layers:  # keep the cached layers' widths
+        types = d.get("layer_types") or []
+        d_heads = tuple(w for w, t in zip(d_heads, types, strict=True) if t not in NO_KV_LAYER_TYPES)
+    shared = int(d.get("num_kv_shared_layers") or 0)
+    if 0 < shared < len(windows):  # Gemma-4: the last layers reuse an earlier layer's K/V and cache none
+        windows = windows[:-shared]
+        d_heads = d_heads[:-shared] if d_heads is not None else None
+        note = note or (f"the last {shared} of {counts.n_layers} layers reuse an earlier layer's keys and values "
+                        f"(num_kv_shared_layers): no cache of their own (not counted)")
     if len(windows) < counts.n_layers and not note:
         note = (f"{counts.n_layers - len(windows)} of {counts.n_layers} layers are linear attention: a fixed-size "
                 f"recurrent state each, no K/V cache (not counted)")
     return AttentionShape(
         name=str(label), model_type=model_type, n_layers=len(windows), n_heads=counts.n_heads,
         n_kv_heads=counts.n_kv_heads, d_head=counts.d_head, d_model=counts.d_model, windows=windows, note=note,
+        d_heads=d_heads,
     )
 
 
@@ -246,6 +260,8 @@ def kv_bytes_per_token(config: Any, dtype: Any = "bf16") -> int:
     s = attention_shape(config)
     if s.latent is not None:  # multi-head latent attention: one latent (and rotary key) per layer and token
         return s.n_layers * s.latent * dtype_bits(dtype) // 8
+    if s.d_heads is not None:  # head_dim per layer
+        return sum(kv_bytes(s.n_kv_heads, d, dtype_bits(dtype)) for d in s.d_heads)
     return kv_bytes(s.n_layers * s.n_kv_heads, s.d_head, dtype_bits(dtype))
 
 
@@ -257,6 +273,9 @@ def kv_cache_bytes(config: Any, seq_len: int, batch: int = 1, dtype: Any = "bf16
     tokens = cached_tokens(s.windows, seq_len)  # token slots over layers
     if s.latent is not None:
         return tokens * batch * s.latent * dtype_bits(dtype) // 8
+    if s.d_heads is not None:  # head_dim per layer: each layer's tokens at its own width
+        return sum(kv_bytes(cached_tokens((w,), seq_len) * s.n_kv_heads, d, dtype_bits(dtype), batch)
+                   for w, d in zip(s.windows, s.d_heads, strict=True))
     return kv_bytes(tokens * s.n_kv_heads, s.d_head, dtype_bits(dtype), batch)
 
 
@@ -288,8 +307,8 @@ def layouts(
         v = replace(s, n_kv_heads=g)
         row: dict[str, Any] = {
             "name": s.name, "layout": v.layout, "is_model": g == s.n_kv_heads, "n_layers": s.n_layers,
-            "n_heads": s.n_heads, "n_kv_heads": g, "group_size": s.n_heads // g, "d_head": s.d_head,
-            "n_sliding_layers": s.n_sliding_layers, "dtype": dt,
+            "n_heads": s.n_heads, "n_kv_heads": g, "group_size": s.n_heads // g,
+            "d_head": list(s.d_heads) if s.d_heads else s.d_head, "n_sliding_layers": s.n_sliding_layers, "dtype": dt,
             "bytes_per_token": kv_bytes_per_token(v, dt),
         }
         row["vs_mha"] = row["bytes_per_token"] / mha

@@ -12,7 +12,7 @@ from ..capacity.kv_bytes import human_bytes
 from ..capacity.options import GqaOptions
 from ..io import atomic_write_text, prepare_out_dir, staged
 from ..models.adapter import HeadModel
-from ..models.checkpoint import save_model
+from ..models.checkpoint import how_it_loads, save_model
 from ..options.cli import verb_parser
 from ..provenance import provenance
 from ._common import load_from_args
@@ -83,5 +83,6 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
         print(f"KV cache {label:<6} {k['measured']:>10} B measured ({human_bytes(k['measured'])}, batch {k['batch']} x "
               f"{k['seq_len']} tokens, {k['dtype']}), calculator {k['calculated']} B "
               f"{'(equal)' if k['match'] else '(DIFFERENT)'}")
-    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
+    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}; the model has {how_it_loads(out / MODEL_DIR.name)}",
+          file=sys.stderr)
     return 0

@@ -15,6 +15,7 @@ from ..capacity.options import MlaOptions
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, prepare_out_dir, staged
 from ..models.adapter import HeadModel
+from ..models.checkpoint import how_it_loads
 from ..options.cli import verb_parser
 from ..provenance import provenance
 from ._common import load_from_args
@@ -78,5 +79,6 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
         print(f"KV cache {label:<6} {k['bytes_per_token']:>7} B/token; {k['measured']:>9} B measured "
               f"({human_bytes(k['measured'])}, batch {k['batch']} x {k['seq_len']} tokens, {k['dtype']}), formula "
               f"{k['calculated']} B {'(equal)' if k['match'] else '(DIFFERENT)'}")
-    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}", file=sys.stderr)
+    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}; the model has {how_it_loads(out / MODEL_DIR.name)}",
+          file=sys.stderr)
     return 0

@@ -28,7 +28,7 @@ from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..io import atomic_write_text, prepare_out_dir, staged
 from ..models.adapter import HeadModel
-from ..models.checkpoint import plain_shape, save_model
+from ..models.checkpoint import is_plain_checkpoint, save_model
 from ..options.cli import verb_parser
 from ..provenance import provenance
 from ..redundancy.curves import (
@@ -184,8 +184,9 @@ def _save(hm: Any, res: CurveResult, stage: Path, out: Path) -> dict[str, Any]:
     save_model(small, stage / MODEL_DIR.name)
     info: dict[str, Any] = {"path": str(out / MODEL_DIR.name), "parameters": n_parameters(small),
                             "parameters_original": n_parameters(hm),
-                            # an ordinary config (plain from_pretrained), else its own model_type (trust_remote_code)
-                            "plain_config": not (small.pruned or small.ffn_pruned) or plain_shape(small) is not None}
+                            # an ordinary config (plain from_pretrained), else its own model_type (trust_remote_code):
+                            # read from the config written, so the line printed says what the folder holds
+                            "plain_config": is_plain_checkpoint(stage / MODEL_DIR.name)}
     if res.scope == "heads":
         info.update({"heads_kept": sum(small.heads_in_layer(l) for l in range(small.n_layers)),
                      "recovered_weights": bool(res.recover_steps)})
@@ -245,8 +246,8 @@ def _print(res: CurveResult, summary: dict[str, Any]) -> None:
         print(f"\npruned model: {m['heads_kept']} heads, {m['parameters']:,} parameters "
               f"(was {m['parameters_original']:,}) in {m['path']}; "
               + ("a plain config: AutoModel*.from_pretrained(path) loads it" if m["plain_config"] else
-                 "heads differ per layer: load it with headscope.load_model or trust_remote_code=True "
-                 "(prune --uniform gives a plain config)"))
+                 "its own model_type (heads differ per layer, or transformers refuses the family's config with "
+                 "this shape): load it with headscope.load_model or trust_remote_code=True"))
 
 
 def _within_text(w: dict[str, Any]) -> str:

@@ -124,7 +124,7 @@ def table_from_stats(hm: HeadModel, stats: HeadStats, meta: dict[str, Any],
     extra = {"intervals": settings.record(), "stability": stability} if bounds else {}
     return HeadTable(hm.n_layers, hm.n_heads, columns, {
         "model": hm.name, "model_source": hm.source, "model_type": hm.config.model_type,
-        "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,
+        "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head_record,
         "causal": hm.causal, "tokens_seen": stats.tokens, **meta, **extra, "versions": versions(),
         "stats": stats.to_dict(),
     })

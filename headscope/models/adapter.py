@@ -79,10 +79,29 @@ class HeadModel:
 
     @property
     def d_head(self) -> int:
-        """Width of one head's query, key and value (MLA: of its value and output, `spec.d_head_attr`)."""
+        """Width of one head's query, key and value (MLA: of its value and output, `spec.d_head_attr`), one for every
+        layer: where layers differ (Gemma-4) it refuses, naming the widths; per-layer code reads `d_head_at`."""
         if self.spec.d_head_attr:
             return int(getattr(self.config, self.spec.d_head_attr))
-        return attention_counts(self.config).d_head
+        counts = attention_counts(self.config)
+        if counts.d_heads:
+            raise HeadscopeError(
+                f"{self.name!r} ({self.spec.family} family) has head_dim per layer ({self.d_head_record}); this step "
+                f"needs one head_dim in every layer (analyze, roles, score, prune and kv handle per-layer head_dim)")
+        return counts.d_head
+
+    def d_head_at(self, layer: int) -> int:
+        """Width of one head's query, key and value in `layer` (Gemma-4: its global layers' global_head_dim)."""
+        if self.spec.d_head_attr:
+            return int(getattr(self.config, self.spec.d_head_attr))
+        counts = attention_counts(self.config)
+        return counts.d_heads[layer] if counts.d_heads else counts.d_head
+
+    @property
+    def d_head_record(self) -> int | list[int]:
+        """head_dim for records (JSON): one number, or one per layer where the layers differ."""
+        counts = None if self.spec.d_head_attr else attention_counts(self.config)
+        return list(counts.d_heads) if counts is not None and counts.d_heads else self.d_head_at(0)
 
     @property
     def group_size(self) -> int:
@@ -189,7 +208,7 @@ class HeadModel:
     def set_head_counts(self, layer: int, n_heads: int, n_kv_heads: int) -> None:
         """Update the head-count attributes the layer's attention forward reads (after its
         projections were resized by pruning or GQA conversion)."""
-        layout.set_head_count_attrs(self.attention(layer), self.spec, n_heads, n_kv_heads, self.d_head)
+        layout.set_head_count_attrs(self.attention(layer), self.spec, n_heads, n_kv_heads, self.d_head_at(layer))
 
     # --- feed-forward neurons ---------------------------------------------------------------
     @property
@@ -279,7 +298,7 @@ class HeadModel:
         detached views of the parameters: clone them before changing them in place.
         """
         self._check_qkv()
-        h, g, d = self.heads_in_layer(layer), len(self.kv_heads_in_layer(layer)), self.d_head
+        h, g, d = self.heads_in_layer(layer), len(self.kv_heads_in_layer(layer)), self.d_head_at(layer)
         if h == 0:
             empty = self.out_weight(layer).detach().new_zeros(0, self.d_model)
             return QKVWeights(empty, empty, empty)
@@ -299,7 +318,7 @@ class HeadModel:
         resized modules of the same class. Biases must be given exactly where the layer has them.
         """
         now = self.qkv_weights(layer)
-        h, d, d_model = self.heads_in_layer(layer), self.d_head, self.d_model
+        h, d, d_model = self.heads_in_layer(layer), self.d_head_at(layer), self.d_model
         w = weights
         if h == 0:
             raise HeadscopeError(f"layer {layer} has no heads left (all pruned); there are no Q/K/V weights to set")
@@ -376,7 +395,7 @@ class HeadModel:
         if self.pruned:  # positions would no longer match the kept original ids in the pruning record
             raise HeadscopeError("permuting the heads of a physically pruned model is not supported; "
                                  "permute before pruning")
-        w, d = self.qkv_weights(layer), self.d_head
+        w, d = self.qkv_weights(layer), self.d_head_at(layer)
         n_q, n_kv = w.q.shape[0] // d, w.k.shape[0] // d
         order = [int(i) for i in query_order]
         if sorted(order) != list(range(n_q)):
@@ -457,7 +476,7 @@ class HeadModel:
             return
         if dispatch.is_dispatched(self.model):  # offloaded weights are read into memory to be sliced
             dispatch.materialize(list(self.projections(layer).values()))
-        layout.slice_block(self.layers[layer], self.spec, self.d_head, self.group_size, now, keep)
+        layout.slice_block(self.layers[layer], self.spec, self.d_head_at(layer), self.group_size, now, keep)
         record = {str(l): self.kept_heads(l) for l in range(self.n_layers) if self.has_heads(l)}
         record[str(layer)] = keep
         setattr(self.config, PRUNING_CONFIG_KEY, record)

@@ -30,9 +30,9 @@ from ..errors import HeadscopeError
 from ..io import atomic_dir, inside
 from . import layout
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
-from .config import HEAD_KEYS, KV_KEYS, attn_implementation_for
+from .config import HEAD_KEYS, KV_KEYS, attn_implementation_for, config_refusal
 from .files import check_safetensors
-from .own_type import config_class_source, mark_own_type, read_config
+from .own_type import BASE_KEY, config_class_source, mark_own_type, read_config
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def pruning_record(hm: HeadModel) -> dict[str, Any]:
         "format": FORMAT_VERSION,
         "model_type": hm.config.model_type,
         "architecture": type(hm.model).__name__,
-        "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,
+        "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head_record,
         "kept_heads": {str(l): k for l, k in kept.items()},
         "pruned_heads": [f"L{l}H{h}" for l, k in kept.items() for h in range(hm.n_heads) if h not in k],
         "n_heads_kept": sum(map(len, kept.values())),
@@ -121,8 +121,10 @@ def plain_shape(hm: HeadModel) -> dict[str, int] | None:
     """The config values that make a pruned `hm` an ordinary checkpoint of its family, or None when there are none.
 
     That needs the same query-head count (at least one), KV-head count and FFN width in every layer with heads,
-    and a config that states them: the candidate config is built (on the meta device, no memory) and must give
-    exactly the pruned model's parameter names and shapes (BERT and GPT-2 derive d_head from the hidden size,
+    and a config that states them and that transformers accepts (its validators run, as from_pretrained runs
+    them: Gemma-3 refuses a hidden size that is not a multiple of the head count even where head_dim is set);
+    the candidate model is built (on the meta device, no memory) and must give exactly the pruned model's
+    parameter names and shapes (BERT and GPT-2 derive d_head from the hidden size,
     so a BERT with fewer heads per layer has no plain config; LLaMA-like configs carry head_dim).
     """
     layers = [l for l in range(hm.n_layers) if hm.has_heads(l)]
@@ -139,7 +141,8 @@ def plain_shape(hm: HeadModel) -> dict[str, int] | None:
     kv_key = next((k for k in KV_KEYS if d.get(k) is not None), None)
     if kv_key is not None:
         values[kv_key] = kv.pop()
-    if "head_dim" in d:
+    if "head_dim" in d and not hm.spec.d_head_attr and not isinstance(hm.d_head_record, list):
+        # MLA (DeepSeek): head_dim is the rotary part, unchanged; per-layer head_dim (Gemma-4): kept as configured
         values["head_dim"] = hm.d_head
     if widths and hm.spec.ffn_size_attr:
         values[hm.spec.ffn_size_attr] = widths.pop()
@@ -149,6 +152,10 @@ def plain_shape(hm: HeadModel) -> dict[str, int] | None:
             delattr(config, key)
     for k, v in values.items():
         setattr(config, k, v)
+    refusal = config_refusal(config)
+    if refusal is not None:  # transformers' validation refuses this shape (e.g. hidden size vs head count)
+        log.info("no plain config for the pruned %s: transformers refuses %s (%s)", hm.name, values, refusal)
+        return None
     try:
         with torch.device("meta"):
             candidate = type(hm.model)(config)
@@ -157,6 +164,22 @@ def plain_shape(hm: HeadModel) -> dict[str, int] | None:
     want = {k: tuple(t.shape) for k, t in hm.model.state_dict().items()}
     got = {k: tuple(t.shape) for k, t in candidate.state_dict().items()}
     return values if want == got else None
+
+
+def is_plain_checkpoint(path: str | Path) -> bool:
+    """Whether the checkpoint saved at `path` has a plain config (plain `AutoModel*.from_pretrained(path)` loads
+    it), not one of headscope's own model types (`trust_remote_code=True` or headscope's loaders): read from what
+    was written, so what a verb prints about loading is what the folder holds."""
+    cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    return BASE_KEY not in cfg and "auto_map" not in cfg
+
+
+def how_it_loads(path: str | Path) -> str:
+    """What a verb prints about loading the checkpoint it wrote at `path`, read from what the folder holds."""
+    if is_plain_checkpoint(path):
+        return "a plain config: AutoModel*.from_pretrained(path) loads it"
+    return ("headscope's own model_type: load it with headscope.load_model(path) or "
+            "AutoModel*.from_pretrained(path, trust_remote_code=True)")
 
 
 def _write_plain_config(folder: Path, values: dict[str, int]) -> None:
@@ -189,7 +212,7 @@ from typing import Any
 import transformers
 
 SPEC = SimpleNamespace(**{spec!r})
-D_HEAD = {hm.d_head}
+D_HEADS = {[hm.d_head_at(layer) for layer in range(hm.n_layers)]!r}
 GROUP_SIZE = {hm.group_size}
 N_HEADS = {hm.n_heads}
 
@@ -205,7 +228,7 @@ class {cls}(transformers.{arch}):
         pruning = getattr(config, "headscope_pruning", None) or {{}}
         for layer, keep in sorted((int(k), list(v)) for k, v in pruning.items()):
             if len(keep) != N_HEADS:
-                slice_block(layers[layer], SPEC, D_HEAD, GROUP_SIZE, list(range(N_HEADS)), keep)
+                slice_block(layers[layer], SPEC, D_HEADS[layer], GROUP_SIZE, list(range(N_HEADS)), keep)
         # FFN neurons kept per layer (original ids = positions in the freshly built, unpruned layer).
         ffn = getattr(config, "headscope_ffn", None) or {{}}
         for layer, keep in sorted((int(k), list(v)) for k, v in ffn.items()):

@@ -23,6 +23,12 @@ except ImportError:  # older releases have no per-layer configs, so nothing rais
     class AmbiguousPerLayerAttribute(Exception):  # type: ignore[no-redef]
         """Stands in for transformers' error where it does not exist."""
 
+try:  # transformers >= 5.2x validates configs as strict dataclasses (huggingface_hub's validators)
+    from huggingface_hub.errors import StrictDataclassError as ConfigValidationError
+except ImportError:  # older releases validate in __init__ with ValueError only
+    class ConfigValidationError(Exception):  # type: ignore[no-redef]
+        """Stands in for huggingface_hub's error where it does not exist."""
+
 log = logging.getLogger(__name__)
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
@@ -92,8 +98,11 @@ class AttentionCounts:
     n_layers: int
     n_heads: int
     n_kv_heads: int
-    d_head: int
+    d_head: int  # the largest where layers differ (d_heads)
     d_model: int | None
+    # head_dim per layer where the config sets it per layer and the layers differ (Gemma-4's global layers with
+    # global_head_dim), else None
+    d_heads: tuple[int, ...] | None = None
 
 
 def config_value(config: Any, keys: Sequence[str]) -> Any:
@@ -112,6 +121,59 @@ def config_value(config: Any, keys: Sequence[str]) -> Any:
         if v is not None:
             return v
     return None
+
+
+def config_refusal(config: Any) -> str | None:
+    """Why transformers refuses `config` when a checkpoint holding it is loaded, or None when it accepts it.
+
+    The check `from_pretrained` runs: the config class is built from the config's dict, which runs its
+    validators (transformers 5.2x: e.g. "The hidden size (32) is not a multiple of the number of attention heads
+    (3)"). Setting attributes on a config object runs none of them, so a changed config must pass this before
+    it is written as a plain one."""
+    try:
+        type(config).from_dict(config.to_dict())
+    except (ConfigValidationError, ValueError, TypeError) as e:
+        return " ".join(str(e).split())
+    return None
+
+
+def layer_values(config: Any, key: str) -> list[Any] | None:
+    """The per-layer values of `key` where the config sets it per layer (transformers' per_layer_config: Gemma-4),
+    else None. A config object holds one config per layer; a config.json dict holds `per_layer_config` as sparse
+    overrides ({"1": {"head_dim": 512}}) or, in the released format, `global_head_dim` for its full-attention
+    layers (layer_types)."""
+    if isinstance(config, Mapping):
+        base, n = config.get(key), config_value(config, LAYER_KEYS)
+        overrides, types = config.get("per_layer_config"), config.get("layer_types")
+        if isinstance(overrides, Mapping) and overrides and n is not None:
+            return [dict(overrides.get(str(i)) or {}).get(key, base) for i in range(int(n))]
+        if key == "head_dim" and config.get("global_head_dim") and types and base is not None:
+            return [config["global_head_dim"] if t == "full_attention" else base for t in types]
+        return None
+    try:
+        layers = getattr(config, "per_layer_config", None)
+    except AmbiguousPerLayerAttribute:
+        return None
+    return [getattr(layer, key, None) for layer in layers] if layers else None
+
+
+def _d_heads(config: Any) -> tuple[int, ...] | None:
+    """head_dim per layer where the layers differ, else None."""
+    values = layer_values(config, "head_dim")
+    if not values or None in values or len(set(values)) == 1:
+        return None
+    return tuple(int(v) for v in values)
+
+
+def config_refused(name: Any, error: Exception) -> HeadscopeError:
+    """The one-line error for a saved config that transformers' validation refuses (e.g. a checkpoint an older
+    headscope prune wrote as plain with a head count the family's config rejects)."""
+    import transformers  # the version, for the message: only this error path needs it
+
+    detail = " ".join(str(error).split())[:300]
+    return HeadscopeError(f"transformers {transformers.__version__} refuses the config of {str(name)!r}: {detail}. "
+                          f"If headscope prune wrote it (older headscope), prune again: the checkpoint then gets "
+                          f"headscope's own model_type, which loads")
 
 
 def language_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -146,7 +208,8 @@ def attention_counts(config: Any) -> AttentionCounts:
         # Falcon-style flag; otherwise plain MHA
         n_kv_heads = 1 if config_value(config, ("multi_query",)) else n_heads
     d_model = config_value(config, DMODEL_KEYS)
-    d_head = config_value(config, DHEAD_KEYS)
+    d_heads = _d_heads(config)
+    d_head = max(d_heads) if d_heads else config_value(config, DHEAD_KEYS)
     if d_head is None:
         if d_model is None:
             raise HeadscopeError(
@@ -166,4 +229,4 @@ def attention_counts(config: Any) -> AttentionCounts:
             f"d_head={d_head} (all must be positive and n_kv_heads must divide n_heads)"
         )
     return AttentionCounts(n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head,
-                           d_model=None if d_model is None else int(d_model))
+                           d_model=None if d_model is None else int(d_model), d_heads=d_heads)

@@ -1,9 +1,10 @@
 """The attention geometry a HeadModel holds, checked against the model's layers when it is bound.
 
-`HeadModel` holds one head_dim and one KV-head count for every layer with heads; some configs build
-layers that differ (Gemma-4's global layers with their own head_dim, shared KV layers without K/V
-projections, keys reused as values). Those are refused here, when the model is bound, naming the
-family, the layer and what differs, so no verb meets them half way.
+`HeadModel` holds one KV-head count for every layer with heads and one head_dim per layer (Gemma-4's global
+layers have their own, global_head_dim: `HeadModel.d_head_at`); some configs build layers it cannot hold (KV
+heads per layer, shared KV layers without K/V projections, keys reused as values). Those are refused here, when
+the model is bound, naming the family and the feature (or the layer and what differs), so no verb meets them
+half way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import HeadscopeError
-from .config import attention_counts
+from .config import AmbiguousPerLayerAttribute, attention_counts, layer_values
 from .layout import get_path
 
 
@@ -44,17 +45,51 @@ def _problem(hm: Any, layer: int) -> str | None:
     if missing:
         return f"no {' or '.join(missing)} (its keys or values come from elsewhere)"
     head_dim, groups = getattr(att, "head_dim", None), getattr(att, "num_key_value_groups", None)
-    if isinstance(head_dim, int) and head_dim != hm.d_head:
-        return f"head_dim {head_dim}, not the config's {hm.d_head}"
+    if isinstance(head_dim, int) and head_dim != hm.d_head_at(layer):
+        return f"head_dim {head_dim}, not the config's {hm.d_head_at(layer)}"
     unchanged = hm.heads_in_layer(layer) == hm.n_heads and len(hm.kv_heads_in_layer(layer)) == hm.n_kv_heads
     if isinstance(groups, int) and groups and unchanged and groups != hm.group_size:
         return f"{hm.n_heads // groups} KV heads, not the config's {hm.n_kv_heads}"
     return None
 
 
+def _config_attr(config: Any, name: str) -> Any:
+    """`config.name` read without tripping transformers' per-layer checks (None where absent or ambiguous)."""
+    try:
+        return getattr(config, name, None)
+    except AmbiguousPerLayerAttribute:  # the per-layer configs refuse global reads of what their layers differ in
+        return None
+
+
+def feature_refusal(config: Any) -> str | None:
+    """The attention feature of `config` that headscope refuses, in one clause naming it, or None.
+
+    Gemma-4's: K/V shared across layers (num_kv_shared_layers: the last layers have no K/V projections and reuse
+    an earlier layer's keys and values), keys as values (attention_k_eq_v: full-attention layers have no
+    v_proj), and a KV-head count per layer (per_layer_config: num_global_key_value_heads) where the layers differ.
+    A head_dim per layer (global_head_dim) is held (`HeadModel.d_head_at`)."""
+    shared = _config_attr(config, "num_kv_shared_layers")
+    if shared:
+        return (f"KV shared across layers (num_kv_shared_layers={shared}: its last {shared} layers have no K/V "
+                f"projections and reuse an earlier layer's keys and values)")
+    if _config_attr(config, "attention_k_eq_v"):
+        return "keys as values (attention_k_eq_v: its full-attention layers have no v_proj)"
+    values = layer_values(config, "num_key_value_heads")
+    if values and len(set(values)) > 1:
+        per = ", ".join(f"{v} in layer {i}" for i, v in enumerate(values))
+        return f"num_key_value_heads per layer (num_global_key_value_heads / per_layer_config: {per})"
+    return None
+
+
 def check_layers(hm: Any) -> None:
     """Refuse a model whose layers differ in attention geometry from the one its config declares (see the module
-    docstring); a config whose per-layer attributes differ is refused the same way."""
+    docstring); a config whose per-layer attributes differ, or that shares K/V across layers or uses keys as
+    values, is refused naming that feature."""
+    feature = feature_refusal(hm.config)
+    if feature:
+        raise HeadscopeError(f"{hm.name!r} ({hm.spec.family} family) uses {feature}; headscope does not support "
+                             f"this yet: it needs every attention layer to hold its own Q, K and V projections "
+                             f"with one KV-head count")
     try:
         attention_counts(hm.config)
     except HeadscopeError as e:
@@ -67,5 +102,5 @@ def check_layers(hm: Any) -> None:
         if problem:
             raise HeadscopeError(
                 f"{hm.name!r} ({hm.spec.family} family): layer {layer}'s attention has {problem}; headscope needs "
-                f"every attention layer to hold its own Q, K and V projections with one head_dim and one KV-head "
-                f"count")
+                f"every attention layer to hold its own Q, K and V projections with its config's head_dim and one "
+                f"KV-head count")

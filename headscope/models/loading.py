@@ -22,7 +22,7 @@ from ..errors import HeadscopeError, did_you_mean
 from ..io import atomic_dir, check_writable_dir
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 from .checkpoint import MLA_FILE, PRUNING_FILE, auto_class, load_checkpoint
-from .config import attn_implementation_for
+from .config import ConfigValidationError, attn_implementation_for, config_refused
 from .files import check_head_geometry, check_weight_files
 from .specs import spec_for
 
@@ -399,6 +399,8 @@ def load_model(
     _check_model_dir(Path(path), name_or_path)
     try:
         config = transformers.AutoConfig.from_pretrained(path)
+    except ConfigValidationError as e:
+        raise config_refused(name_or_path, e) from None
     except OSError as e:
         raise HeadscopeError(
             f"could not load a config for {name_or_path!r} ({e.__class__.__name__}); hub ids need a network "

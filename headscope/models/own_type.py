@@ -21,6 +21,7 @@ from typing import Any
 import transformers
 
 from ..errors import HeadscopeError
+from .config import ConfigValidationError, config_refused
 
 #: config.json key holding the base family's model_type and architectures.
 BASE_KEY = "headscope_base"
@@ -63,7 +64,10 @@ def read_config(path: str | Path) -> Any:
         raise HeadscopeError(f"{path / 'config.json'} is damaged (not JSON: {e}); copy the checkpoint again") from None
     base = cfg.get(BASE_KEY) if isinstance(cfg, dict) else None
     if not base:
-        return transformers.AutoConfig.from_pretrained(path)
+        try:
+            return transformers.AutoConfig.from_pretrained(path)
+        except ConfigValidationError as e:
+            raise config_refused(path, e) from None
     if not isinstance(base, dict) or base.get("model_type") not in transformers.CONFIG_MAPPING or \
             not isinstance(base.get("architectures") or [], list):
         raise HeadscopeError(f"{path / 'config.json'} is damaged ({BASE_KEY} is {str(base)[:80]}, not the base "
@@ -71,7 +75,10 @@ def read_config(path: str | Path) -> Any:
     cfg = {k: v for k, v in cfg.items() if k not in (BASE_KEY, "auto_map")}
     cfg["model_type"] = base["model_type"]
     cfg["architectures"] = base["architectures"] or None
-    return transformers.CONFIG_MAPPING[base["model_type"]].from_dict(cfg)
+    try:
+        return transformers.CONFIG_MAPPING[base["model_type"]].from_dict(cfg)
+    except ConfigValidationError as e:
+        raise config_refused(path, e) from None
 
 
 __all__ = ["BASE_KEY", "config_class_source", "mark_own_type", "own_model_type", "read_config"]

@@ -172,20 +172,21 @@ GEMMA3 = replace(
     notes="q_norm / k_norm per head; scale query_pre_attn_scalar^-0.5; head_dim != d_model / heads; sliding and "
           "global layers (layer_types)")
 # Gemma-4's text model: Gemma-3's layout; v_norm (no weight) normalises each head's values, and the norms do the
-# scaling (scaling 1.0, which the kernel receives). Layers with their own geometry (global_head_dim,
-# num_global_key_value_heads), shared KV layers and keys reused as values are refused when the model loads
-# (HeadModel._check_layers), because HeadModel holds one head_dim and one KV-head count.
+# scaling (scaling 1.0, which the kernel receives). Its full-attention layers' own head_dim (global_head_dim) is
+# held per layer (HeadModel.d_head_at); KV heads per layer (num_global_key_value_heads), shared KV layers and keys
+# reused as values are refused when the model loads, naming the feature (geometry.feature_refusal).
 GEMMA4 = replace(
     GEMMA3, family="gemma4", model_types=("gemma4_text",),
-    examples="Gemma-4 text models (`Gemma4ForCausalLM`) whose layers share one head_dim and KV-head count",
+    examples="Gemma-4 text models (`Gemma4ForCausalLM`) without shared KV layers or keys as values",
     refuses=(("block", "its per-layer inputs are packed for all layers in one table (embed_tokens_per_layer, "
                        "per_layer_model_projection), so a dropped layer would shift every later layer's input "
                        "(slicing them is not implemented)"),),
     notes="q_norm / k_norm / v_norm per head (shared, not sliced); scaling 1 (the norms scale); sliding and global "
           "layers; per-layer inputs and the optional MoE block leave attention alone (--unit ffn: the dense MLP's "
-          "neurons). Refused when loading: global layers with another head_dim or KV-head count (global_head_dim, "
-          "e.g. the config defaults 256 / 512), shared KV layers (num_kv_shared_layers), keys as values "
-          "(attention_k_eq_v)")
+          "neurons); head_dim per layer (global_head_dim: full-attention layers 512, sliding 256 in the config "
+          "defaults): statistics, gates, roles, scores, pruning, reloading, the KV calculator, gqa; similar and the "
+          "head-aware cache refuse it. Refused when loading, naming the feature: KV shared across layers "
+          "(num_kv_shared_layers), keys as values (attention_k_eq_v), KV heads per layer")
 GEMMA2 = replace(LLAMA, family="gemma2", model_types=("gemma2",), examples="Gemma-2 2B/9B",
                  notes="attention logits soft-capped (attn_logit_softcapping); sliding and global layers")
 # SmolLM3 stores Q, K and V like LLaMA; its NoPE layers (config.no_rope_layers[layer] == 0) only skip the

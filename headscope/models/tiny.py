@@ -4,7 +4,8 @@ Fixed seed, float32, eager attention. Each tiny config has 2 layers (Qwen3.5: 3,
 softmax heads) and at least 4 query heads;
 the LLaMA-family ones, Qwen3, Gemma-2, StarCoder2, Phi-3, SmolLM3 and the MoE ones are GQA (6 or 4 query heads sharing 2
 KV heads), Gemma-3 is MQA like the real 270M (4 query heads, 1 KV head). Where a family's head_dim
-may differ from d_model / heads (Qwen3, Gemma), it does here, so the two cannot be confused.
+may differ from d_model / heads (Qwen3, Gemma), it does here, so the two cannot be confused; Gemma-4's differs
+per layer as in the real model (tests/test_tiny_shapes.py checks each family's peculiarities).
 """
 
 from __future__ import annotations
@@ -74,11 +75,11 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {**_LLAMA, "sliding_window": 4, "pad_token_id": 0, "bos_token_id": 1,
                                                   "eos_token_id": 2,
                                                   "layer_types": ["sliding_attention", "full_attention"]}),
-    # Gemma-4 text: Gemma-3's tiny shape with GQA, per-layer inputs (8 wide) and global layers of the same
-    # head_dim (global_head_dim defaults to 512, which HeadModel refuses: one head_dim per model).
+    # Gemma-4 text: Gemma-3's tiny shape with GQA, per-layer inputs (8 wide) and, like the real model (256 / 512),
+    # a full-attention layer with its own head_dim (global_head_dim 32 beside the sliding layer's 16).
     "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
         vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, global_head_dim=16, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
+        head_dim=16, global_head_dim=32, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
         layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=8,
         vocab_size_per_layer_input=120, pad_token_id=0, bos_token_id=2, eos_token_id=1)),
     # ModernBERT: layer 0 global, layer 1 local with a window of |q - k| <= 2 (local_attention 4); the special

@@ -106,8 +106,9 @@ class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, Outpu
     uniform: bool = option(False, "head units: every point removes the same units from every layer (its least "
                                   "important ones), so every layer keeps the same number of query heads (per KV "
                                   "group with --unit slice, whole KV groups alike with --unit group) and "
-                                  "--save-model writes an ordinary config that plain transformers loads; --fraction "
-                                  "is rounded down to whole rounds")
+                                  "--save-model writes an ordinary config that plain transformers loads where "
+                                  "transformers accepts that shape (else its own model_type; the last line says "
+                                  "which); --fraction is rounded down to whole rounds")
     recover_steps: int = option(0, "fine-tuning steps between pruning steps (default 0: no recovery)", metavar="N",
                                 at_least=0, most="steps", old=("--recover",))
     recover_lr: float = option(5e-05, "recovery learning rate (default 5e-5)", above=0)

@@ -98,7 +98,7 @@ def report_data(
     model_meta: dict[str, Any] = {}
     if hm is not None:
         model_meta = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads,
-                      "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head, "causal": hm.causal,
+                      "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head_record, "causal": hm.causal,
                       "model_type": hm.config.model_type}
     elif table is None:
         why = src.problems.get(HEADS_CSV.name, f"no heads.csv in {', '.join(map(str, dirs))}")

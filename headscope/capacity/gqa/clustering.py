@@ -110,7 +110,7 @@ def kv_distances(hm: HeadModel, data: Any = None, *, max_length: int = 64, batch
     distances between the heads' projection weights. K and V parts are each divided by the mean squared
     norm of their heads so neither dominates.
     """
-    n_kv, d = hm.n_kv_heads, hm.d_head
+    n_kv = hm.n_kv_heads
     gk = torch.zeros(hm.n_layers, n_kv, n_kv, dtype=torch.float64)
     gv = torch.zeros_like(gk)
     if data is None:
@@ -124,7 +124,8 @@ def kv_distances(hm: HeadModel, data: Any = None, *, max_length: int = 64, batch
 
         def hook(store: torch.Tensor, layer: int) -> Callable[[nn.Module, Any, torch.Tensor], None]:
             def fn(_module: nn.Module, _inp: Any, out: torch.Tensor) -> None:
-                x = out.detach()[mask_now[0].bool()].reshape(-1, n_kv, d).double()  # [tokens, kv_head, d_head]
+                x = out.detach()[mask_now[0].bool()]
+                x = x.reshape(-1, n_kv, out.shape[-1] // n_kv).double()  # [tokens, kv_head, d_head]
                 store[layer] += torch.einsum("nad,nbd->ab", x, x).cpu()
             return fn
 

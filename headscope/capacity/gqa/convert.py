@@ -123,7 +123,7 @@ def layer_weights(hm: HeadModel, layer: int, layer_groups: Groups, kv_heads: int
     are contiguous, because transformers' `repeat_kv` maps query head h to KV head h // (n_heads / G);
     K/V rows are reordered and mean-pooled per group.
     """
-    d, g_old = hm.d_head, hm.n_heads // hm.n_kv_heads
+    d, g_old = hm.d_head_at(layer), hm.n_heads // hm.n_kv_heads
     kv_order = [h for g in layer_groups for h in g]
     query_order = [kv * g_old + i for kv in kv_order for i in range(g_old)]
     w = hm.qkv_weights(layer)
@@ -189,7 +189,7 @@ def expand_kv_heads(hm: HeadModel) -> HeadModel:
     regrouping from an MHA starting point.
     """
     check_convertible(hm, hm.n_kv_heads, merge=False)
-    g, d = hm.group_size, hm.d_head
+    g, n_kv = hm.group_size, hm.n_kv_heads
 
     @overload
     def repeat(t: torch.Tensor) -> torch.Tensor: ...
@@ -199,7 +199,7 @@ def expand_kv_heads(hm: HeadModel) -> HeadModel:
         # query head h reads KV head h // g: block h of the new projection is old block h // g
         if t is None:
             return None
-        return t.reshape(-1, d, *t.shape[1:]).repeat_interleave(g, 0).reshape(-1, *t.shape[1:])
+        return t.reshape(n_kv, -1, *t.shape[1:]).repeat_interleave(g, 0).reshape(-1, *t.shape[1:])  # any d_head
 
     new = [hm.qkv_weights(layer) for layer in range(hm.n_layers)]
     out = _copy(hm, f"{hm.name}-mha", hm.source)

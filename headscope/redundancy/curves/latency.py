@@ -28,7 +28,7 @@ def matmul_flops(hm: HeadModel, n_tokens: int, seq: int) -> float:
     if head is not None and isinstance(api.get_input_embeddings(), torch.nn.Embedding) and \
             head.weight is api.get_input_embeddings().weight:
         linear += head.weight.numel()  # a tied LM head is one parameter but a full matmul
-    width = sum(hm.heads_in_layer(l) * hm.d_head for l in range(hm.n_layers))
+    width = sum(hm.heads_in_layer(l) * hm.d_head_at(l) for l in range(hm.n_layers))
     return 2.0 * linear * n_tokens + 4.0 * seq * width * n_tokens
 
 

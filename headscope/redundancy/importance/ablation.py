@@ -109,7 +109,7 @@ def row_ablation(hm: HeadModel, base: torch.Tensor, layer: int, heads: Sequence[
             return z * g[:, None, :, None].to(z.dtype)
         out = z * g_layer[:, None, :, None].to(z.dtype)
         if means is not None:
-            out = out + replace[:, None, :, None].to(z.dtype) * means[layer].to(z.dtype)[None, None]
+            out = out + replace[:, None, :, None].to(z.dtype) * means[layer, :, :z.shape[-1]].to(z.dtype)[None, None]
         return out
 
     with on_head_outputs(hm, apply, layers=touched):
@@ -117,14 +117,16 @@ def row_ablation(hm: HeadModel, base: torch.Tensor, layer: int, heads: Sequence[
 
 
 def head_means(hm: HeadModel, prep: Tokens, base: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """Mean output of every head over the real tokens of the data, under the base mask: `[L, H, d_head]`."""
-    sums = torch.zeros(hm.n_layers, hm.n_heads, hm.d_head, dtype=torch.float64)
+    """Mean output of every head over the real tokens of the data, under the base mask: `[L, H, d_head]` (per-layer
+    head_dim: the widest, each layer's first d_head_at(layer) entries used)."""
+    width = max((hm.d_head_at(l) for l in range(hm.n_layers)), default=0)
+    sums = torch.zeros(hm.n_layers, hm.n_heads, width, dtype=torch.float64)
     count = 0.0
     mask_box: dict[str, torch.Tensor] = {}
 
     def keep(layer: int, z: torch.Tensor) -> None:
         m = mask_box["mask"].to(z.dtype)[:, :, None, None]
-        sums[layer] += (z * m).sum((0, 1)).double().cpu()
+        sums[layer, :, :z.shape[-1]] += (z * m).sum((0, 1)).double().cpu()
 
     with torch.inference_mode(), ExitStack() as stack:
         stack.enter_context(head_gates(hm, base))

@@ -212,7 +212,7 @@ def _table(hm: HeadModel, run: _Run, chosen: list[str], base: torch.Tensor, prep
             columns[f"importance_{method}_lo"], columns[f"importance_{method}_hi"] = lo, hi
     meta = {
         "model": hm.name, "model_source": hm.source, "model_type": hm.config.model_type,
-        "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,
+        "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head_record,
         "causal": hm.causal, "data": prep.source, "passages": len(prep.ids), "tokens_seen": prep.n_tokens,
         "max_length": prep.max_length, "batch_size": batch_size, "seed": seed, "ig_steps": ig_steps,
         "metric": metric, "metric_value": base_result.value, "metric_details": base_result.details,
