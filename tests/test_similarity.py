@@ -527,9 +527,9 @@ def test_cli_writes_outputs_and_refuses_overwrite(tmp_path, capsys):
 
 
 def test_cli_refuses_bad_cka_options_before_loading(tmp_path, capsys, monkeypatch):
-    import headscope.commands.similar as verb
+    from headscope.options import ModelOptions
 
-    monkeypatch.setattr(verb, "load_from_args", lambda args: pytest.fail("the model loaded"))
+    monkeypatch.setattr(ModelOptions, "load", lambda options: pytest.fail("the model loaded"))
     assert main(["similar", "minilm", "--out", str(tmp_path / "a"), "--cka-batch", "4"]) == 2
     assert "at least 8" in capsys.readouterr().err
     assert main(["similar", "minilm", "--out", str(tmp_path / "b"), "--cka-pool", "-1"]) == 2

@@ -47,12 +47,22 @@ def _score_units(hm: Any, given: dict[str, Any]) -> Result:
     return score(hm, given["data"], ScoreOptions(**given, limit=4, max_length=16, batch_size=2, unit="attention"))
 
 
+def _similar(hm: Any, given: dict[str, Any]) -> Result:
+    from headscope.learned.options import SimilarOptions
+    from headscope.learned.verbs import similar
+
+    return similar(hm, given["data"], SimilarOptions(**given, limit=4, max_length=16, batch_size=2, bootstrap=200,
+                                                     top=3, js_max=0.5, cka_min=0.1, cka_batch=8))
+
+
 CASES: dict[str, Case] = {
     "analyze": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200"], _analyze),
     "score": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200",
                "--method", "taylor,output_norm"], _score),
     "score --unit attention": (["--unit", "attention", "--limit", "4", "--max-length", "16", "--batch-size", "2"],
                                _score_units),
+    "similar": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200", "--top", "3",
+                 "--js-max", "0.5", "--cka-min", "0.1", "--cka-batch", "8"], _similar),
 }
 
 

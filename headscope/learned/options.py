@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import HeadscopeError
 from ..io import check_writable_file
 from ..options import (
     DataOptions,
@@ -16,6 +17,7 @@ from ..options import (
     WorkerOptions,
     option,
 )
+from .similarity import check_cka_batch, check_thresholds
 
 LONG = "long-range roles (docs/long_context.md)"
 
@@ -85,6 +87,17 @@ class SimilarOptions(ModelOptions, DataOptions, IntervalOptions, OutputOptions):
                                  "(default 2048; memory pool x heads x d_head)")
     cka_memory: int = option(192, "with --cka exact: MiB of the cross-covariance held at once (default 192); less "
                                   "memory means more reads of the spilled outputs", metavar="MiB")
+
+    def check(self) -> None:
+        super().check()
+        if self.top < 0:
+            raise HeadscopeError(f"--top must be 0 or more, got {self.top}")
+        check_thresholds(self.js_max, self.cka_min)
+        check_cka_batch(self.cka_batch)
+        if self.cka_pool < 0:
+            raise HeadscopeError(f"--cka-pool must be 0 or more tokens, got {self.cka_pool}")
+        if self.cka_memory < 1:
+            raise HeadscopeError(f"--cka-memory must be at least 1 MiB, got {self.cka_memory}")
 
 
 def check_card_path(path: str | None) -> None:
