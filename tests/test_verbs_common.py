@@ -55,15 +55,25 @@ def _similar(hm: Any, given: dict[str, Any]) -> Result:
                                                      top=3, js_max=0.5, cka_min=0.1, cka_batch=8))
 
 
+def _tasks(hm: Any, given: dict[str, Any]) -> Result:
+    from headscope.redundancy.options import TasksOptions
+    from headscope.redundancy.verbs import tasks
+
+    return tasks(hm, "fidelity,syntax", TasksOptions(**given, limit=4, max_length=16, batch_size=2))
+
+
 CASES: dict[str, Case] = {
     "analyze": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200"], _analyze),
     "score": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200",
                "--method", "taylor,output_norm"], _score),
     "score --unit attention": (["--unit", "attention", "--limit", "4", "--max-length", "16", "--batch-size", "2"],
                                _score_units),
+    "tasks": (["--tasks", "fidelity,syntax", "--limit", "4", "--max-length", "16", "--batch-size", "2"], _tasks),
     "similar": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200", "--top", "3",
                  "--js-max", "0.5", "--cka-min", "0.1", "--cka-batch", "8"], _similar),
 }
+
+NO_DATA = {"tasks"}  # verbs without --data: each task reads its own
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -99,11 +109,13 @@ def test_cli_and_library_give_the_same_files(verb, inputs, tmp_path, capsys):
     model, text = inputs
     argv, library = CASES[verb]
     cli_out, lib_out = tmp_path / "cli", tmp_path / "lib"
-    assert main([verb.split()[0], str(model), "--data", str(text), *argv, "--out", str(cli_out)]) == 0
+    data = {} if verb in NO_DATA else {"data": str(text)}
+    assert main([verb.split()[0], str(model), *(f"--{k}={v}" for k, v in data.items()), *argv,
+                 "--out", str(cli_out)]) == 0
     printed = capsys.readouterr().out
     hm = load_model(str(model))
     before = sorted(os.listdir(tmp_path))
-    result = library(hm, {"model": str(model), "data": str(text), "out": str(cli_out)})
+    result = library(hm, {"model": str(model), **data, "out": str(cli_out)})
     assert sorted(os.listdir(tmp_path)) == before, "the library call wrote something before save()"
     assert result.lines() and "\n".join(result.lines()) in printed  # the CLI prints what the result says
     assert len(result.to_pandas()) > 0

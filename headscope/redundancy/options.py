@@ -17,9 +17,10 @@ from ..options import (
     option,
 )
 from ..options.parse import share
-from .importance import check_method, parse_methods
+from .importance import CRITERIA, check_method, parse_methods
 from .importance.hard_concrete import BETA
 from .importance.l0 import L0Settings, check_l0
+from .importance.tasks import parse_tasks
 
 L0 = "L0 gates (--method l0)"
 DEFAULT_METHODS = ("gradient", "ablation")
@@ -132,3 +133,8 @@ class TasksOptions(ModelOptions, SeedOptions, OutputOptions):
                             "scored, the probe is fitted on its whole half)", at_least=1)
     max_length: int = option(64, "tokens per passage (default 64)", at_least=1)
     batch_size: int = option(16, "passages per forward pass (default 16)", at_least=1)
+
+    def check(self) -> None:
+        super().check()
+        parse_tasks(self.tasks)  # unknown tasks, labelled tasks without labels: before anything loads
+        CRITERIA.get(self.method)

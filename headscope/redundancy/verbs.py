@@ -3,7 +3,10 @@ nothing, and returns a result the CLI saves and prints (`headscope.options.Resul
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,10 @@ from ..artifacts import (
     IMPORTANCE_CSV,
     IMPORTANCE_JSON,
     RANK_CORRELATION_CSV,
+    TASK_CORRELATION_CSV,
+    TASK_SPECIFIC_CSV,
+    TASKS_CSV,
+    TASKS_JSON,
     UNIT_IMPORTANCE_CSV,
     UNIT_IMPORTANCE_JSON,
     write_csv,
@@ -29,7 +36,15 @@ from ..provenance import provenance
 from ..table import HeadTable, grid, parse_head
 from .importance import CRITERIA, parse_methods, rank_correlations, score_units
 from .importance import score as score_table
-from .options import DEFAULT_METHODS, ScoreOptions
+from .importance.tasks import (
+    check_tasks_usable,
+    parse_tasks,
+    task_correlation_intervals,
+    task_correlations,
+    task_importance,
+    task_specific,
+)
+from .options import DEFAULT_METHODS, ScoreOptions, TasksOptions
 
 
 def parse_pruned(text: str | None, n_layers: int, n_heads: int) -> torch.Tensor | None:
@@ -177,6 +192,81 @@ def score(hm: HeadModel, data: Any = None, options: ScoreOptions | None = None, 
                         intervals=opts.intervals(), until_stable=opts.until_stable, options=extra, progress=progress)
     corr = rank_correlations(table)
     return ScoreResult(table=table.with_columns(meta={"provenance": prov}), correlations=corr, name=hm.name)
+
+
+@dataclass
+class TasksResult(Result):
+    """Head importance under several tasks: tasks.csv, task_correlation.csv, task_specific.csv, tasks.json."""
+
+    table: HeadTable
+    correlations: pd.DataFrame
+    intervals: list[dict[str, Any]]  # each pair of tasks' Spearman with its interval over heads
+    specific: list[dict[str, Any]]  # heads in the top 10% of one task and the bottom half of another
+    name: str
+    files = (TASKS_CSV.name, TASK_CORRELATION_CSV.name, TASK_SPECIFIC_CSV.name, TASKS_JSON.name)
+
+    def to_pandas(self) -> pd.DataFrame:
+        return self.table.to_pandas()
+
+    def write(self, folder: Path) -> None:
+        buf = io.StringIO()
+        fields = [f.name for f in TASK_SPECIFIC_CSV.fields]
+        w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+        w.writeheader()
+        for r in self.specific:
+            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+        self.table.to_csv(folder / TASKS_CSV.name)
+        self.table.to_json(folder / TASKS_JSON.name)
+        atomic_write_text(folder / TASK_CORRELATION_CSV.name,
+                          self.correlations.to_csv(float_format="%.4f", lineterminator="\n"))
+        atomic_write_text(folder / TASK_SPECIFIC_CSV.name, buf.getvalue())
+
+    def lines(self) -> list[str]:
+        table, corr = self.table, self.correlations
+        out = [f"{self.name}: {table.n_layers} layers x {table.n_heads} heads; tasks "
+               + ", ".join(f"{t} ({s:.0f} s)" for t, s in table.meta["seconds"].items()),
+               "", "Spearman rank correlation between tasks [95% interval over heads: Fisher z, Bonett-Wright "
+                   "variance; the noise of each task's data is not in it]:"]
+        names = list(corr.columns)
+        cell = {(c["a"], c["b"]): f"{c['spearman']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]" for c in self.intervals}
+        width = max([len(n) for n in names] + [18])
+        out.append(" " * width + "".join(f"  {n:>{width}}" for n in names))
+        for a in names:
+            row = [cell.get((a, b)) or cell.get((b, a)) or ("1" if a == b else "-") for b in names]
+            out.append(f"{a:<{width}}" + "".join(f"  {v:>{width}}" for v in row))
+        pairs: dict[tuple[str, str], list[str]] = {}
+        for r in self.specific:
+            pairs.setdefault((r["task"], r["other"]), []).append(r["head"])
+        if pairs:
+            out += ["", "heads in the top 10% for one task and the bottom half for another:"]
+            for (t, o), heads in pairs.items():
+                out.append(f"  {t} not {o}: {' '.join(heads)}")
+        return out
+
+
+def tasks(hm: HeadModel, data: str | Sequence[str] | None = None, options: TasksOptions | None = None, *,
+          progress: bool = False, **changes: Any) -> TasksResult:
+    """`headscope tasks` on a loaded model: every head's importance under each task and the tasks' rank correlation.
+
+    `data`: the tasks, as `--tasks` takes them ("lm_ptb,wordsim", or a list of names; a task's own data after
+    '=', e.g. "classification=labels.jsonl"); None: `options.tasks`. Keywords override single options:
+    `tasks(hm, "fidelity,wordsim", limit=32)`.
+    """
+    if data is not None:
+        changes["tasks"] = data if isinstance(data, str) else ",".join(data)
+    opts = (options or TasksOptions()).replace(**changes).validate()
+    chosen = parse_tasks(opts.tasks)
+    check_tasks_usable(hm, chosen)
+    prov = provenance("tasks", hm, None, opts.with_only())
+    table = task_importance(hm, chosen, method=opts.method, limit=opts.limit, max_length=opts.max_length,
+                            batch_size=opts.batch_size, seed=opts.seed, progress=progress)
+    corr = task_correlations(table)
+    intervals = task_correlation_intervals(table)
+    specific = task_specific(table)
+    table = table.with_columns(meta={"provenance": prov, "correlation_intervals": {
+        "level": 0.95, "method": "Fisher z over heads, Bonett-Wright variance (the tasks' data noise not included)",
+        "pairs": intervals}})
+    return TasksResult(table=table, correlations=corr, intervals=intervals, specific=specific, name=hm.name)
 
 
 def _fits(values: np.ndarray) -> bool:
