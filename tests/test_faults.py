@@ -354,12 +354,12 @@ def test_minor_ones(tmp_path, capsys):
 
 
 def test_long_refused_before_the_short_pass(tmp_path, capsys, monkeypatch):
-    import headscope.commands.roles as roles_cmd
+    import headscope.learned.verbs as verbs
 
     def never(*a, **k):
         raise AssertionError("the short-text pass ran")
 
-    monkeypatch.setattr(roles_cmd, "roles", never)
+    monkeypatch.setattr(verbs, "roles_table", never)
     src, text = tiny_llama_dir(tmp_path, max_position_embeddings=128)
     refused(tmp_path, capsys, ["roles", str(src), "--data", str(text), "--long", "10000000", "--out", "o"],
             "--long 10000000 exceeds")

@@ -17,6 +17,7 @@ from ..options import (
     WorkerOptions,
     option,
 )
+from .longctx import check_long_args
 from .similarity import check_cka_batch, check_thresholds
 
 LONG = "long-range roles (docs/long_context.md)"
@@ -61,6 +62,13 @@ class RolesOptions(ModelOptions, DataOptions, StableOptions, OutputOptions, Work
     card_score: str = option("retrieval", "score the card holds (default retrieval: one value per answered "
                                           "haystack)", choices=("retrieval", "streaming", "echo", "induction"),
                              group=LONG)
+
+    def check(self) -> None:
+        super().check()
+        if self.long is not None:
+            check_long_args(None, self.long, self.haystacks, self.long_windows, self.stride, self.block)
+        if self.export_card is not None and self.long is None:
+            raise HeadscopeError("--export-card needs --long N (the card holds long-range scores)")
 
     def check_paths(self) -> None:
         super().check_paths()
