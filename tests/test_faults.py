@@ -126,14 +126,14 @@ def test_corrupt_resume_files_named_with_force(tmp_path, capsys, bert):
 @pytest.fixture()
 def recover_run(monkeypatch, minilm):
     """prune --recover on a tiny GPT-2 reading MiniLM's tokenizer (recovery is LM distillation, and fast)."""
-    from headscope.commands import _common
     from headscope.models.adapter import HeadModel
+    from headscope.options import groups  # prune loads through PruneOptions.load
 
     def load(*args, **kwargs):
         tiny = tiny_model("gpt2", init_std=0.2, vocab_size=minilm.tokenizer.vocab_size)
         return HeadModel(model=tiny.model, tokenizer=minilm.tokenizer, name="tiny-gpt2", source="config")
 
-    monkeypatch.setattr(_common, "load_model", load)
+    monkeypatch.setattr(groups, "load_model", load)
     return ["prune", "tiny", "--fraction", "75%", "--step", "0.25", "--limit", "6", "--max-length", "16",
             "--batch-size", "2", "--recover-steps", "2", "--recover-lr", "1e-3"]
 

@@ -70,12 +70,32 @@ def _roles(hm: Any, given: dict[str, Any]) -> Result:
                                                  treebank="ewt-test"))
 
 
+def _prune(hm: Any, given: dict[str, Any]) -> Result:
+    from headscope.redundancy.options import PruneOptions
+    from headscope.redundancy.verbs import prune
+
+    return prune(hm, given["data"], PruneOptions(**given, heldout=given["data"], limit=4, max_length=16, batch_size=2,
+                                                 bootstrap=200, fraction=0.5, step=0.25, save_model=True))
+
+
+def _prune_units(hm: Any, given: dict[str, Any]) -> Result:
+    from headscope.redundancy.options import PruneOptions
+    from headscope.redundancy.verbs import prune
+
+    return prune(hm, given["data"], PruneOptions(**given, limit=4, max_length=16, batch_size=2, unit="attention",
+                                                 fraction=0.5, step=0.25))
+
+
 CASES: dict[str, Case] = {
     "analyze": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200"], _analyze),
     "score": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200",
                "--method", "taylor,output_norm"], _score),
     "score --unit attention": (["--unit", "attention", "--limit", "4", "--max-length", "16", "--batch-size", "2"],
                                _score_units),
+    "prune": (["--heldout", "{data}", "--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200",
+               "--fraction", "0.5", "--step", "0.25", "--save-model"], _prune),
+    "prune --unit attention": (["--unit", "attention", "--limit", "4", "--max-length", "16", "--batch-size", "2",
+                                "--fraction", "0.5", "--step", "0.25"], _prune_units),
     "roles": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200", "--treebank",
                "ewt-test"], _roles),
     "tasks": (["--tasks", "fidelity,syntax", "--limit", "4", "--max-length", "16", "--batch-size", "2"], _tasks),
@@ -97,7 +117,7 @@ def _without_run_fields(name: str, data: bytes) -> Any:
         return data
     def strip(x: Any) -> Any:
         if isinstance(x, dict):
-            return {k: strip(v) for k, v in x.items() if k not in ("seconds", "wall_s", "elapsed_s")}
+            return {k: strip(v) for k, v in x.items() if k not in ("seconds", "wall_s", "elapsed_s", "score_seconds")}
         if isinstance(x, list):
             return [strip(v) for v in x]
         return x
@@ -122,6 +142,7 @@ def test_cli_and_library_give_the_same_files(verb, inputs, tmp_path, capsys):
     argv, library = CASES[verb]
     cli_out, lib_out = tmp_path / "cli", tmp_path / "lib"
     data = {} if verb in NO_DATA else {"data": str(text)}
+    argv = [a.replace("{data}", str(text)) for a in argv]
     assert main([verb.split()[0], str(model), *(f"--{k}={v}" for k, v in data.items()), *argv,
                  "--out", str(cli_out)]) == 0
     printed = capsys.readouterr().out
