@@ -207,19 +207,19 @@ def test_a_failed_write_leaves_nothing_and_the_rerun_matches(tmp_path, monkeypat
 
 
 def test_report_failing_half_way_leaves_nothing(tmp_path, monkeypatch, bert):
-    import headscope.report as report
+    import headscope.report.verbs as report
 
     argv = ["report", str(bert), "--sentences", "1", *SMALL]
-    real = report.page
+    real = report.atomic_write_text
 
-    def broken(d):
+    def broken(path, text):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(report, "page", broken)
+    monkeypatch.setattr(report, "atomic_write_text", broken)  # the page, written after heads.csv/.json and figures
     before = listing(tmp_path)
     assert _run(tmp_path, [*argv, "--out", "r"]) == 1
     assert listing(tmp_path) == before  # neither the computed heads.csv/.json nor the figures
-    monkeypatch.setattr(report, "page", real)
+    monkeypatch.setattr(report, "atomic_write_text", real)
     assert _run(tmp_path, [*argv, "--out", "r"]) == 0
     assert {"heads.csv", "heads.json", "report.html"} <= {p.name for p in (tmp_path / "r").iterdir()}
 
