@@ -10,6 +10,7 @@ import numpy as np
 from .. import plots
 from ..artifacts import ROLES_JSON, SYNTAX_CSV
 from ..learned.roles.registry import key, resolve, role_for_score
+from ..table import parse_head
 from .sources import Part, Sources, clean
 
 # Relations seen only a few times give accuracies of 0 or 1 by chance; they are left out.
@@ -143,7 +144,7 @@ def role_bar_rows(rj: dict[str, Any], per_role: int = 3) -> list[dict[str, Any]]
                   "uncertain": False} for e in heads[:per_role] if "lo" in e]
     unsure: dict[str, list[dict[str, Any]]] = {}
     for head, names in (rj.get("uncertain") or {}).items():
-        l, h = (int(x) for x in head[1:].split("H"))
+        l, h = parse_head(head)
         for r in names:
             found = resolve(r)
             name = key(found[0].score, found[1]) if found is not None else None
