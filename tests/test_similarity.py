@@ -544,8 +544,8 @@ def test_minilm_broad_heads_l0h7_l0h11_are_the_closest_patterns(minilm):
     'broad' heads (normalised entropy 0.92-0.94): two flat distributions are close in JS whatever
     they attend to, so pattern similarity alone flags broad heads as look-alikes. Their outputs are
     not duplicates (CKA ~0.35 on the full sample), which is why clusters also require CKA."""
-    from headscope import analyze
     from headscope.data import read_texts
+    from headscope.learned.analyze import analyze
 
     texts = read_texts(None).texts[:6]
     sim = similarity(minilm, texts, weights=False)
