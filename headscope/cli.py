@@ -21,7 +21,7 @@ import transformers
 from . import commands, distributed
 from .commands._common import check_options, flag_message
 from .errors import HeadscopeError
-from .io import out_lock
+from .io import disk_full_error, is_disk_full, out_lock
 from .options import OptionError
 from .study import cli as study_cli
 from .version import __version__
@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             check_options(args)  # refused once, here, before any process starts
             with out_lock(lock, f"headscope {args.verb}"):
                 return distributed.launch(sys.argv[1:] if argv is None else list(argv), args.workers)
-        with distributed.session(args):  # torchrun's ranks: join, stop together on failure (no-op alone)
+        # torchrun's ranks: join, stop together on failure (no-op alone); each rank on its own device
+        with distributed.session(args.verb, getattr(args, "device", None), hasattr(args, "workers")) as device:
+            if device is not None:
+                args.device = device
             distributed.check_workers(getattr(args, "workers", 1))
             check_options(args)  # every option is checked before a verb loads anything
             with out_lock(lock, f"headscope {args.verb}"):
@@ -107,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"headscope {args.verb}: {how}; no output was left half-written", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     except Exception as e:  # the safety net: a bug or an unforeseen input, never a bare traceback
+        if is_disk_full(e) and distributed.is_main():  # a writer that did not say it itself
+            where = getattr(e, "filename", None) or getattr(args, "out", None) or "."
+            print(f"headscope {args.verb}: error: {disk_full_error(where)}", file=sys.stderr)
+            return 2
         if args.verbose:
             traceback.print_exc()
         detail = str(e).strip().splitlines()[0] if str(e).strip() else ""

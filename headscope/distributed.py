@@ -18,7 +18,6 @@ returns its input, so library code calls them unconditionally.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import subprocess
@@ -309,24 +308,25 @@ def all_reduce_totals(totals: list[list[dict[str, list[float]]]]) -> list[list[d
 
 # --- the CLI: --workers and the per-process session -----------------------------------------
 @contextmanager
-def session(args: argparse.Namespace) -> Iterator[None]:
-    """One verb run in this process: join the group, stop every rank on a failure, sync at the end.
+def session(verb: str, device: str | None, splits_work: bool) -> Iterator[str | None]:
+    """One verb run in this process: join the group, stop every rank on a failure, sync at the end. Yields
+    the device this rank runs on (`device` with the rank's own index under torchrun).
 
-    Outside a distributed run it does nothing. Ranks other than 0 log errors only (rank 0 speaks).
+    Outside a distributed run it does nothing but yield `device`. Ranks other than 0 log errors only (rank 0
+    speaks). `splits_work`: whether the verb shares its scan across ranks (the others are refused).
     """
     if not launched():
-        yield
+        yield device
         return
     if not is_main():
         logging.getLogger().setLevel(logging.ERROR)
-    if getattr(args, "device", None):
-        args.device = rank_device(args.device)
-    init(getattr(args, "device", None) or "cpu")
+    mine = rank_device(device) if device else device
+    init(mine or "cpu")
     try:
-        if not hasattr(args, "workers"):  # the verbs that split their work take --workers
-            raise HeadscopeError(f"{args.verb} does not run data-parallel; run it as one process "
+        if not splits_work:
+            raise HeadscopeError(f"{verb} does not run data-parallel; run it as one process "
                                  f"(data-parallel verbs: analyze, roles, score)")
-        yield
+        yield mine
         check()  # rank 0 may still fail while writing: the others wait to hear
     except Exception as e:  # Ctrl-C reaches every rank itself (and the launcher stops them)
         fail(e)

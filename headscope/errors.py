@@ -10,6 +10,11 @@ class HeadscopeError(ValueError):
     """A user-facing error (bad input, unsupported model, refused overwrite)."""
 
 
+class OutputConflict(HeadscopeError):
+    """An output location already holds results (refused without --force): the user's error on the command line,
+    a bug where headscope chose the folder itself (a study's stage)."""
+
+
 def plural(n: int, noun: str, many: str | None = None) -> str:
     """'1 head', '2 heads' (or `many` for irregular plurals): counts in user-facing messages."""
     return f"{n} {noun if n == 1 else (many or noun + 's')}"

@@ -34,7 +34,41 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import HeadscopeError
+from .errors import HeadscopeError, OutputConflict
+
+# What torch's zip writer says when a write comes up short (it checks the position, not errno): a full disk.
+_TORCH_SHORT_WRITE = ("unexpected pos", "PytorchStreamWriter failed writing", "file write failed")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """ENOSPC (or a quota's EDQUOT) from the OS, or torch's zip writer failing a write part way (what it raises
+    on a full disk: "enforce fail at inline_container.cc ... unexpected pos")."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if isinstance(e, Exception) and ("No space left on device" in str(e) or "StorageFull" in str(e)):
+        return True  # safetensors' writer (a Rust IoError inside its own exception type)
+    return isinstance(e, RuntimeError) and any(t in str(e) for t in _TORCH_SHORT_WRITE)
+
+
+def disk_full_error(where: str | Path, needed: int | None = None) -> HeadscopeError:
+    """One line: the disk holding `where` is full, how much was free and (when known) how much was needed."""
+    probe = _nearest_existing(Path(where), "", Path(where)) if str(where) else Path(".")
+    try:
+        free = f"{_size(shutil.disk_usage(probe).free)} free"
+    except OSError:
+        free = "its free space unknown"
+    need = f" needed about {_size(needed)} and" if needed else ""
+    return HeadscopeError(f"the disk is full: writing {str(where)!r}{need} the filesystem holding {str(probe)!r} has "
+                          f"{free}; nothing was left half-written: free some space there or write elsewhere "
+                          f"(another --out), then rerun")
 
 
 def _umask() -> int:
@@ -49,17 +83,55 @@ def _publish(tmp: str, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def temp_prefix(path: Path) -> str:
+    """`.NAME.PID.`: how every temporary beside `path` starts, so a later run can tell whose writer is gone."""
+    return f".{path.name}.{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temps(path: str | Path) -> list[Path]:
+    """Remove the temporaries a killed writer of `path` left beside it (`.NAME.PID.*.tmp` files, `.NAME.PID.*.partial`
+    folders) whose process is gone; a live writer's are left alone. Returns what was removed."""
+    path = Path(path)
+    gone: list[Path] = []
+    if not path.parent.is_dir():
+        return gone
+    for p in path.parent.glob(f".{glob_escape(path.name)}.*"):
+        pid, _, rest = p.name[len(path.name) + 2:].partition(".")
+        if not pid.isdigit() or not (rest.endswith("tmp") or rest.endswith("partial")) or _alive(int(pid)):
+            continue
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+        gone.append(p)
+    return gone
+
+
+def glob_escape(name: str) -> str:
+    """`name` with glob's special characters taken literally."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write `text` to `path` through a temp file in the same folder, then rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
         _publish(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise disk_full_error(path, len(text.encode("utf-8"))) from None
         raise
 
 
@@ -101,13 +173,15 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Binary twin of `atomic_write_text`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         _publish(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise disk_full_error(path, len(data)) from None
         raise
 
 
@@ -135,32 +209,39 @@ def _sibling(path: Path, kind: str) -> Path:
 
 
 @contextmanager
-def atomic_dir(path: str | Path, *, force: bool = False) -> Iterator[Path]:
+def atomic_dir(path: str | Path, *, force: bool = False, needed: int | None = None) -> Iterator[Path]:
     """Yield an empty temp folder beside `path`; on success it becomes `path` in one rename.
 
     `path` is therefore absent, the old complete folder, or the new complete one, never half
     written. An existing `path` is refused before anything is written unless `force`; with
     `force` it is replaced only once the new folder is complete, and put back if the final
     rename fails. On any exception inside the block the temp folder is removed and `path` is
-    left as it was. Files written inside end with the usual umask modes (0644 under umask 022).
+    left as it was. Files written inside end with the usual umask modes (0644 under umask 022). A full disk is
+    said in one line (`needed`: about how many bytes the folder takes, when the caller knows).
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise HeadscopeError(f"{str(path)!r} exists and is not a directory; choose another path")
     if path.exists() and not force:
-        raise HeadscopeError(f"{str(path)!r} already exists; pass force=True (--force) to replace it "
+        raise OutputConflict(f"{str(path)!r} already exists; pass force=True (--force) to replace it "
                              "or choose another path")
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)  # a killed writer's half-written folder beside it
     tmp = _sibling(path, "partial")
     tmp.mkdir()  # os.mkdir honours the umask (mkdtemp would make it 0700)
     try:
-        yield tmp
+        try:
+            yield tmp
+        except BaseException as e:
+            if is_disk_full(e):
+                raise disk_full_error(path, needed) from None
+            raise
         _normal_modes(tmp)
         if not path.exists():
             os.replace(tmp, path)
             return
         if not force:  # appeared while we were writing
-            raise HeadscopeError(f"{str(path)!r} appeared while it was being written; pass force=True to replace it")
+            raise OutputConflict(f"{str(path)!r} appeared while it was being written; pass force=True to replace it")
         old = _sibling(path, "old")
         os.replace(path, old)  # a folder cannot be renamed over a non-empty one: move the old aside first
         try:
@@ -172,6 +253,29 @@ def atomic_dir(path: str | Path, *, force: bool = False) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def inside(folder: str | Path, name: Any, source: str | Path, remedy: str) -> Path:
+    """`folder / name` for a file name read back from one of headscope's own records (`source`: a partial
+    checkpoint's json, study.json, a model's weight index), refused unless it stays inside `folder`.
+
+    A results folder someone sent you cannot point headscope at other files: an absolute path, a `..` part or a
+    symlink that leaves the folder is refused with one line naming `source` and the name (`remedy`: what to do).
+    """
+    folder = Path(folder)
+    text = name if isinstance(name, str) else ""
+    parts = Path(text).parts
+    if not text or Path(text).is_absolute() or ".." in parts or "\x00" in text:
+        why = "not a file name" if not text or "\x00" in text else "a path outside its folder"
+        raise HeadscopeError(f"{source} names {name!r}, {why}: headscope reads back only files inside "
+                             f"{str(folder)!r}; {remedy}")
+    path = folder / text
+    try:
+        path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        raise HeadscopeError(f"{source} names {name!r}, which leads outside {str(folder)!r} (through a symlink): "
+                             f"headscope reads back only files inside it; {remedy}") from None
+    return path
 
 
 def _nearest_existing(path: Path, option: str, shown: Path) -> Path:
@@ -242,7 +346,7 @@ def prepare_out_dir(out: str | Path, force: bool, will_write: list[str]) -> Path
     if out.is_dir() and not force:
         clash = [n for n in will_write if (out / n).exists()]
         if clash:
-            raise HeadscopeError(
+            raise OutputConflict(
                 f"output directory {str(out)!r} already holds {', '.join(clash)}; "
                 f"pass --force to overwrite them or choose another --out"
             )
@@ -267,7 +371,12 @@ def staged(out: str | Path, force: bool = False) -> Iterator[Path]:
     stage = out.parent / f"{_stage_prefix(out)}{os.getpid()}.{secrets.token_hex(4)}"
     stage.mkdir()
     try:
-        yield stage
+        try:
+            yield stage
+        except BaseException as e:
+            if is_disk_full(e):
+                raise disk_full_error(out) from None
+            raise
         _publish_set(stage, out, force)
     finally:
         if stage.exists():
@@ -283,7 +392,7 @@ def _publish_set(stage: Path, out: Path, force: bool) -> None:
     entries = sorted(stage.iterdir())
     clash = [e.name for e in entries if (out / e.name).exists()]
     if clash and not force:
-        raise HeadscopeError(f"{', '.join(clash)} appeared in {str(out)!r} while this run was writing; pass "
+        raise OutputConflict(f"{', '.join(clash)} appeared in {str(out)!r} while this run was writing; pass "
                              f"--force to replace them or choose another --out")
     for e in entries:
         target = out / e.name

@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .errors import HeadscopeError
+from .io import disk_full_error, is_disk_full
 
 SCHEDULES = ("constant", "cosine")
 BatchFn = Callable[[torch.Generator], Any]
@@ -143,29 +144,51 @@ class Trainer:
                 "step": self.step, "losses": list(self.losses)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state from `state_dict` (or from a file written by `save`)."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-        self.step, self.losses = int(state["step"]), list(state["losses"])
+        """Restore a state from `state_dict` (or from a file written by `save`); one that does not fit this
+        trainer (other shapes, a damaged optimizer state) is a HeadscopeError."""
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.generator.set_state(state["generator"])
+            self.step, self.losses = int(state["step"]), [float(x) for x in state["losses"]]
+        except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
+            first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            raise HeadscopeError(f"the saved training state does not fit this run ({type(e).__name__}: {first}); "
+                                 f"pass --force (or delete the partial files) to start over") from None
 
     def save(self, path: str | Path, **extra: Any) -> None:
         """Write the state (plus `extra` entries) to `path` atomically: a crash leaves the old file."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        state = {**self.state_dict(), **extra}
         try:
-            torch.save({**self.state_dict(), **extra}, tmp)
+            torch.save(state, tmp)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as e:
             tmp.unlink(missing_ok=True)
+            if is_disk_full(e):  # torch reports a short write as "enforce fail ... unexpected pos"
+                raise disk_full_error(path, _tensor_bytes(state)) from None
             raise
 
     @staticmethod
     def read(path: str | Path) -> dict[str, Any]:
-        """A state written by `save` (weights, optimizer and generator state: not a safe format for
-        untrusted files, like any torch checkpoint)."""
-        return torch.load(path, weights_only=False)
+        """A state written by `save`, read with `torch.load(weights_only=True)`: tensors, numbers, strings, lists
+        and dicts only, so a crafted file (a results folder someone sent) cannot run code; anything else, or a
+        cut file, is a HeadscopeError naming the file."""
+        try:
+            blob = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as e:  # a cut file (EOFError, RuntimeError) or a pickle of objects (UnpicklingError)
+            first = str(e).strip().splitlines()[0][:160] if str(e).strip() else "unreadable"
+            raise HeadscopeError(f"{path} is damaged ({type(e).__name__}: {first}): not a training state headscope "
+                                 f"wrote, and nothing in it was run (headscope loads only tensors and plain values "
+                                 f"from such files)") from None
+        missing = [k for k in ("model", "optimizer", "generator", "step", "losses") if not isinstance(blob, dict)
+                   or k not in blob]
+        if missing or not isinstance(blob["model"], dict) or not isinstance(blob["generator"], torch.Tensor):
+            raise HeadscopeError(f"{path} is damaged ({'no ' + ', '.join(missing) if missing else 'wrong types'} in "
+                                 f"it): not a training state headscope wrote")
+        return blob
 
 
 @contextmanager
@@ -182,6 +205,17 @@ def frozen_weights(model: Any) -> Iterator[None]:
     finally:
         for p, w in zip(params, was, strict=True):
             p.requires_grad_(w)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor in a nested state (what a checkpoint of it needs on disk, about)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def _clone(obj: Any) -> Any:

@@ -38,7 +38,7 @@ L0_ROWS = {  # prune's and score's --method l0 options
     "--l0-lr": bad(*L0, "--l0-lr", "0", says="L0 gate learning rate must be a positive number"),
     "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="hard-concrete temperature must be a positive"),
     "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="L0 penalty must be a positive number"),
-    "--l0-target": bad(*L0, "--l0-target", "1.5", says="L0 target fraction must be in [0, 1)"),
+    "--l0-target": bad(*L0, "--l0-target", "1.5", says="--l0-target (the L0 gates' target share"),
 }
 LEARNED = ("--choose", "learned", "--context", "64", "--sink", "4", "--window", "16")  # a context the tiny model has
 
@@ -188,4 +188,35 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--tasks": bad("--tasks", "bogus", says="unknown task 'bogus'"),
         "--method": bad("--method", "gradeint", says="did you mean 'gradient'"),
     },
+}
+
+# Upper bounds (issue 31): for every option that sizes memory or work, too large a value refused before the work,
+# in one line with the limit and why (tests/test_bad_input.py, test_every_size_has_an_upper_bound). HUGE would
+# allocate until the OOM killer ended the run, or run for days.
+HUGE = "100000000000"
+TOO_LARGE: dict[str, dict[str, Row]] = {
+    "analyze": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000")},
+    "score": {"--bootstrap": bad("--bootstrap", "200000", says="--bootstrap must be at most 100,000"),
+              "--ig-steps": bad("--ig-steps", HUGE, says="--ig-steps must be at most 10,000"),
+              "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
+    "prune": {"--recover-steps": bad("--recover-steps", HUGE, says="--recover-steps must be at most 10,000,000"),
+              "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
+    "gqa": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000")},
+    "mla": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000")},
+    "roles": {"--haystacks": bad("--long", "128", "--haystacks", HUGE, says="--haystacks must be at most 100,000")},
+    "kvcache": {"--uptrain-steps": bad("--uptrain-steps", HUGE, says="--uptrain-steps must be at most 10,000,000"),
+                "--haystacks": bad("--haystacks", HUGE, says="--haystacks must be at most 100,000"),
+                "--learn-prompts": bad(*LEARNED, "--learn-prompts", HUGE, says="--learn-prompts must be at most"),
+                "--learn-steps": bad(*LEARNED, "--learn-steps", HUGE, says="--learn-steps must be at most")},
+    "similar": {"--cka-memory": bad("--cka", "exact", "--cka-memory", HUGE, says="of memory for the memory it may "
+                                    "take (MiB), but this machine has"),
+                "--cka-pool": bad("{bert}", "--limit", "2", "--cka-pool", HUGE, required=False,
+                                  says="needs about"),
+                "--cka-batch": bad("{bert}", "--limit", "2", "--cka-batch", HUGE, required=False,
+                                   says="--cka-batch 100,000,000,000 needs about")},
+    "sweep": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000"),
+              "--d-model": bad("--d-model", HUGE, says="of memory, but this machine has"),
+              "--layers": bad("--layers", HUGE, says="of memory, but this machine has"),
+              "--batch-size": bad("--batch-size", HUGE, says="of memory, but this machine has"),
+              "--threads": bad("--threads", HUGE, says="--threads must be at most")},
 }

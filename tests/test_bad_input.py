@@ -255,9 +255,28 @@ def table_inputs(tmp_path_factory) -> dict[str, str]:
 
 @pytest.mark.parametrize("verb,option", _cases())
 def test_every_option_refuses_its_bad_value(tmp_path, capsys, table_inputs, verb, option):
+    _refuses(tmp_path, capsys, table_inputs, verb, _row(verb, option, _verb_options()[verb][option]))
+
+
+def _too_large():
+    from bad_options import TOO_LARGE
+
+    return [(verb, option) for verb, rows in sorted(TOO_LARGE.items()) for option in rows]
+
+
+@pytest.mark.parametrize("verb,option", _too_large())
+def test_every_size_has_an_upper_bound(tmp_path, capsys, table_inputs, verb, option):
+    """Each option that sizes memory or work refuses too large a value before the work (issue 31)."""
+    from bad_options import TOO_LARGE
+
+    assert option in _verb_options()[verb], f"headscope {verb} has no option {option}"
+    _refuses(tmp_path, capsys, table_inputs, verb, TOO_LARGE[verb][option])
+
+
+def _refuses(tmp_path, capsys, table_inputs, verb, row):
+    """`headscope VERB ROW.args` exits 2 with one line holding `row.says`, no traceback, nothing written."""
     from bad_options import REQUIRED
 
-    row = _row(verb, option, _verb_options()[verb][option])
     args = [a.format(**table_inputs) for a in ((*REQUIRED.get(verb, ()), *row.args) if row.required else row.args)]
     before = listing(tmp_path)
     cwd = os.getcwd()

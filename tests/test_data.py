@@ -80,3 +80,35 @@ def test_builtin_corpus_default_limit_and_sample_read_whole():
     assert len(read_texts("sample")) == len(read_texts(None)) == 57
     with pytest.raises(HeadscopeError, match="did you mean 'ptb-valid'"):
         read_texts("ptb-vaild")
+
+
+def test_shared_data_reads_and_tokenises_each_corpus_once(monkeypatch, tmp_path):
+    """Within shared_data() (a study), a corpus is read once and tokenised once per length; outside, afresh."""
+    from test_artifacts import tiny_bert_dir
+
+    from headscope.data import prepare, sources
+    from headscope.data.shared import shared_data
+    from headscope.models import load_model
+
+    hm = load_model(str(tiny_bert_dir(tmp_path)))
+    calls = {"read": 0, "tokenize": 0}
+    real_read, real_tok = sources._read_texts, prepare.tokenize
+
+    def read(*a, **k):
+        calls["read"] += 1
+        return real_read(*a, **k)
+
+    def tok(*a, **k):
+        calls["tokenize"] += 1
+        return real_tok(*a, **k)
+
+    monkeypatch.setattr(sources, "_read_texts", read)
+    monkeypatch.setattr(prepare, "tokenize", tok)
+    with shared_data():
+        a = prepare.prepare_tokens(hm, "sample", 16, 4)
+        b = prepare.prepare_tokens(hm, "sample", 16, 4)
+        prepare.prepare_tokens(hm, "sample", 8, 4)  # another length: tokenised again
+    assert calls == {"read": 1, "tokenize": 2}
+    assert a.ids == b.ids and a.ids is not b.ids and a.ids[0] is not b.ids[0]  # equal, never the same lists
+    prepare.prepare_tokens(hm, "sample", 16, 4)
+    assert calls == {"read": 2, "tokenize": 3}  # nothing kept outside

@@ -199,7 +199,8 @@ def test_a_failed_write_leaves_nothing_and_the_rerun_matches(tmp_path, monkeypat
 
     monkeypatch.setattr(HeadTable, "to_json", disk_full)
     before = listing(tmp_path)
-    assert _run(tmp_path, [*argv, "--out", "o"]) == 1  # heads.csv was written (into staging), heads.json failed
+    assert _run(tmp_path, [*argv, "--out", "o"]) == 2  # heads.csv was written (into staging), heads.json failed
+    assert "error: the disk is full: writing 'o'" in capsys.readouterr().err  # said as such (issue 31), exit 2
     assert listing(tmp_path) == before, "a failed run left files behind"
     monkeypatch.setattr(HeadTable, "to_json", real)
     assert _run(tmp_path, [*argv, "--out", "o"]) == 0
@@ -217,7 +218,7 @@ def test_report_failing_half_way_leaves_nothing(tmp_path, monkeypatch, bert):
 
     monkeypatch.setattr(report, "atomic_write_text", broken)  # the page, written after heads.csv/.json and figures
     before = listing(tmp_path)
-    assert _run(tmp_path, [*argv, "--out", "r"]) == 1
+    assert _run(tmp_path, [*argv, "--out", "r"]) == 2  # a full disk is said as such (issue 31)
     assert listing(tmp_path) == before  # neither the computed heads.csv/.json nor the figures
     monkeypatch.setattr(report, "atomic_write_text", real)
     assert _run(tmp_path, [*argv, "--out", "r"]) == 0

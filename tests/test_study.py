@@ -158,10 +158,10 @@ def test_an_interrupted_study_continues(bert, tmp_path, monkeypatch):
     out = tmp_path / "study"
     real = runner.run_verb
 
-    def interrupt_at_score(argv, log):
+    def interrupt_at_score(argv, log, model=None):
         if argv[0] == "score":  # as prune does: the verb catches the interrupt and returns 130
             return 130
-        return real(argv, log)
+        return real(argv, log, model)
 
     monkeypatch.setattr(runner, "run_verb", interrupt_at_score)
     assert main(["study", str(bert), "--budget", "3m", "--out", str(out)]) == 130
@@ -221,7 +221,8 @@ def test_the_plan_fits_the_budget_and_drops_optional_stages_first():
 
 @pytest.mark.parametrize("argv, match", [
     (["--budget", "10x"], "is not a duration"),
-    (["--budget", "2s"], "is below what a study of .* needs .* give --budget \\d+m or more"),
+    # Far below any machine's minimum (the stages share one load now, so a tiny model's minimum is ~2 s).
+    (["--budget", "0.5s"], "is below what a study of .* needs .* give --budget \\d+m or more"),
 ])
 def test_bad_input_one_line_exit_2_nothing_written(bert, tmp_path, capsys, argv, match):
     out = tmp_path / "never"
@@ -239,3 +240,20 @@ def test_a_model_no_stage_supports(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no stage of a study" in err[0], err
     assert not out.exists()
+
+
+def test_kvcache_stage_takes_the_retrieval_scores_roles_measured(tmp_path):
+    """The head-aware cache ranks KV heads by the retrieval scores the roles stage measured (--long), rather
+    than measuring them again; without them it measures its own."""
+    from headscope.study.stages import Ctx, Family, _kvcache_argv
+
+    fam = Family("m", "llama", True, 2, 4, 2, 8, 32, 2048, 8)
+    ctx = Ctx("m", "ptb-valid", "ptb-train", "ptb-valid", str(tmp_path), fam)
+    level = {"context": 512, "window": 128, "passages": 1, "needles": 2, "haystacks": 2}
+    argv = _kvcache_argv(ctx, level)
+    assert "--haystacks" in argv and "--scores" not in argv
+    (tmp_path / "roles.csv").write_text("layer,head,retrieval_score\n0,0,nan\n")  # no head answered: measure
+    assert "--scores" not in _kvcache_argv(ctx, level)
+    (tmp_path / "roles.csv").write_text("layer,head,retrieval_score\n0,0,0.5\n0,1,nan\n")
+    argv = _kvcache_argv(ctx, level)
+    assert argv[argv.index("--scores") + 1] == str(tmp_path / "roles.csv") and "--haystacks" not in argv

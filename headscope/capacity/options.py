@@ -10,12 +10,14 @@ from ..options import (
     HeldoutOptions,
     IntervalOptions,
     ModelOptions,
+    OptionError,
     OutputOptions,
     SeedOptions,
     check_device,
     option,
 )
 from ..options.parse import int_list
+from ..options.spec import memory_problem
 
 LEARNED = "learned KV heads (--choose learned)"
 UPTRAIN = "uptraining"
@@ -55,7 +57,8 @@ class SweepOptions(SeedOptions, OutputOptions):
     d_head: tuple[int, ...] | None = option(None, "d_head values, independent of the head count (default: "
                                                   "d_model/h)", parse=int_list)
     layers: int | None = option(None, "layers (default 2 for ptb, 1 for xor and pair)", at_least=1)
-    steps: int | None = option(None, "training steps per configuration (default 400; xor: 1000)", at_least=1)
+    steps: int | None = option(None, "training steps per configuration (default 400; xor: 1000)", at_least=1,
+                               most="steps")
     max_length: int | None = option(None, "tokens per training window (default 64; xor: 17 = 16 bits + the query "
                                           "token)", at_least=1, old=("--seq",))
     batch_size: int | None = option(None, "windows per step (default 32; xor: 128)", at_least=1, old=("--batch",))
@@ -63,7 +66,7 @@ class SweepOptions(SeedOptions, OutputOptions):
     init_std: float | None = option(None, "draw every weight matrix from N(0, STD) (default: GPT-2's init; xor: 0.2)")
     eval_tokens: int = option(65536, "validation targets scored (default 65536)", at_least=1)
     tokenization: str = option("byte", "PTB tokens (default byte)", choices=("byte", "word"))
-    threads: int | None = option(None, "torch CPU threads (default: torch's choice)")
+    threads: int | None = option(None, "torch CPU threads (default: torch's choice)", most="threads")
     out: str = option("headscope-sweep", "output directory (default: headscope-sweep/)")
     no_progress: bool = option(False, "no progress bars")
 
@@ -73,16 +76,17 @@ class ConversionOptions(ModelOptions, SeedOptions, HeldoutOptions, OutputOptions
     """What gqa and mla share: calibration and held-out text, one uptraining loop."""
 
     model: str = option(None, "built-in name (smollm2), a model directory, or a hub id",
-                        positional=True, required=True)
+                        positional=True, required=True, reads=True)
     data: str = option("ptb-train", "calibration and uptraining text: a built-in corpus (ptb-train|ptb-valid|"
                                     "ptb-test, ewt-test, gum-test, sample) or a .txt/.jsonl/.conllu file (default: "
-                                    "ptb-train)")
-    heldout: str = option("ptb-valid", "held-out text for perplexity, same forms as --data (default: ptb-valid)")
+                                    "ptb-train)", reads=True)
+    heldout: str = option("ptb-valid", "held-out text for perplexity, same forms as --data (default: ptb-valid)",
+                          reads=True)
     limit: int | None = option(None, "passages of --data to use (default: the first 200 of a built-in corpus, all "
                                      "of a file)", metavar="N", at_least=1, old=("--data-limit",))
     max_length: int = option(64, "tokens per passage (default 64)", at_least=1)
     batch_size: int = option(8, "passages per step (default 8)", at_least=1)
-    steps: int = option(0, "uptraining steps after conversion (default 0)", metavar="N", at_least=0,
+    steps: int = option(0, "uptraining steps after conversion (default 0)", metavar="N", at_least=0, most="steps",
                         old=("--uptrain",), group=UPTRAIN)
     loss: str = option("kd", "uptraining loss: kd = KL to the original model's next-token distribution, lm = "
                              "next-token cross-entropy (default: kd)", choices=("kd", "lm"), group=UPTRAIN)
@@ -133,7 +137,7 @@ class KvcacheOptions(IntervalOptions, OutputOptions):
 
     model: str = option(None, "built-in name (smollm2), a model directory, or a hub id; families: llama, "
                               "mistral, qwen2, qwen3, starcoder2, phi3 with 2+ KV heads per layer", positional=True,
-                        required=True)
+                        required=True, reads=True)
     device: str = option("cpu", "torch device (default: cpu)")
     keep_full: str | None = option(None, "share of KV heads kept full, in (0, 1]: 25% or 0.25; several give one "
                                          "cache each (e.g. 12.5%,25%,50%; default 25%)", metavar="SHARE[,SHARE...]")
@@ -143,27 +147,27 @@ class KvcacheOptions(IntervalOptions, OutputOptions):
                                         "Without --scores only retrieval_score, measured on --haystacks needles "
                                         "(default: retrieval_score)", metavar="COLUMN")
     scores: str | None = option(None, "a per-head CSV (heads.csv, roles.csv from `headscope roles --long N`, "
-                                      "importance.csv) holding --by", metavar="FILE", old=("--from",))
+                                      "importance.csv) holding --by", metavar="FILE", reads=True, old=("--from",))
     haystacks: int = option(4, "needle haystacks that measure the retrieval score (other facts than the evaluation "
-                               "needles; default 4)", metavar="N", old=("--score-haystacks",))
+                               "needles; default 4)", metavar="N", most="haystacks", old=("--score-haystacks",))
     sink: int = option(4, "first tokens every windowed head keeps (default 4)")
     window: int = option(256, "recent tokens every windowed head keeps, the current one included (default 256)")
     context: int = option(2048, "tokens per passage and per needle prompt (default 2048)")
     data: str = option("ptb-long", "long text for perplexity: ptb-long, gum-long or a file; the first --context "
-                                   "tokens of each passage that has them (default ptb-long)")
+                                   "tokens of each passage that has them (default ptb-long)", reads=True)
     limit: int = option(2, "passages for perplexity (default 2)", old=("--passages",))
     needles: int = option(4, "needle-in-a-haystack prompts answered by greedy generation through each cache "
                              "(default 4; 0: none)")
     chunk: int = option(512, "tokens per prefill forward (default 512; memory ~ chunk x vocabulary)")
     uptrain_steps: int = option(0, "uptraining steps after conversion (default 0)", metavar="N", at_least=0,
-                                old=("--uptrain",), group=UPTRAIN)
+                                most="steps", old=("--uptrain",), group=UPTRAIN)
     loss: str = option("kd", "uptraining loss: kd = KL to the original model's next-token distribution, lm = "
                              "next-token cross-entropy (default: kd)", choices=("kd", "lm"), group=UPTRAIN)
     uptrain_lr: float = option(0.001, "AdamW learning rate for uptraining (default 1e-3)", above=0, old=("--lr",),
                                group=UPTRAIN)
     train_data: str | None = option(None, "uptraining text, same forms as --data (default: the passages of --data "
                                           "after those perplexity is measured on, so training never sees them)",
-                                    metavar="DATA", group=UPTRAIN)
+                                    metavar="DATA", reads=True, group=UPTRAIN)
     train_length: int = option(512, "tokens per uptraining passage: the texts cut into consecutive pieces (default "
                                     "512)", metavar="N", group=UPTRAIN)
     batch_size: int = option(1, "passages per uptraining step (default 1)", metavar="N", at_least=1,
@@ -173,21 +177,27 @@ class KvcacheOptions(IntervalOptions, OutputOptions):
                                   "DuoAttention's mixing weights trained on passkey prompts from --data, their rows "
                                   "beside the others at equal bytes (default score)", choices=("score", "learned"),
                          group=LEARNED)
-    learn_steps: int = option(20, "training steps of the mixing weights (default 20)", group=LEARNED)
+    learn_steps: int = option(20, "training steps of the mixing weights (default 20)", most="steps", group=LEARNED)
     learn_lr: float = option(0.02, "Adam learning rate of the weights (default 0.02)", group=LEARNED)
     learn_l1: float = option(0.05, "L1 penalty on the mean weight (default 0.05)", group=LEARNED)
-    learn_prompts: int = option(8, "passkey prompts of --context tokens to train on (default 8)", group=LEARNED)
+    learn_prompts: int = option(8, "passkey prompts of --context tokens to train on (default 8)", most="haystacks",
+                                group=LEARNED)
     no_random: bool = option(False, "skip the random control at equal bytes")
     export_card: str | None = option(None, "also write the head scores as DuoAttention's pattern directory "
                                            "(full_attention_heads.tsv [layers, KV heads] in [0, 1] and config.json "
                                            "with --sink and --window), which kvpress's DuoAttentionPress reads: a KV "
                                            "head scores its best query head (the rule --keep-full uses), min-max "
                                            "scaled, so its top --keep-full share is the set this run keeps full",
-                                     metavar="DIR")
+                                     metavar="DIR", whole=True)
 
     def check(self) -> None:
         super().check()
         check_device(self.device)
+        if self.context > 0:  # each haystack is held as token ids (a Python int each)
+            problem = memory_problem(self.haystacks, 40 * self.context, f"haystacks of {self.context:,} tokens held "
+                                                                        f"as token ids")
+            if problem:
+                raise OptionError("haystacks", problem)
 
     def check_paths(self) -> None:
         super().check_paths()

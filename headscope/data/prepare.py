@@ -17,6 +17,7 @@ import torch
 
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
+from .shared import remembered
 from .sources import TextSource, keep_text, read_texts
 
 log = logging.getLogger(__name__)
@@ -293,7 +294,11 @@ def prepare_tokens(hm: HeadModel, data: Any, max_length: int, limit: int | None 
         raise HeadscopeError(f"model {hm.name!r} has no tokenizer (its folder holds no tokenizer.json or "
                              f"tokenizer_config.json): copy the tokenizer files of the model it came from into "
                              f"that folder, or (Python API) pass token ids, a list of lists of ints, instead of text")
-    ids, word_ids, truncated = tokenize(hm.tokenizer, source, max_length, by_words=by_words)
+    key = ("tokens", id(hm.tokenizer), source.source, tuple(source.texts), max_length, by_words)
+    tokenizer = hm.tokenizer
+    ids, word_ids, truncated = remembered(key, lambda: tokenize(tokenizer, source, max_length, by_words=by_words))
+    ids = [list(t) for t in ids]  # each caller gets its own lists: a shared result is never changed through them
+    word_ids = [list(w) for w in word_ids] if word_ids is not None else None
     ids, word_ids, source, keep = _drop_tokenless(hm, ids, word_ids, source)
     return Tokens(ids, source.source, max_length, truncated, source, word_ids,
                   [labels[i] for i in keep] if labels is not None else None)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadscopeError, did_you_mean
+from .shared import remembered
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,11 @@ TEXT_SUFFIXES = (".txt", ".text", "")
 def _read_lines(path: Path) -> list[str]:
     """Read a UTF-8 file as lines, naming file:line of the first byte that is not UTF-8 (or the encoding a
     byte-order mark names)."""
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()  # the open itself decides: root passes an os.access check that a user fails
+    except OSError as e:
+        raise HeadscopeError(f"{str(path)!r} cannot be read ({e.strerror or type(e).__name__}); give a file this user "
+                             f"can read (check its permissions, e.g. chmod u+r, or its owner)") from None
     for bom, encoding in _BOMS:
         if raw.startswith(bom):
             raise HeadscopeError(f"{path} is {encoding} (it starts with a {encoding} byte-order mark); re-encode it "
@@ -330,6 +335,14 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("text",)) -> list[
 
 
 def read_texts(data: str | Path | None = None, limit: int | None = None) -> TextSource:
+    """The one data resolver (see `_read_texts`); within `shared_data()` each corpus and limit is read once."""
+    if limit is not None and limit < 1:
+        raise HeadscopeError(f"--limit must be at least 1, got {limit}")
+    key = ("texts", str(data) if data is not None else None, limit)
+    return remembered(key, lambda: _read_texts(data, limit))
+
+
+def _read_texts(data: str | Path | None = None, limit: int | None = None) -> TextSource:
     """The one data resolver: a built-in name or a file path -> passages (see the module docstring).
 
     None or `sample` -> the built-in sample; `ptb-train|ptb-valid|ptb-test` -> PTB sentences;

@@ -121,7 +121,11 @@ def is_labelled(data: Any) -> bool:
     if isinstance(data, str) and data in LABELLED:
         return True
     if isinstance(data, (str, Path)) and str(data).lower().endswith(".jsonl") and Path(data).exists():
-        for line in Path(data).read_text(encoding="utf-8").splitlines():
+        try:
+            text = Path(data).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):  # read_jsonl names the problem when the data is read
+            return False
+        for line in text.splitlines():
             if line.strip():
                 try:
                     obj = json.loads(line)

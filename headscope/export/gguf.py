@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import HeadscopeError, did_you_mean
+from ..io import disk_full_error, is_disk_full, remove_stale_temps, temp_prefix
 from ..models.adapter import HeadModel
 from ..models.checkpoint import MLA_FILE, load_checkpoint
 
@@ -133,7 +134,8 @@ def export_gguf(src: str | Path, out: str | Path, *, dtype: str = "f16", force: 
     hm = load_checkpoint(src)
     shape = model_shape(hm)
     tok = tokenizer_fields(src)  # refuses an unsupported tokenizer before anything is written
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    remove_stale_temps(out)  # what a killed export of the same file left (its process is gone)
+    fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(out), suffix=".tmp", dir=out.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -147,8 +149,10 @@ def export_gguf(src: str | Path, out: str | Path, *, dtype: str = "f16", force: 
         writer.close()
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, out)
-    except BaseException:  # an error or an interrupt: no half-written file stays
+    except BaseException as e:  # an error or an interrupt: no half-written file stays
         tmp.unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise disk_full_error(out) from None
         raise
     return {"path": str(out), "arch": shape.arch, "dtype": dtype, "bytes": out.stat().st_size,
             "n_layers": hm.n_layers, "n_heads": shape.n_heads, "n_kv_heads": shape.n_kv_heads, "n_ff": shape.n_ff,

@@ -13,10 +13,10 @@ class ExportOptions(Options):
     """`headscope export`: a checkpoint written as a GGUF file for llama.cpp."""
 
     model: str = option(None, "checkpoint folder (config.json, weights, tokenizer.json)",
-                        positional=True, required=True)
+                        positional=True, required=True, reads=True)
     to: str = option(None, "target format: gguf", required=True)
     file: str = option(None, "path of the file to write (its folder must exist)",
-                       old=("--out",), required=True)
+                       old=("--out",), required=True, whole=True)
     file_type: str = option("f16", "weight type in the file: f16, f32, q8_0 (default f16; norms stay f32; q8_0 "
                                    "writes f16 for matrices whose rows are not a multiple of 32)", old=("--dtype",))
     force: bool = option(False, "replace a file already at --file")

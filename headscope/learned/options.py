@@ -17,6 +17,7 @@ from ..options import (
     WorkerOptions,
     option,
 )
+from ..options.spec import memory_problem
 from .longctx import check_long_args
 from .similarity import check_cka_batch, check_thresholds
 
@@ -33,27 +34,27 @@ class RolesOptions(ModelOptions, DataOptions, StableOptions, OutputOptions, Work
     """`headscope roles`: the role census."""
 
     treebank: str | None = option(None, "treebank for syntactic roles (Clark et al. 2019): ewt-test (built in: UD "
-                                        "English-EWT test split) or a CoNLL-U file")
+                                        "English-EWT test split) or a CoNLL-U file", reads=True)
     coref: str | None = option(None, "coreference data: gum-test (built in: UD English-GUM test split) or a CoNLL-U "
-                                     "file with CorefUD Entity= annotations")
+                                     "file with CorefUD Entity= annotations", reads=True)
     long: int | None = option(None, "also score retrieval (needle copy, Wu et al. 2024), streaming (sink + recent "
                                     "share), echo and induction at long range on sequences of N tokens (at most the "
                                     "model's positions)", metavar="N", group=LONG)
     long_data: str = option("gum-long", "long text for the streaming/echo/induction windows: gum-long, ptb-long "
                                         "(default gum-long) or a file; passages longer than N are cut into windows, "
-                                        "never truncated", group=LONG)
+                                        "never truncated", reads=True, group=LONG)
     long_windows: int = option(2, "windows of long text to score (default 2)", group=LONG)
     stride: int | None = option(None, "tokens between the starts of a long passage's windows (default N: side by "
                                       "side); each position's query is counted in one window only",
                                 group=LONG)
     haystacks: int = option(4, "needle-in-a-haystack sequences for the retrieval score (default 4; depths 0.1, 0.35, "
-                               "0.6, 0.85 in turn)", group=LONG)
+                               "0.6, 0.85 in turn)", most="haystacks", group=LONG)
     block: int = option(128, "queries per block of the statistics kernel (default 128; memory ~ block x N per head)",
                         group=LONG)
     export_card: str | None = option(None, "write per-head scores for KV-compression code; needs --long. "
                                            "--card-format retrieval-head: a file {\"layer-head\": [scores]} (Retrieval "
                                            "Head / HeadKV); duo: a directory (DuoAttention, kvpress "
-                                           "DuoAttentionPress)", metavar="FILE", group=LONG)
+                                           "DuoAttentionPress)", metavar="FILE", whole=True, group=LONG)
     card_format: str = option("retrieval-head", "retrieval-head (default) or duo: full_attention_heads.tsv [layers, "
                                                 "KV heads] in [0, 1] (a KV head scores its best query head's "
                                                 "--card-score, min-max scaled) and config.json (sink_size 4, "
@@ -69,6 +70,11 @@ class RolesOptions(ModelOptions, DataOptions, StableOptions, OutputOptions, Work
             check_long_args(None, self.long, self.haystacks, self.long_windows, self.stride, self.block)
         if self.export_card is not None and self.long is None:
             raise HeadscopeError("--export-card needs --long N (the card holds long-range scores)")
+        if self.long is not None and self.long > 0:  # each haystack is held as token ids (a Python int each)
+            problem = memory_problem(self.haystacks, 40 * self.long, f"haystacks of {self.long:,} tokens held as "
+                                                                     f"token ids")
+            if problem:
+                raise OptionError("haystacks", problem)
 
     def check_paths(self) -> None:
         super().check_paths()
@@ -94,7 +100,7 @@ class SimilarOptions(ModelOptions, DataOptions, IntervalOptions, OutputOptions):
     cka_pool: int = option(2048, "tokens pooled before minibatches are drawn at random from them, mixing passages "
                                  "(default 2048; memory pool x heads x d_head)")
     cka_memory: int = option(192, "with --cka exact: MiB of the cross-covariance held at once (default 192); less "
-                                  "memory means more reads of the spilled outputs", metavar="MiB")
+                                  "memory means more reads of the spilled outputs", metavar="MiB", most="memory_mib")
 
     def check(self) -> None:
         super().check()

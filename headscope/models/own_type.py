@@ -20,6 +20,8 @@ from typing import Any
 
 import transformers
 
+from ..errors import HeadscopeError
+
 #: config.json key holding the base family's model_type and architectures.
 BASE_KEY = "headscope_base"
 
@@ -55,10 +57,17 @@ def read_config(path: str | Path) -> Any:
     """The transformers config of a saved checkpoint, as its base family's config class (a checkpoint of an own
     model_type is read back as the base it was made from, without running its shipped code)."""
     path = Path(path)
-    cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    base = cfg.get(BASE_KEY)
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise HeadscopeError(f"{path / 'config.json'} is damaged (not JSON: {e}); copy the checkpoint again") from None
+    base = cfg.get(BASE_KEY) if isinstance(cfg, dict) else None
     if not base:
         return transformers.AutoConfig.from_pretrained(path)
+    if not isinstance(base, dict) or base.get("model_type") not in transformers.CONFIG_MAPPING or \
+            not isinstance(base.get("architectures") or [], list):
+        raise HeadscopeError(f"{path / 'config.json'} is damaged ({BASE_KEY} is {str(base)[:80]}, not the base "
+                             f"family's model_type and architectures); copy the checkpoint again")
     cfg = {k: v for k, v in cfg.items() if k not in (BASE_KEY, "auto_map")}
     cfg["model_type"] = base["model_type"]
     cfg["architectures"] = base["architectures"] or None

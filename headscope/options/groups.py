@@ -32,7 +32,7 @@ class ModelOptions(Options):
     """The model a verb loads and where it goes."""
 
     model: str = option("minilm", "built-in name (minilm, smollm2), a model directory, or a hub id (default: minilm)",
-                        positional=True)
+                        positional=True, reads=True)
     device: str | None = option(None, "torch device for the whole model: cpu, cuda, cuda:1, mps (default: cpu; "
                                       "not with --device-map)", group=MODEL)
     dtype: str = option("float32", "weights' dtype (default float32); statistics accumulate in float64 whatever it "
@@ -46,7 +46,8 @@ class ModelOptions(Options):
                                           "0=20GiB,1=20GiB,cpu=60GiB (the rest goes to disk)",
                                     metavar="DEV=SIZE,...", group=MODEL)
     offload_dir: str | None = option(None, "with --device-map: folder for weights offloaded to disk (default: a "
-                                           "temporary folder, removed afterwards)", metavar="DIR", group=MODEL)
+                                           "temporary folder, removed afterwards)", metavar="DIR", whole=True,
+                                     group=MODEL)
 
     def check(self) -> None:
         super().check()
@@ -89,7 +90,7 @@ class DataOptions(SeedOptions):
     """The passages a verb reads, how many, how long and how many at a time."""
 
     data: str | None = option(None, "a .txt (one passage a line), .jsonl (a 'text' field) or .conllu file "
-                                    "(default: the built-in English sample)", group=DATA)
+                                    "(default: the built-in English sample)", reads=True, group=DATA)
     max_length: int | None = option(None, "tokens per passage (default 128, capped at the model's)", at_least=1,
                                     group=DATA)
     batch_size: int = option(16, "passages per forward pass (default 16)", at_least=1, group=DATA)
@@ -100,7 +101,7 @@ class DataOptions(SeedOptions):
 class HeldoutOptions(Options):
     """A second, held-out text a verb evaluates on."""
 
-    heldout: str | None = option(None, "held-out text the metric is measured on", group=DATA)
+    heldout: str | None = option(None, "held-out text the metric is measured on", reads=True, group=DATA)
     heldout_limit: int | None = option(None, "use only the first N held-out passages", at_least=1, group=DATA)
 
 

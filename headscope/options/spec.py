@@ -8,10 +8,12 @@ here are checked the same way for both (`check_bounds`).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from ..data.limits import STEPS_MAX, STEPS_WHY, WORK, check_fits_memory
 from ..errors import HeadscopeError
 
 
@@ -43,6 +45,9 @@ class Spec:
     above: float | None = None  # exclusive lower bound
     at_most: float | None = None
     below: float | None = None  # exclusive upper bound
+    most: str | None = None  # an upper bound by kind (`data.limits`): "steps", "threads", "memory_mib" or a WORK key
+    reads: bool = False  # a file or folder the verb reads: it must not lie where the verb writes
+    whole: bool = False  # a file or folder the verb writes whole (a card, a GGUF file, an offload folder)
     old: tuple[str, ...] = ()  # old spellings: still read for one release, hidden from --help
     group: str | None = None  # the --help section
 
@@ -93,6 +98,28 @@ def bound_problem(value: Any, spec: Spec) -> str | None:
         return f"must be at most {_number_text(spec.at_most)}; got {value}"
     if spec.below is not None and not value < spec.below:
         return f"must be below {_number_text(spec.below)}; got {value}"
+    return most_problem(spec.most, value) if spec.most is not None else None
+
+
+def most_problem(kind: str, value: int | float) -> str | None:
+    """What is wrong with `value` against the upper bound of `kind` (`data.limits`), or None."""
+    if kind == "memory_mib":
+        return memory_problem(value, 2**20, "the memory it may take (MiB)", share=0.9)
+    if kind == "steps":
+        most, why = STEPS_MAX, STEPS_WHY
+    elif kind == "threads":
+        most, why = os.cpu_count() or 1, "the CPUs this machine has: more threads only wait on each other"
+    else:
+        most, why = WORK[kind]
+    return f"must be at most {most:,}; got {value:,} ({why})" if value > most else None
+
+
+def memory_problem(value: int | float, bytes_each: float, what: str, share: float = 0.5) -> str | None:
+    """`value` times `bytes_each` against `share` of the memory available now: the problem, or None."""
+    try:
+        check_fits_memory("", int(value), bytes_each, what, share=share)
+    except HeadscopeError as e:
+        return str(e).strip().replace("give  ", "give ")  # the message without its (empty) option name
     return None
 
 

@@ -33,7 +33,7 @@ UNIT_CHOICES = ("head", "slice", "group", "attention", "block", "ffn", "mix")
 class L0Options(DataOptions):
     """The settings of `--method l0` (hard-concrete head gates) that score and prune share."""
 
-    l0_steps: int = option(200, "gate training steps (default 200)", group=L0)
+    l0_steps: int = option(200, "gate training steps (default 200)", most="steps", group=L0)
     l0_lr: float = option(0.1, "Adam learning rate of the gates' log-alpha (default 0.1)", group=L0)
     l0_temperature: float = option(BETA, f"hard-concrete temperature beta (default {BETA:.3g}, as Louizos et al.)",
                                    group=L0)
@@ -63,7 +63,7 @@ class ScoreOptions(ModelOptions, L0Options, StableOptions, OutputOptions, Worker
                                              parse=lambda text: tuple(m.strip() for m in text.split(",")))
     metric: str = option("auto", "auto (lm_loss for causal LMs, accuracy for classifiers on labelled jsonl, else "
                                  "fidelity), or a metric's name")
-    ig_steps: int = option(16, "integrated-gradients steps (default 16)", at_least=1)
+    ig_steps: int = option(16, "integrated-gradients steps (default 16)", at_least=1, most="ig_steps")
     pruned: str | None = option(None, "heads already pruned (gate 0; scored NaN), e.g. L0H3,L5H1")
 
     def check(self) -> None:
@@ -112,7 +112,7 @@ class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, Outpu
                                   "--save-model writes an ordinary config that plain transformers loads; --fraction "
                                   "is rounded down to whole rounds")
     recover_steps: int = option(0, "fine-tuning steps between pruning steps (default 0: no recovery)", metavar="N",
-                                at_least=0, old=("--recover",))
+                                at_least=0, most="steps", old=("--recover",))
     recover_lr: float = option(5e-05, "recovery learning rate (default 5e-5)", above=0)
     wordsim: bool = option(False, "also record wordsim353 and simlex999 Spearman at each point (encoders)")
     wordsim_recovered: bool = option(False, "with --wordsim and --recover-steps, also measure them on the recovered "
@@ -144,6 +144,7 @@ class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, Outpu
             if self.wordsim or self.wordsim_recovered:
                 raise HeadscopeError("--wordsim is for head units; unit curves record the metric only")
         method = self.method or ("gradient" if heads else UNITS.get(str(self.unit)).default_method)
+        self.l0_settings()  # the --l0-* options given, named in their own words before --fraction's checks
         check_args(self.fraction, self.target_drop, self.step, self.recover_steps, method, self.unit)
         if self.metric != "auto":
             METRICS.get(self.metric)  # an unknown metric raises, with a did-you-mean

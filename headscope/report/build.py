@@ -22,7 +22,7 @@ from .kv_quality import kv_quality_part
 from .longctx import longctx_part
 from .origins import provenance_part
 from .pruning import importance_part, prune_part
-from .roles import roles_part
+from .roles import ROLE_BARS_PNG, roles_part
 from .similarity import similarity_part
 from .sources import Part, Sources, clean
 from .study import apply as apply_study
@@ -37,7 +37,8 @@ NO_EXAMPLES = ("no example sentences: give the model (`headscope report MODEL`) 
 
 def figure_names() -> list[str]:
     """Every PNG the report may write beside report.html (all prefixed `report-`)."""
-    return [*pruning.PLOT_NAMES.values(), *sweep.PLOT_NAMES.values(), *map(grid_plot_name, GRID_PLOT_COLUMNS)]
+    return [*pruning.PLOT_NAMES.values(), *sweep.PLOT_NAMES.values(), *map(grid_plot_name, GRID_PLOT_COLUMNS),
+            ROLE_BARS_PNG]
 
 
 def collect(table: HeadTable | None, src: Sources, figs: dict[str, bytes] | None, examples: list[dict[str, Any]],

@@ -17,7 +17,8 @@ class ReportOptions(ModelOptions, OutputOptions):
     no_model: bool = option(False, "do not load the model: report only what the files hold (no example attention "
                                    "maps)")
     from_dirs: tuple[str, ...] = option((), "a directory holding other verbs' outputs; repeat for several (searched "
-                                            "before --out)", flag="--from", metavar="DIR", append=True)
+                                            "before --out)", flag="--from", metavar="DIR", append=True,
+                                  reads=True)
     data: str | None = option(None, "text for the statistics (if computed here) and the example sentences (.txt, "
                                     ".jsonl or .conllu; default: the built-in English sample)")
     sentences: int = option(3, "example sentences (of at most 24 tokens) whose full attention maps are embedded "

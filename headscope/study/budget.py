@@ -27,11 +27,17 @@ def parse_duration(text: str) -> float:
     """'10m' -> 600.0; also '90s', '1h', '1h30m', '2.5m'. A bare number is refused (minutes or seconds?)."""
     t = str(text).strip().lower().replace(" ", "")
     pos, total, units = 0, 0.0, 0
+    seen: list[float] = []
     while pos < len(t):
         m = _PART.match(t, pos)
         if m is None or m.end() == pos or m.group(2) is None:
             raise HeadscopeError(f"--budget {text!r} is not a duration; write e.g. 10m, 90s, 1h or 1h30m")
-        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        unit = _UNIT_S[m.group(2)]
+        if seen and unit >= seen[-1]:  # '1h1h' (two hours?) or '30m1h': each unit once, largest first
+            what = f"the unit {m.group(2)!r} twice" if unit in seen else "its units out of order"
+            raise HeadscopeError(f"--budget {text!r} gives {what}; write each unit once, largest first, e.g. 1h30m")
+        seen.append(unit)
+        total += float(m.group(1)) * unit
         pos, units = m.end(), units + 1
     if not units or total <= 0:
         raise HeadscopeError(f"--budget {text!r} is not a positive duration; write e.g. 10m, 90s, 1h or 1h30m")

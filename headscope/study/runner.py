@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..data import read_texts
-from ..errors import HeadscopeError
+from ..data.shared import shared_data
+from ..errors import HeadscopeError, OutputConflict
 from ..io import check_writable_dir
 from ..models.adapter import HeadModel
 from ..provenance import data_fingerprint, model_fingerprint
@@ -76,6 +77,9 @@ def _plan(stages: list[Stage], probe_: Any, family: Family, corr: float, availab
     def cost(name: str, lv: int) -> float:
         return _estimate(by[name], lv, probe_, family, corr)
 
+    if fixed is not None and any(lv is not None and (name not in by or lv >= len(by[name].levels))
+                                 for name, lv in fixed.items()):
+        fixed = None  # sizes this version's stages do not have (an edited study.json): plan anew
     if fixed is not None:
         return Plan([Choice(s.name, fixed.get(s.name), cost(s.name, fixed[s.name]) if s.name in fixed else 0.0,
                             "" if s.name in fixed else "left out when the study was planned")
@@ -102,7 +106,13 @@ def process_age() -> float:
 
 def study(opts: StudyOptions, stream: TextIO, live: bool | None = None, started_ago: float = 0.0) -> Outcome:
     """Run (or continue) the study `opts` describes; the progress view goes to `stream`. `started_ago`: seconds
-    of the user's wall clock already spent (the process's start), counted against the budget."""
+    of the user's wall clock already spent (the process's start), counted against the budget. Every stage runs
+    on the one loaded model, and each corpus is read and tokenised once (`data.shared.shared_data`)."""
+    with shared_data():
+        return _study(opts, stream, live, started_ago)
+
+
+def _study(opts: StudyOptions, stream: TextIO, live: bool | None, started_ago: float) -> Outcome:
     start = time.perf_counter() - started_ago
     out = Path(opts.out)
     previous = check_out(out, opts.force)
@@ -298,6 +308,8 @@ class _Runner:
             if rc != 0:
                 raise RuntimeError(f"headscope {stage.verb} exited with code {rc}")
             return True
+        except OutputConflict as e:  # the study chose and cleared this folder: a clash there is a bug, not a refusal
+            self._failed(i, stage, rec, e)
         except HeadscopeError as e:  # the verb refused this model or these sizes: say so, go on
             rec.update({"status": "not supported", "reason": str(e).splitlines()[0]})
             self.progress.say(f"{self.tag(i, stage)}: refused: {rec['reason']}")
@@ -306,13 +318,16 @@ class _Runner:
             self.state.save()
             raise
         except Exception as e:  # a bug in one stage must not lose the others; the log has the details
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            rec.update({"status": "failed", "reason": f"{type(e).__name__}: {first}"})
-            log.warning("stage %s failed: %s", stage.name, rec["reason"])
-            self.failed.append(stage.name)
-            self.progress.say(f"{self.tag(i, stage)}: FAILED ({rec['reason']}); see {LOG_DIR}/{stage.name}.txt")
+            self._failed(i, stage, rec, e)
         self.state.save()
         return False
+
+    def _failed(self, i: int, stage: Stage, rec: dict[str, Any], e: Exception) -> None:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        rec.update({"status": "failed", "reason": f"{type(e).__name__}: {first}"})
+        log.warning("stage %s failed: %s", stage.name, rec["reason"])
+        self.failed.append(stage.name)
+        self.progress.say(f"{self.tag(i, stage)}: FAILED ({rec['reason']}); see {LOG_DIR}/{stage.name}.txt")
 
 
 def _fit(stage: Stage, rest: list[Stage], plan: Plan, probe_: Any, family: Family, corr: float,

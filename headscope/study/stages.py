@@ -243,9 +243,27 @@ def _mla_refusal(f: Family) -> str | None:
 
 def _kvcache_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
     argv = ["kvcache", ctx.model, "--keep-full", "25%", "--context", str(lv["context"]), "--window",
-            str(lv["window"]), "--limit", str(lv["passages"]), "--needles", str(lv["needles"]),
-            "--haystacks", str(lv["haystacks"])]
+            str(lv["window"]), "--limit", str(lv["passages"]), "--needles", str(lv["needles"])]
+    roles = Path(ctx.out) / "roles.csv"
+    if _holds_column(roles, "retrieval_score"):  # the roles stage measured them (--long): not again here
+        argv += ["--scores", str(roles)]
+    else:
+        argv += ["--haystacks", str(lv["haystacks"])]
     return argv + (["--device", ctx.device] if ctx.device else [])
+
+
+def _holds_column(csv: Path, column: str) -> bool:
+    """Whether `csv` exists and its header names `column` with a value in some row."""
+    try:
+        with open(csv, encoding="utf-8") as f:
+            header = f.readline().rstrip("\n").split(",")
+            rows = [line.rstrip("\n").split(",") for line in f]
+    except OSError:
+        return False
+    if column not in header:
+        return False
+    k = header.index(column)
+    return any(len(r) > k and r[k] not in ("", "nan") for r in rows)
 
 
 def _kvcache_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:

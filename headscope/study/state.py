@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import MODEL_DIR, STUDY_JSON, outputs
-from ..io import atomic_write_text
+from ..errors import HeadscopeError
+from ..io import atomic_write_text, inside
 from ..redundancy.curves import PARTIAL_JSON
 from ..report.build import figure_names
 from .stages import SUBDIRS
@@ -22,6 +23,7 @@ from .stages import SUBDIRS
 STUDY_NAME = STUDY_JSON.name
 LOG_DIR = "study-logs"
 FORMAT = 1
+FIGURE_GLOB = "report-*.png"  # the report's figures (report.build.figure_names: the ones it names)
 
 
 def stage_key(model_fp: str, data_fp: dict[str, Any], argv: list[str]) -> str:
@@ -51,6 +53,63 @@ def verb_files(verb: str) -> list[str]:
     return names
 
 
+STATUSES = ("running", "done", "left out", "not supported", "failed", "interrupted")
+_NUMBER = (int, float)
+# study.json's schema: each key's allowed types (top level, and a stage's record); unknown keys are refused.
+_TOP = {"format": int, "stages": dict, "study_key": str, "model": dict, "data": dict, "budget_s": _NUMBER,
+        "tolerance_s": _NUMBER, "probe": dict, "versions": dict, "plan": dict, "answers": dict, "elapsed_s": _NUMBER}
+_STAGE = {"status": str, "reason": str, "key": str, "files": dict, "dir": str, "level": int, "size": object,
+          "seconds": _NUMBER, "estimate_s": _NUMBER, "command": str, "reused": bool, "widened_from": int}
+
+
+def _typed(value: Any, kinds: Any) -> bool:
+    if kinds is object:
+        return True
+    if isinstance(value, bool):  # JSON's true is not a number here
+        return kinds is bool
+    return isinstance(value, kinds)
+
+
+def schema_problem(data: Any, out: Path) -> str:
+    """What makes `data` not a study.json this version writes ('' when nothing): wrong types, unknown statuses,
+    plan sizes that are not sizes, and file paths that leave the study's folder."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    if data.get("format") != FORMAT:
+        return f"format {data.get('format')!r}, this headscope writes format {FORMAT}"
+    for key, value in data.items():
+        if key not in _TOP:
+            return f"unknown key {key!r}"
+        if not _typed(value, _TOP[key]):
+            return f"{key} is {value!r}"
+    if "stages" not in data:
+        return "no stages"
+    for name, lv in (data.get("plan") or {}).items():
+        if lv is not None and not (_typed(lv, int) and lv >= 0):
+            return f"plan.{name} is {lv!r}, not a size (0, 1, ...) or null"
+    if not all(isinstance(v, str) for v in (data.get("answers") or {}).values()):
+        return "answers are not text"
+    for name, rec in data["stages"].items():
+        if not isinstance(rec, dict):
+            return f"stages.{name} is {rec!r}"
+        for key, value in rec.items():
+            if key not in _STAGE:
+                return f"stages.{name} has an unknown key {key!r}"
+            if not (key in ("level", "size") and value is None) and not _typed(value, _STAGE[key]):
+                return f"stages.{name}.{key} is {value!r}"
+        if rec and rec.get("status") not in STATUSES:
+            return f"stages.{name}.status is {rec.get('status')!r}, not one of {', '.join(STATUSES)}"
+        where = rec.get("dir", ".")
+        for rel, sha in [(".", "0" * 64), *(rec.get("files") or {}).items()]:
+            try:
+                inside(inside(out, where, STUDY_NAME, ""), rel, STUDY_NAME, "")
+            except HeadscopeError:
+                return f"stages.{name} names {str(Path(where) / str(rel))!r}, outside the study's folder"
+            if not (isinstance(sha, str) and len(sha) == 64):
+                return f"stages.{name}.files[{rel!r}] is not a sha256"
+    return ""
+
+
 class State:
     """study.json in memory; `save` writes it atomically."""
 
@@ -60,15 +119,20 @@ class State:
 
     @classmethod
     def load(cls, out: Path) -> State | None:
+        """The folder's study.json, or None when there is none; a damaged or edited one is refused, named."""
         p = out / STUDY_NAME
-        if not p.is_file():
+        if not p.is_file() and not p.is_symlink():
             return None
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("stages"), dict):
-            return None
+        except (OSError, ValueError) as e:
+            problem = f"not JSON: {e}" if isinstance(e, ValueError) else f"unreadable: {e.strerror or e}"
+            data = None
+        else:
+            problem = schema_problem(data, out)
+        if problem:
+            raise HeadscopeError(f"{p} is damaged or edited ({problem}), so the study cannot continue from it; pass "
+                                 f"--force to start the study over (or delete {STUDY_NAME})")
         return cls(out, data)
 
     def save(self) -> None:
@@ -98,6 +162,9 @@ def clear_stage_files(root: Path, verb: str) -> None:
             shutil.rmtree(p)
         elif p.exists():
             p.unlink()
+    if verb == "report":  # every figure a report wrote, named or not: a stale one would block the next report
+        for p in root.glob(FIGURE_GLOB):
+            p.unlink(missing_ok=True)
 
 
 def clear_study(out: Path) -> None:

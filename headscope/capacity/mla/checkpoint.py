@@ -82,14 +82,27 @@ def save_mla(hm: HeadModel, path: str | Path, *, force: bool = False) -> Path:
 def load_mla(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> HeadModel:
     """Load a model saved by `save_mla`: its architecture is built, given MLA modules, then its weights."""
     path = Path(path)
-    record: dict[str, Any] = json.loads((path / MLA_FILE).read_text(encoding="utf-8"))
+    try:
+        record: dict[str, Any] = json.loads((path / MLA_FILE).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _damaged(path / MLA_FILE, f"not JSON: {e}") from None
+    if not isinstance(record, dict):
+        raise _damaged(path / MLA_FILE, "not a JSON object")
     config = read_config(path)
     setattr(config, MLA_CONFIG_KEY, record)
     config._attn_implementation = ATTN_IMPLEMENTATION
     model = auto_class(config).from_config(config).eval()
-    install_mla(model, record)
+    try:
+        install_mla(model, record)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise _damaged(path / MLA_FILE, f"{type(e).__name__}: {e}") from None
     load_weights(model, path)
     model.to(device=device, dtype=dtype).eval()
     tokenizer = (transformers.AutoTokenizer.from_pretrained(path, config=config)
                  if (path / "tokenizer_config.json").exists() else None)
     return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))
+
+
+def _damaged(path: Path, problem: str) -> HeadscopeError:
+    return HeadscopeError(f"{path} is damaged ({problem}): it records this MLA checkpoint's latent attention; copy "
+                          f"the checkpoint again from where it was saved (headscope mla writes OUT/model)")

@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from ...data.limits import available_memory, human
 from ...errors import HeadscopeError, did_you_mean
 from .tasks import PAIR_OFFSETS, TASKS, XOR_POSITIONS
 
@@ -78,6 +79,17 @@ def _check_shape(task: str, d_model: int, n_layers: int, steps: int, seq: int, b
                              f"so --max-length (bits + 1) must be at least {max(XOR_POSITIONS) + 2}; got {seq}")
 
 
+def training_bytes(cfg: SweepConfig, vocab: int = 10_001) -> float:
+    """About the memory training `cfg` takes (float32): weights, gradients and Adam's two moments (16 bytes a
+    parameter), and the activations kept for the backward pass (the attention maps included); `vocab`: the
+    largest tokenization's (PTB words + <eos>)."""
+    d, h = cfg.d_model, cfg.n_heads
+    dh = cfg.d_head or max(1, d // h)
+    params = cfg.n_layers * (4 * d * h * dh + 8 * d * d) + 2 * vocab * d
+    activations = cfg.n_layers * cfg.batch * cfg.seq * (16 * d + 2 * h * cfg.seq) + cfg.batch * cfg.seq * vocab
+    return 16.0 * params + 4.0 * activations
+
+
 def plan_sweep(
     task: str, d_model: int, heads: Sequence[int], n_layers: int, steps: int, seq: int, batch: int, seed: int = 0,
     kv_heads: Sequence[int] | None = None, d_heads: Sequence[int] | None = None, **extra: object,
@@ -115,6 +127,14 @@ def plan_sweep(
                                   batch=batch, seed=seed, n_kv_heads=kv_norm, d_head=dh_norm, **extra)  # type: ignore[arg-type]
                 if cfg not in configs:
                     configs.append(cfg)
+    free = available_memory()
+    for cfg in configs:  # before any model is built: each must fit in half the memory available now
+        need = training_bytes(cfg)
+        if free is not None and need > free / 2:
+            raise HeadscopeError(
+                f"training d_model {cfg.d_model} with {cfg.n_layers:,} layer(s) and {cfg.n_heads} heads on "
+                f"{cfg.batch:,} x {cfg.seq:,} tokens needs about {human(need)} of memory, but this machine has "
+                f"{human(free)} available now; lower --d-model, --layers, --heads, --batch or --seq")
     if not configs:
         divisors = ", ".join(str(h) for h in range(1, min(d_model, 64) + 1) if d_model % h == 0)
         raise HeadscopeError(f"no valid configuration to train ({'; '.join(skipped)}); head counts dividing "

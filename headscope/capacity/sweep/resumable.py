@@ -73,7 +73,7 @@ def run_sweep(
         path = runs / f"{key}.json"
         reused = False
         if path.exists() and not force:
-            row = json.loads(path.read_text())["row"]
+            row = _saved_row(path, key)
             reused = True
             log.info("%s: already finished (%s), skipped", cfg.label, path)
         else:
@@ -90,3 +90,16 @@ def run_sweep(
         if on_config_done is not None:
             on_config_done(cfg, row, reused)
     return rows
+
+
+def _saved_row(path: Path, key: str) -> dict[str, object]:
+    """The row a finished configuration left in `path`, checked (a damaged or edited file is named)."""
+    try:
+        row = json.loads(path.read_text(encoding="utf-8"))["row"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise HeadscopeError(f"{path} is damaged ({type(e).__name__}: {e}); delete it to train that configuration "
+                             f"again, or pass --force") from None
+    if not isinstance(row, dict) or row.get("key") != key:
+        raise HeadscopeError(f"{path} is damaged (its row is not the result of configuration {key}); delete it to "
+                             f"train that configuration again, or pass --force")
+    return row

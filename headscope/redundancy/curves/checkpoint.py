@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import HeadscopeError
-from ...io import atomic_write_text
+from ...io import atomic_write_text, inside
 from ...train import Trainer
 from .points import CurvePoint
 from .recovery import Recovery
@@ -75,6 +75,22 @@ def _read_saved(folder: Path) -> dict[str, Any]:
     return saved
 
 
+def _row_problem(r: CurvePoint) -> str:
+    """What is wrong with a point read back from the json ('' when its fields have their types)."""
+    number = (int, float)
+    for name, kinds in (("step", int), ("n_removed", int), ("fraction_removed", number), ("metric", number),
+                        ("drop", number)):
+        value = getattr(r, name)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            return f"{name} is {value!r}, not a number"
+    if not isinstance(r.removed, list) or not all(isinstance(u, str) for u in r.removed):
+        return f"removed is {r.removed!r}, not a list of unit names"
+    for name in ("extra", "extra_recovered", "bounds", "passages"):
+        if not isinstance(getattr(r, name), dict):
+            return f"{name} is not a JSON object"
+    return ""
+
+
 def resume(folder: Path, settings: dict[str, Any], recovery: Recovery | None
            ) -> list[CurvePoint]:
     """The finished points of the run saved in `folder` (its recovered copy's state loaded into `recovery`);
@@ -90,16 +106,23 @@ def resume(folder: Path, settings: dict[str, Any], recovery: Recovery | None
         rows = [CurvePoint(**r) for r in saved["rows"]]
     except TypeError as e:
         raise _damaged(folder / PARTIAL_JSON, f"a point does not read: {e}") from None
+    for r in rows:
+        problem = _row_problem(r)
+        if problem:
+            raise _damaged(folder / PARTIAL_JSON, f"point {r.step!r}: {problem}")
     if recovery is not None:
         state = saved.get("state") or {}
-        state_file = folder / str(state.get("file", ""))
-        if not state or not state_file.is_file():
-            raise HeadscopeError(f"{folder / PARTIAL_JSON} names no recovered weights ({state_file.name or 'none'} "
+        if not isinstance(state, dict) or "file" not in state:
+            raise HeadscopeError(f"{folder / PARTIAL_JSON} names no recovered weights; pass --force to start over")
+        state_file = inside(folder, state["file"], folder / PARTIAL_JSON, "pass --force to start over")
+        if not state_file.is_file():
+            raise HeadscopeError(f"{folder / PARTIAL_JSON} names no recovered weights ({state_file.name} "
                                  f"is missing); pass --force to start over")
         try:
             blob = Trainer.read(state_file)
-        except Exception as e:  # torch.load of a cut file: EOFError, RuntimeError, UnpicklingError, ...
-            raise _damaged(state_file, f"{type(e).__name__}: {str(e).strip()[:120] or 'unreadable'}") from None
+        except HeadscopeError as e:  # cut, or not a state headscope wrote (never run: weights_only)
+            raise HeadscopeError(f"{e}; the unfinished run cannot resume: pass --force to start over (or delete "
+                                 f"{PARTIAL_JSON})") from None
         if not isinstance(blob, dict) or "model" not in blob or blob.get("n_removed") != state.get("n_removed"):
             raise _damaged(state_file, "not the recovered weights its json names")
         recovery.trainer.load_state_dict(blob)

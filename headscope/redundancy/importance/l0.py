@@ -85,7 +85,8 @@ def check_l0(steps: int, lr: float, temperature: float, penalty: float | None, t
     if penalty is not None and not (penalty > 0 and math.isfinite(penalty)):
         raise HeadscopeError(f"L0 penalty must be a positive number, got {penalty}; e.g. --l0-penalty 0.05")
     if target is not None and not (math.isfinite(target) and 0.0 <= target < 1.0):
-        raise HeadscopeError(f"L0 target fraction must be in [0, 1) (share of heads closed), got {target}; e.g. 0.3")
+        raise HeadscopeError(f"--l0-target (the L0 gates' target share of heads closed) must be in [0, 1), got "
+                             f"{target}; e.g. --l0-target 0.3")
     if penalty is not None and target is not None:
         raise HeadscopeError("give an L0 penalty or a target fraction, not both")
 
@@ -168,7 +169,10 @@ class GateTraining:
                 "base": self.base.cpu().tolist()}
 
     def _resume(self, checkpoint: Path) -> None:
-        blob = Trainer.read(checkpoint)
+        try:
+            blob = Trainer.read(checkpoint)  # weights_only: a crafted file is refused, never run
+        except HeadscopeError as e:
+            raise HeadscopeError(f"{e}; pass --force (or delete the file) to start over") from None
         if blob.get("l0_settings") != self._fingerprint():
             raise HeadscopeError(f"{checkpoint} holds L0 gates trained with other settings or data; rerun with the "
                                  f"same settings to resume, or pass --force (or delete the file) to start over")
