@@ -93,11 +93,11 @@ def analyze(hm: HeadModel, data: Any = None, options: AnalyzeOptions | None = No
             **changes: Any) -> AnalyzeResult:
     """`headscope analyze` on a loaded model: per-head attention statistics with intervals.
 
-    `data`: a TextSource, passages, token-id lists, or a corpus name / file read with `options.limit`.
-    Keywords override single options: `analyze(hm, texts, limit=64)`.
+    `data`: a TextSource, passages, token-id lists, or a corpus name / file read with `options.limit` (None:
+    `options.data`). Keywords override single options: `analyze(hm, texts, limit=64)`.
     """
     opts = (options or AnalyzeOptions()).replace(**changes).validate()
-    source = _texts(data, opts.limit)
+    source = _texts(opts.data if data is None else data, opts.limit)
     table = analyze_table(hm, source, max_length=opts.max_length, batch_size=opts.batch_size, seed=opts.seed,
                           progress=progress, intervals=opts.intervals())
     table = table.with_columns(meta={"provenance": provenance("analyze", hm, source, opts.with_only())})
@@ -194,8 +194,9 @@ def roles(hm: HeadModel, data: Any = None, options: RolesOptions | None = None, 
     """`headscope roles` on a loaded model: every head scored for each role beside a baseline, the heads that
     pass named; with `long=N` the long-range roles too (on rank 0 alone when the scan is distributed).
 
-    `data`: a TextSource, passages, token-id lists, a corpus name / file read with `options.limit`, or a
-    `RolesData` already read. Keywords override single options: `roles(hm, texts, treebank="ewt-test")`.
+    `data`: a TextSource, passages, token-id lists, a corpus name / file read with `options.limit` (None:
+    `options.data`), or a `RolesData` already read. Keywords override single options:
+    `roles(hm, texts, treebank="ewt-test")`.
     A head card (`--export-card`) is written by `headscope.export.cards` from the result's long-range record.
     """
     opts = (options or RolesOptions()).replace(**changes).validate()
@@ -369,11 +370,11 @@ def similar(hm: HeadModel, data: Any = None, options: SimilarOptions | None = No
     """`headscope similar` on a loaded model: every pair of heads compared (attention JS with intervals, output
     CKA, weight subspaces) and the near-duplicate clusters.
 
-    `data`: a TextSource, passages, token-id lists, or a corpus name / file read with `options.limit`.
-    Keywords override single options: `similar(hm, texts, js_max=0.1)`.
+    `data`: a TextSource, passages, token-id lists, or a corpus name / file read with `options.limit` (None:
+    `options.data`). Keywords override single options: `similar(hm, texts, js_max=0.1)`.
     """
     opts = (options or SimilarOptions()).replace(**changes).validate()
-    source = _texts(data, opts.limit)
+    source = _texts(opts.data if data is None else data, opts.limit)
     if opts.cka == "exact":  # one head's block must fit: known once the model's shape is
         check_cka_memory(opts.cka_memory * 2**20, hm.n_layers * hm.n_heads, hm.d_head)
     sim = similarity(hm, source, max_length=opts.max_length, batch_size=opts.batch_size,
