@@ -41,12 +41,14 @@ _LAZY = {
     "prune_heads": "redundancy.pruning.heads", "prune_curve": "redundancy.curves",
     # checkpoints of pruned or converted models
     "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint",
-    # the report
-    "render_report": "report",
+    # the report, and the live view (`view` is the package itself: it is callable, see headscope/view)
+    "render_report": "report", "ViewOptions": "view",
 }
 
 
 def __getattr__(name: str) -> Any:
+    if name == "view":  # the package headscope.view, callable as view(hm, text)
+        return importlib.import_module(".view", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), _RENAMED.get(name, ("", name))[1])
     raise AttributeError(f"module 'headscope' has no attribute {name!r}")
@@ -66,6 +68,7 @@ __all__ = [
     "parse_head",
     "read_conllu",
     "read_texts",
+    "view",
     "wrap",
     *_LAZY,
 ]

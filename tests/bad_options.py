@@ -184,6 +184,13 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--threads": bad("--threads", "0", says="--threads must be positive"),
         "--no-progress": FLAG,
     },
+    "view": {
+        "--from": bad("--from", "missing", says="--from 'missing' does not exist"),
+        "--port": bad("--port", "-1", says="--port must be 0 or more; got -1"),
+        "--host": bad("--host", "", says="--host is empty"),
+        "--open": FLAG,
+        "--max-tokens": bad("--max-tokens", "0", says="--max-tokens must be at least 1; got 0"),
+    },
     "tasks": {
         "--tasks": bad("--tasks", "bogus", says="unknown task 'bogus'"),
         "--method": bad("--method", "gradeint", says="did you mean 'gradient'"),
@@ -214,6 +221,8 @@ TOO_LARGE: dict[str, dict[str, Row]] = {
                                   says="needs about"),
                 "--cka-batch": bad("{bert}", "--limit", "2", "--cka-batch", HUGE, required=False,
                                    says="--cka-batch 100,000,000,000 needs about")},
+    "view": {"--max-tokens": bad("--max-tokens", HUGE, says="--max-tokens must be at most 8192"),
+             "--port": bad("--port", "70000", says="--port must be at most 65535; got 70000")},
     "sweep": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000"),
               "--d-model": bad("--d-model", HUGE, says="of memory, but this machine has"),
               "--layers": bad("--layers", HUGE, says="of memory, but this machine has"),

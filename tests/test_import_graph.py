@@ -164,7 +164,8 @@ LAYERS = {
     "redundancy": ("foundation", "learned", "redundancy"),
     "export": ("foundation", "learned", "capacity", "redundancy", "export"),
     "report": ("foundation", "learned", "capacity", "redundancy", "export", "report"),
-    "commands": ("foundation", "learned", "capacity", "redundancy", "export", "report", "commands"),
+    "view": ("foundation", "learned", "capacity", "redundancy", "export", "report", "view"),
+    "commands": ("foundation", "learned", "capacity", "redundancy", "export", "report", "view", "commands"),
     "study": ("foundation", "learned", "capacity", "redundancy", "export", "report", "commands", "study"),
     "cli": ("foundation", "commands", "study", "cli"),
 }

@@ -27,7 +27,7 @@ __all__ = [
     "UNIT_IMPORTANCE_JSON", "TASKS_CSV", "TASK_CORRELATION_CSV", "TASK_SPECIFIC_CSV", "TASKS_JSON", "MODEL_DIR",
     "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
-    "STUDY_JSON",
+    "STUDY_JSON", "PATCHING_CSV",
 ]
 
 def _f(name: str, meaning: str = "", when: str = "") -> Field:
@@ -352,12 +352,20 @@ STUDY_JSON = Artifact(
      _f("stages", "per stage: status (done, left out, not supported), command, size, estimate, seconds, files"),
      _f("answers", "the three paragraphs, one per question"), _f("elapsed_s", "wall time of the last run")))
 
+# headscope patch (issue 33) writes it; `headscope view` reads it when present. Declared here with the fields the
+# view reads (the patch verb adds its other columns to this declaration).
+PATCHING_CSV = Artifact(
+    "patching.csv", "csv", {"patch": ""}, "activation patching: each head's causal effect on the metric",
+    (*_HEAD_KEYS,
+     _f("effect", "(M(corrupt, head patched) - M(corrupt)) / (M(clean) - M(corrupt)), mean over pairs (1 = the "
+                  "head alone restores the clean metric)")), bounds=True)
+
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
     PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG,
     SWEEP_SPEED_PNG, GQA_JSON,
-    MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON)}
+    MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON, PATCHING_CSV)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold
@@ -367,7 +375,7 @@ PROVENANCE_FILES: dict[str, str] = {"prune --unit": UNITS_JSON.name, "score --un
                                     "analyze": HEADS_JSON.name, "roles": ROLES_JSON.name, "similar": CLUSTERS_JSON.name,
                                     "score": IMPORTANCE_JSON.name, "prune": PRUNE_JSON.name, "kv": KV_JSON.name,
                                     "gqa": GQA_JSON.name, "mla": MLA_JSON.name,
-                                    "kvcache": KVCACHE_JSON.name}
+                                    "kvcache": KVCACHE_JSON.name, "patch": "patching.json"}
 
 
 def provenance_file(name: str) -> str | None:

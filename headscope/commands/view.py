@@ -1,0 +1,52 @@
+"""`headscope view [MODEL]`: a local page to type text and see any head's attention beside its measured evidence."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import webbrowser
+
+from ..errors import HeadscopeError
+from ..options.cli import verb_parser
+from ..view.heads import heads_table
+from ..view.options import ViewOptions
+from ..view.page import EXAMPLES
+from ..view.server import LOOPBACK, ViewApp, make_server
+from ._common import load_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = verb_parser(sub, "view", ViewOptions,
+                    help="a local page: type text, see any head's attention beside its measured roles, importance "
+                         "and patching effect",
+                    description="Load the model once and serve a page (and a JSON API, docs/view.md) where you "
+                                "type text and see each head's attention as arcs and a heat map, beside what the "
+                                "--from folders measured about that head. Binds 127.0.0.1 unless --host says "
+                                "otherwise. Ctrl-C stops it.")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = ViewOptions.from_namespace(args)  # validated by the CLI before this runs
+    hm = load_from_args(args)
+    if hm.tokenizer is None:  # every request is text: refuse now, not on each request
+        raise HeadscopeError(f"{options.model} has no tokenizer, so the view cannot read text; give a model folder "
+                             f"with its tokenizer files")
+    app = ViewApp(hm, heads_table(hm, options.from_dirs), options.max_tokens, EXAMPLES)
+    server = make_server(app, options.host, options.port)
+    host, port = options.host, int(server.server_address[1])  # port 0: the one the OS chose
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+    if host not in LOOPBACK:
+        print(f"headscope view: warning: --host {host} exposes the model to every machine that can reach this one; "
+              f"anyone there can run text through it (use --host 127.0.0.1 for this machine only)",
+              file=sys.stderr, flush=True)
+    print(f"headscope view: {hm.name} on {url} (Ctrl-C stops)", flush=True)
+    if options.open:
+        webbrowser.open(url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("headscope view: stopped", file=sys.stderr)
+    finally:
+        server.server_close()
+    return 0

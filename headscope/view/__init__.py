@@ -1,0 +1,122 @@
+"""Look at any head, live: a text's attention for every head beside what the other verbs measured about it.
+
+`headscope view MODEL` serves the page (`server.py`); in a notebook, `headscope.view(hm, "text")` returns a
+`View` that displays the same page inline, self-contained (its maps embedded, nothing fetched).
+
+This package module is callable (`headscope.view(hm, text)`): the package and the function share the name
+`view`, and once `headscope.view` is imported as a package the attribute `headscope.view` is the package,
+so the package itself forwards calls to `view()`.
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import HeadscopeError
+from ..io import atomic_write_text
+from ..models.adapter import HeadModel
+from ..options import Result
+from ..table import head_name, parse_head
+from .attention import SMALL_MAX, all_heads, check_head, encode, one_head
+from .heads import heads_table
+from .options import DEFAULT_MAX_TOKENS, ViewOptions
+from .page import EXAMPLES, model_info, page
+
+__all__ = ["DEFAULT_MAX_TOKENS", "EXAMPLES", "View", "ViewOptions", "view"]
+
+
+@dataclass
+class View(Result):
+    """One text's attention as the model computes it, with the heads table: shown inline by notebooks."""
+
+    files = ("view.html",)
+
+    info: dict[str, Any]
+    text: str
+    tokens: list[str]
+    ids: list[int]
+    heads: tuple[tuple[int, int], ...]
+    maps: list[np.ndarray] | None  # every head (short texts): per layer [head, query, key]
+    attention: dict[str, np.ndarray]  # the chosen heads of a long text: L3H7 -> [query, key]
+    table: dict[str, Any]
+
+    def weights(self, layer: int, head: int) -> np.ndarray:
+        """One head's map `[query, key]` (rows are queries)."""
+        if self.maps is not None:
+            return self.maps[layer][head]
+        if head_name(layer, head) not in self.attention:
+            raise HeadscopeError(f"{head_name(layer, head)} was not computed for this long text; it holds "
+                                 f"{', '.join(self.attention)} (pass ViewOptions(heads=...))")
+        return self.attention[head_name(layer, head)]
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per (layer, head, query, key) held: the weight and both tokens."""
+        pairs = [(l, h) for l in range(len(self.maps)) for h in range(self.maps[l].shape[0])] \
+            if self.maps is not None else list(self.heads)
+        T = len(self.tokens)
+        q, k = np.divmod(np.arange(T * T), T)
+        frames = [pd.DataFrame({"layer": l, "head": h, "query": q, "key": k,
+                                "query_token": np.asarray(self.tokens, dtype=object)[q],
+                                "key_token": np.asarray(self.tokens, dtype=object)[k],
+                                "weight": self.weights(l, h).ravel()}) for l, h in pairs]
+        return pd.concat(frames, ignore_index=True)
+
+    def html(self) -> str:
+        """The page, self-contained: the view's maps and heads table embedded, nothing fetched."""
+        digits = 4
+        static = {"text": self.text, "tokens": self.tokens, "slots": [list(h) for h in self.heads],
+                  "maps": [np.round(m.astype(np.float64), digits).tolist() for m in self.maps]
+                  if self.maps is not None else None,
+                  "attention": {k: np.round(v.astype(np.float64), digits).tolist() for k, v in self.attention.items()},
+                  "heads": self.table}
+        return page(self.info, static=static)
+
+    def _repr_html_(self) -> str:
+        # An iframe keeps the page's script and styles apart from the notebook's; srcdoc keeps it self-contained.
+        return (f'<iframe srcdoc="{html.escape(self.html(), quote=True)}" style="width:100%;height:900px;'
+                f'border:1px solid #ddd" title="headscope view"></iframe>')
+
+    def write(self, folder: Path) -> None:
+        """view.html: the page with this text's maps (`save(out)` stages it beside `out`, then moves it in)."""
+        atomic_write_text(Path(folder) / "view.html", self.html())
+
+    def lines(self) -> list[str]:
+        """What the CLI prints about this view."""
+        shown = ", ".join(head_name(l, h) for l, h in self.heads)
+        held = "every head" if self.maps is not None else f"{shown} only (longer than {SMALL_MAX} tokens)"
+        return [f"{self.info['name']}: {len(self.tokens)} tokens; maps of {held}; showing {shown}"]
+
+
+def view(hm: HeadModel, text: str, options: ViewOptions | None = None, **changes: Any) -> View:
+    """The live view's page for one text, for a notebook: every head's map (texts up to `SMALL_MAX` tokens) or
+    the chosen heads' alone, beside the evidence in `options.from_dirs`; `changes` replace option fields
+    (`heads=("L1H4",)`). Writes nothing."""
+    options = (options or ViewOptions()).replace(**changes).validate()
+    first = next((l for l in range(hm.n_layers) if hm.heads_in_layer(l)), 0)
+    heads = tuple(parse_head(h) for h in options.heads) or ((first, 0),)
+    for l, h in heads:
+        check_head(hm, l, h)
+    enc = encode(hm, text, options.max_tokens)
+    short = len(enc.ids) <= SMALL_MAX
+    maps = all_heads(hm, enc.ids) if short else None
+    attention = {} if short else {head_name(l, h): one_head(hm, enc.ids, l, h) for l, h in heads}
+    return View(model_info(hm, options.max_tokens), enc.text, enc.tokens, enc.ids, heads, maps, attention,
+                heads_table(hm, options.from_dirs))
+
+
+class _CallableModule(types.ModuleType):
+    """The package, callable as `view()` (see the module's docstring)."""
+
+    def __call__(self, hm: HeadModel, text: str, options: ViewOptions | None = None, **changes: Any) -> View:
+        return view(hm, text, options, **changes)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,218 @@
+"""The per-head evidence beside the live maps: what analyze, roles, score, kvcache and patch measured.
+
+Files are found and read by their declared names (`headscope.artifacts`, through the report's `Sources`)
+in the --from folders, earlier folders winning, a study folder like any other. Each file's numbers come
+with the command that produced it, rebuilt from its provenance record. A file written for another model
+is refused by name (`provenance.check_made_for`); rows outside the served model's heads are refused too.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..artifacts import (
+    HEADS_CSV,
+    IMPORTANCE_CSV,
+    KVCACHE_JSON,
+    PATCHING_CSV,
+    ROLES_CSV,
+    ROLES_JSON,
+    artifact,
+)
+from ..capacity.options import KvcacheOptions
+from ..errors import HeadscopeError
+from ..learned.options import AnalyzeOptions, RolesOptions
+from ..models.adapter import HeadModel
+from ..options import Options, spec_of
+from ..provenance import check_made_for, recorded_for
+from ..redundancy.options import ScoreOptions
+from ..report.sources import Sources, Table, clean, read_heads
+
+__all__ = ["command_of", "heads_table"]
+
+# The Options class of each verb whose files the view reads: a provenance record keeps option values by field
+# name, and the command line spells them as that class's flags; values equal to their defaults are left out.
+_VERB_OPTIONS: dict[str, type[Options]] = {"analyze": AnalyzeOptions, "roles": RolesOptions, "score": ScoreOptions,
+                                           "kvcache": KvcacheOptions}
+_SKIP_OPTIONS = ("model", "from_command_line")
+
+
+def _defaults(cls: type[Options] | None) -> dict[str, Any]:
+    if cls is None:
+        return {}
+    out = {}
+    for f in fields(cls):
+        if f.default is not MISSING:
+            out[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
+    return out
+
+
+def command_of(rec: Mapping[str, Any] | None) -> str | None:
+    """The command line a provenance record describes (verb, model, every option not at its default), or None."""
+    if not rec or not rec.get("verb"):
+        return None
+    model = rec.get("model") or {}
+    verb = str(rec["verb"])
+    cls = _VERB_OPTIONS.get(verb.split()[0])
+    flags, defaults = (cls.flags() if cls is not None else {}), _defaults(cls)
+    repeated = {f.name for f in fields(cls) if (spec := spec_of(f)) is not None and spec.append} if cls else set()
+    source = str(model.get("source") or model.get("name") or "MODEL")
+    source = source.removeprefix("builtin:")  # a built-in model is named on the command line by its name alone
+    parts = ["headscope", *verb.split(), source]
+    for k, v in sorted((rec.get("options") or {}).items()):
+        if k in _SKIP_OPTIONS or v is None or v is False or v == [] or (k in defaults and defaults[k] == v):
+            continue
+        flag = flags.get(k) or "--" + k.replace("_", "-")
+        if v is True:
+            parts.append(flag)
+        elif isinstance(v, list) and (k in repeated or cls is None):
+            for item in v:  # a repeatable option: --from A --from B
+                parts += [flag, str(item)]
+        elif isinstance(v, list):  # a list given as one comma-separated value: --method a,b
+            parts += [flag, ",".join(map(str, v))]
+        else:
+            parts += [flag, str(v)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _source(path: Path) -> dict[str, Any]:
+    found = recorded_for(path)
+    rec = found[1] if found else None
+    return {"file": path.name, "folder": str(path.parent), "verb": (rec or {}).get("verb") or artifact(path.name).verb,
+            "command": command_of(rec), "data": (rec or {}).get("data")}
+
+
+def _flat(n_layers: int, n_heads: int) -> list[Any]:
+    return [None] * (n_layers * n_heads)
+
+
+def _grid(table: Table, column: str, n_layers: int, n_heads: int) -> list[Any]:
+    """A CSV column as a flat row-major list over the served model's heads (None where absent)."""
+    out = _flat(n_layers, n_heads)
+    for r in table.rows:
+        l, h = r.get("layer"), r.get("head")
+        if not isinstance(l, int) or not isinstance(h, int) or not (0 <= l < n_layers and 0 <= h < n_heads):
+            raise HeadscopeError(f"{table.path} has a row for layer {l}, head {h}, outside the served model's "
+                                 f"{n_layers} x {n_heads} heads; rerun its verb on this model")
+        out[l * n_heads + h] = r.get(column)
+    return out
+
+
+def _with_bounds(table: Table, column: str, n_layers: int, n_heads: int) -> dict[str, Any]:
+    entry = {"values": _grid(table, column, n_layers, n_heads)}
+    for side in ("lo", "hi"):
+        if f"{column}_{side}" in table.columns:
+            entry[side] = _grid(table, f"{column}_{side}", n_layers, n_heads)
+    return entry
+
+
+def _rank(values: Sequence[Any]) -> list[int | None]:
+    """Rank 1 = the largest value (the most important head); None for a missing value."""
+    v = np.array([np.nan if x is None else float(x) for x in values])
+    order = np.argsort(-np.where(np.isnan(v), -np.inf, v), kind="stable")
+    ranks: list[int | None] = [None] * len(v)
+    for r, i in enumerate(order):
+        if not math.isnan(v[i]):
+            ranks[int(i)] = r + 1
+    return ranks
+
+
+def _statistics(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+    table = read_heads(src)
+    if table is None:
+        return
+    name = HEADS_CSV.name if src.get(HEADS_CSV.name) else ROLES_CSV.name
+    out["sources"]["statistics"] = _source(src.found[name])
+    if (table.n_layers, table.n_heads) != (n_layers, n_heads):
+        raise HeadscopeError(f"{src.found[name]} has {table.n_layers} x {table.n_heads} heads; the served model has "
+                             f"{n_layers} x {n_heads}; rerun its verb on this model")
+    for col, arr in table.columns.items():
+        a = np.asarray(arr)
+        if a.dtype.kind == "f" and not col.endswith(("_lo", "_hi")):
+            entry = {"values": clean(a.ravel().tolist()), "meaning": ROLES_CSV.meaning(col)}
+            for side in ("lo", "hi"):
+                if f"{col}_{side}" in table.columns:
+                    entry[side] = clean(np.asarray(table[f"{col}_{side}"], float).ravel().tolist())
+            out["statistics"][col] = entry
+
+
+def _roles(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+    table = src.csv(ROLES_CSV.name)
+    if table is None:
+        return
+    out["sources"]["roles"] = _source(table.path)
+    out["roles"] = [str(v or "") for v in _grid(table, "roles", n_layers, n_heads)]
+    out["uncertain"] = [str(v or "") for v in _grid(table, "uncertain_roles", n_layers, n_heads)]
+    doc = src.json(ROLES_JSON.name) or {}
+    detail: dict[str, list[dict[str, Any]]] = {}
+    census = doc.get("census")
+    for role, entries in (census.items() if isinstance(census, dict) else ()):
+        for e in entries if isinstance(entries, list) else []:
+            if isinstance(e, dict) and isinstance(e.get("head"), str):
+                detail.setdefault(e["head"], []).append(clean({"role": str(role), **{
+                    k: e.get(k) for k in ("score", "lo", "hi", "baseline", "held_share")}}))
+    out["role_detail"] = detail
+
+
+def _importance(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+    table = src.csv(IMPORTANCE_CSV.name)
+    if table is None:
+        return
+    out["sources"]["importance"] = _source(table.path)
+    for col in IMPORTANCE_CSV.members("importance_<method>", table.columns):
+        entry = _with_bounds(table, col, n_layers, n_heads)
+        entry["rank"] = _rank(entry["values"])
+        out["importance"][col.removeprefix("importance_")] = entry
+
+
+def _kvcache(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+    doc = src.json(KVCACHE_JSON.name)
+    if doc is None:
+        return
+    out["sources"]["kvcache"] = _source(src.found[KVCACHE_JSON.name])
+    n_kv = doc.get("n_kv_heads")
+    if not isinstance(n_kv, int) or n_kv < 1 or n_heads % n_kv:
+        src.fault(KVCACHE_JSON.name, f"records n_kv_heads {n_kv!r}, which does not divide {n_heads} query heads")
+        return
+    group = n_heads // n_kv
+    for row in doc.get("rows") or []:
+        full = row.get("full_heads") if isinstance(row, dict) else None
+        if row.get("method") == "full" or not isinstance(full, list) or len(full) != n_layers:
+            continue
+        kept = [bool(isinstance(f, list) and (h // group) in f) for f in full for h in range(n_heads)]
+        budget = row.get("budget")
+        how = f" by {row['chosen_by']}" if row.get("chosen_by") else ""
+        label = f"{row.get('method')}{how}, {budget:.0%} of KV heads full" if isinstance(budget, (int, float)) \
+            else f"{row.get('method')}{how}"
+        out["kvcache"].append({"label": label, "full": kept, "window": row.get("window"), "sink": row.get("sink")})
+
+
+def _patching(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+    table = src.csv(PATCHING_CSV.name)
+    if table is None:
+        return
+    out["sources"]["patching"] = _source(table.path)
+    out["patching"] = _with_bounds(table, "effect", n_layers, n_heads)
+
+
+def heads_table(hm: HeadModel, dirs: Sequence[str | Path]) -> dict[str, Any]:
+    """The per-head evidence in `dirs` for the served model, JSON-ready: every list is flat over
+    (layer, head), row-major. Files another model's run wrote are refused, naming the file."""
+    n_layers, n_heads = hm.n_layers, hm.n_heads
+    src = Sources.scan(dirs)
+    for path in src.found.values():
+        check_made_for(path, hm, "--from")
+    out: dict[str, Any] = {"n_layers": n_layers, "n_heads": n_heads, "folders": [str(d) for d in src.dirs],
+                           "sources": {}, "statistics": {}, "roles": None, "uncertain": None, "role_detail": {},
+                           "importance": {}, "kvcache": [], "patching": None}
+    for part in (_statistics, _roles, _importance, _kvcache, _patching):
+        part(src, out, n_layers, n_heads)
+    out["problems"] = list(src.problems.values())
+    return out

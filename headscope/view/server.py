@@ -1,0 +1,270 @@
+"""The live view's HTTP server: the page and a small JSON API over one loaded model.
+
+The standard library's `ThreadingHTTPServer`: no new dependency, and each request gets its own thread, so
+the page, the heads table and waiting requests are served while the model computes. The model itself runs
+one request at a time under a lock (a forward pass switches the model's attention function, and torch
+already uses every core for one pass). At most `MAX_WAITING` requests wait for it; more get 429.
+
+Requests name no file: the page is built in memory at start, and the only routes are `ROUTES`. Every
+refusal is a 4xx with `{"error": "..."}`, and no traceback ever reaches a client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+
+from ..errors import HeadscopeError
+from ..models.adapter import HeadModel
+from .attention import SMALL_MAX, Encoded, TooLong, all_heads, check_head, encode, one_head
+from .page import PAGE_CSP, model_info, page
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LOOPBACK", "MAX_WAITING", "ROUTES", "ViewApp", "ViewServer", "make_server"]
+
+MAX_WAITING = 64  # requests queued for the model at once; more are told to retry (429)
+CACHE = 16  # texts whose every-head maps are kept (switching heads needs no new forward pass)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+ROUTES = {"/api/attention": ("text", "layer", "head"), "/api/maps": ("text",), "/api/heads": (),
+          "/api/model": ()}
+_INT = re.compile(r"[0-9]{1,6}")
+
+
+class BadRequest(Exception):
+    """A request the API refuses: its status and the one-line message sent as {"error": ...}."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _params(route: str, query: str) -> dict[str, str]:
+    """The query string's parameters, each given once and each one the route takes."""
+    try:
+        parsed = parse_qs(query, keep_blank_values=True, max_num_fields=8)
+    except ValueError as e:
+        raise BadRequest(400, f"bad query string ({e})") from None
+    allowed = ROUTES[route]
+    for name, values in parsed.items():
+        if name not in allowed:
+            takes = ", ".join(allowed) if allowed else "no parameters"
+            raise BadRequest(400, f"unknown parameter {name!r}; {route} takes {takes}")
+        if len(values) != 1:
+            raise BadRequest(400, f"parameter {name!r} is given {len(values)} times; give it once")
+    return {k: v[0] for k, v in parsed.items()}
+
+
+def _int(params: dict[str, str], name: str) -> int:
+    if name not in params:
+        raise BadRequest(400, f"missing parameter {name!r}: a whole number from 0")
+    if not _INT.fullmatch(params[name]):
+        raise BadRequest(400, f"parameter {name}={params[name][:40]!r} is not a whole number from 0")
+    return int(params[name])
+
+
+def _rounded(a: np.ndarray, digits: int) -> list[Any]:
+    out: list[Any] = np.round(a.astype(np.float64), digits).tolist()
+    return out
+
+
+class ViewApp:
+    """What every request reads: the model (behind its lock), its limits, the heads table and the page."""
+
+    def __init__(self, hm: HeadModel, heads: dict[str, Any], max_tokens: int, examples: Sequence[str]) -> None:
+        self.hm, self.heads, self.max_tokens, self.examples = hm, heads, max_tokens, examples
+        self.lock = threading.Lock()  # the model: one forward pass at a time
+        self.cache_lock = threading.Lock()  # the maps cache, read by every request thread
+        # A fast tokenizer's Rust object refuses concurrent calls that reset its truncation ("Already borrowed").
+        self.tokenizer_lock = threading.Lock()
+        self.waiting = threading.BoundedSemaphore(MAX_WAITING)
+        self.maps: OrderedDict[str, tuple[Encoded, list[np.ndarray]]] = OrderedDict()
+        self.info = model_info(hm, max_tokens, examples)
+        self.page = page(self.info, static=None).encode("utf-8")
+
+    def _model(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the model once it is free; refuse when too many requests already wait."""
+        if not self.waiting.acquire(blocking=False):
+            raise BadRequest(429, f"busy: {MAX_WAITING} requests are already waiting for the model; retry shortly")
+        try:
+            with self.lock:
+                return fn()
+        finally:
+            self.waiting.release()
+
+    def _every_head(self, enc: Encoded) -> list[np.ndarray]:
+        def cached() -> list[np.ndarray] | None:
+            with self.cache_lock:
+                if enc.text in self.maps:
+                    self.maps.move_to_end(enc.text)
+                    return self.maps[enc.text][1]
+            return None
+
+        def compute() -> list[np.ndarray]:  # under the model's lock: a request that waited finds its text done
+            found = cached()
+            if found is not None:
+                return found
+            maps = all_heads(self.hm, enc.ids)
+            with self.cache_lock:
+                self.maps[enc.text] = (enc, maps)
+                while len(self.maps) > CACHE:
+                    self.maps.popitem(last=False)
+            return maps
+
+        found = cached()
+        return found if found is not None else self._model(compute)
+
+    def encode(self, params: dict[str, str]) -> Encoded:
+        if "text" not in params:
+            raise BadRequest(400, "missing parameter 'text'")
+        try:
+            with self.tokenizer_lock:
+                return encode(self.hm, params["text"], self.max_tokens)
+        except TooLong as e:
+            raise BadRequest(413, str(e)) from None
+        except HeadscopeError as e:
+            raise BadRequest(400, str(e)) from None
+
+    def attention(self, params: dict[str, str]) -> dict[str, Any]:
+        """{"tokens", "ids", "layer", "head", "weights"}: rows are queries, the model's own probabilities."""
+        layer, head = _int(params, "layer"), _int(params, "head")
+        try:
+            check_head(self.hm, layer, head)
+        except HeadscopeError as e:
+            raise BadRequest(400, str(e)) from None
+        enc = self.encode(params)
+        if len(enc.ids) <= SMALL_MAX:
+            weights = self._every_head(enc)[layer][head]
+        else:  # long inputs: this head alone
+            weights = self._model(lambda: one_head(self.hm, enc.ids, layer, head))
+        return {"tokens": enc.tokens, "ids": enc.ids, "layer": layer, "head": head,
+                "weights": _rounded(weights, 6)}
+
+    def every_map(self, params: dict[str, str]) -> dict[str, Any]:
+        """Every head's map for a short text (small multiples), rounded to 4 decimals."""
+        enc = self.encode(params)
+        if len(enc.ids) > SMALL_MAX:
+            raise BadRequest(413, f"text has {len(enc.ids)} tokens; every head's map is given up to {SMALL_MAX} "
+                                  f"tokens (ask /api/attention for one head of a longer text)")
+        maps = self._every_head(enc)
+        return {"tokens": enc.tokens, "ids": enc.ids, "maps": [_rounded(m, 4) for m in maps]}
+
+    def answer(self, route: str, params: dict[str, str]) -> dict[str, Any]:
+        if route == "/api/attention":
+            return self.attention(params)
+        if route == "/api/maps":
+            return self.every_map(params)
+        if route == "/api/heads":
+            return self.heads
+        return self.info
+
+
+class ViewHandler(BaseHTTPRequestHandler):
+    """One request: the page at /, the API under /api/, a JSON 4xx for anything else."""
+
+    server: ViewServer
+    server_version = "headscope-view"
+    sys_version = ""
+    timeout = 30  # seconds a client may take to send its request: a stalled one cannot hold a thread forever
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.info("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Content-Security-Policy", PAGE_CSP)
+        if status == 429:
+            self.send_header("Retry-After", "1")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, data: Any) -> None:
+        body = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        self._send(status, body, "application/json; charset=utf-8")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a request line too long, malformed, an unknown method) as JSON 4xx too."""
+        if code == 501:  # an HTTP method http.server does not know: a method refusal like any other
+            code, message = 405, f"{self.command or 'this method'} is not served; the view answers GET requests only"
+        self.close_connection = True
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "refused"
+        self._json(code, {"error": message or phrase})
+
+    def _host_allowed(self) -> bool:
+        """On a loopback address, only requests addressed to it by name or number (a page elsewhere that
+        resolves its own name to 127.0.0.1 cannot read the API: DNS rebinding)."""
+        if not self.server.loopback:
+            return True
+        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]").lower()
+        return host in LOOPBACK
+
+    def do_GET(self) -> None:
+        try:
+            if not self._host_allowed():
+                raise BadRequest(403, "this server answers requests addressed to 127.0.0.1 or localhost only")
+            url = urlsplit(self.path)
+            if url.path in ("/", "/index.html"):
+                self._send(200, self.server.app.page, "text/html; charset=utf-8")
+                return
+            if url.path not in ROUTES:
+                raise BadRequest(404, f"no such page {url.path[:80]!r}; the page is / and the API is "
+                                      f"{', '.join(ROUTES)} (docs/view.md)")
+            self._json(200, self.server.app.answer(url.path, _params(url.path, url.query)))
+        except BadRequest as e:
+            self._json(e.status, {"error": str(e)})
+        except Exception as e:  # a fault of headscope's, not the request's: one line, no traceback
+            log.exception("view request %s failed", self.path[:200])
+            self._json(500, {"error": f"internal error ({type(e).__name__}: {str(e)[:200]}); see the server's log"})
+
+    do_HEAD = do_GET
+
+    def _refuse_method(self) -> None:
+        self._json(405, {"error": f"{self.command} is not served; the view answers GET requests only"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method
+
+
+class ViewServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer bound to one ViewApp; a thread per request, none kept alive past shutdown."""
+
+    daemon_threads = True
+    request_queue_size = 128  # connections the OS holds before accept(): a burst of requests is not refused
+
+    def __init__(self, address: tuple[str, int], app: ViewApp) -> None:
+        self.app = app
+        self.loopback = address[0] in LOOPBACK
+        super().__init__(address, ViewHandler)
+
+
+class _ViewServer6(ViewServer):
+    address_family = socket.AF_INET6  # an IPv6 host such as ::1
+
+
+def make_server(app: ViewApp, host: str, port: int) -> ViewServer:
+    """A ViewServer listening on host:port (port 0: a free port); an OS refusal is a clear error."""
+    cls = _ViewServer6 if ":" in host else ViewServer
+    try:
+        return cls((host, port), app)
+    except OSError as e:
+        raise HeadscopeError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another --port or "
+                             f"--host") from None
