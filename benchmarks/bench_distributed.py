@@ -3,8 +3,8 @@
   python benchmarks/bench_distributed.py [--model minilm] [--data ptb-test] [--limit 256] [--batch-size 16]
          [--max-length 128] [--repeats 3] [--rounds 2] [--json FILE]
 
-Three set-ups run `headscope.analyze` (tokenising, the statistics scan, and for 2 processes the
-all_reduce merge) on the same `--limit` passages:
+Three set-ups run analyze's scan (`headscope.learned.analyze.analyze`: tokenising, the statistics scan, and for
+2 processes the all_reduce merge) on the same `--limit` passages:
   (a) 1 process x 1 thread,
   (b) 1 process x 2 threads (the honest best single process on a 2-core machine),
   (c) 2 processes x 1 thread each, gloo, as `--workers 2` / `torchrun --nproc-per-node 2` run it.
@@ -41,6 +41,7 @@ def child(args: argparse.Namespace) -> None:
     import headscope
     from headscope import distributed as hd
     from headscope.data import read_texts
+    from headscope.learned.analyze import analyze  # the scan itself (headscope.analyze adds provenance)
 
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
@@ -54,12 +55,12 @@ def child(args: argparse.Namespace) -> None:
             if hd.active():
                 dist.barrier()
 
-        headscope.analyze(hm, texts.texts[: args.batch_size * hd.world_size()], batch_size=args.batch_size,
-                          max_length=args.max_length)  # warm-up: one batch per rank
+        analyze(hm, texts.texts[: args.batch_size * hd.world_size()], batch_size=args.batch_size,
+                max_length=args.max_length)  # warm-up: one batch per rank
         sync()
         t1 = time.perf_counter()
         for _ in range(args.repeats):
-            table = headscope.analyze(hm, texts, batch_size=args.batch_size, max_length=args.max_length)
+            table = analyze(hm, texts, batch_size=args.batch_size, max_length=args.max_length)
         sync()
         scan_s = time.perf_counter() - t1
         if hd.is_main():

@@ -1,7 +1,10 @@
 """headscope: what attention heads learn, whether more heads help, and which heads are redundant.
 
 The foundation (loading, gates, statistics, HeadTable) is imported eagerly; the stages that pull in
-heavier dependencies are imported on first use, e.g. `headscope.score`.
+heavier dependencies are imported on first use, e.g. `headscope.score`. Each verb is a function of the same
+shape, `headscope.<verb>(hm, data, **options) -> result` (analyze, roles, similar, score, tasks, prune; the
+report is `headscope.report.report`, `headscope.report` being its package): it writes nothing, and its result
+has `save(out)`, `lines()` and `to_pandas()` (docs/api.md).
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from typing import Any
 from .data import read_conllu, read_texts
 from .errors import HeadscopeError
 from .hooks import capture_head_outputs, head_gates, on_attention_weights
-from .learned.analyze import analyze
 from .models import HeadModel, load_model, wrap
 from .stats import STATISTICS, HeadStats
 from .table import HeadTable, head_name, parse_head
@@ -23,6 +25,9 @@ from .version import __version__ as __version__  # re-exported: headscope.__vers
 # like a submodule would be replaced by the module as soon as the submodule is imported.
 _RENAMED = {"role_census": ("roles", "roles"), "head_similarity": ("similarity", "similarity")}
 _LAZY = {
+    # the verbs: one library function each, returning a result (headscope.options.Result)
+    "analyze": "learned.verbs", "roles": "learned.verbs", "similar": "learned.verbs",
+    "score": "redundancy.verbs", "tasks": "redundancy.verbs", "prune": "redundancy.verbs",
     # Q1: what heads learn
     "role_census": "learned.roles", "head_similarity": "learned.similarity", "Similarity": "learned.similarity",
     # Q2: are more heads better
@@ -32,7 +37,7 @@ _LAZY = {
     "convert_to_mla": "capacity.mla",
     "HeadAwareCache": "capacity.kvcache", "HeadPlan": "capacity.kvcache", "head_aware_attention": "capacity.kvcache",
     # Q3: which heads are redundant
-    "evaluate": "eval.evaluate", "score": "redundancy.importance", "rank_correlations": "redundancy.importance",
+    "evaluate": "eval.evaluate", "rank_correlations": "redundancy.importance",
     "prune_heads": "redundancy.pruning.heads", "prune_curve": "redundancy.curves",
     # checkpoints of pruned or converted models
     "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint",
@@ -55,7 +60,6 @@ __all__ = [
     "HeadStats",
     "HeadTable",
     "HeadscopeError",
-    "analyze",
     "capture_head_outputs",
     "head_gates",
     "head_name",

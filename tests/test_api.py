@@ -17,3 +17,15 @@ def test_every_public_name_resolves():
         assert callable(obj) or isinstance(obj, dict), name
     assert headscope.role_census is importlib.import_module("headscope.learned.roles").roles
     assert headscope.head_similarity.__module__ == "headscope.learned.similarity"
+
+
+def test_the_verbs_are_the_library_functions_that_return_results():
+    """`headscope.<verb>(hm, data, **options)` is the verb's library function (tests/test_verbs_common.py runs
+    each against the CLI); the report's is `headscope.report.report` (`headscope.report` is its package)."""
+    import headscope.report
+
+    for name, module in (("analyze", "learned"), ("roles", "learned"), ("similar", "learned"),
+                         ("score", "redundancy"), ("tasks", "redundancy"), ("prune", "redundancy")):
+        fn = getattr(headscope, name)
+        assert fn.__module__ == f"headscope.{module}.verbs" and fn.__name__ == name, name
+    assert headscope.report.report.__module__ == "headscope.report.verbs"

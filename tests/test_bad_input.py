@@ -10,10 +10,10 @@ import pytest
 import torch
 from test_artifacts import tiny_bert_dir
 
-from headscope import analyze
 from headscope.cli import main
 from headscope.data import read_conllu, read_texts
 from headscope.errors import HeadscopeError
+from headscope.learned.analyze import analyze
 from headscope.models.tiny import tiny_model
 from headscope.redundancy.curves import check_target_drop
 
@@ -160,8 +160,7 @@ def test_a_normal_run_prints_no_loading_bar_and_each_warning_once(tmp_path):
 
     script = (
         "import warnings, sys\n"
-        "import headscope\n"
-        "A = sys.modules['headscope.learned.analyze']\n"
+        "import headscope.learned.analyze as A\n"
         "real = A.run_stats\n"
         "def noisy(*a, **k):\n"
         "    for _ in range(3):  # the same message from two call sites, three times each\n"

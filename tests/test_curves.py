@@ -238,9 +238,9 @@ def test_cli_interrupted_prune_with_recovery_resumes_to_identical_files(tmp_path
         tiny = tiny_model("gpt2", init_std=0.2, vocab_size=minilm.tokenizer.vocab_size)
         return HeadModel(model=tiny.model, tokenizer=minilm.tokenizer, name="tiny-gpt2", source="config")
 
-    from headscope.commands import _common  # every verb loads through _common.load_from_args
+    from headscope.options import groups  # prune loads through PruneOptions.load
 
-    monkeypatch.setattr(_common, "load_model", load)
+    monkeypatch.setattr(groups, "load_model", load)
     # Batches of 2 of the 6 passages: a resumed run that drew other batches would train differently.
     argv = ["prune", "tiny", "--fraction", "50%", "--step", "0.25", "--limit", "6", "--max-length", "16",
             "--batch-size", "2", "--recover-steps", "2", "--recover-lr", "1e-3"]

@@ -126,14 +126,14 @@ def test_corrupt_resume_files_named_with_force(tmp_path, capsys, bert):
 @pytest.fixture()
 def recover_run(monkeypatch, minilm):
     """prune --recover on a tiny GPT-2 reading MiniLM's tokenizer (recovery is LM distillation, and fast)."""
-    from headscope.commands import _common
     from headscope.models.adapter import HeadModel
+    from headscope.options import groups  # prune loads through PruneOptions.load
 
     def load(*args, **kwargs):
         tiny = tiny_model("gpt2", init_std=0.2, vocab_size=minilm.tokenizer.vocab_size)
         return HeadModel(model=tiny.model, tokenizer=minilm.tokenizer, name="tiny-gpt2", source="config")
 
-    monkeypatch.setattr(_common, "load_model", load)
+    monkeypatch.setattr(groups, "load_model", load)
     return ["prune", "tiny", "--fraction", "75%", "--step", "0.25", "--limit", "6", "--max-length", "16",
             "--batch-size", "2", "--recover-steps", "2", "--recover-lr", "1e-3"]
 
@@ -208,19 +208,19 @@ def test_a_failed_write_leaves_nothing_and_the_rerun_matches(tmp_path, monkeypat
 
 
 def test_report_failing_half_way_leaves_nothing(tmp_path, monkeypatch, bert):
-    import headscope.report as report
+    import headscope.report.verbs as report
 
     argv = ["report", str(bert), "--sentences", "1", *SMALL]
-    real = report.page
+    real = report.atomic_write_text
 
-    def broken(d):
+    def broken(path, text):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(report, "page", broken)
+    monkeypatch.setattr(report, "atomic_write_text", broken)  # the page, written after heads.csv/.json and figures
     before = listing(tmp_path)
     assert _run(tmp_path, [*argv, "--out", "r"]) == 2  # a full disk is said as such (issue 31)
     assert listing(tmp_path) == before  # neither the computed heads.csv/.json nor the figures
-    monkeypatch.setattr(report, "page", real)
+    monkeypatch.setattr(report, "atomic_write_text", real)
     assert _run(tmp_path, [*argv, "--out", "r"]) == 0
     assert {"heads.csv", "heads.json", "report.html"} <= {p.name for p in (tmp_path / "r").iterdir()}
 
@@ -355,12 +355,12 @@ def test_minor_ones(tmp_path, capsys):
 
 
 def test_long_refused_before_the_short_pass(tmp_path, capsys, monkeypatch):
-    import headscope.commands.roles as roles_cmd
+    import headscope.learned.verbs as verbs
 
     def never(*a, **k):
         raise AssertionError("the short-text pass ran")
 
-    monkeypatch.setattr(roles_cmd, "roles", never)
+    monkeypatch.setattr(verbs, "roles_table", never)
     src, text = tiny_llama_dir(tmp_path, max_position_embeddings=128)
     refused(tmp_path, capsys, ["roles", str(src), "--data", str(text), "--long", "10000000", "--out", "o"],
             "--long 10000000 exceeds")

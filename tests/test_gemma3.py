@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from headscope import HeadscopeError, analyze, head_gates, load_model
+from headscope import HeadscopeError, head_gates, load_model
 from headscope.capacity.gqa import check_convertible
 from headscope.capacity.kv_bytes import attention_shape, kv_bytes_per_token, kv_cache_bytes
 from headscope.cli import main
 from headscope.data import prepare_tokens
-from headscope.learned.analyze import run_stats
+from headscope.learned.analyze import analyze, run_stats
 from headscope.models.layout import EmptyAttention
 from headscope.redundancy.pruning.heads import prune_heads, pruned_gates
 from headscope.stats import STATISTICS

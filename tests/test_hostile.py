@@ -82,15 +82,15 @@ def test_hostile_l0_gate_state_never_runs(tmp_path, capsys, bert):
 @pytest.fixture()
 def recover_run(monkeypatch, minilm):
     """prune --recover on a tiny GPT-2 reading MiniLM's tokenizer (as tests/test_faults.py runs it)."""
-    from headscope.commands import _common
     from headscope.models.adapter import HeadModel
     from headscope.models.tiny import tiny_model
+    from headscope.options import groups  # prune loads through PruneOptions.load
 
     def load(*args, **kwargs):
         tiny = tiny_model("gpt2", init_std=0.2, vocab_size=minilm.tokenizer.vocab_size)
         return HeadModel(model=tiny.model, tokenizer=minilm.tokenizer, name="tiny-gpt2", source="config")
 
-    monkeypatch.setattr(_common, "load_model", load)
+    monkeypatch.setattr(groups, "load_model", load)
     return ["prune", "tiny", "--fraction", "75%", "--step", "0.25", "--limit", "6", "--max-length", "16",
             "--batch-size", "2", "--recover", "2", "--recover-lr", "1e-3"]
 
@@ -172,11 +172,13 @@ def test_a_weight_index_cannot_name_a_file_outside_the_model(tmp_path, capsys):
 ])
 def test_output_locations_refused_before_the_model_loads(tmp_path, capsys, bert, monkeypatch, argv, files, says):
     from headscope.commands import _common
+    from headscope.options import groups
 
     def never(*a, **k):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(_common, "load_model", never)
+    monkeypatch.setattr(_common, "load_model", never)  # verbs that load through _common.load_from_args
+    monkeypatch.setattr(groups, "load_model", never)  # and through Options.load
     base = tmp_path / "b"
     shutil.copytree(bert, base)
     shutil.copytree(bert, base / "model")

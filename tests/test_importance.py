@@ -235,7 +235,7 @@ def test_score_columns_convention_and_pruned_heads(tiny):
     norms = layer_norms(t["importance_gradient"])
     assert np.allclose(norms, 1.0, atol=1e-12), norms
     # Entropy is negated: higher = more focused.
-    from headscope import analyze
+    from headscope.learned.analyze import analyze
 
     with head_gates(tiny, base):
         stats = analyze(tiny, passages(), batch_size=2)

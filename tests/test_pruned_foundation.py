@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from headscope import analyze, head_gates, load_model
-from headscope.learned.analyze import run_stats
+from headscope import head_gates, load_model
+from headscope.learned.analyze import analyze, run_stats
 from headscope.models.checkpoint import save_model
 from headscope.redundancy.pruning.heads import prune_heads
 from headscope.stats import STATISTICS

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from headscope import analyze, on_attention_weights
+from headscope import on_attention_weights
+from headscope.learned.analyze import analyze
 
 pytestmark = pytest.mark.real
 

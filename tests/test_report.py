@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
-from headscope import analyze
 from headscope import artifacts as A
 from headscope.cli import main
+from headscope.learned.analyze import analyze
 from headscope.models.tiny import tiny_model
 from headscope.report import REPORT_NAME, render_report, report_data
 from headscope.report.examples import decode_maps, encode_maps

@@ -388,10 +388,10 @@ def test_minilm_syntax_heads_beat_offset_baseline(minilm):
 
 
 def test_cli_roles_writes_contract_files(tmp_path, minilm, monkeypatch):
-    import headscope.commands.roles as cmd
     import headscope.data.prepare as prepare
     import headscope.learned.coref as coref
     import headscope.learned.roles.assign as assign
+    import headscope.learned.verbs as verbs
 
     reads = Counter()
 
@@ -403,7 +403,8 @@ def test_cli_roles_writes_contract_files(tmp_path, minilm, monkeypatch):
             return fn(path, *a, **k)
         monkeypatch.setattr(module, name, wrapper)
 
-    for module, name in ((assign, "read_conllu"), (coref, "read_conllu"), (cmd, "read_texts"), (prepare, "read_texts")):
+    for module, name in ((assign, "read_conllu"), (coref, "read_conllu"), (verbs, "read_texts"),
+                         (prepare, "read_texts")):
         counted(module, name)  # where the verb and the passes read --treebank, --coref and --data
     out = tmp_path / "out"
     rc = main(["roles", "minilm", "--limit", "12", "--treebank", str(EWT), "--coref", str(GUM), "--out", str(out)])

@@ -98,9 +98,10 @@ def test_more_ranks_than_passages_stops_roles_before_the_model_loads(tmp_path, m
     import headscope.commands.roles as cmd
     from headscope.cli import build_parser
     from headscope.errors import HeadscopeError
+    from headscope.options import ModelOptions
 
     loaded = []
-    monkeypatch.setattr(cmd, "load_from_args", lambda args: loaded.append(args))
+    monkeypatch.setattr(ModelOptions, "load", lambda options: loaded.append(options))
     args = build_parser().parse_args(["roles", "minilm", "--data", str(data), "--out", str(tmp_path / "res")])
     with pytest.raises(HeadscopeError) as e:
         cmd.run(args)

@@ -527,9 +527,9 @@ def test_cli_writes_outputs_and_refuses_overwrite(tmp_path, capsys):
 
 
 def test_cli_refuses_bad_cka_options_before_loading(tmp_path, capsys, monkeypatch):
-    import headscope.commands.similar as verb
+    from headscope.options import ModelOptions
 
-    monkeypatch.setattr(verb, "load_from_args", lambda args: pytest.fail("the model loaded"))
+    monkeypatch.setattr(ModelOptions, "load", lambda options: pytest.fail("the model loaded"))
     assert main(["similar", "minilm", "--out", str(tmp_path / "a"), "--cka-batch", "4"]) == 2
     assert "at least 8" in capsys.readouterr().err
     assert main(["similar", "minilm", "--out", str(tmp_path / "b"), "--cka-pool", "-1"]) == 2
@@ -544,8 +544,8 @@ def test_minilm_broad_heads_l0h7_l0h11_are_the_closest_patterns(minilm):
     'broad' heads (normalised entropy 0.92-0.94): two flat distributions are close in JS whatever
     they attend to, so pattern similarity alone flags broad heads as look-alikes. Their outputs are
     not duplicates (CKA ~0.35 on the full sample), which is why clusters also require CKA."""
-    from headscope import analyze
     from headscope.data import read_texts
+    from headscope.learned.analyze import analyze
 
     texts = read_texts(None).texts[:6]
     sim = similarity(minilm, texts, weights=False)

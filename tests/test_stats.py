@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from headscope import HeadStats, analyze
-from headscope.learned.analyze import run_stats
+from headscope import HeadStats
+from headscope.learned.analyze import analyze, run_stats
 from headscope.stats import STATISTICS
 
 

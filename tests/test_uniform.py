@@ -18,6 +18,7 @@ from headscope.models.tiny import tiny_model
 from headscope.redundancy.curves import prune_curve
 from headscope.redundancy.curves.plans import uniform_round, uniform_stop
 from headscope.redundancy.pruning import pruned_gates
+from headscope.table import parse_head
 from tests.test_artifacts import tiny_llama_dir
 
 DATA = [list(range(5, 30)), list(range(40, 70)), list(range(20, 50)), list(range(70, 100))]
@@ -43,7 +44,7 @@ def test_every_point_has_one_shape_and_saves_a_plain_checkpoint(tmp_path, unit):
     assert res.meta["uniform"] is True and len(res.points) >= 2
     g = hm.group_size
     for point in res.points[1:]:
-        removed = [tuple(int(x) for x in n[1:].split("H")) for p in res.points[:res.points.index(point) + 1]
+        removed = [parse_head(n) for p in res.points[:res.points.index(point) + 1]
                    for n in p.removed]
         per_layer = {l: sorted(h for ll, h in removed if ll == l) for l in range(hm.n_layers)}
         counts = {len(v) for v in per_layer.values()}

@@ -156,7 +156,7 @@ def test_curve_ends_at_the_most_that_fits_under_the_fraction():
 def test_printed_points_name_every_kind_removed(llama, tmp_path, capsys):
     """The table `prune --unit mix` prints names the attention sub-layers a point removed, not only its last
     names (FFN neurons come last, so a mix's attention sub-layers were once cut off the printed line)."""
-    from headscope.commands.prune import removed_text
+    from headscope.redundancy.curves.text import removed_text
 
     names = ["A3", "A0"] + [f"F{l}:{l + 1}" for l in range(8)]
     text = removed_text(names)

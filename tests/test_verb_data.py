@@ -38,7 +38,7 @@ def _received(monkeypatch, tmp_path, verb: str, *argv: str) -> dict[str, TextSou
 
     monkeypatch.setattr(_common, "load_model", lambda *a, **k: tiny_model("gpt2"))
     monkeypatch.setattr(groups, "load_model", lambda *a, **k: tiny_model("gpt2"))  # Options.load
-    target = {"score": (verbs, "score_table"), "prune": (module, "prune_curve")}[verb]
+    target = {"score": (verbs, "score_table"), "prune": (verbs, "prune_curve")}[verb]
     monkeypatch.setattr(*target, stage)
     parser = argparse.ArgumentParser()
     module.register(parser.add_subparsers())

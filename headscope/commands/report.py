@@ -8,10 +8,9 @@ import sys
 from ..io import prepare_out_dir
 from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
-from ..report import REPORT_NAME, render_report
+from ..report import REPORT_NAME, report
 from ..report.build import figure_names
 from ..report.options import ReportOptions
-from ._common import load_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,14 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
-    if args.no_model:
-        model = None
-    else:  # a clashing --out is refused before a (possibly large) model loads
-        prepare_out_dir(args.out, args.force, [REPORT_NAME, *figure_names()])
-        model = model or load_from_args(args)
-    path = render_report(args.out, model=model, from_dirs=args.from_dirs,
-                         data=args.data, sentences=args.sentences, force=args.force, max_length=args.max_length,
-                         limit=args.limit, device=args.device, progress=True)
+    options = ReportOptions.from_namespace(args)  # validated by the CLI: --sentences, --from included
+    # a clashing --out is refused before a (possibly large) model loads
+    out = prepare_out_dir(options.out, options.force, [REPORT_NAME, *figure_names()])
+    hm = None if options.no_model else model or options.load()
+    result = report(hm, None, options, progress=True)
+    result.save(out, options.force)  # the page, its figures (and computed heads.csv/.json) together, or none
+    path = out / REPORT_NAME
     size = path.stat().st_size
     print(f"wrote {path} ({size / 1024:.0f} KiB); open it in any browser, it needs no network", file=sys.stderr)
     return 0

@@ -19,6 +19,7 @@ beside a `retrieval-head` file (whose readers take every key of the card itself 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import numpy as np
 from ..capacity.kvcache.choice import kv_head_scores
 from ..errors import HeadscopeError
 from ..io import atomic_dir, atomic_write_text
+from ..learned.longctx.confidence import card_record
 from ..learned.roles.registry import of_scope
 
 # --card-score name -> the long-range score it holds (the role registry's `card` names).
@@ -34,6 +36,7 @@ CARD_SCORES = {e.card: e.score for e in of_scope("long") if e.card is not None}
 CARD_FORMATS = ("retrieval-head", "duo")
 DUO_PATTERN = "full_attention_heads.tsv"
 DUO_CONFIG = "config.json"
+DUO_SINK, DUO_RECENT = 4, 256  # what a streaming head keeps: kvcache's --sink and --window defaults
 
 
 def head_card(report: dict[str, Any], score: str = "retrieval") -> tuple[dict[str, list[float]], str]:
@@ -137,3 +140,37 @@ def write_duo(path: str | Path, pattern: np.ndarray, *, sink: int, recent: int, 
                 "source": source, **({"headscope": config} if config is not None else {})}
         (tmp / DUO_CONFIG).write_text(json.dumps(meta, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return path
+
+
+@dataclass(frozen=True)
+class HeadCard:
+    """A head card made from roles' long-range record (`roles --long N --export-card FILE`): its values, the note
+    said about them, and where and in which format it goes (outside --out)."""
+
+    path: Path
+    fmt: str
+    score: str
+    values: dict[str, list[float]]
+    note: str
+    config: dict[str, Any] | None = None  # how stable the ranking was and what it came from (card_record)
+
+    @classmethod
+    def of(cls, long_context: dict[str, Any], path: str | Path, fmt: str, score: str) -> HeadCard:
+        """The card of roles.json's `long_context` holding `score`, for `path` in format `fmt`."""
+        values, note = head_card(long_context, score)
+        return cls(Path(path), fmt, score, values, note, card_record(long_context, CARD_SCORES[score]))
+
+    def record(self) -> dict[str, Any]:
+        """What roles.json's `long_context.card` says about the card."""
+        return {"file": str(self.path), "score": self.score, "note": self.note, "format": self.fmt,
+                "config": self.config}
+
+    def write(self, hm: Any, force: bool = False) -> Path:
+        """Write the card (atomically) for model `hm`; returns its path."""
+        if self.fmt == "duo":
+            write_duo(self.path, duo_pattern(card_scores(self.values, hm.n_layers, hm.n_heads), hm.n_kv_heads),
+                      sink=DUO_SINK, recent=DUO_RECENT, force=force, source=f"headscope roles: {hm.name}, "
+                      f"--card-score {self.score}", config=self.config)
+        else:
+            write_card(self.path, self.values, self.config)
+        return self.path

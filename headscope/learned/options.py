@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import HeadscopeError
 from ..io import check_writable_file
 from ..options import (
     DataOptions,
@@ -17,6 +18,9 @@ from ..options import (
     option,
 )
 from ..options.spec import memory_problem
+from .longctx import check_long_args
+from .longctx.confidence import check_until_stable_long
+from .similarity import check_cka_batch, check_thresholds
 
 LONG = "long-range roles (docs/long_context.md)"
 
@@ -63,6 +67,11 @@ class RolesOptions(ModelOptions, DataOptions, StableOptions, OutputOptions, Work
 
     def check(self) -> None:
         super().check()
+        if self.long is not None:
+            check_long_args(None, self.long, self.haystacks, self.long_windows, self.stride, self.block)
+            check_until_stable_long(self.until_stable, self.haystacks, self.long_windows)
+        if self.export_card is not None and self.long is None:
+            raise HeadscopeError("--export-card needs --long N (the card holds long-range scores)")
         if self.long is not None and self.long > 0:  # each haystack is held as token ids (a Python int each)
             problem = memory_problem(self.haystacks, 40 * self.long, f"haystacks of {self.long:,} tokens held as "
                                                                      f"token ids")
@@ -94,6 +103,17 @@ class SimilarOptions(ModelOptions, DataOptions, IntervalOptions, OutputOptions):
                                  "(default 2048; memory pool x heads x d_head)")
     cka_memory: int = option(192, "with --cka exact: MiB of the cross-covariance held at once (default 192); less "
                                   "memory means more reads of the spilled outputs", metavar="MiB", most="memory_mib")
+
+    def check(self) -> None:
+        super().check()
+        if self.top < 0:
+            raise HeadscopeError(f"--top must be 0 or more, got {self.top}")
+        check_thresholds(self.js_max, self.cka_min)
+        check_cka_batch(self.cka_batch)
+        if self.cka_pool < 0:
+            raise HeadscopeError(f"--cka-pool must be 0 or more tokens, got {self.cka_pool}")
+        if self.cka_memory < 1:
+            raise HeadscopeError(f"--cka-memory must be at least 1 MiB, got {self.cka_memory}")
 
 
 def check_card_path(path: str | None) -> None:

@@ -166,11 +166,6 @@ def float_copy_dir(name: str) -> Path:
     return cache_dir() / b.float_copy
 
 
-def smollm2_float_dir() -> Path:
-    """Where the float32 copy of SmolLM2 lives once made."""
-    return float_copy_dir("smollm2")
-
-
 def _locate(b: BuiltinModel) -> Path:
     """`b.locate()`, or a clear error saying how to install the package."""
     try:

@@ -17,9 +17,12 @@ from ..options import (
     option,
 )
 from ..options.parse import share
-from .importance import check_method, parse_methods
+from .curves import check_args, check_target_drop
+from .importance import CRITERIA, check_method, parse_methods
 from .importance.hard_concrete import BETA
 from .importance.l0 import L0Settings, check_l0
+from .importance.tasks import parse_tasks
+from .unit_kinds import UNITS, unit_kind
 
 L0 = "L0 gates (--method l0)"
 DEFAULT_METHODS = ("gradient", "ablation")
@@ -118,6 +121,43 @@ class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, Outpu
     save_model: bool = option(False, "write the physically pruned model (at --fraction, or the largest fraction "
                                      "within --target-drop) to OUT/model")
 
+    @property
+    def heads(self) -> bool:
+        """Whether the curve removes heads (head, slice, group), not units beyond heads."""
+        return self.unit is None or unit_kind(self.unit).scope == "heads"
+
+    def check(self) -> None:
+        super().check()
+        heads = self.heads
+        if self.uniform and not heads:
+            raise HeadscopeError(f"--uniform is for head units (head, slice, group); --unit {self.unit} removes "
+                                 f"whole units already")
+        if heads and self.latency:
+            raise HeadscopeError("--latency needs --unit attention, block, ffn or mix (head curves: see "
+                                 "benchmarks/bench_prune.py)")
+        if not heads:
+            if self.target_drop is not None:
+                raise HeadscopeError(f"--target-drop is for head units; with --unit {self.unit} give --fraction, the "
+                                     f"share of parameters to remove (e.g. 0.3)")
+            if self.fraction is None:
+                raise HeadscopeError(f"--unit {self.unit} needs --fraction, the share of all parameters to remove "
+                                     f"(e.g. 0.3)")
+            if self.wordsim or self.wordsim_recovered:
+                raise HeadscopeError("--wordsim is for head units; unit curves record the metric only")
+        method = self.method or ("gradient" if heads else UNITS.get(str(self.unit)).default_method)
+        self.l0_settings()  # the --l0-* options given, named in their own words before --fraction's checks
+        check_args(self.fraction, self.target_drop, self.step, self.recover_steps, method, self.unit)
+        if self.metric != "auto":
+            METRICS.get(self.metric)  # an unknown metric raises, with a did-you-mean
+            check_target_drop(self.metric, self.target_drop)
+        self.l0_settings(self.fraction)  # checked even when l0 is not chosen: no bad value is ignored
+        if self.until_stable is not None and (not heads or method == "l0"):
+            raise HeadscopeError("--until-stable reads scoring passages until the head ranking is stable: it is for "
+                                 "head curves scored per passage (not --unit attention/block/ffn/mix or --method l0)")
+        if method == "l0" and self.fraction is None and self.l0_penalty is None and self.l0_target is None:
+            raise HeadscopeError("--method l0 with only --target-drop needs --l0-penalty or --l0-target (what the "
+                                 "gates are trained towards); or give --fraction")
+
 
 @dataclass(frozen=True, kw_only=True)
 class TasksOptions(ModelOptions, SeedOptions, OutputOptions):
@@ -133,3 +173,8 @@ class TasksOptions(ModelOptions, SeedOptions, OutputOptions):
                             "scored, the probe is fitted on its whole half)", at_least=1)
     max_length: int = option(64, "tokens per passage (default 64)", at_least=1)
     batch_size: int = option(16, "passages per forward pass (default 16)", at_least=1)
+
+    def check(self) -> None:
+        super().check()
+        parse_tasks(self.tasks)  # unknown tasks, labelled tasks without labels: before anything loads
+        CRITERIA.get(self.method)

@@ -3,7 +3,10 @@ nothing, and returns a result the CLI saves and prints (`headscope.options.Resul
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,24 +15,51 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .. import plots
 from ..artifacts import (
     IMPORTANCE_CSV,
     IMPORTANCE_JSON,
+    MODEL_DIR,
+    PRUNE_CURVE_CSV,
+    PRUNE_CURVE_PNG,
+    PRUNE_JSON,
     RANK_CORRELATION_CSV,
+    REDUNDANCY_CSV,
+    TASK_CORRELATION_CSV,
+    TASK_SPECIFIC_CSV,
+    TASKS_CSV,
+    TASKS_JSON,
+    UNIT_CURVE_CSV,
+    UNIT_CURVE_PNG,
     UNIT_IMPORTANCE_CSV,
     UNIT_IMPORTANCE_JSON,
+    UNITS_JSON,
     write_csv,
 )
+from ..data import TextSource
 from ..errors import HeadscopeError
 from ..eval.evaluate import read_task_data
+from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
+from ..models.checkpoint import plain_shape, save_model
 from ..options import Result
 from ..provenance import provenance
 from ..table import HeadTable, grid, parse_head
+from .curves import CurveResult, prune_curve
+from .curves.text import curve_lines, unit_curve_lines
 from .importance import CRITERIA, parse_methods, rank_correlations, score_units
 from .importance import score as score_table
-from .options import DEFAULT_METHODS, ScoreOptions
+from .importance.tasks import (
+    check_tasks_usable,
+    parse_tasks,
+    task_correlation_intervals,
+    task_correlations,
+    task_importance,
+    task_specific,
+)
+from .options import DEFAULT_METHODS, PruneOptions, ScoreOptions, TasksOptions
+from .pruning.heads import n_parameters
 
 
 def parse_pruned(text: str | None, n_layers: int, n_heads: int) -> torch.Tensor | None:
@@ -177,6 +207,205 @@ def score(hm: HeadModel, data: Any = None, options: ScoreOptions | None = None, 
                         intervals=opts.intervals(), until_stable=opts.until_stable, options=extra, progress=progress)
     corr = rank_correlations(table)
     return ScoreResult(table=table.with_columns(meta={"provenance": prov}), correlations=corr, name=hm.name)
+
+
+@dataclass
+class TasksResult(Result):
+    """Head importance under several tasks: tasks.csv, task_correlation.csv, task_specific.csv, tasks.json."""
+
+    table: HeadTable
+    correlations: pd.DataFrame
+    intervals: list[dict[str, Any]]  # each pair of tasks' Spearman with its interval over heads
+    specific: list[dict[str, Any]]  # heads in the top 10% of one task and the bottom half of another
+    name: str
+    files = (TASKS_CSV.name, TASK_CORRELATION_CSV.name, TASK_SPECIFIC_CSV.name, TASKS_JSON.name)
+
+    def to_pandas(self) -> pd.DataFrame:
+        return self.table.to_pandas()
+
+    def write(self, folder: Path) -> None:
+        buf = io.StringIO()
+        fields = [f.name for f in TASK_SPECIFIC_CSV.fields]
+        w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+        w.writeheader()
+        for r in self.specific:
+            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+        self.table.to_csv(folder / TASKS_CSV.name)
+        self.table.to_json(folder / TASKS_JSON.name)
+        atomic_write_text(folder / TASK_CORRELATION_CSV.name,
+                          self.correlations.to_csv(float_format="%.4f", lineterminator="\n"))
+        atomic_write_text(folder / TASK_SPECIFIC_CSV.name, buf.getvalue())
+
+    def lines(self) -> list[str]:
+        table, corr = self.table, self.correlations
+        out = [f"{self.name}: {table.n_layers} layers x {table.n_heads} heads; tasks "
+               + ", ".join(f"{t} ({s:.0f} s)" for t, s in table.meta["seconds"].items()),
+               "", "Spearman rank correlation between tasks [95% interval over heads: Fisher z, Bonett-Wright "
+                   "variance; the noise of each task's data is not in it]:"]
+        names = list(corr.columns)
+        cell = {(c["a"], c["b"]): f"{c['spearman']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]" for c in self.intervals}
+        width = max([len(n) for n in names] + [18])
+        out.append(" " * width + "".join(f"  {n:>{width}}" for n in names))
+        for a in names:
+            row = [cell.get((a, b)) or cell.get((b, a)) or ("1" if a == b else "-") for b in names]
+            out.append(f"{a:<{width}}" + "".join(f"  {v:>{width}}" for v in row))
+        pairs: dict[tuple[str, str], list[str]] = {}
+        for r in self.specific:
+            pairs.setdefault((r["task"], r["other"]), []).append(r["head"])
+        if pairs:
+            out += ["", "heads in the top 10% for one task and the bottom half for another:"]
+            for (t, o), heads in pairs.items():
+                out.append(f"  {t} not {o}: {' '.join(heads)}")
+        return out
+
+
+def tasks(hm: HeadModel, data: str | Sequence[str] | None = None, options: TasksOptions | None = None, *,
+          progress: bool = False, **changes: Any) -> TasksResult:
+    """`headscope tasks` on a loaded model: every head's importance under each task and the tasks' rank correlation.
+
+    `data`: the tasks, as `--tasks` takes them ("lm_ptb,wordsim", or a list of names; a task's own data after
+    '=', e.g. "classification=labels.jsonl"); None: `options.tasks`. Keywords override single options:
+    `tasks(hm, "fidelity,wordsim", limit=32)`.
+    """
+    if data is not None:
+        changes["tasks"] = data if isinstance(data, str) else ",".join(data)
+    opts = (options or TasksOptions()).replace(**changes).validate()
+    chosen = parse_tasks(opts.tasks)
+    check_tasks_usable(hm, chosen)
+    prov = provenance("tasks", hm, None, opts.with_only())
+    table = task_importance(hm, chosen, method=opts.method, limit=opts.limit, max_length=opts.max_length,
+                            batch_size=opts.batch_size, seed=opts.seed, progress=progress)
+    corr = task_correlations(table)
+    intervals = task_correlation_intervals(table)
+    specific = task_specific(table)
+    table = table.with_columns(meta={"provenance": prov, "correlation_intervals": {
+        "level": 0.95, "method": "Fisher z over heads, Bonett-Wright variance (the tasks' data noise not included)",
+        "pairs": intervals}})
+    return TasksResult(table=table, correlations=corr, intervals=intervals, specific=specific, name=hm.name)
+
+
+@dataclass
+class PruneData:
+    """What `prune` reads besides the model, read once: the scoring passages and the held-out ones."""
+
+    source: Any
+    heldout: Any = None
+
+
+def read_prune_data(options: PruneOptions, data: Any = None) -> PruneData:
+    """The scoring data (`data` as `prune` takes it, else `options.data`) and `options.heldout`, read here."""
+    source = read_task_data(options.data if data is None else data, options.limit) if data is None or \
+        isinstance(data, (str, Path)) else data
+    heldout = read_task_data(options.heldout, options.heldout_limit or options.limit) if options.heldout else None
+    return PruneData(source, heldout)
+
+
+@dataclass
+class PruneResult(Result):
+    """A pruning curve: prune_curve.csv/.png, redundancy.csv and prune.json (units beyond heads: unit_curve.csv/.png
+    and units.json), and model/ with --save-model."""
+
+    curve: CurveResult
+    summary: dict[str, Any]  # prune.json (units.json)
+    model: HeadModel | None = None  # the physically pruned model (save_model)
+
+    def __post_init__(self) -> None:
+        heads = self.curve.scope == "heads"
+        names = (PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV, PRUNE_JSON) if heads else \
+            (UNIT_CURVE_CSV, UNIT_CURVE_PNG, UNITS_JSON)
+        self.files = tuple(a.name for a in names) + ((MODEL_DIR.name,) if self.model is not None else ())
+
+    def to_pandas(self) -> pd.DataFrame:
+        return pd.DataFrame(self.curve.records())
+
+    def write(self, folder: Path) -> None:
+        """The curve's CSV, figure and JSON (prune_curve.* and redundancy.csv, or unit_curve.* and units.json)."""
+        res = self.curve
+        if self.model is not None:
+            save_model(self.model, folder / MODEL_DIR.name)
+        heads = res.scope == "heads"
+        records = res.records()
+        write_csv(folder, PRUNE_CURVE_CSV if heads else UNIT_CURVE_CSV, records)
+        if heads:
+            write_csv(folder, REDUNDANCY_CSV, res.redundancy())
+        title = f"{res.model}: pruning by {res.method}" if heads else f"{res.model}: {res.unit} by {res.method}"
+        plots.pruning_curve(records, metric=res.metric, baseline=res.baseline if heads else None,
+                            target_drop=res.target_drop if heads else None, higher_is_better=res.higher_is_better,
+                            recover_steps=res.recover_steps, title=title,
+                            path=folder / (PRUNE_CURVE_PNG if heads else UNIT_CURVE_PNG).name)
+        atomic_write_text(folder / (PRUNE_JSON if heads else UNITS_JSON).name,
+                          json.dumps(self.summary, indent=2, default=str) + "\n")
+
+    def lines(self) -> list[str]:
+        out = (curve_lines if self.curve.scope == "heads" else unit_curve_lines)(self.curve, self.summary)
+        stable = self.summary.get("until_stable")
+        if stable is not None:
+            state = "reached" if stable["reached"] else "NOT reached"
+            out.append(f"--until-stable {stable['target']}: {state} with {stable['passages']} of the "
+                       f"{stable['available']} scoring passages" + ("" if stable["reached"] else
+                                                                     "; raise --limit or give more data"))
+        return out
+
+
+def prune(hm: HeadModel, data: Any = None, options: PruneOptions | None = None, *, checkpoint: Path | None = None,
+          progress: bool = False, **changes: Any) -> PruneResult:
+    """`headscope prune` on a loaded model: the pruning curve (re-scored after each step, with recovery and
+    intervals), redundancy per layer and, with `save_model=True`, the smaller model.
+
+    `data`: the scoring passages (a TextSource, passages, a labelled jsonl or a corpus name / file read with
+    `options.limit`) or a `PruneData` already read; the held-out text is `options.heldout`. `checkpoint`: a
+    folder where an interrupted curve keeps its finished points and resumes from them (the CLI's --out); None
+    writes nothing. Keywords override single options: `prune(hm, texts, fraction=0.5, step=0.25)`.
+    """
+    opts = (options or PruneOptions()).replace(**changes).validate()
+    if opts.heads:
+        opts = opts.replace(method=opts.method or "gradient")  # recorded as chosen in prune.json's provenance
+    read = data if isinstance(data, PruneData) else read_prune_data(opts, data)
+    source = read.source
+    stable = _until_stable(hm, source, opts, progress) if opts.until_stable is not None else None
+    if stable is not None:
+        source = TextSource(source.texts[:stable["passages"]], source.source)
+    prov = provenance("prune", hm, source, opts.with_only(), heldout=read.heldout)  # before pruning: as loaded
+    extra = {w: wordsim_measure(w) for w in WORDSIM} if opts.wordsim else None
+    res = prune_curve(hm, source, method=opts.method, fraction=opts.fraction, target_drop=opts.target_drop,
+                      step=opts.step, recover_steps=opts.recover_steps, recover_lr=opts.recover_lr,
+                      heldout=read.heldout, metric=opts.metric, unit=opts.unit, max_length=opts.max_length,
+                      batch_size=opts.batch_size, checkpoint=checkpoint, extra=extra,
+                      extra_on_recovered=opts.wordsim_recovered, latency=opts.latency,
+                      options={"l0": {"settings": opts.l0_settings(opts.fraction)}}, intervals=opts.intervals(),
+                      seed=opts.seed, progress=progress, uniform=opts.uniform)
+    summary = res.summary()
+    if stable is not None:
+        summary["until_stable"] = stable
+    small = None
+    if opts.save_model:
+        small = res.pruned_model(hm)
+        summary["saved_model"] = _saved(hm, small, res, Path(opts.out) / MODEL_DIR.name)
+    summary["provenance"] = prov
+    return PruneResult(curve=res, summary=summary, model=small)
+
+
+def _until_stable(hm: Any, data: Any, opts: PruneOptions, progress: bool) -> dict[str, Any]:
+    """How many of the scoring passages the unpruned ranking by --method needs to reach --until-stable (read in
+    chunks, as `score --until-stable`); the curve then scores on those passages only."""
+    if not isinstance(data, TextSource):
+        raise HeadscopeError("--until-stable reads plain passages; a labelled jsonl --data is scored whole")
+    table = score_table(hm, data, methods=(str(opts.method),), metric=opts.metric, max_length=opts.max_length,
+                        batch_size=opts.batch_size, seed=opts.seed, until_stable=opts.until_stable, progress=progress)
+    return dict(table.meta["until_stable"])
+
+
+def _saved(hm: Any, small: HeadModel, res: CurveResult, path: Path) -> dict[str, Any]:
+    """What prune.json says about the physically pruned model written to `path` (OUT/model): its size."""
+    info: dict[str, Any] = {"path": str(path), "parameters": n_parameters(small),
+                            "parameters_original": n_parameters(hm),
+                            # an ordinary config (plain from_pretrained) where transformers accepts the shape
+                            # (save_model decides by the same rule), else its own model_type (trust_remote_code)
+                            "plain_config": not (small.pruned or small.ffn_pruned) or plain_shape(small) is not None}
+    if res.scope == "heads":
+        info.update({"heads_kept": sum(small.heads_in_layer(l) for l in range(small.n_layers)),
+                     "recovered_weights": bool(res.recover_steps)})
+    return info
 
 
 def _fits(values: np.ndarray) -> bool:

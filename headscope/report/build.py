@@ -10,7 +10,6 @@ tables and figures at the end of a question (see `sources.Part.panel`); add its 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ..artifacts import IMPORTANCE_CSV
@@ -42,27 +41,26 @@ def figure_names() -> list[str]:
             ROLE_BARS_PNG]
 
 
-def collect(table: HeadTable | None, src: Sources, out: Path, examples: list[dict[str, Any]],
-            model_meta: dict[str, Any], special_names: str = "special tokens",
-            write_plots: bool = True, config: Any = None,
+def collect(table: HeadTable | None, src: Sources, figs: dict[str, bytes] | None, examples: list[dict[str, Any]],
+            model_meta: dict[str, Any], special_names: str = "special tokens", config: Any = None,
             records: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report's data: every section present or a note saying why not, plus the summary sentences."""
+    """The report's data: every section present or a note saying why not, plus the summary sentences. The
+    figures drawn beside the page go into `figs` (name -> PNG bytes) when it is given."""
     meta = {**model_meta, **({k: v for k, v in table.meta.items() if k not in ("stats", "versions")}
                               if table is not None else {})}
     n_layers = int(meta.get("n_layers") or (table.n_layers if table is not None else 0))
     n_heads = int(meta.get("n_heads") or (table.n_heads if table is not None else 0))
-    fig_dir = out if write_plots else None
     parts: list[Part] = [
-        heads_part(table, src, fig_dir, special_names),
-        roles_part(src, n_layers, n_heads, fig_dir),
+        heads_part(table, src, figs, special_names),
+        roles_part(src, n_layers, n_heads, figs),
         longctx_part(src),
         similarity_part(src, n_layers, n_heads),
-        sweep.sweep_part(src, fig_dir),
+        sweep.sweep_part(src, figs),
         kv_part(src, meta, config),
         gqa_part(src, meta.get("model_type")),
         kv_quality_part(src),
-        importance_part(src, n_layers, n_heads, fig_dir),
-        prune_part(src, fig_dir),
+        importance_part(src, n_layers, n_heads, figs),
+        prune_part(src, figs),
         units_part(src),
         provenance_part(src, records or {}),
         study_part(src),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -78,8 +77,9 @@ def summarise_heads(table: HeadTable, special_names: str) -> list[str]:
     return out
 
 
-def heads_part(table: HeadTable | None, src: Sources, out: Path | None, special_names: str) -> Part:
-    """The grid's numeric columns (flat, row-major), the roles column, the summary and the heat maps."""
+def heads_part(table: HeadTable | None, src: Sources, figs: dict[str, bytes] | None, special_names: str) -> Part:
+    """The grid's numeric columns (flat, row-major), the roles column, the summary and the heat maps (into `figs`,
+    name -> PNG bytes, when given)."""
     part = Part()
     if table is None:
         part.missing["heads"] = src.note(HEADS_CSV.name)
@@ -93,9 +93,9 @@ def heads_part(table: HeadTable | None, src: Sources, out: Path | None, special_
     if "uncertain_roles" in table:  # the grid greys heads whose only roles are uncertain
         part.data["uncertain"] = [";".join(role_names(table["uncertain_roles"][l, h])) for l, h in table.heads()]
     part.say("q1", *summarise_heads(table, special_names))
-    if out is not None:
+    if figs is not None:
         for col in GRID_PLOT_COLUMNS:
-            plots.heads_grid(np.asarray(table[col], float), f"{col}: {HEADS_CSV.meaning(col)}",
-                             out / grid_plot_name(col))
+            figs[grid_plot_name(col)] = plots.heads_grid(np.asarray(table[col], float),
+                                                         f"{col}: {HEADS_CSV.meaning(col)}")
             part.plots.append(grid_plot_name(col))
     return part

@@ -3,7 +3,6 @@ layer-wise redundancy and the pruned model (prune's files)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,7 +56,7 @@ def spearman_sentence(rc: dict[str, Any]) -> str | None:
             f"closest {hi[0]} vs {hi[1]} ({hi[2]:.2f}), furthest {lo[0]} vs {lo[1]} ({lo[2]:.2f}).")
 
 
-def importance_part(src: Sources, n_layers: int, n_heads: int, out: Path | None) -> Part:
+def importance_part(src: Sources, n_layers: int, n_heads: int, figs: dict[str, bytes] | None) -> Part:
     """Importance grids per criterion, the rank-correlation matrix, and which heads matter most."""
     part = Part()
     importance = importance_columns(src, n_layers, n_heads) if n_layers else {}
@@ -74,10 +73,10 @@ def importance_part(src: Sources, n_layers: int, n_heads: int, out: Path | None)
                            + ", ".join(f"L{l}H{h}" for l, h, _ in vals[:4]) + (" ..." if len(vals) > 4 else "")
                            + "; the least important are "
                            + ", ".join(f"L{l}H{h}" for l, h, _ in vals[-3:][::-1]) + ".")
-        if out is not None:
-            plots.importance_grids({k: np.array([np.nan if x is None else x for x in v], float)
-                                    .reshape(n_layers, n_heads) for k, v in importance.items()},
-                                   out / PLOT_NAMES["importance"])
+        if figs is not None:
+            figs[PLOT_NAMES["importance"]] = plots.importance_grids(
+                {k: np.array([np.nan if x is None else x for x in v], float).reshape(n_layers, n_heads)
+                 for k, v in importance.items()})
             part.plots.append(PLOT_NAMES["importance"])
     rc = src.matrix(RANK_CORRELATION_CSV.name)
     if rc is None:
@@ -136,7 +135,7 @@ def redundancy_sentences(rows: list[dict[str, Any]], target_drop: float | None) 
     return out
 
 
-def prune_part(src: Sources, out: Path | None) -> Part:
+def prune_part(src: Sources, figs: dict[str, bytes] | None) -> Part:
     """The pruning curve and redundancy figures and tables, and prune.json's summary, with sentences."""
     part = Part()
     res: dict[str, Any] = {}
@@ -174,9 +173,10 @@ def prune_part(src: Sources, out: Path | None) -> Part:
                 kw = dict(baseline=summary["baseline"], target_drop=summary["target_drop"],
                           higher_is_better=summary["higher_is_better"], recover_steps=summary["recover_steps"],
                           title=f"{summary['model']}: pruning by {summary['method']}")
-            png = plots.pruning_curve(rows, metric=metric, path=out / PLOT_NAMES["prune_curve"] if out else None, **kw)
+            png = plots.pruning_curve(rows, metric=metric, **kw)
             res["curve"]["plot"] = data_url(png)
-            if out is not None:
+            if figs is not None:
+                figs[PLOT_NAMES["prune_curve"]] = png
                 part.plots.append(PLOT_NAMES["prune_curve"])
     red = src.csv(REDUNDANCY_CSV.name)
     if red is None:
@@ -185,8 +185,9 @@ def prune_part(src: Sources, out: Path | None) -> Part:
         res["redundancy"] = {"columns": red.columns, "rows": red.rows}
         if red.rows:
             part.say("q3", *redundancy_sentences(red.rows, summary["target_drop"] if summary else None))
-            png = plots.redundancy_profile(red.rows, out / PLOT_NAMES["redundancy"] if out else None)
+            png = plots.redundancy_profile(red.rows)
             res["redundancy"]["plot"] = data_url(png)
-            if out is not None:
+            if figs is not None:
+                figs[PLOT_NAMES["redundancy"]] = png
                 part.plots.append(PLOT_NAMES["redundancy"])
     return part

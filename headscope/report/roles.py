@@ -3,7 +3,6 @@ best head per dependency relation and for coreference (syntax.csv, roles.json's 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,17 +10,11 @@ import numpy as np
 from .. import plots
 from ..artifacts import ROLES_JSON, SYNTAX_CSV
 from ..learned.roles.registry import key, resolve, role_for_score
+from ..table import parse_head
 from .sources import Part, Sources, clean
 
 # Relations seen only a few times give accuracies of 0 or 1 by chance; they are left out.
 MIN_RELATION_COUNT = 20
-
-
-def baseline_key(score: str, baselines: dict[str, Any]) -> str | None:
-    """The key of `score`'s baseline in roles.json's `baselines`: the baseline of the role that reads
-    `score` (the role registry); None if no role reads it or the file lacks its baseline."""
-    entry = role_for_score(score)
-    return entry.baseline if entry is not None and entry.baseline in baselines else None
 
 
 def fmt_num(v: Any) -> str:
@@ -151,7 +144,7 @@ def role_bar_rows(rj: dict[str, Any], per_role: int = 3) -> list[dict[str, Any]]
                   "uncertain": False} for e in heads[:per_role] if "lo" in e]
     unsure: dict[str, list[dict[str, Any]]] = {}
     for head, names in (rj.get("uncertain") or {}).items():
-        l, h = (int(x) for x in head[1:].split("H"))
+        l, h = parse_head(head)
         for r in names:
             found = resolve(r)
             name = key(found[0].score, found[1]) if found is not None else None
@@ -165,7 +158,7 @@ def role_bar_rows(rj: dict[str, Any], per_role: int = 3) -> list[dict[str, Any]]
     return rows
 
 
-def roles_part(src: Sources, n_layers: int, n_heads: int, out: Path | None = None) -> Part:
+def roles_part(src: Sources, n_layers: int, n_heads: int, figs: dict[str, bytes] | None = None) -> Part:
     """Role scores per head with their intervals, the census (with uncertain counts), thresholds, the bar chart
     of the strongest heads per role (intervals as error bars, uncertain heads grey), and the syntax table."""
     part = Part()
@@ -181,8 +174,8 @@ def roles_part(src: Sources, n_layers: int, n_heads: int, out: Path | None = Non
         part.data["role_scores"] = role_scores(rj, n_layers, n_heads)
         part.data["census"] = census_rows(rj["census"], rj.get("uncertain"))
         bars = role_bar_rows(rj)
-        if out is not None and bars:
-            plots.role_bars(bars, out / ROLE_BARS_PNG)
+        if figs is not None and bars:
+            figs[ROLE_BARS_PNG] = plots.role_bars(bars)
             part.plots.append(ROLE_BARS_PNG)
         part.data["thresholds"] = clean(rj["thresholds"])
         coref = coreference_row(rj["coreference"], n_layers, n_heads)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ..artifacts import SWEEP_CSV
@@ -25,7 +24,7 @@ def quality_column(task: str) -> tuple[str, bool]:
     return ("val_acc", True) if task in SYNTHETIC_TASKS else ("val_bits_per_token", False)
 
 
-def sweep_part(src: Sources, out: Path | None) -> Part:
+def sweep_part(src: Sources, figs: dict[str, bytes] | None) -> Part:
     """sweep.csv as a table, the quality and speed figures of one task (ptb first), and two sentences."""
     part = Part()
     t = src.csv(SWEEP_CSV.name)
@@ -59,8 +58,9 @@ def sweep_part(src: Sources, out: Path | None) -> Part:
     part.say("q2", f"Training speed runs from {slow['tokens_per_s']:.3g} tokens_per_s ({slow['n_heads']:g} heads) "
                    f"to {fast['tokens_per_s']:.3g} ({fast['n_heads']:g} heads).")
     for which, name in PLOT_NAMES.items():
-        png = sweep_figure(ok, which, out / name if out is not None else None)
+        png = sweep_figure(ok, which)
         sweep["plot" if which == "quality" else f"plot_{which}"] = data_url(png)
-        if out is not None:
+        if figs is not None:
+            figs[name] = png
             part.plots.append(name)
     return part

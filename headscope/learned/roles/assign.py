@@ -19,7 +19,7 @@ from ...data import Sentence, pad_id, read_conllu, resolve_max_length
 from ...distributed import is_main, run_on_main
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
-from ...table import HeadTable, head_name
+from ...table import HeadTable, head_name, parse_head
 from ...uncertainty import IntervalSettings
 from ..analyze import table_from_stats
 from ..coref import COREF_ACCURACY, CorefCounts, Document, coreference_accuracy, read_documents
@@ -298,7 +298,7 @@ def _decided(scores: dict[str, np.ndarray], iv: RoleIntervals, th: Thresholds, s
         score_name = key(found[0].score, found[1]) if found else None
         score_name = score_name if score_name in iv.bounds else None
         for e in heads:
-            l, h = (int(x) for x in e["head"][1:].split("H"))
+            l, h = parse_head(e["head"])
             if role_ in iv.held_share:
                 e["held_share"] = float(iv.held_share[role_][l, h])
             if score_name is not None:
