@@ -88,7 +88,8 @@ def temp_prefix(path: Path) -> str:
     return f".{path.name}.{os.getpid()}."
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` still runs (another user's live process counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -107,7 +108,7 @@ def remove_stale_temps(path: str | Path) -> list[Path]:
         return gone
     for p in path.parent.glob(f".{glob_escape(path.name)}.*"):
         pid, _, rest = p.name[len(path.name) + 2:].partition(".")
-        if not pid.isdigit() or not (rest.endswith("tmp") or rest.endswith("partial")) or _alive(int(pid)):
+        if not pid.isdigit() or not (rest.endswith("tmp") or rest.endswith("partial")) or process_alive(int(pid)):
             continue
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
         gone.append(p)

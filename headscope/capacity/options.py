@@ -17,7 +17,7 @@ from ..options import (
     option,
 )
 from ..options.parse import int_list
-from ..options.spec import memory_problem
+from ..options.spec import haystacks_problem
 
 LEARNED = "learned KV heads (--choose learned)"
 UPTRAIN = "uptraining"
@@ -193,11 +193,9 @@ class KvcacheOptions(IntervalOptions, OutputOptions):
     def check(self) -> None:
         super().check()
         check_device(self.device)
-        if self.context > 0:  # each haystack is held as token ids (a Python int each)
-            problem = memory_problem(self.haystacks, 40 * self.context, f"haystacks of {self.context:,} tokens held "
-                                                                        f"as token ids")
-            if problem:
-                raise OptionError("haystacks", problem)
+        problem = haystacks_problem(self.haystacks, self.context)
+        if problem:
+            raise OptionError("haystacks", problem)
 
     def check_paths(self) -> None:
         super().check_paths()

@@ -25,6 +25,7 @@ import torch
 
 from ..data.limits import check_fits_memory
 from ..errors import HeadscopeError
+from ..io import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -218,16 +219,6 @@ class SpilledExactCKA:
 SPILL_PREFIX = "headscope-cka-"  # spill folders: headscope-cka-<pid>-<random>
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 def remove_stale_spills(spill_dir: str | None = None) -> list[Path]:
     """Delete spill folders that processes now dead left in `spill_dir` (default: the temporary folder); a
     SIGINT or SIGTERM removes its own on the way out, a SIGKILL cannot. Returns what was removed."""
@@ -239,7 +230,7 @@ def remove_stale_spills(spill_dir: str | None = None) -> list[Path]:
             mine = d.is_dir() and d.stat().st_uid == os.getuid()
         except OSError:
             continue
-        if pid.isdigit() and mine and not _alive(int(pid)):
+        if pid.isdigit() and mine and not process_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
             gone.append(d)
     if gone:

@@ -17,7 +17,7 @@ from ..options import (
     WorkerOptions,
     option,
 )
-from ..options.spec import memory_problem
+from ..options.spec import haystacks_problem
 from .longctx import check_long_args
 from .longctx.confidence import check_until_stable_long
 from .similarity import check_cka_batch, check_thresholds
@@ -72,11 +72,9 @@ class RolesOptions(ModelOptions, DataOptions, StableOptions, OutputOptions, Work
             check_until_stable_long(self.until_stable, self.haystacks, self.long_windows)
         if self.export_card is not None and self.long is None:
             raise HeadscopeError("--export-card needs --long N (the card holds long-range scores)")
-        if self.long is not None and self.long > 0:  # each haystack is held as token ids (a Python int each)
-            problem = memory_problem(self.haystacks, 40 * self.long, f"haystacks of {self.long:,} tokens held as "
-                                                                     f"token ids")
-            if problem:
-                raise OptionError("haystacks", problem)
+        problem = haystacks_problem(self.haystacks, self.long) if self.long is not None else None
+        if problem:
+            raise OptionError("haystacks", problem)
 
     def check_paths(self) -> None:
         super().check_paths()

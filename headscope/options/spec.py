@@ -114,6 +114,13 @@ def most_problem(kind: str, value: int | float) -> str | None:
     return f"must be at most {most:,}; got {value:,} ({why})" if value > most else None
 
 
+def haystacks_problem(haystacks: int, tokens: int) -> str | None:
+    """Haystacks of `tokens` tokens each, held as token ids (a Python int each), against the memory available."""
+    if tokens <= 0:
+        return None
+    return memory_problem(haystacks, 40 * tokens, f"haystacks of {tokens:,} tokens held as token ids")
+
+
 def memory_problem(value: int | float, bytes_each: float, what: str, share: float = 0.5) -> str | None:
     """`value` times `bytes_each` against `share` of the memory available now: the problem, or None."""
     try:
