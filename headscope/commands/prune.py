@@ -22,7 +22,7 @@ from ..artifacts import (
     write_csv,
 )
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT, TextSource
-from ..errors import HeadscopeError, plural
+from ..errors import HeadscopeError
 from ..eval.evaluate import read_task_data
 from ..eval.metrics import METRICS
 from ..eval.wordsim import WORDSIM, wordsim_measure
@@ -38,6 +38,7 @@ from ..redundancy.curves import (
     clear_partial,
     prune_curve,
 )
+from ..redundancy.curves.claims import drop_claim, level_of
 from ..redundancy.importance import CRITERIA, score
 from ..redundancy.pruning.heads import n_parameters
 from ..redundancy.unit_kinds import LAYER_UNITS, UNITS, unit_kind
@@ -273,15 +274,16 @@ def _print(res: CurveResult, summary: dict[str, Any]) -> None:
             line += f" {conv(r.metric_recovered):>16.4f} {r.drop_recovered:>9.2%}"
         print(line + "".join(f" {r.extra[k]:>11.4f}" for k in extra_keys))
     print()
+    n = summary["heldout_passages"]
     for lv, w in summary["within"].items():
-        s = f"largest fraction within {lv}: {_within_text(w)}"
+        s = _within_text(lv, w, n)
         if "recovered" in w:
-            s += f"; with recovery {_within_text(w['recovered'])}"
+            s += f"; with recovery, {_within_text(lv, w['recovered'], n)}"
         print(s)
     iv = summary["intervals"]
-    print(f"(drops with {iv['level']:.0%} {iv['method']} intervals over the {summary['heldout_passages']} held-out "
-          f"passages, paired with the unpruned model; 'sure' = the interval's upper bound stays within)")
-    print(f"\nredundancy per layer at {res.target_drop:.2%} drop (removable / heads):")
+    print(f"(drops with {iv['level']:.0%} {iv['method']} intervals over the {n} held-out passages, paired with the "
+          f"unpruned model; 'can go' only when the interval's upper bound stays within)")
+    print(f"\nredundancy per layer at {res.target_drop:.2%} drop, by the point estimate (removable / heads):")
     print("  " + " ".join(f"L{r['layer']}:{r['removable']}/{r['heads']}" for r in res.redundancy()))
     if "saved_model" in summary:
         m = summary["saved_model"]
@@ -292,18 +294,13 @@ def _print(res: CurveResult, summary: dict[str, Any]) -> None:
                  "(prune --uniform gives a plain config)"))
 
 
-def _within_text(w: dict[str, Any]) -> str:
-    """One answer of prune.json's `within`: the fraction, its drop's interval, the confident fraction, and
-    whether the next step is distinguishable from it."""
-    text = f"{w['fraction_removed']:.3f} ({plural(w['n_removed'], 'head')})"
-    if w.get("drop_lo") is not None:
-        text += f", drop {w['drop']:.2%} [{w['drop_lo']:.2%}, {w['drop_hi']:.2%}]"
-        c = w["confident"]
-        if c["n_removed"] != w["n_removed"]:
-            text += f", sure within: {c['fraction_removed']:.3f} ({plural(c['n_removed'], 'head')})"
+def _within_text(level: str, w: dict[str, Any], passages: int | None) -> str:
+    """One answer of prune.json's `within` as the claim its interval supports (`drop_claim`), and whether the
+    point estimate's step is distinguishable from the next one."""
+    text = drop_claim(level_of(level), w, passages).sentence()
     nxt = w.get("next_step")
     if nxt is not None and not nxt["distinguishable"]:
-        text += " (not distinguishable from the next step)"
+        text += f" (the point at {w['fraction_removed']:.3f} is not distinguishable from the next step)"
     return text
 
 
