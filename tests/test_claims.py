@@ -142,3 +142,11 @@ def test_help_lists_the_verbs_by_question():
     grouped = [v for _, g in VERB_GROUPS for v in g]
     assert [v for v in verbs if v in grouped] == [v for v in grouped if v in verbs], verbs
     assert {"analyze", "prune", "kv", "report", "score", "roles"} <= set(verbs)
+
+
+def test_study_spends_time_left_on_an_answer_it_cannot_tell(tmp_path):
+    from headscope.study.leftover import widths
+
+    for hi, want in ((0.07, (0.07 - 0.04) / (0.05 - 0.04)), (0.045, (0.045 - 0.03) / 0.05)):
+        (tmp_path / "prune.json").write_text(json.dumps(_curve(hi).summary()), encoding="utf-8")
+        assert widths(tmp_path)["prune"] == pytest.approx(want)  # cannot tell: 3.0 (> 1), settled: 0.3
