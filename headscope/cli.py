@@ -26,19 +26,37 @@ from .options import OptionError
 from .study import cli as study_cli
 from .version import __version__
 
+# `headscope --help` lists the verbs by the question they answer, the main job first; a verb in no group is listed
+# last, under "tools".
+VERB_GROUPS = (("start here", ("study", "view")), ("what the heads learn", ("analyze", "roles", "similar")),
+               ("are more heads better", ("kv", "gqa", "mla", "kvcache", "sweep")),
+               ("which heads are redundant", ("score", "prune", "tasks")))
+
+
+def _group_verbs(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:
+    """Show the verbs' one-line helps in VERB_GROUPS' sections instead of one alphabetical list."""
+    lines = {a.dest: a for a in sub._choices_actions}
+    grouped = [*VERB_GROUPS, ("tools", tuple(n for n in lines if all(n not in g for _, g in VERB_GROUPS)))]
+    for title, names in grouped:
+        group = parser.add_argument_group(title)
+        group._group_actions.extend(lines[n] for n in names if n in lines)
+    sub.help = argparse.SUPPRESS  # the sections above replace the flat list
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="headscope",
-        description="Measure what attention heads learn, whether more heads help, and which heads are redundant.",
+        prog="headscope", usage="headscope [-h] [--version] [-v] VERB ...",
+        description="Measure what attention heads learn, whether more heads help, and which heads are redundant. "
+                    "New here: headscope study MODEL answers all three within a time budget.",
     )
     parser.add_argument("--version", action="version", version=f"headscope {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
-    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", prog="headscope")  # verbs read "headscope VERB"
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):
             importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
     study_cli.register(sub)  # the verb above the others: it runs them
+    _group_verbs(parser, sub)
     return parser
 
 

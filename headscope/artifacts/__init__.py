@@ -169,8 +169,13 @@ PRUNE_JSON = Artifact(
      _f("largest_fraction_within_target"), _f("heads_removed_within_target"),
      _f("largest_fraction_within_target_recovered", "null without --recover-steps"),
      _f("within", "'1%' -> {fraction_removed, n_removed, metric, drop, drop_lo, drop_hi, confident (the largest "
-                  "fraction whose drop's upper bound stays within), next_step (whether the next point differs "
-                  "beyond noise), recovered?}"), _f("points"),
+                  "fraction whose drop's upper bound stays within: fraction_removed, n_removed, drop, drop_lo, "
+                  "drop_hi), next_step (whether the next point differs beyond noise), recovered?}"),
+     _f("claims", "'5%' -> the decision on the interval's upper bound (after recovery when it ran): level, "
+                  "verdict (can go / cannot tell / none / no interval), fraction, count, drop, lo, hi, the point "
+                  "estimate's point_fraction, point_count, point_drop, point_lo, point_hi, passages, needed "
+                  "(held-out passages that would settle a 'cannot tell'); headscope.redundancy.curves.claims"),
+     _f("points"),
      _f("intervals", "level, B, method, seed of every interval (headscope.uncertainty)"),
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("step"),
      _f("fraction"), _f("seed"), _f("recover_lr"),

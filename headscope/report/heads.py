@@ -32,6 +32,12 @@ def role_names(value: object) -> list[str]:
     return [r.strip() for r in str(value).split(";") if r.strip()]
 
 
+# The heads-table counts are point estimates of a plain 0.5 cut; the role census counts a role on its rule,
+# beside its baseline, on the interval's bound: two different counts, each labelled as what it is.
+POINT_NOTE = "a cut at 0.5 of the mean weight, not the role census, which applies each role's rule to the " \
+             "interval's bound"
+
+
 def summarise_heads(table: HeadTable, special_names: str) -> list[str]:
     """Plain sentences about the per-head statistics and roles of this model."""
     total = table.n_layers * table.n_heads
@@ -45,12 +51,12 @@ def summarise_heads(table: HeadTable, special_names: str) -> list[str]:
     sink_col = "special_mass" if np.nanmax(np.asarray(table["special_mass"], float)) > 0 else "first_token_mass"
     sinks = above(sink_col, 0.5)
     where = special_names if sink_col == "special_mass" else "the first token"
-    out.append(f"{len(sinks)} of {total} heads put more than half their attention on {where}"
+    out.append(f"By the point estimate, {len(sinks)} of {total} heads put more than half their attention on {where}"
                + (f" (strongest: {_heads_list(sinks, 3)})" if sinks else "")
-               + "; such heads mostly 'rest' there when they have nothing to do.")
+               + f"; such heads mostly 'rest' there when they have nothing to do ({POINT_NOTE}).")
     prev = above("prev_token_mass", 0.5)
-    out.append(f"{len(prev)} of {total} heads are previous-token heads (over half their attention one token back)"
-               + (f": {_heads_list(prev)}." if prev else "."))
+    out.append(f"By the point estimate, {len(prev)} of {total} heads put over half their attention one token back"
+               + (f": {_heads_list(prev)}" if prev else "") + f" ({POINT_NOTE}).")
     e = np.nanmean(np.asarray(table["entropy_norm"], float), axis=1)
     trend = "broader" if e[-1] > e[0] + 0.05 else "sharper" if e[-1] < e[0] - 0.05 else "about as focused"
     out.append(f"Attention gets {trend} with depth: mean normalised entropy is {e[0]:.2f} in layer 0 and "
@@ -67,8 +73,8 @@ def summarise_heads(table: HeadTable, special_names: str) -> list[str]:
                 families.setdefault(r.split(":", 1)[0], set()).add((l, h))
         if families:
             parts = ", ".join(f"{r} {len(c)}" for r, c in sorted(families.items(), key=lambda t: -len(t[1])))
-            out.append(f"Heads per role family (a head can hold several): {parts}; {none} heads hold no role "
-                       "above its baseline.")
+            out.append(f"Heads per role family in the role census (each role's rule on the interval's bound; a head "
+                       f"can hold several): {parts}; {none} heads hold no role above its baseline.")
         if "uncertain_roles" in table:
             unsure = sum(bool(role_names(table["uncertain_roles"][l, h])) for l, h in table.heads())
             if unsure:

@@ -15,6 +15,7 @@ from ..artifacts import (
     RANK_CORRELATION_CSV,
     REDUNDANCY_CSV,
 )
+from ..redundancy.curves.claims import drop_claim, level_of
 from .sources import Part, Sources, clean, data_url
 
 PLOT_NAMES = {"importance": "report-importance.png", "prune_curve": "report-prune-curve.png",
@@ -90,21 +91,17 @@ def importance_part(src: Sources, n_layers: int, n_heads: int, figs: dict[str, b
 
 
 def summary_sentences(summary: dict[str, Any]) -> list[str]:
-    """prune.json in words: how much can go within each drop (with recovery), and the saved model's size."""
+    """prune.json in words: what can go within each drop, decided on the interval's upper bound (`drop_claim`),
+    without and with recovery, and the saved model's size."""
     out = []
-    drop = "perplexity increase" if summary["metric"] == "lm_loss" else f"{summary['metric']} drop"
-
-    def part(x: dict[str, Any]) -> str:
-        return ("no head can be removed" if not x["n_removed"] else
-                f"{x['fraction_removed']:.0%} of the heads ({x['n_removed']}) can be removed")
-
+    of = "of perplexity" if summary["metric"] == "lm_loss" else f"of {summary['metric']}"
+    n = summary.get("heldout_passages")
     for level, w in summary["within"].items():
-        s = f"Within a {level} {drop}, {part(w)}"
+        s = drop_claim(level_of(level), w, n).sentence(of=of)
         r = w.get("recovered")  # present when the run trained between steps (--recover)
         if r is not None:
-            s += "; with recovery training between steps, " + (
-                "still none" if not r["n_removed"] else f"{r['fraction_removed']:.0%} ({r['n_removed']})")
-        out.append(s + ".")
+            s += "; with recovery training between steps, " + drop_claim(level_of(level), r, n).sentence(of=of)
+        out.append(s[0].upper() + s[1:] + ".")
     sm = summary.get("saved_model")  # present with --save-model
     if sm is not None and sm["parameters_original"]:
         out.append(f"The physically pruned model keeps {sm['heads_kept']} heads and "
@@ -114,24 +111,23 @@ def summary_sentences(summary: dict[str, Any]) -> list[str]:
 
 
 def redundancy_sentences(rows: list[dict[str, Any]], target_drop: float | None) -> list[str]:
-    """Where the removable heads sit, without and with recovery training."""
-    at = f"At the target drop ({target_drop:.0%})" if target_drop is not None else "At the target drop"
+    """Where the heads sit that the curve removed before its point estimate passed the target drop, without and
+    with recovery training (a description of the curve: the claim of what can go is `summary_sentences`')."""
+    at = f"the target drop ({target_drop:.0%})" if target_drop is not None else "the target drop"
     cols = ["removable"] + (["removable_recovered"] if any(r.get("removable_recovered") is not None for r in rows)
                             else [])
-    if not any(r.get(c) for r in rows for c in cols):
-        return [f"{at}, no head is removable" + (", with or without recovery." if len(cols) > 1 else ".")]
     out = []
     for col in cols:
         how = " with recovery" if col.endswith("recovered") else ""
         total = sum(r[col] for r in rows)
         if not total:
-            out.append(f"{at}, no head is removable{how}.")
+            out.append(f"The curve's first step{how} already passes {at} by the point estimate.")
             continue
         top = max(rows, key=lambda r: r[col])
         low = min(rows, key=lambda r: r[col])
-        out.append(f"{at}, {total:g} heads are removable{how}; layer {top['layer']:g} is the most redundant "
-                   f"({top[col]:g} of {top['heads']:g}), layer {low['layer']:g} the least ({low[col]:g} of "
-                   f"{low['heads']:g}).")
+        out.append(f"Of the {total:g} heads the curve removed{how} before its point estimate passed {at}, layer "
+                   f"{top['layer']:g} gave the most ({top[col]:g} of {top['heads']:g}), layer {low['layer']:g} the "
+                   f"fewest ({low[col]:g} of {low['heads']:g}).")
     return out
 
 

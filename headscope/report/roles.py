@@ -17,6 +17,19 @@ from .sources import Part, Sources, clean
 MIN_RELATION_COUNT = 20
 
 
+# The unit of each role's score (and of its baseline, which is the same measure), by the score it reads.
+SCORE_UNITS = {"mean_distance": "tokens", "entropy_norm": "normalised entropy (1 = uniform)",
+               "coref_accuracy": "accuracy", "syntax_{member}": "accuracy",
+               "retrieval_score": "needle-copy score"}
+WEIGHT_UNIT = "of the attention weight"  # every other score: mean attention weight on some position
+
+
+def score_unit(role: str) -> str:
+    """The unit of a role's score and baseline (`local`: tokens; `sink`: of the attention weight)."""
+    found = resolve(role)
+    return SCORE_UNITS.get(found[0].score, WEIGHT_UNIT) if found is not None else ""
+
+
 def fmt_num(v: Any) -> str:
     """Two decimals for numbers, the value as text otherwise."""
     return f"{v:.2f}" if isinstance(v, (int, float)) else str(v)
@@ -62,10 +75,12 @@ def census_rows(census: dict[str, list[dict[str, Any]]],
     rows = []
     for role in [*census, *(r for r in unsure if r not in census)]:
         heads = census.get(role, [])
+        unit = score_unit(role)
+        u = f" {unit}" if unit else ""
         best = ", ".join(f"{x['head']} {fmt_num(x['score'])}"
                          + (f" [{fmt_num(x['lo'])}, {fmt_num(x['hi'])}]" if isinstance(x.get("lo"), (int, float))
-                            and isinstance(x.get("hi"), (int, float)) else "")
-                         + (f" (baseline {fmt_num(x['baseline'])})" if isinstance(x.get("baseline"), (int, float))
+                            and isinstance(x.get("hi"), (int, float)) else "") + u
+                         + (f" (baseline {fmt_num(x['baseline'])}{u})" if isinstance(x.get("baseline"), (int, float))
                             else "") for x in heads[:4])
         row = {"role": role, "heads": len(heads), "best": best}
         if uncertain is not None:

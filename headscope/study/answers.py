@@ -13,6 +13,7 @@ from typing import Any
 
 from ..artifacts import CLUSTERS_JSON, GQA_JSON, IMPORTANCE_JSON, KV_CSV, KVCACHE_JSON, MLA_JSON, PRUNE_JSON, ROLES_JSON
 from ..capacity.kv_bytes import human_bytes
+from ..redundancy.curves.claims import drop_claim, level_of
 
 ROLE_WORDS = {"sink": "sink heads", "previous_token": "previous-token", "next_token": "next-token", "broad": "broad",
               "local": "local", "duplicate_token": "duplicate-token", "induction": "induction",
@@ -40,7 +41,8 @@ def _q1(out: Path, state: dict[str, Any], heads: int) -> str:
     plain = sorted(((k, len(v)) for k, v in census.items() if not k.startswith("syntactic:")), key=lambda t: -t[1])
     parts = [f"{n} {ROLE_WORDS.get(k, k.replace('_', ' '))}" for k, n in plain[:5]]
     s = (f"What the heads learn: of the {heads} heads, " + ", ".join(parts) + " pass their role's rule beside its "
-         "baseline" if parts else f"What the heads learn: none of the {heads} heads passes a role's rule")
+         "baseline on the interval's bound" if parts else
+         f"What the heads learn: none of the {heads} heads passes a role's rule")
     syn_roles = sum(len(v) for k, v in census.items() if k.startswith("syntactic:"))
     syn = (r.get("syntax") or {}).get("relations") or {}
     if syn:
@@ -119,14 +121,10 @@ def _q3(out: Path, state: dict[str, Any]) -> str:
         level = max(within, key=lambda k: float(k.rstrip("%")), default=None)
         if level is not None:
             w = within[level]
-            rec = w.get("recovered") or w
             label = "after recovery" if "recovered" in w else "without recovery"
             metric = "perplexity" if p.get("baseline_perplexity") else p["metric"]
-            s += (f"{rec['fraction_removed']:.0%} of heads ({rec['n_removed']}) can go within a {level} drop of "
-                  f"{metric} {label} (drop {rec['drop']:.2%}")
-            if rec.get("drop_lo") is not None:
-                s += f" [{rec['drop_lo']:.2%}, {rec['drop_hi']:.2%}]"
-            s += f", {p['heldout_passages']} held-out passages; {p['method']} order)"
+            claim = drop_claim(level_of(level), w.get("recovered") or w, p.get("heldout_passages"))
+            s += claim.sentence(of=f"of {metric} {label}", rerun="rerun the prune stage") + f" ({p['method']} order)"
         sm = p.get("saved_model")
         if sm:
             s += (f"; the physically pruned model keeps {sm['heads_kept']} heads and {sm['parameters']:,} of "

@@ -2,7 +2,9 @@
 
 Each width is relative, so stages compare: for `score` the median over heads and criteria of an importance
 interval's width over the criterion's spread across heads; for `prune` the width of the drop's interval
-at the largest drop level over that level; for `analyze` the median over statistics and heads of the
+at the largest drop level over that level, or, when that answer cannot be told (its interval reaches past
+the level: `headscope.redundancy.curves.claims`), how far the interval must shrink to settle it (at least
+1, so more held-out passages come first); for `analyze` the median over statistics and heads of the
 interval's width over the statistic's spread. Larger = less settled.
 """
 
@@ -16,6 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from ..artifacts import HEADS_CSV, IMPORTANCE_CSV, PRUNE_JSON
+from ..redundancy.curves.claims import drop_claim, level_of
+
+UNSETTLED = 10.0  # the prune width of an answer whose drop sits at its threshold: more passages hardly help
 
 
 def _csv_widths(path: Path) -> float | None:
@@ -55,6 +60,13 @@ def _prune_width(path: Path) -> float | None:
     w = within[level].get("recovered") or within[level]
     if w.get("drop_lo") is None:
         return None
+    claim = drop_claim(level_of(level), w, p.get("heldout_passages"))
+    if claim.verdict == "cannot tell" and claim.point_drop is not None and claim.point_hi is not None:
+        # the answer cannot be told: how far the interval's upper half must shrink to settle it (> 1), so the time
+        # left goes first to more held-out passages (the next size) whenever it fits
+        room = claim.level - claim.point_drop
+        width = (claim.point_hi - claim.point_drop) / room if room > 1e-12 else UNSETTLED
+        return max(width, 1.0)
     width = (w["drop_hi"] - w["drop_lo"]) / (float(level.rstrip("%")) / 100)
     return width if math.isfinite(width) else None
 

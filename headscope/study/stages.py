@@ -26,6 +26,7 @@ from .probe import Probe
 MAX_LENGTH = 64  # tokens per passage of the short-text stages
 LONG_MIN = 512  # decoders reaching this many positions get the long-range roles
 STABLE_METHODS = "taylor,output_norm,entropy"  # split-half Spearman 0.91-0.995 (DESIGN.md); gradient is not
+ABLATION_FWD, ABLATION_CPU = 0.57, 3.0  # exact ablation: forwards per head and passage, CPU units per head
 SUBDIRS = {"gqa": "gqa", "mla": "mla"}  # stages whose model/ would clash with prune's: their own folder
 
 
@@ -160,7 +161,9 @@ def _score_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     n = lv["n"]
     s = 2 * n * p.train_s + 2 * n * p.fwd_s  # taylor (forward + backward), output norm and entropy passes
     if lv["ablation"]:
-        s += 0.6 * f.heads_total * n * p.fwd_s  # one (gated, no-grad) forward per head and passage
+        # layers l..L-1 once per head and passage (the prefix reused), and per head its intervals' CPU work;
+        # fitted on timed `score --method ablation` runs (MiniLM 16/32 passages, SmolLM2 8; docs/study.md)
+        s += ABLATION_FWD * f.heads_total * n * p.fwd_s + ABLATION_CPU * f.heads_total * p.cpu_s
     # bootstrap intervals of every criterion, their rank correlations and split-half stabilities
     return _load(p) + s + p.cpu_s * (20 + 2 * n * f.heads_total / 72)
 

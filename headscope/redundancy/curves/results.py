@@ -22,6 +22,7 @@ from ...uncertainty import IntervalSettings
 from ..pruning.heads import prune_heads
 from ..pruning.masks import UnitMask
 from ..pruning.units import prune_units
+from .claims import summary_claims
 from .intervals import distinguishable
 from .points import CurvePoint
 
@@ -186,7 +187,8 @@ class CurveResult:
                      "drop": b.drop_recovered if recovered else b.drop,
                      "drop_lo": b.bounds.get(f"drop{key}_lo"), "drop_hi": b.bounds.get(f"drop{key}_hi"),
                      "confident": {"fraction_removed": c.fraction_removed, "n_removed": c.n_removed,
-                                   "drop_hi": c.bounds.get(f"drop{key}_hi")},
+                                   "drop": c.drop_recovered if recovered else c.drop,
+                                   "drop_lo": c.bounds.get(f"drop{key}_lo"), "drop_hi": c.bounds.get(f"drop{key}_hi")},
                      "next_step": self.next_step(b, recovered)}
             if recovered:
                 out["recovered"] = entry
@@ -206,7 +208,9 @@ class CurveResult:
             "heads_removed_within_target": [head_name(l, h) for l, h in self.removed_order(b.n_removed)],
             "largest_fraction_within_target_recovered":
                 self.best(recovered=True).fraction_removed if self.recover_steps else None,
-            "within": within, "points": len(self.points), "intervals": self.intervals.record(), **self.meta,
+            "within": within, "claims": {k: c.record() for k, c in summary_claims(
+                {"within": within, "heldout_passages": self.meta.get("heldout_passages")}).items()},
+            "points": len(self.points), "intervals": self.intervals.record(), **self.meta,
             **({"learned": self.scores} if self.scores else {}),  # learned plans (l0): the gates' record
         }
 

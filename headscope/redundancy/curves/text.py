@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import plural
 from ...eval.metrics import METRICS
+from .claims import drop_claim, level_of
 from .results import CurveResult
 
 
@@ -32,15 +32,16 @@ def curve_lines(res: CurveResult, summary: dict[str, Any]) -> list[str]:
             line += f" {conv(r.metric_recovered):>16.4f} {r.drop_recovered:>9.2%}"
         out.append(line + "".join(f" {r.extra[k]:>11.4f}" for k in extra_keys))
     out.append("")
+    n = summary["heldout_passages"]
     for lv, w in summary["within"].items():
-        s = f"largest fraction within {lv}: {within_text(w)}"
+        s = within_text(lv, w, n)
         if "recovered" in w:
-            s += f"; with recovery {within_text(w['recovered'])}"
+            s += f"; with recovery, {within_text(lv, w['recovered'], n)}"
         out.append(s)
     iv = summary["intervals"]
-    out.append(f"(drops with {iv['level']:.0%} {iv['method']} intervals over the {summary['heldout_passages']} "
-               f"held-out passages, paired with the unpruned model; 'sure' = the interval's upper bound stays within)")
-    out.append(f"\nredundancy per layer at {res.target_drop:.2%} drop (removable / heads):")
+    out.append(f"(drops with {iv['level']:.0%} {iv['method']} intervals over the {n} held-out passages, paired with "
+               f"the unpruned model; 'can go' only when the interval's upper bound stays within)")
+    out.append(f"\nredundancy per layer at {res.target_drop:.2%} drop, by the point estimate (removable / heads):")
     out.append("  " + " ".join(f"L{r['layer']}:{r['removable']}/{r['heads']}" for r in res.redundancy()))
     if "saved_model" in summary:
         m = summary["saved_model"]
@@ -52,18 +53,13 @@ def curve_lines(res: CurveResult, summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def within_text(w: dict[str, Any]) -> str:
-    """One answer of prune.json's `within`: the fraction, its drop's interval, the confident fraction, and
-    whether the next step is distinguishable from it."""
-    text = f"{w['fraction_removed']:.3f} ({plural(w['n_removed'], 'head')})"
-    if w.get("drop_lo") is not None:
-        text += f", drop {w['drop']:.2%} [{w['drop_lo']:.2%}, {w['drop_hi']:.2%}]"
-        c = w["confident"]
-        if c["n_removed"] != w["n_removed"]:
-            text += f", sure within: {c['fraction_removed']:.3f} ({plural(c['n_removed'], 'head')})"
+def within_text(level: str, w: dict[str, Any], passages: int | None) -> str:
+    """One answer of prune.json's `within` as the claim its interval supports (`drop_claim`), and whether the
+    point estimate's step is distinguishable from the next one."""
+    text = drop_claim(level_of(level), w, passages).sentence()
     nxt = w.get("next_step")
     if nxt is not None and not nxt["distinguishable"]:
-        text += " (not distinguishable from the next step)"
+        text += f" (the point at {w['fraction_removed']:.3f} is not distinguishable from the next step)"
     return text
 
 
