@@ -47,12 +47,23 @@ def _score_units(hm: Any, given: dict[str, Any]) -> Result:
     return score(hm, given["data"], ScoreOptions(**given, limit=4, max_length=16, batch_size=2, unit="attention"))
 
 
+def _kv(hm: Any, given: dict[str, Any]) -> Result:
+    from headscope.capacity.options import KvOptions
+    from headscope.capacity.verbs import kv
+
+    return kv(given["model"], KvOptions(out=given["out"], kv_heads="1,2", classic=True))
+
+
+# verbs that read no passages: the CLI gets no --data
+NO_DATA = {"kv"}
+
 CASES: dict[str, Case] = {
     "analyze": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200"], _analyze),
     "score": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200",
                "--method", "taylor,output_norm"], _score),
     "score --unit attention": (["--unit", "attention", "--limit", "4", "--max-length", "16", "--batch-size", "2"],
                                _score_units),
+    "kv": (["--kv-heads", "1,2", "--classic"], _kv),
 }
 
 
@@ -89,7 +100,8 @@ def test_cli_and_library_give_the_same_files(verb, inputs, tmp_path, capsys):
     model, text = inputs
     argv, library = CASES[verb]
     cli_out, lib_out = tmp_path / "cli", tmp_path / "lib"
-    assert main([verb.split()[0], str(model), "--data", str(text), *argv, "--out", str(cli_out)]) == 0
+    data = [] if verb in NO_DATA else ["--data", str(text)]
+    assert main([verb.split()[0], str(model), *data, *argv, "--out", str(cli_out)]) == 0
     printed = capsys.readouterr().out
     hm = load_model(str(model))
     before = sorted(os.listdir(tmp_path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import HeadscopeError
 from ..io import check_writable_file
 from ..options import (
     HeldoutOptions,
@@ -16,6 +17,7 @@ from ..options import (
     option,
 )
 from ..options.parse import int_list
+from .kv_bytes import normalize_dtype
 
 LEARNED = "learned KV heads (--choose learned)"
 UPTRAIN = "uptraining"
@@ -33,6 +35,23 @@ class KvOptions(OutputOptions):
     kv_heads: str | None = option(None, "extra KV-head counts to compare, e.g. 2,4 (must divide n_heads)")
     classic: bool = option(False, "also print the built-in table of classic configs")
     out: str | None = option(None, "directory to write kv.csv into (default: print only)")  # type: ignore[assignment]
+
+    def check(self) -> None:
+        super().check()
+        normalize_dtype(self.cache_dtype)
+        if self.model is None and not self.classic:
+            raise HeadscopeError("give a MODEL (built-in name, model directory or config.json) or --classic")
+        self.kv_head_counts()
+
+    def kv_head_counts(self) -> list[int]:
+        """The extra KV-head counts to compare (--kv-heads)."""
+        if not self.kv_heads:
+            return []
+        try:
+            return [int(t) for t in self.kv_heads.split(",") if t.strip()]
+        except ValueError:
+            raise HeadscopeError(f"--kv-heads must be comma-separated integers like 2,4; got {self.kv_heads!r}") \
+                from None
 
     def check_paths(self) -> None:
         if self.out is not None:
