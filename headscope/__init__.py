@@ -19,9 +19,11 @@ from .table import HeadTable, head_name, parse_head
 from .version import __version__ as __version__  # re-exported: headscope.__version__
 
 # public name -> module that defines it (imported lazily). `role_census` and `head_similarity` are
-# the functions headscope.learned.roles.roles and headscope.learned.similarity.similarity: a package attribute named
+# the functions headscope.learned.roles.roles and headscope.learned.similarity.similarity, `export_model` is
+# headscope.export.verbs.export (headscope.export is the package): a package attribute named
 # like a submodule would be replaced by the module as soon as the submodule is imported.
-_RENAMED = {"role_census": ("roles", "roles"), "head_similarity": ("similarity", "similarity")}
+_RENAMED = {"role_census": ("roles", "roles"), "head_similarity": ("similarity", "similarity"),
+            "export_model": ("export", "export")}
 _LAZY = {
     # Q1: what heads learn
     "role_census": "learned.roles", "head_similarity": "learned.similarity", "Similarity": "learned.similarity",
@@ -35,7 +37,7 @@ _LAZY = {
     "evaluate": "eval.evaluate", "score": "redundancy.importance", "rank_correlations": "redundancy.importance",
     "prune_heads": "redundancy.pruning.heads", "prune_curve": "redundancy.curves",
     # checkpoints of pruned or converted models
-    "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint",
+    "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint", "export_model": "export.verbs",
     # the report
     "render_report": "report",
 }
