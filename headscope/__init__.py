@@ -32,7 +32,7 @@ _LAZY = {
     "kv_cache_bytes": "capacity.kv_bytes", "kv": "capacity.verbs",
     "run_sweep": "capacity.sweep", "convert_to_gqa": "capacity.gqa", "convert_and_evaluate": "capacity.gqa",
     "convert_to_mla": "capacity.mla",
-    "HeadAwareCache": "capacity.kvcache", "HeadPlan": "capacity.kvcache", "head_aware_attention": "capacity.kvcache",
+    "HeadAwareCache": "capacity.kvcache", "CachePlan": "capacity.kvcache", "head_aware_attention": "capacity.kvcache",
     # Q3: which heads are redundant
     "evaluate": "eval.evaluate", "score": "redundancy.importance", "rank_correlations": "redundancy.importance",
     "prune_heads": "redundancy.pruning.heads", "prune_curve": "redundancy.curves",
