@@ -29,7 +29,8 @@ _LAZY = {
     "role_census": "learned.roles", "head_similarity": "learned.similarity", "Similarity": "learned.similarity",
     # Q2: are more heads better
     "MultiHeadAttention": "capacity.mha", "kv_bytes_per_token": "capacity.kv_bytes",
-    "kv_cache_bytes": "capacity.kv_bytes", "kv": "capacity.verbs",
+    "kv_cache_bytes": "capacity.kv_bytes", "kv": "capacity.verbs", "gqa": "capacity.verbs",
+    "mla": "capacity.verbs",
     "run_sweep": "capacity.sweep", "convert_to_gqa": "capacity.gqa", "convert_and_evaluate": "capacity.gqa",
     "convert_to_mla": "capacity.mla",
     "HeadAwareCache": "capacity.kvcache", "CachePlan": "capacity.kvcache", "head_aware_attention": "capacity.kvcache",

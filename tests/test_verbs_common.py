@@ -115,3 +115,32 @@ def test_cli_and_library_give_the_same_files(verb, inputs, tmp_path, capsys):
     assert sorted(cli) == sorted(lib)
     for name in cli:
         assert _without_run_fields(name, cli[name]) == _without_run_fields(name, lib[name]), name
+
+
+@pytest.mark.parametrize("verb", ["gqa", "mla"])
+def test_conversions_cli_and_library_give_the_same_files(verb, tmp_path, capsys):
+    """gqa and mla: the same checkpoint (weights byte for byte) and report from the CLI and from the library
+    call on a loaded model, which writes nothing until save."""
+    from test_mla import _cli_checkpoint
+
+    import headscope
+
+    src, text = _cli_checkpoint(tmp_path)
+    size = {"gqa": {"kv_heads": 1}, "mla": {"kv_rank": 4, "rope_dims": 4}}[verb]
+    flags = [x for k, v in size.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    cli_out, lib_out = tmp_path / "cli", tmp_path / "lib"
+    assert main([verb, str(src), *flags, "--data", str(text), "--heldout", str(text), "--steps", "2",
+                 "--max-length", "16", "--out", str(cli_out)]) == 0
+    printed = capsys.readouterr().out
+    hm = load_model(str(src))
+    before = sorted(os.listdir(tmp_path))
+    result = getattr(headscope, verb)(hm, text, model=str(src), out=str(cli_out), heldout=str(text), steps=2,
+                                      max_length=16, **size)
+    assert sorted(os.listdir(tmp_path)) == before, "the library call wrote something before save()"
+    assert "\n".join(result.lines()) in printed
+    assert list(result.to_pandas()["stage"]) == ["before", "after", "uptrained"]
+    result.save(lib_out)
+    cli, lib = _files(cli_out), _files(lib_out)
+    assert sorted(cli) == sorted(lib)
+    for name in cli:
+        assert _without_run_fields(name, cli[name]) == _without_run_fields(name, lib[name]), name

@@ -107,6 +107,11 @@ class ConversionOptions(ModelOptions, SeedOptions, HeldoutOptions, OutputOptions
                              "next-token cross-entropy (default: kd)", choices=("kd", "lm"), group=UPTRAIN)
     lr: float = option(0.001, "AdamW learning rate for uptraining (default 1e-3)", above=0, group=UPTRAIN)
 
+    def check(self) -> None:
+        super().check()
+        if self.max_length < 2:  # a passage needs a token and the one after it
+            raise HeadscopeError(f"--max-length must be at least 2 tokens, got {self.max_length}")
+
 
 @dataclass(frozen=True, kw_only=True)
 class GqaOptions(ConversionOptions):
@@ -144,6 +149,18 @@ class MlaOptions(ConversionOptions):
     selection: str = option("2-norm", "which rotary frequencies stay: 2-norm = largest mean ||q_f|| x ||k_f|| on "
                                       "--data (MHA2MLA), high = the fastest ones (default: 2-norm)",
                             choices=("2-norm", "high"))
+
+    def check(self) -> None:
+        if self.kv_rank is not None and self.kv_rank < 1:
+            raise HeadscopeError(f"--kv-rank must be at least 1; got {self.kv_rank}")
+        if self.rope_dims is not None and (self.rope_dims < 2 or self.rope_dims % 2):
+            raise HeadscopeError(f"--rope-dims must be an even number of at least 2 (each rotary frequency rotates "
+                                 f"2 dimensions); got {self.rope_dims}")
+        super().check()
+        if self.device_map is not None:
+            raise HeadscopeError("mla builds new latent-attention modules in memory and cannot convert a dispatched "
+                                 f"model (--device-map {self.device_map}); use --device (and --dtype bfloat16 to "
+                                 "halve the memory)")
 
 
 @dataclass(frozen=True, kw_only=True)

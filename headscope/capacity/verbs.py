@@ -15,6 +15,7 @@ from ..artifacts import KV_CSV, KV_JSON, write_csv
 from ..io import atomic_write_text
 from ..options import Result
 from ..provenance import config_fingerprint, provenance, shape_record
+from .conversions import ConversionResult, gqa, mla  # the conversions' verbs, in their own module
 from .kv_bytes import DTYPE_BITS, attention_shape, classic_rows, human_bytes, layouts, load_config, normalize_dtype
 from .options import KvOptions
 
@@ -125,3 +126,5 @@ def _classic_table(rows: list[dict[str, Any]], seq: int, batch: int) -> list[str
     windows = [f"  {r['name']}: {r['n_sliding_layers']} of {r['n_layers']} layers use a sliding window"
                for r in rows if r["n_sliding_layers"]]
     return lines + (["notes:"] + notes + windows if notes or windows else [])
+
+__all__ = ["ConversionResult", "KvResult", "gqa", "kv", "mla"]
