@@ -21,9 +21,11 @@ from .table import HeadTable, head_name, parse_head
 from .version import __version__ as __version__  # re-exported: headscope.__version__
 
 # public name -> module that defines it (imported lazily). `role_census` and `head_similarity` are
-# the functions headscope.learned.roles.roles and headscope.learned.similarity.similarity: a package attribute named
+# the functions headscope.learned.roles.roles and headscope.learned.similarity.similarity, `export_model` is
+# headscope.export.verbs.export (headscope.export is the package): a package attribute named
 # like a submodule would be replaced by the module as soon as the submodule is imported.
-_RENAMED = {"role_census": ("roles", "roles"), "head_similarity": ("similarity", "similarity")}
+_RENAMED = {"role_census": ("roles", "roles"), "head_similarity": ("similarity", "similarity"),
+            "export_model": ("export", "export")}
 _LAZY = {
     # the verbs: one library function each, returning a result (headscope.options.Result)
     "analyze": "learned.verbs", "roles": "learned.verbs", "similar": "learned.verbs",
@@ -32,15 +34,16 @@ _LAZY = {
     "role_census": "learned.roles", "head_similarity": "learned.similarity", "Similarity": "learned.similarity",
     # Q2: are more heads better
     "MultiHeadAttention": "capacity.mha", "kv_bytes_per_token": "capacity.kv_bytes",
-    "kv_cache_bytes": "capacity.kv_bytes",
+    "kv_cache_bytes": "capacity.kv_bytes", "kv": "capacity.verbs", "gqa": "capacity.verbs",
+    "mla": "capacity.verbs",
     "run_sweep": "capacity.sweep", "convert_to_gqa": "capacity.gqa", "convert_and_evaluate": "capacity.gqa",
     "convert_to_mla": "capacity.mla",
-    "HeadAwareCache": "capacity.kvcache", "HeadPlan": "capacity.kvcache", "head_aware_attention": "capacity.kvcache",
+    "HeadAwareCache": "capacity.kvcache", "CachePlan": "capacity.kvcache", "head_aware_attention": "capacity.kvcache",
     # Q3: which heads are redundant
     "evaluate": "eval.evaluate", "rank_correlations": "redundancy.importance",
     "prune_heads": "redundancy.pruning.heads", "prune_curve": "redundancy.curves",
     # checkpoints of pruned or converted models
-    "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint",
+    "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint", "export_model": "export.verbs",
     # the report, and the live view (`view` is the package itself: it is callable, see headscope/view)
     "render_report": "report", "ViewOptions": "view",
 }

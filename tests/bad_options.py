@@ -74,6 +74,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--kv-heads": bad("{llama}", "--kv-heads", "4", says="--kv-heads 4 is larger than the model's current 3",
                           required=False),
         "--search-candidates": bad("--search-candidates", "0", says="--search-candidates must be at least 1"),
+        "--grouping": bad("--grouping", "meen", says="unknown grouping 'meen' (did you mean 'mean'?)"),
         "--no-fallback": FLAG,
     },
     "kv": {

@@ -203,3 +203,22 @@ def test_interrupted_export_leaves_no_file(exported, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         G.export_gguf(src, tmp_path / "m.gguf")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_cli_and_library_write_the_same_file(tmp_path, capsys):
+    """`headscope export` and `headscope.export_model(...).save(path)` write byte-identical GGUF files; the library call
+    writes nothing before save, and the CLI prints what the result's lines say (q8_0: the f16 fallback line)."""
+    import headscope
+
+    hm = _variants()["heads-per-layer"]
+    src = save_model(hm, tmp_path / "ckpt")
+    cli, lib = tmp_path / "cli.gguf", tmp_path / "lib.gguf"
+    assert main(["export", str(src), "--to", "gguf", "--file", str(cli), "--file-type", "q8_0"]) == 0
+    printed = capsys.readouterr().out
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = headscope.export_model(src, file_type="q8_0")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert "\n".join(result.lines()) in printed and "written f16" in printed
+    assert list(result.to_pandas()["n_heads"]) == [hm.heads_in_layer(l) for l in range(hm.n_layers)]
+    assert result.save(lib) == [lib]
+    assert lib.read_bytes() == cli.read_bytes()

@@ -19,7 +19,7 @@ from headscope.capacity.kv_bytes import (
     load_config,
 )
 from headscope.capacity.kv_formula import kv_bytes
-from headscope.capacity.kvcache.cache import HeadPlan
+from headscope.capacity.kvcache.cache import CachePlan
 from headscope.capacity.mha import MultiHeadAttention
 from headscope.errors import HeadscopeError
 
@@ -35,10 +35,10 @@ def cache_nbytes(cache) -> int:
 
 
 def test_one_formula_for_configs_the_reference_module_and_the_head_aware_cache():
-    """kv_bytes (configs), MultiHeadAttention and HeadPlan count the same bytes: all go through kv_formula.kv_bytes."""
+    """kv_bytes (configs), MultiHeadAttention and CachePlan count the same bytes: all go through kv_formula.kv_bytes."""
     cfg = {"n_layers": 5, "n_heads": 8, "n_kv_heads": 2, "d_head": 16}
     layer = MultiHeadAttention(d_model=128, n_heads=8, n_kv_heads=2, d_head=16)
-    plan = HeadPlan.all_full(n_layers=5, n_kv_heads=2, group_size=4)
+    plan = CachePlan.all_full(n_layers=5, n_kv_heads=2, group_size=4)
     for dtype, nbytes in (("fp32", 4), ("bf16", 2), ("int8", 1)):
         want = 2 * 5 * 2 * 16 * nbytes
         assert kv_bytes_per_token(cfg, dtype) == 5 * layer.kv_bytes_per_token(dtype) == want

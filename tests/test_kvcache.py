@@ -10,12 +10,12 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from headscope.capacity.kvcache import HeadAwareCache, HeadPlan, check_supported, head_aware_attention, windowed_mask
+from headscope.capacity.kvcache import CachePlan, HeadAwareCache, check_supported, head_aware_attention, windowed_mask
 from headscope.errors import HeadscopeError
 from headscope.models.tiny import tiny_model
 
 REF = "test_kvcache_reference"
-_REF_PLAN: dict[int, HeadPlan] = {}  # id(model) -> the plan the reference masks by
+_REF_PLAN: dict[int, CachePlan] = {}  # id(model) -> the plan the reference masks by
 
 
 def reference_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -47,7 +47,7 @@ def _model(n_kv: int = 3, seed: int = 0):
     return tiny_model("llama", seed=seed, init_std=0.2, num_key_value_heads=n_kv, max_position_embeddings=128)
 
 
-def _reference_logits(hm, plan: HeadPlan, ids: torch.Tensor) -> torch.Tensor:
+def _reference_logits(hm, plan: CachePlan, ids: torch.Tensor) -> torch.Tensor:
     hm.config._ref_id = id(hm.model)
     _REF_PLAN[id(hm.model)] = plan
     previous = hm.config._attn_implementation
@@ -80,7 +80,7 @@ PLANS = [  # per layer the full KV heads; sink, window
 @pytest.mark.parametrize("prefill", [1, 9])
 def test_decoding_equals_masked_reference(full, sink, window, prefill):
     hm = _model()
-    plan = HeadPlan(full, 3, 2, sink, window)
+    plan = CachePlan(full, 3, 2, sink, window)
     ids = torch.randint(3, 120, (2, 32), generator=torch.Generator().manual_seed(1))
     ref = _reference_logits(hm, plan, ids)
     with head_aware_attention(hm):
@@ -96,8 +96,8 @@ def test_windowing_changes_the_output():
     """The reference is not trivially the full model: a small window changes logits past the window."""
     hm = _model()
     ids = torch.randint(3, 120, (1, 32), generator=torch.Generator().manual_seed(2))
-    full = _reference_logits(hm, HeadPlan.all_full(2, 3, 2), ids)
-    windowed = _reference_logits(hm, HeadPlan(((0,), (1,)), 3, 2, 1, 3), ids)
+    full = _reference_logits(hm, CachePlan.all_full(2, 3, 2), ids)
+    windowed = _reference_logits(hm, CachePlan(((0,), (1,)), 3, 2, 1, 3), ids)
     assert torch.allclose(full[:, :4], windowed[:, :4], atol=1e-5)  # inside sink + window: the same
     assert (full[:, 10:] - windowed[:, 10:]).abs().max() > 1e-2
 
@@ -109,7 +109,7 @@ def test_budget_100_equals_transformers_full_cache(implementation):
     hm.model.set_attn_implementation(implementation)
     plain = _decode_logits(hm, DynamicCache(), ids, 6)
     with head_aware_attention(hm):
-        ours = _decode_logits(hm, HeadAwareCache(HeadPlan.all_full(2, 3, 2)), ids, 6)
+        ours = _decode_logits(hm, HeadAwareCache(CachePlan.all_full(2, 3, 2)), ids, 6)
     assert (ours - plain).abs().max() < 1e-5, f"max abs diff {(ours - plain).abs().max()}"
     hm.model.set_attn_implementation("eager")
 
@@ -117,7 +117,7 @@ def test_budget_100_equals_transformers_full_cache(implementation):
 def test_generate_with_the_cache_equals_greedy_reference():
     """generate() drives the cache; its greedy tokens equal argmax over the masked reference."""
     hm = _model()
-    plan = HeadPlan(((2,), (0,)), 3, 2, 2, 4)
+    plan = CachePlan(((2,), (0,)), 3, 2, 2, 4)
     ids = torch.randint(3, 120, (1, 12), generator=torch.Generator().manual_seed(4))
     with head_aware_attention(hm), torch.no_grad():
         out = hm.model.generate(ids, cache=HeadAwareCache(plan), max_new_tokens=6, do_sample=False,
@@ -133,7 +133,7 @@ def test_padded_batch_rows_equal_each_alone():
     """Right padding: a short row in a batch gives the logits it gives alone (the model's padding mask
     reaches the windowed heads)."""
     hm = _model()
-    plan = HeadPlan(((0,), (1,)), 3, 2, 1, 4)
+    plan = CachePlan(((0,), (1,)), 3, 2, 1, 4)
     ids = torch.randint(3, 120, (2, 20), generator=torch.Generator().manual_seed(5))
     mask = torch.ones_like(ids)
     mask[1, 14:] = 0
@@ -145,7 +145,7 @@ def test_padded_batch_rows_equal_each_alone():
 
 def test_bytes_read_and_stored_equal_the_formula():
     hm = _model()
-    plan = HeadPlan(((0,), (1, 2)), 3, 2, 2, 5)
+    plan = CachePlan(((0,), (1, 2)), 3, 2, 2, 5)
     ids = torch.randint(3, 120, (2, 30), generator=torch.Generator().manual_seed(6))
     cache = HeadAwareCache(plan)
     with head_aware_attention(hm), torch.no_grad():
@@ -157,14 +157,14 @@ def test_bytes_read_and_stored_equal_the_formula():
             assert cache.bytes_stored == plan.bytes_stored(context, hm.d_head, 4, batch=2)
     # windowed heads stop growing: only the full KV heads cost bytes per token
     assert plan.bytes_per_token(hm.d_head, 4) == 2 * hm.d_head * 4 * 3
-    full = HeadPlan.all_full(2, 3, 2)
+    full = CachePlan.all_full(2, 3, 2)
     assert full.bytes_read(30, hm.d_head, 4) == 2 * 30 * 2 * 3 * hm.d_head * 4  # = the plain cache
 
 
 def test_plain_cache_bytes_equal_dynamic_cache():
     hm = _model()
     ids = torch.randint(3, 120, (1, 17), generator=torch.Generator().manual_seed(7))
-    ours, plain = HeadAwareCache(HeadPlan.all_full(2, 3, 2)), DynamicCache()
+    ours, plain = HeadAwareCache(CachePlan.all_full(2, 3, 2)), DynamicCache()
     with head_aware_attention(hm), torch.no_grad():
         hm.model(input_ids=ids, cache=ours)
     with torch.no_grad():
@@ -186,7 +186,7 @@ def test_windowed_mask_by_hand():
 @pytest.mark.parametrize("sink,window,match", [(-1, 4, "--sink"), (2, 0, "--window"), (2, -3, "--window")])
 def test_bad_sink_window(sink, window, match):
     with pytest.raises(HeadscopeError, match=match):
-        HeadPlan.all_full(2, 3, 2, sink, window)
+        CachePlan.all_full(2, 3, 2, sink, window)
 
 
 def test_mqa_and_unsupported_refused():
@@ -205,7 +205,7 @@ def test_chunked_passage_nll_equals_reference():
     from headscope.eval.lm import target_nll
 
     hm = _model()
-    plan = HeadPlan(((1,), (0, 2)), 3, 2, 2, 6)
+    plan = CachePlan(((1,), (0, 2)), 3, 2, 2, 6)
     passages = [torch.randint(3, 120, (40,), generator=torch.Generator().manual_seed(s)).tolist() for s in (8, 9)]
     ref_nll, ref_count = 0.0, 0
     for p in passages:
@@ -223,7 +223,7 @@ def test_greedy_equals_generate():
     from headscope.capacity.kvcache.evaluate import greedy
 
     hm = _model()
-    plan = HeadPlan(((0,), (2,)), 3, 2, 1, 5)
+    plan = CachePlan(((0,), (2,)), 3, 2, 1, 5)
     prompt = torch.randint(3, 120, (1, 15), generator=torch.Generator().manual_seed(10))
     with head_aware_attention(hm), torch.no_grad():
         ours = greedy(hm, plan, prompt[0].tolist(), 7, chunk=4)
@@ -249,5 +249,5 @@ def test_smollm2_decoding_equals_masked_reference_and_bytes_formula(smollm2):
     assert ids.shape[1] == 60 and cache.bytes_read == plan.bytes_read(60, hm.d_head, 4)
     diff = (got - ref).abs().max()
     assert diff / ref.abs().max() < 1e-4, f"max abs diff {diff}"
-    full = _reference_logits(hm, HeadPlan.all_full(hm.n_layers, hm.n_kv_heads, hm.group_size), ids)
+    full = _reference_logits(hm, CachePlan.all_full(hm.n_layers, hm.n_kv_heads, hm.group_size), ids)
     assert (full[:, 40:] - ref[:, 40:]).abs().max() > 1e-2  # windowing matters here, so the check can fail

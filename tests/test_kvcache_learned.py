@@ -14,7 +14,7 @@ from test_bad_input import refused
 from test_kvcache import _decode_logits
 from test_kvcache_cli import SMALL, llama  # noqa: F401  (the module-scoped fixture)
 
-from headscope.capacity.kvcache import HeadAwareCache, HeadPlan, head_aware_attention
+from headscope.capacity.kvcache import CachePlan, HeadAwareCache, head_aware_attention
 from headscope.capacity.kvcache.learned import LearnedSettings, MixTraining, mixed_kv, passkey_prompts
 from headscope.cli import main
 from headscope.errors import HeadscopeError
@@ -41,12 +41,12 @@ def test_mixture_is_full_at_one_and_the_windowed_cache_at_zero(sink, window):
     assert (ones - plain).abs().max() / scale < 1e-5, f"alpha=1: max abs diff {(ones - plain).abs().max():.3g}"
     zeros = _mixed_logits(hm, torch.zeros(2, 3), sink, window, ids)
     with head_aware_attention(hm):
-        decoded = _decode_logits(hm, HeadAwareCache(HeadPlan(((), ()), 3, 2, sink, window)), ids, prefill=1)
+        decoded = _decode_logits(hm, HeadAwareCache(CachePlan(((), ()), 3, 2, sink, window)), ids, prefill=1)
     assert (zeros - decoded).abs().max() / scale < 1e-5, f"alpha=0: max abs diff {(zeros - decoded).abs().max():.3g}"
     # alpha one on some KV heads, zero on others: the cache keeping exactly those full
     mixed = _mixed_logits(hm, torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]), sink, window, ids)
     with head_aware_attention(hm):
-        part = _decode_logits(hm, HeadAwareCache(HeadPlan(((0,), (1, 2)), 3, 2, sink, window)), ids, prefill=1)
+        part = _decode_logits(hm, HeadAwareCache(CachePlan(((0,), (1, 2)), 3, 2, sink, window)), ids, prefill=1)
     assert (mixed - part).abs().max() / scale < 1e-5, f"0/1 alphas: max abs diff {(mixed - part).abs().max():.3g}"
     assert (zeros - plain)[:, sink + window:].abs().max() > 1e-3  # the window really cuts something
 

@@ -13,7 +13,7 @@ from test_bad_input import refused
 from test_kvcache import PLANS, _decode_logits, _reference_logits
 from test_kvcache_cli import SMALL, llama  # noqa: F401  (the module-scoped fixture)
 
-from headscope.capacity.kvcache import HeadAwareCache, HeadPlan, head_aware_attention
+from headscope.capacity.kvcache import CachePlan, HeadAwareCache, head_aware_attention
 from headscope.capacity.kvcache.uptrain import cut_batches, masked_loss, uptrain_head_aware, windowed_training
 from headscope.cli import main
 from headscope.errors import HeadscopeError
@@ -24,7 +24,7 @@ def _model(seed: int = 0):
     return tiny_model("llama", seed=seed, init_std=0.2, num_key_value_heads=3, max_position_embeddings=128)
 
 
-def _masked_logits(hm, plan: HeadPlan, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def _masked_logits(hm, plan: CachePlan, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     with windowed_training(hm, plan), torch.no_grad():
         return hm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
 
@@ -32,7 +32,7 @@ def _masked_logits(hm, plan: HeadPlan, ids: torch.Tensor, mask: torch.Tensor | N
 @pytest.mark.parametrize("full,sink,window", PLANS)
 def test_masked_forward_equals_cache_decoding(full, sink, window):
     hm = _model()
-    plan = HeadPlan(full, 3, 2, sink, window)
+    plan = CachePlan(full, 3, 2, sink, window)
     ids = torch.randint(3, 120, (2, 40), generator=torch.Generator().manual_seed(2))
     masked = _masked_logits(hm, plan, ids)
     with head_aware_attention(hm):
@@ -47,7 +47,7 @@ def test_masked_forward_equals_cache_decoding(full, sink, window):
 
 def test_masked_forward_with_explicit_mask_and_windowing_matters():
     hm = _model()
-    plan = HeadPlan(((0,), ()), 3, 2, 1, 3)
+    plan = CachePlan(((0,), ()), 3, 2, 1, 3)
     ids = torch.randint(3, 120, (1, 30), generator=torch.Generator().manual_seed(3))
     with_mask = _masked_logits(hm, plan, ids, torch.ones_like(ids))
     without = _masked_logits(hm, plan, ids)
@@ -60,12 +60,12 @@ def test_masked_forward_with_explicit_mask_and_windowing_matters():
 
 def test_full_plan_equals_the_plain_model_and_gradients_flow():
     hm = _model()
-    plan = HeadPlan.all_full(hm.n_layers, 3, 2, sink=1, window=2)
+    plan = CachePlan.all_full(hm.n_layers, 3, 2, sink=1, window=2)
     ids = torch.randint(3, 120, (2, 24), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         plain = hm.model(input_ids=ids, use_cache=False).logits
     assert (_masked_logits(hm, plan, ids) - plain).abs().max() < 1e-5
-    windowed = HeadPlan(((1,), ()), 3, 2, 1, 4)
+    windowed = CachePlan(((1,), ()), 3, 2, 1, 4)
     with windowed_training(hm, windowed):
         hm.model(input_ids=ids, use_cache=False).logits.square().mean().backward()
     q = hm.attention(1).q_proj.weight.grad
@@ -74,7 +74,7 @@ def test_full_plan_equals_the_plain_model_and_gradients_flow():
 
 def test_uptraining_lowers_the_distillation_loss_and_leaves_the_model():
     hm = _model(seed=1)
-    plan = HeadPlan(((0,), (2,)), 3, 2, 1, 4)
+    plan = CachePlan(((0,), (2,)), 3, 2, 1, 4)
     g = torch.Generator().manual_seed(5)
     batches = cut_batches(torch.randint(3, 120, (2, 70), generator=g).tolist(), 32, 2)
     before_weights = {k: v.clone() for k, v in hm.model.state_dict().items()}
@@ -103,7 +103,7 @@ def test_cut_batches_cut_and_refuse():
 def test_plan_that_does_not_fit_is_refused():
     hm = _model()
     with pytest.raises(HeadscopeError, match="does not fit"):
-        with windowed_training(hm, HeadPlan(((0,),), 3, 2, 1, 4)):
+        with windowed_training(hm, CachePlan(((0,),), 3, 2, 1, 4)):
             pass
 
 

@@ -100,6 +100,14 @@ def _report(hm: Any, given: dict[str, Any]) -> Result:
         aside.rename(out)
 
 
+def _kv(hm: Any, given: dict[str, Any]) -> Result:
+    from headscope.capacity.options import KvOptions
+    from headscope.capacity.verbs import kv
+
+    return kv(given["model"], KvOptions(out=given["out"], kv_heads="1,2", classic=True))
+
+
+
 CASES: dict[str, Case] = {
     "analyze": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200"], _analyze),
     "score": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200",
@@ -116,9 +124,10 @@ CASES: dict[str, Case] = {
     "tasks": (["--tasks", "fidelity,syntax", "--limit", "4", "--max-length", "16", "--batch-size", "2"], _tasks),
     "similar": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200", "--top", "3",
                  "--js-max", "0.5", "--cka-min", "0.1", "--cka-batch", "8"], _similar),
+    "kv": (["--kv-heads", "1,2", "--classic"], _kv),
 }
 
-NO_DATA = {"tasks"}  # verbs without --data: each task reads its own
+NO_DATA = {"tasks", "kv"}  # verbs without --data: each task reads its own; kv reads no passages
 NO_LINES = {"report"}  # verbs that print nothing on stdout (report says where it wrote, on stderr)
 MODELS = {"roles": "minilm"}  # induction needs 24 ordinary tokens: more than the tiny BERT's word list has
 
@@ -176,6 +185,35 @@ def test_cli_and_library_give_the_same_files(verb, inputs, tmp_path, capsys):
     assert len(result.to_pandas()) > 0
     written = result.save(lib_out)
     assert sorted(p.name for p in written) == sorted(result.files)
+    cli, lib = _files(cli_out), _files(lib_out)
+    assert sorted(cli) == sorted(lib)
+    for name in cli:
+        assert _without_run_fields(name, cli[name]) == _without_run_fields(name, lib[name]), name
+
+
+@pytest.mark.parametrize("verb", ["gqa", "mla"])
+def test_conversions_cli_and_library_give_the_same_files(verb, tmp_path, capsys):
+    """gqa and mla: the same checkpoint (weights byte for byte) and report from the CLI and from the library
+    call on a loaded model, which writes nothing until save."""
+    from test_mla import _cli_checkpoint
+
+    import headscope
+
+    src, text = _cli_checkpoint(tmp_path)
+    size = {"gqa": {"kv_heads": 1}, "mla": {"kv_rank": 4, "rope_dims": 4}}[verb]
+    flags = [x for k, v in size.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    cli_out, lib_out = tmp_path / "cli", tmp_path / "lib"
+    assert main([verb, str(src), *flags, "--data", str(text), "--heldout", str(text), "--steps", "2",
+                 "--max-length", "16", "--out", str(cli_out)]) == 0
+    printed = capsys.readouterr().out
+    hm = load_model(str(src))
+    before = sorted(os.listdir(tmp_path))
+    result = getattr(headscope, verb)(hm, text, model=str(src), out=str(cli_out), heldout=str(text), steps=2,
+                                      max_length=16, **size)
+    assert sorted(os.listdir(tmp_path)) == before, "the library call wrote something before save()"
+    assert "\n".join(result.lines()) in printed
+    assert list(result.to_pandas()["stage"]) == ["before", "after", "uptrained"]
+    result.save(lib_out)
     cli, lib = _files(cli_out), _files(lib_out)
     assert sorted(cli) == sorted(lib)
     for name in cli:

@@ -246,11 +246,6 @@ def _mla_shape(d: Mapping[str, Any], model_type: str, name: str | None) -> Atten
         windows=(None,) * counts.n_layers, note=note, latent=latent, expanded=expanded)
 
 
-def _numbers_per_token_layer(s: AttentionShape) -> int:
-    """Numbers one layer caches per token: K and V of every KV head, or MLA's latent."""
-    return s.latent if s.latent is not None else 2 * s.n_kv_heads * s.d_head
-
-
 def kv_bytes_per_token(config: Any, dtype: Any = "bf16") -> int:
     """Cache bytes one more token costs: 2 * n_layers * n_kv_heads * d_head * bytes(dtype).
 

@@ -6,7 +6,7 @@ A decoder caches, per attention layer and token, the key and the value vector of
 
 where `slots` counts (KV head, token) pairs held over all layers. A sliding-window layer holds at most
 `window` tokens (`cached_tokens`). `headscope.capacity.kv_bytes` (configs), the reference attention module
-(`MultiHeadAttention.kv_bytes_per_token`) and the head-aware cache (`HeadPlan`) all count through `kv_bytes`.
+(`MultiHeadAttention.kv_bytes_per_token`) and the head-aware cache (`CachePlan`) all count through `kv_bytes`.
 Kept apart from `kv_bytes`, which reads model configs through transformers, so the reference module stays light.
 """
 

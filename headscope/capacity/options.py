@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import HeadscopeError
 from ..io import check_writable_file
 from ..options import (
     HeldoutOptions,
@@ -18,6 +19,8 @@ from ..options import (
 )
 from ..options.parse import int_list
 from ..options.spec import haystacks_problem
+from .gqa.groupings import GROUPINGS
+from .kv_bytes import normalize_dtype
 
 LEARNED = "learned KV heads (--choose learned)"
 UPTRAIN = "uptraining"
@@ -35,6 +38,23 @@ class KvOptions(OutputOptions):
     kv_heads: str | None = option(None, "extra KV-head counts to compare, e.g. 2,4 (must divide n_heads)")
     classic: bool = option(False, "also print the built-in table of classic configs")
     out: str | None = option(None, "directory to write kv.csv into (default: print only)")  # type: ignore[assignment]
+
+    def check(self) -> None:
+        super().check()
+        normalize_dtype(self.cache_dtype)
+        if self.model is None and not self.classic:
+            raise HeadscopeError("give a MODEL (built-in name, model directory or config.json) or --classic")
+        self.kv_head_counts()
+
+    def kv_head_counts(self) -> list[int]:
+        """The extra KV-head counts to compare (--kv-heads)."""
+        if not self.kv_heads:
+            return []
+        try:
+            return [int(t) for t in self.kv_heads.split(",") if t.strip()]
+        except ValueError:
+            raise HeadscopeError(f"--kv-heads must be comma-separated integers like 2,4; got {self.kv_heads!r}") \
+                from None
 
     def check_paths(self) -> None:
         if self.out is not None:
@@ -92,6 +112,11 @@ class ConversionOptions(ModelOptions, SeedOptions, HeldoutOptions, OutputOptions
                              "next-token cross-entropy (default: kd)", choices=("kd", "lm"), group=UPTRAIN)
     lr: float = option(0.001, "AdamW learning rate for uptraining (default 1e-3)", above=0, group=UPTRAIN)
 
+    def check(self) -> None:
+        super().check()
+        if self.max_length < 2:  # a passage needs a token and the one after it
+            raise HeadscopeError(f"--max-length must be at least 2 tokens, got {self.max_length}")
+
 
 @dataclass(frozen=True, kw_only=True)
 class GqaOptions(ConversionOptions):
@@ -99,21 +124,17 @@ class GqaOptions(ConversionOptions):
 
     kv_heads: int | None = option(None, "KV heads after conversion (1 = MQA); must divide the model's current KV "
                                         "heads", required=True)
-    grouping: str = option("mean", "mean: adjacent KV heads share a new one: [0..m-1], [m..2m-1], ... (the paper's "
-                                   "recipe); similarity: group the KV heads whose keys/values on --data (or weights, "
-                                   "without data) are closest, permuting query heads to match; falls back to "
-                                   "adjacent groups when they do better on --data; search: per layer, pick among "
-                                   "adjacent, similarity and --search-candidates random groupings the one with the "
-                                   "lowest KL from the original model on --data (one greedy pass over the layers; "
-                                   "about n_layers x (N+2) forward passes over --data); random: a uniformly random "
-                                   "equal split of the KV heads per layer, drawn with --seed (a baseline: what a "
-                                   "grouping choice must beat) (default: mean)",
-                           choices=("mean", "similarity", "search", "random"))
+    grouping: str = option("mean", "how KV heads are grouped: one of the groupings listed below, each registered in "
+                                   "capacity/gqa/groupings.py (default: mean)", metavar="GROUPING")
     search_candidates: int = option(8, "--grouping search: seeded (--seed) random groupings tried per layer besides "
                                        "adjacent and similarity (default 8)", metavar="N", at_least=1)
     train: str = option("attention", "what uptraining updates: attention = q/k/v/o projections, all = every "
                                      "parameter (default: attention)", choices=("attention", "all"), group=UPTRAIN)
     no_fallback: bool = option(False, "keep similarity groups even when adjacent groups do better on --data")
+
+    def check(self) -> None:
+        super().check()
+        GROUPINGS.get(self.grouping)  # the registry as it is now: a grouping registered later is accepted
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +150,18 @@ class MlaOptions(ConversionOptions):
     selection: str = option("2-norm", "which rotary frequencies stay: 2-norm = largest mean ||q_f|| x ||k_f|| on "
                                       "--data (MHA2MLA), high = the fastest ones (default: 2-norm)",
                             choices=("2-norm", "high"))
+
+    def check(self) -> None:
+        if self.kv_rank is not None and self.kv_rank < 1:
+            raise HeadscopeError(f"--kv-rank must be at least 1; got {self.kv_rank}")
+        if self.rope_dims is not None and (self.rope_dims < 2 or self.rope_dims % 2):
+            raise HeadscopeError(f"--rope-dims must be an even number of at least 2 (each rotary frequency rotates "
+                                 f"2 dimensions); got {self.rope_dims}")
+        super().check()
+        if self.device_map is not None:
+            raise HeadscopeError("mla builds new latent-attention modules in memory and cannot convert a dispatched "
+                                 f"model (--device-map {self.device_map}); use --device (and --dtype bfloat16 to "
+                                 "halve the memory)")
 
 
 @dataclass(frozen=True, kw_only=True)

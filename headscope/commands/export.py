@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from ..errors import HeadscopeError
-from ..export.gguf import MODEL_TYPES, check_out, check_source, check_target, export_gguf
+from ..export import verbs
+from ..export.gguf import MODEL_TYPES, check_out, check_source
 from ..export.options import ExportOptions
 from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
@@ -29,22 +30,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
-    check_target(args.to, args.file_type)
-    out, src = Path(args.file), Path(args.model)
-    check_out(out, args.force)
+    """export converts a checkpoint folder: a loaded `model` is not used."""
+    options = ExportOptions.from_namespace(args).validate()  # --to, --file-type
+    out, src = Path(options.file), Path(options.model)
+    check_out(out, options.force)
     check_source(src)  # everything refusable is refused before the weights load
     try:
         import gguf  # noqa: F401  (the writer; a dependency of the models extra)
     except ImportError:
         raise HeadscopeError("GGUF export needs the `gguf` package: pip install gguf") from None
-    info = export_gguf(src, out, dtype=args.file_type, force=args.force)
-    heads = info["n_heads"]
-    print(f"{src}: {info['n_layers']} layers, query heads {min(heads)}..{max(heads)} per layer, llama.cpp "
-          f"architecture {info['arch']!r}, {info['dtype']}, pre-tokenizer {info['pre_tokenizer']!r}")
-    if info["f16_fallback"]:
-        print(f"{len(info['f16_fallback'])} tensors written f16 (rows not a multiple of 32): "
-              f"{', '.join(info['f16_fallback'][:4])}{' ...' if len(info['f16_fallback']) > 4 else ''}")
-    print(f"\nwrote {out} ({info['bytes']:,} bytes)", file=sys.stderr)
+    result = verbs.export(src, options)
+    result.save(out, options.force)
+    print("\n".join(result.lines()))
+    print(f"\nwrote {out} ({out.stat().st_size:,} bytes)", file=sys.stderr)
     return 0
 
 

@@ -32,15 +32,14 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from ..errors import HeadscopeError, did_you_mean
+from ..errors import HeadscopeError
 from ..io import disk_full_error, is_disk_full, remove_stale_temps, temp_prefix
 from ..models.adapter import HeadModel
 from ..models.checkpoint import MLA_FILE, load_checkpoint
+from .options import DTYPES, TARGETS, check_target
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("gguf",)
-DTYPES = ("f16", "f32", "q8_0")
 #: base model types GGUF export covers (their transformers layout is LLaMA's: no biases, SiLU gated FFN, RMSNorm).
 MODEL_TYPES = ("llama",)
 _ROPE_OK = (None, "default")
@@ -62,15 +61,6 @@ class Shape:
     @property
     def arch(self) -> str:
         return "llama" if self.uniform else "deci"
-
-
-def check_target(to: str, dtype: str) -> None:
-    """Refuse an unknown --to or --file-type (before anything loads)."""
-    if to not in TARGETS:
-        raise HeadscopeError(f"--to {to!r} is not a format headscope exports{did_you_mean(to, TARGETS)}; "
-                             f"choose one of {', '.join(TARGETS)}")
-    if dtype not in DTYPES:
-        raise HeadscopeError(f"--file-type {dtype!r} is not one of {', '.join(DTYPES)}{did_you_mean(dtype, DTYPES)}")
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -123,26 +113,51 @@ def rope_permute(w: np.ndarray, d_head: int) -> np.ndarray:
     return w.reshape(n, 2, d_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def export_gguf(src: str | Path, out: str | Path, *, dtype: str = "f16", force: bool = False) -> dict[str, Any]:
-    """Write the checkpoint folder `src` as a GGUF file `out` (module docstring); returns what was written."""
-    import gguf  # the `gguf` package: only export needs it
+@dataclass
+class GgufPlan:
+    """A checkpoint read and checked for GGUF export: its model, per-layer sizes, tokenizer and file type."""
 
-    src, out = Path(src), Path(out)
+    src: Path
+    hm: HeadModel
+    shape: Shape
+    tokenizer: dict[str, Any]
+    dtype: str
+    fallback: list[str]  # tensors q8_0 writes as f16 (rows not a multiple of 32)
+
+    def info(self, out: Path) -> dict[str, Any]:
+        """What `write_gguf` wrote to `out`."""
+        return {"path": str(out), "arch": self.shape.arch, "dtype": self.dtype, "bytes": out.stat().st_size,
+                "n_layers": self.hm.n_layers, "n_heads": self.shape.n_heads, "n_kv_heads": self.shape.n_kv_heads,
+                "n_ff": self.shape.n_ff, "pre_tokenizer": self.tokenizer["pre"], "f16_fallback": self.fallback}
+
+
+def plan_gguf(src: str | Path, dtype: str = "f16") -> GgufPlan:
+    """Read and check the checkpoint folder `src` for export (nothing is written)."""
+    src = Path(src)
     check_target("gguf", dtype)
-    check_out(out, force)
     check_source(src)
     hm = load_checkpoint(src)
     shape = model_shape(hm)
     tok = tokenizer_fields(src)  # refuses an unsupported tokenizer before anything is written
+    return GgufPlan(src=src, hm=hm, shape=shape, tokenizer=tok, dtype=dtype,
+                    fallback=_write_tensors(None, hm, shape, dtype))
+
+
+def write_gguf(plan: GgufPlan, out: str | Path, force: bool = False) -> dict[str, Any]:
+    """Write a planned export as the GGUF file `out` (temporary name, then renamed); returns what was written."""
+    import gguf  # the `gguf` package: only export needs it
+
+    out = Path(out)
+    check_out(out, force)
     remove_stale_temps(out)  # what a killed export of the same file left (its process is gone)
     fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(out), suffix=".tmp", dir=out.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        writer = gguf.GGUFWriter(tmp, shape.arch)
-        _write_header(writer, hm, shape, dtype, src)
-        _write_tokenizer(writer, src, tok, hm)
-        fallback = _write_tensors(writer, hm, shape, dtype)
+        writer = gguf.GGUFWriter(tmp, plan.shape.arch)
+        _write_header(writer, plan.hm, plan.shape, plan.dtype, plan.src)
+        _write_tokenizer(writer, plan.src, plan.tokenizer, plan.hm)
+        _write_tensors(writer, plan.hm, plan.shape, plan.dtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -154,9 +169,14 @@ def export_gguf(src: str | Path, out: str | Path, *, dtype: str = "f16", force: 
         if is_disk_full(e):
             raise disk_full_error(out) from None
         raise
-    return {"path": str(out), "arch": shape.arch, "dtype": dtype, "bytes": out.stat().st_size,
-            "n_layers": hm.n_layers, "n_heads": shape.n_heads, "n_kv_heads": shape.n_kv_heads, "n_ff": shape.n_ff,
-            "pre_tokenizer": tok["pre"], "f16_fallback": fallback}
+    return plan.info(out)
+
+
+def export_gguf(src: str | Path, out: str | Path, *, dtype: str = "f16", force: bool = False) -> dict[str, Any]:
+    """Write the checkpoint folder `src` as a GGUF file `out` (module docstring); returns what was written."""
+    check_target("gguf", dtype)
+    check_out(Path(out), force)
+    return write_gguf(plan_gguf(src, dtype), out, force)
 
 
 def _umask() -> int:
@@ -260,21 +280,24 @@ def _tensor(writer: Any, name: str, t: torch.Tensor, dtype: str, fallback: list[
     """Add one tensor: 1-D ones (norms) stay float32, as llama.cpp's converter keeps them."""
     import gguf  # deferred: the writer is needed only when exporting (commands/export.py checks it is there)
 
+    if dtype == "q8_0" and t.ndim > 1 and t.shape[-1] % 32:
+        fallback.append(name)  # rows not a multiple of Q8_0's 32-value blocks: f16, as llama.cpp's converter does
+    if writer is None:  # planning: which tensors fall back, nothing written
+        return
     a = t.detach().to(torch.float32).cpu().numpy()
     if a.ndim == 1 or dtype == "f32":
         writer.add_tensor(name, a)
         return
-    if dtype == "q8_0":
-        if a.shape[-1] % 32 == 0:
-            q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-            return
-        fallback.append(name)  # rows not a multiple of Q8_0's 32-value blocks: f16, as llama.cpp's converter does
+    if dtype == "q8_0" and a.shape[-1] % 32 == 0:
+        q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+        writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        return
     writer.add_tensor(name, a.astype(np.float16))
 
 
 def _write_tensors(writer: Any, hm: HeadModel, shape: Shape, dtype: str) -> list[str]:
-    """Every weight under llama.cpp's tensor names; returns the tensors written f16 instead of q8_0."""
+    """Every weight under llama.cpp's tensor names; returns the tensors written f16 instead of q8_0 (with no
+    writer: only that list)."""
     fallback: list[str] = []
     base = hm.base_model
     state = {k: v for k, v in base.state_dict().items()}
@@ -286,8 +309,8 @@ def _write_tensors(writer: Any, hm: HeadModel, shape: Shape, dtype: str) -> list
             _tensor(writer, b + "attn_norm.weight", state[p + "input_layernorm.weight"], dtype, fallback)
             for name, key in (("attn_q", "q_proj"), ("attn_k", "k_proj")):
                 w = state[p + f"self_attn.{key}.weight"]
-                _tensor(writer, b + f"{name}.weight", torch.from_numpy(rope_permute(w.float().numpy(), d)), dtype,
-                        fallback)
+                permuted = w if writer is None else torch.from_numpy(rope_permute(w.float().numpy(), d))
+                _tensor(writer, b + f"{name}.weight", permuted, dtype, fallback)
             _tensor(writer, b + "attn_v.weight", state[p + "self_attn.v_proj.weight"], dtype, fallback)
             _tensor(writer, b + "attn_output.weight", state[p + "self_attn.o_proj.weight"], dtype, fallback)
         _tensor(writer, b + "ffn_norm.weight", state[p + "post_attention_layernorm.weight"], dtype, fallback)
@@ -301,5 +324,5 @@ def _write_tensors(writer: Any, hm: HeadModel, shape: Shape, dtype: str) -> list
     return fallback
 
 
-__all__ = ["DTYPES", "MODEL_TYPES", "TARGETS", "Shape", "check_out", "check_source", "check_target", "export_gguf",
-           "model_shape", "rope_permute", "tokenizer_fields"]
+__all__ = ["DTYPES", "MODEL_TYPES", "TARGETS", "GgufPlan", "Shape", "check_out", "check_source", "check_target",
+           "export_gguf", "model_shape", "plan_gguf", "rope_permute", "tokenizer_fields", "write_gguf"]

@@ -2,6 +2,6 @@
 report (bytes measured from a generation cache beside the formula), and the default text.
 
 `gqa`, `mla` and `kvcache --uptrain` use these; none of them reaches into another's modules.
-Modules: `texts` (DEFAULT_DATA, DEFAULT_HELDOUT, `conversion_texts`), `evaluate` (`compare`, `kv_report`,
+Modules: `texts` (CALIBRATION_DATA, CALIBRATION_HELDOUT, `conversion_texts`), `evaluate` (`compare`, `kv_report`,
 `CACHE_FORMULAS`), `uptraining` (`uptrain`, `run_uptraining`).
 """

@@ -6,11 +6,12 @@ from typing import Any
 
 from ...data import TextSource, read_texts
 
-__all__ = ["DEFAULT_DATA", "DEFAULT_HELDOUT", "conversion_texts"]
+__all__ = ["CALIBRATION_DATA", "CALIBRATION_HELDOUT", "conversion_texts"]
 
-#: Text used when none is given: calibration / uptraining from PTB train, perplexity on PTB valid.
-DEFAULT_DATA = "ptb-train"
-DEFAULT_HELDOUT = "ptb-valid"
+#: Text a conversion reads when none is given: calibration / uptraining from PTB train, perplexity on PTB valid
+#: (not the study's DEFAULT_DATA, which is the passages its analyses read).
+CALIBRATION_DATA = "ptb-train"
+CALIBRATION_HELDOUT = "ptb-valid"
 
 
 def conversion_texts(data: Any, limit: int | None, default: str) -> Any:

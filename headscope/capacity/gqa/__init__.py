@@ -37,7 +37,7 @@ from ..convert.evaluate import (
     perplexity,
     token_batches,
 )
-from ..convert.texts import DEFAULT_DATA, DEFAULT_HELDOUT
+from ..convert.texts import CALIBRATION_DATA, CALIBRATION_HELDOUT
 from ..convert.uptraining import LOSSES, TRAINABLE, UptrainLog, check_uptrain, uptrain, uptrain_loss
 from .clustering import (
     MAX_ENUMERATED_PARTITIONS,
@@ -65,7 +65,8 @@ from .regroup import convert_and_evaluate
 from .search import search_groups
 
 __all__ = [
-    "DEFAULT_DATA", "DEFAULT_HELDOUT", "GROUPINGS", "LOSSES", "MAX_ENUMERATED_PARTITIONS", "SUPPORTED_MODEL_TYPES",
+    "CALIBRATION_DATA", "CALIBRATION_HELDOUT", "GROUPINGS", "LOSSES", "MAX_ENUMERATED_PARTITIONS",
+    "SUPPORTED_MODEL_TYPES",
     "TRAINABLE", "GroupingOptions", "LayerWeights", "UptrainLog", "adjacent_groups", "balanced_partition",
     "cache_bytes", "check_convertible", "check_groups", "check_uptrain", "compare", "convert_and_evaluate",
     "convert_to_gqa", "enumerate_partitions", "expand_kv_heads", "kl_divergence", "kv_distances", "kv_report",

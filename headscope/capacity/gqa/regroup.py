@@ -8,7 +8,7 @@ import numpy as np
 
 from ...models.adapter import HeadModel
 from ..convert.evaluate import compare, kv_report
-from ..convert.texts import DEFAULT_DATA, DEFAULT_HELDOUT, conversion_texts
+from ..convert.texts import CALIBRATION_DATA, CALIBRATION_HELDOUT, conversion_texts
 from ..convert.uptraining import uptrain
 from .convert import check_convertible, pool_kv_heads
 from .groupings import plan_groups
@@ -28,8 +28,8 @@ def convert_and_evaluate(hm: HeadModel, kv_heads: int, grouping: str = "mean", *
     say otherwise). Returns the final model and a JSON-ready report.
     """
     check_convertible(hm, kv_heads)
-    data_src = conversion_texts(data, data_limit, DEFAULT_DATA)
-    held_src = conversion_texts(heldout, heldout_limit, DEFAULT_HELDOUT)
+    data_src = conversion_texts(data, data_limit, CALIBRATION_DATA)
+    held_src = conversion_texts(heldout, heldout_limit, CALIBRATION_HELDOUT)
     ev: dict[str, Any] = dict(max_length=max_length, batch_size=batch_size, progress=progress)
     report: dict[str, Any] = {
         "model": hm.name, "model_type": hm.config.model_type, "n_layers": hm.n_layers, "n_heads": hm.n_heads,

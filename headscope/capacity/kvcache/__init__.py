@@ -3,9 +3,9 @@
 from .cache import (
                     ATTENTION_NAME,
                     SUPPORTED,
+                    CachePlan,
                     HeadAwareCache,
                     HeadAwareLayer,
-                    HeadPlan,
                     HeadSplitKV,
                     check_supported,
                     check_supported_config,
@@ -15,6 +15,6 @@ from .cache import (
                     windowed_mask,
 )
 
-__all__ = ["ATTENTION_NAME", "SUPPORTED", "HeadAwareCache", "HeadAwareLayer", "HeadPlan", "HeadSplitKV",
+__all__ = ["ATTENTION_NAME", "SUPPORTED", "HeadAwareCache", "HeadAwareLayer", "CachePlan", "HeadSplitKV",
            "check_supported", "check_supported_config", "check_window", "head_aware_attention", "kvcache_attention",
            "windowed_mask"]

@@ -11,7 +11,7 @@ included (transformers' own sliding-window convention). Between steps a windowed
 stores at most sink + window - 1 tokens, and a decoding step reads at most sink + window.
 
 GQA: the cache stores KV heads, so a KV head can be windowed only when every query head of its
-group is; `HeadPlan` is per KV head. With one KV head per layer (MQA) windowing is all or nothing
+group is; `CachePlan` is per KV head. With one KV head per layer (MQA) windowing is all or nothing
 per layer, which is a layer choice, not a head choice: `check_supported` refuses it.
 
 Prefill is exact too: the prompt's keys all arrive at once and windowed heads attend through the
@@ -42,7 +42,7 @@ SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "starcoder2", "phi3")
 
 
 @dataclass(frozen=True)
-class HeadPlan:
+class CachePlan:
     """Which KV heads of each layer keep their full KV; every other KV head keeps sink + window."""
 
     full: tuple[tuple[int, ...], ...]  # per layer, the KV heads kept in full, sorted
@@ -59,7 +59,7 @@ class HeadPlan:
                                      f"0..{self.n_kv_heads - 1}")
 
     @classmethod
-    def all_full(cls, n_layers: int, n_kv_heads: int, group_size: int, sink: int = 4, window: int = 256) -> "HeadPlan":
+    def all_full(cls, n_layers: int, n_kv_heads: int, group_size: int, sink: int = 4, window: int = 256) -> "CachePlan":
         """The plan of an ordinary cache: every KV head full."""
         return cls(tuple(tuple(range(n_kv_heads)) for _ in range(n_layers)), n_kv_heads, group_size, sink, window)
 
@@ -276,9 +276,9 @@ class HeadAwareLayer(DynamicLayer):
 
 
 class HeadAwareCache(DynamicCache):
-    """A DynamicCache whose layers follow a `HeadPlan` (use inside `head_aware_attention(hm)`)."""
+    """A DynamicCache whose layers follow a `CachePlan` (use inside `head_aware_attention(hm)`)."""
 
-    def __init__(self, plan: HeadPlan) -> None:
+    def __init__(self, plan: CachePlan) -> None:
         layers = [HeadAwareLayer(plan.full[layer], plan.windowed(layer), plan.sink, plan.window)
                   for layer in range(plan.n_layers)]
         super().__init__()
@@ -361,5 +361,5 @@ def head_aware_attention(hm: HeadModel) -> Iterator[HeadModel]:
         yield hm
 
 
-__all__ = ["ATTENTION_NAME", "SUPPORTED", "HeadAwareCache", "HeadAwareLayer", "HeadPlan", "HeadSplitKV",
+__all__ = ["ATTENTION_NAME", "SUPPORTED", "HeadAwareCache", "HeadAwareLayer", "CachePlan", "HeadSplitKV",
            "check_supported", "check_window", "head_aware_attention", "kvcache_attention", "windowed_mask"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import HeadscopeError, did_you_mean
-from .cache import HeadPlan
+from .cache import CachePlan
 
 
 def parse_budget(text: str) -> float:
@@ -66,9 +66,9 @@ class Choice:
     budget: float = 1.0
     riders: int = 0  # query heads kept full only because a group mate is
 
-    def plan(self, group_size: int, sink: int, window: int) -> HeadPlan:
+    def plan(self, group_size: int, sink: int, window: int) -> CachePlan:
         full = tuple(tuple(int(h) for h in np.flatnonzero(row)) for row in self.full)
-        return HeadPlan(full, self.full.shape[1], group_size, sink, window)
+        return CachePlan(full, self.full.shape[1], group_size, sink, window)
 
     @property
     def n_full(self) -> int:

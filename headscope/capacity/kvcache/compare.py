@@ -15,7 +15,7 @@ from ...learned.longctx.needle import DEPTHS, gum_sentences
 from ...models.adapter import HeadModel
 from ...uncertainty import IntervalSettings
 from ..kv_formula import normalize_dtype
-from .cache import HeadPlan, check_supported
+from .cache import CachePlan, check_supported
 from .choice import Choice, choose_full, choose_random, choose_threshold, choose_top
 from .evaluate import DEFAULT_CHUNK, evaluate_needles, evaluate_perplexity
 from .paired import add_paired
@@ -118,7 +118,7 @@ def compare(hm: HeadModel, passages: Sequence[Sequence[int]], scores: np.ndarray
     rows: list[dict[str, Any]] = []
     full_measured = None
 
-    def measure(model: HeadModel, c: Choice, plan: HeadPlan, label: str, steps: int) -> dict[str, Any]:
+    def measure(model: HeadModel, c: Choice, plan: CachePlan, label: str, steps: int) -> dict[str, Any]:
         nonlocal full_measured
         ppl = evaluate_perplexity(model, plan, passages, s.chunk, progress, desc=f"perplexity ({label})")
         needles = (evaluate_needles(model, plan, hays, s.chunk, progress, desc=f"needles ({label})") if hays else
@@ -145,7 +145,7 @@ def compare(hm: HeadModel, passages: Sequence[Sequence[int]], scores: np.ndarray
         return row
 
     for c in choices(hm, scores, chosen_by, s):
-        plan: HeadPlan = c.plan(hm.group_size, s.sink, s.window)
+        plan: CachePlan = c.plan(hm.group_size, s.sink, s.window)
         label = c.method if c.method == "full" else f"{c.method} {c.budget:.0%}"
         measure(hm, c, plan, label, 0)
         if s.uptrain and c.method == "score":

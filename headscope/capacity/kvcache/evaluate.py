@@ -3,7 +3,7 @@
 Every prediction runs through the cache itself: a passage is fed in chunks of `chunk` tokens (chunked
 prefill, exact: windowed heads attend through the band mask, see cache.py), and its last token is
 one decoding step at `context` tokens, where the bytes the cache hands to attention are measured and
-compared with `HeadPlan.bytes_read`. Perplexity counts every next-token prediction of the passage
+compared with `CachePlan.bytes_read`. Perplexity counts every next-token prediction of the passage
 (`eval.lm.target_nll`, the one NLL).
 """
 
@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from ...errors import HeadscopeError
 from ...eval.lm import perplexity, target_nll
 from ...models.adapter import HeadModel
-from .cache import HeadAwareCache, HeadPlan, head_aware_attention
+from .cache import CachePlan, HeadAwareCache, head_aware_attention
 
 DEFAULT_CHUNK = 512  # tokens per prefill forward: logits of chunk x vocab floats at a time
 
@@ -40,7 +40,7 @@ def prefill(hm: HeadModel, cache: HeadAwareCache, ids: torch.Tensor, chunk: int 
     return logits[-1]
 
 
-def greedy(hm: HeadModel, plan: HeadPlan, prompt: Sequence[int], new_tokens: int,
+def greedy(hm: HeadModel, plan: CachePlan, prompt: Sequence[int], new_tokens: int,
            chunk: int = DEFAULT_CHUNK) -> list[int]:
     """Greedy continuation of `prompt` through a fresh head-aware cache (call inside `head_aware_attention`)."""
     cache = HeadAwareCache(plan)
@@ -63,7 +63,7 @@ class PassageResult:
     bytes_stored: int
 
 
-def passage_nll(hm: HeadModel, plan: HeadPlan, ids: torch.Tensor, chunk: int = DEFAULT_CHUNK) -> PassageResult:
+def passage_nll(hm: HeadModel, plan: CachePlan, ids: torch.Tensor, chunk: int = DEFAULT_CHUNK) -> PassageResult:
     """Summed next-token NLL of `ids [1, T]` predicted through a fresh cache; the last token is a decoding step."""
     t = ids.shape[1]
     if t < 2:
@@ -79,7 +79,7 @@ def passage_nll(hm: HeadModel, plan: HeadPlan, ids: torch.Tensor, chunk: int = D
     return PassageResult(nll, count, cache.bytes_read, cache.bytes_stored)
 
 
-def evaluate_perplexity(hm: HeadModel, plan: HeadPlan, passages: Sequence[Sequence[int]], chunk: int = DEFAULT_CHUNK,
+def evaluate_perplexity(hm: HeadModel, plan: CachePlan, passages: Sequence[Sequence[int]], chunk: int = DEFAULT_CHUNK,
                         progress: bool = False, desc: str = "perplexity") -> dict[str, Any]:
     """Perplexity over `passages` (token ids) through the cache, and the bytes read at each last step."""
     nll, count, reads, stored, per_nll, per_count = 0.0, 0, [], [], [], []
@@ -124,7 +124,7 @@ def needle_answered(tokenizer: Any, generated: Sequence[int], answer_text: str) 
     return answer_text.strip() in tokenizer.decode(list(generated))
 
 
-def evaluate_needles(hm: HeadModel, plan: HeadPlan, haystacks: Sequence[Any], chunk: int = DEFAULT_CHUNK,
+def evaluate_needles(hm: HeadModel, plan: CachePlan, haystacks: Sequence[Any], chunk: int = DEFAULT_CHUNK,
                      progress: bool = False, desc: str = "needles") -> dict[str, Any]:
     """Greedy answers to needle prompts (`Haystack`s: `ids`, `answer` span, `answer_text`) through the cache."""
     answers = []

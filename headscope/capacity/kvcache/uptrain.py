@@ -30,7 +30,7 @@ from ...eval.lm import distillation_loss
 from ...models.adapter import HeadModel
 from ...models.config import attention_implementation
 from ..convert.uptraining import GRAD_CLIP, UptrainLog, check_uptrain, run_uptraining, uptrain_loss
-from .cache import HeadPlan, _gather_heads, check_supported, training_band
+from .cache import CachePlan, _gather_heads, check_supported, training_band
 
 MASKED_NAME = "headscope_kvcache_masked"
 _PLAN_ATTR = "_headscope_kv_plan"  # (full KV heads, windowed KV heads, sink, window) on an attention module
@@ -66,7 +66,7 @@ def masked_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
 
 
 @contextmanager
-def windowed_training(hm: HeadModel, plan: HeadPlan) -> Iterator[HeadModel]:
+def windowed_training(hm: HeadModel, plan: CachePlan) -> Iterator[HeadModel]:
     """While active, `hm`'s forward without a cache attends as `HeadAwareCache(plan)` would: windowed heads see
     sink + window. Restores the attention implementation and removes the per-module plans after."""
     check_supported(hm)
@@ -111,7 +111,7 @@ def cut_batches(token_ids: Sequence[Sequence[int]], length: int, batch_size: int
     return out
 
 
-def uptrain_head_aware(hm: HeadModel, plan: HeadPlan, batches: Sequence[Batch], steps: int, *, loss: str = "kd",
+def uptrain_head_aware(hm: HeadModel, plan: CachePlan, batches: Sequence[Batch], steps: int, *, loss: str = "kd",
                        lr: float = 1e-3, seed: int = 0, progress: bool = False) -> tuple[HeadModel, UptrainLog]:
     """A copy of `hm` after `steps` AdamW steps on its attention modules, trained under `plan`'s per-head masks
     (teacher: `hm` itself with full attention); `hm` is untouched."""
@@ -135,7 +135,7 @@ def uptrain_head_aware(hm: HeadModel, plan: HeadPlan, batches: Sequence[Batch], 
     return out, log_
 
 
-def masked_loss(student: HeadModel, teacher: HeadModel, plan: HeadPlan, batches: Sequence[Batch],
+def masked_loss(student: HeadModel, teacher: HeadModel, plan: CachePlan, batches: Sequence[Batch],
                 loss: str = "kd") -> float:
     """Mean uptraining loss of `student` under `plan`'s masks over `batches` (no gradients): what training lowers.
     The teacher runs with its full attention, even when it is the student's own model."""

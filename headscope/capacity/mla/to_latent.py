@@ -9,7 +9,7 @@ import numpy as np
 
 from ...models.adapter import HeadModel
 from ..convert.evaluate import compare, kv_report
-from ..convert.texts import DEFAULT_DATA, DEFAULT_HELDOUT, conversion_texts
+from ..convert.texts import CALIBRATION_DATA, CALIBRATION_HELDOUT, conversion_texts
 from .convert import check_mla, convert_to_mla, full_rank
 from .modeling import MLA_CONFIG_KEY
 from .uptraining import uptrain_mla
@@ -26,8 +26,8 @@ def convert_and_evaluate(hm: HeadModel, kv_rank: int, rope_dims: int | None = No
     (default PTB valid) is only evaluated. Returns the final model and a JSON-ready report.
     """
     rope_dims = check_mla(hm, kv_rank, rope_dims)
-    data_src = conversion_texts(data, data_limit, DEFAULT_DATA)
-    held_src = conversion_texts(heldout, heldout_limit, DEFAULT_HELDOUT)
+    data_src = conversion_texts(data, data_limit, CALIBRATION_DATA)
+    held_src = conversion_texts(heldout, heldout_limit, CALIBRATION_HELDOUT)
     ev: dict[str, Any] = dict(max_length=max_length, batch_size=batch_size, progress=progress)
     converted = convert_to_mla(hm, kv_rank, rope_dims, selection=selection, data=data_src, **ev)
     record = getattr(converted.config, MLA_CONFIG_KEY)
