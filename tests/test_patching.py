@@ -129,3 +129,63 @@ def test_effect_intervals_cover_the_true_effect_at_about_their_level():
         hits += bool(iv.lo[0, 0] <= 0.25 <= iv.hi[0, 0])
     lo, hi = binomial_interval(hits, sims, 0.99)
     assert lo <= 0.95 <= hi, f"coverage {hits / sims:.3f} ({hits}/{sims})"
+
+
+def test_dla_is_left_out_where_the_attention_output_is_normed():
+    from headscope.learned.causal.dla import dla_values
+
+    hm = tiny_model("gemma3_text")
+    assert dla_values(hm, induction_pairs(None, hm.vocab_size, n=2, length=4)) is None
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_dla_sums_with_the_rest_to_the_logit_difference(family):
+    """On a one-layer model without MLP, the residual at the last position is the embeddings plus the heads'
+    writes plus the output bias; with the frozen scale the final norm is linear, so the heads' DLA plus the
+    non-head parts' equal the model's logit difference."""
+    from headscope.learned.causal.dla import dla_values, final_norm, frozen_norm
+
+    hm = tiny_model(family, **({"n_layer": 1} if family == "gpt2" else {"num_hidden_layers": 1}))
+    hm.layers[0].mlp = _Zero()
+    b = induction_pairs(None, hm.vocab_size, n=4, length=5, seed=6)
+    dla = dla_values(hm, b)
+    assert dla is not None and np.isfinite(dla).all()
+    # the rest: the residual minus the heads' writes, through the same frozen norm
+    norm = final_norm(hm)
+    seen = {}
+    h = norm.register_forward_pre_hook(lambda m, a: seen.update(x=a[0].detach()))
+    try:
+        with torch.no_grad():
+            logits = logits_at(hm, b.clean, b.mask, b.position)
+    finally:
+        h.remove()
+    idx = torch.arange(len(b))
+    x = seen["x"][idx, b.position]
+    w_u = hm.output_embeddings.weight.detach()
+    direction = w_u[b.answer] - w_u[b.wrong]
+    with torch.no_grad():
+        whole = (frozen_norm(norm, x, x) * direction).sum(-1).double().numpy()
+        bias = getattr(norm, "bias", None)
+        if bias is not None:
+            whole += (bias * direction).sum(-1).double().numpy()
+    got = (logits.gather(1, b.answer[:, None]) - logits.gather(1, b.wrong[:, None]))[:, 0].double().numpy()
+    np.testing.assert_allclose(whole, got, rtol=1e-4, atol=1e-4)  # the frozen norm of the whole is the norm
+    # the rest, found independently: the block's input (embeddings) plus the output projection's bias
+    inp = {}
+
+    def keep_input(module, args, kwargs):
+        inp["x"] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+    h = hm.layers[0].register_forward_pre_hook(keep_input, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            logits_at(hm, b.clean, b.mask, b.position)
+    finally:
+        h.remove()
+    rest = inp["x"][idx, b.position]
+    o_bias = getattr(hm.out_proj(0), "bias", None)
+    if o_bias is not None:
+        rest = rest + o_bias.detach()
+    with torch.no_grad():
+        rest_dla = (frozen_norm(norm, rest[:, None], x[:, None])[:, 0] * direction).sum(-1).double().numpy()
+    np.testing.assert_allclose(dla[:, 0].sum(1) + rest_dla, whole, rtol=1e-4, atol=1e-4)
