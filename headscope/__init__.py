@@ -38,6 +38,8 @@ _LAZY = {
     "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint",
     # the report, and the live view (`view` is the package itself: it is callable, see headscope/view)
     "render_report": "report", "ViewOptions": "view",
+    # what heads do, causally (activation patching)
+    "patch": "learned.verbs", "PatchOptions": "learned.options",
 }
 
 
