@@ -189,3 +189,52 @@ def test_dla_sums_with_the_rest_to_the_logit_difference(family):
     with torch.no_grad():
         rest_dla = (frozen_norm(norm, rest[:, None], x[:, None])[:, 0] * direction).sum(-1).double().numpy()
     np.testing.assert_allclose(dla[:, 0].sum(1) + rest_dla, whole, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    from test_artifacts import tiny_llama_dir
+
+    return tiny_llama_dir(tmp_path_factory.mktemp("patch"))[0]
+
+
+GOOD = '{"clean": "the of and to a in is", "corrupt": "the of and to he in is", "answer": "a", "wrong": "he"}\n'
+
+
+@pytest.mark.parametrize("content, says", [
+    ("", "holds no pairs"),
+    (GOOD + "{not json\n", "line 2: not JSON"),
+    (GOOD + '{"clean": "the of a", "corrupt": "the of", "answer": "a", "wrong": "he"}\n',
+     "line 2: clean and corrupt texts have 3 and 2 tokens"),
+    ('{"clean": "the of a", "corrupt": "the of he", "answer": "a in", "wrong": "he"}\n',
+     "line 1: 'a in' is 2 tokens, not one"),
+    ('{"clean": "the of a", "corrupt": "the of he", "answer": "a"}\n', "line 1: needs non-empty strings"),
+])
+def test_bad_pairs_get_one_line_and_exit_2(llama_dir, tmp_path, capsys, content, says):
+    from headscope.cli import main
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(content)
+    rc = main(["patch", str(llama_dir), "--pairs", str(pairs), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("headscope ")]
+    assert rc == 2 and len(lines) == 1 and says in lines[0], err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_patch_from_python_and_per_position_file(llama_dir, tmp_path):
+    import headscope
+    from headscope.models import load_model
+
+    hm = load_model(str(llama_dir))
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(GOOD * 3)
+    res = headscope.patch(hm, pairs, positions="each", bootstrap=200)
+    written = res.save(tmp_path / "out")
+    assert sorted(p.name for p in written) == ["patching.csv", "patching.json", "patching_positions.csv"]
+    rows = (tmp_path / "out" / "patching_positions.csv").read_text().splitlines()
+    assert rows[0] == "layer,head,position,effect,effect_lo,effect_hi" and len(rows) == 1 + 12 * 7
+    only = headscope.patch(hm, pairs, methods=("attribution",), bootstrap=200)
+    assert "effect" not in only.table.columns and "attribution" in only.table.columns
+    np.testing.assert_allclose(only.table["attribution"], res.table["attribution"], rtol=1e-6)
+

@@ -47,13 +47,26 @@ def _score_units(hm: Any, given: dict[str, Any]) -> Result:
     return score(hm, given["data"], ScoreOptions(**given, limit=4, max_length=16, batch_size=2, unit="attention"))
 
 
+def _patch(hm: Any, given: dict[str, Any]) -> Result:
+    from headscope.learned.options import PatchOptions
+    from headscope.learned.verbs import patch
+
+    return patch(hm, None, PatchOptions(**given, batch_size=2, copies=5, bootstrap=200))
+
+
 CASES: dict[str, Case] = {
     "analyze": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200"], _analyze),
     "score": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200",
                "--method", "taylor,output_norm"], _score),
     "score --unit attention": (["--unit", "attention", "--limit", "4", "--max-length", "16", "--batch-size", "2"],
                                _score_units),
+    "patch": (["--batch-size", "2", "--copies", "5", "--bootstrap", "200"], _patch),
 }
+# Verbs that read prompt pairs, not passages: they run on a tiny causal LM (they read logits) with --pairs.
+PAIRS = {"patch"}
+PAIRS_TEXT = "".join(
+    f'{{"clean": "the of {a} to in", "corrupt": "the of {b} to in", "answer": "{a}", "wrong": "{b}"}}\n'
+    for a, b in (("is", "was"), ("he", "it"), ("his", "for"), ("on", "at")))
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -74,26 +87,29 @@ def _without_run_fields(name: str, data: bytes) -> Any:
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> tuple[Path, Path]:
-    from test_artifacts import tiny_bert_dir
+def inputs(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    from test_artifacts import tiny_bert_dir, tiny_llama_dir
 
     base = tmp_path_factory.mktemp("common")
     model = tiny_bert_dir(base)
     text = base / "text.txt"
     text.write_text("the cat saw a dog .\na small bird sang .\nmary saw john .\nshe smiled at him .\n")
-    return model, text
+    pairs = base / "pairs.jsonl"
+    pairs.write_text(PAIRS_TEXT)
+    return {"data": (model, text), "pairs": (tiny_llama_dir(base)[0], pairs)}
 
 
 @pytest.mark.parametrize("verb", sorted(CASES))
 def test_cli_and_library_give_the_same_files(verb, inputs, tmp_path, capsys):
-    model, text = inputs
+    kind = "pairs" if verb in PAIRS else "data"
+    model, text = inputs[kind]
     argv, library = CASES[verb]
     cli_out, lib_out = tmp_path / "cli", tmp_path / "lib"
-    assert main([verb.split()[0], str(model), "--data", str(text), *argv, "--out", str(cli_out)]) == 0
+    assert main([verb.split()[0], str(model), f"--{kind}", str(text), *argv, "--out", str(cli_out)]) == 0
     printed = capsys.readouterr().out
     hm = load_model(str(model))
     before = sorted(os.listdir(tmp_path))
-    result = library(hm, {"model": str(model), "data": str(text), "out": str(cli_out)})
+    result = library(hm, {"model": str(model), kind: str(text), "out": str(cli_out)})
     assert sorted(os.listdir(tmp_path)) == before, "the library call wrote something before save()"
     assert result.lines() and "\n".join(result.lines()) in printed  # the CLI prints what the result says
     assert len(result.to_pandas()) > 0
