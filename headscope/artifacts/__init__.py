@@ -366,7 +366,9 @@ PATCHING_CSV = Artifact(
                        "same normalisation", _ATTR),
      _f("dla", "direct logit attribution: the head's write at the metric position through the final norm (scale "
                "frozen) onto logit(answer) - logit(wrong), clean run, mean over pairs (empty where the model has "
-               "no such path: encoders, sandwich-normed families)")), bounds=True)
+               "no such path: encoders, sandwich-normed families)",
+        "every run of headscope patch (optional so that a patching.csv made elsewhere with effect alone still reads)")),
+    bounds=True)
 PATCHING_POSITIONS_CSV = Artifact(
     "patching_positions.csv", "csv", {"patch": "--positions each"}, "activation patching one position at a time: "
     "each head's effect at each token position", (*_HEAD_KEYS, _f("position", "token position, from 0"),
