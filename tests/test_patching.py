@@ -231,10 +231,61 @@ def test_patch_from_python_and_per_position_file(llama_dir, tmp_path):
     pairs.write_text(GOOD * 3)
     res = headscope.patch(hm, pairs, positions="each", bootstrap=200)
     written = res.save(tmp_path / "out")
-    assert sorted(p.name for p in written) == ["patching.csv", "patching.json", "patching_positions.csv"]
+    assert sorted(p.name for p in written) == ["composition.npz", "patching.csv", "patching.json",
+                                                        "patching_positions.csv"]
+    with np.load(tmp_path / "out" / "composition.npz", allow_pickle=False) as z:
+        assert set(z.files) == {"q", "k", "v", "meta"} and z["k"].shape == (2, 6, 2, 6)
     rows = (tmp_path / "out" / "patching_positions.csv").read_text().splitlines()
     assert rows[0] == "layer,head,position,effect,effect_lo,effect_hi" and len(rows) == 1 + 12 * 7
     only = headscope.patch(hm, pairs, methods=("attribution",), bootstrap=200)
     assert "effect" not in only.table.columns and "attribution" in only.table.columns
     np.testing.assert_allclose(only.table["attribution"], res.table["attribution"], rtol=1e-6)
 
+
+
+def _direct_scores(hm, a_layer, a_head, b_layer, b_head):
+    """Composition scores from the full d_model x d_model matrices, formed by hand."""
+    d = hm.d_head
+    wa, wb = hm.qkv_weights(a_layer), hm.qkv_weights(b_layer)
+    kva, kvb = a_head // hm.group_size, b_head // hm.group_size
+    rows = lambda w, i: w.detach().double()[i * d:(i + 1) * d]  # noqa: E731
+    ov_a = hm.out_weight(a_layer).detach().double()[:, a_head * d:(a_head + 1) * d] @ rows(wa.v, kva)
+    ov_b = hm.out_weight(b_layer).detach().double()[:, b_head * d:(b_head + 1) * d] @ rows(wb.v, kvb)
+    qk_b = rows(wb.q, b_head).T @ rows(wb.k, kvb)
+    fro = torch.linalg.matrix_norm
+    return {"q": fro(qk_b.T @ ov_a) / (fro(qk_b) * fro(ov_a)), "k": fro(qk_b @ ov_a) / (fro(qk_b) * fro(ov_a)),
+            "v": fro(ov_b @ ov_a) / (fro(ov_b) * fro(ov_a))}
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "gpt2", "qwen3"])  # GQA, MQA, MHA, head_dim != D/H
+def test_composition_equals_the_full_matrices(family):
+    from headscope.learned.causal.composition import composition
+
+    hm = tiny_model(family)
+    got = composition(hm)
+    assert all(np.isnan(got[k][1, :, 0, :]).all() and np.isnan(got[k][0, :, 0, :]).all() for k in got)
+    for a, b in [(0, 1), (hm.n_heads - 1, 0), (1, hm.n_heads - 1)]:
+        want = _direct_scores(hm, 0, a, 1, b)
+        for kind in ("q", "k", "v"):
+            assert got[kind][0, a, 1, b] == pytest.approx(float(want[kind]), rel=1e-9)
+
+
+def test_k_composition_finds_a_planted_previous_token_to_induction_pair():
+    """Layer 0 head 2 writes its value subspace U; layer 1 head 4's keys read exactly U: K-composition ranks
+    (L0H2 -> L1H4) first of all head pairs, and Q- and V-composition do not single it out."""
+    from headscope.learned.causal.composition import composition, top_pairs
+
+    hm = tiny_model("llama", num_key_value_heads=6)
+    d, D = hm.d_head, hm.d_model
+    u = torch.linalg.qr(torch.randn(D, d, generator=torch.Generator().manual_seed(0)))[0]  # [D, d] orthonormal
+    w0, w1 = hm.qkv_weights(0), hm.qkv_weights(1)
+    v0, o0, k1 = w0.v.clone(), hm.out_weight(0).clone(), w1.k.clone()
+    v0[2 * d:3 * d] = u.T
+    o0[:, 2 * d:3 * d] = u
+    k1[4 * d:5 * d] = u.T
+    hm.set_qkv_weights(0, type(w0)(w0.q, w0.k, v0))
+    hm.set_out_weight(0, o0)
+    hm.set_qkv_weights(1, type(w1)(w1.q, k1, w1.v))
+    scores = composition(hm)
+    assert top_pairs(scores["k"], 1)[0][:4] == (0, 2, 1, 4)
+    assert top_pairs(scores["k"], 2)[1][4] < 0.8 * top_pairs(scores["k"], 1)[0][4]

@@ -27,7 +27,7 @@ __all__ = [
     "UNIT_IMPORTANCE_JSON", "TASKS_CSV", "TASK_CORRELATION_CSV", "TASK_SPECIFIC_CSV", "TASKS_JSON", "MODEL_DIR",
     "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
-    "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON",
+    "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON", "COMPOSITION_NPZ",
 ]
 
 def _f(name: str, meaning: str = "", when: str = "") -> Field:
@@ -384,7 +384,17 @@ PATCHING_JSON = Artifact(
      _f("agreement", "Spearman of exact and attribution effects over heads, and the heads where they differ most",
         "--method exact,attribution (the default)"),
      _f("forwards", "forward passes of the exact scan", _EXACT),
-     _f("dla", "what the dla column holds, or why it is empty"), _f("intervals"), _f("seconds"), _PROVENANCE))
+     _f("dla", "what the dla column holds, or why it is empty"),
+     _f("composition", "the strongest Q-, K- and V-composition pairs (composition.npz), or why none were computed"),
+     _f("intervals"), _f("seconds"), _PROVENANCE))
+
+COMPOSITION_NPZ = Artifact(
+    "composition.npz", "npz", {"patch": "models with heads in two layers or more and readable Q/K/V weights"},
+    "Q-, K- and V-composition scores (Elhage et al. 2021) between every pair of heads in different layers",
+    (_f("q", "[sender layer, sender head, receiver layer, receiver head]: the receiver's queries read the sender's "
+             "output; NaN unless the receiver's layer comes later"),
+     _f("k", "as q, through the receiver's keys"), _f("v", "as q, through the receiver's values"),
+     _f("meta", "model and axis names (JSON text)")))
 
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
@@ -392,7 +402,7 @@ ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG,
     SWEEP_SPEED_PNG, GQA_JSON,
     MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON, PATCHING_CSV, PATCHING_POSITIONS_CSV,
-    PATCHING_JSON)}
+    PATCHING_JSON, COMPOSITION_NPZ)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold

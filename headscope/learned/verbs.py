@@ -9,15 +9,23 @@ from typing import Any
 
 import numpy as np
 
-from ..artifacts import HEADS_CSV, HEADS_JSON, PATCHING_CSV, PATCHING_JSON, PATCHING_POSITIONS_CSV
+from ..artifacts import (
+    COMPOSITION_NPZ,
+    HEADS_CSV,
+    HEADS_JSON,
+    PATCHING_CSV,
+    PATCHING_JSON,
+    PATCHING_POSITIONS_CSV,
+)
 from ..data import read_texts
-from ..io import atomic_write_text, csv_text
+from ..io import atomic_write_bytes, atomic_write_text, csv_text
 from ..models.adapter import HeadModel
 from ..options import Result
 from ..provenance import provenance
 from ..table import HeadTable, grid
 from ..uncertainty import Interval
 from .analyze import analyze as analyze_table
+from .causal.composition import npz_bytes
 from .causal.pairs import PairBatch, load_pairs
 from .causal.run import dumps, pairs_fingerprint, positions_rows, run_patching
 from .options import AnalyzeOptions, PatchOptions
@@ -96,11 +104,13 @@ class PatchResult(TableResult):
     record: dict[str, Any]
     pairs: PairBatch
     positions: Interval | None = None
+    composition: dict[str, np.ndarray] | None = None
 
     @property
     def files(self) -> tuple[str, ...]:  # type: ignore[override]
         extra = (PATCHING_POSITIONS_CSV.name,) if self.positions is not None else ()
-        return (PATCHING_CSV.name, PATCHING_JSON.name, *extra)
+        comp = (COMPOSITION_NPZ.name,) if self.composition is not None else ()
+        return (PATCHING_CSV.name, PATCHING_JSON.name, *extra, *comp)
 
     def write(self, folder: Path) -> None:
         self.table.to_csv(folder / PATCHING_CSV.name)
@@ -108,6 +118,9 @@ class PatchResult(TableResult):
         if self.positions is not None:
             atomic_write_text(folder / PATCHING_POSITIONS_CSV.name, csv_text(positions_rows(self.positions,
                                                                                              self.pairs)))
+        if self.composition is not None:
+            meta = {"model": self.name, "axes": ["sender layer", "sender head", "receiver layer", "receiver head"]}
+            atomic_write_bytes(folder / COMPOSITION_NPZ.name, npz_bytes(self.composition, meta))
 
     def lines(self) -> list[str]:
         r, t = self.record, self.table
@@ -130,6 +143,9 @@ class PatchResult(TableResult):
                               for d in a["most_different"][:3])
             out += ["", f"attribution vs exact: Spearman {a['spearman']:.3f} over {a['heads']} heads; most "
                         f"different: {worst}"]
+        if isinstance(r.get("composition"), dict):
+            top = ", ".join(f"{p['sender']}->{p['receiver']} {p['score']:.2f}" for p in r["composition"]["k"][:3])
+            out += [f"strongest K-composition (Elhage et al. 2021): {top}"]
         iv = r["intervals"]
         out += ["", f"[lo, hi]: {iv['level']:.0%} intervals, {iv['method']} bootstrap over the {len(self.pairs)} "
                     f"pairs ({iv['B']} resamples)"]
@@ -155,4 +171,5 @@ def patch(hm: HeadModel, pairs: Any = None, options: PatchOptions | None = None,
                        methods=opts.methods, batch_size=opts.batch_size, copies=opts.copies,
                        settings=opts.intervals())
     got.record["provenance"] = provenance("patch", hm, pairs_fingerprint(batch), opts.with_only())
-    return PatchResult(table=got.table, name=hm.name, record=got.record, pairs=batch, positions=got.positions)
+    return PatchResult(table=got.table, name=hm.name, record=got.record, pairs=batch, positions=got.positions,
+                       composition=got.composition)

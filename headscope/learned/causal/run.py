@@ -15,6 +15,7 @@ from ...models.adapter import HeadModel
 from ...table import HeadTable, to_jsonable
 from ...uncertainty import Interval, IntervalSettings, PassageSums, bootstrap, mean_of
 from .attribution import agreement, attribution_scan
+from .composition import composition, top_pairs
 from .dla import dla_interval, dla_values
 from .pairs import PairBatch
 from .patching import Runs, exact_scan
@@ -25,6 +26,7 @@ class PatchRun:
     table: HeadTable
     positions: Interval | None
     record: dict[str, Any]
+    composition: dict[str, np.ndarray] | None = None
 
 
 def pairs_fingerprint(b: PairBatch) -> dict[str, Any]:
@@ -83,7 +85,14 @@ def run_patching(hm: HeadModel, b: PairBatch, *, metric: str, direction: str, po
                   pairs=b.record(), intervals=settings.record(), seconds=seconds)
     record["intervals"]["resampled"] = "pairs, with replacement"
     table = HeadTable(hm.n_layers, hm.n_heads, cols, {"pairs": len(b), "metric": metric, "direction": direction})
-    return PatchRun(table, per_position, record)
+    comp = None
+    if hm.n_layers > 1 and hm.spec.refusal("qkv") is None:
+        comp = composition(hm)
+        record["composition"] = {k: [{"sender": f"L{a}H{b}", "receiver": f"L{c}H{d}", "score": s}
+                                     for a, b, c, d, s in top_pairs(v, 5)] for k, v in comp.items()}
+    else:
+        record["composition"] = "not computed: one layer, or per-head Q/K/V weights headscope cannot read"
+    return PatchRun(table, per_position, record, comp)
 
 
 def positions_rows(iv: Interval, b: PairBatch) -> list[dict[str, Any]]:
