@@ -18,7 +18,9 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,10 +101,15 @@ def top_pairs(scores: np.ndarray, k: int = 10) -> list[tuple[int, int, int, int,
     """The k highest-scoring (sender layer, sender head, receiver layer, receiver head, score)."""
     flat = np.where(np.isnan(scores), -np.inf, scores).ravel()
     order = np.argsort(-flat)[:k]
-    return [(*map(int, np.unravel_index(i, scores.shape)), float(flat[i])) for i in order if np.isfinite(flat[i])]
+    out = []
+    for i in order:
+        if np.isfinite(flat[i]):
+            a, b, c, d = (int(x) for x in np.unravel_index(i, scores.shape))
+            out.append((a, b, c, d, float(flat[i])))
+    return out
 
 
-def npz_bytes(scores: dict[str, np.ndarray], meta: dict[str, object]) -> bytes:
+def npz_bytes(scores: dict[str, np.ndarray], meta: Mapping[str, Any]) -> bytes:
     """composition.npz: q, k, v `[sender layer, sender head, receiver layer, receiver head]` and meta (JSON text),
     written with fixed zip timestamps so that the same scores give the same bytes."""
     buf = io.BytesIO()
