@@ -54,6 +54,17 @@ def test_exact_patching_equals_separate_forwards(family, metric):
     assert runs.forwards < 2 * hm.n_layers * hm.n_heads
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_exact_patching_with_as_many_pairs_as_positions(family):
+    """The copies share the layers before the first patched one: nothing of length `pos` may be taken for a batch."""
+    hm = tiny_model(family)
+    b = induction_pairs(None, hm.vocab_size, n=9, length=5, seed=7)  # 9 pairs of 9 tokens
+    runs = exact_scan(hm, b, batch_size=9, copies=3)
+    for layer, head in [(0, 1), (1, 0), (1, hm.n_heads - 1)]:
+        np.testing.assert_allclose(runs.patched[:, layer, head], _by_hand(hm, b, layer, head, "logit_diff"),
+                                   rtol=1e-4, atol=1e-5)
+
+
 def test_per_position_patching_equals_separate_forwards():
     hm = tiny_model("llama")
     b = induction_pairs(None, hm.vocab_size, n=4, length=5, seed=2)

@@ -17,12 +17,14 @@ The scan is batched over heads: each forward stacks `copies` copies of a chunk o
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ...errors import HeadscopeError
 from ...hooks import capture_head_outputs, on_head_outputs
@@ -53,7 +55,7 @@ def logits_at(hm: HeadModel, ids: torch.Tensor, mask: torch.Tensor, position: to
     kw: dict[str, Any] = {"use_cache": False} if hm.causal else {}
     out = hm.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), **kw)
     logits = out.logits if hasattr(out, "logits") else out[0]
-    return logits[torch.arange(ids.shape[0], device=logits.device), position.to(logits.device)].float()
+    return logits[torch.arange(logits.shape[0], device=logits.device), position.to(logits.device)].float()
 
 
 def metric_values(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.Tensor, metric: str) -> torch.Tensor:
@@ -97,10 +99,42 @@ def patched_forward(hm: HeadModel, b: PairBatch, base: torch.Tensor, source: dic
         return z
 
     copies = len(jobs)
-    rep = PairBatch(base.repeat(copies, 1), base.repeat(copies, 1), b.mask.repeat(copies, 1),
-                    b.position.repeat(copies), b.answer.repeat(copies), b.wrong.repeat(copies), [], b.source)
-    with torch.no_grad(), on_head_outputs(hm, patch, layers=layers):
-        return run_metric(hm, rep, rep.clean, metric).view(copies, n)
+    with torch.no_grad(), on_head_outputs(hm, patch, layers=layers), widened(hm, layers[0], n, copies):
+        logits = logits_at(hm, base, b.mask, b.position.repeat(copies))
+        return metric_values(logits, b.answer.repeat(copies), b.wrong.repeat(copies), metric).view(copies, n)
+
+
+def _repeat(x: Any, n: int, copies: int) -> Any:
+    """`x` with every batch-first tensor (2-D or more) of batch size n repeated `copies` times along the batch, in
+    tuples and dicts too; 1-D tensors (cache positions, [pos]) are never batched."""
+    if isinstance(x, torch.Tensor) and x.dim() > 1 and x.shape[0] == n:
+        return x.repeat(copies, *([1] * (x.dim() - 1)))
+    if isinstance(x, tuple):
+        return tuple(_repeat(v, n, copies) for v in x)
+    if isinstance(x, dict):
+        return {k: _repeat(v, n, copies) for k, v in x.items()}
+    return x
+
+
+@contextmanager
+def widened(hm: HeadModel, layer: int, n: int, copies: int) -> Iterator[None]:
+    """Run the layers before `layer` once on the n rows, then widen the batch to `copies` x n rows at `layer`'s input
+    and every later layer's other inputs (masks, position embeddings): the copies differ only from there on, so
+    the layers before it are not computed `copies` times. A rotary table or mask of batch 1 broadcasts and is left
+    as it is."""
+    if copies == 1:
+        yield
+        return
+
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        return _repeat(args, n, copies), _repeat(kwargs, n, copies)
+
+    handles = [hm.layers[l].register_forward_pre_hook(hook, with_kwargs=True) for l in range(layer, hm.n_layers)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def chunks(n: int, size: int) -> Iterator[slice]:
