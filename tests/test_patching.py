@@ -300,3 +300,28 @@ def test_k_composition_finds_a_planted_previous_token_to_induction_pair():
     scores = composition(hm)
     assert top_pairs(scores["k"], 1)[0][:4] == (0, 2, 1, 4)
     assert top_pairs(scores["k"], 2)[1][4] < 0.8 * top_pairs(scores["k"], 1)[0][4]
+
+
+def test_an_encoders_metric_is_read_at_the_mask(tmp_path):
+    """A masked LM: the metric position is the mask token's, and exact patching there equals hand patching."""
+    import transformers as tf
+
+    from headscope.learned.causal.pairs import Pair, tokenize_pairs
+    from headscope.models import wrap
+    from headscope.models.tiny import tiny_config
+
+    words = "the cat saw a dog bird sang small mary john".split()
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    tok = tf.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    torch.manual_seed(0)
+    hm = wrap(tf.BertForMaskedLM(tiny_config("bert")).eval(), tok, "tiny-mlm")
+    pairs = [Pair("the cat saw {mask} dog", "the bird saw {mask} dog", "a", "small"),
+             Pair("mary saw [MASK] small bird", "john saw [MASK] small bird", "the", "a")]
+    b = tokenize_pairs(tok, pairs, hm.causal, "pairs")
+    assert b.position.tolist() == [4, 3]  # [CLS] counts
+    runs = exact_scan(hm, b, copies=3)
+    for layer, head in [(0, 0), (1, 3)]:
+        np.testing.assert_allclose(runs.patched[:, layer, head], _by_hand(hm, b, layer, head, "logit_diff"),
+                                   rtol=1e-4, atol=1e-5)
+    with pytest.raises(Exception, match="mask token"):
+        tokenize_pairs(tok, [Pair("the cat saw a dog", "the bird saw a dog", "a", "small")], False, "pairs")
