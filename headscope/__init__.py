@@ -46,6 +46,8 @@ _LAZY = {
     "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint", "export_model": "export.verbs",
     # the report, and the live view (`view` is the package itself: it is callable, see headscope/view)
     "render_report": "report", "ViewOptions": "view",
+    # what heads do, causally (activation patching)
+    "patch": "learned.causal.verb", "PatchOptions": "learned.options",
 }
 
 

@@ -31,7 +31,8 @@ FLAG = None  # a flag no value can make bad, on its own (its combinations are re
 
 # What a verb needs before its options are read.
 REQUIRED = {"gqa": ("{llama}", "--kv-heads", "1"), "mla": ("{llama}", "--kv-rank", "8"), "kvcache": ("{llama}",),
-            "prune": ("--fraction", "0.1"), "export": ("{llama}", "--to", "gguf", "--file", "o.gguf")}
+            "prune": ("--fraction", "0.1"), "patch": ("{llama}", "--task", "induction"),
+            "export": ("{llama}", "--to", "gguf", "--file", "o.gguf")}
 L0 = ("--method", "l0")
 L0_ROWS = {  # prune's and score's --method l0 options
     "--l0-steps": bad(*L0, "--l0-steps", "0", says="L0 gate training needs at least 1 step"),
@@ -69,6 +70,14 @@ SHARED: dict[str, Row | None] = {
 
 BY_VERB: dict[str, dict[str, Row | None]] = {
     "analyze": {},
+    "patch": {
+        "model": bad("no-such-model", "--task", "induction", says="unknown model 'no-such-model'", required=False),
+        "--pairs": bad("{llama}", "--pairs", "missing.jsonl", says="pairs file 'missing.jsonl' does not exist",
+                       required=False),
+        "--method": bad("--method", "exakt", says="--method must be exact,attribution or attribution"),
+        "--positions": bad("--positions", "each", "--method", "attribution", says="--positions each needs the exact"),
+        "--copies": bad("--copies", "0", says="--copies must be at least 1; got 0"),
+    },
     "gqa": {
         "model": bad("no-such-model", "--kv-heads", "1", says="unknown model 'no-such-model'", required=False),
         "--kv-heads": bad("{llama}", "--kv-heads", "4", says="--kv-heads 4 is larger than the model's current 3",
@@ -204,6 +213,9 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
 HUGE = "100000000000"
 TOO_LARGE: dict[str, dict[str, Row]] = {
     "analyze": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000")},
+    "patch": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000"),
+              "--copies": bad("--copies", HUGE, says="--copies must be at most 4096"),
+              "--batch-size": bad("--batch-size", HUGE, says="--batch-size must be at most 65536")},
     "score": {"--bootstrap": bad("--bootstrap", "200000", says="--bootstrap must be at most 100,000"),
               "--ig-steps": bad("--ig-steps", HUGE, says="--ig-steps must be at most 10,000"),
               "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},

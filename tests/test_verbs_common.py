@@ -100,6 +100,13 @@ def _report(hm: Any, given: dict[str, Any]) -> Result:
         aside.rename(out)
 
 
+def _patch(hm: Any, given: dict[str, Any]) -> Result:
+    from headscope.learned.causal.verb import patch
+    from headscope.learned.options import PatchOptions
+
+    return patch(hm, None, PatchOptions(**given, batch_size=2, copies=5, bootstrap=200))
+
+
 def _kv(hm: Any, given: dict[str, Any]) -> Result:
     from headscope.capacity.options import KvOptions
     from headscope.capacity.verbs import kv
@@ -125,8 +132,13 @@ CASES: dict[str, Case] = {
     "similar": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200", "--top", "3",
                  "--js-max", "0.5", "--cka-min", "0.1", "--cka-batch", "8"], _similar),
     "kv": (["--kv-heads", "1,2", "--classic"], _kv),
+    "patch": (["--batch-size", "2", "--copies", "5", "--bootstrap", "200"], _patch),
 }
 
+PAIRS = {"patch"}  # verbs that read clean/corrupt prompt pairs (--pairs) on a causal LM instead of --data
+PAIRS_TEXT = "".join(
+    f'{{"clean": "the of {a} to in", "corrupt": "the of {b} to in", "answer": "{a}", "wrong": "{b}"}}\n'
+    for a, b in (("is", "was"), ("he", "it"), ("his", "for"), ("on", "at")))
 NO_DATA = {"tasks", "kv"}  # verbs without --data: each task reads its own; kv reads no passages
 NO_LINES = {"report"}  # verbs that print nothing on stdout (report says where it wrote, on stderr)
 MODELS = {"roles": "minilm"}  # induction needs 24 ordinary tokens: more than the tiny BERT's word list has
@@ -164,13 +176,25 @@ def inputs(tmp_path_factory) -> tuple[Path, Path]:
     return model, text
 
 
+@pytest.fixture(scope="module")
+def pair_inputs(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny causal LM and clean/corrupt prompt pairs over its words (the verbs in PAIRS read --pairs)."""
+    from test_artifacts import tiny_llama_dir
+
+    base = tmp_path_factory.mktemp("pairs")
+    pairs = base / "pairs.jsonl"
+    pairs.write_text(PAIRS_TEXT)
+    return tiny_llama_dir(base)[0], pairs
+
+
 @pytest.mark.parametrize("verb", sorted(CASES))
-def test_cli_and_library_give_the_same_files(verb, inputs, tmp_path, capsys):
-    model, text = inputs
+def test_cli_and_library_give_the_same_files(verb, inputs, pair_inputs, tmp_path, capsys):
+    kind = "pairs" if verb in PAIRS else "data"
+    model, text = inputs if kind == "data" else pair_inputs
     model = MODELS.get(verb, model)
     argv, library = CASES[verb]
     cli_out, lib_out = tmp_path / "cli", tmp_path / "lib"
-    data = {} if verb in NO_DATA else {"data": str(text)}
+    data = {} if verb in NO_DATA else {kind: str(text)}
     argv = [a.replace("{data}", str(text)) for a in argv]
     assert main([verb.split()[0], str(model), *(f"--{k}={v}" for k, v in data.items()), *argv,
                  "--out", str(cli_out)]) == 0

@@ -27,7 +27,7 @@ __all__ = [
     "UNIT_IMPORTANCE_JSON", "TASKS_CSV", "TASK_CORRELATION_CSV", "TASK_SPECIFIC_CSV", "TASKS_JSON", "MODEL_DIR",
     "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
-    "STUDY_JSON", "PATCHING_CSV",
+    "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON", "COMPOSITION_NPZ",
 ]
 
 def _f(name: str, meaning: str = "", when: str = "") -> Field:
@@ -357,20 +357,57 @@ STUDY_JSON = Artifact(
      _f("stages", "per stage: status (done, left out, not supported), command, size, estimate, seconds, files"),
      _f("answers", "the three paragraphs, one per question"), _f("elapsed_s", "wall time of the last run")))
 
-# headscope patch (issue 33) writes it; `headscope view` reads it when present. Declared here with the fields the
-# view reads (the patch verb adds its other columns to this declaration).
+# headscope patch (issue 33); `headscope view` reads patching.csv when present (layer, head, effect and its bounds).
+_EXACT = "--method with exact (the default)"
+_ATTR = "--method with attribution (the default)"
 PATCHING_CSV = Artifact(
-    "patching.csv", "csv", {"patch": ""}, "activation patching: each head's causal effect on the metric",
+    "patching.csv", "csv", {"patch": ""}, "activation patching: each head's causal effect on the metric, each "
+    "followed by its bootstrap interval over pairs",
     (*_HEAD_KEYS,
      _f("effect", "(M(corrupt, head patched) - M(corrupt)) / (M(clean) - M(corrupt)), mean over pairs (1 = the "
-                  "head alone restores the clean metric)")), bounds=True)
+                  "head alone restores the clean metric); noising: (M(clean, head's corrupt output) - M(clean)) / "
+                  "(M(clean) - M(corrupt))", _EXACT),
+     _f("attribution", "the first-order estimate of effect: (z_source - z_base) . dM/dz on the base run, in the "
+                       "same normalisation", _ATTR),
+     _f("dla", "direct logit attribution: the head's write at the metric position through the final norm (scale "
+               "frozen) onto logit(answer) - logit(wrong), clean run, mean over pairs (empty where the model has "
+               "no such path: encoders, sandwich-normed families)",
+        "every run of headscope patch (optional so that a patching.csv made elsewhere with effect alone still reads)")),
+    bounds=True)
+PATCHING_POSITIONS_CSV = Artifact(
+    "patching_positions.csv", "csv", {"patch": "--positions each"}, "activation patching one position at a time: "
+    "each head's effect at each token position", (*_HEAD_KEYS, _f("position", "token position, from 0"),
+                                                  _f("effect", "as patching.csv's, patching that position only")),
+    bounds=True)
+PATCHING_JSON = Artifact(
+    "patching.json", "json", {"patch": ""}, "patching.csv's run: metric, M(clean) and M(corrupt) with intervals, "
+    "the pairs, exact-vs-attribution agreement, provenance",
+    (_f("metric"), _f("direction"), _f("positions"), _f("methods"),
+     _f("M_clean", "the metric on the clean texts, mean over pairs, with its interval"),
+     _f("M_corrupt", "the metric on the corrupt texts, mean over pairs, with its interval"),
+     _f("pairs", "source, count, pairs left out, token counts and the pairs' texts"),
+     _f("agreement", "Spearman of exact and attribution effects over heads, and the heads where they differ most",
+        "--method exact,attribution (the default)"),
+     _f("forwards", "forward passes of the exact scan", _EXACT),
+     _f("dla", "what the dla column holds, or why it is empty"),
+     _f("composition", "the strongest Q-, K- and V-composition pairs (composition.npz), or why none were computed"),
+     _f("intervals"), _f("seconds"), _PROVENANCE))
+
+COMPOSITION_NPZ = Artifact(
+    "composition.npz", "npz", {"patch": "models with heads in two layers or more and readable Q/K/V weights"},
+    "Q-, K- and V-composition scores (Elhage et al. 2021) between every pair of heads in different layers",
+    (_f("q", "[sender layer, sender head, receiver layer, receiver head]: the receiver's queries read the sender's "
+             "output; NaN unless the receiver's layer comes later"),
+     _f("k", "as q, through the receiver's keys"), _f("v", "as q, through the receiver's values"),
+     _f("meta", "model and axis names (JSON text)")))
 
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
     PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG,
     SWEEP_SPEED_PNG, GQA_JSON,
-    MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON, PATCHING_CSV)}
+    MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON, PATCHING_CSV, PATCHING_POSITIONS_CSV,
+    PATCHING_JSON, COMPOSITION_NPZ)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold
@@ -380,7 +417,7 @@ PROVENANCE_FILES: dict[str, str] = {"prune --unit": UNITS_JSON.name, "score --un
                                     "analyze": HEADS_JSON.name, "roles": ROLES_JSON.name, "similar": CLUSTERS_JSON.name,
                                     "score": IMPORTANCE_JSON.name, "prune": PRUNE_JSON.name, "kv": KV_JSON.name,
                                     "gqa": GQA_JSON.name, "mla": MLA_JSON.name,
-                                    "kvcache": KVCACHE_JSON.name, "patch": "patching.json"}
+                                    "kvcache": KVCACHE_JSON.name, "patch": PATCHING_JSON.name}
 
 
 def provenance_file(name: str) -> str | None:

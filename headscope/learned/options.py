@@ -114,10 +114,55 @@ class SimilarOptions(ModelOptions, DataOptions, IntervalOptions, OutputOptions):
             raise HeadscopeError(f"--cka-memory must be at least 1 MiB, got {self.cka_memory}")
 
 
+PATCH = "patching (docs/patching.md)"
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in text.split(",") if m.strip())
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
+    """`headscope patch`: each head's causal effect on clean/corrupt prompt pairs (activation patching)."""
+
+    pairs: str | None = option(None, "JSONL of {\"clean\", \"corrupt\", \"answer\", \"wrong\"} objects, one a line "
+                                     "(clean and corrupt of the same token length; answer and wrong one token each)",
+                               metavar="FILE", reads=True, group=PATCH)
+    task: str | None = option(None, "a built-in pair set instead of --pairs: ioi, greater-than, induction (decoders) "
+                                    "or masked (encoders)", choices=("ioi", "greater-than", "induction", "masked"),
+                              group=PATCH)
+    metric: str = option("logit_diff", "logit_diff (default: logit(answer) - logit(wrong)), prob (p(answer)) or loss "
+                                       "(-log p(answer)), at the last position (the mask's on encoders)",
+                         choices=("logit_diff", "prob", "loss"), group=PATCH)
+    direction: str = option("denoising", "denoising (default: the corrupt run with one head's clean output) or "
+                                         "noising (the clean run with one head's corrupt output)",
+                            choices=("denoising", "noising"), group=PATCH)
+    positions: str = option("all", "all (default: patch every position at once) or each (one position at a time: "
+                                   "patching_positions.csv)", choices=("all", "each"), group=PATCH)
+    methods: tuple[str, ...] = option(("exact", "attribution"), "exact,attribution (default) or attribution alone "
+                                                                "(first order: one forward and backward per batch)",
+                                      flag="--method", parse=_methods, group=PATCH)
+    limit: int | None = option(None, "pairs to use (default: all)", at_least=1, group=PATCH)
+    batch_size: int = option(8, "pairs per forward pass (default 8)", at_least=1, at_most=65_536, group=PATCH)
+    copies: int = option(16, "heads patched per forward, each in its own copy of the batch (default 16; memory "
+                             "copies x batch)", at_least=1, at_most=4096, group=PATCH)
+
+    def check(self) -> None:
+        super().check()
+        if (self.pairs is None) == (self.task is None):
+            raise OptionError("pairs", "or --task: give exactly one (a JSONL file of pairs, or a built-in set: "
+                                       "ioi, greater-than, induction, masked)")
+        bad = [m for m in self.methods if m not in ("exact", "attribution")]
+        if bad or not self.methods:
+            raise OptionError("methods", f"must be exact,attribution or attribution; got {','.join(self.methods)!r}")
+        if self.positions == "each" and "exact" not in self.methods:
+            raise OptionError("positions", "each needs the exact method (attribution is per head only)")
+
+
 def check_card_path(path: str | None) -> None:
     """An --export-card target: a file whose folder is writable (an existing folder: the duo format's)."""
     if path is not None and not Path(path).is_dir():
         check_writable_file(path, "--export-card")
 
 
-__all__ = ["AnalyzeOptions", "OptionError", "RolesOptions", "SimilarOptions", "check_card_path"]
+__all__ = ["AnalyzeOptions", "OptionError", "PatchOptions", "RolesOptions", "SimilarOptions", "check_card_path"]
