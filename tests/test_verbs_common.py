@@ -242,3 +242,33 @@ def test_conversions_cli_and_library_give_the_same_files(verb, tmp_path, capsys)
     assert sorted(cli) == sorted(lib)
     for name in cli:
         assert _without_run_fields(name, cli[name]) == _without_run_fields(name, lib[name]), name
+
+
+def test_kvcache_cli_and_library_give_the_same_files(tmp_path, capsys):
+    """The head-aware cache from the CLI and from `capacity.verbs.kvcache` on a loaded model: the same files."""
+    import numpy as np
+    from test_artifacts import WORDS, tiny_llama_dir
+
+    from headscope.capacity.options import KvcacheOptions
+    from headscope.capacity.verbs import kvcache
+
+    model, _ = tiny_llama_dir(tmp_path, num_key_value_heads=3, max_position_embeddings=128, init_std=0.2)
+    text = tmp_path / "long.txt"
+    rng = np.random.default_rng(0)
+    text.write_text("\n".join(" ".join(rng.choice(WORDS, 100)) for _ in range(3)) + "\n")
+    sizes = {"keep_full": "34%,67%", "needles": 1, "haystacks": 1, "sink": 2, "window": 8, "context": 64, "limit": 1,
+             "chunk": 16, "bootstrap": 200}
+    argv = [x for k, v in sizes.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    cli_out, lib_out = tmp_path / "cli", tmp_path / "lib"
+    assert main(["kvcache", str(model), "--data", str(text), *argv, "--out", str(cli_out)]) == 0
+    printed = capsys.readouterr().out
+    hm = load_model(str(model))
+    before = sorted(os.listdir(tmp_path))
+    result = kvcache(hm, str(text), KvcacheOptions(model=str(model), data=str(text), out=str(cli_out), **sizes))
+    assert sorted(os.listdir(tmp_path)) == before, "the library call wrote something before save()"
+    assert "\n".join(result.lines()) in printed and len(result.to_pandas()) > 0
+    result.save(lib_out)
+    cli, lib = _files(cli_out), _files(lib_out)
+    assert sorted(cli) == sorted(lib)
+    for name in cli:
+        assert _without_run_fields(name, cli[name]) == _without_run_fields(name, lib[name]), name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +22,14 @@ from ..options.parse import int_list
 from ..options.spec import haystacks_problem
 from .gqa.groupings import GROUPINGS
 from .kv_bytes import normalize_dtype
+from ..train import check_settings
+from .kvcache.cache import check_window
+from .kvcache.choice import parse_budgets
+from .kvcache.compare import check_context
+from .kvcache.learned import LearnedSettings
 
 LEARNED = "learned KV heads (--choose learned)"
+IN_PROCESS_SCORES = ("retrieval_score",)  # the scores kvcache --by can compute without --scores
 UPTRAIN = "uptraining"
 
 
@@ -229,6 +236,50 @@ class KvcacheOptions(IntervalOptions, OutputOptions):
         problem = haystacks_problem(self.haystacks, self.context)
         if problem:
             raise OptionError("haystacks", problem)
+        self.budgets()
+        check_window(self.sink, self.window)
+        for flag, value, low in (("--context", self.context, 2), ("--limit", self.limit, 1),
+                                 ("--needles", self.needles, 0), ("--chunk", self.chunk, 1),
+                                 ("--haystacks", self.haystacks, 1)):
+            if value < low:
+                raise HeadscopeError(f"{flag} must be at least {low}; got {value}")
+        check_context(self.context, self.sink, self.window)
+        self._check_uptraining()
+        if self.threshold is not None and not math.isfinite(self.threshold):
+            raise HeadscopeError(f"--threshold must be a finite number; got {self.threshold}")
+        if self.scores is None and self.by not in IN_PROCESS_SCORES:
+            raise HeadscopeError(f"--by {self.by!r} needs --scores FILE (a heads.csv or roles.csv holding it); "
+                                 f"without --scores headscope measures only {', '.join(IN_PROCESS_SCORES)}")
+        self.learned()
+
+    def _check_uptraining(self) -> None:
+        if self.uptrain_steps < 0:
+            raise HeadscopeError(f"--uptrain-steps must be 0 or more steps; got {self.uptrain_steps}")
+        if self.uptrain_steps:
+            check_settings(self.uptrain_steps, self.uptrain_lr)
+            for flag, value, low in (("--train-length", self.train_length, 2), ("--batch-size", self.batch_size, 1)):
+                if value < low:
+                    raise HeadscopeError(f"{flag} must be at least {low}; got {value}")
+            if self.threshold is not None:
+                raise HeadscopeError("--uptrain-steps trains one model per --keep-full budget; it does not take "
+                                     "--threshold")
+
+    def budgets(self) -> list[float]:
+        """The shares of KV heads kept full, one cache each (--keep-full; 25% when neither it nor --threshold)."""
+        if self.threshold is not None and self.keep_full is not None:
+            raise HeadscopeError("give --keep-full (a share of KV heads) or --threshold (a score), not both")
+        return parse_budgets(self.keep_full or "25%")
+
+    def learned(self) -> LearnedSettings | None:
+        """The settings of --choose learned (None for --choose score); bad --learn-* values refused either way."""
+        settings = LearnedSettings(steps=self.learn_steps, lr=self.learn_lr, l1=self.learn_l1,
+                                   prompts=self.learn_prompts)
+        if self.choose != "learned":
+            return None
+        if self.threshold is not None:
+            raise HeadscopeError("--choose learned keeps the largest weights at each --keep-full budget; it does not "
+                                 "take --threshold")
+        return settings
 
     def check_paths(self) -> None:
         super().check_paths()

@@ -17,6 +17,7 @@ from ..options import Result
 from ..provenance import config_fingerprint, provenance, shape_record
 from .conversions import ConversionResult, gqa, mla  # the conversions' verbs, in their own module
 from .kv_bytes import DTYPE_BITS, attention_shape, classic_rows, human_bytes, layouts, load_config, normalize_dtype
+from .kvcache_verb import KvcacheResult, kvcache  # noqa: F401  (the head-aware cache's verb, in its own module)
 from .options import KvOptions
 
 UNITS = "Units are binary: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB."
