@@ -20,9 +20,9 @@ from ..options import (
 )
 from ..options.parse import int_list
 from ..options.spec import haystacks_problem
+from ..train import check_settings
 from .gqa.groupings import GROUPINGS
 from .kv_bytes import normalize_dtype
-from ..train import check_settings
 from .kvcache.cache import check_window
 from .kvcache.choice import parse_budgets
 from .kvcache.compare import check_context
