@@ -54,7 +54,8 @@ def read_device_map(value: str | None) -> str | dict | None:
             try:
                 check_device(f"cuda:{device}" if isinstance(device, int) else device)
             except HeadscopeError as e:
-                raise OptionError("device_map", f"{value!r}, module {module!r}: {e}") from None
+                what = f"--device {e.problem}" if isinstance(e, OptionError) else str(e)
+                raise OptionError("device_map", f"{value!r}, module {module!r}: {what}") from None
     return mapping
 
 
