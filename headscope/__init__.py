@@ -37,7 +37,7 @@ _LAZY = {
     "kv_cache_bytes": "capacity.kv_bytes", "kv": "capacity.verbs", "gqa": "capacity.verbs",
     "mla": "capacity.verbs",
     "run_sweep": "capacity.sweep", "convert_to_gqa": "capacity.gqa", "convert_and_evaluate": "capacity.gqa",
-    "convert_to_mla": "capacity.mla", "kvcache": "capacity.verbs",
+    "convert_to_mla": "capacity.mla", "kvcache": "capacity.verbs", "sweep": "capacity.verbs",
     "HeadAwareCache": "capacity.kvcache", "CachePlan": "capacity.kvcache", "head_aware_attention": "capacity.kvcache",
     # Q3: which heads are redundant
     "evaluate": "eval.evaluate", "rank_correlations": "redundancy.importance",

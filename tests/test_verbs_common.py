@@ -272,3 +272,26 @@ def test_kvcache_cli_and_library_give_the_same_files(tmp_path, capsys):
     assert sorted(cli) == sorted(lib)
     for name in cli:
         assert _without_run_fields(name, cli[name]) == _without_run_fields(name, lib[name]), name
+
+
+def test_sweep_cli_and_library_give_the_same_files(tmp_path, capsys):
+    """sweep from the CLI, then from `capacity.verbs.sweep` resuming from the CLI's folder (training times differ
+    between two runs; nothing else may): the same files, and nothing written before save."""
+    from headscope.capacity.options import SweepOptions
+    from headscope.capacity.verbs import sweep
+
+    cli_out, lib_out = tmp_path / "cli", tmp_path / "lib"
+    argv = ["--task", "xor", "--heads", "1,2", "--steps", "3", "--eval-tokens", "100", "--no-progress"]
+    assert main(["sweep", *argv, "--out", str(cli_out)]) == 0
+    printed = capsys.readouterr().out
+    before = _files(cli_out)
+    result = sweep(SweepOptions(out=str(cli_out), task="xor", heads=(1, 2), steps=3, eval_tokens=100,
+                                no_progress=True), saved=str(cli_out))
+    assert _files(cli_out) == before, "the library call wrote something before save()"
+    assert "\n".join(result.lines()) in printed and len(result.to_pandas()) == 2
+    result.save(lib_out)
+    cli, lib = _files(cli_out), _files(lib_out)
+    assert sorted(cli) == sorted(lib)
+    for name in cli:
+        if not name.endswith(".png"):  # figures carry matplotlib's metadata; their data is the CSV's
+            assert _without_run_fields(name, cli[name]) == _without_run_fields(name, lib[name]), name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import HeadscopeError
 from ..io import check_writable_file
@@ -96,6 +97,36 @@ class SweepOptions(SeedOptions, OutputOptions):
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)", most="threads")
     out: str = option("headscope-sweep", "output directory (default: headscope-sweep/)")
     no_progress: bool = option(False, "no progress bars")
+
+    def check(self) -> None:
+        super().check()
+        if self.threads is not None and self.threads < 1:
+            raise HeadscopeError(f"--threads must be positive; got {self.threads}")
+        full = self.with_task_defaults()
+        assert full.max_length is not None  # every task has a default
+        if full.eval_tokens < full.max_length:
+            raise HeadscopeError(f"--eval-tokens must be at least --max-length ({full.max_length}); got "
+                                 f"{full.eval_tokens}")
+        if full.init_std is not None and not full.init_std > 0:
+            raise HeadscopeError(f"--init-std must be positive; got {full.init_std}")
+
+    def with_task_defaults(self) -> SweepOptions:
+        """A copy with the task's defaults where a value was not given (`SWEEP_DEFAULTS`)."""
+        return self.replace(**{name: value for name, value in SWEEP_DEFAULTS[self.task].items()
+                               if getattr(self, name) is None})
+
+
+# Per-task defaults of the sweep; every one can be overridden on the command line.
+SWEEP_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ptb": dict(d_model=256, heads=(1, 2, 4, 8, 16, 32), layers=2, steps=400, max_length=64, batch_size=32, lr=3e-3,
+                init_std=None),
+    # xor: 16 bits + the query token, one target per sequence, so more sequences per step. GPT-2's small
+    # init leaves this model at the symmetric point where XOR's gradient vanishes; N(0, 0.2) does not.
+    "xor": dict(d_model=64, heads=(1, 2, 4, 8, 16), layers=1, steps=1000, max_length=17, batch_size=128, lr=3e-3,
+                init_std=0.2),
+    "pair": dict(d_model=256, heads=(1, 2, 4), layers=1, steps=400, max_length=64, batch_size=32, lr=3e-3,
+                 init_std=None),
+}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,6 +19,7 @@ from .conversions import ConversionResult, gqa, mla  # the conversions' verbs, i
 from .kv_bytes import DTYPE_BITS, attention_shape, classic_rows, human_bytes, layouts, load_config, normalize_dtype
 from .kvcache_verb import KvcacheResult, kvcache  # noqa: F401  (the head-aware cache's verb, in its own module)
 from .options import KvOptions
+from .sweep_verb import SweepResult, sweep  # noqa: F401  (the sweep's verb, in its own module)
 
 UNITS = "Units are binary: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB."
 KV_COLUMNS = KV_CSV.columns()
