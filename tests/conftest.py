@@ -39,3 +39,23 @@ def smollm2():
     from headscope import load_model
 
     return load_model("smollm2")
+
+
+# Debian's Chromium, driven through Playwright (never `playwright install`): the report's and the view's browser
+# tests share it. The flags keep it off this machine's closed network.
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium per test module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()

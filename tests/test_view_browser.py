@@ -8,8 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
-from test_report_browser import ARGS, CHROMIUM
 from test_view import dirs, evidence  # noqa: F401  (fixtures this module's tests use)
 from view_support import MARKUP, eager_reference, serving, unseen_text
 
@@ -20,18 +18,6 @@ from headscope.view.heads import heads_table
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 # The one console message a refused request leaves (Chromium logs every 4xx load); only where a test asks for one.
 REFUSED = "Failed to load resource: the server responded with a status of 413"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def open_page(browser, url: str, allowed: tuple[str, ...]):
