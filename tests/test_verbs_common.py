@@ -148,6 +148,15 @@ def _without_seconds(text: str) -> str:
     return re.sub(r"\d+(\.\d+)? s\)", "? s)", text)
 
 
+def assert_same_files(cli_out: Path, lib_out: Path, skip: str | None = None) -> None:
+    """The CLI's and the library's folders hold the same files with the same content (but for run fields)."""
+    cli, lib = _files(cli_out), _files(lib_out)
+    assert sorted(cli) == sorted(lib)
+    for name in cli:
+        if skip is None or not name.endswith(skip):
+            assert _without_run_fields(name, cli[name]) == _without_run_fields(name, lib[name]), name
+
+
 def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -238,10 +247,7 @@ def test_conversions_cli_and_library_give_the_same_files(verb, tmp_path, capsys)
     assert "\n".join(result.lines()) in printed
     assert list(result.to_pandas()["stage"]) == ["before", "after", "uptrained"]
     result.save(lib_out)
-    cli, lib = _files(cli_out), _files(lib_out)
-    assert sorted(cli) == sorted(lib)
-    for name in cli:
-        assert _without_run_fields(name, cli[name]) == _without_run_fields(name, lib[name]), name
+    assert_same_files(cli_out, lib_out)
 
 
 def test_kvcache_cli_and_library_give_the_same_files(tmp_path, capsys):
@@ -268,10 +274,7 @@ def test_kvcache_cli_and_library_give_the_same_files(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == before, "the library call wrote something before save()"
     assert "\n".join(result.lines()) in printed and len(result.to_pandas()) > 0
     result.save(lib_out)
-    cli, lib = _files(cli_out), _files(lib_out)
-    assert sorted(cli) == sorted(lib)
-    for name in cli:
-        assert _without_run_fields(name, cli[name]) == _without_run_fields(name, lib[name]), name
+    assert_same_files(cli_out, lib_out)
 
 
 def test_sweep_cli_and_library_give_the_same_files(tmp_path, capsys):
@@ -290,8 +293,4 @@ def test_sweep_cli_and_library_give_the_same_files(tmp_path, capsys):
     assert _files(cli_out) == before, "the library call wrote something before save()"
     assert "\n".join(result.lines()) in printed and len(result.to_pandas()) == 2
     result.save(lib_out)
-    cli, lib = _files(cli_out), _files(lib_out)
-    assert sorted(cli) == sorted(lib)
-    for name in cli:
-        if not name.endswith(".png"):  # figures carry matplotlib's metadata; their data is the CSV's
-            assert _without_run_fields(name, cli[name]) == _without_run_fields(name, lib[name]), name
+    assert_same_files(cli_out, lib_out, skip=".png")  # figures carry matplotlib's metadata; their data is the CSV's
