@@ -18,6 +18,7 @@ from ..options import (
     option,
 )
 from ..options.spec import haystacks_problem
+from ..table import parse_head
 from .longctx import check_long_args
 from .longctx.confidence import check_until_stable_long
 from .similarity import check_cka_batch, check_thresholds
@@ -121,6 +122,29 @@ def _methods(text: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
+MOST_RECEIVERS = 256  # each receiver costs about 3 x (heads before it) / copies forwards per batch of pairs
+
+
+def path_receivers(text: str) -> int | list[tuple[int, int]]:
+    """--paths read: 0 for `logits` (paths to the logits alone), N for the N heads of largest |effect|, or the
+    heads named (L5H1,L6H0)."""
+    t = text.strip()
+    if t.lower() == "logits":
+        return 0
+    if t.isdigit():
+        n = int(t)
+        if not 1 <= n <= MOST_RECEIVERS:
+            raise OptionError("paths", f"takes 1 to {MOST_RECEIVERS} receivers (the heads of largest effect); got {n}")
+        return n
+    try:
+        heads = [parse_head(h) for h in t.split(",") if h.strip()]
+    except HeadscopeError as e:
+        raise OptionError("paths", f"must be a number of receivers, heads such as L5H1,L6H0, or logits; {e}") from e
+    if not 1 <= len(heads) <= MOST_RECEIVERS:
+        raise OptionError("paths", f"takes 1 to {MOST_RECEIVERS} receiver heads; got {len(heads)}")
+    return heads
+
+
 @dataclass(frozen=True, kw_only=True)
 class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
     """`headscope patch`: each head's causal effect on clean/corrupt prompt pairs (activation patching)."""
@@ -144,6 +168,10 @@ class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
                                       flag="--method", parse=_methods, group=PATCH)
     limit: int | None = option(None, "pairs to use (default: all)", at_least=1, group=PATCH)
     batch_size: int = option(8, "pairs per forward pass (default 8)", at_least=1, at_most=65_536, group=PATCH)
+    paths: str | None = option(None, "path patching (paths.csv): every head to the logits and every earlier head to "
+                                     "the queries, keys and values of the receivers: N (the N heads of largest "
+                                     "effect), heads (L5H1,L6H0) or logits (no receivers)", metavar="N|HEADS|logits",
+                               group=PATCH)
     copies: int = option(16, "heads patched per forward, each in its own copy of the batch (default 16; memory "
                              "copies x batch)", at_least=1, at_most=4096, group=PATCH)
 
@@ -157,6 +185,8 @@ class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
             raise OptionError("methods", f"must be exact,attribution or attribution; got {','.join(self.methods)!r}")
         if self.positions == "each" and "exact" not in self.methods:
             raise OptionError("positions", "each needs the exact method (attribution is per head only)")
+        if self.paths is not None:
+            path_receivers(self.paths)
 
 
 def check_card_path(path: str | None) -> None:
