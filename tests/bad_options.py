@@ -226,7 +226,11 @@ TOO_LARGE: dict[str, dict[str, Row]] = {
               "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
     "gqa": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000")},
     "mla": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000")},
-    "roles": {"--haystacks": bad("--long", "128", "--haystacks", HUGE, says="--haystacks must be at most 100,000")},
+    "roles": {"--haystacks": bad("--long", "128", "--haystacks", HUGE, says="--haystacks must be at most 100,000"),
+              "--long-windows": bad("--long", "128", "--long-windows", HUGE, says="--long-windows must be at most "
+                                                                                  "100,000"),
+              "--block": bad("--long", "128", "--block", HUGE, says="--block must be at most 16777216"),
+              "--stride": bad("--long", "128", "--stride", HUGE, says="--stride must be at most 16777216")},
     "kvcache": {"--uptrain-steps": bad("--uptrain-steps", HUGE, says="--uptrain-steps must be at most 10,000,000"),
                 "--haystacks": bad("--haystacks", HUGE, says="--haystacks must be at most 100,000"),
                 "--learn-prompts": bad(*LEARNED, "--learn-prompts", HUGE, says="--learn-prompts must be at most"),

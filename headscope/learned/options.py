@@ -24,6 +24,7 @@ from .longctx.confidence import check_until_stable_long
 from .similarity import check_cka_batch, check_thresholds
 
 LONG = "long-range roles (docs/long_context.md)"
+MOST_POSITIONS = 1 << 24  # beyond any model's positions: a block or a stride larger than --long is --long
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,14 +46,14 @@ class RolesOptions(ModelOptions, DataOptions, StableOptions, OutputOptions, Work
     long_data: str = option("gum-long", "long text for the streaming/echo/induction windows: gum-long, ptb-long "
                                         "(default gum-long) or a file; passages longer than N are cut into windows, "
                                         "never truncated", reads=True, group=LONG)
-    long_windows: int = option(2, "windows of long text to score (default 2)", group=LONG)
+    long_windows: int = option(2, "windows of long text to score (default 2)", most="windows", group=LONG)
     stride: int | None = option(None, "tokens between the starts of a long passage's windows (default N: side by "
                                       "side); each position's query is counted in one window only",
-                                group=LONG)
+                                at_most=MOST_POSITIONS, group=LONG)
     haystacks: int = option(4, "needle-in-a-haystack sequences for the retrieval score (default 4; depths 0.1, 0.35, "
                                "0.6, 0.85 in turn)", most="haystacks", group=LONG)
     block: int = option(128, "queries per block of the statistics kernel (default 128; memory ~ block x N per head)",
-                        group=LONG)
+                        at_most=MOST_POSITIONS, group=LONG)
     export_card: str | None = option(None, "write per-head scores for KV-compression code; needs --long. "
                                            "--card-format retrieval-head: a file {\"layer-head\": [scores]} (Retrieval "
                                            "Head / HeadKV); duo: a directory (DuoAttention, kvpress "
