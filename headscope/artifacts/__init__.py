@@ -166,8 +166,11 @@ PRUNE_JSON = Artifact(
     (_f("model"), _f("n_layers"), _f("n_heads"), _f("n_kv_heads"), _f("method", "importance criterion"),
      _f("metric"), _f("higher_is_better"), _f("unit", "head, slice or group"), _f("recover_steps"),
      _f("target_drop"), _f("baseline", "the unpruned metric"), _f("baseline_perplexity", "null unless lm_loss"),
-     _f("largest_fraction_within_target"), _f("heads_removed_within_target"),
-     _f("largest_fraction_within_target_recovered", "null without --recover-steps"),
+     _f("largest_fraction_within_target", "the largest fraction whose drop's upper bound stays within the target "
+                                          "(the point estimate's on a curve without intervals)"),
+     _f("heads_removed_within_target", "the heads removed at that fraction"),
+     _f("largest_fraction_within_target_recovered", "the same after recovery; null without --recover-steps"),
+     _f("within_target_by", "what decided them: the upper bound of the drop's interval, or the point estimate"),
      _f("within", "'1%' -> {fraction_removed, n_removed, metric, drop, drop_lo, drop_hi, confident (the largest "
                   "fraction whose drop's upper bound stays within: fraction_removed, n_removed, drop, drop_lo, "
                   "drop_hi), next_step (whether the next point differs beyond noise), recovered?}"),

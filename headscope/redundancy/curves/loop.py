@@ -40,7 +40,7 @@ from .checkpoint import PARTIAL_JSON, resume, save_partial
 from .intervals import point_intervals
 from .latency import matmul_flops, time_forward, time_speedup
 from .plans import HeadPlan, L0Plan, LayerPlan, PlanData, check_fraction, make_plan
-from .points import CurvePoint, relative_drop
+from .points import CurvePoint, relative_drop, within_target
 from .recovery import Recovery
 from .results import CurveResult
 
@@ -127,6 +127,8 @@ class _Curve:
     points: list[CurvePoint] = field(default_factory=list)
     recovered_state: dict[str, torch.Tensor] | None = None
     recovered_n_removed: int | None = None
+    past_target: bool = False  # target mode: a point's recovered drop has passed the target (by its bound)
+    kept: tuple[dict[str, Any], int] | None = None  # carried recovery's state at the last point within, and its n
 
     def gates(self, mask: UnitMask) -> torch.Tensor:
         g = mask.head_gates(self.hm)
@@ -170,18 +172,22 @@ class _Curve:
                            removed=self.plan.names(units),  # type: ignore[arg-type]  # units of this plan's own next_units
                            extra={k: fn(self.hm, self.gates(mask)) for k, fn in self.extras.items()},
                            params_removed=self.plan.params_removed(), passages=passages)
-        if self.recover["steps"]:
-            self._recover(point, mask)
+        state = self._recover(point, mask) if self.recover["steps"] else None
         if passages:
             base_passages = self.points[0].passages
             point.bounds = point_intervals(metric, base_passages, passages, self.intervals)
             if "rec_num" in passages:
                 point.bounds.update(point_intervals(metric, base_passages, passages, self.intervals, "rec_"))
+        if state is not None:
+            self._keep(point, state)
         if self.latency is not None:
             self._time(point, mask)
         return point
 
-    def _recover(self, point: CurvePoint, mask: UnitMask) -> None:
+    def _recover(self, point: CurvePoint, mask: UnitMask) -> dict[str, Any] | None:
+        """Recover the point's model and measure it; in target mode, the training state from before (carried
+        recovery) or the point's own weights (fresh recovery) for `_keep` to decide on once the point has its
+        interval."""
         base, metric, steps = self.points[0].metric, self.measure.metric, self.recover["steps"]
         if self.recovery is None:  # fresh: recovered from the original weights at every point
             rec = Recovery(self.hm, self.recover["prep"], metric, self.recover["reference"], lr=self.recover["lr"],
@@ -189,19 +195,33 @@ class _Curve:
             rec.train(mask, steps)
             point.metric_recovered = self.measure(rec.hm, mask, point.passages, "rec_")
             point.drop_recovered = relative_drop(metric, base, point.metric_recovered)
+            if self.target_mode:
+                return rec.hm.model.state_dict()
             self.recovered_state, self.recovered_n_removed = rec.hm.model.state_dict(), point.n_removed
-            return
+            return None
         before = self.recovery.snapshot() if self.target_mode else None
         self.recovery.train(mask, steps)
         point.metric_recovered = self.measure(self.recovery.hm, mask, point.passages, "rec_")
         point.drop_recovered = relative_drop(metric, base, point.metric_recovered)
         if self.extra_on_recovered:
             point.extra_recovered = {k: fn(self.recovery.hm, self.gates(mask)) for k, fn in self.extras.items()}
-        if before is not None and self.target_drop is not None and point.drop_recovered > self.target_drop:
-            # Past the target: the model worth keeping is the one of the previous point.
-            self.recovery.restore(before, self.points[-1].n_removed)
-        else:
-            self.recovery.n_removed = point.n_removed
+        self.recovery.n_removed = point.n_removed
+        return before
+
+    def _keep(self, point: CurvePoint, state: dict[str, Any]) -> None:
+        """Target mode: keep the recovered weights of the last point before the first whose recovered drop passes
+        the target, judged as every claim is (claims.py): by the upper bound of the drop's interval when the point
+        has one, else by its point estimate. `state`: what `_recover` returned for this point."""
+        assert self.target_drop is not None, "a state is kept only in target mode"
+        if self.past_target:
+            return
+        if within_target(point, self.target_drop, recovered=True):
+            if self.recovery is None:  # fresh recovery: this point's own weights
+                self.recovered_state, self.recovered_n_removed = state, point.n_removed
+            return
+        self.past_target = True
+        if self.recovery is not None:  # carried: the state before this point's training is the last point's
+            self.kept = (state, self.points[-1].n_removed)
 
     def _time(self, point: CurvePoint, mask: UnitMask) -> None:
         lat = self.latency
@@ -376,6 +396,8 @@ def _result(run: _Curve, unit: str, scope: str, method: str, metric: str, fracti
                          n_parameters=int(plan.total) if scope != "heads" else n_parameters(hm),
                          scores=plan.scores, meta=meta, last_mask=plan.mask() if scope != "heads" else None)
     if run.recovery is not None:
+        if run.kept is not None:  # target mode went on past the last point within: back to that point's weights
+            run.recovery.restore(*run.kept)
         result.recovered_state = run.recovery.hm.model.state_dict()
         result.recovered_n_removed = run.recovery.n_removed
     elif run.recovered_state is not None:

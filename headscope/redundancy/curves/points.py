@@ -47,4 +47,12 @@ def relative_drop(metric: str, base: float, value: float) -> float:
     return METRICS.get(metric).drop(base, value)
 
 
-__all__ = ["CurvePoint", "relative_drop"]
+def within_target(point: CurvePoint, target: float, recovered: bool = False) -> bool:
+    """Whether `point`'s drop (recovered, with `recovered`) stays within `target`: by the upper bound of its
+    interval when the point has one, else by its point estimate (the rule of claims.py)."""
+    key = "drop_recovered" if recovered else "drop"
+    value = point.bounds.get(f"{key}_hi", getattr(point, key))
+    return value is not None and value <= target + 1e-12
+
+
+__all__ = ["CurvePoint", "relative_drop", "within_target"]

@@ -83,6 +83,16 @@ class CurveResult:
             best = r
         return best
 
+    @property
+    def has_intervals(self) -> bool:
+        """Whether every point after the unpruned one has its drop's interval (per-passage sums were kept)."""
+        return len(self.points) > 1 and all("drop_hi" in p.bounds for p in self.points[1:])
+
+    def claimed(self, drop: float | None = None, recovered: bool = False) -> CurvePoint:
+        """The point a claim names (claims.py's rule): the last before the drop's upper bound first passes `drop`,
+        or by the point estimate when the curve has no intervals."""
+        return self.best(drop, recovered, confident=self.has_intervals)
+
     def next_step(self, point: CurvePoint, recovered: bool = False) -> dict[str, Any] | None:
         """Whether `point` and the point after it differ beyond noise (paired over the held-out passages);
         None at the last point or without per-passage sums."""
@@ -99,8 +109,8 @@ class CurveResult:
 
     def redundancy(self, drop: float | None = None) -> list[dict[str, Any]]:
         """Per layer: heads, how many can go within `drop` (and with recovery, if it was run)."""
-        plain = self.removed_order(self.best(drop).n_removed)
-        rec = self.removed_order(self.best(drop, True).n_removed) if self.recover_steps else None
+        plain = self.removed_order(self.claimed(drop).n_removed)
+        rec = self.removed_order(self.claimed(drop, True).n_removed) if self.recover_steps else None
         out = []
         for layer in range(self.n_layers):
             row: dict[str, Any] = {"layer": layer, "heads": self.n_heads,
@@ -118,7 +128,7 @@ class CurveResult:
                 layer, head = parse_head(name)
                 at[layer, head] = r.fraction_removed
         removable = np.zeros((self.n_layers, self.n_heads))
-        for layer, head in self.removed_order(self.best(drop).n_removed):
+        for layer, head in self.removed_order(self.claimed(drop).n_removed):
             removable[layer, head] = 1.0
         return HeadTable(self.n_layers, self.n_heads, {"removed_at": at, "removable": removable},
                          {"model": self.model, "method": self.method, "metric": self.metric,
@@ -198,7 +208,7 @@ class CurveResult:
 
     def _head_summary(self) -> dict[str, Any]:
         within = {f"{lv * 100:g}%": self._within(lv) for lv in sorted({0.01, 0.05, self.target_drop})}
-        b = self.best()
+        b = self.claimed()
         return {
             "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
             "method": self.method, "metric": self.metric, "higher_is_better": self.higher_is_better,
@@ -207,7 +217,9 @@ class CurveResult:
             "largest_fraction_within_target": b.fraction_removed,
             "heads_removed_within_target": [head_name(l, h) for l, h in self.removed_order(b.n_removed)],
             "largest_fraction_within_target_recovered":
-                self.best(recovered=True).fraction_removed if self.recover_steps else None,
+                self.claimed(recovered=True).fraction_removed if self.recover_steps else None,
+            "within_target_by": "the upper bound of the drop's interval" if self.has_intervals else
+                                "the point estimate (the curve kept no per-passage sums)",
             "within": within, "claims": {k: c.record() for k, c in summary_claims(
                 {"within": within, "heldout_passages": self.meta.get("heldout_passages")}).items()},
             "points": len(self.points), "intervals": self.intervals.record(), **self.meta,
@@ -231,13 +243,14 @@ class CurveResult:
 
     def pruned_model(self, hm: HeadModel, *, drop: float | None = None, recovered: bool | None = None) -> HeadModel:
         """The physically pruned model: head curves at their last point (a fraction run) or the largest
-        fraction within `drop` (default: the run's target), parameter-scope curves at their last point;
+        fraction whose drop's upper bound stays within `drop` (default: the run's target; the point estimate when
+        the curve has no intervals), parameter-scope curves at their last point;
         with the recovered weights when recovery ran (and `recovered` is not False)."""
         recovered = bool(self.recover_steps) if recovered is None else recovered
         if recovered and self.recovered_state is None:
             raise HeadscopeError("this result holds no recovered weights (run the curve with recover_steps > 0)")
         if self.scope == "heads":
-            point = self.points[-1] if self.meta.get("fraction") is not None else self.best(drop, recovered)
+            point = self.points[-1] if self.meta.get("fraction") is not None else self.claimed(drop, recovered)
         else:
             point = self.points[-1]
         if recovered and point.n_removed != self.recovered_n_removed:

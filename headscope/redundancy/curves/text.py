@@ -41,7 +41,8 @@ def curve_lines(res: CurveResult, summary: dict[str, Any]) -> list[str]:
     iv = summary["intervals"]
     out.append(f"(drops with {iv['level']:.0%} {iv['method']} intervals over the {n} held-out passages, paired with "
                f"the unpruned model; 'can go' only when the interval's upper bound stays within)")
-    out.append(f"\nredundancy per layer at {res.target_drop:.2%} drop, by the point estimate (removable / heads):")
+    by = "its interval's upper bound" if res.has_intervals else "the point estimate"
+    out.append(f"\nredundancy per layer at {res.target_drop:.2%} drop, by {by} (removable / heads):")
     out.append("  " + " ".join(f"L{r['layer']}:{r['removable']}/{r['heads']}" for r in res.redundancy()))
     if "saved_model" in summary:
         m = summary["saved_model"]
