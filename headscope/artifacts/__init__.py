@@ -27,7 +27,7 @@ __all__ = [
     "UNIT_IMPORTANCE_JSON", "TASKS_CSV", "TASK_CORRELATION_CSV", "TASK_SPECIFIC_CSV", "TASKS_JSON", "MODEL_DIR",
     "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
-    "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON", "COMPOSITION_NPZ",
+    "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON", "COMPOSITION_NPZ", "PATHS_CSV",
 ]
 
 def _f(name: str, meaning: str = "", when: str = "") -> Field:
@@ -401,13 +401,23 @@ COMPOSITION_NPZ = Artifact(
      _f("k", "as q, through the receiver's keys"), _f("v", "as q, through the receiver's values"),
      _f("meta", "model and axis names (JSON text)")))
 
+PATHS_CSV = Artifact(
+    "paths.csv", "csv", {"patch": "path patching"}, "path patching: the effect of one head's output reaching one "
+    "receiver (a later head's queries, keys or values, or the logits directly), with its interval over pairs",
+    (_f("sender", "the sending head, written L3H2"),
+     _f("receiver", "the receiving head (L5H1) or 'logits' (the sender's direct path to the output)"),
+     _f("via", "what of the receiver the sender's output reaches: q, k, v, or direct (receiver 'logits')"),
+     _f("effect", "as patching.csv's effect, patching only this path (1 = the path alone restores the clean "
+                  "metric)")),
+    bounds=True)
+
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
     PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG,
     SWEEP_SPEED_PNG, GQA_JSON,
     MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON, PATCHING_CSV, PATCHING_POSITIONS_CSV,
-    PATCHING_JSON, COMPOSITION_NPZ)}
+    PATCHING_JSON, COMPOSITION_NPZ, PATHS_CSV)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold
