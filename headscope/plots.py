@@ -20,8 +20,8 @@ from matplotlib.figure import Figure
 
 from .io import atomic_write_bytes
 
-__all__ = ["figure", "heads_grid", "importance_grids", "num", "pruning_curve", "pruning_curves", "redundancy_profile",
-           "save_png"]
+__all__ = ["figure", "heads_grid", "importance_grids", "num", "path_graph", "pruning_curve", "pruning_curves",
+           "redundancy_profile", "save_png"]
 
 
 def figure(width: float, height: float, nrows: int = 1, ncols: int = 1) -> tuple[Figure, Any]:
@@ -47,11 +47,14 @@ def num(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
-def heads_grid(values: np.ndarray, title: str, path: Path | None = None) -> bytes:
-    """A layers x heads heat map of one column (layer 0 at the top)."""
+def heads_grid(values: np.ndarray, title: str, path: Path | None = None, signed: bool = False) -> bytes:
+    """A layers x heads heat map of one column (layer 0 at the top); `signed`: a diverging map centred on 0."""
     n_layers, n_heads = values.shape
     fig, ax = figure(max(3.0, 0.45 * n_heads + 1.6), max(2.2, 0.28 * n_layers + 1.0))
-    im = ax.imshow(np.asarray(values, float), cmap="viridis", aspect="auto")
+    a = np.asarray(values, float)
+    top = float(np.nanmax(np.abs(a))) if signed and np.isfinite(a).any() else 0.0
+    scale = {"cmap": "RdBu_r", "vmin": -(top or 1.0), "vmax": top or 1.0} if signed else {"cmap": "viridis"}
+    im = ax.imshow(a, aspect="auto", **scale)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_xticks(range(n_heads))
@@ -205,4 +208,54 @@ def redundancy_profile(rows: Sequence[Mapping[str, Any]], path: Path | None = No
     ax.set_ylabel("heads")
     ax.legend(fontsize=8)
     ax.set_title("layer-wise redundancy", fontsize=10)
+    return save_png(fig, path)
+
+
+VIA_COLOURS = {"q": "#4e79a7", "k": "#e15759", "v": "#59a14f", "direct": "#7f7f7f"}
+
+
+def path_graph(edges: Sequence[Mapping[str, Any]], title: str, value_label: str, path: Path | None = None) -> bytes:
+    """Heads as nodes (x: layer, y: head) and `edges` (`sender` (layer, head), `receiver` (layer, head) or None for
+    the logits, `via` q/k/v/direct, `value`) as arrows, wider for larger |value|, dashed when negative, coloured by
+    `via` and labelled with `label` (the value and its interval, as text)."""
+    if not edges:
+        raise ValueError("no paths to draw")
+    layers = [e["sender"][0] for e in edges] + [e["receiver"][0] for e in edges if e["receiver"] is not None]
+    out_x = max(layers) + 1
+    heads = sorted({e["sender"][1] for e in edges} | {e["receiver"][1] for e in edges if e["receiver"] is not None})
+    row = {h: i for i, h in enumerate(heads)}
+    mid = (len(heads) - 1) / 2
+
+    def at(node: tuple[int, int] | None) -> tuple[float, float]:
+        return (out_x, mid) if node is None else (node[0], row[node[1]])
+
+    fig, ax = figure(min(12.0, 1.1 * (out_x - min(layers) + 1) + 2.5), min(10.0, 0.45 * len(heads) + 1.6))
+    top = max(abs(num(e["value"])) for e in edges) or 1.0
+    for e in edges:
+        (x0, y0), (x1, y1) = at(e["sender"]), at(e["receiver"])
+        v = num(e["value"])
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops={
+            "arrowstyle": "-|>", "color": VIA_COLOURS.get(str(e["via"]), "#333333"), "shrinkA": 9, "shrinkB": 9,
+            "lw": 0.6 + 3.0 * abs(v) / top, "linestyle": "--" if v < 0 else "-", "connectionstyle": "arc3,rad=0.12"})
+        ax.text((x0 + x1) / 2, (y0 + y1) / 2, str(e["label"]), fontsize=6, ha="center", va="bottom",
+                parse_math=False)
+    nodes = {e["sender"] for e in edges} | {e["receiver"] for e in edges}
+    for n in nodes:
+        x, y = at(n)
+        ax.plot([x], [y], "o", ms=16, color="#f2f2f2", mec="#555555")
+        ax.text(x, y, "logits" if n is None else f"L{n[0]}H{n[1]}", fontsize=6, ha="center", va="center",
+                parse_math=False)
+    for via, colour in VIA_COLOURS.items():
+        ax.plot([], [], color=colour, label=via)
+    ax.legend(fontsize=7, title="via", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_xlim(min(layers) - 0.6, out_x + 0.6)
+    ax.set_ylim(-0.8, len(heads) - 0.2)
+    ax.invert_yaxis()
+    ax.set_xticks(range(min(layers), out_x + 1))
+    ax.set_xticklabels([str(l) for l in range(min(layers), out_x)] + ["out"])
+    ax.set_yticks(range(len(heads)))
+    ax.set_yticklabels([str(h) for h in heads])
+    ax.set_xlabel(f"layer (arrow width: |{value_label}|; dashed: negative)")
+    ax.set_ylabel("head")
+    ax.set_title(title, fontsize=9)
     return save_png(fig, path)
