@@ -212,16 +212,24 @@ def redundancy_profile(rows: Sequence[Mapping[str, Any]], path: Path | None = No
 
 
 VIA_COLOURS = {"q": "#4e79a7", "k": "#e15759", "v": "#59a14f", "direct": "#7f7f7f"}
+# Each kind of path bends its own way, so that q, k and v paths between the same two heads do not overlap.
+VIA_BEND = {"q": 0.12, "k": 0.3, "v": -0.12, "direct": -0.3}
 
 
 def path_graph(edges: Sequence[Mapping[str, Any]], title: str, value_label: str, path: Path | None = None) -> bytes:
     """Heads as nodes (x: layer, y: head) and `edges` (`sender` (layer, head), `receiver` (layer, head) or None for
-    the logits, `via` q/k/v/direct, `value`) as arrows, wider for larger |value|, dashed when negative, coloured by
-    `via` and labelled with `label` (the value and its interval, as text)."""
+    the logits, `via` q/k/v/direct, `value`, `label`) as arrows, wider for larger |value|, dashed when negative,
+    coloured and bent by `via`, each marked with its `label` (a short text, e.g. its rank in a table; the labels of
+    repeated paths are joined on one arrow, drawn as the first)."""
     if not edges:
         raise ValueError("no paths to draw")
+    same: dict[tuple[Any, Any, str], dict[str, Any]] = {}  # one arrow per path, the first (strongest) drawn
+    for e in edges:
+        k = (e["sender"], e["receiver"], str(e["via"]))
+        same[k] = {**e, "label": f"{same[k]['label']}, {e['label']}"} if k in same else dict(e)
+    edges = list(same.values())
     layers = [e["sender"][0] for e in edges] + [e["receiver"][0] for e in edges if e["receiver"] is not None]
-    out_x = max(layers) + 1
+    first, out_x = min(layers), max(layers) + 1
     heads = sorted({e["sender"][1] for e in edges} | {e["receiver"][1] for e in edges if e["receiver"] is not None})
     row = {h: i for i, h in enumerate(heads)}
     mid = (len(heads) - 1) / 2
@@ -229,30 +237,32 @@ def path_graph(edges: Sequence[Mapping[str, Any]], title: str, value_label: str,
     def at(node: tuple[int, int] | None) -> tuple[float, float]:
         return (out_x, mid) if node is None else (node[0], row[node[1]])
 
-    fig, ax = figure(min(12.0, 1.1 * (out_x - min(layers) + 1) + 2.5), min(10.0, 0.45 * len(heads) + 1.6))
+    fig, ax = figure(min(12.0, 1.4 * (out_x - first + 1) + 2.5), min(10.0, 0.55 * len(heads) + 1.6))
+    ax.set_xlim(first - 0.6, out_x + 0.6)
+    ax.set_ylim(len(heads) - 0.2, -0.8)  # head 0 at the top
     top = max(abs(num(e["value"])) for e in edges) or 1.0
     for e in edges:
-        (x0, y0), (x1, y1) = at(e["sender"]), at(e["receiver"])
-        v = num(e["value"])
-        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops={
-            "arrowstyle": "-|>", "color": VIA_COLOURS.get(str(e["via"]), "#333333"), "shrinkA": 9, "shrinkB": 9,
-            "lw": 0.6 + 3.0 * abs(v) / top, "linestyle": "--" if v < 0 else "-", "connectionstyle": "arc3,rad=0.12"})
-        ax.text((x0 + x1) / 2, (y0 + y1) / 2, str(e["label"]), fontsize=6, ha="center", va="bottom",
-                parse_math=False)
-    nodes = {e["sender"] for e in edges} | {e["receiver"] for e in edges}
-    for n in nodes:
+        a, b = at(e["sender"]), at(e["receiver"])
+        v, bend = num(e["value"]), VIA_BEND.get(str(e["via"]), 0.0)
+        ax.annotate("", xy=b, xytext=a, arrowprops={
+            "arrowstyle": "-|>", "color": VIA_COLOURS.get(str(e["via"]), "#333333"), "shrinkA": 11, "shrinkB": 11,
+            "lw": 0.6 + 3.0 * abs(v) / top, "linestyle": "--" if v < 0 else "-", "connectionstyle": f"arc3,rad={bend}"})
+        # The label sits on the curve's middle: arc3 bends in display space, so the point is found there.
+        p0, p2 = ax.transData.transform(a), ax.transData.transform(b)
+        d = p2 - p0
+        x, y = ax.transData.inverted().transform((p0 + p2) / 2 + 0.5 * bend * np.array([d[1], -d[0]]))
+        ax.text(x, y, str(e["label"]), fontsize=6, ha="center", va="center", parse_math=False,
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
+    for n in {e["sender"] for e in edges} | {e["receiver"] for e in edges}:
         x, y = at(n)
-        ax.plot([x], [y], "o", ms=16, color="#f2f2f2", mec="#555555")
+        ax.plot([x], [y], "o", ms=22, color="#f2f2f2", mec="#555555")
         ax.text(x, y, "logits" if n is None else f"L{n[0]}H{n[1]}", fontsize=6, ha="center", va="center",
                 parse_math=False)
     for via, colour in VIA_COLOURS.items():
         ax.plot([], [], color=colour, label=via)
     ax.legend(fontsize=7, title="via", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_xlim(min(layers) - 0.6, out_x + 0.6)
-    ax.set_ylim(-0.8, len(heads) - 0.2)
-    ax.invert_yaxis()
-    ax.set_xticks(range(min(layers), out_x + 1))
-    ax.set_xticklabels([str(l) for l in range(min(layers), out_x)] + ["out"])
+    ax.set_xticks(range(first, out_x + 1))
+    ax.set_xticklabels([str(l) for l in range(first, out_x)] + ["out"])
     ax.set_yticks(range(len(heads)))
     ax.set_yticklabels([str(h) for h in heads])
     ax.set_xlabel(f"layer (arrow width: |{value_label}|; dashed: negative)")

@@ -42,7 +42,7 @@ def paths_rows() -> list[dict]:
     for i in range(14):
         e = (1.0 - 0.06 * i) * (-1 if i % 3 == 2 else 1)
         lo, hi = e - rng.uniform(0.01, 0.1), e + rng.uniform(0.01, 0.1)
-        rows.append({"sender": f"L0H{i % 6}", "receiver": "logits" if i % 4 == 3 else f"L1H{(i * 5) % 6}",
+        rows.append({"sender": f"L0H{i % 6}", "receiver": "logits" if i % 4 == 3 else f"L1H{(i + i // 6) % 6}",
                      "via": "direct" if i % 4 == 3 else "qkv"[i % 3], "effect": e, "effect_lo": lo, "effect_hi": hi})
     rows[1].update(sender=HOSTILE, via="<img src=x onerror=alert(2)>")
     return rows
@@ -168,6 +168,18 @@ def test_absent_without_patching_csv(tmp_path, patched):
     assert not {TITLE, PATHS_TITLE} & {p["title"] for p in data["panels"]}
     assert not set(PLOT_NAMES.values()) & set(data["plots_written"])
     assert not any("patching" in s.lower() for s in data["text"]["q1"])
+
+
+def test_without_patching_json_the_heads_without_the_run(tmp_path, patched):
+    out = results(tmp_path, patched)
+    (out / "patching.json").unlink()
+    data = page_data(render(out, patched).read_text(encoding="utf-8"))
+    p = panel(data, TITLE)
+    assert len(p["rows"]) == TOP_HEADS and p["plot"].startswith("data:image/png;base64,")
+    text = " ".join(p["text"])
+    assert not re.search(r"M\(clean\) [+-]\d", text)
+    assert "no patching.json" in text and "an unknown number of pairs" in text
+    assert [r["#"] for r in panel(data, PATHS_TITLE)["rows"]] == list(range(1, TOP_PATHS + 1))
 
 
 def test_a_cut_patching_csv_gets_a_note(tmp_path, patched):

@@ -114,22 +114,22 @@ def top_rows(table: Table, key: str, roles: dict[str, dict[str, str]]) -> list[d
 
 
 def run_text(meta: dict[str, Any] | None, key: str) -> tuple[list[str], str]:
-    """Sentences on the run (metric, M(clean), M(corrupt), pairs, agreement, intervals) and the pairs' count."""
-    if meta is None:
-        return [], "an unknown number of"
-    pairs = meta["pairs"] if isinstance(meta["pairs"], dict) else {}
+    """Sentences on the run (metric, M(clean), M(corrupt), pairs, intervals, agreement) and the pairs' count."""
+    m = meta or {}
+    pairs = m["pairs"] if isinstance(m.get("pairs"), dict) else {}
     n, skipped = index(pairs.get("n")), index(pairs.get("skipped"))
     count = "an unknown number of" if n is None else str(n)
-    iv = meta["intervals"] if isinstance(meta["intervals"], dict) else {}
+    iv = m["intervals"] if isinstance(m.get("intervals"), dict) else {}
     level = num(iv.get("level"))
     how = (f"{level:.0%} " if not math.isnan(level) else "") + f"{iv.get('method', '')} bootstrap".strip()
-    text = [f"Metric `{meta['metric']}` ({meta['direction']}) over {count} pairs from `{pairs.get('source')}`"
+    text = [f"Metric `{m['metric']}` ({m['direction']}) over {count} pairs from `{pairs.get('source')}`"
             + (f" ({skipped} left out: the tokenizer cannot hold them)" if skipped else "")
-            + f": M(clean) {interval(meta['M_clean'])}, M(corrupt) {interval(meta['M_corrupt'])}.",
-            f"Map and table: the {'exact effect' if key == 'effect' else 'attribution estimate'} of patching each "
-            "head (1 = the head alone restores the clean metric); [lo, hi]: " + how
-            + f" intervals over the {count} pairs" + (f" ({iv['B']} resamples)." if is_index(iv.get("B")) else ".")]
-    ag = meta.get("agreement")
+            + f": M(clean) {interval(m['M_clean'])}, M(corrupt) {interval(m['M_corrupt'])}."] if meta else []
+    text.append(f"Map and table (the top {TOP_HEADS} heads by |{key}|): the "
+                f"{'exact effect' if key == 'effect' else 'attribution estimate'} of patching each head (1 = the "
+                "head alone restores the clean metric); [lo, hi]: " + how + f" intervals over the {count} pairs"
+                + (f" ({iv['B']} resamples)." if is_index(iv.get("B")) else "."))
+    ag = m.get("agreement")
     if isinstance(ag, dict):
         heads = index(ag.get("heads"))
         text.append(f"Attribution vs exact: Spearman {fmt(ag.get('spearman'), bounds=False)} over "
@@ -175,7 +175,7 @@ def causal_part(src: Sources, n_layers: int, n_heads: int, figs: dict[str, bytes
         part.say("q1", f"Patching {rows[0]['head']} moves the task's metric most: "
                        f"{'effect' if key == 'effect' else 'attribution'} {rows[0][key]} ({count} pairs).")
     columns = list(rows[0]) if rows else []
-    part.panel("q1", TITLE, columns, rows, text=[*text, f"Top {len(rows)} heads by |{key}|:"], plot=data_url(png))
+    part.panel("q1", TITLE, columns, rows, text=text, plot=data_url(png))
     paths_panel(part, src, meta, count, figs)
     return part
 
@@ -193,28 +193,26 @@ def path_rows(t: Table) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int
     figure can draw; and how many rows the file has with a number in effect."""
     ranked = sorted((r for r in t.rows if not math.isnan(num(r.get("effect")))), key=lambda r: -abs(num(r["effect"])))
     rows, edges = [], []
-    for r in ranked[:TOP_PATHS]:
-        effect = fmt(r["effect"], r.get("effect_lo"), r.get("effect_hi"))
-        rows.append({"sender": str(r["sender"]), "receiver": str(r["receiver"]), "via": str(r["via"]),
-                     "effect": effect})
+    for i, r in enumerate(ranked[:TOP_PATHS], 1):
+        rows.append({"#": i, "sender": str(r["sender"]), "receiver": str(r["receiver"]), "via": str(r["via"]),
+                     "effect": fmt(r["effect"], r.get("effect_lo"), r.get("effect_hi"))})
         e = drawable(r["sender"], r["receiver"], r["via"], num(r["effect"]))
         if e is not None:
-            edges.append({**e, "label": effect})
+            edges.append({**e, "label": f"#{i}"})
     return rows, edges, len(ranked)
 
 
 def composition_rows(comp: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """patching.json's strongest K-composition pairs as table rows and figure edges."""
     rows, edges = [], []
-    for p in (comp.get("k") if isinstance(comp, dict) else None) or []:
-        if not isinstance(p, dict):
-            continue
+    pairs = comp.get("k") if isinstance(comp, dict) else None
+    for i, p in enumerate([p for p in pairs if isinstance(p, dict)] if isinstance(pairs, list) else [], 1):
         score = num(p.get("score"))
-        rows.append({"sender": str(p.get("sender")), "receiver": str(p.get("receiver")),
+        rows.append({"#": i, "sender": str(p.get("sender")), "receiver": str(p.get("receiver")),
                      "K-composition": fmt(score, bounds=False)})
         e = drawable(p.get("sender"), p.get("receiver"), "k", score)
         if e is not None and e["receiver"] is not None:
-            edges.append({**e, "label": fmt(score, bounds=False)})
+            edges.append({**e, "label": f"#{i}"})
     return rows[:TOP_PATHS], edges[:TOP_PATHS]
 
 
@@ -227,7 +225,8 @@ def paths_panel(part: Part, src: Sources, meta: dict[str, Any] | None, count: st
         rows, edges, n = path_rows(t)
         text = [f"The {len(rows)} strongest of the {n} paths in paths.csv by |effect| (1 = the path alone restores "
                 f"the clean metric), each with its interval over the {count} pairs; arrows: sender -> receiver, "
-                "coloured by what of the receiver they reach (q, k, v; direct: straight to the logits)."]
+                "coloured by what of the receiver they reach (q, k, v; direct: straight to the logits), marked with "
+                "their rank (#) in the table."]
         title, label = "path patching: strongest paths", "effect"
     else:
         comp = meta.get("composition") if meta is not None else None
