@@ -182,6 +182,32 @@ def test_without_patching_json_the_heads_without_the_run(tmp_path, patched):
     assert [r["#"] for r in panel(data, PATHS_TITLE)["rows"]] == list(range(1, TOP_PATHS + 1))
 
 
+def test_odd_values_in_patching_json_are_shown_as_missing(tmp_path, patched):
+    """Wrong types anywhere in patching.json (hand-edited or foreign) read as n/a, never as a broken page."""
+    out = results(tmp_path, patched, paths=False)
+    meta = json.loads((out / "patching.json").read_text())
+    meta.update(metric=HOSTILE, M_clean={"value": "1", "lo": None, "hi": [2]}, M_corrupt=[1, 2], pairs=[HOSTILE],
+                intervals="x", agreement={"spearman": True, "heads": -3}, composition={"k": {"sender": HOSTILE}})
+    (out / "patching.json").write_text(json.dumps(meta))
+    data = page_data(render(out, patched).read_text(encoding="utf-8"))
+    text = " ".join(panel(data, TITLE)["text"])
+    assert f"Metric `{HOSTILE}`" in text and "M(clean) n/a [n/a, n/a], M(corrupt) n/a [n/a, n/a]" in text
+    assert "Spearman n/a over an unknown number of heads" in text and "an unknown number of pairs" in text
+    q = panel(data, PATHS_TITLE)
+    assert q["rows"] == [] and q["note"] == "no paths: no paths.csv (path patching), and patching.json holds no " \
+                                            "K-composition pairs"
+
+
+def test_text_in_patching_csv_numbers_gets_a_note(tmp_path, patched):
+    out = results(tmp_path, patched, paths=False)
+    table = pd.read_csv(out / "patching.csv")
+    table["layer"] = table["layer"].astype(object)
+    table.loc[3, "layer"] = HOSTILE
+    table.to_csv(out / "patching.csv", index=False)
+    p = panel(page_data(render(out, patched).read_text(encoding="utf-8")), TITLE)
+    assert p["rows"] == [] and "layer/head values that are not whole numbers" in p["note"]
+
+
 def test_a_cut_patching_csv_gets_a_note(tmp_path, patched):
     hm, _ = patched
     out = results(tmp_path, patched, paths=False)

@@ -232,8 +232,9 @@ def paths_panel(part: Part, src: Sources, meta: dict[str, Any] | None, count: st
         comp = meta.get("composition") if meta is not None else None
         rows, edges = composition_rows(comp)
         if not rows:
-            why = comp if isinstance(comp, str) else src.note(PATHS_CSV.name, PATCHING_JSON.name)
-            part.panel("q1", PATHS_TITLE, note=f"no paths: {why}")
+            why = (f"composition {comp}" if isinstance(comp, str) else src.note(PATCHING_JSON.name) if meta is None
+                   else "patching.json holds no K-composition pairs")
+            part.panel("q1", PATHS_TITLE, note=f"no paths: no {PATHS_CSV.name} (path patching), and {why}")
             return
         text = [f"No paths.csv (path patching): the {len(rows)} strongest K-composition pairs from patching.json "
                 "instead (Elhage et al. 2021; scores of the weights alone, the same for any pairs: no interval). "
