@@ -229,6 +229,7 @@ def path_graph(edges: Sequence[Mapping[str, Any]], title: str, value_label: str,
         same[k] = {**e, "label": f"{same[k]['label']}, {e['label']}"} if k in same else dict(e)
     edges = list(same.values())
     layers = [e["sender"][0] for e in edges] + [e["receiver"][0] for e in edges if e["receiver"] is not None]
+    logits = any(e["receiver"] is None for e in edges)
     first, out_x = min(layers), max(layers) + 1
     heads = sorted({e["sender"][1] for e in edges} | {e["receiver"][1] for e in edges if e["receiver"] is not None})
     row = {h: i for i, h in enumerate(heads)}
@@ -238,7 +239,7 @@ def path_graph(edges: Sequence[Mapping[str, Any]], title: str, value_label: str,
         return (out_x, mid) if node is None else (node[0], row[node[1]])
 
     fig, ax = figure(min(12.0, 1.4 * (out_x - first + 1) + 2.5), min(10.0, 0.55 * len(heads) + 1.6))
-    ax.set_xlim(first - 0.6, out_x + 0.6)
+    ax.set_xlim(first - 0.6, out_x + (0.6 if logits else -0.4))
     ax.set_ylim(len(heads) - 0.2, -0.8)  # head 0 at the top
     top = max(abs(num(e["value"])) for e in edges) or 1.0
     for e in edges:
@@ -261,8 +262,8 @@ def path_graph(edges: Sequence[Mapping[str, Any]], title: str, value_label: str,
     for via, colour in VIA_COLOURS.items():
         ax.plot([], [], color=colour, label=via)
     ax.legend(fontsize=7, title="via", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_xticks(range(first, out_x + 1))
-    ax.set_xticklabels([str(l) for l in range(first, out_x)] + ["out"])
+    ax.set_xticks(range(first, out_x + int(logits)))
+    ax.set_xticklabels([str(l) for l in range(first, out_x)] + (["out"] if logits else []))
     ax.set_yticks(range(len(heads)))
     ax.set_yticklabels([str(h) for h in heads])
     ax.set_xlabel(f"layer (arrow width: |{value_label}|; dashed: negative)")
