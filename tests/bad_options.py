@@ -77,6 +77,8 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--method": bad("--method", "exakt", says="--method must be exact,attribution or attribution"),
         "--positions": bad("--positions", "each", "--method", "attribution", says="--positions each needs the exact"),
         "--copies": bad("--copies", "0", says="--copies must be at least 1; got 0"),
+        "--paths": bad("--paths", "L1Hx", says="--paths must be a number of receivers, heads such as L5H1,L6H0, or "
+                                              "logits; cannot read head 'L1Hx'"),
     },
     "gqa": {
         "model": bad("no-such-model", "--kv-heads", "1", says="unknown model 'no-such-model'", required=False),
@@ -215,7 +217,8 @@ TOO_LARGE: dict[str, dict[str, Row]] = {
     "analyze": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000")},
     "patch": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000"),
               "--copies": bad("--copies", HUGE, says="--copies must be at most 4096"),
-              "--batch-size": bad("--batch-size", HUGE, says="--batch-size must be at most 65536")},
+              "--batch-size": bad("--batch-size", HUGE, says="--batch-size must be at most 65536"),
+              "--paths": bad("--paths", HUGE, says="--paths takes 1 to 256 receivers (the heads of largest effect)")},
     "score": {"--bootstrap": bad("--bootstrap", "200000", says="--bootstrap must be at most 100,000"),
               "--ig-steps": bad("--ig-steps", HUGE, says="--ig-steps must be at most 10,000"),
               "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
@@ -223,7 +226,11 @@ TOO_LARGE: dict[str, dict[str, Row]] = {
               "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
     "gqa": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000")},
     "mla": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000")},
-    "roles": {"--haystacks": bad("--long", "128", "--haystacks", HUGE, says="--haystacks must be at most 100,000")},
+    "roles": {"--haystacks": bad("--long", "128", "--haystacks", HUGE, says="--haystacks must be at most 100,000"),
+              "--long-windows": bad("--long", "128", "--long-windows", HUGE, says="--long-windows must be at most "
+                                                                                  "100,000"),
+              "--block": bad("--long", "128", "--block", HUGE, says="--block must be at most 16777216"),
+              "--stride": bad("--long", "128", "--stride", HUGE, says="--stride must be at most 16777216")},
     "kvcache": {"--uptrain-steps": bad("--uptrain-steps", HUGE, says="--uptrain-steps must be at most 10,000,000"),
                 "--haystacks": bad("--haystacks", HUGE, says="--haystacks must be at most 100,000"),
                 "--learn-prompts": bad(*LEARNED, "--learn-prompts", HUGE, says="--learn-prompts must be at most"),

@@ -104,7 +104,7 @@ def _patch(hm: Any, given: dict[str, Any]) -> Result:
     from headscope.learned.causal.verb import patch
     from headscope.learned.options import PatchOptions
 
-    return patch(hm, None, PatchOptions(**given, batch_size=2, copies=5, bootstrap=200))
+    return patch(hm, None, PatchOptions(**given, batch_size=2, copies=5, bootstrap=200, paths="1"))
 
 
 def _kv(hm: Any, given: dict[str, Any]) -> Result:
@@ -132,7 +132,7 @@ CASES: dict[str, Case] = {
     "similar": (["--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200", "--top", "3",
                  "--js-max", "0.5", "--cka-min", "0.1", "--cka-batch", "8"], _similar),
     "kv": (["--kv-heads", "1,2", "--classic"], _kv),
-    "patch": (["--batch-size", "2", "--copies", "5", "--bootstrap", "200"], _patch),
+    "patch": (["--batch-size", "2", "--copies", "5", "--bootstrap", "200", "--paths", "1"], _patch),
 }
 
 PAIRS = {"patch"}  # verbs that read clean/corrupt prompt pairs (--pairs) on a causal LM instead of --data

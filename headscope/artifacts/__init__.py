@@ -27,7 +27,7 @@ __all__ = [
     "UNIT_IMPORTANCE_JSON", "TASKS_CSV", "TASK_CORRELATION_CSV", "TASK_SPECIFIC_CSV", "TASKS_JSON", "MODEL_DIR",
     "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
-    "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON", "COMPOSITION_NPZ", "PATHS_CSV",
+    "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON", "COMPOSITION_NPZ",
 ]
 
 def _f(name: str, meaning: str = "", when: str = "") -> Field:
@@ -391,8 +391,19 @@ PATCHING_JSON = Artifact(
      _f("forwards", "forward passes of the exact scan", _EXACT),
      _f("dla", "what the dla column holds, or why it is empty"),
      _f("composition", "the strongest Q-, K- and V-composition pairs (composition.npz), or why none were computed"),
+     _f("paths", "the receivers path patching chose and why, its forward passes and the strongest paths", "--paths"),
      _f("intervals"), _f("seconds"), _PROVENANCE))
 
+PATHS_CSV = Artifact(
+    "paths.csv", "csv", {"patch": "--paths"}, "path patching: the effect of one sender head along one path, to a "
+    "later head's queries, keys or values or straight to the logits, each followed by its bootstrap interval over "
+    "pairs",
+    (_f("sender", "the head whose output is patched, L<layer>H<head>"),
+     _f("receiver", "L<layer>H<head>, a later head (its KV group for via k and v under GQA/MQA), or logits"),
+     _f("via", "q, k or v (the receiver's input the path enters), or direct (to the logits, MLPs included)"),
+     _f("effect", "M with only this path patched, normalised as patching.csv's effect (1 = the path alone restores "
+                  "the clean metric)")),
+    bounds=True)
 COMPOSITION_NPZ = Artifact(
     "composition.npz", "npz", {"patch": "models with heads in two layers or more and readable Q/K/V weights"},
     "Q-, K- and V-composition scores (Elhage et al. 2021) between every pair of heads in different layers",
@@ -401,23 +412,13 @@ COMPOSITION_NPZ = Artifact(
      _f("k", "as q, through the receiver's keys"), _f("v", "as q, through the receiver's values"),
      _f("meta", "model and axis names (JSON text)")))
 
-PATHS_CSV = Artifact(
-    "paths.csv", "csv", {"patch": "path patching"}, "path patching: the effect of one head's output reaching one "
-    "receiver (a later head's queries, keys or values, or the logits directly), with its interval over pairs",
-    (_f("sender", "the sending head, written L3H2"),
-     _f("receiver", "the receiving head (L5H1) or 'logits' (the sender's direct path to the output)"),
-     _f("via", "what of the receiver the sender's output reaches: q, k, v, or direct (receiver 'logits')"),
-     _f("effect", "as patching.csv's effect, patching only this path (1 = the path alone restores the clean "
-                  "metric)")),
-    bounds=True)
-
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
     PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG,
     SWEEP_SPEED_PNG, GQA_JSON,
     MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON, PATCHING_CSV, PATCHING_POSITIONS_CSV,
-    PATCHING_JSON, COMPOSITION_NPZ, PATHS_CSV)}
+    PATCHING_JSON, PATHS_CSV, COMPOSITION_NPZ)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold

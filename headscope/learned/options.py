@@ -18,11 +18,13 @@ from ..options import (
     option,
 )
 from ..options.spec import haystacks_problem
+from ..table import parse_head
 from .longctx import check_long_args
 from .longctx.confidence import check_until_stable_long
 from .similarity import check_cka_batch, check_thresholds
 
 LONG = "long-range roles (docs/long_context.md)"
+MOST_POSITIONS = 1 << 24  # beyond any model's positions: a block or a stride larger than --long is --long
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,14 +46,14 @@ class RolesOptions(ModelOptions, DataOptions, StableOptions, OutputOptions, Work
     long_data: str = option("gum-long", "long text for the streaming/echo/induction windows: gum-long, ptb-long "
                                         "(default gum-long) or a file; passages longer than N are cut into windows, "
                                         "never truncated", reads=True, group=LONG)
-    long_windows: int = option(2, "windows of long text to score (default 2)", group=LONG)
+    long_windows: int = option(2, "windows of long text to score (default 2)", most="windows", group=LONG)
     stride: int | None = option(None, "tokens between the starts of a long passage's windows (default N: side by "
                                       "side); each position's query is counted in one window only",
-                                group=LONG)
+                                at_most=MOST_POSITIONS, group=LONG)
     haystacks: int = option(4, "needle-in-a-haystack sequences for the retrieval score (default 4; depths 0.1, 0.35, "
                                "0.6, 0.85 in turn)", most="haystacks", group=LONG)
     block: int = option(128, "queries per block of the statistics kernel (default 128; memory ~ block x N per head)",
-                        group=LONG)
+                        at_most=MOST_POSITIONS, group=LONG)
     export_card: str | None = option(None, "write per-head scores for KV-compression code; needs --long. "
                                            "--card-format retrieval-head: a file {\"layer-head\": [scores]} (Retrieval "
                                            "Head / HeadKV); duo: a directory (DuoAttention, kvpress "
@@ -121,6 +123,29 @@ def _methods(text: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
+MOST_RECEIVERS = 256  # each receiver costs about 3 x (heads before it) / copies forwards per batch of pairs
+
+
+def path_receivers(text: str) -> int | list[tuple[int, int]]:
+    """--paths read: 0 for `logits` (paths to the logits alone), N for the N heads of largest |effect|, or the
+    heads named (L5H1,L6H0)."""
+    t = text.strip()
+    if t.lower() == "logits":
+        return 0
+    if t.isdigit():
+        n = int(t)
+        if not 1 <= n <= MOST_RECEIVERS:
+            raise OptionError("paths", f"takes 1 to {MOST_RECEIVERS} receivers (the heads of largest effect); got {n}")
+        return n
+    try:
+        heads = [parse_head(h) for h in t.split(",") if h.strip()]
+    except HeadscopeError as e:
+        raise OptionError("paths", f"must be a number of receivers, heads such as L5H1,L6H0, or logits; {e}") from e
+    if not 1 <= len(heads) <= MOST_RECEIVERS:
+        raise OptionError("paths", f"takes 1 to {MOST_RECEIVERS} receiver heads; got {len(heads)}")
+    return heads
+
+
 @dataclass(frozen=True, kw_only=True)
 class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
     """`headscope patch`: each head's causal effect on clean/corrupt prompt pairs (activation patching)."""
@@ -144,6 +169,10 @@ class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
                                       flag="--method", parse=_methods, group=PATCH)
     limit: int | None = option(None, "pairs to use (default: all)", at_least=1, group=PATCH)
     batch_size: int = option(8, "pairs per forward pass (default 8)", at_least=1, at_most=65_536, group=PATCH)
+    paths: str | None = option(None, "path patching (paths.csv): every head to the logits and every earlier head to "
+                                     "the queries, keys and values of the receivers: N (the N heads of largest "
+                                     "effect), heads (L5H1,L6H0) or logits (no receivers)", metavar="N|HEADS|logits",
+                               group=PATCH)
     copies: int = option(16, "heads patched per forward, each in its own copy of the batch (default 16; memory "
                              "copies x batch)", at_least=1, at_most=4096, group=PATCH)
 
@@ -157,6 +186,8 @@ class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
             raise OptionError("methods", f"must be exact,attribution or attribution; got {','.join(self.methods)!r}")
         if self.positions == "each" and "exact" not in self.methods:
             raise OptionError("positions", "each needs the exact method (attribution is per head only)")
+        if self.paths is not None:
+            path_receivers(self.paths)
 
 
 def check_card_path(path: str | None) -> None:

@@ -284,6 +284,17 @@ class HeadModel:
         out["o"] = get_path(block, spec.out_proj)
         return out
 
+    def head_channels(self, layer: int, kind: str, head: int) -> tuple[nn.Module, torch.Tensor]:
+        """Where query head `head` (original id) reads its query (kind "q") or its KV group its keys or values
+        ("k", "v") in `layer`: the projection module and the indices of those channels in its output."""
+        self._check_qkv()
+        kept, kv = self.kept_heads(layer), self.kv_heads_in_layer(layer)
+        if head not in kept:
+            raise HeadscopeError(f"layer {layer} has no head {head}: its heads are {kept}")
+        index = kept.index(head) if kind == "q" else kv.index(head // self.group_size)
+        name, channels = layout.head_channels(self.spec, kind, index, len(kept), len(kv), self.d_head_at(layer))
+        return self.projections(layer)[name], channels
+
     def _check_qkv(self) -> None:
         why = self.spec.refusal("qkv")
         if why:
@@ -343,25 +354,9 @@ class HeadModel:
         if g != len(self.kv_heads_in_layer(layer)) and self.pruned:
             raise HeadscopeError(f"layer {layer}: changing the number of KV heads of a physically pruned model is "
                                  f"not supported; convert before pruning")
-        for name, shape in (("q", w.q.shape), ("k", w.k.shape), ("v", w.v.shape)):
-            given, present = getattr(w, f"{name}_bias"), getattr(now, f"{name}_bias")
-            if (given is None) != (present is None):
-                raise HeadscopeError(
-                    f"layer {layer}: the {name} projection {'has' if present is not None else 'has no'} bias; "
-                    f"give {name}_bias "
-                    f"{'as a tensor of ' + str(shape[0]) + ' values' if present is not None else 'as None'}"
-                )
-            if given is not None and tuple(given.shape) != (shape[0],):
-                raise HeadscopeError(
-                    f"layer {layer}: {name}_bias has shape {tuple(given.shape)}; expected ({shape[0]},)")
-        for name in ("q_gate", "q_gate_bias"):
-            given, present = getattr(w, name), getattr(now, name)
-            if given is not None and present is None:
-                raise HeadscopeError(f"layer {layer}: the {self.spec.family} family has no output gate in its query "
-                                     f"projection; give {name} as None")
-            if given is not None and tuple(given.shape) != tuple(present.shape):
-                raise HeadscopeError(f"layer {layer}: {name} has shape {tuple(given.shape)}; expected "
-                                     f"{tuple(present.shape)} (None keeps the layer's own)")
+        problem = layout.extras_problem(now, w, self.spec.family)
+        if problem:
+            raise HeadscopeError(f"layer {layer}: {problem}")
         if dispatch.is_dispatched(self.model):  # written in memory: an offload store would reload the old ones
             dispatch.materialize(list(self.projections(layer).values()))
         layout.write_qkv(self.layers[layer], self.spec, w, d)

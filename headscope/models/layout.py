@@ -177,6 +177,44 @@ def read_qkv(block: nn.Module, spec: Any, n_heads: int, n_kv_heads: int, d_head:
     return w
 
 
+def head_channels(spec: Any, kind: str, index: int, n_heads: int, n_kv_heads: int,
+                  d_head: int) -> tuple[str, torch.Tensor]:
+    """Where one head's query (kind "q": query head `index`) or keys / values ("k", "v": KV head `index`) leave the
+    layer's projections: the projection's name ("q", "k", "v" or "qkv", as `HeadModel.projections` names it) and
+    the indices of those `d_head` channels in its output. `index` counts the heads present in the layer;
+    `n_heads` and `n_kv_heads` are how many are present."""
+    if kind not in ("q", "k", "v"):
+        raise ValueError(f"head channel kind {kind!r} is not known; choose q, k or v")
+    part = "qkv".index(kind)
+    if spec.qkv_proj and spec.qkv_layout == "per_head":  # [h0 q, h0 k, h0 v, h1 q, ...]
+        return "qkv", torch.arange(d_head) + (3 * index + part) * d_head
+    if spec.qkv_proj:  # [all q; all k; all v]
+        start = (0, n_heads * d_head, (n_heads + n_kv_heads) * d_head)[part]
+        return "qkv", torch.arange(d_head) + start + index * d_head
+    if kind == "q" and getattr(spec, "q_gate", False):  # [h0 query, h0 gate, h1 query, ...]
+        return "q", torch.arange(d_head) + 2 * index * d_head
+    return kind, torch.arange(d_head) + index * d_head
+
+
+def extras_problem(now: QKVWeights, given: QKVWeights, family: str) -> str | None:
+    """What is wrong with `given`'s biases and query gate for a layer whose own are `now`, or None: biases must be
+    given exactly where the layer has them, with one value per row; a gate only where the family has one."""
+    for name, rows in (("q", given.q.shape[0]), ("k", given.k.shape[0]), ("v", given.v.shape[0])):
+        bias, present = getattr(given, f"{name}_bias"), getattr(now, f"{name}_bias")
+        if (bias is None) != (present is None):
+            want = f"as a tensor of {rows} values" if present is not None else "as None"
+            return f"the {name} projection {'has' if present is not None else 'has no'} bias; give {name}_bias {want}"
+        if bias is not None and tuple(bias.shape) != (rows,):
+            return f"{name}_bias has shape {tuple(bias.shape)}; expected ({rows},)"
+    for name in ("q_gate", "q_gate_bias"):
+        gate, present = getattr(given, name), getattr(now, name)
+        if gate is not None and present is None:
+            return f"the {family} family has no output gate in its query projection; give {name} as None"
+        if gate is not None and tuple(gate.shape) != tuple(present.shape):
+            return f"{name} has shape {tuple(gate.shape)}; expected {tuple(present.shape)} (None keeps the layer's own)"
+    return None
+
+
 def split_gated(rows: torch.Tensor, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Query rows and gate rows (each `[heads * d_head, ...]`) of a gated query projection's rows (or bias)."""
     parts = rows.reshape(-1, 2, d_head, *rows.shape[1:])  # [heads, (query, gate), d_head, ...]

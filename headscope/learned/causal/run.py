@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from ...models.adapter import HeadModel
 from ...table import HeadTable, to_jsonable
@@ -19,6 +20,7 @@ from .composition import composition, top_pairs
 from .dla import dla_interval, dla_values
 from .pairs import PairBatch
 from .patching import Runs, exact_scan
+from .paths import Head, head_name, path_scan
 
 
 @dataclass
@@ -27,6 +29,7 @@ class PatchRun:
     positions: Interval | None
     record: dict[str, Any]
     composition: dict[str, np.ndarray] | None = None
+    paths: list[dict[str, Any]] | None = None
 
 
 def pairs_fingerprint(b: PairBatch) -> dict[str, Any]:
@@ -43,8 +46,44 @@ def _mean(values: np.ndarray, settings: IntervalSettings) -> dict[str, float]:
     return {"value": float(iv.value), "lo": float(iv.lo), "hi": float(iv.hi)}
 
 
+def _bar(desc: str, hm: HeadModel, b: PairBatch, batch_size: int) -> Any:
+    """A progress bar over heads x batches of pairs (shown on a terminal only)."""
+    heads = sum(hm.heads_in_layer(l) for l in range(hm.n_layers))
+    return tqdm(total=heads * -(-len(b) // batch_size), desc=desc, unit="head", disable=None, leave=False)
+
+
+def choose_receivers(hm: HeadModel, want: int | list[Head], table: HeadTable) -> tuple[list[Head], str]:
+    """The receivers --paths asks for and how they were chosen: the heads named, or the N heads of largest |effect|
+    (|attribution| without the exact method) among those with a layer of heads before them."""
+    if isinstance(want, list):
+        return want, "named by --paths"
+    col = "effect" if "effect" in table.columns else "attribution"
+    first = min(l for l in range(hm.n_layers) if hm.heads_in_layer(l))
+    size = np.abs(np.nan_to_num(table[col], nan=0.0))
+    size[:first + 1] = -1.0  # no head before them: nothing to receive
+    order = np.argsort(-size, axis=None)[:want]
+    heads = [(int(l), int(h)) for l, h in (np.unravel_index(i, size.shape) for i in order) if size[l, h] >= 0]
+    return heads, f"the {want} heads of largest |{col}| with heads before them"
+
+
+def run_paths(hm: HeadModel, b: PairBatch, want: int | list[Head], table: HeadTable, *, metric: str,
+              direction: str, batch_size: int, copies: int, settings: IntervalSettings) -> tuple[
+                  list[dict[str, Any]], dict[str, Any]]:
+    """paths.csv's rows and patching.json's record of them."""
+    receivers, how = choose_receivers(hm, want, table)
+    t0 = time.perf_counter()
+    with _bar("path patching", hm, b, batch_size) as bar:
+        got = path_scan(hm, b, receivers, metric=metric, direction=direction, batch_size=batch_size, copies=copies,
+                        progress=bar.update)
+    rows = got.rows(settings)
+    strongest = sorted((r for r in rows if np.isfinite(r["effect"])), key=lambda r: -abs(r["effect"]))[:10]
+    return rows, {"receivers": [head_name(r) for r in receivers], "chosen": how, "forwards": got.runs.forwards,
+                  "seconds": time.perf_counter() - t0, "strongest": strongest}
+
+
 def run_patching(hm: HeadModel, b: PairBatch, *, metric: str, direction: str, positions: str,
-                 methods: tuple[str, ...], batch_size: int, copies: int, settings: IntervalSettings) -> PatchRun:
+                 methods: tuple[str, ...], batch_size: int, copies: int, settings: IntervalSettings,
+                 paths: int | list[Head] | None = None) -> PatchRun:
     """Every head's exact effect (methods with exact), attribution estimate (with attribution) and DLA."""
     cols: dict[str, np.ndarray] = {}
     record: dict[str, Any] = {"metric": metric, "direction": direction, "positions": positions,
@@ -55,7 +94,9 @@ def run_patching(hm: HeadModel, b: PairBatch, *, metric: str, direction: str, po
     per_position: Interval | None = None
     if "exact" in methods:
         t0 = time.perf_counter()
-        runs = exact_scan(hm, b, metric=metric, direction=direction, batch_size=batch_size, copies=copies)
+        with _bar("exact patching", hm, b, batch_size) as bar:
+            runs = exact_scan(hm, b, metric=metric, direction=direction, batch_size=batch_size, copies=copies,
+                              progress=bar.update)
         exact = runs.effect(settings)
         cols.update(exact.columns("effect"))
         record["forwards"] = {"exact": runs.forwards}
@@ -92,7 +133,11 @@ def run_patching(hm: HeadModel, b: PairBatch, *, metric: str, direction: str, po
                                      for a, b, c, d, s in top_pairs(v, 5)] for k, v in comp.items()}
     else:
         record["composition"] = "not computed: one layer, or per-head Q/K/V weights headscope cannot read"
-    return PatchRun(table, per_position, record, comp)
+    path_rows = None
+    if paths is not None:
+        path_rows, record["paths"] = run_paths(hm, b, paths, table, metric=metric, direction=direction,
+                                               batch_size=batch_size, copies=copies, settings=settings)
+    return PatchRun(table, per_position, record, comp, path_rows)
 
 
 def positions_rows(iv: Interval, b: PairBatch) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from ...artifacts import (
     PATCHING_CSV,
     PATCHING_JSON,
     PATCHING_POSITIONS_CSV,
+    PATHS_CSV,
 )
 from ...io import atomic_write_bytes, atomic_write_text, csv_text
 from ...models.adapter import HeadModel
@@ -21,7 +22,7 @@ from ...options import Result
 from ...provenance import provenance
 from ...table import HeadTable, grid
 from ...uncertainty import Interval
-from ..options import PatchOptions
+from ..options import PatchOptions, path_receivers
 from .composition import npz_bytes
 from .pairs import PairBatch, load_pairs
 from .run import dumps, pairs_fingerprint, positions_rows, run_patching
@@ -37,6 +38,7 @@ class PatchResult(Result):
     pairs: PairBatch
     positions: Interval | None = None
     composition: dict[str, np.ndarray] | None = None
+    paths: list[dict[str, Any]] | None = None
 
     def to_pandas(self) -> Any:
         return self.table.to_pandas()
@@ -45,7 +47,8 @@ class PatchResult(Result):
     def files(self) -> tuple[str, ...]:  # type: ignore[override]
         extra = (PATCHING_POSITIONS_CSV.name,) if self.positions is not None else ()
         comp = (COMPOSITION_NPZ.name,) if self.composition is not None else ()
-        return (PATCHING_CSV.name, PATCHING_JSON.name, *extra, *comp)
+        paths = (PATHS_CSV.name,) if self.paths is not None else ()
+        return (PATCHING_CSV.name, PATCHING_JSON.name, *extra, *paths, *comp)
 
     def write(self, folder: Path) -> None:
         self.table.to_csv(folder / PATCHING_CSV.name)
@@ -53,6 +56,8 @@ class PatchResult(Result):
         if self.positions is not None:
             atomic_write_text(folder / PATCHING_POSITIONS_CSV.name, csv_text(positions_rows(self.positions,
                                                                                              self.pairs)))
+        if self.paths is not None:
+            atomic_write_text(folder / PATHS_CSV.name, csv_text(self.paths))
         if self.composition is not None:
             meta = {"model": self.name, "axes": ["sender layer", "sender head", "receiver layer", "receiver head"]}
             atomic_write_bytes(folder / COMPOSITION_NPZ.name, npz_bytes(self.composition, meta))
@@ -81,10 +86,24 @@ class PatchResult(Result):
         if isinstance(r.get("composition"), dict):
             top = ", ".join(f"{p['sender']}->{p['receiver']} {p['score']:.2f}" for p in r["composition"]["k"][:3])
             out += [f"strongest K-composition (Elhage et al. 2021): {top}"]
+        if "paths" in r:
+            out += ["", *path_lines(r["paths"])]
         iv = r["intervals"]
         out += ["", f"[lo, hi]: {iv['level']:.0%} intervals, {iv['method']} bootstrap over the {len(self.pairs)} "
                     f"pairs ({iv['B']} resamples)"]
         return out
+
+
+def path_lines(record: dict[str, Any]) -> list[str]:
+    """The strongest paths, for the terminal."""
+    receivers = ", ".join(record["receivers"]) or "none (the logits alone)"
+    out = [f"path patching ({record['forwards']} forwards): receivers {receivers} ({record['chosen']}); strongest "
+           f"paths:"]
+    for p in record["strongest"][:6]:
+        via = "" if p["via"] == "direct" else f" via {p['via']}"
+        out.append(f"  {p['sender']} -> {p['receiver']}{via} {p['effect']:+.3f} [{p['effect_lo']:+.3f}, "
+                   f"{p['effect_hi']:+.3f}]")
+    return out
 
 
 def patch(hm: HeadModel, pairs: Any = None, options: PatchOptions | None = None, **changes: Any) -> PatchResult:
@@ -104,7 +123,8 @@ def patch(hm: HeadModel, pairs: Any = None, options: PatchOptions | None = None,
                            seed=opts.seed, limit=opts.limit)
     got = run_patching(hm, batch, metric=opts.metric, direction=opts.direction, positions=opts.positions,
                        methods=opts.methods, batch_size=opts.batch_size, copies=opts.copies,
-                       settings=opts.intervals())
+                       settings=opts.intervals(),
+                       paths=None if opts.paths is None else path_receivers(opts.paths))
     got.record["provenance"] = provenance("patch", hm, pairs_fingerprint(batch), opts.with_only())
     return PatchResult(table=got.table, name=hm.name, record=got.record, pairs=batch, positions=got.positions,
-                       composition=got.composition)
+                       composition=got.composition, paths=got.paths)

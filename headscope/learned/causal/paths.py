@@ -1,0 +1,197 @@
+"""Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023): how much of a head's effect travels along one path.
+
+A path runs from a sender head to a receiver: another, later head's queries, keys or values (via q, k, v), or
+straight to the logits (via direct). With denoising (the default) the corrupt run is the base and the clean run
+the source; noising swaps them.
+
+1. Sender step: the base run with the sender's output taken from the source run and every other head's output
+   frozen at its base value; MLPs and norms recompute. The sender's change reaches later layers only through the
+   residual stream and the MLPs, never through another head. The metric of this run is the direct path's.
+2. Receiver step: the base run again, with only the receiver's query (or its KV group's keys or values) replaced
+   by what the sender step computed there; everything from the receiver on recomputes.
+
+The metric is normalised as activation patching's (`patching.Runs`): 1 = the path alone restores the clean metric.
+Under GQA and MQA a receiver's keys and values are its KV group's: a K or V path reaches every query head of
+the group. Both steps are batched like the exact scan: copy c of a chunk of pairs patches sender c (or path c),
+and the layers before the first patched one run once (`patching.widened`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...errors import HeadscopeError
+from ...hooks import on_head_outputs
+from ...models.adapter import HeadModel
+from ...uncertainty import IntervalSettings
+from .pairs import PairBatch
+from .patching import Runs, base_and_source, capture, chunks, logits_at, metric_values, widened
+
+VIAS = ("q", "k", "v")
+Head = tuple[int, int]  # (layer, head), the head's original id
+
+
+@dataclass(frozen=True)
+class PathJob:
+    """One path: a sender head to a receiver head's q, k or v, or (receiver None, via "direct") to the logits."""
+
+    sender: Head
+    receiver: Head | None
+    via: str
+
+    @property
+    def receiver_name(self) -> str:
+        return "logits" if self.receiver is None else head_name(self.receiver)
+
+
+def head_name(head: Head) -> str:
+    return f"L{head[0]}H{head[1]}"
+
+
+def path_jobs(hm: HeadModel, receivers: list[Head]) -> list[PathJob]:
+    """Every head to the logits, then every head of an earlier layer to each receiver's q, k and v."""
+    senders = [(l, h) for l in range(hm.n_layers) for h in hm.kept_heads(l)]
+    jobs = [PathJob(s, None, "direct") for s in senders]
+    for r in receivers:
+        if r[1] not in hm.kept_heads(r[0]):
+            raise HeadscopeError(f"receiver {head_name(r)} is not a head of this model: layer {r[0]} has heads "
+                                 f"{hm.kept_heads(r[0])}")
+        jobs += [PathJob(s, r, via) for via in VIAS for s in senders if s[0] < r[0]]
+    return jobs
+
+
+@dataclass
+class PathRuns:
+    """The metric per pair and path, with clean and corrupt, as `Runs` over `[pairs, paths]`."""
+
+    jobs: list[PathJob]
+    runs: Runs
+
+    def rows(self, settings: IntervalSettings) -> list[dict[str, Any]]:
+        """paths.csv's rows: sender, receiver, via and the normalised effect with its interval."""
+        iv = self.runs.effect(settings)
+        return [{"sender": head_name(j.sender), "receiver": j.receiver_name, "via": j.via,
+                 "effect": iv.value[i], "effect_lo": iv.lo[i], "effect_hi": iv.hi[i]}
+                for i, j in enumerate(self.jobs)]
+
+
+@contextmanager
+def _record_projections(hm: HeadModel, layers: list[int], store: dict[nn.Module, torch.Tensor]) -> Iterator[None]:
+    """Keep the output of every Q/K/V projection of `layers` (batch as run) in `store`, keyed by module."""
+
+    def keep(module: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> None:
+        store[module] = out.detach()
+
+    handles = [m.register_forward_hook(keep) for l in layers for name, m in hm.projections(l).items() if name != "o"]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _sender_forward(hm: HeadModel, b: PairBatch, base: torch.Tensor, frozen: dict[int, torch.Tensor],
+                    source: dict[int, torch.Tensor], senders: list[Head], metric: str,
+                    record: list[int]) -> tuple[torch.Tensor, dict[nn.Module, torch.Tensor]]:
+    """Step 1 for each sender in its own copy: the metric `[copies, pairs]` and the Q/K/V projections' outputs
+    `[copies * pairs, pos, width]` of the `record` layers."""
+    n, copies = base.shape[0], len(senders)
+    first = min(layer for layer, _ in senders)
+
+    def freeze(layer: int, z: torch.Tensor) -> torch.Tensor:
+        new = frozen[layer].to(z.device, z.dtype).repeat(copies, 1, 1, 1)
+        for c, (l, h) in enumerate(senders):
+            if l == layer:
+                i = hm.kept_heads(l).index(h)
+                new[c * n:(c + 1) * n, :, i] = source[l][:, :, i].to(z.device, z.dtype)
+        return new
+
+    recorded: dict[nn.Module, torch.Tensor] = {}
+    later = [l for l in range(first, hm.n_layers) if hm.heads_in_layer(l)]
+    with torch.no_grad(), on_head_outputs(hm, freeze, layers=later), widened(hm, first, n, copies), \
+            _record_projections(hm, [l for l in record if l > first], recorded):
+        logits = logits_at(hm, base, b.mask, b.position.repeat(copies))
+        m = metric_values(logits, b.answer.repeat(copies), b.wrong.repeat(copies), metric).view(copies, n)
+    return m, recorded
+
+
+def _receiver_forward(hm: HeadModel, b: PairBatch, base: torch.Tensor, recorded: dict[nn.Module, torch.Tensor],
+                      slot: dict[Head, int], jobs: list[PathJob], metric: str) -> torch.Tensor:
+    """Step 2 for each path in its own copy: the metric `[copies, pairs]` of the base run with the receiver's
+    channels of its projection taken from the sender's copy of step 1."""
+    n, copies = base.shape[0], len(jobs)
+    edits: dict[nn.Module, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+    for c, j in enumerate(jobs):
+        assert j.receiver is not None
+        module, channels = hm.head_channels(j.receiver[0], j.via, j.receiver[1])
+        s = slot[j.sender]
+        value = recorded[module][s * n:(s + 1) * n][..., channels.to(recorded[module].device)]
+        edits.setdefault(module, []).append((c, channels, value))
+
+    def make_hook(module: nn.Module) -> Callable[[nn.Module, tuple[Any, ...], torch.Tensor], torch.Tensor]:
+        def hook(mod: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
+            out = out.clone()
+            for c, channels, value in edits[module]:
+                out[c * n:(c + 1) * n, ..., channels.to(out.device)] = value.to(out.device, out.dtype)
+            return out
+
+        return hook
+
+    first = min(j.receiver[0] for j in jobs if j.receiver is not None)
+    handles = [m.register_forward_hook(make_hook(m)) for m in edits]
+    try:
+        with torch.no_grad(), widened(hm, first, n, copies):
+            logits = logits_at(hm, base, b.mask, b.position.repeat(copies))
+            return metric_values(logits, b.answer.repeat(copies), b.wrong.repeat(copies), metric).view(copies, n)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def path_scan(hm: HeadModel, b: PairBatch, receivers: list[Head], *, metric: str = "logit_diff",
+              direction: str = "denoising", batch_size: int = 16, copies: int = 16,
+              progress: Callable[[int], None] | None = None) -> PathRuns:
+    """Every head's direct path to the logits and every earlier head's paths to each receiver's q, k and v."""
+    why = hm.spec.refusal("qkv")
+    if receivers and why:
+        raise HeadscopeError(f"paths to heads read each head's Q/K/V channels; {hm.name} ({hm.spec.family} family): "
+                             f"{why}. Paths to the logits alone still work (--paths logits)")
+    jobs = path_jobs(hm, receivers)
+    index = {j: i for i, j in enumerate(jobs)}
+    senders = [j.sender for j in jobs if j.receiver is None]
+    record = sorted({r[0] for r in receivers})
+    patched = np.full((len(b), len(jobs)), np.nan)
+    clean, corrupt = np.zeros(len(b)), np.zeros(len(b))
+    forwards = 0
+    for rows in chunks(len(b), batch_size):
+        part = b.take(rows)
+        base, src_ids = base_and_source(part, direction)
+        source, m_src = capture(hm, part, src_ids, metric)
+        frozen, m_base = capture(hm, part, base, metric)
+        forwards += 2
+        (clean if direction == "denoising" else corrupt)[rows] = m_src.double().cpu().numpy()
+        (corrupt if direction == "denoising" else clean)[rows] = m_base.double().cpu().numpy()
+        for group in chunks(len(senders), copies):
+            batch = senders[group]
+            m, recorded = _sender_forward(hm, part, base, frozen, source, batch, metric, record)
+            forwards += 1
+            for c, s in enumerate(batch):
+                patched[rows, index[PathJob(s, None, "direct")]] = m[c].double().cpu().numpy()
+            in_batch = set(batch)
+            to_receivers = [j for j in jobs if j.receiver is not None and j.sender in in_batch]
+            slot = {s: c for c, s in enumerate(batch)}
+            for g in chunks(len(to_receivers), copies):
+                vals = _receiver_forward(hm, part, base, recorded, slot, to_receivers[g], metric)
+                forwards += 1
+                for c, j in enumerate(to_receivers[g]):
+                    patched[rows, index[j]] = vals[c].double().cpu().numpy()
+            if progress:
+                progress(len(batch))
+    return PathRuns(jobs, Runs(clean, corrupt, patched, direction, forwards))
+
