@@ -123,6 +123,25 @@ def test_the_section_shows_the_files_numbers(tmp_path, patched):
                for s in data["text"]["q1"])
 
 
+def test_a_real_path_patching_run(tmp_path, patched):
+    """`headscope.patch(..., paths=...)`'s own paths.csv: its strongest paths, with their intervals, all drawn."""
+    hm, _ = patched
+    out = tmp_path / "paths"
+    headscope.patch(hm, induction_pairs(None, hm.vocab_size, n=PAIRS, length=6, seed=0), bootstrap=200,
+                    paths="2").save(out)
+    q = panel(page_data(render(out, patched).read_text(encoding="utf-8")), PATHS_TITLE)
+    paths = pd.read_csv(out / "paths.csv")
+    best = paths.reindex(paths["effect"].abs().sort_values(ascending=False, kind="stable").index)[:TOP_PATHS]
+    assert len(q["rows"]) == TOP_PATHS and len(paths) > TOP_PATHS
+    for row, (_, want) in zip(q["rows"], best.iterrows(), strict=True):
+        assert (row["sender"], row["receiver"], row["via"]) == (want.sender, want.receiver, want.via)
+        np.testing.assert_allclose(numbers(row["effect"]), [want.effect, want.effect_lo, want.effect_hi], atol=6e-4)
+    assert f"of the {len(paths)} paths" in q["text"][0] and f"over the {PAIRS} pairs" in q["text"][0]
+    run = json.loads((out / "patching.json").read_text())["paths"]
+    assert q["text"][1] == f"Receivers: {', '.join(run['receivers'])} ({run['chosen']})."
+    assert len(q["text"]) == 2 and q["plot"].startswith("data:image/png;base64,")  # every path drawn
+
+
 def test_hostile_names_stay_text(tmp_path, patched):
     hm, _ = patched
     out = results(tmp_path, patched)

@@ -227,6 +227,10 @@ def paths_panel(part: Part, src: Sources, meta: dict[str, Any] | None, count: st
                 f"the clean metric), each with its interval over the {count} pairs; arrows: sender -> receiver, "
                 "coloured by what of the receiver they reach (q, k, v; direct: straight to the logits), marked with "
                 "their rank (#) in the table."]
+        run = meta.get("paths") if meta is not None else None
+        if isinstance(run, dict) and isinstance(run.get("receivers"), list):
+            text.append(f"Receivers: {', '.join(map(str, run['receivers'])) or 'the logits alone'}"
+                        + (f" ({run['chosen']})." if isinstance(run.get("chosen"), str) else "."))
         title, label = "path patching: strongest paths", "effect"
     else:
         comp = meta.get("composition") if meta is not None else None
