@@ -20,8 +20,8 @@ from matplotlib.figure import Figure
 
 from .io import atomic_write_bytes
 
-__all__ = ["figure", "heads_grid", "importance_grids", "num", "pruning_curve", "pruning_curves", "redundancy_profile",
-           "save_png"]
+__all__ = ["figure", "heads_grid", "importance_grids", "num", "path_graph", "pruning_curve", "pruning_curves",
+           "redundancy_profile", "save_png"]
 
 
 def figure(width: float, height: float, nrows: int = 1, ncols: int = 1) -> tuple[Figure, Any]:
@@ -47,11 +47,14 @@ def num(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
-def heads_grid(values: np.ndarray, title: str, path: Path | None = None) -> bytes:
-    """A layers x heads heat map of one column (layer 0 at the top)."""
+def heads_grid(values: np.ndarray, title: str, path: Path | None = None, signed: bool = False) -> bytes:
+    """A layers x heads heat map of one column (layer 0 at the top); `signed`: a diverging map centred on 0."""
     n_layers, n_heads = values.shape
     fig, ax = figure(max(3.0, 0.45 * n_heads + 1.6), max(2.2, 0.28 * n_layers + 1.0))
-    im = ax.imshow(np.asarray(values, float), cmap="viridis", aspect="auto")
+    a = np.asarray(values, float)
+    top = float(np.nanmax(np.abs(a))) if signed and np.isfinite(a).any() else 0.0
+    scale = {"cmap": "RdBu_r", "vmin": -(top or 1.0), "vmax": top or 1.0} if signed else {"cmap": "viridis"}
+    im = ax.imshow(a, aspect="auto", **scale)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_xticks(range(n_heads))
@@ -205,4 +208,65 @@ def redundancy_profile(rows: Sequence[Mapping[str, Any]], path: Path | None = No
     ax.set_ylabel("heads")
     ax.legend(fontsize=8)
     ax.set_title("layer-wise redundancy", fontsize=10)
+    return save_png(fig, path)
+
+
+VIA_COLOURS = {"q": "#4e79a7", "k": "#e15759", "v": "#59a14f", "direct": "#7f7f7f"}
+# Each kind of path bends its own way, so that q, k and v paths between the same two heads do not overlap.
+VIA_BEND = {"q": 0.12, "k": 0.3, "v": -0.12, "direct": -0.3}
+
+
+def path_graph(edges: Sequence[Mapping[str, Any]], title: str, value_label: str, path: Path | None = None) -> bytes:
+    """Heads as nodes (x: layer, y: head) and `edges` (`sender` (layer, head), `receiver` (layer, head) or None for
+    the logits, `via` q/k/v/direct, `value`, `label`) as arrows, wider for larger |value|, dashed when negative,
+    coloured and bent by `via`, each marked with its `label` (a short text, e.g. its rank in a table; the labels of
+    repeated paths are joined on one arrow, drawn as the first)."""
+    if not edges:
+        raise ValueError("no paths to draw")
+    same: dict[tuple[Any, Any, str], dict[str, Any]] = {}  # one arrow per path, the first (strongest) drawn
+    for e in edges:
+        k = (e["sender"], e["receiver"], str(e["via"]))
+        same[k] = {**e, "label": f"{same[k]['label']}, {e['label']}"} if k in same else dict(e)
+    edges = list(same.values())
+    layers = [e["sender"][0] for e in edges] + [e["receiver"][0] for e in edges if e["receiver"] is not None]
+    logits = any(e["receiver"] is None for e in edges)
+    first, out_x = min(layers), max(layers) + 1
+    heads = sorted({e["sender"][1] for e in edges} | {e["receiver"][1] for e in edges if e["receiver"] is not None})
+    row = {h: i for i, h in enumerate(heads)}
+    mid = (len(heads) - 1) / 2
+
+    def at(node: tuple[int, int] | None) -> tuple[float, float]:
+        return (out_x, mid) if node is None else (node[0], row[node[1]])
+
+    fig, ax = figure(min(12.0, 1.4 * (out_x - first + 1) + 2.5), min(10.0, 0.55 * len(heads) + 1.6))
+    ax.set_xlim(first - 0.6, out_x + (0.6 if logits else -0.4))
+    ax.set_ylim(len(heads) - 0.2, -0.8)  # head 0 at the top
+    top = max(abs(num(e["value"])) for e in edges) or 1.0
+    for e in edges:
+        a, b = at(e["sender"]), at(e["receiver"])
+        v, bend = num(e["value"]), VIA_BEND.get(str(e["via"]), 0.0)
+        ax.annotate("", xy=b, xytext=a, arrowprops={
+            "arrowstyle": "-|>", "color": VIA_COLOURS.get(str(e["via"]), "#333333"), "shrinkA": 11, "shrinkB": 11,
+            "lw": 0.6 + 3.0 * abs(v) / top, "linestyle": "--" if v < 0 else "-", "connectionstyle": f"arc3,rad={bend}"})
+        # The label sits on the curve's middle: arc3 bends in display space, so the point is found there.
+        p0, p2 = ax.transData.transform(a), ax.transData.transform(b)
+        d = p2 - p0
+        x, y = ax.transData.inverted().transform((p0 + p2) / 2 + 0.5 * bend * np.array([d[1], -d[0]]))
+        ax.text(x, y, str(e["label"]), fontsize=6, ha="center", va="center", parse_math=False,
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
+    for n in {e["sender"] for e in edges} | {e["receiver"] for e in edges}:
+        x, y = at(n)
+        ax.plot([x], [y], "o", ms=22, color="#f2f2f2", mec="#555555")
+        ax.text(x, y, "logits" if n is None else f"L{n[0]}H{n[1]}", fontsize=6, ha="center", va="center",
+                parse_math=False)
+    for via, colour in VIA_COLOURS.items():
+        ax.plot([], [], color=colour, label=via)
+    ax.legend(fontsize=7, title="via", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_xticks(range(first, out_x + int(logits)))
+    ax.set_xticklabels([str(l) for l in range(first, out_x)] + (["out"] if logits else []))
+    ax.set_yticks(range(len(heads)))
+    ax.set_yticklabels([str(h) for h in heads])
+    ax.set_xlabel(f"layer (arrow width: |{value_label}|; dashed: negative)")
+    ax.set_ylabel("head")
+    ax.set_title(title, fontsize=9)
     return save_png(fig, path)

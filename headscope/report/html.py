@@ -19,9 +19,10 @@ def asset(name: str) -> str:
 
 
 def embed_json(data: Any) -> str:
-    """JSON safe inside a <script> element: no '</' or '<!--' can close or confuse it."""
+    """JSON safe inside a <script> element: every '<' (only ever inside a JSON string) is written \\u003c, so no
+    '</script' or '<!--' can close or confuse it, and the text is still valid JSON."""
     text = json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False, default=str)
-    text = text.replace("</", "<\\/").replace("<!--", "<\\!--")
+    text = text.replace("<", "\\u003c")
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
