@@ -291,10 +291,11 @@ def test_notebook_view_is_self_contained(dirs, evidence, tmp_path):
     assert len(df) == 8 * len(tokens) ** 2 and np.allclose(df.groupby(["layer", "head", "query"])["weight"].sum(), 1)
     page = v.html()
     assert "connect-src 'none'" in page and not re.search(r"""(src|href)=["']?(https?:|//)""", page)
-    # The token travels only inside the JSON data element (which nothing but '</script' could end, and '</' is
-    # escaped there); the page's script writes it with textContent (tests/test_view_browser.py).
+    # The token travels only inside the JSON data element (every '<' escaped there as \u003c, so nothing can end
+    # it); the page's script writes it with textContent (tests/test_view_browser.py).
     data = re.search(r'<script type="application/json" id="hs-view-data">(.*?)</script>', page, re.DOTALL)
-    assert MARKUP in data[1] and MARKUP not in page.replace(data[0], "")
+    assert "<" not in data[1] and MARKUP in json.dumps(json.loads(data[1]), ensure_ascii=False)
+    assert MARKUP not in page.replace(data[0], "")
     frame = v._repr_html_()
     assert frame.startswith("<iframe srcdoc=\"") and "<script" not in frame
     assert v.save(tmp_path) == [tmp_path / "view.html"] and (tmp_path / "view.html").read_text() == page

@@ -110,10 +110,12 @@ def summary_sentences(summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def redundancy_sentences(rows: list[dict[str, Any]], target_drop: float | None) -> list[str]:
-    """Where the heads sit that the curve removed before its point estimate passed the target drop, without and
-    with recovery training (a description of the curve: the claim of what can go is `summary_sentences`')."""
+def redundancy_sentences(rows: list[dict[str, Any]], target_drop: float | None, by: str | None = None) -> list[str]:
+    """Where the heads sit that the curve removed before its drop passed the target, without and with recovery
+    training, judged as prune.json's `within_target_by` says (older files: by the point estimate)."""
     at = f"the target drop ({target_drop:.0%})" if target_drop is not None else "the target drop"
+    judged = "the upper bound of its drop's interval" if by and by.startswith("the upper bound") else \
+        "its point estimate"
     cols = ["removable"] + (["removable_recovered"] if any(r.get("removable_recovered") is not None for r in rows)
                             else [])
     out = []
@@ -121,11 +123,11 @@ def redundancy_sentences(rows: list[dict[str, Any]], target_drop: float | None) 
         how = " with recovery" if col.endswith("recovered") else ""
         total = sum(r[col] for r in rows)
         if not total:
-            out.append(f"The curve's first step{how} already passes {at} by the point estimate.")
+            out.append(f"The curve's first step{how} already passes {at} by {judged.replace('its ', 'the ')}.")
             continue
         top = max(rows, key=lambda r: r[col])
         low = min(rows, key=lambda r: r[col])
-        out.append(f"Of the {total:g} heads the curve removed{how} before its point estimate passed {at}, layer "
+        out.append(f"Of the {total:g} heads the curve removed{how} before {judged} passed {at}, layer "
                    f"{top['layer']:g} gave the most ({top[col]:g} of {top['heads']:g}), layer {low['layer']:g} the "
                    f"fewest ({low[col]:g} of {low['heads']:g}).")
     return out
@@ -180,7 +182,8 @@ def prune_part(src: Sources, figs: dict[str, bytes] | None) -> Part:
     else:
         res["redundancy"] = {"columns": red.columns, "rows": red.rows}
         if red.rows:
-            part.say("q3", *redundancy_sentences(red.rows, summary["target_drop"] if summary else None))
+            part.say("q3", *redundancy_sentences(red.rows, summary["target_drop"] if summary else None,
+                                                 summary.get("within_target_by") if summary else None))
             png = plots.redundancy_profile(red.rows)
             res["redundancy"]["plot"] = data_url(png)
             if figs is not None:
