@@ -111,3 +111,27 @@ def test_roles_duo_card_path_refused_before_the_model_loads(tmp_path, capsys):
     assert main(["roles", "nomodel", "--out", str(tmp_path / "o"), "--long", "256", "--export-card", str(card),
                  "--card-format", "duo"]) == 2
     assert "the duo format is a directory" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_kvcache_card_records_how_stable_its_ranking_is(llama, tmp_path, capsys):
+    """Scores measured by kvcache itself: the card's config holds their ranking's split-half stability and the
+    haystacks it came from, as kvcache.json does; scores read from a file say where their record is."""
+    src, text = llama
+    out, card = tmp_path / "out", tmp_path / "duo"
+    assert main(["kvcache", str(src), "--keep-full", "50%", "--haystacks", "4", "--data", str(text), "--needles", "0",
+                 "--no-random", *SMALL, "--out", str(out), "--export-card", str(card)]) == 0
+    record = json.loads((card / "config.json").read_text())["headscope"]
+    kvcache_json = json.loads((out / "kvcache.json").read_text())
+    assert record == kvcache_json["settings"]["scores"]["ranking"] and record["haystacks"] == 4
+    # the tiny random model answers none of the 4 haystacks: its scores are over all of them, too few to split
+    assert kvcache_json["settings"]["scores"]["over"].startswith("every haystack")
+    assert record["score"] == "retrieval_score_all" and record["stable"] is False
+    assert "ranking is not stable" in capsys.readouterr().err  # said on stderr, as roles says it
+    scores = tmp_path / "heads.csv"
+    scores.write_text("layer,head,retrieval_score\n" + "".join(f"{l},{h},{l + h / 10}\n" for l in range(2)
+                                                                 for h in range(6)))
+    assert main(["kvcache", str(src), "--keep-full", "50%", "--scores", str(scores), "--data", str(text),
+                 "--needles", "0", "--no-random", *SMALL, "--out", str(tmp_path / "o2"), "--export-card",
+                 str(tmp_path / "duo2")]) == 0
+    read = json.loads((tmp_path / "duo2" / "config.json").read_text())["headscope"]
+    assert read["ranking_stability"] is None and read["from"] == str(scores) and "roles.json" in read["note"]

@@ -7,8 +7,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from ..artifacts import outputs
 from ..capacity import verbs
 from ..capacity.kv_bytes import attention_shape, load_config
@@ -17,8 +15,9 @@ from ..capacity.kvcache.choice import read_scores_file
 from ..capacity.kvcache.compare import check_positions
 from ..capacity.options import KvcacheOptions
 from ..data import read_texts
-from ..export.cards import check_card_path, duo_pattern, write_duo
+from ..export.cards import check_card_path, kvcache_duo, write_duo
 from ..io import prepare_out_dir
+from ..learned.longctx.confidence import card_warning
 from ..models import BUILTINS, load_model
 from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
@@ -63,13 +62,12 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     result = verbs.kvcache(hm, data, options, scores=scores, train_data=train, progress=True)
     result.save(out, options.force)  # both files appear together, or neither
     if card is not None:  # outside --out: written (atomically) once the set is in place
-        learned = result.report["settings"]["scores"].get("learned")
-        if learned is not None:  # DuoAttention's own pattern: the learned alphas, [layers, KV heads] in [0, 1]
-            pattern, chosen = np.asarray(learned["alpha"], float), "the learned alphas (--choose learned)"
-        else:
-            pattern, chosen = duo_pattern(np.asarray(result.report["scores"]), hm.n_kv_heads), f"--by {options.by}"
+        pattern, chosen, record = kvcache_duo(result.report, hm.n_kv_heads, options.by)
         write_duo(card, pattern, sink=options.sink, recent=options.window, force=options.force,
-                  source=f"headscope kvcache: {hm.name}, {chosen}")
+                  source=f"headscope kvcache: {hm.name}, {chosen}", config=record)
+        warning = card_warning(record) if "stable" in record else None
+        if warning:
+            print(warning, file=sys.stderr)
     print("\n".join(result.lines()))
     print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}{' and ' + str(card) if card else ''}",
           file=sys.stderr)

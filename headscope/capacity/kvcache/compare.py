@@ -11,6 +11,7 @@ import numpy as np
 
 from ...errors import HeadscopeError
 from ...learned.longctx import build_haystack, long_roles
+from ...learned.longctx.confidence import card_record
 from ...learned.longctx.needle import DEPTHS, gum_sentences
 from ...models.adapter import HeadModel
 from ...uncertainty import IntervalSettings
@@ -68,10 +69,11 @@ def retrieval_scores(hm: HeadModel, context: int, haystacks: int, seed: int,
     report = long_roles(hm, context, windows=0, haystacks=haystacks, seed=seed + SCORE_SEED_OFFSET, progress=progress)
     scores = np.asarray(report["scores"]["retrieval_score"], float)
     info = {"haystacks": haystacks, "answered": report["needles"]["succeeded"], "seed": seed + SCORE_SEED_OFFSET,
-            "over": "answered haystacks"}
+            "over": "answered haystacks", "ranking": card_record(report, "retrieval_score")}
     if np.isnan(scores).all():
         scores = np.asarray(report["scores"]["retrieval_score_all"], float)
         info["over"] = "every haystack (the model answered none)"
+        info["ranking"] = card_record(report, "retrieval_score_all")
         log.warning("the model answered none of the %d scoring haystacks: retrieval scores over all of them", haystacks)
     return scores, info
 
