@@ -190,6 +190,31 @@ def capture(hm: HeadModel, b: PairBatch, ids: torch.Tensor, metric: str) -> tupl
     return store, m
 
 
+@dataclass
+class BaseRuns:
+    """One chunk of pairs after its source and base runs: the base ids and each layer's head outputs on both."""
+
+    rows: slice
+    part: PairBatch
+    base: torch.Tensor
+    source: dict[int, torch.Tensor]
+    base_z: dict[int, torch.Tensor]
+
+
+def base_runs(hm: HeadModel, b: PairBatch, *, metric: str, direction: str, batch_size: int, clean: np.ndarray,
+              corrupt: np.ndarray) -> Iterator[BaseRuns]:
+    """For each chunk of `batch_size` pairs, its source and base runs (two forwards), their metrics written into
+    `clean` and `corrupt` `[pairs]`."""
+    for rows in chunks(len(b), batch_size):
+        part = b.take(rows)
+        base, src_ids = base_and_source(part, direction)
+        source, m_src = capture(hm, part, src_ids, metric)
+        base_z, m_base = capture(hm, part, base, metric)
+        (clean if direction == "denoising" else corrupt)[rows] = m_src.double().cpu().numpy()
+        (corrupt if direction == "denoising" else clean)[rows] = m_base.double().cpu().numpy()
+        yield BaseRuns(rows, part, base, source, base_z)
+
+
 def exact_scan(hm: HeadModel, b: PairBatch, *, metric: str = "logit_diff", direction: str = "denoising",
                positions: str = "all", batch_size: int = 16, copies: int = 16,
                progress: Callable[[int], None] | None = None) -> Runs:
@@ -201,16 +226,12 @@ def exact_scan(hm: HeadModel, b: PairBatch, *, metric: str = "logit_diff", direc
     clean, corrupt = np.zeros(len(b)), np.zeros(len(b))
     kept = {l: hm.kept_heads(l) for l in range(hm.n_layers)}
     forwards = 0
-    for rows in chunks(len(b), batch_size):
-        part = b.take(rows)
-        base, src_ids = base_and_source(part, direction)
-        source, m_src = capture(hm, part, src_ids, metric)
-        _, m_base = capture(hm, part, base, metric)
+    for run in base_runs(hm, b, metric=metric, direction=direction, batch_size=batch_size, clean=clean,
+                         corrupt=corrupt):
         forwards += 2
-        (clean if direction == "denoising" else corrupt)[rows] = m_src.double().cpu().numpy()
-        (corrupt if direction == "denoising" else clean)[rows] = m_base.double().cpu().numpy()
+        rows = run.rows
         for group in chunks(len(jobs), copies):
-            vals = patched_forward(hm, part, base, source, jobs[group], metric).double().cpu().numpy()
+            vals = patched_forward(hm, run.part, run.base, run.source, jobs[group], metric).double().cpu().numpy()
             forwards += 1
             for c, j in enumerate(jobs[group]):
                 at = (rows, j.layer, kept[j.layer][j.index]) + (() if j.position is None else (j.position,))

@@ -31,7 +31,7 @@ from ...hooks import on_head_outputs
 from ...models.adapter import HeadModel
 from ...uncertainty import IntervalSettings
 from .pairs import PairBatch
-from .patching import Runs, base_and_source, capture, chunks, logits_at, metric_values, widened
+from .patching import Runs, base_runs, chunks, logits_at, metric_values, widened
 
 VIAS = ("q", "k", "v")
 Head = tuple[int, int]  # (layer, head), the head's original id
@@ -169,17 +169,13 @@ def path_scan(hm: HeadModel, b: PairBatch, receivers: list[Head], *, metric: str
     patched = np.full((len(b), len(jobs)), np.nan)
     clean, corrupt = np.zeros(len(b)), np.zeros(len(b))
     forwards = 0
-    for rows in chunks(len(b), batch_size):
-        part = b.take(rows)
-        base, src_ids = base_and_source(part, direction)
-        source, m_src = capture(hm, part, src_ids, metric)
-        frozen, m_base = capture(hm, part, base, metric)
+    for run in base_runs(hm, b, metric=metric, direction=direction, batch_size=batch_size, clean=clean,
+                         corrupt=corrupt):
         forwards += 2
-        (clean if direction == "denoising" else corrupt)[rows] = m_src.double().cpu().numpy()
-        (corrupt if direction == "denoising" else clean)[rows] = m_base.double().cpu().numpy()
+        rows, part, base = run.rows, run.part, run.base
         for group in chunks(len(senders), copies):
             batch = senders[group]
-            m, recorded = _sender_forward(hm, part, base, frozen, source, batch, metric, record)
+            m, recorded = _sender_forward(hm, part, base, run.base_z, run.source, batch, metric, record)
             forwards += 1
             for c, s in enumerate(batch):
                 patched[rows, index[PathJob(s, None, "direct")]] = m[c].double().cpu().numpy()
