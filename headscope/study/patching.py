@@ -1,0 +1,161 @@
+"""The study's `patch` stage (activation patching, issue 33) and the causal sentence of question 1's answer.
+
+The stage runs `headscope patch` on a built-in pair set: `ioi` on decoders, `masked` on encoders with a
+masked-LM head; a model without an LM head has no logits to patch and is left out with that reason (a task
+the tokenizer cannot hold is refused by the verb itself, and the study records its reason). Its sizes go from
+attribution patching alone (one forward and backward per batch of pairs) on few pairs to the exact scan on
+more: the plan takes the exact scan only when it fits the budget.
+
+The answer names the heads whose exact effect's interval excludes 0 (the largest first) with their
+intervals, and, when the roles stage ran in the same study, the role labels those heads carry.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from ..artifacts import PATCHING_CSV, PATCHING_JSON, ROLES_CSV
+
+# Exact scan: each head's copy of the batch runs the layers from its own on (the prefix is shared), about this
+# share of a forward per head and pair; the clean and corrupt runs are 2 more forwards per pair.
+EXACT_FWD = 0.6
+LEVELS: tuple[dict[str, Any], ...] = (
+    {"n": 8, "exact": False}, {"n": 16, "exact": False},  # attribution alone: exact does not fit
+    {"n": 8, "exact": True}, {"n": 16, "exact": True}, {"n": 24, "exact": True}, {"n": 48, "exact": True},
+)
+TOP = 3  # heads named in the answer
+TASK_WORDS = {"ioi": "IOI", "masked": "masked capital-country", "greater-than": "greater-than",
+              "induction": "induction"}
+METRIC_WORDS = {"logit_diff": "logit difference", "prob": "probability of the answer", "loss": "loss"}
+
+
+def task_for(causal: bool) -> str:
+    """The built-in pair set a model's study patches on: ioi (decoders) or masked (encoders)."""
+    return "ioi" if causal else "masked"
+
+
+def argv(model: str, device: str | None, causal: bool, lv: dict[str, Any]) -> list[str]:
+    """The patch verb's options at size `lv` (the pairs and the methods)."""
+    methods = "exact,attribution" if lv["exact"] else "attribution"
+    out = ["patch", model] + (["--device", device] if device else [])
+    return out + ["--task", task_for(causal), "--limit", str(lv["n"]), "--method", methods]
+
+
+def cost(fwd_s: float, train_s: float, cpu_s: float, heads: int, lv: dict[str, Any]) -> float:
+    """Seconds of the stage at size `lv`, in the probe's units (a passage forward, forward + backward, CPU)."""
+    n = lv["n"]
+    s = n * (train_s + 2 * fwd_s)  # attribution: the clean and corrupt runs, then one forward + backward
+    s += n * fwd_s  # direct logit attribution's clean pass
+    methods = 1
+    if lv["exact"]:
+        s += n * (2 + EXACT_FWD * heads) * fwd_s  # (2 + heads / copies) forwards of copies x batch rows per batch
+        methods = 2
+    # bootstrap intervals over pairs of every head's effect per method, DLA, and the methods' agreement
+    return s + cpu_s * (3 + methods * n * heads / 400)
+
+
+def refusal(causal: bool, lm_head: bool, model_type: str, architecture: str) -> str | None:
+    """Why a model's study cannot patch (None when it can)."""
+    if not lm_head:
+        want = "a causal LM" if causal else "a masked-LM checkpoint (*ForMaskedLM)"
+        return (f"patching reads the answer's logits and this {model_type} model ({architecture}) has no LM head; "
+                f"study {want} to get the causal heads")
+    return None
+
+
+# --- the answer ----------------------------------------------------------------------------------------
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def _num(text: str | None) -> float | None:
+    try:
+        v = float(text or "nan")
+    except ValueError:
+        return None
+    return None if v != v else v
+
+
+def heads_by(rows: list[dict[str, str]], col: str) -> list[tuple[str, float, float, float]]:
+    """(name, value, lo, hi) of every head with an interval in `col`, largest |value| first."""
+    out = []
+    for r in rows:
+        v, lo, hi = _num(r.get(col)), _num(r.get(f"{col}_lo")), _num(r.get(f"{col}_hi"))
+        if v is not None and lo is not None and hi is not None:
+            out.append((f"L{r['layer']}H{r['head']}", v, lo, hi))
+    return sorted(out, key=lambda t: -abs(t[1]))
+
+
+def role_labels(out: Path) -> dict[str, list[str]] | None:
+    """Each head's role labels from roles.csv ({"L0H1": ["induction"]}), or None without roles.csv."""
+    rows = _rows(out / ROLES_CSV.name)
+    if not rows or "roles" not in rows[0]:
+        return None
+    return {f"L{r['layer']}H{r['head']}": [x for x in (r.get("roles") or "").split(";") if x] for r in rows}
+
+
+def _label(name: str, labels: dict[str, list[str]] | None, words: dict[str, str]) -> str:
+    if labels is None:
+        return ""
+    got = labels.get(name) or []
+    return f" ({', '.join(words.get(x, x.replace('_', ' ')) for x in got)})" if got else " (no role label)"
+
+
+def sentence(out: Path, why: str, words: dict[str, str], roles_ran: bool) -> str:
+    """Question 1's causal clause ('; causally, on 24 IOI pairs, L23H3 restores ...'), from patching.csv/json;
+    `why` is said when the stage did not run. Role labels are compared when `roles_ran` (this study's roles)."""
+    rec = _read_json(out / PATCHING_JSON.name)
+    rows = _rows(out / PATCHING_CSV.name)
+    if rec is None or not rows:
+        return f"; no causal patching ({why})"
+    pairs = rec.get("pairs") or {}
+    source = str(pairs.get("source", ""))
+    task = TASK_WORDS.get(source.removeprefix("task "), source)
+    metric = METRIC_WORDS.get(str(rec.get("metric")), str(rec.get("metric")))
+    exact = "effect" in rows[0]
+    heads = heads_by(rows, "effect" if exact else "attribution")
+    if not heads:
+        return "; no causal patching (patching.csv holds no head with an interval)"
+    labels = role_labels(out) if roles_ran else None
+    called = [h for h in heads if h[2] > 0 or h[3] < 0]  # the interval excludes 0
+    mc, mx = rec.get("M_clean") or {}, rec.get("M_corrupt") or {}
+    s = (f"; causally, on {pairs.get('n', '?')} {task} pairs ({metric} {mc.get('value', float('nan')):.2f} clean vs "
+         f"{mx.get('value', float('nan')):.2f} corrupt), ")
+    if not exact:
+        s = s.replace("causally", "by attribution patching alone (a first-order estimate: the exact scan did not "
+                                   "fit the budget)", 1)
+    verb = "restores" if exact else "is estimated to restore"
+    if not called:
+        name, v, lo, hi = heads[0]
+        return s + (f"no head's interval excludes 0 (largest: {name} {v:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+                    f"{_label(name, labels, words)}), so none is called causal")
+    parts = []
+    for i, (name, v, lo, hi) in enumerate(called[:TOP]):
+        if i == 0:
+            what = (f"{verb} {v:.2f} [{lo:.2f}, {hi:.2f}] of the clean {metric}" if v > 0 else
+                    f"works against the clean {metric}: {v:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+        else:
+            what = f"{v:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+        parts.append(f"{name} {what}{_label(name, labels, words)}")
+    s += ", ".join(parts) + f"; {len(called)} of {len(heads)} heads' intervals exclude 0"
+    if labels is not None:
+        labelled = sum(1 for name, *_ in called if labels.get(name))
+        s += f", {labelled} of them carry a role label"
+    elif exact:
+        s += " (no role census in this study to compare with)"
+    return s
