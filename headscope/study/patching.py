@@ -7,7 +7,8 @@ attribution patching alone (one forward and backward per batch of pairs) on few 
 more: the plan takes the exact scan only when it fits the budget.
 
 The answer names the heads whose exact effect's interval excludes 0 (the largest first) with their
-intervals, and, when the roles stage ran in the same study, the role labels those heads carry.
+intervals (none when the pairs' clean and corrupt metrics overlap: the model does not do the task, and a share
+of no difference means little), and, when the roles stage ran in the same study, the role labels those heads carry.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from ..artifacts import PATCHING_CSV, PATCHING_JSON, ROLES_CSV
 # Exact scan: each head's copy of the batch runs the layers from its own on (the prefix is shared), about this
 # share of a forward per head and pair; the clean and corrupt runs are 2 more forwards per pair.
 EXACT_FWD = 0.6
+ATTRIBUTION, BOTH = "attribution", "exact,attribution"
+# Sizes, cheapest first (study.json's `size` of the stage says which was chosen): attribution alone where the
+# exact scan does not fit, then the exact scan (with attribution beside it, for their agreement) on more pairs.
 LEVELS: tuple[dict[str, Any], ...] = (
-    {"n": 8, "exact": False}, {"n": 16, "exact": False},  # attribution alone: exact does not fit
-    {"n": 8, "exact": True}, {"n": 16, "exact": True}, {"n": 24, "exact": True}, {"n": 48, "exact": True},
+    {"n": 8, "methods": ATTRIBUTION}, {"n": 16, "methods": ATTRIBUTION},
+    {"n": 8, "methods": BOTH}, {"n": 16, "methods": BOTH}, {"n": 24, "methods": BOTH}, {"n": 48, "methods": BOTH},
 )
 TOP = 3  # heads named in the answer
 TASK_WORDS = {"ioi": "IOI", "masked": "masked capital-country", "greater-than": "greater-than",
@@ -39,9 +43,8 @@ def task_for(causal: bool) -> str:
 
 def argv(model: str, device: str | None, causal: bool, lv: dict[str, Any]) -> list[str]:
     """The patch verb's options at size `lv` (the pairs and the methods)."""
-    methods = "exact,attribution" if lv["exact"] else "attribution"
     out = ["patch", model] + (["--device", device] if device else [])
-    return out + ["--task", task_for(causal), "--limit", str(lv["n"]), "--method", methods]
+    return out + ["--task", task_for(causal), "--limit", str(lv["n"]), "--method", lv["methods"]]
 
 
 def cost(fwd_s: float, train_s: float, cpu_s: float, heads: int, lv: dict[str, Any]) -> float:
@@ -50,7 +53,7 @@ def cost(fwd_s: float, train_s: float, cpu_s: float, heads: int, lv: dict[str, A
     s = n * (train_s + 2 * fwd_s)  # attribution: the clean and corrupt runs, then one forward + backward
     s += n * fwd_s  # direct logit attribution's clean pass
     methods = 1
-    if lv["exact"]:
+    if "exact" in lv["methods"]:
         s += n * (2 + EXACT_FWD * heads) * fwd_s  # (2 + heads / copies) forwards of copies x batch rows per batch
         methods = 2
     # bootstrap intervals over pairs of every head's effect per method, DLA, and the methods' agreement
@@ -116,6 +119,15 @@ def _label(name: str, labels: dict[str, list[str]] | None, words: dict[str, str]
     return f" ({', '.join(words.get(x, x.replace('_', ' ')) for x in got)})" if got else " (no role label)"
 
 
+def separated(mc: dict[str, Any], mx: dict[str, Any]) -> bool:
+    """Whether M(clean)'s and M(corrupt)'s intervals are disjoint: the pairs move the metric, so an effect (a share
+    of the difference) has a settled denominator."""
+    try:
+        return bool(mc["hi"] < mx["lo"] or mx["hi"] < mc["lo"])
+    except (KeyError, TypeError):
+        return False
+
+
 def sentence(out: Path, why: str, words: dict[str, str], roles_ran: bool) -> str:
     """Question 1's causal clause ('; causally, on 24 IOI pairs, L23H3 restores ...'), from patching.csv/json;
     `why` is said when the stage did not run. Role labels are compared when `roles_ran` (this study's roles)."""
@@ -140,10 +152,14 @@ def sentence(out: Path, why: str, words: dict[str, str], roles_ran: bool) -> str
         s = s.replace("causally", "by attribution patching alone (a first-order estimate: the exact scan did not "
                                    "fit the budget)", 1)
     verb = "restores" if exact else "is estimated to restore"
+    name, v, lo, hi = heads[0]
+    largest = f"largest: {name} {v:+.2f} [{lo:+.2f}, {hi:+.2f}]{_label(name, labels, words)}"
+    if not separated(mc, mx):  # effects are shares of M(clean) - M(corrupt): with no difference, no share means much
+        return s + (f"no head is called causal: the model does not tell the pairs apart (M(clean) "
+                    f"[{mc['lo']:.2f}, {mc['hi']:.2f}] and M(corrupt) [{mx['lo']:.2f}, {mx['hi']:.2f}] overlap), so "
+                    f"shares of their difference are unsettled ({largest})")
     if not called:
-        name, v, lo, hi = heads[0]
-        return s + (f"no head's interval excludes 0 (largest: {name} {v:+.2f} [{lo:+.2f}, {hi:+.2f}]"
-                    f"{_label(name, labels, words)}), so none is called causal")
+        return s + f"no head's interval excludes 0 ({largest}), so none is called causal"
     parts = []
     for i, (name, v, lo, hi) in enumerate(called[:TOP]):
         if i == 0:
