@@ -20,7 +20,6 @@ from headscope.study import patching
 from headscope.study.answers import ROLE_WORDS
 from headscope.study.probe import Probe
 from headscope.study.stages import Family, stages_for
-
 from tests.test_study import WORDS, _count_loads, tiny_bert_dir
 
 
