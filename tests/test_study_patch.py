@@ -265,3 +265,19 @@ def test_the_answer_compares_the_causal_heads_with_the_roles_labels(tmp_path):
 @pytest.mark.parametrize("causal, task", [(True, "ioi"), (False, "masked")])
 def test_the_task_follows_the_family(causal, task):
     assert patching.task_for(causal) == task
+
+
+def test_a_builtin_pair_whose_answer_and_wrong_are_one_token_is_left_out():
+    """A tokenizer that maps both names to one token (<unk>) cannot tell them apart: such a pair of a built-in set is
+    left out and counted; a set of nothing else is refused with the reason the study records."""
+    from headscope.errors import HeadscopeError
+    from headscope.learned.causal.pairs import Pair, load_pairs, tokenize_pairs
+
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(["<unk>", "<pad>", ".", ",", *WORDS]))}
+    tok = _tokenizer(vocab, "<unk>", pad_token="<pad>")
+    good = Pair("the company said", "the market said", " the", " a")
+    same = Pair("when kate met tom , tom gave it to", "when kate met tom , kate gave it to", " kate", " tom")
+    kept = tokenize_pairs(tok, [good, same], True, "task x", strict=False)
+    assert len(kept) == 1 and kept.skipped == 1 and kept.pairs == [good]
+    with pytest.raises(HeadscopeError, match="task ioi: none of its 8 pairs fits .* answer and wrong the same token"):
+        load_pairs(tok, True, len(vocab), task="ioi", limit=8)
