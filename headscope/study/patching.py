@@ -20,9 +20,12 @@ from typing import Any
 
 from ..artifacts import PATCHING_CSV, PATCHING_JSON, ROLES_CSV
 
-# Exact scan: each head's copy of the batch runs the layers from its own on (the prefix is shared), about this
-# share of a forward per head and pair; the clean and corrupt runs are 2 more forwards per pair.
-EXACT_FWD = 0.6
+# Factors fitted on one timed run (SmolLM2, 270 heads, 8 IOI pairs, 1 thread; docs/study.md): the exact scan's
+# patched copies run the layers from their head's own on (the prefix is shared) over pairs shorter than the
+# probe's passages, EXACT_FWD of a passage forward per head and pair; attribution's passes ATTR_SHARE of a
+# passage's forward + backward and two forwards per pair; composition scores, DLA and the bootstrap of every
+# head's interval grow with heads squared (OVERHEAD, in the probe's CPU units, more with the exact scan's).
+EXACT_FWD, ATTR_SHARE, OVERHEAD = 0.4, 0.4, {False: 0.025, True: 0.04}
 ATTRIBUTION, BOTH = "attribution", "exact,attribution"
 # Sizes, cheapest first (study.json's `size` of the stage says which was chosen): attribution alone where the
 # exact scan does not fit, then the exact scan (with attribution beside it, for their agreement) on more pairs.
@@ -49,15 +52,12 @@ def argv(model: str, device: str | None, causal: bool, lv: dict[str, Any]) -> li
 
 def cost(fwd_s: float, train_s: float, cpu_s: float, heads: int, lv: dict[str, Any]) -> float:
     """Seconds of the stage at size `lv`, in the probe's units (a passage forward, forward + backward, CPU)."""
-    n = lv["n"]
-    s = n * (train_s + 2 * fwd_s)  # attribution: the clean and corrupt runs, then one forward + backward
+    n, exact = lv["n"], "exact" in lv["methods"]
+    s = n * ATTR_SHARE * (train_s + 2 * fwd_s)  # attribution: clean and corrupt runs, one forward + backward
     s += n * fwd_s  # direct logit attribution's clean pass
-    methods = 1
-    if "exact" in lv["methods"]:
-        s += n * (2 + EXACT_FWD * heads) * fwd_s  # (2 + heads / copies) forwards of copies x batch rows per batch
-        methods = 2
-    # bootstrap intervals over pairs of every head's effect per method, DLA, and the methods' agreement
-    return s + cpu_s * (3 + methods * n * heads / 400)
+    if exact:  # per batch: clean and corrupt runs, then (heads / copies) forwards of copies x batch rows
+        s += n * (2 + EXACT_FWD * heads) * fwd_s
+    return s + cpu_s * (3 + OVERHEAD[exact] * heads ** 2)
 
 
 def refusal(causal: bool, lm_head: bool, model_type: str, architecture: str) -> str | None:
