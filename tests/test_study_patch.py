@@ -137,8 +137,8 @@ def test_a_decoder_study_patches_ioi_and_names_the_causal_heads(tmp_path, capsys
     assert st["stages"]["roles"]["status"] == "done"
     with open(out / "roles.csv", encoding="utf-8") as f:
         labels = {f"L{r['layer']}H{r['head']}": [x for x in r["roles"].split(";") if x] for r in csv.DictReader(f)}
-    want = ", ".join(ROLE_WORDS.get(x, x.replace("_", " ")) for x in labels[name]) if labels[name] \
-        else "no role label"
+    words = [ROLE_WORDS.get(x, x.replace("_", " ")).removesuffix(" heads") for x in labels[name]]
+    want = ", ".join(words) if words else "no role label"
     assert f"{first} ({want})" in q1, (want, q1)
     if called:
         labelled = sum(1 for n, *_ in called if labels[n])
@@ -250,7 +250,7 @@ def test_the_answer_compares_the_causal_heads_with_the_roles_labels(tmp_path):
     s = patching.sentence(tmp_path, "unused", ROLE_WORDS, roles_ran=True)
     assert s.startswith("; causally, on 24 IOI pairs (logit difference 4.10 clean vs -5.10 corrupt), "), s
     assert "L0H1 restores 0.44 [0.40, 0.48] of the clean logit difference (induction, previous-token)" in s, s
-    assert "L1H0 -0.23 [-0.30, -0.18] (no role label)" in s and "L1H1 +0.05 [+0.01, +0.09] (sink heads)" in s, s
+    assert "L1H0 -0.23 [-0.30, -0.18] (no role label)" in s and "L1H1 +0.05 [+0.01, +0.09] (sink)" in s, s
     assert "L0H0" not in s and "3 of 4 heads' intervals exclude 0, 2 of them carry a role label" in s, s
     # Without this study's roles: no labels, and the answer says there was nothing to compare with.
     s = patching.sentence(tmp_path, "unused", ROLE_WORDS, roles_ran=False)

@@ -116,7 +116,8 @@ def _label(name: str, labels: dict[str, list[str]] | None, words: dict[str, str]
     if labels is None:
         return ""
     got = labels.get(name) or []
-    return f" ({', '.join(words.get(x, x.replace('_', ' ')) for x in got)})" if got else " (no role label)"
+    named = (words.get(x, x.replace("_", " ")).removesuffix(" heads") for x in got)  # "sink heads" -> "sink"
+    return f" ({', '.join(named)})" if got else " (no role label)"
 
 
 def separated(mc: dict[str, Any], mx: dict[str, Any]) -> bool:
