@@ -62,6 +62,8 @@ def auto_class(config: Any) -> Any:
         return transformers.AutoModelForCausalLM
     if any(a.endswith("ForSequenceClassification") for a in archs):
         return transformers.AutoModelForSequenceClassification
+    if any(a.endswith("ForMaskedLM") for a in archs):  # keeps the masked-LM head patching reads logits from
+        return transformers.AutoModelForMaskedLM
     return transformers.AutoModel
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from ..artifacts import CLUSTERS_JSON, GQA_JSON, IMPORTANCE_JSON, KV_CSV, KVCACHE_JSON, MLA_JSON, PRUNE_JSON, ROLES_JSON
 from ..capacity.kv_bytes import human_bytes
 from ..redundancy.curves.claims import drop_claim, level_of
+from . import patching
 
 ROLE_WORDS = {"sink": "sink heads", "previous_token": "previous-token", "next_token": "next-token", "broad": "broad",
               "local": "local", "duplicate_token": "duplicate-token", "induction": "induction",
@@ -34,9 +35,15 @@ def _why(state: dict[str, Any], stage: str) -> str:
 
 
 def _q1(out: Path, state: dict[str, Any], heads: int) -> str:
+    roles_ran = (state.get("stages", {}).get("roles") or {}).get("status") == "done"
+    causal = patching.sentence(out, _why(state, "patch"), ROLE_WORDS, roles_ran)
+    return _roles_clause(out, state, heads) + causal + "."
+
+
+def _roles_clause(out: Path, state: dict[str, Any], heads: int) -> str:
     r = _json(out / ROLES_JSON.name)
     if r is None:
-        return f"What the heads learn: no role census ({_why(state, 'roles')})."
+        return f"What the heads learn: no role census ({_why(state, 'roles')})"
     census = r.get("census") or {}
     plain = sorted(((k, len(v)) for k, v in census.items() if not k.startswith("syntactic:")), key=lambda t: -t[1])
     parts = [f"{n} {ROLE_WORDS.get(k, k.replace('_', ' '))}" for k, n in plain[:5]]
@@ -65,7 +72,7 @@ def _q1(out: Path, state: dict[str, Any], heads: int) -> str:
     if cl is not None:
         n = len(cl.get("clusters") or [])
         s += f"; {n} near-duplicate cluster{'s' if n != 1 else ''} of heads (similar attention and outputs)"
-    return s + "."
+    return s
 
 
 def _model_kv_row(out: Path) -> dict[str, str] | None:

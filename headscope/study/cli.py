@@ -17,7 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = verb_parser(
         sub, "study", StudyOptions,
         help="answer the three questions for a model in one command, within a time budget",
-        description="Run every stage the model's family supports (statistics and roles, similarity, importance, "
+        description="Run every stage the model's family supports (statistics and roles, similarity, causal heads "
+                    "by activation patching (LM heads only), importance, "
                     "a pruning curve with recovery and a pruned model, the KV cost; for decoders long-range "
                     "roles, GQA/MLA conversion and the head-aware cache) into one folder, sized to --budget from "
                     "a timed probe, then the report. Rerunning reuses finished stages; --force starts over. "

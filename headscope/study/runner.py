@@ -56,7 +56,7 @@ def check_out(out: Path, force: bool) -> State | None:
     state = State.load(out)
     if state is not None:
         return state
-    verbs = ("analyze", "roles", "similar", "score", "prune", "kv", "kvcache", "report")
+    verbs = ("analyze", "roles", "similar", "score", "patch", "prune", "kv", "kvcache", "report")
     clash = sorted({n for v in verbs for n in verb_files(v) if (out / n).exists()})
     if clash:
         shown = ", ".join(clash[:4]) + (", ..." if len(clash) > 4 else "")

@@ -21,6 +21,7 @@ from ..capacity.kvcache.cache import check_supported
 from ..capacity.mla import SUPPORTED_MODEL_TYPES as MLA_TYPES
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
+from . import patching
 from .probe import Probe
 
 MAX_LENGTH = 64  # tokens per passage of the short-text stages
@@ -46,6 +47,8 @@ class Family:
     heads_total: int
     refuses: dict[str, str] = field(default_factory=dict)
     kvcache_refusal: str | None = None
+    lm_head: bool = True  # logits to read (patching)
+    architecture: str = ""
 
     @classmethod
     def of(cls, hm: HeadModel) -> Family:
@@ -57,7 +60,7 @@ class Family:
         total = sum(hm.heads_in_layer(layer) for layer in range(hm.n_layers))
         return cls(hm.name, str(hm.config.model_type), bool(hm.causal), hm.n_layers, hm.n_heads, hm.n_kv_heads,
                    hm.d_head, int(getattr(hm.config, "hidden_size", hm.n_heads * hm.d_head)), hm.max_positions,
-                   total, dict(hm.spec.refuses), kvc)
+                   total, dict(hm.spec.refuses), kvc, hm.output_embeddings is not None, type(hm.model).__name__)
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,18 @@ def _similar_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
 def _prefix(f: Family, what: str) -> str | None:
     why = f.refuses.get(what)
     return f"{f.model_type} refuses {what}: {why}" if why else None
+
+
+def _patch_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+    return patching.argv(ctx.model, ctx.device, ctx.family.causal, lv)
+
+
+def _patch_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    return _load(p) + patching.cost(p.fwd_s, p.train_s, p.cpu_s, f.heads_total, lv)
+
+
+def _patch_refusal(f: Family) -> str | None:
+    return patching.refusal(f.causal, f.lm_head, f.model_type, f.architecture)
 
 
 # --- question 3 ----------------------------------------------------------------------------------------
@@ -329,6 +344,7 @@ def stages_for(f: Family) -> list[Stage]:
         Stage("similar", "similar", "q1", tuple({"n": n, "js": 32 * n} for n in ns[:4]), _similar_argv,
               _similar_cost, lambda fam: _prefix(fam, "similar")),
         Stage("score", "score", "q3", ablation, _score_argv, _score_cost),
+        Stage("patch", "patch", "q1", patching.LEVELS, _patch_argv, _patch_cost, _patch_refusal),
         Stage("prune", "prune", "q3", prune, _prune_argv, _prune_cost, lambda fam: _prefix(fam, "prune")),
         Stage("kv", "kv", "q2", ({},), _kv_argv, _kv_cost),
         Stage("gqa", "gqa", "q2", conversion, _gqa_argv, _conversion_cost, _gqa_refusal),
@@ -339,4 +355,4 @@ def stages_for(f: Family) -> list[Stage]:
 
 
 # When the budget is short, stages go in the reverse of this order (the report and statistics stay).
-PRIORITY = ("report", "analyze", "kv", "roles", "score", "prune", "similar", "gqa", "kvcache", "mla")
+PRIORITY = ("report", "analyze", "kv", "roles", "patch", "score", "prune", "similar", "gqa", "kvcache", "mla")

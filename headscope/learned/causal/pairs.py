@@ -12,7 +12,8 @@ Built-in sets (`--task`), written by this project and shipped under headscope/re
 ioi (indirect-object identification, Wang et al. 2022: the corrupt text repeats the other name), greater-than
 (years, Hanna et al. 2023: the corrupt start year is 1701), masked (country of a capital, for encoders, the text
 holding `{mask}`), and induction (repeated random tokens drawn with --seed; built from token ids). A built-in pair
-the model's tokenizer cannot hold (unequal lengths, an answer of several tokens) is left out and counted.
+the model's tokenizer cannot hold (unequal lengths, an answer of several tokens, answer and wrong one
+and the same token) is left out and counted.
 """
 
 from __future__ import annotations
@@ -141,6 +142,9 @@ def tokenize_pairs(tokenizer: Any, pairs: list[Pair], causal: bool, source: str,
             bad = pair.answer if answer is None else pair.wrong
             n = len(tokenizer(bad, add_special_tokens=False)["input_ids"])
             problem = f"{bad!r} is {n} tokens, not one; answer and wrong must each be one token"
+        elif answer == wrong and not strict:  # a built-in set's names the tokenizer does not know (<unk>)
+            problem = (f"answer {pair.answer!r} and wrong {pair.wrong!r} are the same token ({answer}) for this "
+                       f"tokenizer: the metric cannot tell them apart")
         elif pos is None or (not causal and _position(tokenizer, c, causal) != pos):
             problem = (f"an encoder's metric is read at the mask token ({mask_token!r} or {{mask}}): the clean "
                        f"text needs exactly one, at the same position in the corrupt text")
@@ -152,7 +156,7 @@ def tokenize_pairs(tokenizer: Any, pairs: list[Pair], causal: bool, source: str,
         rows.append((a, c, pos, answer, wrong, pair))  # type: ignore[arg-type]
     if not rows:
         raise HeadscopeError(f"{source}: none of its {len(pairs)} pairs fits this model's tokenizer "
-                             f"(unequal lengths or answers of several tokens)")
+                             f"(unequal lengths, answers of several tokens, or answer and wrong the same token)")
     return _batch(rows, source, skipped, pad_id)
 
 
