@@ -77,9 +77,10 @@ def tiny_bert_dir(base: Path) -> Path:
              "cat dog saw bird sang small mary john smiled him . , ' s").split()
     path = base / "bert"
     path.mkdir()
-    (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
     tiny_model("bert", init_std=0.2).model.save_pretrained(path)
-    BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(path)
+    # The vocabulary as a dict: transformers 5's BertTokenizerFast(vocab_file=...) maps every word to [UNK].
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])}
+    BertTokenizerFast(vocab=vocab).save_pretrained(path)
     return path
 
 

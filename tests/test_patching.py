@@ -215,6 +215,8 @@ GOOD = '{"clean": "the of and to a in is", "corrupt": "the of and to he in is", 
 @pytest.mark.parametrize("content, says", [
     ("", "holds no pairs"),
     (GOOD + "{not json\n", "line 2: not JSON"),
+    ('{"clean": "the of a", "corrupt": "the of he", "answer": "a", "wrong": "a"}\n', "line 1: answer 'a' and wrong "
+     "'a' are the same token"),
     (GOOD + '{"clean": "the of a", "corrupt": "the of", "answer": "a", "wrong": "he"}\n',
      "line 2: clean and corrupt texts have 3 and 2 tokens"),
     ('{"clean": "the of a", "corrupt": "the of he", "answer": "a in", "wrong": "he"}\n',
@@ -302,7 +304,7 @@ def test_k_composition_finds_a_planted_previous_token_to_induction_pair():
     assert top_pairs(scores["k"], 2)[1][4] < 0.8 * top_pairs(scores["k"], 1)[0][4]
 
 
-def test_an_encoders_metric_is_read_at_the_mask(tmp_path):
+def test_an_encoders_metric_is_read_at_the_mask():
     """A masked LM: the metric position is the mask token's, and exact patching there equals hand patching."""
     import transformers as tf
 
@@ -311,14 +313,17 @@ def test_an_encoders_metric_is_read_at_the_mask(tmp_path):
     from headscope.models.tiny import tiny_config
 
     words = "the cat saw a dog bird sang small mary john".split()
-    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
-    tok = tf.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    # a WordPiece vocabulary given as a dict (transformers 5's BertTokenizerFast(vocab_file=...) maps every word
+    # to [UNK] here, which would leave answer and wrong one token and the metric 0)
+    tok = tf.BertTokenizerFast(vocab={w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                                                   *words])})
     torch.manual_seed(0)
     hm = wrap(tf.BertForMaskedLM(tiny_config("bert")).eval(), tok, "tiny-mlm")
     pairs = [Pair("the cat saw {mask} dog", "the bird saw {mask} dog", "a", "small"),
              Pair("mary saw [MASK] small bird", "john saw [MASK] small bird", "the", "a")]
     b = tokenize_pairs(tok, pairs, hm.causal, "pairs")
     assert b.position.tolist() == [4, 3]  # [CLS] counts
+    assert tok.unk_token_id not in b.clean.tolist()[0] and (b.answer != b.wrong).all()
     runs = exact_scan(hm, b, copies=3)
     for layer, head in [(0, 0), (1, 3)]:
         np.testing.assert_allclose(runs.patched[:, layer, head], _by_hand(hm, b, layer, head, "logit_diff"),

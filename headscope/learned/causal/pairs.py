@@ -13,7 +13,7 @@ ioi (indirect-object identification, Wang et al. 2022: the corrupt text repeats 
 (years, Hanna et al. 2023: the corrupt start year is 1701), masked (country of a capital, for encoders, the text
 holding `{mask}`), and induction (repeated random tokens drawn with --seed; built from token ids). A built-in pair
 the model's tokenizer cannot hold (unequal lengths, an answer of several tokens, answer and wrong one
-and the same token) is left out and counted.
+and the same token) is left out and counted; in a --pairs file it is refused, naming its line.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def tokenize_pairs(tokenizer: Any, pairs: list[Pair], causal: bool, source: str,
             bad = pair.answer if answer is None else pair.wrong
             n = len(tokenizer(bad, add_special_tokens=False)["input_ids"])
             problem = f"{bad!r} is {n} tokens, not one; answer and wrong must each be one token"
-        elif answer == wrong and not strict:  # a built-in set's names the tokenizer does not know (<unk>)
+        elif answer == wrong:  # e.g. two names the tokenizer does not know (<unk>)
             problem = (f"answer {pair.answer!r} and wrong {pair.wrong!r} are the same token ({answer}) for this "
                        f"tokenizer: the metric cannot tell them apart")
         elif pos is None or (not causal and _position(tokenizer, c, causal) != pos):
