@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -166,3 +168,25 @@ def test_path_patching_and_k_composition_recover_a_planted_pair():
     assert max(k_paths, key=k_paths.get) == ((0, 2), (1, 4))
     assert top_pairs(composition(hm)["k"], 1)[0][:4] == (0, 2, 1, 4)
     assert PathJob((0, 2), (1, 4), "k") in got.jobs
+
+
+@pytest.mark.parametrize("family, paths, says", [
+    ("llama", "L7H0", "receiver L7H0 is not a head of tiny-llama: it has layers 0-1"),
+    ("llama", "L1H9", "receiver L1H9 is not a head of tiny-llama: layer 1 has heads [0, 1, 2, 3, 4, 5]"),
+    ("deepseek_v3", "1", "multi-head latent attention has no per-head Linear Q/K/V"),
+])
+def test_receivers_a_model_cannot_have_are_refused_before_any_forward(family, paths, says):
+    import headscope
+
+    hm = tiny_model(family)
+    b = induction_pairs(None, hm.vocab_size, n=2, length=4, seed=0)
+    calls = []
+    handle = hm.model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(headscope.HeadscopeError, match=re.escape(says)):
+            headscope.patch(hm, b, paths=paths, bootstrap=200)
+    finally:
+        handle.remove()
+    assert not calls
+    if family == "deepseek_v3":  # paths to the logits need no Q/K/V channels
+        assert len(headscope.patch(hm, b, paths="logits", bootstrap=200).paths) == hm.n_layers * hm.n_heads

@@ -54,14 +54,26 @@ def head_name(head: Head) -> str:
     return f"L{head[0]}H{head[1]}"
 
 
+def check_receivers(hm: HeadModel, want: int | list[Head]) -> None:
+    """Refuse, before any scan, receivers this model cannot have: heads it lacks, or any receiver on a family
+    without per-head Q/K/V channels (`want`: a count, or the heads named; 0 = the logits alone)."""
+    why = hm.spec.refusal("qkv")
+    if want and why:
+        raise HeadscopeError(f"paths to heads read each head's Q/K/V channels; {hm.name} ({hm.spec.family} family): "
+                             f"{why}. Paths to the logits alone still work (--paths logits)")
+    for r in want if isinstance(want, list) else []:
+        if not 0 <= r[0] < hm.n_layers or r[1] not in hm.kept_heads(r[0]):
+            heads = f"layer {r[0]} has heads {hm.kept_heads(r[0])}" if 0 <= r[0] < hm.n_layers else \
+                f"it has layers 0-{hm.n_layers - 1}"
+            raise HeadscopeError(f"receiver {head_name(r)} is not a head of {hm.name}: {heads}")
+
+
 def path_jobs(hm: HeadModel, receivers: list[Head]) -> list[PathJob]:
     """Every head to the logits, then every head of an earlier layer to each receiver's q, k and v."""
+    check_receivers(hm, receivers)
     senders = [(l, h) for l in range(hm.n_layers) for h in hm.kept_heads(l)]
     jobs = [PathJob(s, None, "direct") for s in senders]
     for r in receivers:
-        if r[1] not in hm.kept_heads(r[0]):
-            raise HeadscopeError(f"receiver {head_name(r)} is not a head of this model: layer {r[0]} has heads "
-                                 f"{hm.kept_heads(r[0])}")
         jobs += [PathJob(s, r, via) for via in VIAS for s in senders if s[0] < r[0]]
     return jobs
 
@@ -158,10 +170,6 @@ def path_scan(hm: HeadModel, b: PairBatch, receivers: list[Head], *, metric: str
               direction: str = "denoising", batch_size: int = 16, copies: int = 16,
               progress: Callable[[int], None] | None = None) -> PathRuns:
     """Every head's direct path to the logits and every earlier head's paths to each receiver's q, k and v."""
-    why = hm.spec.refusal("qkv")
-    if receivers and why:
-        raise HeadscopeError(f"paths to heads read each head's Q/K/V channels; {hm.name} ({hm.spec.family} family): "
-                             f"{why}. Paths to the logits alone still work (--paths logits)")
     jobs = path_jobs(hm, receivers)
     index = {j: i for i, j in enumerate(jobs)}
     senders = [j.sender for j in jobs if j.receiver is None]

@@ -25,6 +25,7 @@ from ...uncertainty import Interval
 from ..options import PatchOptions, path_receivers
 from .composition import npz_bytes
 from .pairs import PairBatch, load_pairs
+from .paths import check_receivers
 from .run import dumps, pairs_fingerprint, positions_rows, run_patching
 
 
@@ -121,10 +122,13 @@ def patch(hm: HeadModel, pairs: Any = None, options: PatchOptions | None = None,
     else:
         batch = load_pairs(hm.tokenizer, hm.causal, hm.vocab_size, pairs=opts.pairs, task=opts.task,
                            seed=opts.seed, limit=opts.limit)
+    receivers = None if opts.paths is None else path_receivers(opts.paths)
+    if receivers is not None:
+        check_receivers(hm, receivers)  # before the scans
     got = run_patching(hm, batch, metric=opts.metric, direction=opts.direction, positions=opts.positions,
                        methods=opts.methods, batch_size=opts.batch_size, copies=opts.copies,
                        settings=opts.intervals(),
-                       paths=None if opts.paths is None else path_receivers(opts.paths))
+                       paths=receivers)
     got.record["provenance"] = provenance("patch", hm, pairs_fingerprint(batch), opts.with_only())
     return PatchResult(table=got.table, name=hm.name, record=got.record, pairs=batch, positions=got.positions,
                        composition=got.composition, paths=got.paths)
