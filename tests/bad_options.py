@@ -79,6 +79,8 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--copies": bad("--copies", "0", says="--copies must be at least 1; got 0"),
         "--paths": bad("--paths", "L1Hx", says="--paths must be a number of receivers, heads such as L5H1,L6H0, or "
                                               "logits; cannot read head 'L1Hx'"),
+        "--senders": bad("--senders", "L0H1", says="--senders needs --paths: the receivers (or logits) the set's "
+                                                    "paths go to"),
     },
     "gqa": {
         "model": bad("no-such-model", "--kv-heads", "1", says="unknown model 'no-such-model'", required=False),

@@ -12,6 +12,7 @@ from headscope.learned.causal.pairs import induction_pairs
 from headscope.learned.causal.patching import logits_at, metric_values
 from headscope.learned.causal.paths import PathJob, path_jobs, path_scan
 from headscope.models.tiny import tiny_model
+from headscope.uncertainty import IntervalSettings
 
 
 def _receiver_channels(hm, layer, via, head):
@@ -48,9 +49,9 @@ def _run(hm, b, ids, pre=None, post=None):
             h.remove()
 
 
-def _by_hand(hm, b, sender, receiver, via):
+def _by_hand(hm, b, senders, receiver, via):
     """Denoising path patching, three runs by hand: the head outputs (out-projection inputs) of clean and corrupt;
-    the corrupt run with every head frozen at corrupt but the sender at clean, recording the receiver's projection
+    the corrupt run with every head frozen at corrupt but the senders at clean, recording the receiver's projection
     (or the metric, for the logits); the corrupt run with the receiver's channels from that record."""
     d, outs = hm.d_head, [hm.out_proj(l) for l in range(hm.n_layers) if hm.heads_in_layer(l)]
     layer_of = {hm.out_proj(l): l for l in range(hm.n_layers) if hm.heads_in_layer(l)}
@@ -61,8 +62,9 @@ def _by_hand(hm, b, sender, receiver, via):
     def frozen(m):
         def f(args):
             x = corrupt[m].clone()
-            if layer_of[m] == sender[0]:
-                x[..., sender[1] * d:(sender[1] + 1) * d] = clean[m][..., sender[1] * d:(sender[1] + 1) * d]
+            for layer, head in senders:
+                if layer_of[m] == layer:
+                    x[..., head * d:(head + 1) * d] = clean[m][..., head * d:(head + 1) * d]
             return (x,)
         return f
 
@@ -96,10 +98,30 @@ def test_path_patching_equals_a_by_hand_implementation(family, overrides):
     got = path_scan(hm, b, receivers, batch_size=3, copies=5)
     assert len(got.jobs) == len(path_jobs(hm, receivers))
     for i, j in enumerate(got.jobs):
-        if j.receiver is None and j.sender[1] % 2 == 1:
+        if j.receiver is None and j.sender[0][1] % 2 == 1:
             continue  # every other direct path is enough; all receiver paths are checked
         want = _by_hand(hm, b, j.sender, j.receiver, j.via)
         np.testing.assert_allclose(got.runs.patched[:, i], want, rtol=1e-4, atol=1e-5, err_msg=str(j))
+
+
+def test_a_set_of_senders_patched_together_equals_the_by_hand_runs():
+    """Wang et al.'s classes of heads: heads of two layers patched together as one sender, into a receiver after
+    both (LLaMA GQA, 3 layers), equal to the by-hand runs; a set of one head is that head's own path."""
+    hm = tiny_model("llama", num_hidden_layers=3)
+    b = induction_pairs(None, hm.vocab_size, n=4, length=5, seed=6)
+    group = [(1, 2), (0, 4), (0, 1)]
+    got = path_scan(hm, b, [(2, 3)], group=group, batch_size=3, copies=4)
+    assert [(j.sender, j.receiver, j.via) for j in got.jobs] == [
+        (((0, 1), (0, 4), (1, 2)), None, "direct"), *[(((0, 1), (0, 4), (1, 2)), (2, 3), v) for v in "qkv"]]
+    for i, j in enumerate(got.jobs):
+        np.testing.assert_allclose(got.runs.patched[:, i], _by_hand(hm, b, j.sender, j.receiver, j.via), rtol=1e-4,
+                                   atol=1e-5, err_msg=str(j))
+    alone = path_scan(hm, b, [(2, 3)], group=[(1, 2)], copies=4)
+    every = path_scan(hm, b, [(2, 3)], copies=6)
+    row = {(j.sender, j.receiver, j.via): every.runs.patched[:, i] for i, j in enumerate(every.jobs)}
+    for i, j in enumerate(alone.jobs):
+        np.testing.assert_allclose(alone.runs.patched[:, i], row[j.sender, j.receiver, j.via], rtol=1e-5, atol=1e-6)
+    assert got.rows(IntervalSettings(B=200))[0]["sender"] == "L0H1+L0H4+L1H2"
 
 
 def test_a_k_or_v_path_reaches_the_receivers_whole_kv_group():
@@ -110,10 +132,10 @@ def test_a_k_or_v_path_reaches_the_receivers_whole_kv_group():
     b = induction_pairs(None, hm.vocab_size, n=4, length=5, seed=5)
     got = path_scan(hm, b, [(1, 0), (1, 1)], copies=6)
     by = {(j.sender, j.receiver, j.via): got.runs.patched[:, i] for i, j in enumerate(got.jobs)}
-    for s in [(0, h) for h in range(hm.n_heads)]:
+    for s in [((0, h),) for h in range(hm.n_heads)]:
         for via in ("k", "v"):
             np.testing.assert_array_equal(by[s, (1, 0), via], by[s, (1, 1), via])
-    assert any(not np.allclose(by[s, (1, 0), "q"], by[s, (1, 1), "q"]) for s in [(0, h) for h in range(hm.n_heads)])
+    assert any(not np.allclose(by[s, (1, 0), "q"], by[s, (1, 1), "q"]) for s in [((0, h),) for h in range(hm.n_heads)])
 
 
 def test_a_last_layer_heads_direct_path_is_its_exact_patch():
@@ -126,8 +148,9 @@ def test_a_last_layer_heads_direct_path_is_its_exact_patch():
     exact = exact_scan(hm, b, copies=4)
     last = hm.n_layers - 1
     for i, j in enumerate(paths.jobs):
-        if j.sender[0] == last:
-            np.testing.assert_allclose(paths.runs.patched[:, i], exact.patched[:, last, j.sender[1]], rtol=1e-5,
+        (layer, head), = j.sender
+        if layer == last:
+            np.testing.assert_allclose(paths.runs.patched[:, i], exact.patched[:, last, head], rtol=1e-5,
                                        atol=1e-6)
 
 
@@ -160,20 +183,21 @@ def test_path_patching_and_k_composition_recover_a_planted_pair():
     got = path_scan(hm, b, [(1, h) for h in range(hm.n_heads)], copies=8)
     r = got.runs
     effect = (r.patched.mean(0) - r.corrupt.mean()) / (r.clean.mean() - r.corrupt.mean())
-    k_paths = {(j.sender, j.receiver): abs(effect[i]) for i, j in enumerate(got.jobs) if j.via == "k"}
+    k_paths = {(j.sender[0], j.receiver): abs(effect[i]) for i, j in enumerate(got.jobs) if j.via == "k"}
     into = {s: v for (s, r), v in k_paths.items() if r == (1, 4)}
     assert max(into, key=into.get) == (0, 2)
     # the other senders reach L1H4's keys only through the norm's scale: three orders of magnitude less
     assert all(v < 1e-2 * into[(0, 2)] for s, v in into.items() if s != (0, 2))
     assert max(k_paths, key=k_paths.get) == ((0, 2), (1, 4))
     assert top_pairs(composition(hm)["k"], 1)[0][:4] == (0, 2, 1, 4)
-    assert PathJob((0, 2), (1, 4), "k") in got.jobs
+    assert PathJob(((0, 2),), (1, 4), "k") in got.jobs
 
 
 @pytest.mark.parametrize("family, paths, says", [
     ("llama", "L7H0", "receiver L7H0 is not a head of tiny-llama: it has layers 0-1"),
     ("llama", "L1H9", "receiver L1H9 is not a head of tiny-llama: layer 1 has heads [0, 1, 2, 3, 4, 5]"),
     ("deepseek_v3", "1", "multi-head latent attention has no per-head Linear Q/K/V"),
+    ("llama", "L1H0 --senders L0H6", "sender L0H6 is not a head of tiny-llama: layer 0 has heads [0, 1, 2, 3, 4, 5]"),
 ])
 def test_receivers_a_model_cannot_have_are_refused_before_any_forward(family, paths, says):
     import headscope
@@ -184,9 +208,22 @@ def test_receivers_a_model_cannot_have_are_refused_before_any_forward(family, pa
     handle = hm.model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
         with pytest.raises(headscope.HeadscopeError, match=re.escape(says)):
-            headscope.patch(hm, b, paths=paths, bootstrap=200)
+            paths, _, senders = paths.partition(" --senders ")
+            headscope.patch(hm, b, paths=paths, senders=senders or None, bootstrap=200)
     finally:
         handle.remove()
     assert not calls
     if family == "deepseek_v3":  # paths to the logits need no Q/K/V channels
         assert len(headscope.patch(hm, b, paths="logits", bootstrap=200).paths) == hm.n_layers * hm.n_heads
+
+
+def test_patch_with_a_set_of_senders_from_python():
+    import headscope
+
+    hm = tiny_model("llama")
+    b = induction_pairs(None, hm.vocab_size, n=4, length=5, seed=7)
+    res = headscope.patch(hm, b, paths="L1H3", senders="L0H2,L0H1", bootstrap=200)
+    assert [(r["sender"], r["receiver"], r["via"]) for r in res.paths] == [
+        ("L0H1+L0H2", "logits", "direct"), *[("L0H1+L0H2", "L1H3", v) for v in "qkv"]]
+    assert res.record["paths"]["senders"] == "L0H1+L0H2 together"
+    assert any("senders: L0H1+L0H2 together" in line for line in res.lines())

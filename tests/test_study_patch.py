@@ -107,8 +107,8 @@ def _expected_first(out: Path) -> tuple[str, str, list[tuple[str, float, float, 
     largest = f"largest: {top[0]} {top[1]:+.2f} [{top[2]:+.2f}, {top[3]:+.2f}]"
     if not (mc["hi"] < mx["lo"] or mx["hi"] < mc["lo"]):
         return (f"no head is called causal: the model does not tell the pairs apart (M(clean) [{mc['lo']:.2f}, "
-                f"{mc['hi']:.2f}] and M(corrupt) [{mx['lo']:.2f}, {mx['hi']:.2f}] overlap), so shares of their "
-                f"difference are unsettled ({largest}"), top[0], []
+                f"{mc['hi']:.2f}] and M(corrupt) [{mx['lo']:.2f}, {mx['hi']:.2f}] overlap, or were not recorded), so "
+                f"shares of their difference are unsettled ({largest}"), top[0], []
     if not called:
         return f"no head's interval excludes 0 ({largest}", top[0], []
     name, v, lo, hi = called[0]

@@ -394,14 +394,16 @@ PATCHING_JSON = Artifact(
      _f("forwards", "forward passes of the exact scan", _EXACT),
      _f("dla", "what the dla column holds, or why it is empty"),
      _f("composition", "the strongest Q-, K- and V-composition pairs (composition.npz), or why none were computed"),
-     _f("paths", "the receivers path patching chose and why, its forward passes and the strongest paths", "--paths"),
+     _f("paths", "the receivers path patching chose and why, its senders (each head alone, or the set of "
+                 "--senders), its forward passes and the strongest paths", "--paths"),
      _f("intervals"), _f("seconds"), _PROVENANCE))
 
 PATHS_CSV = Artifact(
     "paths.csv", "csv", {"patch": "--paths"}, "path patching: the effect of one sender head along one path, to a "
     "later head's queries, keys or values or straight to the logits, each followed by its bootstrap interval over "
     "pairs",
-    (_f("sender", "the head whose output is patched, L<layer>H<head>"),
+    (_f("sender", "the head whose output is patched, L<layer>H<head>, or the heads patched together (--senders), "
+                  "joined by +: L17H4+L20H0"),
      _f("receiver", "L<layer>H<head>, a later head (its KV group for via k and v under GQA/MQA), or logits"),
      _f("via", "q, k or v (the receiver's input the path enters), or direct (to the logits, MLPs included)"),
      _f("effect", "M with only this path patched, normalised as patching.csv's effect (1 = the path alone restores "

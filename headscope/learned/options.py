@@ -137,12 +137,17 @@ def path_receivers(text: str) -> int | list[tuple[int, int]]:
         if not 1 <= n <= MOST_RECEIVERS:
             raise OptionError("paths", f"takes 1 to {MOST_RECEIVERS} receivers (the heads of largest effect); got {n}")
         return n
+    return head_list(t, "paths", "must be a number of receivers, heads such as L5H1,L6H0, or logits")
+
+
+def head_list(text: str, name: str, what: str) -> list[tuple[int, int]]:
+    """Heads written L5H1,L6H0 (1 to MOST_RECEIVERS of them), or the option's problem naming `what` it takes."""
     try:
-        heads = [parse_head(h) for h in t.split(",") if h.strip()]
+        heads = [parse_head(h) for h in text.split(",") if h.strip()]
     except HeadscopeError as e:
-        raise OptionError("paths", f"must be a number of receivers, heads such as L5H1,L6H0, or logits; {e}") from e
+        raise OptionError(name, f"{what}; {e}") from e
     if not 1 <= len(heads) <= MOST_RECEIVERS:
-        raise OptionError("paths", f"takes 1 to {MOST_RECEIVERS} receiver heads; got {len(heads)}")
+        raise OptionError(name, f"takes 1 to {MOST_RECEIVERS} heads; got {len(heads)}")
     return heads
 
 
@@ -173,6 +178,9 @@ class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
                                      "the queries, keys and values of the receivers: N (the N heads of largest "
                                      "effect), heads (L5H1,L6H0) or logits (no receivers)", metavar="N|HEADS|logits",
                                group=PATCH)
+    senders: str | None = option(None, "with --paths: these heads patched together as one sender (L17H4,L20H0: a "
+                                       "class of heads, as Wang et al.'s S-inhibition heads), instead of each head "
+                                       "alone", metavar="HEADS", group=PATCH)
     copies: int = option(16, "heads patched per forward, each in its own copy of the batch (default 16; memory "
                              "copies x batch)", at_least=1, at_most=4096, group=PATCH)
 
@@ -188,6 +196,10 @@ class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
             raise OptionError("positions", "each needs the exact method (attribution is per head only)")
         if self.paths is not None:
             path_receivers(self.paths)
+        if self.senders is not None:
+            if self.paths is None:
+                raise OptionError("senders", "needs --paths: the receivers (or logits) the set's paths go to")
+            head_list(self.senders, "senders", "must be heads such as L17H4,L20H0")
 
 
 def check_card_path(path: str | None) -> None:

@@ -1,8 +1,9 @@
 """Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023): how much of a head's effect travels along one path.
 
-A path runs from a sender head to a receiver: another, later head's queries, keys or values (via q, k, v), or
-straight to the logits (via direct). With denoising (the default) the corrupt run is the base and the clean run
-the source; noising swaps them.
+A path runs from a sender to a receiver: another, later head's queries, keys or values (via q, k, v), or
+straight to the logits (via direct). A sender is one head, or a set of heads patched together (Wang et al.'s
+classes of heads, e.g. every S-inhibition head at once). With denoising (the default) the corrupt run is the
+base and the clean run the source; noising swaps them.
 
 1. Sender step: the base run with the sender's output taken from the source run and every other head's output
    frozen at its base value; MLPs and norms recompute. The sender's change reaches later layers only through the
@@ -35,13 +36,15 @@ from .patching import Runs, base_runs, chunks, logits_at, metric_values, widened
 
 VIAS = ("q", "k", "v")
 Head = tuple[int, int]  # (layer, head), the head's original id
+Sender = tuple[Head, ...]  # the heads patched together
 
 
 @dataclass(frozen=True)
 class PathJob:
-    """One path: a sender head to a receiver head's q, k or v, or (receiver None, via "direct") to the logits."""
+    """One path: a sender (heads patched together) to a receiver head's q, k or v, or (receiver None, via
+    "direct") to the logits."""
 
-    sender: Head
+    sender: Sender
     receiver: Head | None
     via: str
 
@@ -54,6 +57,11 @@ def head_name(head: Head) -> str:
     return f"L{head[0]}H{head[1]}"
 
 
+def sender_name(sender: Sender) -> str:
+    """`L3H1`, or the heads of a set joined by '+': `L17H4+L20H0`."""
+    return "+".join(head_name(h) for h in sender)
+
+
 def check_receivers(hm: HeadModel, want: int | list[Head]) -> None:
     """Refuse, before any scan, receivers this model cannot have: heads it lacks, or any receiver on a family
     without per-head Q/K/V channels (`want`: a count, or the heads named; 0 = the logits alone)."""
@@ -62,19 +70,29 @@ def check_receivers(hm: HeadModel, want: int | list[Head]) -> None:
         raise HeadscopeError(f"paths to heads read each head's Q/K/V channels; {hm.name} ({hm.spec.family} family): "
                              f"{why}. Paths to the logits alone still work (--paths logits)")
     for r in want if isinstance(want, list) else []:
-        if not 0 <= r[0] < hm.n_layers or r[1] not in hm.kept_heads(r[0]):
-            heads = f"layer {r[0]} has heads {hm.kept_heads(r[0])}" if 0 <= r[0] < hm.n_layers else \
-                f"it has layers 0-{hm.n_layers - 1}"
-            raise HeadscopeError(f"receiver {head_name(r)} is not a head of {hm.name}: {heads}")
+        check_head(hm, r, "receiver")
 
 
-def path_jobs(hm: HeadModel, receivers: list[Head]) -> list[PathJob]:
-    """Every head to the logits, then every head of an earlier layer to each receiver's q, k and v."""
+def check_head(hm: HeadModel, head: Head, role: str) -> None:
+    """Refuse a head the model does not have, naming what it has."""
+    layer, h = head
+    if not 0 <= layer < hm.n_layers or h not in hm.kept_heads(layer):
+        has = f"layer {layer} has heads {hm.kept_heads(layer)}" if 0 <= layer < hm.n_layers else \
+            f"it has layers 0-{hm.n_layers - 1}"
+        raise HeadscopeError(f"{role} {head_name(head)} is not a head of {hm.name}: {has}")
+
+
+def path_jobs(hm: HeadModel, receivers: list[Head], group: list[Head] | None = None) -> list[PathJob]:
+    """Each sender to the logits, then each sender whose heads all lie in earlier layers to each receiver's q, k
+    and v. Senders: every head alone, or (`group`) those heads together as one."""
     check_receivers(hm, receivers)
-    senders = [(l, h) for l in range(hm.n_layers) for h in hm.kept_heads(l)]
+    for h in group or []:
+        check_head(hm, h, "sender")
+    senders: list[Sender] = [tuple(sorted(set(group)))] if group else \
+        [((l, h),) for l in range(hm.n_layers) for h in hm.kept_heads(l)]
     jobs = [PathJob(s, None, "direct") for s in senders]
     for r in receivers:
-        jobs += [PathJob(s, r, via) for via in VIAS for s in senders if s[0] < r[0]]
+        jobs += [PathJob(s, r, via) for via in VIAS for s in senders if max(l for l, _ in s) < r[0]]
     return jobs
 
 
@@ -88,7 +106,7 @@ class PathRuns:
     def rows(self, settings: IntervalSettings) -> list[dict[str, Any]]:
         """paths.csv's rows: sender, receiver, via and the normalised effect with its interval."""
         iv = self.runs.effect(settings)
-        return [{"sender": head_name(j.sender), "receiver": j.receiver_name, "via": j.via,
+        return [{"sender": sender_name(j.sender), "receiver": j.receiver_name, "via": j.via,
                  "effect": iv.value[i], "effect_lo": iv.lo[i], "effect_hi": iv.hi[i]}
                 for i, j in enumerate(self.jobs)]
 
@@ -109,16 +127,16 @@ def _record_projections(hm: HeadModel, layers: list[int], store: dict[nn.Module,
 
 
 def _sender_forward(hm: HeadModel, b: PairBatch, base: torch.Tensor, frozen: dict[int, torch.Tensor],
-                    source: dict[int, torch.Tensor], senders: list[Head], metric: str,
+                    source: dict[int, torch.Tensor], senders: list[Sender], metric: str,
                     record: list[int]) -> tuple[torch.Tensor, dict[nn.Module, torch.Tensor]]:
     """Step 1 for each sender in its own copy: the metric `[copies, pairs]` and the Q/K/V projections' outputs
     `[copies * pairs, pos, width]` of the `record` layers."""
     n, copies = base.shape[0], len(senders)
-    first = min(layer for layer, _ in senders)
+    first = min(layer for s in senders for layer, _ in s)
 
     def freeze(layer: int, z: torch.Tensor) -> torch.Tensor:
         new = frozen[layer].to(z.device, z.dtype).repeat(copies, 1, 1, 1)
-        for c, (l, h) in enumerate(senders):
+        for c, (l, h) in ((c, head) for c, s in enumerate(senders) for head in s):
             if l == layer:
                 i = hm.kept_heads(l).index(h)
                 new[c * n:(c + 1) * n, :, i] = source[l][:, :, i].to(z.device, z.dtype)
@@ -134,7 +152,7 @@ def _sender_forward(hm: HeadModel, b: PairBatch, base: torch.Tensor, frozen: dic
 
 
 def _receiver_forward(hm: HeadModel, b: PairBatch, base: torch.Tensor, recorded: dict[nn.Module, torch.Tensor],
-                      slot: dict[Head, int], jobs: list[PathJob], metric: str) -> torch.Tensor:
+                      slot: dict[Sender, int], jobs: list[PathJob], metric: str) -> torch.Tensor:
     """Step 2 for each path in its own copy: the metric `[copies, pairs]` of the base run with the receiver's
     channels of its projection taken from the sender's copy of step 1."""
     n, copies = base.shape[0], len(jobs)
@@ -166,11 +184,12 @@ def _receiver_forward(hm: HeadModel, b: PairBatch, base: torch.Tensor, recorded:
             h.remove()
 
 
-def path_scan(hm: HeadModel, b: PairBatch, receivers: list[Head], *, metric: str = "logit_diff",
-              direction: str = "denoising", batch_size: int = 16, copies: int = 16,
+def path_scan(hm: HeadModel, b: PairBatch, receivers: list[Head], *, group: list[Head] | None = None,
+              metric: str = "logit_diff", direction: str = "denoising", batch_size: int = 16, copies: int = 16,
               progress: Callable[[int], None] | None = None) -> PathRuns:
-    """Every head's direct path to the logits and every earlier head's paths to each receiver's q, k and v."""
-    jobs = path_jobs(hm, receivers)
+    """Each sender's direct path to the logits and its paths to each later receiver's q, k and v; senders: every
+    head alone, or the heads of `group` together."""
+    jobs = path_jobs(hm, receivers, group)
     index = {j: i for i, j in enumerate(jobs)}
     senders = [j.sender for j in jobs if j.receiver is None]
     record = sorted({r[0] for r in receivers})
@@ -181,8 +200,8 @@ def path_scan(hm: HeadModel, b: PairBatch, receivers: list[Head], *, metric: str
                          corrupt=corrupt):
         forwards += 2
         rows, part, base = run.rows, run.part, run.base
-        for group in chunks(len(senders), copies):
-            batch = senders[group]
+        for some in chunks(len(senders), copies):
+            batch = senders[some]
             m, recorded = _sender_forward(hm, part, base, run.base_z, run.source, batch, metric, record)
             forwards += 1
             for c, s in enumerate(batch):

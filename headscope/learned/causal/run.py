@@ -20,7 +20,7 @@ from .composition import composition, top_pairs
 from .dla import dla_interval, dla_values
 from .pairs import PairBatch
 from .patching import Runs, exact_scan
-from .paths import Head, head_name, path_scan
+from .paths import Head, head_name, path_scan, sender_name
 
 
 @dataclass
@@ -66,24 +66,26 @@ def choose_receivers(hm: HeadModel, want: int | list[Head], table: HeadTable) ->
     return heads, f"the {want} heads of largest |{col}| with heads before them"
 
 
-def run_paths(hm: HeadModel, b: PairBatch, want: int | list[Head], table: HeadTable, *, metric: str,
-              direction: str, batch_size: int, copies: int, settings: IntervalSettings) -> tuple[
+def run_paths(hm: HeadModel, b: PairBatch, want: int | list[Head], table: HeadTable, *, group: list[Head] | None,
+              metric: str, direction: str, batch_size: int, copies: int, settings: IntervalSettings) -> tuple[
                   list[dict[str, Any]], dict[str, Any]]:
     """paths.csv's rows and patching.json's record of them."""
     receivers, how = choose_receivers(hm, want, table)
     t0 = time.perf_counter()
     with _bar("path patching", hm, b, batch_size) as bar:
-        got = path_scan(hm, b, receivers, metric=metric, direction=direction, batch_size=batch_size, copies=copies,
-                        progress=bar.update)
+        got = path_scan(hm, b, receivers, group=group, metric=metric, direction=direction, batch_size=batch_size,
+                        copies=copies, progress=bar.update)
     rows = got.rows(settings)
     strongest = sorted((r for r in rows if np.isfinite(r["effect"])), key=lambda r: -abs(r["effect"]))[:10]
-    return rows, {"receivers": [head_name(r) for r in receivers], "chosen": how, "forwards": got.runs.forwards,
+    senders = "each head alone" if group is None else f"{sender_name(tuple(sorted(set(group))))} together"
+    return rows, {"receivers": [head_name(r) for r in receivers], "chosen": how, "senders": senders,
+                  "forwards": got.runs.forwards,
                   "seconds": time.perf_counter() - t0, "strongest": strongest}
 
 
 def run_patching(hm: HeadModel, b: PairBatch, *, metric: str, direction: str, positions: str,
                  methods: tuple[str, ...], batch_size: int, copies: int, settings: IntervalSettings,
-                 paths: int | list[Head] | None = None) -> PatchRun:
+                 paths: int | list[Head] | None = None, senders: list[Head] | None = None) -> PatchRun:
     """Every head's exact effect (methods with exact), attribution estimate (with attribution) and DLA."""
     cols: dict[str, np.ndarray] = {}
     record: dict[str, Any] = {"metric": metric, "direction": direction, "positions": positions,
@@ -135,7 +137,7 @@ def run_patching(hm: HeadModel, b: PairBatch, *, metric: str, direction: str, po
         record["composition"] = "not computed: one layer, or per-head Q/K/V weights headscope cannot read"
     path_rows = None
     if paths is not None:
-        path_rows, record["paths"] = run_paths(hm, b, paths, table, metric=metric, direction=direction,
+        path_rows, record["paths"] = run_paths(hm, b, paths, table, group=senders, metric=metric, direction=direction,
                                                batch_size=batch_size, copies=copies, settings=settings)
     return PatchRun(table, per_position, record, comp, path_rows)
 

@@ -22,10 +22,10 @@ from ...options import Result
 from ...provenance import provenance
 from ...table import HeadTable, grid
 from ...uncertainty import Interval
-from ..options import PatchOptions, path_receivers
+from ..options import PatchOptions, head_list, path_receivers
 from .composition import npz_bytes
 from .pairs import PairBatch, load_pairs
-from .paths import check_receivers
+from .paths import check_head, check_receivers
 from .run import dumps, pairs_fingerprint, positions_rows, run_patching
 
 
@@ -98,8 +98,9 @@ class PatchResult(Result):
 def path_lines(record: dict[str, Any]) -> list[str]:
     """The strongest paths, for the terminal."""
     receivers = ", ".join(record["receivers"]) or "none (the logits alone)"
-    out = [f"path patching ({record['forwards']} forwards): receivers {receivers} ({record['chosen']}); strongest "
-           f"paths:"]
+    senders = f"; senders: {record['senders']}" if "senders" in record else ""
+    out = [f"path patching ({record['forwards']} forwards): receivers {receivers} ({record['chosen']}){senders}; "
+           f"strongest paths:"]
     for p in record["strongest"][:6]:
         via = "" if p["via"] == "direct" else f" via {p['via']}"
         out.append(f"  {p['sender']} -> {p['receiver']}{via} {p['effect']:+.3f} [{p['effect_lo']:+.3f}, "
@@ -123,12 +124,15 @@ def patch(hm: HeadModel, pairs: Any = None, options: PatchOptions | None = None,
         batch = load_pairs(hm.tokenizer, hm.causal, hm.vocab_size, pairs=opts.pairs, task=opts.task,
                            seed=opts.seed, limit=opts.limit)
     receivers = None if opts.paths is None else path_receivers(opts.paths)
-    if receivers is not None:
-        check_receivers(hm, receivers)  # before the scans
+    group = None if opts.senders is None else head_list(opts.senders, "senders", "heads")
+    if receivers is not None:  # before the scans
+        check_receivers(hm, receivers)
+        for h in group or []:
+            check_head(hm, h, "sender")
     got = run_patching(hm, batch, metric=opts.metric, direction=opts.direction, positions=opts.positions,
                        methods=opts.methods, batch_size=opts.batch_size, copies=opts.copies,
                        settings=opts.intervals(),
-                       paths=receivers)
+                       paths=receivers, senders=group)
     got.record["provenance"] = provenance("patch", hm, pairs_fingerprint(batch), opts.with_only())
     return PatchResult(table=got.table, name=hm.name, record=got.record, pairs=batch, positions=got.positions,
                        composition=got.composition, paths=got.paths)
