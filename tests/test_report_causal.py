@@ -142,6 +142,22 @@ def test_a_real_path_patching_run(tmp_path, patched):
     assert len(q["text"]) == 2 and q["plot"].startswith("data:image/png;base64,")  # every path drawn
 
 
+def test_a_set_of_senders_is_one_row_drawn_from_each_head(tmp_path, patched):
+    """`--senders`: paths.csv names the set `L0H1+L0H2`; the table keeps it as one row and the figure draws it (no
+    row left undrawn)."""
+    hm, _ = patched
+    out = tmp_path / "set"
+    headscope.patch(hm, induction_pairs(None, hm.vocab_size, n=PAIRS, length=6, seed=0), bootstrap=200,
+                    paths="L1H3", senders="L0H1,L0H2").save(out)
+    q = panel(page_data(render(out, patched).read_text(encoding="utf-8")), PATHS_TITLE)
+    assert {row["sender"] for row in q["rows"]} == {"L0H1+L0H2"} and len(q["rows"]) == 4
+    assert not any("not drawn" in t for t in q["text"]) and q["plot"].startswith("data:image/png;base64,")
+    from headscope.report.causal import drawable
+
+    assert [e["sender"] for e in drawable("L0H1+L0H2", "L1H3", "q", 0.5)] == [(0, 1), (0, 2)]
+    assert drawable("L0H1+<b>", "L1H3", "q", 0.5) == []
+
+
 def test_hostile_names_stay_text(tmp_path, patched):
     hm, _ = patched
     out = results(tmp_path, patched)

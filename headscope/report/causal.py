@@ -180,12 +180,14 @@ def causal_part(src: Sources, n_layers: int, n_heads: int, figs: dict[str, bytes
     return part
 
 
-def drawable(sender: Any, receiver: Any, via: Any, value: float) -> dict[str, Any] | None:
-    """A path as the figure takes it, or None when a name is not of the declared shape."""
-    s, r = head_name(sender), None if receiver == "logits" else head_name(receiver)
-    if s is None or (r is None and receiver != "logits") or via not in VIA or math.isnan(value):
-        return None
-    return {"sender": s, "receiver": r, "via": via, "value": value}
+def drawable(sender: Any, receiver: Any, via: Any, value: float) -> list[dict[str, Any]]:
+    """A path as the figure takes it: one arrow, or one from each head of a set of senders patched together
+    (`L17H4+L20H0`, the same value); none when a name is not of the declared shape."""
+    heads = [head_name(h) for h in sender.split("+")] if isinstance(sender, str) else [None]
+    r = None if receiver == "logits" else head_name(receiver)
+    if None in heads or (r is None and receiver != "logits") or via not in VIA or math.isnan(value):
+        return []
+    return [{"sender": s, "receiver": r, "via": via, "value": value} for s in heads]
 
 
 def path_rows(t: Table) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
@@ -196,9 +198,7 @@ def path_rows(t: Table) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int
     for i, r in enumerate(ranked[:TOP_PATHS], 1):
         rows.append({"#": i, "sender": str(r["sender"]), "receiver": str(r["receiver"]), "via": str(r["via"]),
                      "effect": fmt(r["effect"], r.get("effect_lo"), r.get("effect_hi"))})
-        e = drawable(r["sender"], r["receiver"], r["via"], num(r["effect"]))
-        if e is not None:
-            edges.append({**e, "label": f"#{i}"})
+        edges += [{**e, "label": f"#{i}"} for e in drawable(r["sender"], r["receiver"], r["via"], num(r["effect"]))]
     return rows, edges, len(ranked)
 
 
@@ -210,9 +210,8 @@ def composition_rows(comp: Any) -> tuple[list[dict[str, Any]], list[dict[str, An
         score = num(p.get("score"))
         rows.append({"#": i, "sender": str(p.get("sender")), "receiver": str(p.get("receiver")),
                      "K-composition": fmt(score, bounds=False)})
-        e = drawable(p.get("sender"), p.get("receiver"), "k", score)
-        if e is not None and e["receiver"] is not None:
-            edges.append({**e, "label": f"#{i}"})
+        edges += [{**e, "label": f"#{i}"} for e in drawable(p.get("sender"), p.get("receiver"), "k", score)
+                  if e["receiver"] is not None]
     return rows[:TOP_PATHS], edges[:TOP_PATHS]
 
 
@@ -226,7 +225,8 @@ def paths_panel(part: Part, src: Sources, meta: dict[str, Any] | None, count: st
         text = [f"The {len(rows)} strongest of the {n} paths in paths.csv by |effect| (1 = the path alone restores "
                 f"the clean metric), each with its interval over the {count} pairs; arrows: sender -> receiver, "
                 "coloured by what of the receiver they reach (q, k, v; direct: straight to the logits), marked with "
-                "their rank (#) in the table."]
+                "their rank (#) in the table; a set of senders patched together (L17H4+L20H0) is one path drawn as "
+                "an arrow from each of its heads, all with its rank."]
         run = meta.get("paths") if meta is not None else None
         if isinstance(run, dict) and isinstance(run.get("receivers"), list):
             text.append(f"Receivers: {', '.join(map(str, run['receivers'])) or 'the logits alone'}"
@@ -244,8 +244,9 @@ def paths_panel(part: Part, src: Sources, meta: dict[str, Any] | None, count: st
                 "instead (Elhage et al. 2021; scores of the weights alone, the same for any pairs: no interval). "
                 "A score says a receiver's keys can read the sender's output, not that the task uses it."]
         title, label = "strongest K-composition pairs (weights)", "K-composition"
-    if len(edges) < len(rows):
-        text.append(f"{len(rows) - len(edges)} of these rows are not drawn: their names are not of the form L3H2 "
+    drawn = len({e["label"] for e in edges})  # a set of senders is one row, several arrows
+    if drawn < len(rows):
+        text.append(f"{len(rows) - drawn} of these rows are not drawn: their names are not of the form L3H2 "
                     "or logits, or via is not one of q, k, v, direct.")
     plot = None
     if edges:
