@@ -107,8 +107,8 @@ def _expected_first(out: Path) -> tuple[str, str, list[tuple[str, float, float, 
     largest = f"largest: {top[0]} {top[1]:+.2f} [{top[2]:+.2f}, {top[3]:+.2f}]"
     if not (mc["hi"] < mx["lo"] or mx["hi"] < mc["lo"]):
         return (f"no head is called causal: the model does not tell the pairs apart (M(clean) [{mc['lo']:.2f}, "
-                f"{mc['hi']:.2f}] and M(corrupt) [{mx['lo']:.2f}, {mx['hi']:.2f}] overlap, or were not recorded), so "
-                f"shares of their difference are unsettled ({largest}"), top[0], []
+                f"{mc['hi']:.2f}] and M(corrupt) [{mx['lo']:.2f}, {mx['hi']:.2f}] overlap), so shares of their "
+                f"difference are unsettled ({largest}"), top[0], []
     if not called:
         return f"no head's interval excludes 0 ({largest}", top[0], []
     name, v, lo, hi = called[0]
@@ -260,6 +260,10 @@ def test_the_answer_compares_the_causal_heads_with_the_roles_labels(tmp_path):
     s = patching.sentence(tmp_path, "unused", ROLE_WORDS, roles_ran=True)
     assert "no head is called causal: the model does not tell the pairs apart (M(clean) [3.70, 4.60] and " \
            "M(corrupt) [3.20, 4.00] overlap)" in s and "(largest: L0H0 +0.90 [-0.20, +2.00] (no role label))" in s, s
+    rec["M_corrupt"] = {"value": 3.9}  # a file without the intervals: nothing is called causal, and it says why
+    (tmp_path / "patching.json").write_text(json.dumps(rec))
+    s = patching.sentence(tmp_path, "unused", ROLE_WORDS, roles_ran=True)
+    assert "no head is called causal: patching.json does not record M(clean)'s and M(corrupt)'s intervals" in s, s
 
 
 @pytest.mark.parametrize("causal, task", [(True, "ioi"), (False, "masked")])

@@ -156,11 +156,12 @@ def sentence(out: Path, why: str, words: dict[str, str], roles_ran: bool) -> str
     name, v, lo, hi = heads[0]
     largest = f"largest: {name} {v:+.2f} [{lo:+.2f}, {hi:+.2f}]{_label(name, labels, words)}"
     if not separated(mc, mx):  # effects are shares of M(clean) - M(corrupt): with no difference, no share means much
-        nan = float("nan")
+        if not all(isinstance(d.get(k), (int, float)) for d in (mc, mx) for k in ("lo", "hi")):
+            return s + (f"no head is called causal: patching.json does not record M(clean)'s and M(corrupt)'s "
+                        f"intervals, so whether the model tells the pairs apart is unknown ({largest})")
         return s + (f"no head is called causal: the model does not tell the pairs apart (M(clean) "
-                    f"[{mc.get('lo', nan):.2f}, {mc.get('hi', nan):.2f}] and M(corrupt) [{mx.get('lo', nan):.2f}, "
-                    f"{mx.get('hi', nan):.2f}] overlap, or were not recorded), so shares of their difference are "
-                    f"unsettled ({largest})")
+                    f"[{mc['lo']:.2f}, {mc['hi']:.2f}] and M(corrupt) [{mx['lo']:.2f}, {mx['hi']:.2f}] overlap), so "
+                    f"shares of their difference are unsettled ({largest})")
     if not called:
         return s + f"no head's interval excludes 0 ({largest}), so none is called causal"
     parts = []
