@@ -212,8 +212,8 @@ def test_waiting_requests_are_bounded(dirs):
 
 @pytest.fixture(scope="module")
 def evidence(dirs, tmp_path_factory):
-    """A folder of real analyze, roles and score outputs on the tiny BERT, plus a patching.csv and a
-    kvcache.json written in their declared formats."""
+    """A folder of real analyze, roles and score outputs on the tiny BERT, plus a patching.csv, a paths.csv (one
+    sender a markup string) and a kvcache.json written in their declared formats."""
     out = tmp_path_factory.mktemp("evidence")
     model = str(dirs["bert"])
     data = out.parent / "passages.txt"
@@ -225,6 +225,11 @@ def evidence(dirs, tmp_path_factory):
     effect = rng.normal(0, 0.3, 8)
     pd.DataFrame({"layer": np.repeat([0, 1], 4), "head": np.tile(range(4), 2), "effect": effect,
                   "effect_lo": effect - 0.1, "effect_hi": effect + 0.1}).to_csv(out / "patching.csv", index=False)
+    pd.DataFrame({"sender": ["L0H1", "L0H1+L0H2", "L1H2", MARKUP, "L0H3", "L0H0", "L0H2"],
+                  "receiver": ["L1H2", "logits", "logits", "L1H2", "L1H2", "L1H2", "L1H2"],
+                  "via": ["q", "direct", "direct", "k", "v", "q", "k"],
+                  "effect": [0.3, -0.5, 0.1, 0.05, 0.02, 0.01, ""], "effect_lo": [0.2, -0.6, 0.0, 0.0, 0.0, 0.0, ""],
+                  "effect_hi": [0.4, -0.4, 0.2, 0.1, 0.04, 0.02, ""]}).to_csv(out / "paths.csv", index=False)
     (out / "kvcache.json").write_text(json.dumps({
         "model": "tiny", "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "d_head": 8, "settings": {}, "scores": [],
         "rows": [{"method": "full", "budget": 1.0, "full_heads": [[0, 1], [0, 1]]},
@@ -258,6 +263,12 @@ def test_heads_table_reads_every_verbs_files(dirs, evidence):
     assert t["sources"]["importance"]["command"] == \
         f"headscope score {dirs['bert']} --bootstrap 100 --data {evidence.parent / 'passages.txt'} --method ablation"
     assert t["sources"]["patching"]["command"] is None  # no patching.json beside it: no provenance to show
+    assert t["patching"]["measure"] == "effect"
+    # each head's strongest paths out of it and into it (three at most, by |effect|; a set counts for each head)
+    assert [(p["sender"], p["via"], p["effect"]) for p in t["paths"]["L1H2"]] == [
+        ("L0H1", "q", 0.3), ("L1H2", "direct", 0.1), (MARKUP, "k", 0.05)]
+    assert [p["receiver"] for p in t["paths"]["L0H2"]] == ["logits"] and "logits" not in t["paths"]
+    assert [(p["sender"], p["effect"]) for p in t["paths"]["L0H1"]] == [("L0H1+L0H2", -0.5), ("L0H1", 0.3)]
     for name, entries in t["role_detail"].items():
         l, h = map(int, re.findall(r"\d+", name))
         assert {e["role"] for e in entries} <= set(t["roles"][l * 4 + h].split(";"))
@@ -397,3 +408,15 @@ def test_a_port_in_use_is_one_line(dirs):
         port = taken.getsockname()[1]
         with pytest.raises(headscope.HeadscopeError, match=f"cannot listen on 127.0.0.1:{port} .*another --port"):
             make_server(ViewApp(hm, heads_table(hm, []), 64, EXAMPLES), "127.0.0.1", port)
+
+
+def test_patching_without_an_exact_scan_shows_the_attribution_estimate(dirs, tmp_path):
+    """A study that had time for attribution alone writes patching.csv without `effect`: the view shows the
+    attribution estimate, named as such."""
+    hm = load_model(str(dirs["bert"]))
+    a = np.linspace(-0.4, 0.3, 8)
+    pd.DataFrame({"layer": np.repeat([0, 1], 4), "head": np.tile(range(4), 2), "attribution": a,
+                  "attribution_lo": a - 0.1, "attribution_hi": a + 0.1}).to_csv(tmp_path / "patching.csv", index=False)
+    t = heads_table(hm, [tmp_path])
+    assert t["patching"]["measure"] == "attribution" and np.allclose(t["patching"]["values"], a, atol=5e-5)
+    assert t["paths"] == {}

@@ -99,6 +99,9 @@ def test_typed_text_drawn_in_chromium(browser, dirs, evidence):  # noqa: F811
             assert "ablation: rank" in card and "of 8" in card and "sink 4 + window 16 only" in card
             assert "headscope roles " in card and "headscope score " in card and "--method ablation" in card
             assert "no provenance recorded" in card  # patching.csv was written without its JSON
+            # its strongest paths from paths.csv, the markup sender shown as text
+            assert "Strongest paths (path patching)" in card and "L0H1 \u2192 L1H2 via q: 0.3" in card, card
+            assert MARKUP + " \u2192 L1H2 via k" in card
 
             before = page.eval_on_selector_all("#grid .cell", "cs => cs.map(c => c.style.background)")
             page.select_option("#colour-by", "importance:ablation")

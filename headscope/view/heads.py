@@ -22,6 +22,7 @@ from ..artifacts import (
     IMPORTANCE_CSV,
     KVCACHE_JSON,
     PATCHING_CSV,
+    PATHS_CSV,
     ROLES_CSV,
     ROLES_JSON,
     artifact,
@@ -42,6 +43,7 @@ __all__ = ["command_of", "heads_table"]
 _VERB_OPTIONS: dict[str, type[Options]] = {"analyze": AnalyzeOptions, "roles": RolesOptions, "score": ScoreOptions,
                                            "kvcache": KvcacheOptions}
 _SKIP_OPTIONS = ("model", "from_command_line")
+PATHS_PER_HEAD = 3  # the strongest paths a head card lists (out of it and into it)
 
 
 def _defaults(cls: type[Options] | None) -> dict[str, Any]:
@@ -111,6 +113,12 @@ def _with_bounds(table: Table, column: str, n_layers: int, n_heads: int) -> dict
         if f"{column}_{side}" in table.columns:
             entry[side] = _grid(table, f"{column}_{side}", n_layers, n_heads)
     return entry
+
+
+def _number(v: Any) -> float | None:
+    """A finite number of a table cell (rows hold JSON-ready values), else None."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else None
 
 
 def _rank(values: Sequence[Any]) -> list[int | None]:
@@ -195,11 +203,35 @@ def _kvcache(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> 
 
 
 def _patching(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+    """Each head's exact patching effect, or its attribution estimate where the run had no exact scan."""
     table = src.csv(PATCHING_CSV.name)
     if table is None:
         return
+    measure = "effect" if "effect" in table.columns else "attribution"
     out["sources"]["patching"] = _source(table.path)
-    out["patching"] = _with_bounds(table, "effect", n_layers, n_heads)
+    out["patching"] = {**_with_bounds(table, measure, n_layers, n_heads), "measure": measure}
+
+
+def _paths(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+    """Per head, its strongest paths (paths.csv) out of it and into it, by |effect|: {"L3H2": [path, ...]}."""
+    table = src.csv(PATHS_CSV.name)
+    if table is None:
+        return
+    out["sources"]["paths"] = _source(table.path)
+    rows = []
+    for r in table.rows:
+        effect = _number(r.get("effect"))
+        if effect is not None:
+            rows.append(clean({"sender": str(r.get("sender")), "receiver": str(r.get("receiver")),
+                               "via": str(r.get("via")), "effect": effect, "lo": _number(r.get("effect_lo")),
+                               "hi": _number(r.get("effect_hi"))}))
+    rows.sort(key=lambda p: -abs(p["effect"]))
+    per: dict[str, list[dict[str, Any]]] = {}
+    for p in rows:
+        for name in {*p["sender"].split("+"), p["receiver"]} - {"logits"}:
+            if len(per.setdefault(name, [])) < PATHS_PER_HEAD:
+                per[name].append(p)
+    out["paths"] = per
 
 
 def heads_table(hm: HeadModel, dirs: Sequence[str | Path]) -> dict[str, Any]:
@@ -211,8 +243,8 @@ def heads_table(hm: HeadModel, dirs: Sequence[str | Path]) -> dict[str, Any]:
         check_made_for(path, hm, "--from")
     out: dict[str, Any] = {"n_layers": n_layers, "n_heads": n_heads, "folders": [str(d) for d in src.dirs],
                            "sources": {}, "statistics": {}, "roles": None, "uncertain": None, "role_detail": {},
-                           "importance": {}, "kvcache": [], "patching": None}
-    for part in (_statistics, _roles, _importance, _kvcache, _patching):
+                           "importance": {}, "kvcache": [], "patching": None, "paths": {}}
+    for part in (_statistics, _roles, _importance, _kvcache, _patching, _paths):
         part(src, out, n_layers, n_heads)
     out["problems"] = list(src.problems.values())
     return out

@@ -56,12 +56,15 @@
   }
 
   // ---- the grid ------------------------------------------------------------------------------------
+  function patchingName() { // the exact effect, or attribution's estimate where the run had no exact scan
+    return (state.heads.patching || {}).measure === "attribution" ? "patching (attribution estimate)" : "patching effect";
+  }
   function roleList(s) { return String(s || "").split(";").map((r) => r.trim()).filter(Boolean); }
   function colourings() {
     const H = state.heads || {}, out = [];
     if (H.roles) out.push(["roles", "roles"]);
     for (const m of Object.keys(H.importance || {})) out.push(["importance:" + m, "importance rank: " + m]);
-    if (H.patching) out.push(["patching", "patching effect"]);
+    if (H.patching) out.push(["patching", patchingName()]);
     for (const c of Object.keys(H.statistics || {})) out.push(["stat:" + c, c]);
     out.push(["none", "nothing"]);
     return out;
@@ -137,7 +140,7 @@
     if (H.roles) lines.push("roles: " + (roleList(H.roles[i]).join(", ") || "none"));
     if (H.uncertain && roleList(H.uncertain[i]).length) lines.push("uncertain roles: " + roleList(H.uncertain[i]).join(", "));
     for (const [m, e] of Object.entries(H.importance || {})) lines.push(m + " rank " + (e.rank[i] === null ? "n/a" : e.rank[i]));
-    if (H.patching) lines.push("patching effect " + interval(H.patching.values[i], (H.patching.lo || [])[i], (H.patching.hi || [])[i]));
+    if (H.patching) lines.push(patchingName() + " " + interval(H.patching.values[i], (H.patching.lo || [])[i], (H.patching.hi || [])[i]));
     return lines.join("\n");
   }
 
@@ -269,9 +272,18 @@
       dl.appendChild(el("dd", {}, k.label + ": " + (k.full[i] ? "full KV" : "sink " + k.sink + " + window " + k.window + " only")));
     }
     source(dl, "kvcache", "`headscope kvcache MODEL --out DIR`");
-    dl.appendChild(el("dt", {}, "Patching effect"));
+    dl.appendChild(el("dt", {}, H.patching ? patchingName().replace(/^p/, "P") : "Patching effect"));
     if (H.patching) dl.appendChild(el("dd", {}, interval(H.patching.values[i], (H.patching.lo || [])[i], (H.patching.hi || [])[i])));
     source(dl, "patching", "`headscope patch MODEL --out DIR`");
+    const paths = (H.paths || {})[headName(l, h)] || [];
+    if (paths.length) {
+      dl.appendChild(el("dt", {}, "Strongest paths (path patching)"));
+      for (const p of paths) {
+        const via = p.via === "direct" ? "" : " via " + p.via;
+        dl.appendChild(el("dd", {}, p.sender + " \u2192 " + p.receiver + via + ": " + interval(p.effect, p.lo, p.hi)));
+      }
+      source(dl, "paths", "`headscope patch MODEL --paths N --out DIR`");
+    }
     dl.appendChild(el("dt", {}, "Statistics"));
     for (const c of ["entropy_norm", "mean_distance", "first_token_mass", "prev_token_mass", "special_mass"]) {
       const e = (H.statistics || {})[c];
