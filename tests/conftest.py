@@ -59,3 +59,26 @@ def browser():
             yield b
         finally:
             b.close()
+
+
+def open_watched(browser, url: str, allowed: tuple[str, ...], size: tuple[int, int], timeout_ms: int):
+    """A page at `url` once `body[data-ready='1']`: console errors and warnings and page errors collected in
+    `problems`, every request's URL in `requests`; a request to anything not starting with `allowed` is refused."""
+    page = browser.new_page(viewport={"width": size[0], "height": size[1]})
+    problems: list[str] = []
+    requests: list[str] = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning")
+            else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("request", lambda r: requests.append(r.url))
+
+    def route(r):
+        if r.request.url.startswith(allowed):
+            r.continue_()
+        else:
+            r.abort()
+
+    page.route("**/*", route)
+    page.goto(url)
+    page.wait_for_selector("body[data-ready='1']", timeout=timeout_ms)
+    return page, problems, requests

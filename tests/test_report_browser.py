@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import open_watched
 from test_report import IDS, write_outputs
 
 from headscope.models.tiny import tiny_model
@@ -28,25 +29,8 @@ def report(tmp_path_factory):
 
 
 def open_page(browser, path: Path):
-    page = browser.new_page(viewport={"width": 1300, "height": 900})
-    problems: list[str] = []
-    requests: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning")
-            else None)
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("request", lambda r: requests.append(r.url))
-
-    def route(r):
-        # Every request is recorded and anything but the page itself or inline data is refused.
-        if r.request.url.startswith(("file:", "data:")):
-            r.continue_()
-        else:
-            r.abort()
-
-    page.route("**/*", route)
-    page.goto(path.as_uri())
-    page.wait_for_selector("body[data-ready='1']", timeout=10000)
-    return page, problems, requests
+    """The report file; every request is recorded and anything but the page itself or inline data refused."""
+    return open_watched(browser, path.as_uri(), ("file:", "data:"), (1300, 900), 10000)
 
 
 def colours(page) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from conftest import open_watched
 from test_view import dirs, evidence  # noqa: F401  (fixtures this module's tests use)
 from view_support import MARKUP, eager_reference, serving, unseen_text
 
@@ -21,24 +22,8 @@ REFUSED = "Failed to load resource: the server responded with a status of 413"
 
 
 def open_page(browser, url: str, allowed: tuple[str, ...]):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    problems: list[str] = []
-    requests: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning")
-            else None)
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("request", lambda r: requests.append(r.url))
-
-    def route(r):  # anything but the view's own server (or the page itself) is refused and recorded
-        if r.request.url.startswith(allowed):
-            r.continue_()
-        else:
-            r.abort()
-
-    page.route("**/*", route)
-    page.goto(url)
-    page.wait_for_selector("body[data-ready='1']", timeout=20000)
-    return page, problems, requests
+    """The view at `url`; anything but the view's own server (or the page itself) is refused and recorded."""
+    return open_watched(browser, url, allowed, (1400, 1000), 20000)
 
 
 def run_text(page, text: str, drawn: int) -> None:

@@ -7,7 +7,6 @@ adds the reason instead of a number. The same text heads the report (study.json'
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +14,11 @@ from ..artifacts import CLUSTERS_JSON, GQA_JSON, IMPORTANCE_JSON, KV_CSV, KVCACH
 from ..capacity.kv_bytes import human_bytes
 from ..redundancy.curves.claims import drop_claim, level_of
 from . import patching
+from .patching import read_json
 
 ROLE_WORDS = {"sink": "sink heads", "previous_token": "previous-token", "next_token": "next-token", "broad": "broad",
               "local": "local", "duplicate_token": "duplicate-token", "induction": "induction",
               "coreference": "coreference", "rare_word": "rare-word", "delimiter": "delimiter", "self": "self"}
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _why(state: dict[str, Any], stage: str) -> str:
@@ -41,7 +33,7 @@ def _q1(out: Path, state: dict[str, Any], heads: int) -> str:
 
 
 def _roles_clause(out: Path, state: dict[str, Any], heads: int) -> str:
-    r = _json(out / ROLES_JSON.name)
+    r = read_json(out / ROLES_JSON.name)
     if r is None:
         return f"What the heads learn: no role census ({_why(state, 'roles')})"
     census = r.get("census") or {}
@@ -68,7 +60,7 @@ def _roles_clause(out: Path, state: dict[str, Any], heads: int) -> str:
     if lc:
         counts = ", ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in lc["census"].items()) or "no head"
         s += f"; at {lc['length']} tokens: {counts}"
-    cl = _json(out / CLUSTERS_JSON.name)
+    cl = read_json(out / CLUSTERS_JSON.name)
     if cl is not None:
         n = len(cl.get("clusters") or [])
         s += f"; {n} near-duplicate cluster{'s' if n != 1 else ''} of heads (similar attention and outputs)"
@@ -92,18 +84,18 @@ def _q2(out: Path, state: dict[str, Any]) -> str:
               f"({kv['n_kv_heads']} KV heads for {kv['n_heads']} query heads, {kv['dtype']})")
     else:
         s += f"no KV-cost table ({_why(state, 'kv')})"
-    g = _json(out / "gqa" / GQA_JSON.name)
+    g = read_json(out / "gqa" / GQA_JSON.name)
     if g is not None:
         up = f", {g['ppl_uptrained']:.2f} after uptraining" if g.get("ppl_uptrained") is not None else ""
         s += (f"; {g['n_kv_heads_before']} -> {g['n_kv_heads_after']} KV heads moves held-out perplexity "
               f"{g['ppl_before']:.2f} -> {g['ppl_after']:.2f}{up} for "
               f"{g['kv_bytes_after']['measured'] / max(g['kv_bytes_before']['measured'], 1):.0%} of the cache")
-    m = _json(out / "mla" / MLA_JSON.name)
+    m = read_json(out / "mla" / MLA_JSON.name)
     if m is not None:
         up = f", {m['ppl_uptrained']:.2f} after uptraining" if m.get("ppl_uptrained") is not None else ""
         s += (f"; MLA at rank {m['kv_rank']}: perplexity {m['ppl_before']:.2f} -> {m['ppl_after']:.2f}{up}, "
               f"{m['kv_fraction']:.0%} of the cache")
-    k = _json(out / KVCACHE_JSON.name)
+    k = read_json(out / KVCACHE_JSON.name)
     if k is not None:
         rows = {r["method"]: r for r in k.get("rows", [])}
         full, chosen, rnd = rows.get("full"), next((r for m_, r in rows.items() if m_ not in ("full", "random")),
@@ -122,7 +114,7 @@ def _q2(out: Path, state: dict[str, Any]) -> str:
 
 def _q3(out: Path, state: dict[str, Any]) -> str:
     s = "Which heads are redundant: "
-    p = _json(out / PRUNE_JSON.name)
+    p = read_json(out / PRUNE_JSON.name)
     if p is not None:
         within = p.get("within") or {}
         level = max(within, key=lambda k: float(k.rstrip("%")), default=None)
@@ -138,7 +130,7 @@ def _q3(out: Path, state: dict[str, Any]) -> str:
                   f"{sm['parameters_original']:,} parameters")
     else:
         s += f"no pruning curve ({_why(state, 'prune')})"
-    imp = _json(out / IMPORTANCE_JSON.name)
+    imp = read_json(out / IMPORTANCE_JSON.name)
     if imp is not None:
         st = imp["meta"].get("stability") or {}
         ranks = ", ".join(f"{m} {v['spearman_brown']:.2f}" for m, v in st.items())

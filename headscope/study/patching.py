@@ -70,7 +70,8 @@ def refusal(causal: bool, lm_head: bool, model_type: str, architecture: str) -> 
 
 
 # --- the answer ----------------------------------------------------------------------------------------
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A stage's JSON object, or None when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -132,7 +133,7 @@ def separated(mc: dict[str, Any], mx: dict[str, Any]) -> bool:
 def sentence(out: Path, why: str, words: dict[str, str], roles_ran: bool) -> str:
     """Question 1's causal clause ('; causally, on 24 IOI pairs, L23H3 restores ...'), from patching.csv/json;
     `why` is said when the stage did not run. Role labels are compared when `roles_ran` (this study's roles)."""
-    rec = _read_json(out / PATCHING_JSON.name)
+    rec = read_json(out / PATCHING_JSON.name)
     rows = _rows(out / PATCHING_CSV.name)
     if rec is None or not rows:
         return f"; no causal patching ({why})"
