@@ -190,8 +190,10 @@ def role_bars(bars: Sequence[Mapping[str, Any]], path: Path | None = None) -> by
     return save_png(fig, path)
 
 
-def redundancy_profile(rows: Sequence[Mapping[str, Any]], path: Path | None = None) -> bytes:
-    """redundancy.csv as bars: removable heads per layer (and with recovery) over the layer's head count."""
+def redundancy_profile(rows: Sequence[Mapping[str, Any]], path: Path | None = None,
+                       target_drop: float | None = None) -> bytes:
+    """redundancy.csv as bars: removable heads per layer (and with recovery) over the layer's head count; the
+    legend sits below the axes, so it never covers a bar, and a curve that removed no head says so."""
     layers = [int(num(r.get("layer"))) for r in rows]
     heads = [num(r.get("heads")) for r in rows]
     removable = [num(r.get("removable")) for r in rows]
@@ -206,8 +208,12 @@ def redundancy_profile(rows: Sequence[Mapping[str, Any]], path: Path | None = No
     ax.set_xticks(layers if len(layers) <= 16 else layers[:: max(1, len(layers) // 15)])
     ax.set_xlabel("layer")
     ax.set_ylabel("heads")
-    ax.legend(fontsize=8)
-    ax.set_title("layer-wise redundancy", fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, frameon=False)
+    within = f" within a {target_drop:.0%} drop" if target_drop is not None else ""
+    ax.set_title(f"heads removable{within}, per layer", fontsize=10)
+    if all(v == 0 or math.isnan(v) for v in [*removable, *rec]):
+        ax.text(0.5, 0.5, f"no head removable{within}", transform=ax.transAxes, ha="center", va="center",
+                fontsize=9, color="#555555", bbox={"facecolor": "white", "edgecolor": "#cccccc"})
     return save_png(fig, path)
 
 

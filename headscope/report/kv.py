@@ -54,7 +54,7 @@ def kv_part(src: Sources, meta: dict[str, Any], config: Any = None) -> Part:
     if t is not None:
         for r in t.rows:
             r["is_model"] = str(r["is_model"]).lower() == "true"  # CSV holds True/False as text
-        rows, source = t.rows, f"from {t.path}"
+        rows, source = t.rows, f"from {t.path.name} (headscope kv)"
     elif KV_CSV.name in src.problems or not all(isinstance(meta.get(k), int)
                                                  for k in ("n_layers", "n_heads", "n_kv_heads", "d_head")):
         part.missing["kv"] = src.note(KV_CSV.name)

@@ -110,9 +110,11 @@ def summary_sentences(summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def redundancy_sentences(rows: list[dict[str, Any]], target_drop: float | None, by: str | None = None) -> list[str]:
+def redundancy_sentences(rows: list[dict[str, Any]], target_drop: float | None, by: str | None = None,
+                         said_none: bool = False) -> list[str]:
     """Where the heads sit that the curve removed before its drop passed the target, without and with recovery
-    training, judged as prune.json's `within_target_by` says (older files: by the point estimate)."""
+    training, judged as prune.json's `within_target_by` says (older files: by the point estimate).
+    `said_none`: prune.json's sentences already say when no head can go, so a count of zero adds nothing."""
     at = f"the target drop ({target_drop:.0%})" if target_drop is not None else "the target drop"
     judged = "the upper bound of its drop's interval" if by and by.startswith("the upper bound") else \
         "its point estimate"
@@ -123,6 +125,8 @@ def redundancy_sentences(rows: list[dict[str, Any]], target_drop: float | None, 
         how = " with recovery" if col.endswith("recovered") else ""
         total = sum(r[col] for r in rows)
         if not total:
+            if said_none:
+                continue
             out.append(f"The curve's first step{how} already passes {at} by {judged.replace('its ', 'the ')}.")
             continue
         top = max(rows, key=lambda r: r[col])
@@ -182,9 +186,10 @@ def prune_part(src: Sources, figs: dict[str, bytes] | None) -> Part:
     else:
         res["redundancy"] = {"columns": red.columns, "rows": red.rows}
         if red.rows:
-            part.say("q3", *redundancy_sentences(red.rows, summary["target_drop"] if summary else None,
-                                                 summary.get("within_target_by") if summary else None))
-            png = plots.redundancy_profile(red.rows)
+            target = summary["target_drop"] if summary else None
+            part.say("q3", *redundancy_sentences(red.rows, target, summary.get("within_target_by") if summary else None,
+                                                 said_none=summary is not None))
+            png = plots.redundancy_profile(red.rows, target_drop=target)
             res["redundancy"]["plot"] = data_url(png)
             if figs is not None:
                 figs[PLOT_NAMES["redundancy"]] = png

@@ -240,7 +240,27 @@ def read_heads(src: Sources) -> HeadTable | None:
             check_grid(path, table, data["meta"].get("provenance"))
             check_same_run(path, table, js, data)
             table = table.with_columns(meta=data["meta"])
-    return table
+    return with_roles(src, table)
+
+
+def with_roles(src: Sources, table: HeadTable) -> HeadTable:
+    """heads.csv's table plus the columns only roles.csv has (the role labels, offset masses, ...), so a
+    folder holding both, as a study's does, shows roles. roles.csv's own statistics are measured on other
+    passages: where both files have a column, heads.csv's value stays."""
+    path = src.get(ROLES_CSV.name)
+    if path is None:
+        return table
+    try:
+        roles = HeadTable.from_csv(path)
+    except Exception as e:
+        src.fault(ROLES_CSV.name, f"cannot be read ({e})")
+        return table
+    if (roles.n_layers, roles.n_heads) != (table.n_layers, table.n_heads):
+        src.fault(ROLES_CSV.name, f"is for {roles.n_layers} layers x {roles.n_heads} heads, not the "
+                                  f"{table.n_layers} x {table.n_heads} of {HEADS_CSV.name}")
+        return table
+    extra = {c: roles[c] for c in roles.columns if c not in table}
+    return table.with_columns(extra) if extra else table
 
 
 def check_grid(path: Path, table: HeadTable, prov: Any) -> None:

@@ -10,7 +10,19 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import CLUSTERS_JSON, GQA_JSON, IMPORTANCE_JSON, KV_CSV, KVCACHE_JSON, MLA_JSON, PRUNE_JSON, ROLES_JSON
+from ..artifacts import (
+    CLUSTERS_JSON,
+    GQA_JSON,
+    IMPORTANCE_JSON,
+    KV_CSV,
+    KVCACHE_JSON,
+    MLA_JSON,
+    PRUNE_CURVE_CSV,
+    PRUNE_JSON,
+    RANK_CORRELATION_CSV,
+    REDUNDANCY_CSV,
+    ROLES_JSON,
+)
 from ..capacity.kv_bytes import human_bytes
 from ..redundancy.curves.claims import drop_claim, level_of
 from . import patching
@@ -19,6 +31,21 @@ from .patching import read_json
 ROLE_WORDS = {"sink": "sink heads", "previous_token": "previous-token", "next_token": "next-token", "broad": "broad",
               "local": "local", "duplicate_token": "duplicate-token", "induction": "induction",
               "coreference": "coreference", "rare_word": "rare-word", "delimiter": "delimiter", "self": "self"}
+# What a head of each role does, in a few plain words (the exact rules: docs/roles.md and the report).
+ROLE_PLAIN = {"sink": "park their attention on the first or a special token when they have nothing to do",
+              "broad": "spread their attention over the whole text",
+              "local": "look at nearby words",
+              "previous_token": "look one token back",
+              "next_token": "look one token ahead",
+              "self": "look at their own token",
+              "delimiter": "look at separators and punctuation",
+              "duplicate_token": "look at an earlier copy of the current token",
+              "induction": "look at what followed an earlier copy of the current token (in-context copying)",
+              "coreference": "link a word such as a pronoun to what it refers to",
+              "rare_word": "look at the rarest word",
+              "retrieval": "copy a fact from far back in a long text",
+              "streaming": "need only the first tokens and a recent window"}
+INTERVAL = "95% interval"
 
 
 def _why(state: dict[str, Any], stage: str) -> str:
@@ -38,10 +65,16 @@ def _roles_clause(out: Path, state: dict[str, Any], heads: int) -> str:
         return f"What the heads learn: no role census ({_why(state, 'roles')})"
     census = r.get("census") or {}
     plain = sorted(((k, len(v)) for k, v in census.items() if not k.startswith("syntactic:")), key=lambda t: -t[1])
-    parts = [f"{n} {ROLE_WORDS.get(k, k.replace('_', ' '))}" for k, n in plain[:5]]
-    s = (f"What the heads learn: of the {heads} heads, " + ", ".join(parts) + " pass their role's rule beside its "
-         "baseline on the interval's bound" if parts else
-         f"What the heads learn: none of the {heads} heads passes a role's rule")
+    if plain:
+        parts = [f"{n} {ROLE_WORDS.get(k, k.replace('_', ' '))}" for k, n in plain[:5]]
+        said = [f"{ROLE_WORDS.get(k, k.replace('_', ' ')).removesuffix(' heads')} heads {ROLE_PLAIN[k]}"
+                for k, _ in plain[:3] if k in ROLE_PLAIN]
+        s = (f"What the heads learn: of the {heads} heads, " + ", ".join(parts) + " have a clear role ("
+             + "; ".join(said) + "). A head gets a role only when its whole " + INTERVAL + " beats the role's "
+             "baseline, so the report, which also shows heads that pass on the estimate alone, counts a few more")
+    else:
+        s = (f"What the heads learn: none of the {heads} heads has a role whose whole {INTERVAL} beats its "
+             f"baseline")
     syn_roles = sum(len(v) for k, v in census.items() if k.startswith("syntactic:"))
     syn = (r.get("syntax") or {}).get("relations") or {}
     if syn:
@@ -49,21 +82,25 @@ def _roles_clause(out: Path, state: dict[str, Any], heads: int) -> str:
                    key=lambda t: t[1]["best_accuracy"] - t[1]["baseline"], default=None)
         if best:
             rel, v = best
-            s += (f"; {syn_roles} head-relation pairs beat the best fixed offset on treebank syntax (clearest: "
-                  f"{v['best_head']} finds {rel} {v['best_accuracy']:.0%} of the time vs {v['baseline']:.0%} at "
-                  f"offset {v['baseline_offset']:+d}, {v['count']} arcs)")
+            s += (f"; on grammar (gold dependency trees), {syn_roles} (head, relation) pairs find a word's "
+                  f"grammatical partner more often than the best fixed position does (clearest: {v['best_head']} "
+                  f"finds the {rel} relation {v['best_accuracy']:.0%} of the time vs {v['baseline']:.0%} for "
+                  f"\"always {abs(v['baseline_offset'])} token{'s' if abs(v['baseline_offset']) != 1 else ''} "
+                  f"{'back' if v['baseline_offset'] < 0 else 'ahead'}\", {v['count']} arcs)")
     c = r.get("coreference")
     if c:
-        s += (f"; the best coreference head, {c['best_head']}, picks the gold antecedent {c['best_accuracy']:.0%} "
-              f"of {c['anaphors']} times (same-head-word baseline {c['same_head_word_baseline']:.0%})")
+        s += (f"; the best coreference head, {c['best_head']}, points from a pronoun or repeated mention to the right "
+              f"earlier mention {c['best_accuracy']:.0%} of {c['anaphors']} times (picking the nearest mention with "
+              f"the same head word gets {c['same_head_word_baseline']:.0%})")
     lc = r.get("long_context")
     if lc:
         counts = ", ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in lc["census"].items()) or "no head"
-        s += f"; at {lc['length']} tokens: {counts}"
+        s += f"; in a {lc['length']}-token text: {counts}"
     cl = read_json(out / CLUSTERS_JSON.name)
     if cl is not None:
-        n = len(cl.get("clusters") or [])
-        s += f"; {n} near-duplicate cluster{'s' if n != 1 else ''} of heads (similar attention and outputs)"
+        n = sum(1 for c_ in cl.get("clusters") or [] if len(c_.get("heads") or []) > 1)
+        s += (f"; {n} group{'s' if n != 1 else ''} of near-duplicate heads (same attention and outputs)" if n else
+              "; no two heads are near-duplicates")
     return s
 
 
@@ -108,8 +145,39 @@ def _q2(out: Path, state: dict[str, Any]) -> str:
     causal = state.get("model", {}).get("causal")
     if not causal:
         s += ("; fewer KV heads is a decoder question (an encoder keeps no cache): GQA, MLA and the head-aware "
-              "cache do not apply")
+              "cache do not apply") + _heads_per_layer(out)
     return s + "."
+
+
+def _heads_per_layer(out: Path) -> str:
+    """How many heads each layer gave up along the pruning curve before the drop passed its target (redundancy.csv,
+    after recovery where the curve trained): question 2 for a model with no cache to shrink."""
+    p = read_json(out / PRUNE_JSON.name)
+    rows = _csv_rows(out / REDUNDANCY_CSV.name)
+    if p is None or not rows or p.get("target_drop") is None:
+        return ""
+    col = "removable_recovered" if rows[0].get("removable_recovered") not in (None, "") else "removable"
+    try:
+        lost = [int(float(r[col])) for r in rows]
+        have = [int(float(r["heads"])) for r in rows]
+    except (KeyError, ValueError):
+        return ""
+    metric = "perplexity" if p.get("metric") == "lm_loss" else str(p.get("metric"))
+    if not any(lost):
+        return (f"; does each layer need all its heads? Along the pruning curve no head could go before {metric} "
+                f"dropped {p['target_drop']:.0%}")
+    counts = ", ".join(str(n) for n in lost)
+    return (f"; does each layer need all its heads? Within a {p['target_drop']:.0%} drop of {metric}, layers "
+            f"0-{len(rows) - 1} gave up {counts} of their {have[0] if len(set(have)) == 1 else 'own'} heads "
+            f"(redundancy.csv): the layers with the most to spare need fewer heads")
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
 
 
 def _q3(out: Path, state: dict[str, Any]) -> str:
@@ -123,19 +191,81 @@ def _q3(out: Path, state: dict[str, Any]) -> str:
             label = "after recovery" if "recovered" in w else "without recovery"
             metric = "perplexity" if p.get("baseline_perplexity") else p["metric"]
             claim = drop_claim(level_of(level), w.get("recovered") or w, p.get("heldout_passages"))
-            s += claim.sentence(of=f"of {metric} {label}", rerun="rerun the prune stage") + f" ({p['method']} order)"
+            s += (f"removing heads one step at a time, least important first ({p['method']} order), and measuring "
+                  f"{_metric_words(metric)} on held-out text after each step: ")
+            s += claim.sentence(of=f"of {metric} {label}", rerun="rerun the prune stage")
+            if claim.verdict in ("can go", "cannot tell"):
+                s += f" (brackets: the {INTERVAL})"
+            s += _resolution(out, claim.count)
         sm = p.get("saved_model")
         if sm:
-            s += (f"; the physically pruned model keeps {sm['heads_kept']} heads and {sm['parameters']:,} of "
-                  f"{sm['parameters_original']:,} parameters")
+            removed = int(p.get("n_layers", 0)) * int(p.get("n_heads", 0)) - int(sm["heads_kept"])
+            named = level is not None and p.get("target_drop") is not None and \
+                abs(p["target_drop"] - level_of(level)) < 1e-9
+            what = "that pruned model" if named else f"the curve's model at {removed} heads removed"
+            s += (f"; the saved model (model/) is {what}: {sm['heads_kept']} heads and "
+                  f"{sm['parameters'] / max(sm['parameters_original'], 1):.0%} of the parameters")
     else:
         s += f"no pruning curve ({_why(state, 'prune')})"
-    imp = read_json(out / IMPORTANCE_JSON.name)
-    if imp is not None:
-        st = imp["meta"].get("stability") or {}
-        ranks = ", ".join(f"{m} {v['spearman_brown']:.2f}" for m, v in st.items())
-        s += f"; the criteria's rankings hold up across halves of the passages (split-half, Spearman-Brown): {ranks}"
+    s += _rankings(out)
     return s + "."
+
+
+def _metric_words(metric: str) -> str:
+    if metric == "fidelity":
+        return "fidelity (how close the pruned model's outputs stay to the original's; 1 = the same)"
+    if metric == "perplexity":
+        return "perplexity (how surprised the model is by the next word; lower is better)"
+    return metric
+
+
+def _resolution(out: Path, count: int) -> str:
+    """The curve's step size where it decides the answer: the next point it measured after the claimed count."""
+    later = []
+    for r in _csv_rows(out / PRUNE_CURVE_CSV.name):
+        try:
+            n = int(float(r["n_removed"]))
+        except (KeyError, ValueError):
+            continue
+        if n > count:
+            later.append(n)
+    if not later:
+        return ""
+    nxt = min(later)
+    if nxt - count <= 1:
+        return ""
+    return (f"; the curve measured every {nxt - count} heads, so the true number lies between {count} and "
+            f"{nxt - 1}")
+
+
+def _rankings(out: Path) -> str:
+    """Two answers the student needs together: each criterion ranks heads the same way on other text (split-half
+    reliability), yet the criteria disagree with each other (their rank correlation)."""
+    imp = read_json(out / IMPORTANCE_JSON.name)
+    if imp is None:
+        return ""
+    st = imp["meta"].get("stability") or {}
+    ranks = ", ".join(f"{m} {v['spearman_brown']:.2f}" for m, v in st.items())
+    s = (f"; how well each way of scoring importance repeats its ranking on two halves of the text (split-half "
+         f"reliability, 1 = the same order): {ranks}") if ranks else ""
+    pairs: dict[frozenset[str], tuple[str, str, float]] = {}  # each pair of criteria once
+    for r in _csv_rows(out / RANK_CORRELATION_CSV.name):
+        a = r.get("", "")
+        for b, v in r.items():
+            try:
+                x = float(v)
+            except (TypeError, ValueError):
+                continue
+            if b not in ("", a):
+                pairs.setdefault(frozenset((a, b)), (a, b, x))
+    if pairs:
+        mean = sum(x for _, _, x in pairs.values()) / len(pairs)
+        lo = min(pairs.values(), key=lambda t: t[2])
+        between = f"mean rank correlation {mean:.2f}; {lo[0]} vs {lo[1]} {lo[2]:.2f}"
+        s += (f"; the ways mostly agree with each other on which heads matter ({between})" if mean >= 0.7 else
+              f"; but the ways disagree with each other on which heads matter ({between}): which heads look "
+              f"redundant depends on how you measure importance")
+    return s
 
 
 def answers(out: Path, state: dict[str, Any]) -> dict[str, str]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..options.cli import verb_parser
-from .budget import fmt_duration, tolerance_s
+from .budget import FILL, fmt_duration, tolerance_s
 from .options import StudyOptions
 from .runner import process_age, study
 from .state import LOG_DIR, STUDY_NAME
@@ -25,6 +26,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "See docs/study.md.",
     )
     p.set_defaults(func=run)
+
+
+def leftover_line(note: dict[str, Any] | None, budget: float, elapsed: float) -> str | None:
+    """A study that ended with a minute or more of its budget left says so, and what a larger budget buys."""
+    left = budget - elapsed
+    if not note or left < 60:
+        return None
+    line = f"{fmt_duration(left)} of the budget was left"
+    if note.get("next"):
+        need = (elapsed + float(note["next_cost_s"])) / FILL  # the plan fills FILL of the budget
+        line += (f": the next step, {note['next']} one size larger (its intervals are the widest), needs about "
+                 f"{fmt_duration(float(note['next_cost_s']))} with the report after it; --budget "
+                 f"{int(max(need, budget) // 60) + 1}m would run it")
+    else:
+        line += ": every stage ran at its largest size"
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
           + (f"; reused {', '.join(reused)}" if reused else ""))
     for n, r in other.items():
         print(f"  {n}: {r.get('status')}: {r.get('reason', '')}")
+    more = leftover_line(st.get("leftover"), budget, outcome.elapsed)
+    if more:
+        print(more)
     page = f"{args.out}/report.html, " if (Path(args.out) / "report.html").exists() else ""
     print(f"\nwrote {page}{args.out}/{STUDY_NAME} (commands, sizes, times) and each stage's "
           f"output; logs in {args.out}/{LOG_DIR}/", file=sys.stderr)

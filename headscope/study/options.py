@@ -12,8 +12,10 @@ from .budget import parse_duration
 class StudyOptions(OutputOptions):
     """`headscope study`: every stage the model's family supports, within a time budget, then the report."""
 
-    model: str = option("minilm", "built-in name (minilm, smollm2), a model directory, or a hub id (default: minilm)",
-                        positional=True)
+    # A decoder by default: the first study a newcomer runs answers all three questions, causal heads included
+    # (MiniLM, the built-in encoder, ships no LM head, so it has no logits to patch).
+    model: str = option("smollm2", "built-in name (smollm2, minilm, gemma3), a model directory, or a hub id "
+                                   "(default: smollm2)", positional=True)
     budget: str = option("10m", "wall time for the whole study, e.g. 10m, 90s, 1h30m (default 10m); it ends within "
                                 "the budget plus 10% (at least 30 s)")
     data: str | None = option(None, "text for every stage: a built-in corpus (ptb-valid, ptb-train, sample, ...) or a "

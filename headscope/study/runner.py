@@ -242,7 +242,7 @@ class _Runner:
                 self.one(self.stages.index(by[name]) + 1, by[name], 0)
         for _ in range(3):
             reserve = _estimate(report, 0, self.probe, self.family, self.corr())
-            options = []
+            options, too_dear = [], []
             for name, width in widths(Path(self.ctx.out)).items():
                 rec = self.state.data["stages"].get(name) or {}
                 lv = rec.get("level")
@@ -251,7 +251,10 @@ class _Runner:
                 cost = _estimate(by[name], lv + 1, self.probe, self.family, self.corr())
                 if cost + reserve <= self.left():
                     options.append((width, name, lv + 1))
+                else:
+                    too_dear.append((width, name, cost))
             if not options:
+                self.note_leftover(too_dear, reserve)
                 return
             width, name, lv = max(options)
             self.progress.say(f"{self.tag(i, report)}: time left: {name} again one size larger (its intervals are "
@@ -259,6 +262,16 @@ class _Runner:
             self.state.data["plan"][name] = lv
             self.state.stage(name)["widened_from"] = lv - 1
             self.one(self.stages.index(by[name]) + 1, by[name], lv)
+
+    def note_leftover(self, too_dear: list[tuple[float, str, float]], reserve: float) -> None:
+        """Record, for the closing lines, the time left and what the study would have done with more: the
+        stage whose intervals are widest, one size larger, and about what it costs (estimate)."""
+        left = max(self.left() / FILL, 0.0)
+        note: dict[str, Any] = {"left_s": round(left, 1)}
+        if too_dear:
+            width, name, cost = max(too_dear)
+            note.update({"next": name, "next_cost_s": round(cost + reserve, 1), "width": round(width, 3)})
+        self.state.data["leftover"] = note
 
     def one(self, i: int, stage: Stage, level: int) -> None:
         """Reuse `stage` at `level` when study.json has it, else run it and record it."""

@@ -183,10 +183,16 @@ def _score_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     return _load(p) + s + p.cpu_s * (20 + 2 * n * f.heads_total / 72)
 
 
+# The drop question 3's answer is about: the curve stops once it is passed, and the saved model is the last point
+# within it by the interval's upper bound (the model the answer describes).
+PRUNE_TARGET = "0.05"
+
+
 def _prune_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
     return [*_common(ctx, "prune", ctx.prune_data), "--heldout", ctx.heldout, *_short(ctx, lv["n"]),
             "--heldout-limit", str(lv["heldout"]), "--method", "taylor", "--fraction", str(lv["fraction"]),
-            "--step", str(lv["step"]), "--recover-steps", str(lv["recover"]), "--batch-size", "8", "--save-model"]
+            "--step", str(lv["step"]), "--recover-steps", str(lv["recover"]), "--batch-size", "8",
+            "--target-drop", PRUNE_TARGET, "--save-model"]
 
 
 def _prune_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:

@@ -57,7 +57,8 @@ STATUSES = ("running", "done", "left out", "not supported", "failed", "interrupt
 _NUMBER = (int, float)
 # study.json's schema: each key's allowed types (top level, and a stage's record); unknown keys are refused.
 _TOP = {"format": int, "stages": dict, "study_key": str, "model": dict, "data": dict, "budget_s": _NUMBER,
-        "tolerance_s": _NUMBER, "probe": dict, "versions": dict, "plan": dict, "answers": dict, "elapsed_s": _NUMBER}
+        "tolerance_s": _NUMBER, "probe": dict, "versions": dict, "plan": dict, "answers": dict, "elapsed_s": _NUMBER,
+        "leftover": dict}
 _STAGE = {"status": str, "reason": str, "key": str, "files": dict, "dir": str, "level": int, "size": object,
           "seconds": _NUMBER, "estimate_s": _NUMBER, "command": str, "reused": bool, "widened_from": int}
 

@@ -66,6 +66,19 @@
     });
     return t;
   }
+  // A value and its 95% interval as one cell ("0.052 [0.049, 0.055]"); the value alone where the file has
+  // no interval for it (only JS divergence has one: similar resamples passages for it).
+  function withInterval(r, c) {
+    var lo = r[c + '_lo'], hi = r[c + '_hi'];
+    if (lo === null || lo === undefined || hi === null || hi === undefined) return fmt(r[c]);
+    return fmt(r[c]) + ' [' + fmt(lo) + ', ' + fmt(hi) + ']';
+  }
+  // The similarity columns a table shows: the measures, not their bounds (shown inside their cell).
+  function similarityMetrics(columns) {
+    return columns.filter(function (c) {
+      return c !== 'head_a' && c !== 'head_b' && !/_(lo|hi)$/.test(c) && c !== 'same_layer';
+    }).slice(0, 4);
+  }
   function collapsible(label, content) {
     return el('details', null, el('summary', { text: label }), content);
   }
@@ -365,10 +378,10 @@
     if (D.similarity && D.similarity.pairs) {
       var near = D.similarity.pairs.filter(function (r) { return r.head_a === name || r.head_b === name; }).slice(0, 6);
       var sb = el('div', null, el('h4', { text: 'Most similar heads' }));
-      var metrics = D.similarity.pairs_columns.filter(function (c) { return c !== 'head_a' && c !== 'head_b'; }).slice(0, 4);
+      var metrics = similarityMetrics(D.similarity.pairs_columns);
       var rowsN = near.map(function (r) {
         var o = { head: r.head_a === name ? r.head_b : r.head_a };
-        metrics.forEach(function (c) { o[c] = r[c]; });
+        metrics.forEach(function (c) { o[c] = withInterval(r, c); });
         return o;
       });
       if (near.length) sb.appendChild(table(['head'].concat(metrics), rowsN));
@@ -422,7 +435,17 @@
     var s = D.similarity;
     if (!s) { box.appendChild(missing('similarity')); return; }
     var flex = el('div', { cls: 'flex' });
-    if (s.pairs) flex.appendChild(el('div', null, el('h4', { text: 'Most similar pairs' }), table(s.pairs_columns, s.pairs, { max: 15 })));
+    if (s.pairs) {
+      var shown = ['head_a', 'head_b'].concat(similarityMetrics(s.pairs_columns));
+      var cells = s.pairs.map(function (r) {
+        var o = { head_a: r.head_a, head_b: r.head_b };
+        shown.slice(2).forEach(function (c) { o[c] = withInterval(r, c); });
+        return o;
+      });
+      flex.appendChild(el('div', null, el('h4', { text: 'Most similar pairs' }),
+        el('p', { cls: 'hint', text: 'js: Jensen-Shannon divergence of the attention maps with its 95% interval over passages (lower = more alike); cka, ov/qk cosines: higher = more alike' }),
+        table(shown, cells, { max: 15 })));
+    }
     if (s.clusters) {
       var multi = s.clusters.filter(function (c) { return c.heads.length > 1; });
       var ul = el('ul');
