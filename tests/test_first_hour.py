@@ -124,3 +124,29 @@ def test_a_study_with_time_left_says_what_more_would_buy():
     assert line.endswith("--budget 13m would run it"), line
     assert leftover_line({"left_s": 200}, 600, 350) == "4:10 of the budget was left: every stage ran at its " \
                                                        "largest size"
+
+
+def test_a_target_with_a_fraction_cap_saves_the_claimed_point():
+    """`prune --fraction F --target-drop T --save-model` (the study's prune stage): the fraction caps the curve,
+    the curve stops past the target, and the saved model is the point the claim names, with its recovered
+    weights: the model the study's answer describes."""
+    import torch
+
+    from headscope.models.tiny import tiny_model
+    from headscope.redundancy.curves.loop import prune_curve
+
+    g = torch.Generator().manual_seed(0)
+    data = [torch.randint(5, 120, (14,), generator=g).tolist() for _ in range(8)]
+    hm = tiny_model("gpt2", init_std=0.2)
+    res = prune_curve(hm, data, method="gradient", target_drop=0.02, fraction=0.75, step=0.125, recover_steps=1,
+                      progress=False)
+    last = res.points[-1]
+    assert last.fraction_removed <= 0.75 + 1e-9
+    track = [p.drop_recovered for p in res.points]
+    # stopped at the first point past the target (by the point estimate), unless the cap came first
+    assert all(d <= 0.02 for d in track[:-1]) and (track[-1] > 0.02 or last.fraction_removed >= 0.75 - 1e-9), track
+    claimed = res.claimed(None, True)
+    small = res.pruned_model(hm)
+    removed = hm.n_layers * hm.n_heads - sum(small.heads_in_layer(layer) for layer in range(small.n_layers))
+    assert removed == claimed.n_removed == res.recovered_n_removed, (removed, claimed.n_removed)
+    assert len(res.points) >= 2

@@ -186,6 +186,7 @@ def _q3(out: Path, state: dict[str, Any]) -> str:
     if p is not None:
         within = p.get("within") or {}
         level = max(within, key=lambda k: float(k.rstrip("%")), default=None)
+        claim = None
         if level is not None:
             w = within[level]
             label = "after recovery" if "recovered" in w else "without recovery"
@@ -200,9 +201,9 @@ def _q3(out: Path, state: dict[str, Any]) -> str:
         sm = p.get("saved_model")
         if sm:
             removed = int(p.get("n_layers", 0)) * int(p.get("n_heads", 0)) - int(sm["heads_kept"])
-            named = level is not None and p.get("target_drop") is not None and \
-                abs(p["target_drop"] - level_of(level)) < 1e-9
-            what = "that pruned model" if named else f"the curve's model at {removed} heads removed"
+            named = claim is not None and removed == claim.count
+            what = ("the original model (no head removed)" if removed == 0 else "that pruned model" if named else
+                    f"the curve's model at {removed} heads removed")
             s += (f"; the saved model (model/) is {what}: {sm['heads_kept']} heads and "
                   f"{sm['parameters'] / max(sm['parameters_original'], 1):.0%} of the parameters")
     else:

@@ -3,8 +3,8 @@ measure the metric at each point.
 
 `prune_curve` asks the unit's plan (`plans`) for the next point's units, switches everything removed so
 far off (`pruning.masks.UnitMask`: head gates, attention sub-layers, blocks, FFN neurons), measures the
-metric on the held-out passages, and repeats until the plan is done, or (with only `target_drop`) past
-the first point whose drop exceeds it. Head plans re-score before every point on the original weights;
+metric on the held-out passages, and repeats until the plan is done (`fraction`, the cap), or, with
+`target_drop`, past the first point whose drop exceeds it. Head plans re-score before every point on the original weights;
 layer plans score once. With `recover_steps` a copy of the model is fine-tuned at every point
 (`recovery`): carried from point to point for heads (its metric is the `metric_recovered` column), or
 from the original weights at each point for units beyond heads. With `latency` each point of a parameter
@@ -318,7 +318,7 @@ def prune_curve(
     run = _Curve(hm, plan, _Measure(evalprep, metric, eval_ref, batch_size), recovery,
                  {"steps": recover_steps, "lr": recover_lr, "batch_size": batch_size, "seed": seed, "prep": prep,
                   "reference": ref},
-                 dict(extra or {}), extra_on_recovered, target_drop, fraction is None and target_drop is not None,
+                 dict(extra or {}), extra_on_recovered, target_drop, target_drop is not None and scope == "heads",
                  _latency_setup(hm, evalprep, batch_size, latency_repeats) if latency else None,
                  intervals=intervals or IntervalSettings(seed=seed))
     settings = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "method": method,
@@ -385,7 +385,8 @@ def _result(run: _Curve, unit: str, scope: str, method: str, metric: str, fracti
     hm, plan = run.hm, run.plan
     lr = recover_lr if recover_steps else None
     if scope == "heads":
-        meta.update({"step": step, "fraction": fraction, "seed": seed, "recover_lr": lr})
+        meta.update({"step": step, "fraction": fraction, "seed": seed, "recover_lr": lr,
+                     "target_mode": run.target_mode})
     else:
         meta.update({"fraction": fraction, "step": step, "seed": seed, "recover_steps": recover_steps,
                      "recover_lr": lr, "score_seconds": plan.score_seconds,  # type: ignore[union-attr]

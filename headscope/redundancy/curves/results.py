@@ -242,15 +242,17 @@ class CurveResult:
                 "intervals": self.intervals.record(), **self.meta}
 
     def pruned_model(self, hm: HeadModel, *, drop: float | None = None, recovered: bool | None = None) -> HeadModel:
-        """The physically pruned model: head curves at their last point (a fraction run) or the largest
-        fraction whose drop's upper bound stays within `drop` (default: the run's target; the point estimate when
-        the curve has no intervals), parameter-scope curves at their last point;
+        """The physically pruned model: head curves at their last point (a fraction run) or, with a target (a
+        fraction then only caps the curve), the largest fraction whose drop's upper bound stays within `drop`
+        (default: the run's target; the point estimate when the curve has no intervals), parameter-scope curves at their last point;
         with the recovered weights when recovery ran (and `recovered` is not False)."""
         recovered = bool(self.recover_steps) if recovered is None else recovered
         if recovered and self.recovered_state is None:
             raise HeadscopeError("this result holds no recovered weights (run the curve with recover_steps > 0)")
         if self.scope == "heads":
-            point = self.points[-1] if self.meta.get("fraction") is not None else self.claimed(drop, recovered)
+            # a target run (a fraction, if given too, only caps it) saves the point its claim names
+            by_target = self.meta.get("target_mode") or self.meta.get("fraction") is None
+            point = self.claimed(drop, recovered) if by_target else self.points[-1]
         else:
             point = self.points[-1]
         if recovered and point.n_removed != self.recovered_n_removed:
