@@ -4,8 +4,8 @@ measure the metric at each point.
 `prune_curve` asks the unit's plan (`plans`) for the next point's units, switches everything removed so
 far off (`pruning.masks.UnitMask`: head gates, attention sub-layers, blocks, FFN neurons), measures the
 metric on the held-out passages, and repeats until the plan is done (`fraction`, the cap), or, with
-`target_drop`, past the first point whose drop exceeds it. Head plans re-score before every point on the original weights;
-layer plans score once. With `recover_steps` a copy of the model is fine-tuned at every point
+`target_drop`, past the first point whose drop exceeds it. Head plans re-score before every point on the
+original weights; layer plans score once. With `recover_steps` a copy of the model is fine-tuned at every point
 (`recovery`): carried from point to point for heads (its metric is the `metric_recovered` column), or
 from the original weights at each point for units beyond heads. With `latency` each point of a parameter
 curve is also pruned physically and timed against the original (`latency`). With a checkpoint folder a

@@ -244,8 +244,8 @@ class CurveResult:
     def pruned_model(self, hm: HeadModel, *, drop: float | None = None, recovered: bool | None = None) -> HeadModel:
         """The physically pruned model: head curves at their last point (a fraction run) or, with a target (a
         fraction then only caps the curve), the largest fraction whose drop's upper bound stays within `drop`
-        (default: the run's target; the point estimate when the curve has no intervals), parameter-scope curves at their last point;
-        with the recovered weights when recovery ran (and `recovered` is not False)."""
+        (default: the run's target; the point estimate when the curve has no intervals), parameter-scope curves
+        at their last point; with the recovered weights when recovery ran (and `recovered` is not False)."""
         recovered = bool(self.recover_steps) if recovered is None else recovered
         if recovered and self.recovered_state is None:
             raise HeadscopeError("this result holds no recovered weights (run the curve with recover_steps > 0)")
