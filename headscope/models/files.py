@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, plural
 
 
 def check_safetensors(path: Path) -> None:
@@ -51,3 +52,58 @@ def check_head_geometry(config: dict[str, Any], name: str) -> None:
         raise HeadscopeError(f"{name!r}: hidden_size {d} is not divisible by num_attention_heads {h} and the config "
                              f"gives no head_dim; use a head count that divides it (e.g. "
                              f"{', '.join(map(str, divisors[-4:]))}) or add head_dim")
+
+
+class IncompleteCheckpoint(HeadscopeError):
+    """A checkpoint whose weight files do not fill the model its config describes."""
+
+
+def _layer_span(keys: list[str]) -> str:
+    """'layers 2-5' (or 'layers 2, 4') for the layer indices that appear in weight names, '' when none do."""
+    found = sorted({int(n) for k in keys for n in re.findall(r"\.(\d+)\.", k)[:1]})
+    if not found:
+        return ""
+    if found == list(range(found[0], found[-1] + 1)) and len(found) > 2:
+        return f"; layers {found[0]}-{found[-1]}"
+    return f"; {plural(len(found), 'layer')} " + ", ".join(map(str, found[:8])) + (", ..." if len(found) > 8 else "")
+
+
+def body_keys(model: Any, keys: Any) -> list[str]:
+    """The names among `keys` (unexpected weights transformers reports) that claim a place in the model's own body:
+    under its base model (`model.`, `transformer.`, ...) or one of the base model's modules. A head for another
+    task (BERT's `cls.seq_relationship` in a masked-LM checkpoint, a classifier beside an LM) is not the body:
+    transformers drops it as its notes say, and the measured model is whole without it."""
+    base = getattr(model, "base_model", model)
+    prefix = getattr(model, "base_model_prefix", "")
+    own = {name for name, _ in base.named_children()}
+    body = []
+    for key in sorted(keys):
+        inner = key[len(prefix) + 1:] if base is not model and key.startswith(prefix + ".") else None
+        first = (inner if inner is not None else key).split(".")[0]
+        if inner is not None or first in own:
+            body.append(key)
+    return body
+
+
+def check_complete(name: str, missing: Any, unexpected: Any, model: Any) -> None:
+    """Refuse a checkpoint whose weights lack tensors the config needs (transformers would fill them with random
+    values, silently) or hold tensors of the body the config has no place for (a checkpoint of another shape).
+
+    `missing` and `unexpected` are transformers' loading info (`from_pretrained(output_loading_info=True)`), which
+    already leaves out what it ignores by design (tied weights, rotary `inv_freq` buffers, ...)."""
+    missing = sorted(missing)
+    extra = body_keys(model, unexpected)
+    if not missing and not extra:
+        return
+    problems = []
+    if missing:
+        problems.append(f"its weights lack {plural(len(missing), 'tensor')} the config needs ("
+                        f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}{_layer_span(missing)}), "
+                        f"which would be random")
+    if extra:
+        problems.append(f"it holds {plural(len(extra), 'tensor')} the config has no place for ("
+                        f"{', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}{_layer_span(extra)})")
+    raise IncompleteCheckpoint(
+        f"model {name!r} does not match its config: {' and '.join(problems)}; give the whole checkpoint (its "
+        f"config.json and every weight file it was saved with), or allow_random_weights=True "
+        f"(--allow-random-weights) to measure randomly initialised weights on purpose")
