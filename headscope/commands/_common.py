@@ -6,7 +6,7 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
-from ..artifacts import outputs
+from ..artifacts import ARTIFACTS, outputs
 from ..artifacts.locations import MODEL, check_locations
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
@@ -61,7 +61,7 @@ def check_output_locations(options: Options, verb: str) -> None:
         except HeadscopeError:  # a verb that declares no files
             names = []
         out = ("--out", Path(folder), names)
-    check_locations(out, whole, read)
+    check_locations(out, whole, read, {a.name: next(iter(a.verbs)) for a in ARTIFACTS.values()})
 
 
 def flag_message(args: argparse.Namespace, error: OptionError) -> str:

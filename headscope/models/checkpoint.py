@@ -31,7 +31,7 @@ from ..io import atomic_dir, inside
 from . import layout
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 from .config import HEAD_KEYS, KV_KEYS, attn_implementation_for, config_refusal
-from .files import check_complete, check_safetensors
+from .files import check_complete, check_safetensors, check_tokenizer_files
 from .own_type import BASE_KEY, config_class_source, mark_own_type, read_config
 
 log = logging.getLogger(__name__)
@@ -295,6 +295,7 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu", dty
         if (path / marker).exists():
             module, fn = loader.split(":")
             return getattr(importlib.import_module(module), fn)(path, device=device, dtype=dtype)
+    check_tokenizer_files(path)
     config = read_config(path)
     kept = _kept_heads(path, config)
     neurons = {int(l): [int(i) for i in k] for l, k in (getattr(config, FFN_CONFIG_KEY, None) or {}).items()}

@@ -37,6 +37,28 @@ def check_weight_files(folder: Path) -> None:
         check_safetensors(f)
 
 
+# The JSON files a tokenizer is read from (transformers parses them with json.load and lets its error through).
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                  "vocab.json")
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """Refuse a model folder whose tokenizer JSON files do not parse (a truncated copy or download), naming the file,
+    before the weights load (transformers would raise a bare JSONDecodeError while building the tokenizer)."""
+    for name in TOKENIZER_JSON:
+        f = folder / name
+        if not f.is_file():
+            continue
+        try:
+            json.loads(f.read_bytes())
+        except (ValueError, OSError) as e:
+            why = e.strerror if isinstance(e, OSError) else f"not JSON: {str(e).splitlines()[0]}"
+            size = f.stat().st_size
+            raise HeadscopeError(f"{str(f)!r} cannot be read ({why}; {size:,} bytes): is it truncated? copy the "
+                                 f"tokenizer files again from the model it came from (save_pretrained writes "
+                                 f"them)") from None
+
+
 def check_head_geometry(config: dict[str, Any], name: str) -> None:
     """Refuse a config whose attention heads do not divide its hidden size (and which gives no head_dim),
     before a model is built from it."""

@@ -23,7 +23,7 @@ from ..io import atomic_dir, check_writable_dir
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 from .checkpoint import MLA_FILE, PRUNING_FILE, auto_class, load_checkpoint
 from .config import ConfigValidationError, attn_implementation_for, config_refused
-from .files import check_complete, check_head_geometry, check_weight_files
+from .files import check_complete, check_head_geometry, check_tokenizer_files, check_weight_files
 from .specs import spec_for
 
 log = logging.getLogger(__name__)
@@ -445,6 +445,7 @@ def _check_model_dir(path: Path, name: str) -> None:
                              f"save the model with save_pretrained, or give another directory")
     check_head_geometry(json.loads(cfg.read_text(encoding="utf-8")), name)
     check_weight_files(path)
+    check_tokenizer_files(path)
 
 
 def _pruned_config(path: Path) -> list[str]:
