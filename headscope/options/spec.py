@@ -171,6 +171,8 @@ def type_problem(value: Any, annotation: Any) -> str | None:
     if value is None:
         return f"must be {_KIND_WORDS.get(annotation, 'given')}; got None"
     ok = _accepts(annotation, value)
+    if ok is False and annotation is str and isinstance(value, os.PathLike):
+        return f"must be text, as the command line gives it: str(path); got {type(value).__name__} {str(value)!r}"
     if ok is False:
         return f"must be {_KIND_WORDS[annotation]}; got {type(value).__name__} {value!r}"
     return None
