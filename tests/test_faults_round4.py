@@ -99,7 +99,8 @@ def test_whole_checkpoints_and_ignored_buffers_load(tmp_path, six_layers):
     head = {"cls.seq_relationship.weight": torch.zeros(2, 32)}  # BERT's next-sentence head: not the encoder's
     assert load_model(str(_edit_weights(six_layers["bert"], tmp_path / "nsp", add=head))).n_layers == 6
     cut = _edit_weights(six_layers["bert"], tmp_path / "cut", drop_layers=(5,))
-    with pytest.raises(IncompleteCheckpoint, match=r"lack 16 tensors .*encoder\.layer\.5\..*allow_random_weights"):
+    says = r"lack 16 tensors .*encoder\.layer\.5\..*; layer 5\).*allow_random_weights"
+    with pytest.raises(IncompleteCheckpoint, match=says):
         load_model(str(cut))
     assert load_model(str(cut), allow_random_weights=True).n_layers == 6
 
@@ -256,8 +257,10 @@ def test_report_draws_a_single_method_importance(tmp_path):
 
 # --- 5. an output named like a verb's own file --------------------------------------------------------------------
 @pytest.mark.parametrize("argv,flag,name,verb", [
-    (["roles", "--long", "64", "--export-card", "res/heads.csv", "--out", "o"], "--export-card", "heads.csv", "analyze"),
-    (["roles", "--long", "64", "--export-card", "o/importance.csv", "--out", "o"], "--export-card", "importance.csv", "score"),
+    (["roles", "--long", "64", "--export-card", "res/heads.csv", "--out", "o"], "--export-card", "heads.csv",
+     "analyze"),
+    (["roles", "--long", "64", "--export-card", "o/importance.csv", "--out", "o"], "--export-card",
+     "importance.csv", "score"),
     (["kvcache", "smollm2", "--export-card", "kvcache.json", "--out", "o"], "--export-card", "kvcache.json",
      "kvcache"),
     (["export", "d", "--to", "gguf", "--file", "roles.csv"], "--file", "roles.csv", "roles"),

@@ -81,13 +81,13 @@ class IncompleteCheckpoint(HeadscopeError):
 
 
 def _layer_span(keys: list[str]) -> str:
-    """'layers 2-5' (or 'layers 2, 4') for the layer indices that appear in weight names, '' when none do."""
+    """'; layers 2-5' ('; layer 5', '; layers 2, 4') for the layer indices in weight names, '' when none appear."""
     found = sorted({int(n) for k in keys for n in re.findall(r"\.(\d+)\.", k)[:1]})
-    if not found:
-        return ""
-    if found == list(range(found[0], found[-1] + 1)) and len(found) > 2:
+    if len(found) == 1:
+        return f"; layer {found[0]}"
+    if len(found) > 2 and found == list(range(found[0], found[-1] + 1)):
         return f"; layers {found[0]}-{found[-1]}"
-    return f"; {plural(len(found), 'layer')} " + ", ".join(map(str, found[:8])) + (", ..." if len(found) > 8 else "")
+    return f"; layers {', '.join(map(str, found[:8]))}{', ...' if len(found) > 8 else ''}" if found else ""
 
 
 def body_keys(model: Any, keys: Any) -> list[str]:
