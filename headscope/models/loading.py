@@ -415,11 +415,15 @@ def load_model(
     if not dispatch:  # a dispatched model is already placed, module by module
         model.to(device)
     model.eval()
+    return HeadModel(model=model, tokenizer=_tokenizer(path), name=name, source=source)
+
+
+def _tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a model folder or hub id; None for a local folder saved without one (a model built from a
+    config), whose callers pass token ids."""
     local = Path(path).is_dir()
-    # A local folder saved without a tokenizer (a model built from a config) loads with none; callers pass ids.
     has_tokenizer = not local or any((Path(path) / f).exists() for f in ("tokenizer_config.json", "tokenizer.json"))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path) if has_tokenizer else None
-    return HeadModel(model=model, tokenizer=tokenizer, name=name, source=source)
+    return transformers.AutoTokenizer.from_pretrained(path) if has_tokenizer else None
 
 
 def _check_model_dir(path: Path, name: str) -> None:

@@ -247,12 +247,17 @@ def induction_pairs(tokenizer: Any, vocab_size: int, n: int = 32, length: int = 
     return _batch(rows, f"task induction (seed {seed}, {n} pairs of 2 x {length} random tokens)", 0, 0)
 
 
+def pad_of(tokenizer: Any) -> int:
+    """The id pairs are right-padded with (never read: the metric's position is a real token)."""
+    return getattr(tokenizer, "pad_token_id", None) or 0
+
+
 def load_pairs(tokenizer: Any, causal: bool, vocab_size: int, *, pairs: str | None = None, task: str | None = None,
                seed: int = 0, limit: int | None = None, max_positions: int | None = None) -> PairBatch:
     """The pairs a run asks for: a file (strict) or a built-in task (pairs the tokenizer cannot hold left out)."""
     if task == "induction":
         return induction_pairs(tokenizer, vocab_size, n=limit or 32, seed=seed)
-    pad = getattr(tokenizer, "pad_token_id", None) or 0
+    pad = pad_of(tokenizer)
     if task is not None:
         if task == "masked" and causal:
             raise HeadscopeError("task 'masked' reads a mask token, for encoders; a decoder takes ioi, greater-than "

@@ -16,7 +16,6 @@ from ...artifacts import (
     PATCHING_POSITIONS_CSV,
     PATHS_CSV,
 )
-from ...data.prepare import pad_id
 from ...io import atomic_write_bytes, atomic_write_text, csv_text
 from ...models.adapter import HeadModel
 from ...options import OptionError, Result
@@ -25,7 +24,7 @@ from ...table import HeadTable, grid
 from ...uncertainty import Interval
 from ..options import PatchOptions, head_list, path_receivers
 from .composition import npz_bytes
-from .pairs import PYTHON_PAIRS, PairBatch, check_batch, given_pairs, load_pairs, tokenize_pairs
+from .pairs import PYTHON_PAIRS, PairBatch, check_batch, given_pairs, load_pairs, pad_of, tokenize_pairs
 from .paths import check_head, check_receivers
 from .run import dumps, pairs_fingerprint, positions_rows, run_patching
 
@@ -130,7 +129,7 @@ def patch(hm: HeadModel, pairs: Any = None, options: PatchOptions | None = None,
         batch = given
         check_batch(batch, hm.tokenizer, hm.vocab_size, hm.max_positions)
     elif isinstance(given, list):
-        batch = tokenize_pairs(hm.tokenizer, given[:opts.limit], hm.causal, PYTHON_PAIRS, pad_id=pad_id(hm),
+        batch = tokenize_pairs(hm.tokenizer, given[:opts.limit], hm.causal, PYTHON_PAIRS, pad_id=pad_of(hm.tokenizer),
                                max_positions=hm.max_positions)
     else:
         batch = load_pairs(hm.tokenizer, hm.causal, hm.vocab_size, pairs=opts.pairs, task=opts.task,
