@@ -105,6 +105,25 @@ def test_whole_checkpoints_and_ignored_buffers_load(tmp_path, six_layers):
     assert load_model(str(cut), allow_random_weights=True).n_layers == 6
 
 
+
+def test_only_unexpected_tensors_of_the_body_count():
+    """Another task's head beside the body (BERT's next-sentence head, a classifier's score) is what transformers
+    drops by design; a tensor under the base model or one of its modules is a checkpoint of another shape."""
+    import transformers
+
+    from headscope.models.files import body_keys
+    from headscope.models.tiny import tiny_model
+
+    bert = tiny_model("bert").model  # a bare BertModel: its modules are embeddings, encoder, pooler
+    assert body_keys(bert, ["cls.seq_relationship.weight", "encoder.layer.6.output.dense.weight",
+                            "bert.encoder.layer.7.output.dense.weight"]) == [
+        "bert.encoder.layer.7.output.dense.weight", "encoder.layer.6.output.dense.weight"]
+    mlm = transformers.BertForMaskedLM(bert.config)  # the body under `bert.`, its own head under `cls.`
+    assert body_keys(mlm, ["cls.seq_relationship.bias", "bert.encoder.layer.6.output.dense.weight"]) == [
+        "bert.encoder.layer.6.output.dense.weight"]
+    llama = tiny_model("llama").model
+    assert body_keys(llama, ["score.weight", "model.extra.weight"]) == ["model.extra.weight"]
+
 # --- 2. pairs files -------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> Path:

@@ -100,9 +100,9 @@ def body_keys(model: Any, keys: Any) -> list[str]:
     own = {name for name, _ in base.named_children()}
     body = []
     for key in sorted(keys):
-        inner = key[len(prefix) + 1:] if base is not model and key.startswith(prefix + ".") else None
-        first = (inner if inner is not None else key).split(".")[0]
-        if inner is not None or first in own:
+        prefixed = bool(prefix) and key.startswith(prefix + ".")
+        inner = key[len(prefix) + 1:] if prefixed else key  # a bare base model may be given prefixed names
+        if (prefixed and base is not model) or inner.split(".")[0] in own:
             body.append(key)
     return body
 
