@@ -23,6 +23,7 @@ from .commands._common import check_options, flag_message
 from .errors import HeadscopeError
 from .io import disk_full_error, is_disk_full, out_lock
 from .options import OptionError
+from .options.cli import Parser, unknown_words
 from .study import cli as study_cli
 from .version import __version__
 
@@ -44,7 +45,7 @@ def _group_verbs(parser: argparse.ArgumentParser, sub: argparse._SubParsersActio
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="headscope", usage="headscope [-h] [--version] [-v] VERB ...",
         description="Measure what attention heads learn, whether more heads help, and which heads are redundant. "
                     "New here: headscope study MODEL answers all three within a time budget.",
@@ -58,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     study_cli.register(sub)  # the verb above the others: it runs them
     _group_verbs(parser, sub)
     return parser
+
+
+def _verb_parser(parser: argparse.ArgumentParser, verb: str | None) -> argparse.ArgumentParser:
+    """The verb's own parser (the top-level one without a verb)."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    return sub.choices[verb] if sub is not None and verb in sub.choices else parser
 
 
 def _quiet_libraries(verbose: bool) -> None:
@@ -84,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # argparse would blame `headscope`, not the verb, for words the verb does not take
         verb = getattr(args, "verb", None)
-        print(f"headscope{' ' + verb if verb else ''}: error: unrecognized arguments: {' '.join(extra)} (see "
-              f"headscope{' ' + verb if verb else ''} --help)", file=sys.stderr)
+        print(f"headscope{' ' + verb if verb else ''}: error: unrecognized arguments: "
+              f"{unknown_words(_verb_parser(parser, verb), extra)} (see headscope{' ' + verb if verb else ''} --help)",
+              file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s: %(message)s")

@@ -72,7 +72,8 @@ def importance_grids(columns: Mapping[str, np.ndarray], path: Path | None = None
     ncol = min(n, 4)
     nrow = math.ceil(n / ncol)
     fig, axes = figure(ncol * max(2.4, 0.3 * n_heads + 1), nrow * max(2.0, 0.2 * n_layers + 1), nrow, ncol)
-    for ax, name in zip(axes.flat, names, strict=False):  # the grid may hold more axes than names
+    cells = np.asarray(axes, dtype=object).reshape(-1)  # one criterion: figure() gives a single Axes, not a grid
+    for ax, name in zip(cells, names, strict=False):  # the grid may hold more axes than names
         v = np.asarray(columns[name], float)
         # Ranks make criteria with different units comparable at a glance.
         flat = v.ravel()
@@ -85,7 +86,7 @@ def importance_grids(columns: Mapping[str, np.ndarray], path: Path | None = None
         ax.set_yticks([])
         ax.set_xlabel("head", fontsize=8)
         ax.set_ylabel("layer", fontsize=8)
-    for ax in list(axes.flat)[n:]:
+    for ax in cells[n:]:
         ax.axis("off")
     fig.suptitle("importance rank per criterion (bright = more important)", fontsize=10)
     return save_png(fig, path)

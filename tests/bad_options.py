@@ -50,6 +50,7 @@ SHARED: dict[str, Row | None] = {
     "--dtype": bad("--dtype", "float8", says="dtype 'float8' is not supported"),
     "--device-map": bad("--device-map", "bogus", says="device map 'bogus' is not a placement strategy"),
     "--max-memory": bad("--max-memory", "0=1GiB", says="--max-memory places a model spread over devices"),
+    "--allow-random-weights": FLAG,  # what it allows is refused without it (tests/test_faults_round4.py)
     "--offload-dir": bad("--offload-dir", "od", says="--offload-dir places a model spread over devices"),
     "--data": bad("--data", "missing.txt", says="data file 'missing.txt' does not exist"),
     "--heldout": bad("--heldout", "missing.txt", says="data file 'missing.txt' does not exist"),

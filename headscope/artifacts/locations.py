@@ -7,6 +7,7 @@ replaced) after it was read, and a rerun would find it gone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import HeadscopeError
@@ -18,13 +19,16 @@ def _at_or_under(path: Path, top: Path) -> bool:
     return path == top or top in path.parents
 
 
-def check_locations(out: tuple[str, Path, list[str]] | None, whole: dict[str, Path], read: dict[str, Path]) -> None:
+def check_locations(out: tuple[str, Path, list[str]] | None, whole: dict[str, Path], read: dict[str, Path],
+                    reserved: Mapping[str, str] | None = None) -> None:
     """Refuse, before any work, output locations that collide with each other or with an input.
 
     `out`: (option, folder, the names written into it); `whole`: outputs replaced whole (a card, export's file,
-    an offload folder), by option; `read`: inputs by option (a model folder, --data, ...). Refused: two outputs
-    at one path; an output folder inside one replaced whole; an input at or under anything written (it would be
-    overwritten, or replaced with --force, after it was read); --out being the model's own folder.
+    an offload folder), by option; `read`: inputs by option (a model folder, --data, ...); `reserved`: the file
+    names verbs write ({name: verb}). Refused: two outputs at one path; an output folder inside one replaced whole;
+    an input at or under anything written (it would be overwritten, or replaced with --force, after it was read);
+    --out being the model's own folder; an output replaced whole named like a verb's own file (a card called
+    heads.csv: the folder holding it would later read as that verb's results).
     """
     real = {k: Path(v).expanduser().resolve() for k, v in whole.items()}
     targets = dict(real)
@@ -43,6 +47,13 @@ def check_locations(out: tuple[str, Path, list[str]] | None, whole: dict[str, Pa
             if k == MODEL and Path(v).expanduser().resolve() == top:
                 raise HeadscopeError(f"{option} {str(folder)!r} is {k}'s own folder: results would mix with its "
                                      f"files; choose another {option}")
+    for k, given in whole.items():
+        name = Path(given).name
+        verb = (reserved or {}).get(name)
+        if verb is not None:
+            raise HeadscopeError(f"{k} {str(given)!r} is named like headscope {verb}'s own {name}: a folder "
+                                 f"holding it would read as {verb}'s results (report --from, view --from); give "
+                                 f"{k} another name")
     keys = list(real)
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:

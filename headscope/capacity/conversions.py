@@ -14,7 +14,7 @@ from ..artifacts import GQA_JSON, MLA_JSON, MODEL_DIR
 from ..data import read_texts
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
-from ..options import Result
+from ..options import Result, check_data
 from ..provenance import provenance
 from .kv_bytes import human_bytes
 from .options import ConversionOptions, GqaOptions, MlaOptions
@@ -108,6 +108,8 @@ def gqa(hm: HeadModel, data: Any = None, options: GqaOptions | None = None, *, h
     perplexity and KV bytes; `hm` is left untouched. `gqa(hm, kv_heads=1)` is MQA."""
     from .gqa import convert_and_evaluate  # deferred: the conversion's modules load only when converting
 
+    check_data(data)
+    check_data(heldout, "heldout")
     opts = (options or GqaOptions(model=hm.name)).replace(**_named(data, heldout), **changes).validate()
     assert opts.kv_heads is not None  # required: validate refuses None
     data, heldout = _texts(opts, data, heldout)
@@ -125,6 +127,8 @@ def mla(hm: HeadModel, data: Any = None, options: MlaOptions | None = None, *, h
     optionally uptrained, with perplexity and KV bytes; `hm` is left untouched."""
     from .mla.to_latent import convert_and_evaluate  # deferred: the MLA modules load only when converting
 
+    check_data(data)
+    check_data(heldout, "heldout")
     opts = (options or MlaOptions(model=hm.name)).replace(**_named(data, heldout), **changes).validate()
     assert opts.kv_rank is not None  # required: validate refuses None
     data, heldout = _texts(opts, data, heldout)

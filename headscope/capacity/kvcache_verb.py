@@ -16,7 +16,7 @@ from ..data import TextSource, read_texts
 from ..errors import HeadscopeError
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
-from ..options import Result
+from ..options import Result, check_data
 from ..provenance import check_made_for, provenance
 from ..table import to_jsonable
 from .kv_bytes import human_bytes
@@ -134,6 +134,8 @@ def kvcache(hm: HeadModel, data: Any = None, options: KvcacheOptions | None = No
     uptraining text (None: `options.train_data`, else the rest of `data`). Keywords override single options:
     `kvcache(hm, keep_full="12.5%,25%", context=1024)`.
     """
+    check_data(data)
+    check_data(train_data, "train_data")
     o = (options or KvcacheOptions(model=hm.name)).replace(**changes).validate()
     budgets, learned = o.budgets(), o.learned()
     data = read_texts(o.data if data is None else data) if data is None or isinstance(data, (str, Path)) else data

@@ -210,6 +210,8 @@ class KvcacheOptions(IntervalOptions, OutputOptions):
                               "mistral, qwen2, qwen3, starcoder2, phi3 with 2+ KV heads per layer", positional=True,
                         required=True, reads=True)
     device: str = option("cpu", "torch device (default: cpu)")
+    allow_random_weights: bool = option(False, "load a checkpoint whose weights do not fill its config, the gaps "
+                                               "randomly initialised; refused without it")
     keep_full: str | None = option(None, "share of KV heads kept full, in (0, 1]: 25% or 0.25; several give one "
                                          "cache each (e.g. 12.5%,25%,50%; default 25%)", metavar="SHARE[,SHARE...]")
     threshold: float | None = option(None, "instead of --keep-full: keep full every KV head with a query head "

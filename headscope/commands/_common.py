@@ -6,7 +6,7 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
-from ..artifacts import outputs
+from ..artifacts import ARTIFACTS, outputs
 from ..artifacts.locations import MODEL, check_locations
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
@@ -61,7 +61,7 @@ def check_output_locations(options: Options, verb: str) -> None:
         except HeadscopeError:  # a verb that declares no files
             names = []
         out = ("--out", Path(folder), names)
-    check_locations(out, whole, read)
+    check_locations(out, whole, read, {a.name: next(iter(a.verbs)) for a in ARTIFACTS.values()})
 
 
 def flag_message(args: argparse.Namespace, error: OptionError) -> str:
@@ -75,7 +75,8 @@ def load_from_args(args: argparse.Namespace) -> HeadModel:
     """The verb's model, loaded as --device / --dtype / --device-map (--max-memory, --offload-dir) say (a model
     without a tokenizer is told what to copy where its text is tokenised: headscope.data.prepare)."""
     return load_model(args.model, device=args.device, dtype=args.dtype, device_map=read_device_map(args.device_map),
-                      max_memory=parse_max_memory(args.max_memory), offload_folder=args.offload_dir)
+                      max_memory=parse_max_memory(args.max_memory), offload_folder=args.offload_dir,
+                      allow_random_weights=getattr(args, "allow_random_weights", False))
 
 
 def interval_settings(args: argparse.Namespace) -> IntervalSettings:

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     data = read_texts(options.data)
     train = read_texts(options.train_data) if options.uptrain_steps and options.train_data is not None else None
     _precheck_model(options.model, options.context)
-    hm = model or load_model(options.model, device=options.device)
+    hm = model or load_model(options.model, device=options.device,
+                                allow_random_weights=options.allow_random_weights)
     result = verbs.kvcache(hm, data, options, scores=scores, train_data=train, progress=True)
     result.save(out, options.force)  # both files appear together, or neither
     if card is not None:  # outside --out: written (atomically) once the set is in place

@@ -117,7 +117,7 @@ _BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"), (
 TEXT_SUFFIXES = (".txt", ".text", "")
 
 
-def _read_lines(path: Path) -> list[str]:
+def read_lines(path: Path) -> list[str]:
     """Read a UTF-8 file as lines, naming file:line of the first byte that is not UTF-8 (or the encoding a
     byte-order mark names)."""
     try:
@@ -169,7 +169,7 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
         cur.update({"words": [], "heads": [], "deprels": [], "misc": [], "space": [], "lines": []})
         sent_id, bad = "", False
 
-    for lineno, line in enumerate(_read_lines(path), start=1):
+    for lineno, line in enumerate(read_lines(path), start=1):
         line = line.rstrip("\r\n")
         if not line.strip():
             flush()
@@ -296,15 +296,15 @@ def treebank_path(name_or_path: str | Path) -> Path:
     """A CoNLL-U file: a built-in treebank name (`ewt-test`, `gum-test`) or a path to one."""
     if isinstance(name_or_path, str) and name_or_path in TREEBANKS:
         return Path(str(resources.files("headscope").joinpath(f"resources/ud/{TREEBANKS[name_or_path]}")))
-    return _existing_file(name_or_path, "treebank", "a .conllu file", TREEBANKS)
+    return existing_file(name_or_path, "treebank", "a .conllu file", TREEBANKS)
 
 
-def _existing_file(path: str | Path, what: str, kinds: str, names: Any) -> Path:
-    """`path` as a Path when it is an existing file, else an error naming the built-in `names` too."""
+def existing_file(path: str | Path, what: str, kinds: str, names: Any) -> Path:
+    """`path` as a Path when it is an existing file, else an error naming the built-in `names` too (if any)."""
     p = Path(path)
     if not p.exists():
-        raise HeadscopeError(f"{what} file {str(p)!r} does not exist; give {kinds}, or a built-in "
-                             f"name{did_you_mean(str(path), names)}: {', '.join(names)}")
+        builtin = f", or a built-in name{did_you_mean(str(path), names)}: {', '.join(names)}" if names else ""
+        raise HeadscopeError(f"{what} file {str(p)!r} does not exist; give {kinds}{builtin}")
     if p.is_dir():
         raise HeadscopeError(f"{what} path {str(p)!r} is a directory; give {kinds}")
     if not p.is_file():  # a FIFO or a device would block or never end
@@ -319,7 +319,7 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("text",)) -> list[
     if not p.exists():
         raise HeadscopeError(f"data file {str(p)!r} does not exist")
     rows = []
-    for lineno, line in enumerate(_read_lines(p), start=1):
+    for lineno, line in enumerate(read_lines(p), start=1):
         if not line.strip():
             continue
         try:
@@ -371,7 +371,7 @@ def _read_texts(data: str | Path | None = None, limit: int | None = None) -> Tex
         text = resources.files("headscope").joinpath("resources/sample_en.txt").read_text(encoding="utf-8")
         texts, source = [t for t in text.splitlines() if t.strip()], SAMPLE
     else:
-        p = _existing_file(data, "data", "a .txt, .jsonl or .conllu file", BUILTIN_NAMES)
+        p = existing_file(data, "data", "a .txt, .jsonl or .conllu file", BUILTIN_NAMES)
         source = str(p)
         suffix = p.suffix.lower()
         if suffix not in (*TEXT_SUFFIXES, ".jsonl", ".conllu"):
@@ -383,7 +383,7 @@ def _read_texts(data: str | Path | None = None, limit: int | None = None) -> Tex
         elif suffix == ".jsonl":
             texts = keep_text([obj["text"] for obj in read_jsonl(p)], source)
         else:
-            texts = keep_text([t for t in _read_lines(p) if t.strip()], source)
+            texts = keep_text([t for t in read_lines(p) if t.strip()], source)
     if limit is not None:
         texts = texts[:limit]
         sentences = sentences[:limit] if sentences is not None else None

@@ -148,6 +148,9 @@ def head_list(text: str, name: str, what: str) -> list[tuple[int, int]]:
         raise OptionError(name, f"{what}; {e}") from e
     if not 1 <= len(heads) <= MOST_RECEIVERS:
         raise OptionError(name, f"takes 1 to {MOST_RECEIVERS} heads; got {len(heads)}")
+    twice = next((h for i, h in enumerate(heads) if h in heads[:i]), None)
+    if twice is not None:  # a receiver named twice would write its paths twice; a sender twice is a typo
+        raise OptionError(name, f"names L{twice[0]}H{twice[1]} twice; name each head once (got {text.strip()!r})")
     return heads
 
 

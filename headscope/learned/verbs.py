@@ -27,7 +27,7 @@ from ..data import read_texts
 from ..distributed import is_main, local
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
-from ..options import Result
+from ..options import Result, check_data
 from ..provenance import provenance
 from ..table import HeadTable, grid, parse_head, to_jsonable
 from ..uncertainty import IntervalSettings
@@ -97,6 +97,7 @@ def analyze(hm: HeadModel, data: Any = None, options: AnalyzeOptions | None = No
     `data`: a TextSource, passages, token-id lists, or a corpus name / file read with `options.limit` (None:
     `options.data`). Keywords override single options: `analyze(hm, texts, limit=64)`.
     """
+    check_data(data)
     opts = (options or AnalyzeOptions()).replace(**changes).validate()
     source = _texts(opts.data if data is None else data, opts.limit)
     table = analyze_table(hm, source, max_length=opts.max_length, batch_size=opts.batch_size, seed=opts.seed,
@@ -204,6 +205,7 @@ def roles(hm: HeadModel, data: Any = None, options: RolesOptions | None = None, 
     `roles(hm, texts, treebank="ewt-test")`.
     A head card (`--export-card`) is written by `headscope.export.cards` from the result's long-range record.
     """
+    check_data(data)
     opts = (options or RolesOptions()).replace(**changes).validate()
     read = data if isinstance(data, RolesData) else read_roles_data(opts, data)
     if opts.long is not None:  # the model's positions and kind are known now: refuse before the short-text pass
@@ -391,6 +393,7 @@ def similar(hm: HeadModel, data: Any = None, options: SimilarOptions | None = No
     `data`: a TextSource, passages, token-id lists, or a corpus name / file read with `options.limit` (None:
     `options.data`). Keywords override single options: `similar(hm, texts, js_max=0.1)`.
     """
+    check_data(data)
     opts = (options or SimilarOptions()).replace(**changes).validate()
     source = _texts(opts.data if data is None else data, opts.limit)
     if opts.cka == "exact":  # one head's block must fit: known once the model's shape is

@@ -31,7 +31,7 @@ from ..io import atomic_dir, inside
 from . import layout
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 from .config import HEAD_KEYS, KV_KEYS, attn_implementation_for, config_refusal
-from .files import check_safetensors
+from .files import check_complete, check_safetensors, check_tokenizer_files
 from .own_type import BASE_KEY, config_class_source, mark_own_type, read_config
 
 log = logging.getLogger(__name__)
@@ -283,9 +283,10 @@ def _damaged_record(path: Path, problem: str) -> HeadscopeError:
                           f"the checkpoint again from where it was saved (headscope prune --save-model writes it)")
 
 
-def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
-                    dtype: torch.dtype = torch.float32) -> HeadModel:
-    """Load a model saved by `save_model`; a pruned one is rebuilt unpruned, sliced, then given its weights."""
+def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                    allow_random_weights: bool = False) -> HeadModel:
+    """Load a model saved by `save_model`; a pruned one is rebuilt unpruned, sliced, then given its weights (a
+    checkpoint whose weights do not fill its config is refused unless `allow_random_weights`)."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise HeadscopeError(f"{str(path)!r} is not a saved model (no config.json); give a folder written by "
@@ -294,6 +295,7 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
         if (path / marker).exists():
             module, fn = loader.split(":")
             return getattr(importlib.import_module(module), fn)(path, device=device, dtype=dtype)
+    check_tokenizer_files(path)
     config = read_config(path)
     kept = _kept_heads(path, config)
     neurons = {int(l): [int(i) for i in k] for l, k in (getattr(config, FFN_CONFIG_KEY, None) or {}).items()}
@@ -301,8 +303,11 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     if (path / "tokenizer_config.json").exists():
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, config=config)  # not AutoConfig: own types
     if not kept and not neurons:
-        model = auto_class(config).from_pretrained(
-            path, dtype=dtype, attn_implementation=attn_implementation_for(auto_class(config), config))
+        model, info = auto_class(config).from_pretrained(
+            path, dtype=dtype, attn_implementation=attn_implementation_for(auto_class(config), config),
+            output_loading_info=True)
+        if not allow_random_weights:
+            check_complete(str(path), info["missing_keys"], info["unexpected_keys"], model)
         model.to(device).eval()
         return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))
     for key in (PRUNING_CONFIG_KEY, FFN_CONFIG_KEY):

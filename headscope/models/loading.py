@@ -23,7 +23,7 @@ from ..io import atomic_dir, check_writable_dir
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
 from .checkpoint import MLA_FILE, PRUNING_FILE, auto_class, load_checkpoint
 from .config import ConfigValidationError, attn_implementation_for, config_refused
-from .files import check_head_geometry, check_weight_files
+from .files import check_complete, check_head_geometry, check_tokenizer_files, check_weight_files
 from .specs import spec_for
 
 log = logging.getLogger(__name__)
@@ -346,6 +346,7 @@ def load_model(
     device_map: str | dict | None = None,
     max_memory: dict | None = None,
     offload_folder: str | Path | None = None,
+    allow_random_weights: bool = False,
 ) -> HeadModel:
     """Load a built-in model (`minilm`, `smollm2`, `gemma3`), a local HF directory or a hub id.
 
@@ -353,6 +354,8 @@ def load_model(
     "sequential" or {module: device}) instead spreads it over GPUs, CPU memory and disk with
     accelerate (`max_memory` {0: "20GiB", "cpu": "60GiB"} caps each; disk weights go to
     `offload_folder`, default a temporary folder). `dtype`: float32, bfloat16 or float16.
+    A checkpoint whose weights do not fill its config (layers missing, tensors of another shape) is refused
+    unless `allow_random_weights`: transformers would fill the gaps with random values.
     """
     dtype = resolve_dtype(dtype)
     check_device_map(device_map, device)
@@ -390,7 +393,7 @@ def load_model(
             raise HeadscopeError(f"{name_or_path!r} is a checkpoint headscope changed ({own[0]}): its loader builds "
                                  f"it whole in memory, so it cannot be dispatched with a device map; load it with "
                                  f"--device cpu or --device cuda")
-        return load_checkpoint(path, device=device, dtype=dtype)
+        return load_checkpoint(path, device=device, dtype=dtype, allow_random_weights=allow_random_weights)
     _check_model_dir(Path(path), name_or_path)
     try:
         config = transformers.AutoConfig.from_pretrained(path)
@@ -404,17 +407,23 @@ def load_model(
     spec_for(config.model_type)  # fail early, before loading weights, on unsupported families
     with _dispatch_errors(name_or_path, device_map):
         cls = auto_class(config)
-        model = cls.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation_for(cls, config),
-                                    **dispatch)
+        model, info = cls.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation_for(cls, config),
+                                          output_loading_info=True, **dispatch)
+    if not allow_random_weights:
+        check_complete(name_or_path, info["missing_keys"], info["unexpected_keys"], model)
     _keep_offload_folder(model, dispatch, offload_folder)
     if not dispatch:  # a dispatched model is already placed, module by module
         model.to(device)
     model.eval()
+    return HeadModel(model=model, tokenizer=_tokenizer(path), name=name, source=source)
+
+
+def _tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a model folder or hub id; None for a local folder saved without one (a model built from a
+    config), whose callers pass token ids."""
     local = Path(path).is_dir()
-    # A local folder saved without a tokenizer (a model built from a config) loads with none; callers pass ids.
     has_tokenizer = not local or any((Path(path) / f).exists() for f in ("tokenizer_config.json", "tokenizer.json"))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path) if has_tokenizer else None
-    return HeadModel(model=model, tokenizer=tokenizer, name=name, source=source)
+    return transformers.AutoTokenizer.from_pretrained(path) if has_tokenizer else None
 
 
 def _check_model_dir(path: Path, name: str) -> None:
@@ -440,6 +449,7 @@ def _check_model_dir(path: Path, name: str) -> None:
                              f"save the model with save_pretrained, or give another directory")
     check_head_geometry(json.loads(cfg.read_text(encoding="utf-8")), name)
     check_weight_files(path)
+    check_tokenizer_files(path)
 
 
 def _pruned_config(path: Path) -> list[str]:

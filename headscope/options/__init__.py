@@ -1,6 +1,7 @@
 """Typed options: one frozen dataclass per verb, composed from shared groups; the CLI is built from them."""
 
 from .base import Options
+from .given import check_data
 from .groups import (
     SEED_MAX,
     DataOptions,
@@ -19,5 +20,5 @@ from .spec import OptionError, Spec, bound_problem, check_bounds, flag_of, optio
 __all__ = [
     "SEED_MAX", "DataOptions", "HeldoutOptions", "IntervalOptions", "ModelOptions", "OptionError", "Options",
     "OutputOptions", "Result", "SeedOptions", "Spec", "StableOptions", "WorkerOptions", "bound_problem", "check_bounds",
-    "check_device", "flag_of", "option", "parse_max_memory", "read_device_map", "spec_of",
+    "check_data", "check_device", "flag_of", "option", "parse_max_memory", "read_device_map", "spec_of",
 ]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from ..errors import HeadscopeError, did_you_mean
-from .spec import check_bounds, flag_of, spec_of
+from .spec import check_bounds, check_types, flag_of, spec_of
 
 O = TypeVar("O", bound="Options")
 
@@ -25,6 +25,7 @@ class Options:
 
     def validate(self: O) -> O:
         """Refuse a bad value (an `OptionError` naming the field); returns the options themselves."""
+        check_types(self)
         check_bounds(self)
         self.check()
         return self

@@ -7,14 +7,41 @@ one-line note naming the new flag.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import types
 import typing
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, NoReturn
 
+from ..errors import did_you_mean
 from .base import Options
 from .spec import Spec, flag_of, spec_of
+
+
+class Parser(argparse.ArgumentParser):
+    """headscope's parsers: a refusal is one line and exit 2, like every other refusal (argparse would print the
+    usage block first), an unknown choice gets a did-you-mean, and flags are never abbreviated (`--f` is no flag:
+    an abbreviation that works today would break the day a second flag shares its start). Subparsers are of this
+    class too (add_subparsers passes it on)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        choice = re.match(r"argument .*: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:
+            options = re.findall(r"'([^']*)'", choice.group(2)) or [c.strip() for c in choice.group(2).split(",")]
+            message += did_you_mean(choice.group(1), options)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def unknown_words(parser: argparse.ArgumentParser, words: list[str]) -> str:
+    """`words` a parser did not take, each flag among them with the closest flag it has (`--limt (did you mean
+    '--limit'?)`); hidden old spellings are not offered."""
+    flags = [o for a in parser._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
+    return " ".join(w + (did_you_mean(w.split("=")[0], flags) if w.startswith("--") else "") for w in words)
 
 
 class _OldSpelling(argparse.Action):

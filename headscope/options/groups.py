@@ -48,6 +48,9 @@ class ModelOptions(Options):
     offload_dir: str | None = option(None, "with --device-map: folder for weights offloaded to disk (default: a "
                                            "temporary folder, removed afterwards)", metavar="DIR", whole=True,
                                      group=MODEL)
+    allow_random_weights: bool = option(False, "load a checkpoint whose weights do not fill its config (layers "
+                                               "missing, tensors it has no place for), the gaps randomly "
+                                               "initialised; refused without it", group=MODEL)
 
     def check(self) -> None:
         super().check()
@@ -71,7 +74,7 @@ class ModelOptions(Options):
         """The model these options name, loaded as they place it."""
         return load_model(self.model, device=self.device, dtype=self.dtype,
                           device_map=read_device_map(self.device_map), max_memory=parse_max_memory(self.max_memory),
-                          offload_folder=self.offload_dir)
+                          offload_folder=self.offload_dir, allow_random_weights=self.allow_random_weights)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,10 @@ here are checked the same way for both (`check_bounds`).
 from __future__ import annotations
 
 import math
+import numbers
 import os
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
@@ -128,6 +131,79 @@ def memory_problem(value: int | float, bytes_each: float, what: str, share: floa
     except HeadscopeError as e:
         return str(e).strip().replace("give  ", "give ")  # the message without its (empty) option name
     return None
+
+
+_KIND_WORDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
+
+
+def _accepts(kind: Any, value: Any) -> bool | None:
+    """Whether `value` is of the declared type `kind` (None: a type this check does not know, so not judged).
+
+    bool is no number here (True is an int to Python, not a count to a user); a whole number is a float's value."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if kind is str:
+        return isinstance(value, str)
+    return None
+
+
+def type_problem(value: Any, annotation: Any) -> str | None:
+    """What is wrong with `value` against a field's declared type (`int | None`, `tuple[str, ...]`, ...), or None.
+
+    The CLI converts every flag's text to its type, so this catches what only Python can pass: `limit='5'`,
+    `paths=5`, `senders=['L0H0']`, `ci=True`."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        if value is None and len(args) < len(typing.get_args(annotation)):
+            return None
+        problems = [type_problem(value, a) for a in args]
+        return None if any(p is None for p in problems) else problems[0]
+    if typing.get_origin(annotation) is tuple:
+        item = args[0] if args else Any
+        if not isinstance(value, (tuple, list)):
+            return f"must be a tuple of {_KIND_WORDS.get(item, 'values')}; got {type(value).__name__} {value!r}"
+        bad = [v for v in value if _accepts(item, v) is False]
+        return f"must hold {_KIND_WORDS[item]} only; got {bad[0]!r} in {value!r}" if bad else None
+    if value is None:
+        return f"must be {_KIND_WORDS.get(annotation, 'given')}; got None"
+    ok = _accepts(annotation, value)
+    if ok is False and annotation is str and isinstance(value, os.PathLike):
+        return f"must be text, as the command line gives it: str(path); got {type(value).__name__} {str(value)!r}"
+    if ok is False:
+        return f"must be {_KIND_WORDS[annotation]}; got {type(value).__name__} {value!r}"
+    return None
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """A class's field types, resolved once (the annotations are strings under `from __future__ import annotations`)."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def check_types(options: Any) -> None:
+    """Refuse the first command-line field of `options` whose value is not of its declared type."""
+    hints = _hints(type(options))
+    for f in fields(options):
+        spec = spec_of(f)
+        if spec is None or f.name not in hints:
+            continue
+        value = getattr(options, f.name)
+        if spec.required and value is None:
+            continue  # check_bounds says "is required"
+        annotation = hints[f.name]
+        if spec.append and value is not None and typing.get_origin(annotation) is not tuple:
+            annotation = tuple[annotation, ...]  # type: ignore[valid-type]  # a repeatable flag keeps a tuple
+        problem = type_problem(value, annotation)
+        if problem:
+            raise OptionError(f.name, problem)
 
 
 def check_bounds(options: Any) -> None:

@@ -43,7 +43,7 @@ from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
 from ..models.checkpoint import plain_shape, save_model
-from ..options import Result
+from ..options import OptionError, Result, check_data
 from ..provenance import provenance
 from ..table import HeadTable, grid, parse_head
 from .curves import CurveResult, prune_curve
@@ -188,6 +188,7 @@ def score(hm: HeadModel, data: Any = None, options: ScoreOptions | None = None, 
     `data`: passages, a TextSource, a labelled jsonl or a corpus name / file (read with `options.limit`).
     Keywords override single options: `score(hm, texts, methods=("taylor",))`.
     """
+    check_data(data)
     opts = (options or ScoreOptions()).replace(**changes).validate()
     source = read_task_data(opts.data if data is None else data, opts.limit) if data is None or \
         isinstance(data, (str, Path)) else data
@@ -268,6 +269,10 @@ def tasks(hm: HeadModel, data: str | Sequence[str] | None = None, options: Tasks
     `tasks(hm, "fidelity,wordsim", limit=32)`.
     """
     if data is not None:
+        names = isinstance(data, (list, tuple)) and all(isinstance(t, str) for t in data)
+        if not isinstance(data, str) and not names:
+            raise OptionError("data", f"names the tasks: text like 'lm_ptb,wordsim' or a list of task names; got "
+                                      f"{type(data).__name__} {data!r}"[:300])
         changes["tasks"] = data if isinstance(data, str) else ",".join(data)
     opts = (options or TasksOptions()).replace(**changes).validate()
     chosen = parse_tasks(opts.tasks)
@@ -357,6 +362,7 @@ def prune(hm: HeadModel, data: Any = None, options: PruneOptions | None = None, 
     folder where an interrupted curve keeps its finished points and resumes from them (the CLI's --out); None
     writes nothing. Keywords override single options: `prune(hm, texts, fraction=0.5, step=0.25)`.
     """
+    check_data(data)
     opts = (options or PruneOptions()).replace(**changes).validate()
     if opts.heads:
         opts = opts.replace(method=opts.method or "gradient")  # recorded as chosen in prune.json's provenance

@@ -17,7 +17,7 @@ from ..errors import HeadscopeError
 from ..io import atomic_write_bytes, atomic_write_text
 from ..learned.analyze import analyze
 from ..models.adapter import HeadModel
-from ..options import Result
+from ..options import Result, check_data
 from ..provenance import model_record, provenance
 from ..table import HeadTable
 from .build import collect
@@ -143,6 +143,7 @@ def report(hm: HeadModel | None, data: Any = None, options: ReportOptions | None
     for computed statistics and the example sentences (passages, token-id lists, a corpus name or a file; None:
     `options.data`). Keywords override single options: `report(hm, from_dirs=("runs/a",), sentences=2)`.
     """
+    check_data(data)
     opts = (options or ReportOptions()).replace(**changes).validate()
     built = build(Path(opts.out), None if opts.no_model else hm, opts.from_dirs, opts.data if data is None else data,
                   opts.sentences, opts.max_length, opts.limit, figures=True, progress=progress)

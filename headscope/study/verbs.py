@@ -19,6 +19,7 @@ from typing import TextIO
 
 from ..commands._common import check_options
 from ..models.adapter import HeadModel
+from ..options.cli import Parser
 
 __all__ = ["command_line", "parse_verb", "run_verb"]
 
@@ -26,7 +27,7 @@ __all__ = ["command_line", "parse_verb", "run_verb"]
 def parse_verb(argv: list[str]) -> argparse.Namespace:
     """`argv` (verb first) parsed by that verb's own parser and refused by the checks every verb shares."""
     module = importlib.import_module(f"headscope.commands.{argv[0]}")
-    parser = argparse.ArgumentParser(prog="headscope", exit_on_error=False)
+    parser = Parser(prog="headscope", exit_on_error=False)
     module.register(parser.add_subparsers(dest="verb"))
     args = parser.parse_args(argv)
     check_options(args)

@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...data.sources import existing_file, read_lines
 from ...errors import HeadscopeError, did_you_mean
+from ...options import OptionError
 
 TASKS = ("ioi", "greater-than", "induction", "masked")
 _FILES = {"ioi": "ioi.jsonl", "greater-than": "greater_than.jsonl", "masked": "masked.jsonl"}
@@ -73,16 +75,24 @@ class PairBatch:
                 "pairs": [p.__dict__ for p in self.pairs]}
 
 
+# A pair's texts are prompts: a line longer than this is no prompt any model's positions hold (1,000,000
+# characters are ~250,000 tokens), and tokenising it would take the run's time before the refusal.
+LINE_MAX = 1_000_000
+PAIR_KINDS = ("a .jsonl file of {\"clean\", \"corrupt\", \"answer\", \"wrong\"} objects, one a line, or a built-in "
+              "task (" + ", ".join(TASKS) + ")")
+
+
 def read_pairs(path: str | Path) -> list[Pair]:
-    """The pairs of a JSONL file; one line naming the problem when it is not one."""
-    p = Path(path)
-    if not p.is_file():
-        raise HeadscopeError(f"pairs file '{p}' does not exist; give a .jsonl file of "
-                             f"{{\"clean\", \"corrupt\", \"answer\", \"wrong\"}} objects or --task NAME")
+    """The pairs of a JSONL file; one line naming the file (and line) when it is not one: a missing path, a folder, a
+    pipe, an unreadable file, bytes that are not UTF-8, a line too long to be a prompt, a line that is not a pair."""
+    p = existing_file(path, "pairs", PAIR_KINDS, ())  # a folder or a FIFO named as such, never "does not exist"
     out = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(read_lines(p), 1):
         if not line.strip():
             continue
+        if len(line) > LINE_MAX:
+            raise HeadscopeError(f"{p}, line {i}: {len(line):,} characters, more than the {LINE_MAX:,} a pair's "
+                                 f"prompts can need (no model's positions hold them); give short prompt pairs")
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
@@ -95,6 +105,32 @@ def read_pairs(path: str | Path) -> list[Pair]:
         out.append(Pair(obj["clean"], obj["corrupt"], obj["answer"], obj["wrong"]))
     if not out:
         raise HeadscopeError(f"pairs file '{p}' holds no pairs; give one JSON object a line")
+    return out
+
+
+PYTHON_PAIRS = "pairs given in Python"
+
+
+def given_pairs(pairs: Any) -> str | Path | PairBatch | list[Pair] | None:
+    """The `pairs` argument of `headscope.patch` as one of the forms it reads (a list of dicts becomes `Pair`s),
+    or an OptionError naming the parameter and the item that is none of them."""
+    if pairs is None or isinstance(pairs, (str, Path, PairBatch)):
+        return pairs
+    if not isinstance(pairs, (list, tuple)):
+        raise OptionError("pairs", f"must be a .jsonl path, a PairBatch or a list of pairs ({{\"clean\", "
+                                   f"\"corrupt\", \"answer\", \"wrong\"}} dicts); got {type(pairs).__name__} "
+                                   f"{pairs!r}"[:300])
+    if not pairs:
+        raise OptionError("pairs", "is an empty list; give at least one pair")
+    out = []
+    for i, p in enumerate(pairs):
+        if isinstance(p, Pair):
+            p = p.__dict__
+        if not isinstance(p, dict) or any(not isinstance(p.get(k), str) or not p.get(k) for k in KEYS) \
+                or set(p) - set(KEYS):
+            raise OptionError("pairs", f"[{i}] must be a dict of exactly the non-empty strings {', '.join(KEYS)}; "
+                                       f"got {p!r}"[:300])
+        out.append(Pair(p["clean"], p["corrupt"], p["answer"], p["wrong"]))
     return out
 
 
@@ -120,8 +156,21 @@ def _position(tokenizer: Any, ids: list[int], causal: bool) -> int | None:
     return hits[0] if len(hits) == 1 else None
 
 
+def _unknown(tokenizer: Any, token: int) -> bool:
+    """Whether `token` is the tokenizer's unknown token (a word it does not know reads as it)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return unk is not None and token == unk
+
+
+def _too_long(n_tokens: int, max_positions: int | None) -> str | None:
+    if max_positions is not None and n_tokens > max_positions:
+        return (f"the clean text is {n_tokens:,} tokens, more than the model's {max_positions:,} positions; give "
+                f"shorter prompts")
+    return None
+
+
 def tokenize_pairs(tokenizer: Any, pairs: list[Pair], causal: bool, source: str, *, strict: bool = True,
-                   pad_id: int = 0) -> PairBatch:
+                   pad_id: int = 0, max_positions: int | None = None) -> PairBatch:
     """Tokenise pairs; `strict` refuses a bad pair naming its line, else leaves it out (built-in sets)."""
     if tokenizer is None:
         raise HeadscopeError("patching needs the model's tokenizer; load the model with one (a folder or hub id "
@@ -145,6 +194,12 @@ def tokenize_pairs(tokenizer: Any, pairs: list[Pair], causal: bool, source: str,
         elif answer == wrong:  # e.g. two names the tokenizer does not know (<unk>)
             problem = (f"answer {pair.answer!r} and wrong {pair.wrong!r} are the same token ({answer}) for this "
                        f"tokenizer: the metric cannot tell them apart")
+        elif _unknown(tokenizer, answer) or _unknown(tokenizer, wrong):
+            which, text = ("answer", pair.answer) if _unknown(tokenizer, answer) else ("wrong", pair.wrong)
+            problem = (f"{which} {text!r} reads as the tokenizer's unknown token {tokenizer.unk_token!r}: the metric "
+                       f"would measure the unknown token, not the word; give a word this tokenizer knows")
+        elif _too_long(len(a), max_positions):
+            problem = _too_long(len(a), max_positions)
         elif pos is None or (not causal and _position(tokenizer, c, causal) != pos):
             problem = (f"an encoder's metric is read at the mask token ({mask_token!r} or {{mask}}): the clean "
                        f"text needs exactly one, at the same position in the corrupt text")
@@ -156,7 +211,8 @@ def tokenize_pairs(tokenizer: Any, pairs: list[Pair], causal: bool, source: str,
         rows.append((a, c, pos, answer, wrong, pair))  # type: ignore[arg-type]
     if not rows:
         raise HeadscopeError(f"{source}: none of its {len(pairs)} pairs fits this model's tokenizer "
-                             f"(unequal lengths, answers of several tokens, or answer and wrong the same token)")
+                             f"(unequal lengths, answers of several tokens, answer and wrong the same token, an "
+                             f"unknown token, or more tokens than the model's positions)")
     return _batch(rows, source, skipped, pad_id)
 
 
@@ -191,12 +247,17 @@ def induction_pairs(tokenizer: Any, vocab_size: int, n: int = 32, length: int = 
     return _batch(rows, f"task induction (seed {seed}, {n} pairs of 2 x {length} random tokens)", 0, 0)
 
 
+def pad_of(tokenizer: Any) -> int:
+    """The id pairs are right-padded with (never read: the metric's position is a real token)."""
+    return getattr(tokenizer, "pad_token_id", None) or 0
+
+
 def load_pairs(tokenizer: Any, causal: bool, vocab_size: int, *, pairs: str | None = None, task: str | None = None,
-               seed: int = 0, limit: int | None = None) -> PairBatch:
+               seed: int = 0, limit: int | None = None, max_positions: int | None = None) -> PairBatch:
     """The pairs a run asks for: a file (strict) or a built-in task (pairs the tokenizer cannot hold left out)."""
     if task == "induction":
         return induction_pairs(tokenizer, vocab_size, n=limit or 32, seed=seed)
-    pad = getattr(tokenizer, "pad_token_id", None) or 0
+    pad = pad_of(tokenizer)
     if task is not None:
         if task == "masked" and causal:
             raise HeadscopeError("task 'masked' reads a mask token, for encoders; a decoder takes ioi, greater-than "
@@ -204,7 +265,27 @@ def load_pairs(tokenizer: Any, causal: bool, vocab_size: int, *, pairs: str | No
         if task != "masked" and not causal:
             raise HeadscopeError(f"task {task!r} reads the next token, for decoders; an encoder takes 'masked'")
         got = builtin_pairs(task)[:limit]
-        return tokenize_pairs(tokenizer, got, causal, f"task {task}", strict=False, pad_id=pad)
+        return tokenize_pairs(tokenizer, got, causal, f"task {task}", strict=False, pad_id=pad,
+                              max_positions=max_positions)
     if pairs is None:
         raise HeadscopeError("patching needs pairs: --pairs FILE.jsonl or --task NAME (" + ", ".join(TASKS) + ")")
-    return tokenize_pairs(tokenizer, read_pairs(pairs)[:limit], causal, str(pairs), pad_id=pad)
+    return tokenize_pairs(tokenizer, read_pairs(pairs)[:limit], causal, str(pairs), pad_id=pad,
+                          max_positions=max_positions)
+
+
+def check_batch(batch: PairBatch, tokenizer: Any, vocab_size: int, max_positions: int | None) -> None:
+    """Refuse tokenised pairs (a PairBatch built by hand) the metric cannot measure, as a file's pairs are: token ids
+    outside the vocabulary, answer and wrong the same token, the unknown token, more tokens than the positions."""
+    for i in range(len(batch)):
+        answer, wrong = int(batch.answer[i]), int(batch.wrong[i])
+        problem = None
+        if not (0 <= answer < vocab_size and 0 <= wrong < vocab_size):
+            problem = f"answer {answer} or wrong {wrong} lies outside the vocabulary (ids 0..{vocab_size - 1})"
+        elif answer == wrong:
+            problem = f"answer and wrong are the same token ({answer}): the metric cannot tell them apart"
+        elif _unknown(tokenizer, answer) or _unknown(tokenizer, wrong):
+            problem = f"answer {answer} or wrong {wrong} is the tokenizer's unknown token"
+        else:
+            problem = _too_long(int(batch.mask[i].sum()), max_positions)
+        if problem:
+            raise HeadscopeError(f"{batch.source}, pair {i + 1}: {problem}")

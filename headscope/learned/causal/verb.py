@@ -18,13 +18,13 @@ from ...artifacts import (
 )
 from ...io import atomic_write_bytes, atomic_write_text, csv_text
 from ...models.adapter import HeadModel
-from ...options import Result
+from ...options import OptionError, Result
 from ...provenance import provenance
 from ...table import HeadTable, grid
 from ...uncertainty import Interval
 from ..options import PatchOptions, head_list, path_receivers
 from .composition import npz_bytes
-from .pairs import PairBatch, load_pairs
+from .pairs import PYTHON_PAIRS, PairBatch, check_batch, given_pairs, load_pairs, pad_of, tokenize_pairs
 from .paths import check_head, check_receivers
 from .run import dumps, pairs_fingerprint, positions_rows, run_patching
 
@@ -111,18 +111,29 @@ def path_lines(record: dict[str, Any]) -> list[str]:
 def patch(hm: HeadModel, pairs: Any = None, options: PatchOptions | None = None, **changes: Any) -> PatchResult:
     """`headscope patch` on a loaded model: each head's causal effect on clean/corrupt prompt pairs.
 
-    `pairs`: a PairBatch, or a JSONL path (else `options.pairs`, or the built-in `options.task`).
+    `pairs`: a JSONL path, a PairBatch, or a list of pairs (`Pair`s or {"clean", "corrupt", "answer", "wrong"}
+    dicts, checked as a file's lines are); None: `options.pairs` or the built-in `options.task`, never both.
     Keywords override single options: `patch(hm, task="ioi", methods=("attribution",))`.
     """
     opts = (options or PatchOptions()).replace(**changes)
-    if isinstance(pairs, (str, Path, PairBatch)):  # the pairs given here stand for --pairs
-        opts = opts.replace(pairs=pairs.source if isinstance(pairs, PairBatch) else str(pairs), task=None)
+    given = given_pairs(pairs)
+    if given is not None:  # the pairs given here stand for --pairs
+        if opts.task is not None:
+            raise OptionError("pairs", f"and task {opts.task!r} are both given; give one: pairs here, or task= for a "
+                                       f"built-in set")
+        source = given.source if isinstance(given, PairBatch) else str(given) if isinstance(given, (str, Path)) \
+            else PYTHON_PAIRS
+        opts = opts.replace(pairs=source)
     opts = opts.validate()
-    if isinstance(pairs, PairBatch):
-        batch = pairs
+    if isinstance(given, PairBatch):
+        batch = given
+        check_batch(batch, hm.tokenizer, hm.vocab_size, hm.max_positions)
+    elif isinstance(given, list):
+        batch = tokenize_pairs(hm.tokenizer, given[:opts.limit], hm.causal, PYTHON_PAIRS, pad_id=pad_of(hm.tokenizer),
+                               max_positions=hm.max_positions)
     else:
         batch = load_pairs(hm.tokenizer, hm.causal, hm.vocab_size, pairs=opts.pairs, task=opts.task,
-                           seed=opts.seed, limit=opts.limit)
+                           seed=opts.seed, limit=opts.limit, max_positions=hm.max_positions)
     receivers = None if opts.paths is None else path_receivers(opts.paths)
     group = None if opts.senders is None else head_list(opts.senders, "senders", "heads")
     if receivers is not None:  # before the scans
