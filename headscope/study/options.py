@@ -23,6 +23,8 @@ class StudyOptions(OutputOptions):
                                     "similarity and scores; PTB train to score and PTB valid to measure the pruning "
                                     "curve)")
     device: str | None = option(None, "torch device (default: cpu)")
+    allow_random_weights: bool = option(False, "study a checkpoint whose weights do not fill its config (the missing "
+                                               "ones start random), on purpose")
     out: str = option("headscope-study", "output folder (default: headscope-study/)")
     force: bool = option(False, "start over: remove a previous study's files in --out")
 

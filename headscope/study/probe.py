@@ -55,10 +55,11 @@ def _cpu_work() -> float:
 
 
 def probe(model: str, text: TextSource, max_length: int, device: str | None = None,
-          batch_size: int = PROBE_PASSAGES) -> tuple[HeadModel, Probe]:
+          batch_size: int = PROBE_PASSAGES, allow_random_weights: bool = False) -> tuple[HeadModel, Probe]:
     """Load `model` and time the passes every estimate is built from; returns the loaded model too."""
     t0 = time.perf_counter()
-    hm = load_model(model, device=device)  # the study's one load: every stage shares this model
+    # the study's one load: every stage shares this model
+    hm = load_model(model, device=device, allow_random_weights=allow_random_weights)
     load_s = time.perf_counter() - t0
     if hm.tokenizer is None:
         return hm, Probe(load_s, 0.0, 0.0, _cpu_work(), max_length, 0)

@@ -119,7 +119,7 @@ def _study(opts: StudyOptions, stream: TextIO, live: bool | None, started_ago: f
     data = opts.data or DEFAULT_DATA
     texts = read_texts(data)  # bad data fails before the model loads
     prune_data, heldout = (opts.data, opts.data) if opts.data else (DEFAULT_PRUNE_DATA, DEFAULT_HELDOUT)
-    hm, probe_ = probe(opts.model, texts, MAX_LENGTH, opts.device)
+    hm, probe_ = probe(opts.model, texts, MAX_LENGTH, opts.device, allow_random_weights=opts.allow_random_weights)
     if hm.tokenizer is None:
         raise HeadscopeError(f"{hm.name} has no tokenizer: no stage of a study can read text with it; give a model "
                              f"directory with its tokenizer")
