@@ -93,7 +93,10 @@ def check_source(path: Path) -> None:
     base = (d.get("headscope_base") or {}).get("model_type", d.get("model_type"))
     refusal = gguf_refusal(str(base))
     if refusal:
-        raise HeadscopeError(f"GGUF export cannot serve {str(path)!r}: {refusal}")
+        families = ", ".join(dict.fromkeys(spec_for(t).family for t in MODEL_TYPES))
+        raise HeadscopeError(f"GGUF export covers the {families} family (model type {', '.join(MODEL_TYPES)}: SmolLM2 "
+                             f"and what headscope pruned or converted from it); {str(path)!r} has model type "
+                             f"{base!r}: {refusal}")
     if (d.get("rope_scaling") or {}).get("rope_type") not in _ROPE_OK or d.get("attention_bias") \
             or d.get("mlp_bias") or d.get("hidden_act", "silu") != "silu":
         raise HeadscopeError(f"{str(path)!r} uses RoPE scaling, biases or an activation other than SiLU, which "
@@ -105,13 +108,14 @@ def check_source(path: Path) -> None:
 
 def gguf_refusal(model_type: str) -> str | None:
     """Why a checkpoint of base `model_type` cannot be exported (its family and the spec's reason), or None."""
+    # The caller's message names the model type; this names the family and the reason.
     try:
         spec = spec_for(model_type)
     except HeadscopeError:
-        return f"model type {model_type!r} has no family spec; GGUF export covers {', '.join(MODEL_TYPES)}"
+        return "no family spec covers it"
     why = why_not(spec, "gguf", model_type)
     if why:
-        return f"the {spec.family} family (model type {model_type!r}): {why}"
+        return f"the {spec.family} family: {why}"
     if spec.gguf_arch not in WRITES:
         return (f"the {spec.family} family maps to llama.cpp's {spec.gguf_arch!r} graph, which this writer does not "
                 f"write (it writes {', '.join(WRITES)})")

@@ -33,7 +33,7 @@ def check_convertible(hm: HeadModel, kv_heads: int, *, merge: bool = True) -> No
     why = why_not(hm.spec, "gqa", mt)
     if why:
         raise HeadscopeError(f"changing the KV heads cannot serve the {hm.spec.family} family (model type {mt!r}): "
-                             f"{why}")
+                             f"{why}; GQA conversion supports {', '.join(SUPPORTED_MODEL_TYPES)}")
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, (int, np.integer)):
         raise HeadscopeError(f"--kv-heads must be a whole number, got {kv_heads!r}")
     n_kv, n_heads = hm.n_kv_heads, hm.n_heads

@@ -45,8 +45,9 @@ def check_mla(hm: HeadModel, kv_rank: int, rope_dims: int | None, *, allow_full_
                              f"{hm.name} gives its cache bytes)")
     why = why_not(hm.spec, "mla", mt)
     if why:
-        raise HeadscopeError(f"MLA conversion cannot serve the {hm.spec.family} family ({hm.name!r}, model type "
-                             f"{mt!r}): {why}")
+        raise HeadscopeError(f"MLA conversion supports model types {', '.join(SUPPORTED_MODEL_TYPES)} (LLaMA-like "
+                             f"decoders with full RoPE); {hm.name!r} is {mt!r}, and the {hm.spec.family} family "
+                             f"cannot serve it: {why}")
     if hm.pruned:
         raise HeadscopeError(f"{hm.name!r} is physically pruned; convert to MLA before pruning")
     if getattr(hm.config, MLA_CONFIG_KEY, None):
