@@ -71,9 +71,9 @@ def check_prunable(hm: HeadModel) -> None:
     """Raise a clear error when headscope cannot physically prune this model's family."""
     why = why_not(hm.spec, "heads", hm.config.model_type)
     if why:
-        raise HeadscopeError(f"physical head pruning cannot serve the {hm.spec.family} family (model type "
-                             f"{hm.config.model_type!r}): {why}. Head gates (headscope.head_gates) still mask heads; "
-                             f"model types it serves: {', '.join(supported_model_types_for('heads'))}")
+        raise HeadscopeError(f"physical pruning is not implemented for the {hm.spec.family!r} family (model type "
+                             f"{hm.config.model_type!r}): {why}. Use head gates (headscope.head_gates) to mask heads "
+                             f"instead; model types it serves: {', '.join(supported_model_types_for('heads'))}")
 
 
 def prune_heads(hm: HeadModel, heads: Any) -> HeadModel:
