@@ -82,6 +82,9 @@ class AttentionSpec:
     # "kv" = d_head features per KV head, "q1" = one value per query head). OLMo-2's q_norm / k_norm weights span
     # every head's features; GPT-OSS's sinks hold one logit per query head.
     head_params: tuple[tuple[str, str], ...] = ()
+    # Whether the attention output passes a norm before it joins the residual stream (sandwich norms: Gemma-2/3/4,
+    # OLMo-2/3), so a head's write there is not W_O z (direct logit attribution is left out).
+    attn_out_normed: bool = False
     # Attribute of the attention module holding one learned logit per query head that joins every row's softmax
     # without a value (GPT-OSS's sinks; transformers passes it to attention functions as s_aux).
     sink_logits: str | None = None
@@ -195,7 +198,7 @@ QWEN3 = replace(LLAMA, family="qwen3", model_types=("qwen3",), examples="Qwen3 0
                 refuses=(("mla", QK_NORM_MLA),),
                 notes="q_norm / k_norm per head (shared by all heads, not sliced); head_dim != d_model / heads")
 GEMMA3 = replace(
-    LLAMA, family="gemma3", model_types=("gemma3_text",), gguf_arch=None,
+    LLAMA, family="gemma3", model_types=("gemma3_text",), gguf_arch=None, attn_out_normed=True,
     refuses=(("mla", QK_NORM_MLA), ("kvcache", SLIDING_KVCACHE)), examples="Gemma-3 270M (built-in `gemma3`, MQA), 1B",
     notes="q_norm / k_norm per head; scale query_pre_attn_scalar^-0.5; head_dim != d_model / heads; sliding and "
           "global layers (layer_types)")
@@ -217,6 +220,7 @@ GEMMA4 = replace(
           "head-aware cache refuse it. Refused when loading, naming the feature: KV shared across layers "
           "(num_kv_shared_layers), keys as values (attention_k_eq_v), KV heads per layer")
 GEMMA2 = replace(LLAMA, family="gemma2", model_types=("gemma2",), examples="Gemma-2 2B/9B", gguf_arch=None,
+                 attn_out_normed=True,
                  refuses=(("mla", "its attention logits are soft-capped (attn_logit_softcapping), which MLA's "
                                   "attention does not apply"),
                           ("kvcache", "its attention logits are soft-capped (attn_logit_softcapping), which the "
@@ -290,6 +294,7 @@ OPT = AttentionSpec(
 # (key) vector, all heads at once: a head's normalisation depends on the other heads.
 OLMO2 = replace(
     LLAMA, family="olmo2", model_types=("olmo2", "olmo3"), examples="OLMo-2 1B-32B, OLMo-3 7B/32B", gguf_arch=None,
+    attn_out_normed=True,
     head_params=(("self_attn.q_norm.weight", "q"), ("self_attn.k_norm.weight", "kv")),
     refuses=(("prune", "q_norm / k_norm are RMSNorms over all heads' features together, so removing a head changes "
                        "the normalisation of the heads that stay and the pruned model would not compute the gated "
