@@ -33,10 +33,10 @@ from headscope.capacity.mla import check_mla, convert_to_mla, full_rank
 from headscope.cli import main
 from headscope.export.gguf import MODEL_TYPES as GGUF_TYPES
 from headscope.export.gguf import check_source, export_gguf
-from headscope.learned.analyze import run_stats
 from headscope.learned.causal.pairs import induction_pairs
 from headscope.learned.causal.paths import check_receivers
 from headscope.learned.causal.verb import patch
+from headscope.learned.verbs import analyze
 from headscope.models import HeadModel
 from headscope.models.capabilities import CAPABILITIES, capability_table, supported_model_types_for, supports, why_not
 from headscope.models.checkpoint import save_model
@@ -234,11 +234,9 @@ def test_a_new_llama_like_family_gets_every_capability(toy):
 def test_the_new_family_analyses_prunes_and_converts_as_llama(toy):
     llama, hm = toy
     _same(_logits(hm), _logits(llama))
-    ids = IDS.tolist()
-    ours, theirs = run_stats(hm, ids, 2, block=5).means(), run_stats(llama, ids, 2, block=5).means()
-    assert ours.keys() == theirs.keys()
-    for k in ours:
-        np.testing.assert_allclose(ours[k], theirs[k], atol=1e-6, err_msg=k)
+    ours, theirs = (analyze(m, IDS.tolist(), bootstrap=100).to_pandas() for m in (hm, llama))
+    assert list(ours.columns) == list(theirs.columns) and "entropy" in ours.columns
+    np.testing.assert_allclose(ours.to_numpy(float), theirs.to_numpy(float), atol=1e-5, equal_nan=True)
     drop = {0: [0, 3], 1: [1, 4]}  # one query head of each KV group: a slice
     _same(_logits(prune_heads(hm, drop)), _logits(prune_heads(llama, drop)))
     check_unit(hm, "ffn")
