@@ -21,10 +21,12 @@ from test_families import _MODELS, SEQS, TOL, _maxdiff, _out
 from headscope import HeadscopeError
 from headscope.capacity.gqa import expand_kv_heads
 from headscope.capacity.kv_bytes import attention_shape, kv_cache_bytes, layouts
+from headscope.capacity.kvcache import check_supported
 from headscope.capacity.mla import check_mla
 from headscope.cli import main
 from headscope.hooks import on_attention_blocks
 from headscope.learned.analyze import run_stats
+from headscope.learned.causal.verb import patch
 from headscope.learned.similarity import similarity
 from headscope.models import layout
 from headscope.models.tiny import tiny_config, tiny_model
@@ -42,7 +44,8 @@ def _refused_call(hm, what: str):
     calls = {"ffn": lambda: check_unit_kind(hm, "ffn"), "block": lambda: check_unit_kind(hm, "block"),
              "prune": lambda: prune_heads(hm, {1: [0]}),
              "convert": lambda: expand_kv_heads(hm), "similar": lambda: similarity(hm, SEQS[2:], max_length=12),
-             "qkv": lambda: hm.qkv_weights(0)}
+             "qkv": lambda: hm.qkv_weights(0), "mla": lambda: check_mla(hm, 1, None),
+             "kvcache": lambda: check_supported(hm), "patch": lambda: patch(hm, task="ioi")}
     return calls[what]
 
 

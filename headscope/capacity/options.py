@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import HeadscopeError
 from ..io import check_writable_file
+from ..models.capabilities import supported_model_types_for
 from ..options import (
     HeldoutOptions,
     IntervalOptions,
@@ -206,8 +207,9 @@ class MlaOptions(ConversionOptions):
 class KvcacheOptions(IntervalOptions, OutputOptions):
     """`headscope kvcache`: the head-aware KV cache (full KV for chosen heads, sink + window for the rest)."""
 
-    model: str = option(None, "built-in name (smollm2), a model directory, or a hub id; families: llama, "
-                              "mistral, qwen2, qwen3, starcoder2, phi3 with 2+ KV heads per layer", positional=True,
+    model: str = option(None, "built-in name (smollm2), a model directory, or a hub id; model types: "
+                              f"{', '.join(supported_model_types_for('kvcache'))} with 2+ KV heads per layer",
+                        positional=True,
                         required=True, reads=True)
     device: str = option("cpu", "torch device (default: cpu)")
     allow_random_weights: bool = option(False, "load a checkpoint whose weights do not fill its config, the gaps "

@@ -7,6 +7,7 @@ import sys
 
 from ..artifacts import MODEL_DIR, outputs
 from ..capacity import verbs
+from ..capacity.gqa import SUPPORTED_MODEL_TYPES
 from ..capacity.gqa.groupings import GROUPINGS
 from ..capacity.options import GqaOptions
 from ..io import prepare_out_dir
@@ -26,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "optionally uptrain by distillation, and write a standard checkpoint (OUT/model) plus a report "
                     "(OUT/gqa.json): perplexity before / after conversion / after uptraining on held-out text, and "
                     "KV-cache bytes measured from a real generation cache beside the calculator. "
-                    "Supported: llama, mistral, qwen2.",
+                    f"Supported: {', '.join(SUPPORTED_MODEL_TYPES)}.",
         epilog="groupings (--grouping): " + "; ".join(GROUPINGS.help_lines()),
     )
     p.set_defaults(func=run)

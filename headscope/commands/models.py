@@ -6,6 +6,7 @@ import argparse
 
 from ..models import builtin_status
 from ..models.adapter import HeadModel
+from ..models.capabilities import capability_table
 from ..models.specs import ADDING_A_FAMILY, families_table
 
 
@@ -23,6 +24,8 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
             print(f"            {b.terms}")
     print("\nAny model directory, .gguf file or hub id of these families also works:\n")
     print(families_table())
+    print("What each family supports (from its spec):\n")
+    print(capability_table())
     print(f"Prune removes query heads (a KV head goes only with all the query heads that read it); GQA convert merges "
           f"KV heads. Another family: {ADDING_A_FAMILY}.")
     return 0

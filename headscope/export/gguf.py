@@ -35,13 +35,18 @@ import torch
 from ..errors import HeadscopeError
 from ..io import disk_full_error, is_disk_full, remove_stale_temps, temp_prefix
 from ..models.adapter import HeadModel
+from ..models.capabilities import supported_model_types_for, why_not
 from ..models.checkpoint import MLA_FILE, load_checkpoint
+from ..models.specs import spec_for
 from .options import DTYPES, TARGETS, check_target
 
 log = logging.getLogger(__name__)
 
-#: base model types GGUF export covers (their transformers layout is LLaMA's: no biases, SiLU gated FFN, RMSNorm).
-MODEL_TYPES = ("llama",)
+#: base model types GGUF export covers, as their specs say (`AttentionSpec.gguf_arch`; their transformers layout is
+#: LLaMA's: no biases, SiLU gated FFN, RMSNorm).
+MODEL_TYPES = supported_model_types_for("gguf")
+#: the llama.cpp graphs this writer writes (a spec's gguf_arch must be one); `deci` when layer sizes differ.
+WRITES = ("llama",)
 _ROPE_OK = (None, "default")
 
 
@@ -86,10 +91,12 @@ def check_source(path: Path) -> None:
                              f"export the model before conversion, or a gqa / prune checkpoint")
     d = json.loads(cfg.read_text(encoding="utf-8"))
     base = (d.get("headscope_base") or {}).get("model_type", d.get("model_type"))
-    if base not in MODEL_TYPES:
-        raise HeadscopeError(f"GGUF export covers the llama family (model type {', '.join(MODEL_TYPES)}: SmolLM2 "
+    refusal = gguf_refusal(str(base))
+    if refusal:
+        families = ", ".join(dict.fromkeys(spec_for(t).family for t in MODEL_TYPES))
+        raise HeadscopeError(f"GGUF export covers the {families} family (model type {', '.join(MODEL_TYPES)}: SmolLM2 "
                              f"and what headscope pruned or converted from it); {str(path)!r} has model type "
-                             f"{base!r}")
+                             f"{base!r}: {refusal}")
     if (d.get("rope_scaling") or {}).get("rope_type") not in _ROPE_OK or d.get("attention_bias") \
             or d.get("mlp_bias") or d.get("hidden_act", "silu") != "silu":
         raise HeadscopeError(f"{str(path)!r} uses RoPE scaling, biases or an activation other than SiLU, which "
@@ -97,6 +104,22 @@ def check_source(path: Path) -> None:
     if not (path / "tokenizer.json").is_file():
         raise HeadscopeError(f"{str(path)!r} has no tokenizer.json; llama.cpp needs the tokenizer inside the GGUF "
                              f"file, so save the model with its (byte-level BPE) tokenizer")
+
+
+def gguf_refusal(model_type: str) -> str | None:
+    """Why a checkpoint of base `model_type` cannot be exported (its family and the spec's reason), or None."""
+    # The caller's message names the model type; this names the family and the reason.
+    try:
+        spec = spec_for(model_type)
+    except HeadscopeError:
+        return "no family spec covers it"
+    why = why_not(spec, "gguf", model_type)
+    if why:
+        return f"the {spec.family} family: {why}"
+    if spec.gguf_arch not in WRITES:
+        return (f"the {spec.family} family maps to llama.cpp's {spec.gguf_arch!r} graph, which this writer does not "
+                f"write (it writes {', '.join(WRITES)})")
+    return None
 
 
 def model_shape(hm: HeadModel) -> Shape:
@@ -324,5 +347,6 @@ def _write_tensors(writer: Any, hm: HeadModel, shape: Shape, dtype: str) -> list
     return fallback
 
 
-__all__ = ["DTYPES", "MODEL_TYPES", "TARGETS", "GgufPlan", "Shape", "check_out", "check_source", "check_target",
-           "export_gguf", "model_shape", "plan_gguf", "rope_permute", "tokenizer_fields", "write_gguf"]
+__all__ = ["DTYPES", "MODEL_TYPES", "TARGETS", "WRITES", "GgufPlan", "Shape", "check_out", "check_source",
+           "check_target", "export_gguf", "gguf_refusal", "model_shape", "plan_gguf", "rope_permute",
+           "tokenizer_fields", "write_gguf"]

@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 from ..errors import HeadscopeError, did_you_mean
 from .layout import get_path, set_path
 
-__all__ = ["SPECS", "AttentionSpec", "families_table", "get_path", "set_path", "spec_for", "supported_model_types"]
+__all__ = ["SPECS", "AttentionSpec", "families_table", "get_path", "register_spec", "set_path", "spec_for",
+           "supported_model_types", "unregister_spec"]
 
 # Where users read how to add a family (named in the error for unsupported model types).
 ADDING_A_FAMILY = 'docs/families.md, "Adding a family"'
@@ -81,6 +82,9 @@ class AttentionSpec:
     # "kv" = d_head features per KV head, "q1" = one value per query head). OLMo-2's q_norm / k_norm weights span
     # every head's features; GPT-OSS's sinks hold one logit per query head.
     head_params: tuple[tuple[str, str], ...] = ()
+    # Whether the attention output passes a norm before it joins the residual stream (sandwich norms: Gemma-2/3/4,
+    # OLMo-2/3), so a head's write there is not W_O z (direct logit attribution is left out).
+    attn_out_normed: bool = False
     # Attribute of the attention module holding one learned logit per query head that joins every row's softmax
     # without a value (GPT-OSS's sinks; transformers passes it to attention functions as s_aux).
     sink_logits: str | None = None
@@ -89,6 +93,11 @@ class AttentionSpec:
     # neurons as units of score / prune), "similar" (head-to-head similarity), "qkv" (per-head Linear Q/K/V
     # weights), "block" (dropping layers). A verb asked for one of these refuses with the reason, exit 2.
     refuses: tuple[tuple[str, str], ...] = ()
+    # Refusals that hold for one model type of the family only: (model_type, what, reason), same keys as `refuses`.
+    refuses_types: tuple[tuple[str, str, str], ...] = ()
+    # The llama.cpp graph the GGUF writer maps the family's layers to ("llama": every layer of one shape; the writer
+    # switches to llama.cpp's `deci` when pruning made layers differ). None: GGUF export refuses the family.
+    gguf_arch: str | None = None
     # For the supported-families table: well-known models of the family, and what is special about it.
     examples: str = ""
     notes: str = ""
@@ -97,10 +106,14 @@ class AttentionSpec:
         """One line for listings: family and the model types it covers."""
         return f"{self.family}: {', '.join(self.model_types)}"
 
-    def refusal(self, what: str) -> str | None:
-        """Why the family cannot serve `what` (a key of REFUSABLE), or None when it can."""
+    def refusal(self, what: str, model_type: str | None = None) -> str | None:
+        """Why the family (or its `model_type`) cannot serve `what` (a key of REFUSABLE), or None when the spec
+        declares no refusal. What the layout itself rules out is derived in `capabilities.why_not`."""
         if what not in REFUSABLE:
             raise ValueError(f"unknown capability {what!r}; choose one of {', '.join(REFUSABLE)}")
+        for t, w, why in self.refuses_types:
+            if t == model_type and w == what:
+                return why
         return dict(self.refuses).get(what)
 
 
@@ -108,7 +121,18 @@ class AttentionSpec:
 REFUSABLE = {"prune": "physical head pruning", "convert": "changing the number of KV heads (gqa, expand)",
              "ffn": "FFN neurons as units", "similar": "head-to-head similarity across all layers",
              "qkv": "per-head Linear Q/K/V weights (qkv_weights, set_qkv_weights, permute_heads)",
-             "block": "dropping whole layers (--unit block)"}
+             "block": "dropping whole layers (unit block)", "mla": "MLA conversion",
+             "kvcache": "the head-aware KV cache", "gguf": "GGUF export for llama.cpp",
+             "patch": "activation and attribution patching of heads"}
+
+# Declared refusals shared by several families (what their layout facts alone do not show).
+QK_NORM_MLA = ("q_norm / k_norm normalise each head's queries and keys, which MLA's attention (keys rebuilt from a "
+               "latent) does not apply")
+SLIDING_KVCACHE = ("its sliding-window layers (layer_types) are windowed already; the head-aware cache needs "
+                   "full-attention layers")
+UNVERIFIED_MLA = "MLA conversion is not verified on its attention (it is tested on llama, mistral and qwen2)"
+UNVERIFIED_KVCACHE = ("the head-aware cache is not verified on its attention (it is tested on llama, mistral, qwen2, "
+                      "qwen3, starcoder2 and phi3)")
 
 
 BERT = AttentionSpec(
@@ -159,16 +183,23 @@ LLAMA = AttentionSpec(
     head_count_attrs=(("num_key_value_groups", "groups"), ("num_heads", "heads"), ("num_key_value_heads", "kv_heads")),
     kv_heads_in_config=True,
     ffn_in=("mlp.gate_proj", "mlp.up_proj"), ffn_out="mlp.down_proj", ffn_size_attr="intermediate_size",
+    gguf_arch="llama",
+    refuses_types=(("mistral", "gguf", "Mistral's sliding window (sliding_window) is not written: the GGUF writer "
+                                       "writes plain LLaMA layers"),
+                   ("qwen2", "gguf", "Qwen2's q/k/v biases are not written: the GGUF writer writes plain LLaMA "
+                                     "layers (no biases)")),
     examples="LLaMA 2/3, SmolLM2 (built-in `smollm2`), Mistral, Qwen2/2.5",
     notes="RoPE; Mistral and Qwen2 may use a sliding window",
 )
 
 # The LLaMA layout plus extras that change no weight layout: q_norm / k_norm normalise each head's
 # d_head features with one weight shared by every head, so slicing heads never touches them.
-QWEN3 = replace(LLAMA, family="qwen3", model_types=("qwen3",), examples="Qwen3 0.6B-32B",
+QWEN3 = replace(LLAMA, family="qwen3", model_types=("qwen3",), examples="Qwen3 0.6B-32B", gguf_arch=None,
+                refuses=(("mla", QK_NORM_MLA),),
                 notes="q_norm / k_norm per head (shared by all heads, not sliced); head_dim != d_model / heads")
 GEMMA3 = replace(
-    LLAMA, family="gemma3", model_types=("gemma3_text",), examples="Gemma-3 270M (built-in `gemma3`, MQA), 1B",
+    LLAMA, family="gemma3", model_types=("gemma3_text",), gguf_arch=None, attn_out_normed=True,
+    refuses=(("mla", QK_NORM_MLA), ("kvcache", SLIDING_KVCACHE)), examples="Gemma-3 270M (built-in `gemma3`, MQA), 1B",
     notes="q_norm / k_norm per head; scale query_pre_attn_scalar^-0.5; head_dim != d_model / heads; sliding and "
           "global layers (layer_types)")
 # Gemma-4's text model: Gemma-3's layout; v_norm (no weight) normalises each head's values, and the norms do the
@@ -178,7 +209,8 @@ GEMMA3 = replace(
 GEMMA4 = replace(
     GEMMA3, family="gemma4", model_types=("gemma4_text",),
     examples="Gemma-4 text models (`Gemma4ForCausalLM`) without shared KV layers or keys as values",
-    refuses=(("block", "its per-layer inputs are packed for all layers in one table (embed_tokens_per_layer, "
+    refuses=(("mla", QK_NORM_MLA), ("kvcache", SLIDING_KVCACHE),
+             ("block", "its per-layer inputs are packed for all layers in one table (embed_tokens_per_layer, "
                        "per_layer_model_projection), so a dropped layer would shift every later layer's input "
                        "(slicing them is not implemented)"),),
     notes="q_norm / k_norm / v_norm per head (shared, not sliced); scaling 1 (the norms scale); sliding and global "
@@ -187,13 +219,22 @@ GEMMA4 = replace(
           "defaults): statistics, gates, roles, scores, pruning, reloading, the KV calculator, gqa; similar and the "
           "head-aware cache refuse it. Refused when loading, naming the feature: KV shared across layers "
           "(num_kv_shared_layers), keys as values (attention_k_eq_v), KV heads per layer")
-GEMMA2 = replace(LLAMA, family="gemma2", model_types=("gemma2",), examples="Gemma-2 2B/9B",
+GEMMA2 = replace(LLAMA, family="gemma2", model_types=("gemma2",), examples="Gemma-2 2B/9B", gguf_arch=None,
+                 attn_out_normed=True,
+                 refuses=(("mla", "its attention logits are soft-capped (attn_logit_softcapping), which MLA's "
+                                  "attention does not apply"),
+                          ("kvcache", "its attention logits are soft-capped (attn_logit_softcapping), which the "
+                                      "cache's attention function (sdpa) does not apply")),
                  notes="attention logits soft-capped (attn_logit_softcapping); sliding and global layers")
 # SmolLM3 stores Q, K and V like LLaMA; its NoPE layers (config.no_rope_layers[layer] == 0) only skip the
 # rotary step inside the forward, so the kernel sees their queries and keys as they are.
-SMOLLM3 = replace(LLAMA, family="smollm3", model_types=("smollm3",), examples="SmolLM3-3B",
+SMOLLM3 = replace(LLAMA, family="smollm3", model_types=("smollm3",), examples="SmolLM3-3B", gguf_arch=None,
+                  refuses=(("mla", "its NoPE layers (no_rope_layers) rotate no key dimensions, while MLA conversion "
+                                   "keeps rotary key dimensions in every layer"),
+                           ("kvcache", UNVERIFIED_KVCACHE)),
                   notes="GQA; NoPE on every fourth layer (no_rope_layers: no rotary there); optional sliding window")
 STARCODER2 = replace(LLAMA, family="starcoder2", model_types=("starcoder2",), examples="StarCoder2 3B/7B",
+                     gguf_arch=None, refuses=(("mla", UNVERIFIED_MLA),),
                      ffn_in=("mlp.c_fc",), ffn_out="mlp.c_proj",
                      notes="biases on every projection; sliding window")
 
@@ -243,6 +284,8 @@ OPT = AttentionSpec(
     causal=True,
     head_count_attrs=(("num_heads", "heads"),),
     ffn_in=("fc1",), ffn_out="fc2", ffn_size_attr="ffn_dim",
+    refuses=(("mla", "it has no rotary embedding (learned positions), and MLA conversion keeps rotary key "
+                     "dimensions"),),
     examples="OPT 125M-66B",
     notes="biases on every projection; learned positions; queries scaled before the attention call",
 )
@@ -250,13 +293,15 @@ OPT = AttentionSpec(
 # OLMo-2 / OLMo-3 store Q, K and V like LLaMA, but q_norm / k_norm are RMSNorms over the whole projected query
 # (key) vector, all heads at once: a head's normalisation depends on the other heads.
 OLMO2 = replace(
-    LLAMA, family="olmo2", model_types=("olmo2", "olmo3"), examples="OLMo-2 1B-32B, OLMo-3 7B/32B",
+    LLAMA, family="olmo2", model_types=("olmo2", "olmo3"), examples="OLMo-2 1B-32B, OLMo-3 7B/32B", gguf_arch=None,
+    attn_out_normed=True,
     head_params=(("self_attn.q_norm.weight", "q"), ("self_attn.k_norm.weight", "kv")),
     refuses=(("prune", "q_norm / k_norm are RMSNorms over all heads' features together, so removing a head changes "
                        "the normalisation of the heads that stay and the pruned model would not compute the gated "
-                       "one (gates, scores and whole attention sub-layers, --unit attention, are exact)"),
+                       "one (gates, scores and whole attention sub-layers, unit attention, are exact)"),
              ("convert", "k_norm is an RMSNorm over all KV heads' features together, so merging or repeating KV "
-                         "heads changes the keys' normalisation")),
+                         "heads changes the keys' normalisation"),
+             ("kvcache", UNVERIFIED_KVCACHE)),
     notes="q_norm / k_norm over all heads together (their weights move with permuted heads); OLMo-3: sliding and "
           "global layers (layer_types)")
 
@@ -266,11 +311,13 @@ OLMO2 = replace(
 MOE_FFN = ("the feed-forward is a mixture of experts (a router over experts stored as 3D tensors), not one pair "
            "of Linear layers, so FFN neurons are not units here (experts as units are not implemented)")
 MIXTRAL = replace(LLAMA, family="mixtral", model_types=("mixtral",), examples="Mixtral 8x7B, 8x22B",
-                  ffn_in=(), ffn_out=None, ffn_size_attr=None, refuses=(("ffn", MOE_FFN),),
+                  ffn_in=(), ffn_out=None, ffn_size_attr=None, gguf_arch=None,
+                  refuses=(("ffn", MOE_FFN), ("mla", UNVERIFIED_MLA), ("kvcache", UNVERIFIED_KVCACHE)),
                   notes="GQA; sliding window; MoE feed-forward: --unit ffn refused (attention, block and head units "
                         "work)")
 QWEN3_MOE = replace(QWEN3, family="qwen3_moe", model_types=("qwen3_moe",), examples="Qwen3-30B-A3B, 235B-A22B",
-                    ffn_in=(), ffn_out=None, ffn_size_attr=None, refuses=(("ffn", MOE_FFN),),
+                    ffn_in=(), ffn_out=None, ffn_size_attr=None,
+                    refuses=(("ffn", MOE_FFN), ("mla", QK_NORM_MLA), ("kvcache", UNVERIFIED_KVCACHE)),
                     notes="q_norm / k_norm per head (shared, not sliced); MoE feed-forward (some layers dense: "
                           "mlp_only_layers): --unit ffn refused")
 
@@ -292,7 +339,8 @@ QWEN3_5 = replace(
 # feed-forward (router + experts as 3D tensors) has no FFN neurons in one pair of Linear layers.
 GPT_OSS = replace(
     LLAMA, family="gpt_oss", model_types=("gpt_oss",), sink_logits="sinks", head_params=(("self_attn.sinks", "q1"),),
-    ffn_in=(), ffn_out=None, ffn_size_attr=None, refuses=(("ffn", MOE_FFN),), examples="gpt-oss-20b, gpt-oss-120b",
+    ffn_in=(), ffn_out=None, ffn_size_attr=None, refuses=(("ffn", MOE_FFN),), gguf_arch=None,
+    examples="gpt-oss-20b, gpt-oss-120b",
     notes="a learned sink logit per head joins the softmax (statistics, the kernel and gates include it; "
           "sink_logit_mass column; the sinks go and move with their heads); alternating sliding and global layers; "
           "biases on q/k/v/o; MoE feed-forward: --unit ffn refused")
@@ -345,6 +393,23 @@ SPECS: tuple[AttentionSpec, ...] = (BERT, ROBERTA, GPT2, LLAMA, QWEN3, GEMMA3, G
 _BY_TYPE = {t: s for s in SPECS for t in s.model_types}
 
 
+def register_spec(spec: AttentionSpec) -> None:
+    """Serve a family headscope does not ship (a notebook's or a test's own model type) from now on: `spec_for`
+    finds its model types, and every verb asks its capabilities as it asks a built-in family's."""
+    taken = [t for t in spec.model_types if t in _BY_TYPE]
+    if taken:
+        raise HeadscopeError(f"model type(s) {', '.join(taken)} already have a spec "
+                             f"({', '.join(sorted({_BY_TYPE[t].family for t in taken}))} family)")
+    _BY_TYPE.update({t: spec for t in spec.model_types})
+
+
+def unregister_spec(spec: AttentionSpec) -> None:
+    """Forget a family added by `register_spec` (the built-in ones stay)."""
+    for t in spec.model_types:
+        if _BY_TYPE.get(t) is spec and spec not in SPECS:
+            del _BY_TYPE[t]
+
+
 def supported_model_types() -> list[str]:
     """All `config.model_type` values headscope has an adapter for."""
     return sorted(_BY_TYPE)
@@ -371,34 +436,25 @@ def _layout_text(spec: AttentionSpec) -> str:
     return f"fused, {order}" + (", Conv1D" if spec.conv1d else "")
 
 
-def _prune_text(spec: AttentionSpec) -> str:
-    """What physical pruning can remove in the family: heads, FFN neurons, or nothing."""
-    parts = ["heads"] if spec.head_count_attrs and not spec.refusal("prune") else []
-    parts += ["FFN neurons"] if spec.ffn_in and spec.ffn_out else []
-    return ", ".join(parts) or "no"
-
-
-# What each refusal is called in the list under the table: the verb and option that meet it.
-_REFUSED_AS = {"prune": "head pruning (`prune` by heads, `prune_heads`)", "convert": "`gqa` and KV-head expansion",
-               "ffn": "`--unit ffn` (score, prune)", "similar": "`similar`",
-               "qkv": "`qkv_weights` and what reads Q/K/V weights (`mla`, permuting heads)",
-               "block": "`--unit block` (score, prune)"}
+# Refusals of what is no verb's capability (capabilities.py lists the others), as the list under the table calls them.
+_REFUSED_AS = {"similar": "`similar`", "qkv": "`qkv_weights` and what reads Q/K/V weights (`mla`, permuting heads)"}
 
 
 def families_table() -> str:
-    """The supported families as a Markdown table, generated from SPECS, then what each family refuses and why
-    (README.md and docs/families.md hold a copy)."""
-    rows = ["| family | model_type | examples | kind | Q/K/V layout | KV heads | prune | GQA convert | notes |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    """The supported families' layouts as a Markdown table, generated from SPECS, then what each family's layout
+    refuses beyond the verbs' capabilities (docs/families.md holds a copy; `capabilities.capability_table()` gives
+    what each family supports)."""
+    rows = ["| family | model_type | examples | kind | Q/K/V layout | KV heads | notes |",
+            "|---|---|---|---|---|---|---|"]
     for s in SPECS:
         kv = ("none: one latent per token (kv_lora_rank + qk_rope_head_dim)" if s.head_row_projs else
               "from num_key_value_heads (MHA, GQA or MQA)" if s.kv_heads_in_config else "one per query head (MHA)")
         rows.append(" | ".join([
             f"| {s.family}", ", ".join(f"`{t}`" for t in s.model_types), s.examples,
-            "decoder" if s.causal else "encoder", _layout_text(s), kv, _prune_text(s),
-            "yes" if s.kv_heads_in_config and not s.refusal("convert") else "no", f"{s.notes} |"]))
-    refused = [f"- {s.family}, {_REFUSED_AS[what]}: {why}." for s in SPECS for what, why in s.refuses]
+            "decoder" if s.causal else "encoder", _layout_text(s), kv, f"{s.notes} |"]))
+    refused = [f"- {s.family}, {_REFUSED_AS[what]}: {why}." for s in SPECS for what, why in s.refuses
+               if what in _REFUSED_AS]
     if refused:
-        rows += ["", "What a family refuses (one line naming the family and the reason, exit code 2, nothing written):",
-                 "", *refused]
+        rows += ["", "What a family's layout refuses besides the capabilities below (one line naming the family and "
+                     "the reason, exit code 2, nothing written):", "", *refused]
     return "\n".join(rows) + "\n"

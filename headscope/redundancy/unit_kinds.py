@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
+from ..models.capabilities import why_not
 from ..registry import Entry, Registry
 
 CheckFn = Callable[[HeadModel], None]
@@ -31,8 +32,9 @@ UNITS: Registry[CheckFn] = Registry("pruning unit")
 
 
 def _physical_heads(hm: HeadModel, unit: str) -> None:
-    if not hm.spec.head_count_attrs:
-        raise HeadscopeError(f"unit {unit!r} cannot be removed physically for the {hm.spec.family} family; "
+    why = why_not(hm.spec, "attention", hm.config.model_type)  # what any removal of heads needs
+    if why:
+        raise HeadscopeError(f"unit {unit!r} cannot be removed physically for the {hm.spec.family} family: {why}; "
                              f"use unit block or ffn")
 
 
@@ -72,9 +74,10 @@ def check_attention(hm: HeadModel) -> None:
                 default_method="block_influence", iterative=False, recovery="fresh")
 def check_block(hm: HeadModel) -> None:
     """Blocks: one must stay, and the family must keep its layers apart (its spec may refuse)."""
-    if hm.spec.refusal("block"):
-        raise HeadscopeError(f"unit 'block' cannot be expressed for the {hm.spec.family} family: "
-                             f"{hm.spec.refusal('block')}; use unit attention, ffn or head")
+    why = why_not(hm.spec, "block", hm.config.model_type)
+    if why:
+        raise HeadscopeError(f"unit 'block' cannot be expressed for the {hm.spec.family} family: {why}; use unit "
+                             f"attention, ffn or head")
     if hm.n_layers < 2:
         raise HeadscopeError(f"{hm.name} has {hm.n_layers} block; dropping blocks needs at least 2 (one must stay)")
 
@@ -83,9 +86,8 @@ def check_block(hm: HeadModel) -> None:
                 criteria=("ffn",), default_method="taylor", iterative=False, recovery="fresh")
 def check_ffn(hm: HeadModel) -> None:
     """FFN neurons: where the family's spec declares its FFN projections."""
-    if not hm.has_ffn:
-        why = hm.spec.refusal("ffn") or ("its spec declares no FFN projections (ffn_in / ffn_out in "
-                                         "headscope/models/specs.py)")
+    why = why_not(hm.spec, "ffn", hm.config.model_type)
+    if why:
         raise HeadscopeError(f"unit 'ffn' cannot be expressed for the {hm.spec.family} family: {why}; use unit "
                              f"attention, block or head")
 

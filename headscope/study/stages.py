@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..capacity.gqa import SUPPORTED_MODEL_TYPES as GQA_TYPES
 from ..capacity.kvcache.cache import check_supported
-from ..capacity.mla import SUPPORTED_MODEL_TYPES as MLA_TYPES
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
+from ..models.capabilities import CAPABILITIES, why_not
 from . import patching
 from .probe import Probe
 
@@ -46,6 +45,7 @@ class Family:
     max_positions: int | None
     heads_total: int
     refuses: dict[str, str] = field(default_factory=dict)
+    cannot: dict[str, str] = field(default_factory=dict)  # capability -> why the family cannot serve it (its spec)
     kvcache_refusal: str | None = None
     lm_head: bool = True  # logits to read (patching)
     architecture: str = ""
@@ -58,9 +58,12 @@ class Family:
         except HeadscopeError as e:
             kvc = str(e)
         total = sum(hm.heads_in_layer(layer) for layer in range(hm.n_layers))
-        return cls(hm.name, str(hm.config.model_type), bool(hm.causal), hm.n_layers, hm.n_heads, hm.n_kv_heads,
+        mt = str(hm.config.model_type)
+        cannot = {c.name: why for c in CAPABILITIES if (why := why_not(hm.spec, c.name, mt))}
+        return cls(hm.name, mt, bool(hm.causal), hm.n_layers, hm.n_heads, hm.n_kv_heads,
                    hm.d_head, int(getattr(hm.config, "hidden_size", hm.n_heads * hm.d_head)), hm.max_positions,
-                   total, dict(hm.spec.refuses), kvc, hm.output_embeddings is not None, type(hm.model).__name__)
+                   total, dict(hm.spec.refuses), cannot, kvc, hm.output_embeddings is not None,
+                   type(hm.model).__name__)
 
 
 @dataclass(frozen=True)
@@ -149,8 +152,9 @@ def _similar_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     return _load(p) + 2.5 * lv["n"] * p.fwd_s + p.cpu_s * (5 + pairs * lv["js"] * 6e-6 + pairs * 8e-3)
 
 
-def _prefix(f: Family, what: str) -> str | None:
-    why = f.refuses.get(what)
+def _prefix(f: Family, what: str, capability: str | None = None) -> str | None:
+    """Why the family refuses `what` (a stage): its spec's declared refusal, or what the `capability` needs."""
+    why = f.cannot.get(capability) if capability else f.refuses.get(what)
     return f"{f.model_type} refuses {what}: {why}" if why else None
 
 
@@ -163,7 +167,7 @@ def _patch_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
 
 
 def _patch_refusal(f: Family) -> str | None:
-    return patching.refusal(f.causal, f.lm_head, f.model_type, f.architecture)
+    return _prefix(f, "patch", "patch") or patching.refusal(f.causal, f.lm_head, f.model_type, f.architecture)
 
 
 # --- question 3 ----------------------------------------------------------------------------------------
@@ -228,11 +232,11 @@ def _gqa_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
 
 
 def _gqa_refusal(f: Family) -> str | None:
-    if not f.causal or f.model_type not in GQA_TYPES:
-        return f"GQA conversion serves LLaMA-like decoders ({', '.join(GQA_TYPES)}); this model is {f.model_type}"
+    if f.cannot.get("gqa"):
+        return f"GQA conversion cannot serve this {f.model_type} model: {f.cannot['gqa']}"
     if f.n_kv_heads < 2:
         return f"the model has {f.n_kv_heads} KV head per layer already (MQA): nothing to regroup"
-    return _prefix(f, "convert")
+    return None
 
 
 def _conversion_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
@@ -260,9 +264,8 @@ def _mla_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
 
 
 def _mla_refusal(f: Family) -> str | None:
-    if not f.causal or f.model_type not in MLA_TYPES:
-        return f"MLA conversion serves {', '.join(MLA_TYPES)} decoders; this model is {f.model_type}"
-    return None
+    why = f.cannot.get("mla")
+    return f"MLA conversion cannot serve this {f.model_type} model: {why}" if why else None
 
 
 def _kvcache_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
@@ -351,7 +354,7 @@ def stages_for(f: Family) -> list[Stage]:
               _similar_cost, lambda fam: _prefix(fam, "similar")),
         Stage("score", "score", "q3", ablation, _score_argv, _score_cost),
         Stage("patch", "patch", "q1", patching.LEVELS, _patch_argv, _patch_cost, _patch_refusal),
-        Stage("prune", "prune", "q3", prune, _prune_argv, _prune_cost, lambda fam: _prefix(fam, "prune")),
+        Stage("prune", "prune", "q3", prune, _prune_argv, _prune_cost, lambda fam: _prefix(fam, "prune", "heads")),
         Stage("kv", "kv", "q2", ({},), _kv_argv, _kv_cost),
         Stage("gqa", "gqa", "q2", conversion, _gqa_argv, _conversion_cost, _gqa_refusal),
         Stage("mla", "mla", "q2", conversion, _mla_argv, _mla_cost, _mla_refusal),

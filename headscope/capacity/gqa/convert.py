@@ -16,13 +16,12 @@ import torch
 
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
+from ...models.capabilities import supported_model_types_for, why_not
 from ...models.layout import QKVWeights, reorder_heads
-from ...models.specs import SPECS
 
 #: config.model_type values whose checkpoints carry `num_key_value_heads` and whose attention
-#: reads it (LLaMA-like decoders). Encoders (BERT) and GPT-2 have no such field.
-SUPPORTED_MODEL_TYPES = tuple(t for spec in SPECS if spec.kv_heads_in_config and not spec.refusal("convert")
-                              for t in spec.model_types)
+#: reads it (LLaMA-like decoders), as their specs say. Encoders (BERT) and GPT-2 have no such field.
+SUPPORTED_MODEL_TYPES = supported_model_types_for("gqa")
 
 Groups = Sequence[Sequence[int]]  # one layer: groups[new_kv_head] = [old kv heads]
 
@@ -31,16 +30,10 @@ def check_convertible(hm: HeadModel, kv_heads: int, *, merge: bool = True) -> No
     """Raise a clear error unless `hm` can be converted to `kv_heads` KV heads (`merge=False`: only
     permuted or expanded, which an MQA model allows too)."""
     mt = hm.config.model_type
-    why = hm.spec.refusal("convert")
+    why = why_not(hm.spec, "gqa", mt)
     if why:
         raise HeadscopeError(f"changing the KV heads cannot serve the {hm.spec.family} family (model type {mt!r}): "
-                             f"{why}")
-    if not hm.spec.kv_heads_in_config:
-        raise HeadscopeError(
-            f"GQA conversion supports LLaMA-like decoders ({', '.join(SUPPORTED_MODEL_TYPES)}); model type {mt!r} "
-            f"({hm.spec.family} family) is not one: its config has no num_key_value_heads, so every query head "
-            f"has its own K/V by construction and plain transformers could not load a checkpoint with fewer KV heads"
-        )
+                             f"{why}; GQA conversion supports {', '.join(SUPPORTED_MODEL_TYPES)}")
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, (int, np.integer)):
         raise HeadscopeError(f"--kv-heads must be a whole number, got {kv_heads!r}")
     n_kv, n_heads = hm.n_kv_heads, hm.n_heads

@@ -32,13 +32,15 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
+from ...models.capabilities import supported_model_types_for, why_not
 from ...models.config import attention_implementation
+from ...models.specs import spec_for
 from ..kv_formula import kv_bytes
 
 ATTENTION_NAME = "headscope_kvcache"
-# Families whose attention hands the cache's output straight to transformers' attention interface
-# (checked in transformers 5 sources) and whose layers can all be full attention.
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "starcoder2", "phi3")
+# Model types the cache serves: decoders whose attention hands the cache's output straight to transformers'
+# attention interface and whose layers can all be full attention, as their specs say (capabilities.why_not).
+SUPPORTED = supported_model_types_for("kvcache")
 
 
 @dataclass(frozen=True)
@@ -123,9 +125,11 @@ def check_window(sink: int, window: int) -> None:
 
 
 def _check_family(model_type: str, name: str) -> None:
-    if model_type not in SUPPORTED:
-        raise HeadscopeError(f"model type {model_type!r} ({name}) is not supported by the head-aware KV cache; "
-                             f"supported: {', '.join(SUPPORTED)}")
+    spec = spec_for(model_type)
+    why = why_not(spec, "kvcache", model_type)
+    if why:
+        raise HeadscopeError(f"model type {model_type!r} ({name}, {spec.family} family) is not supported by the "
+                             f"head-aware KV cache: {why}")
 
 
 def _check_not_mqa(name: str, n_heads: int, n_kv_heads: int) -> None:

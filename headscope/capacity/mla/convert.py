@@ -18,13 +18,14 @@ import torch
 
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
+from ...models.capabilities import supported_model_types_for, why_not
 from ..convert.evaluate import CACHE_FORMULAS
 from .modeling import MLA_CONFIG_KEY, MLAAttention, install_mla, rope_dim_index
 from .rope import select_frequencies
 
-#: model_type values MLA conversion supports: LLaMA-like decoders with separate q/k/v and full rotary
-#: embeddings in the rotate_half layout, no per-head q/k norms, no logit soft-capping.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+#: model_type values MLA conversion supports, as their specs say (capabilities.why_not): LLaMA-like decoders with
+#: separate q/k/v and full rotary embeddings in the rotate_half layout, no per-head q/k norms, no logit soft-capping.
+SUPPORTED_MODEL_TYPES = supported_model_types_for("mla")
 
 
 def full_rank(hm: HeadModel, rope_dims: int) -> int:
@@ -42,9 +43,11 @@ def check_mla(hm: HeadModel, kv_rank: int, rope_dims: int | None, *, allow_full_
                              f"cache holds a latent of kv_lora_rank {rank} + qk_rope_head_dim = {latent} numbers per "
                              f"token and layer; MLA conversion turns MHA / GQA models into that (headscope kv "
                              f"{hm.name} gives its cache bytes)")
-    if mt not in SUPPORTED_MODEL_TYPES:
-        raise HeadscopeError(f"MLA conversion supports model types {', '.join(SUPPORTED_MODEL_TYPES)} "
-                             f"(LLaMA-like decoders with full RoPE); {hm.name!r} is {mt!r}")
+    why = why_not(hm.spec, "mla", mt)
+    if why:
+        raise HeadscopeError(f"MLA conversion supports model types {', '.join(SUPPORTED_MODEL_TYPES)} (LLaMA-like "
+                             f"decoders with full RoPE); {hm.name!r} is {mt!r}, and the {hm.spec.family} family "
+                             f"cannot serve it: {why}")
     if hm.pruned:
         raise HeadscopeError(f"{hm.name!r} is physically pruned; convert to MLA before pruning")
     if getattr(hm.config, MLA_CONFIG_KEY, None):

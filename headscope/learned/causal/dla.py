@@ -5,7 +5,7 @@ norm with its scale frozen at the run's own value (the residual's standard devia
 vector maps linearly to the logits; its logit difference, averaged over pairs of the clean run, is the head's
 DLA. The norm's bias and every other component's write are not attributed to heads. A model without a known
 final norm followed by a linear unembedding (an encoder's masked-LM head has a dense layer and a norm), or with a
-norm on the attention output (Gemma-2/3/4, OLMo-2/3: `POST_NORMED`), gets NaN.
+norm on the attention output (Gemma-2/3/4, OLMo-2/3: their spec says `attn_out_normed`), gets NaN.
 """
 
 from __future__ import annotations
@@ -23,14 +23,11 @@ from .pairs import PairBatch
 from .patching import chunks, logits_at
 
 _NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm")
-# Families whose attention output passes a norm before it joins the residual stream (sandwich norms): a head's
-# write there is not W_O z, and DLA is left NaN rather than approximated.
-POST_NORMED = ("gemma2", "gemma3_text", "gemma4_text", "olmo2", "olmo3")
 
 
 def final_norm(hm: HeadModel) -> nn.Module | None:
     """The base model's final norm (before the unembedding) when it has one of the usual names, else None."""
-    if not hm.causal or getattr(hm.config, "model_type", "") in POST_NORMED:
+    if not hm.causal or hm.spec.attn_out_normed:  # sandwich norms: a head's write is not W_O z; DLA is left NaN
         return None
     base = hm.base_model
     for name in _NORMS:

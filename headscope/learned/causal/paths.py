@@ -30,6 +30,7 @@ from torch import nn
 from ...errors import HeadscopeError
 from ...hooks import on_head_outputs
 from ...models.adapter import HeadModel
+from ...models.capabilities import why_not
 from ...uncertainty import IntervalSettings
 from .pairs import PairBatch
 from .patching import Runs, base_runs, chunks, logits_at, metric_values, widened
@@ -65,10 +66,10 @@ def sender_name(sender: Sender) -> str:
 def check_receivers(hm: HeadModel, want: int | list[Head]) -> None:
     """Refuse, before any scan, receivers this model cannot have: heads it lacks, or any receiver on a family
     without per-head Q/K/V channels (`want`: a count, or the heads named; 0 = the logits alone)."""
-    why = hm.spec.refusal("qkv")
+    why = why_not(hm.spec, "paths", hm.config.model_type)
     if want and why:
         raise HeadscopeError(f"paths to heads read each head's Q/K/V channels; {hm.name} ({hm.spec.family} family): "
-                             f"{why}. Paths to the logits alone still work (--paths logits)")
+                             f"{why}. Paths to the logits alone still work (paths 'logits')")
     for r in want if isinstance(want, list) else []:
         check_head(hm, r, "receiver")
 

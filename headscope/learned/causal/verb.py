@@ -16,8 +16,10 @@ from ...artifacts import (
     PATCHING_POSITIONS_CSV,
     PATHS_CSV,
 )
+from ...errors import HeadscopeError
 from ...io import atomic_write_bytes, atomic_write_text, csv_text
 from ...models.adapter import HeadModel
+from ...models.capabilities import why_not
 from ...options import OptionError, Result
 from ...provenance import provenance
 from ...table import HeadTable, grid
@@ -125,6 +127,9 @@ def patch(hm: HeadModel, pairs: Any = None, options: PatchOptions | None = None,
             else PYTHON_PAIRS
         opts = opts.replace(pairs=source)
     opts = opts.validate()
+    why = why_not(hm.spec, "patch", hm.config.model_type)
+    if why:
+        raise HeadscopeError(f"patching cannot serve the {hm.spec.family} family ({hm.name}): {why}")
     if isinstance(given, PairBatch):
         batch = given
         check_batch(batch, hm.tokenizer, hm.vocab_size, hm.max_positions)

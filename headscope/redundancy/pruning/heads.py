@@ -32,7 +32,7 @@ import torch
 
 from ...errors import HeadscopeError
 from ...models.adapter import HeadModel
-from ...models.specs import SPECS
+from ...models.capabilities import supported_model_types_for, why_not
 from ...table import head_name, parse_head
 
 log = logging.getLogger(__name__)
@@ -69,17 +69,11 @@ def normalize_heads(hm: HeadModel, heads: Any) -> dict[int, list[int]]:
 
 def check_prunable(hm: HeadModel) -> None:
     """Raise a clear error when headscope cannot physically prune this model's family."""
-    if not hm.spec.head_count_attrs:
-        raise HeadscopeError(
-            f"physical pruning is not implemented for the {hm.spec.family!r} family "
-            f"(model type {hm.config.model_type!r}); supported families: "
-            f"{', '.join(s.family for s in SPECS if s.head_count_attrs)}. "
-            f"Use head gates (headscope.head_gates) to mask heads instead"
-        )
-    why = hm.spec.refusal("prune")
+    why = why_not(hm.spec, "heads", hm.config.model_type)
     if why:
-        raise HeadscopeError(f"physical head pruning cannot serve the {hm.spec.family} family (model type "
-                             f"{hm.config.model_type!r}): {why}")
+        raise HeadscopeError(f"physical pruning is not implemented for the {hm.spec.family!r} family (model type "
+                             f"{hm.config.model_type!r}): {why}. Use head gates (headscope.head_gates) to mask heads "
+                             f"instead; model types it serves: {', '.join(supported_model_types_for('heads'))}")
 
 
 def prune_heads(hm: HeadModel, heads: Any) -> HeadModel:
