@@ -295,6 +295,14 @@ class HeadModel:
         name, channels = layout.head_channels(self.spec, kind, index, len(kept), len(kv), self.d_head_at(layer))
         return self.projections(layer)[name], channels
 
+    def out_channels(self, layer: int, head: int) -> torch.Tensor:
+        """The input channels of `layer`'s output projection that carry query head `head` (original id): its
+        `d_head` columns of `out_weight(layer)` (the head outputs are concatenated in kept-head order)."""
+        kept, d = self.kept_heads(layer), self.d_head_at(layer)
+        if head not in kept:
+            raise HeadscopeError(f"layer {layer} has no head {head}: its heads are {kept}")
+        return torch.arange(d) + kept.index(head) * d
+
     def _check_qkv(self) -> None:
         why = self.spec.refusal("qkv")
         if why:
