@@ -193,3 +193,29 @@ def test_smollm2_generates_as_transformers_does(smollm2):
     with serving(smollm2) as (base, _):
         status, body = get(f"{base}/api/generate?text={quote(text)}&tokens=8")
         assert status == 200 and body["ids"] == ref[0].tolist(), (body, ref)
+
+
+SHORT_WORDS = ("a", "i", "the", "of", "to", "in", "is", "as", "by", "at", "it", "he", "we", "an", "or", "up")
+
+
+def short_words(n: int, seed: int) -> str:
+    """`n` one-token words of at most 3 letters: 4,096 of them stay under the view's 20,000 characters."""
+    return " ".join(np.random.default_rng(seed).choice(SHORT_WORDS, n))
+
+
+def test_a_head_over_4096_tokens_of_a_decoder(tmp_path):
+    """A decoder's head over 4,096 tokens (its maximum here), windows of it equal to transformers' eager."""
+    path = tokenizer_dir(tmp_path, "llama", max_position_embeddings=4096)
+    hm = load_model(str(path))
+    text = short_words(4096, seed=45)
+    from view_support import eager_reference
+
+    tokens, ref = eager_reference(path, text)
+    assert len(tokens) == 4096
+    with serving(hm, max_tokens=4096) as (base, _):
+        for q0, k0 in ((3968, 3968), (4000, 0), (0, 0)):
+            status, body = get(f"{base}/api/attention?text={quote(text)}&layer=1&head=5&window={q0},{k0},128")
+            assert status == 200 and body["window"] == {"q0": min(q0, 3968), "k0": k0, "size": 128}, body.get("error")
+            q0 = body["window"]["q0"]
+            assert np.abs(np.asarray(body["weights"]) - ref[1][5][q0:q0 + 128, k0:k0 + 128]).max() <= 1e-5
+        assert np.asarray(body["overview"]).shape == (256, 256)

@@ -17,7 +17,7 @@ import torch
 from conftest import open_watched
 from test_view import dirs, evidence  # noqa: F401  (the tiny models the evidence fixture is made for)
 from test_view_browser import hover_cell, run_text
-from test_view_features import by_hand
+from test_view_features import by_hand, short_words
 from test_view_features import dirs as feature_dirs  # noqa: F401
 from view_support import MARKUP, eager_reference, serving, tokenizer_dir, unseen_text
 
@@ -88,7 +88,7 @@ def long_llama(tmp_path_factory):
     return tokenizer_dir(tmp_path_factory.mktemp("view-long"), "llama", max_position_embeddings=4096)
 
 
-def test_a_head_over_1500_tokens(browser, long_llama):
+def test_a_head_over_1500_then_4096_tokens(browser, long_llama):
     hm = load_model(str(long_llama))
     words = unseen_text(1499, seed=52).split()
     words[1000] = MARKUP  # the one token the search box looks for
@@ -126,6 +126,10 @@ def test_a_head_over_1500_tokens(browser, long_llama):
             page.mouse.move(0, 0)
             ARTIFACTS.mkdir(exist_ok=True)
             page.locator("#view-0 .panel").first.screenshot(path=str(ARTIFACTS / "view-long-window.png"))
+            run_text(page, short_words(4096, seed=58), 2)  # the model's maximum here: 4,096 tokens
+            assert "4096 tokens" in page.locator("#status").inner_text()
+            canvas = page.locator("#view-0 canvas.heat[data-head='L1H4']")
+            assert (canvas.get_attribute("data-top"), canvas.get_attribute("data-size")) == ("3968", "128")
             assert problems == [], problems  # no failed request, no console error on the way
             assert all(u.startswith(base + "/") for u in requests), requests
             assert not any("/api/maps" in u for u in requests)  # every head's maps never asked for a long text

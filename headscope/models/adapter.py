@@ -296,12 +296,9 @@ class HeadModel:
         return self.projections(layer)[name], channels
 
     def out_channels(self, layer: int, head: int) -> torch.Tensor:
-        """The input channels of `layer`'s output projection that carry query head `head` (original id): its
-        `d_head` columns of `out_weight(layer)` (the head outputs are concatenated in kept-head order)."""
-        kept, d = self.kept_heads(layer), self.d_head_at(layer)
-        if head not in kept:
-            raise HeadscopeError(f"layer {layer} has no head {head}: its heads are {kept}")
-        return torch.arange(d) + kept.index(head) * d
+        """The `d_head` input channels of `layer`'s output projection carrying query head `head` (an id it keeps)."""
+        d = self.d_head_at(layer)
+        return torch.arange(d) + self.kept_heads(layer).index(head) * d
 
     def _check_qkv(self) -> None:
         why = self.spec.refusal("qkv")
