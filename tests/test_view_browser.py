@@ -35,7 +35,8 @@ def run_text(page, text: str, drawn: int) -> None:
 def hover_cell(page, canvas, q: int, k: int) -> float:
     cell = float(canvas.get_attribute("data-cell"))
     canvas.hover(position={"x": k * cell + cell / 2, "y": q * cell + cell / 2})
-    caption = canvas.locator("xpath=ancestor::div[contains(@class,'panel')][1]/div[contains(@class,'caption')]").inner_text()
+    panel = "xpath=ancestor::div[contains(@class,'panel')][1]/div[contains(@class,'caption')]"
+    caption = canvas.locator(panel).inner_text()
     return float(caption.rsplit(":", 1)[1])
 
 

