@@ -407,8 +407,7 @@
       if (ev.key !== "Enter") return;
       const want = find.value.trim().toLowerCase();
       if (!want) return;
-      const hits = [];
-      state.tokens.forEach((t, i) => { if (label(t).toLowerCase().replace(/\u00b7/g, "").includes(want)) hits.push(i); });
+      const hits = findTokens(want);
       if (!hits.length) { caption.textContent = "no token contains " + JSON.stringify(find.value.trim()); return; }
       const after = hits.find((i) => i > centre) ?? hits[0];
       state.found = [want, after];
@@ -420,6 +419,22 @@
       if (at >= v.q0 && at < v.q0 + v.size) box.appendChild(el("span", { class: "found" }, "found " + JSON.stringify(want) + " at token " + at + " (row " + (at - v.q0 + 1) + " of the window)"));
     }
     return box;
+  }
+  // The tokens where `want` starts, searched in the text the tokens spell (a word split into pieces is found).
+  function findTokens(want) {
+    const starts = [];
+    let joined = "";
+    for (const t of state.tokens) {
+      starts.push(joined.length);
+      joined += label(t).replace(/^##/, "").replace(/\u00b7/g, " ").toLowerCase();
+    }
+    const hits = [];
+    for (let at = joined.indexOf(want); at >= 0; at = joined.indexOf(want, at + 1)) {
+      let i = starts.length - 1;
+      while (starts[i] > at) i--;
+      if (hits[hits.length - 1] !== i) hits.push(i);
+    }
+    return hits;
   }
   function scaleLegend(topW) { // the colour key: sqrt scale, ticks at round weights
     const c = el("canvas", { width: 260, height: 30, class: "scale" });
