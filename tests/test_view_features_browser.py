@@ -293,3 +293,25 @@ def test_notebook_view_in_a_narrow_cell(browser, dirs):  # noqa: F811
         assert problems == [], problems
     finally:
         page.close()
+
+
+def test_a_note_in_an_answer_is_shown(browser, dirs):  # noqa: F811
+    """A note the server adds to an answer (a text cut to the model's positions) is shown on the page."""
+    hm = load_model(str(dirs["bert"]))
+    with serving(hm) as (base, app):
+        answer = app.answer
+
+        def noting(route, params):
+            out = answer(route, params)
+            if route == "/api/attention":
+                out["note"] = f"the text has 1500 tokens; the model reads {MARKUP} 512"
+            return out
+
+        app.answer = noting
+        page, problems, _ = open_page(browser, f"{base}/?text=the%20year", (base + "/",))
+        try:
+            page.wait_for_selector("body[data-drawn]", timeout=20000)
+            assert page.locator("#notes").inner_text() == f"the text has 1500 tokens; the model reads {MARKUP} 512"
+            assert page.locator("#notes img").count() == 0 and problems == [], problems
+        finally:
+            page.close()

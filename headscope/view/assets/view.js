@@ -373,6 +373,10 @@
       if (x > 0 && x < n * cell) { ctx.moveTo(x, 0); ctx.lineTo(x, n * cell); }
       ctx.stroke();
     }
+    if (state.found && n < state.tokens.length) { // the token the search box found: an orange mark on its row
+      const y = (state.found[1] - v.q0) * cell;
+      if (y >= 0 && y < n * cell) { ctx.setLineDash([]); ctx.fillStyle = "#e8590c"; ctx.fillRect(0, y, 4, Math.max(cell, 2)); ctx.fillRect(n * cell - 4, y, 4, Math.max(cell, 2)); }
+    }
     c.addEventListener("mousemove", (ev) => {
       const r = c.getBoundingClientRect();
       const j = Math.floor((ev.clientX - r.left) / cell), i = Math.floor((ev.clientY - r.top) / cell);
