@@ -590,7 +590,7 @@
       let maps = null;
       if (tokens.length <= INFO.small_max) { maps = (await api("/api/maps", weighted(Object.assign({}, src)))).maps; }
       if (mine !== state.seq) return;
-      Object.assign(state, { text: text, tokens: tokens, maps: maps, ids: ids || null, promptLen: ids ? promptLen : null, focus: [null, null] });
+      Object.assign(state, { text: text, tokens: tokens, maps: maps, ids: ids || null, promptLen: ids ? promptLen : null, focus: [null, null], found: null });
       if (!ids) { state.gen = null; $("continuation").hidden = true; }
       status(tokens.length + " tokens" + (maps ? "" : " (long text: each head is computed when shown)") +
         (ids ? "; tokens " + promptLen + "\u2013" + (tokens.length - 1) + " are the model's greedy continuation" : ""), false);
