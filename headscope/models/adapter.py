@@ -295,6 +295,11 @@ class HeadModel:
         name, channels = layout.head_channels(self.spec, kind, index, len(kept), len(kv), self.d_head_at(layer))
         return self.projections(layer)[name], channels
 
+    def out_channels(self, layer: int, head: int) -> torch.Tensor:
+        """The `d_head` input channels of `layer`'s output projection carrying query head `head` (an id it keeps)."""
+        d = self.d_head_at(layer)
+        return torch.arange(d) + self.kept_heads(layer).index(head) * d
+
     def _check_qkv(self) -> None:
         why = self.spec.refusal("qkv")
         if why:

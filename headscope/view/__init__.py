@@ -81,8 +81,17 @@ class View(Result):
 
     def _repr_html_(self) -> str:
         # An iframe keeps the page's script and styles apart from the notebook's; srcdoc keeps it self-contained.
-        return (f'<iframe srcdoc="{html.escape(self.html(), quote=True)}" style="width:100%;height:900px;'
-                f'border:1px solid #ddd" title="headscope view"></iframe>')
+        # Its width follows the cell's (the page stacks its panels in one column below 760 px).
+        return (f'<iframe srcdoc="{html.escape(self.html(), quote=True)}" style="width:100%;max-width:100%;'
+                f'box-sizing:border-box;height:900px;border:1px solid #ddd" title="headscope view"></iframe>')
+
+    def __repr__(self) -> str:
+        """A plain REPL's summary: the model, the text's token count and the heads shown."""
+        shown = ", ".join(head_name(l, h) for l, h in self.heads)
+        held = "every head" if self.maps is not None else "the shown heads"
+        text = self.text if len(self.text) <= 60 else self.text[:57] + "..."
+        return f"<headscope view of {self.info['name']}: {len(self.tokens)} tokens of {text!r}; showing {shown} " \
+               f"(maps of {held}); .weights(layer, head), .to_pandas(), .save(folder)>"
 
     def write(self, folder: Path) -> None:
         """view.html: the page with this text's maps (`save(out)` stages it beside `out`, then moves it in)."""

@@ -30,6 +30,7 @@ from ..artifacts import (
 from ..capacity.options import KvcacheOptions
 from ..errors import HeadscopeError
 from ..learned.options import AnalyzeOptions, RolesOptions
+from ..learned.roles.registry import resolve
 from ..models.adapter import HeadModel
 from ..options import Options, spec_of
 from ..provenance import check_made_for, recorded_for
@@ -165,8 +166,14 @@ def _roles(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> No
         for e in entries if isinstance(entries, list) else []:
             if isinstance(e, dict) and isinstance(e.get("head"), str):
                 detail.setdefault(e["head"], []).append(clean({"role": str(role), **{
-                    k: e.get(k) for k in ("score", "lo", "hi", "baseline", "held_share")}}))
+                    k: e.get(k) for k in ("score", "lo", "hi", "baseline", "held_share")}, **_direction(str(role))}))
     out["role_detail"] = detail
+
+
+def _direction(role: str) -> dict[str, Any]:
+    """The role's meaning and which way its score is better (`local`'s mean distance: lower), from the registry."""
+    found = resolve(role)
+    return {} if found is None else {"help": found[0].help, "higher_is_better": bool(found[0].higher_is_better)}
 
 
 def _importance(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:

@@ -12,9 +12,13 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
+from ..eval.metrics import has_lm_head
 from ..models.adapter import HeadModel
 from ..report.html import embed_json
 from .attention import MAX_CHARS, SMALL_MAX
+from .generate import MAX_NEW_TOKENS
+from .norms import WEIGHTINGS
+from .windows import MAX_WINDOW
 
 __all__ = ["EXAMPLES", "PAGE_CSP", "STATIC_CSP", "asset", "model_info", "page"]
 
@@ -45,7 +49,13 @@ def model_info(hm: HeadModel, max_tokens: int, examples: Sequence[str] = EXAMPLE
     return {"name": hm.name, "model_type": hm.config.model_type, "n_layers": hm.n_layers, "n_heads": hm.n_heads,
             "n_kv_heads": hm.n_kv_heads, "heads_in_layer": [hm.heads_in_layer(l) for l in range(hm.n_layers)],
             "causal": bool(hm.causal), "max_tokens": max_tokens, "max_chars": MAX_CHARS, "small_max": SMALL_MAX,
-            "examples": list(examples)}
+            "examples": list(examples), **features(hm)}
+
+
+def features(hm: HeadModel) -> dict[str, Any]:
+    """Issue 43's parts of the page's model info: generation, weightings, windows of long maps."""
+    return {"generates": has_lm_head(hm), "max_new_tokens": MAX_NEW_TOKENS, "weightings": list(WEIGHTINGS),
+            "max_window": MAX_WINDOW, "max_positions": hm.max_positions}
 
 
 def page(info: dict[str, Any], static: dict[str, Any] | None) -> str:

@@ -28,7 +28,10 @@ import numpy as np
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
 from .attention import SMALL_MAX, Encoded, TooLong, all_heads, check_head, encode, one_head
+from .generate import MAX_NEW_TOKENS, check_generates, continue_greedily
+from .norms import WEIGHTINGS, norm_weights, value_norms
 from .page import PAGE_CSP, model_info, page
+from .windows import encode_ids, overview, parse_window, window
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,11 @@ CACHE = 16  # texts whose every-head maps are kept (switching heads needs no new
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ROUTES = {"/api/attention": ("text", "layer", "head"), "/api/maps": ("text",), "/api/heads": (),
           "/api/model": ()}
+# Issue 43: token ids in place of a text (a generated continuation), norm-based weights, windows of long maps.
+ROUTES["/api/attention"] += ("ids", "weighting", "window")
+ROUTES["/api/maps"] += ("ids", "weighting")
+ROUTES["/api/generate"] = ("text", "tokens")
+LONG_CACHE = 2  # long texts' one-head maps kept, so moving a window needs no new forward pass
 _INT = re.compile(r"[0-9]{1,6}")
 
 
@@ -74,6 +82,14 @@ def _int(params: dict[str, str], name: str) -> int:
     return int(params[name])
 
 
+def _weighting(params: dict[str, str]) -> str:
+    """`weighting`: the probabilities ("attention", the default) or Kobayashi's norms ("norm", norms.py)."""
+    w = params.get("weighting", "attention")
+    if w not in WEIGHTINGS:
+        raise BadRequest(400, f"parameter weighting={w[:40]!r} is not known; choose {' or '.join(WEIGHTINGS)}")
+    return w
+
+
 def _rounded(a: np.ndarray, digits: int) -> list[Any]:
     out: list[Any] = np.round(a.astype(np.float64), digits).tolist()
     return out
@@ -90,6 +106,7 @@ class ViewApp:
         self.tokenizer_lock = threading.Lock()
         self.waiting = threading.BoundedSemaphore(MAX_WAITING)
         self.maps: OrderedDict[str, tuple[Encoded, list[np.ndarray]]] = OrderedDict()
+        self.long: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()  # (ids, layer, head, weighting) -> map
         self.info = model_info(hm, max_tokens, examples)
         self.page = page(self.info, static=None).encode("utf-8")
 
@@ -106,7 +123,7 @@ class ViewApp:
     def _every_head(self, enc: Encoded) -> list[np.ndarray]:
         def cached() -> list[np.ndarray] | None:
             with self.cache_lock:
-                if enc.text in self.maps:
+                if enc.text in self.maps and self.maps[enc.text][0].ids == enc.ids:
                     self.maps.move_to_end(enc.text)
                     return self.maps[enc.text][1]
             return None
@@ -126,6 +143,8 @@ class ViewApp:
         return found if found is not None else self._model(compute)
 
     def encode(self, params: dict[str, str]) -> Encoded:
+        if "ids" in params:
+            return self.encode_ids(params)
         if "text" not in params:
             raise BadRequest(400, "missing parameter 'text'")
         try:
@@ -144,12 +163,88 @@ class ViewApp:
         except HeadscopeError as e:
             raise BadRequest(400, str(e)) from None
         enc = self.encode(params)
+        weighting = _weighting(params)
+        if "window" in params:
+            return self.attention_window(enc, layer, head, weighting, params["window"])
         if len(enc.ids) <= SMALL_MAX:
             weights = self._every_head(enc)[layer][head]
         else:  # long inputs: this head alone
             weights = self._model(lambda: one_head(self.hm, enc.ids, layer, head))
+        if weighting == "norm":
+            weights = norm_weights(weights, self._norms(enc, layer)[head])
         return {"tokens": enc.tokens, "ids": enc.ids, "layer": layer, "head": head,
-                "weights": _rounded(weights, 6)}
+                "weights": _rounded(weights, 6), "weighting": weighting}
+
+    # ---- issue 43: token ids, norm-based weights, windows of long maps, generation ------------------------
+    def encode_ids(self, params: dict[str, str]) -> Encoded:
+        if "text" in params:
+            raise BadRequest(400, "give either 'text' or 'ids', not both")
+        try:
+            with self.tokenizer_lock:
+                return encode_ids(self.hm, params["ids"], self.max_tokens)
+        except TooLong as e:
+            raise BadRequest(413, str(e)) from None
+        except HeadscopeError as e:
+            raise BadRequest(400, str(e)) from None
+
+    def _norms(self, enc: Encoded, layer: int) -> np.ndarray:
+        """`|| f(x_j) ||` of `layer`'s heads, `[head, key]` (norms.py)."""
+        try:
+            return self._model(lambda: value_norms(self.hm, enc.ids, [layer]))[layer]
+        except HeadscopeError as e:
+            raise BadRequest(400, str(e)) from None
+
+    def _long_map(self, enc: Encoded, layer: int, head: int, weighting: str) -> np.ndarray:
+        """One head's whole map, kept for the last `LONG_CACHE` asks (a moving window needs no new pass)."""
+        key = (tuple(enc.ids), layer, head, weighting)
+        with self.cache_lock:
+            if key in self.long:
+                self.long.move_to_end(key)
+                return self.long[key]
+        if len(enc.ids) <= SMALL_MAX:
+            weights = self._every_head(enc)[layer][head]
+        else:
+            weights = self._model(lambda: one_head(self.hm, enc.ids, layer, head))
+        if weighting == "norm":
+            weights = norm_weights(weights, self._norms(enc, layer)[head])
+        with self.cache_lock:
+            self.long[key] = weights
+            while len(self.long) > LONG_CACHE:
+                self.long.popitem(last=False)
+        return weights
+
+    def attention_window(self, enc: Encoded, layer: int, head: int, weighting: str, raw: str) -> dict[str, Any]:
+        """A window of one head's map (`window=Q0,K0,SIZE`), with the whole map's max-pooled overview."""
+        try:
+            q0, k0, size = parse_window(raw)
+        except HeadscopeError as e:
+            raise BadRequest(400, str(e)) from None
+        full = self._long_map(enc, layer, head, weighting)
+        block, q0, k0 = window(full, q0, k0, min(size, len(enc.ids)))
+        return {"tokens": enc.tokens, "ids": enc.ids, "layer": layer, "head": head, "weighting": weighting,
+                "window": {"q0": q0, "k0": k0, "size": block.shape[0]}, "weights": _rounded(block, 6),
+                "max": round(float(full.max()), 6), "overview": _rounded(overview(full), 4)}
+
+    def generate(self, params: dict[str, str]) -> dict[str, Any]:
+        """The text continued greedily by `tokens` tokens: every id and token, and where the continuation starts."""
+        try:
+            check_generates(self.hm)
+        except HeadscopeError as e:
+            raise BadRequest(400, str(e)) from None
+        n = _int(params, "tokens")
+        if not 1 <= n <= MAX_NEW_TOKENS:
+            raise BadRequest(400, f"parameter tokens={n}: generate from 1 to {MAX_NEW_TOKENS} tokens")
+        enc = self.encode(params)
+        if len(enc.ids) + n > self.max_tokens:
+            raise BadRequest(413, f"text has {len(enc.ids)} tokens; with tokens={n} more it would pass the limit "
+                                  f"of {self.max_tokens} tokens (ask for fewer tokens)")
+        done = self._model(lambda: continue_greedily(self.hm, enc.ids, n))
+        ids = done.prompt + done.generated
+        with self.tokenizer_lock:
+            tokens = [str(t) for t in self.hm.tokenizer.convert_ids_to_tokens(ids)]
+            continuation = str(self.hm.tokenizer.decode(done.generated))
+        return {"text": enc.text, "continuation": continuation, "ids": ids, "tokens": tokens,
+                "prompt_tokens": len(done.prompt), "generated": len(done.generated), "stopped": done.stopped}
 
     def every_map(self, params: dict[str, str]) -> dict[str, Any]:
         """Every head's map for a short text (small multiples), rounded to 4 decimals."""
@@ -158,13 +253,19 @@ class ViewApp:
             raise BadRequest(413, f"text has {len(enc.ids)} tokens; every head's map is given up to {SMALL_MAX} "
                                   f"tokens (ask /api/attention for one head of a longer text)")
         maps = self._every_head(enc)
-        return {"tokens": enc.tokens, "ids": enc.ids, "maps": [_rounded(m, 4) for m in maps]}
+        weighting = _weighting(params)
+        if weighting == "norm":
+            norms = self._model(lambda: value_norms(self.hm, enc.ids, range(self.hm.n_layers)))
+            maps = [norm_weights(m, norms[l]) if m.shape[0] else m for l, m in enumerate(maps)]
+        return {"tokens": enc.tokens, "ids": enc.ids, "maps": [_rounded(m, 4) for m in maps], "weighting": weighting}
 
     def answer(self, route: str, params: dict[str, str]) -> dict[str, Any]:
         if route == "/api/attention":
             return self.attention(params)
         if route == "/api/maps":
             return self.every_map(params)
+        if route == "/api/generate":
+            return self.generate(params)
         if route == "/api/heads":
             return self.heads
         return self.info
