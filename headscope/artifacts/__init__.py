@@ -182,6 +182,9 @@ PRUNE_JSON = Artifact(
      _f("intervals", "level, B, method, seed of every interval (headscope.uncertainty)"),
      _f("data"), _f("heldout"), _f("passages"), _f("heldout_passages"), _f("max_length"), _f("step"),
      _f("fraction"), _f("seed"), _f("recover_lr"),
+     _f("target_mode", "whether the curve stopped past --target-drop (a --fraction given too only caps it); the "
+                       "saved model is then the point the target's claim names",
+        "every run (absent from files written before --fraction capped a target run)"),
      _f("uniform", "whether every layer lost the same heads' worth (--uniform: one shape, a plain config)"),
      _f("learned", "{l0: the gate training's settings and record, open_probability: [L][H] P(gate open)}; no "
                    "interval (learned over all passages)", "--method l0"),
