@@ -8,9 +8,10 @@ is refused by name (`provenance.check_made_for`); rows outside the served model'
 
 from __future__ import annotations
 
+import copy
 import math
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from ..models.adapter import HeadModel
 from ..options import Options, spec_of
 from ..provenance import check_made_for, recorded_for
 from ..redundancy.options import ScoreOptions
-from ..report.sources import Sources, Table, clean, read_heads
+from ..report.sources import MALFORMED, Sources, Table, clean, read_heads, unreadable
 
 __all__ = ["command_of", "heads_table"]
 
@@ -44,6 +45,7 @@ _VERB_OPTIONS: dict[str, type[Options]] = {"analyze": AnalyzeOptions, "roles": R
                                            "kvcache": KvcacheOptions}
 _SKIP_OPTIONS = ("model", "from_command_line")
 PATHS_PER_HEAD = 3  # the strongest paths a head card lists (out of it and into it)
+TEXT_COLUMNS = ("roles", "uncertain_roles")  # the per-head columns that hold words; every other one numbers
 
 
 def _defaults(cls: type[Options] | None) -> dict[str, Any]:
@@ -98,12 +100,20 @@ def _flat(n_layers: int, n_heads: int) -> list[Any]:
 def _grid(table: Table, column: str, n_layers: int, n_heads: int) -> list[Any]:
     """A CSV column as a flat row-major list over the served model's heads (None where absent)."""
     out = _flat(n_layers, n_heads)
-    for r in table.rows:
+    numbers = column not in TEXT_COLUMNS
+    if numbers:
+        _no_text_among_numbers(column, [r[column] for r in table.rows if r.get(column) is not None])
+    for i, r in enumerate(table.rows):
         l, h = r.get("layer"), r.get("head")
-        if not isinstance(l, int) or not isinstance(h, int) or not (0 <= l < n_layers and 0 <= h < n_heads):
-            raise HeadscopeError(f"{table.path} has a row for layer {l}, head {h}, outside the served model's "
-                                 f"{n_layers} x {n_heads} heads; rerun its verb on this model")
-        out[l * n_heads + h] = r.get(column)
+        if not isinstance(l, int) or not isinstance(h, int) or isinstance(l, bool) or isinstance(h, bool):
+            raise HeadscopeError(f"has layer {l!r}, head {h!r} on line {i + 2}, not head numbers")
+        if not (0 <= l < n_layers and 0 <= h < n_heads):
+            raise HeadscopeError(f"has a row for layer {l}, head {h}, outside the served model's {n_layers} x "
+                                 f"{n_heads} heads (written for another model?)")
+        v = r.get(column)
+        if numbers and v is not None and _number(v) is None:
+            raise HeadscopeError(f"holds {str(v)[:40]!r} on line {i + 2} of its numeric column {column}")
+        out[l * n_heads + h] = v
     return out
 
 
@@ -121,6 +131,20 @@ def _number(v: Any) -> float | None:
     return float(v) if ok else None
 
 
+def _no_text_among_numbers(column: str, cells: Sequence[Any]) -> None:
+    """Refuse a column of numbers with text among them (pandas reads the whole column as text then)."""
+    def number(v: Any) -> bool:
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    words = [v for v in cells if not number(v)]
+    if words and len(words) < len(cells):
+        raise HeadscopeError(f"holds {str(words[0])[:40]!r} in its numeric column {column}")
+
+
 def _rank(values: Sequence[Any]) -> list[int | None]:
     """Rank 1 = the largest value (the most important head); None for a missing value."""
     v = np.array([np.nan if x is None else float(x) for x in values])
@@ -136,13 +160,17 @@ def _statistics(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) 
     table = read_heads(src)
     if table is None:
         return
-    name = HEADS_CSV.name if src.get(HEADS_CSV.name) else ROLES_CSV.name
+    # read_heads falls back to roles.csv when heads.csv is absent or unusable
+    name = HEADS_CSV.name if HEADS_CSV.name in src.found and HEADS_CSV.name not in src.problems else ROLES_CSV.name
+    src.touched.append(name)
     out["sources"]["statistics"] = _source(src.found[name])
     if (table.n_layers, table.n_heads) != (n_layers, n_heads):
-        raise HeadscopeError(f"{src.found[name]} has {table.n_layers} x {table.n_heads} heads; the served model has "
-                             f"{n_layers} x {n_heads}; rerun its verb on this model")
+        raise HeadscopeError(f"has {table.n_layers} x {table.n_heads} heads; the served model has {n_layers} x "
+                             f"{n_heads} (written for another model?)")
     for col, arr in table.columns.items():
         a = np.asarray(arr)
+        if a.dtype.kind == "O" and col not in TEXT_COLUMNS:
+            _no_text_among_numbers(col, a.ravel().tolist())
         if a.dtype.kind == "f" and not col.endswith(("_lo", "_hi")):
             entry = {"values": clean(a.ravel().tolist()), "meaning": ROLES_CSV.meaning(col)}
             for side in ("lo", "hi"):
@@ -190,8 +218,11 @@ def _kvcache(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> 
         src.fault(KVCACHE_JSON.name, f"records n_kv_heads {n_kv!r}, which does not divide {n_heads} query heads")
         return
     group = n_heads // n_kv
-    for row in doc.get("rows") or []:
-        full = row.get("full_heads") if isinstance(row, dict) else None
+    rows = doc.get("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise HeadscopeError("holds rows that are not a list of objects (one per method and budget)")
+    for row in rows:
+        full = row.get("full_heads")
         if row.get("method") == "full" or not isinstance(full, list) or len(full) != n_layers:
             continue
         kept = [bool(isinstance(f, list) and (h // group) in f) for f in full for h in range(n_heads)]
@@ -199,7 +230,8 @@ def _kvcache(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> 
         how = f" by {row['chosen_by']}" if row.get("chosen_by") else ""
         label = f"{row.get('method')}{how}, {budget:.0%} of KV heads full" if isinstance(budget, (int, float)) \
             else f"{row.get('method')}{how}"
-        out["kvcache"].append({"label": label, "full": kept, "window": row.get("window"), "sink": row.get("sink")})
+        out["kvcache"].append(clean({"label": label, "full": kept, "window": row.get("window"),
+                                     "sink": row.get("sink")}))
 
 
 def _patching(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
@@ -245,6 +277,25 @@ def heads_table(hm: HeadModel, dirs: Sequence[str | Path]) -> dict[str, Any]:
                            "sources": {}, "statistics": {}, "roles": None, "uncertain": None, "role_detail": {},
                            "importance": {}, "kvcache": [], "patching": None, "paths": {}}
     for part in (_statistics, _roles, _importance, _kvcache, _patching, _paths):
-        part(src, out, n_layers, n_heads)
+        _part(part, src, out, n_layers, n_heads)
     out["problems"] = list(src.problems.values())
-    return out
+    return clean(out)  # whatever a file held, nothing that is not JSON (NaN, inf) leaves the server
+
+
+def _part(part: Callable[[Sources, dict[str, Any], int, int], None], src: Sources, out: dict[str, Any],
+          n_layers: int, n_heads: int) -> None:
+    """Add one file's evidence to `out`; a file whose content is malformed is named in `src.problems` and left
+    out whole (what it had added is undone), and the other files are served."""
+    kept = copy.deepcopy(out)
+    src.touched.clear()
+    try:
+        part(src, out, n_layers, n_heads)
+    except MALFORMED as e:
+        out.clear()
+        out.update(kept)
+        name = src.touched[-1] if src.touched else part.__name__.strip("_")
+        why = str(e) if isinstance(e, HeadscopeError) else f"cannot be read ({unreadable(e)})"
+        if name in src.found:
+            src.fault(name, why)
+        else:
+            src.problems[name] = f"{name}: {why}"

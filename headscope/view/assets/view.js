@@ -47,11 +47,11 @@
     if (path === "/api/heads") return STATIC.heads;
     if (path === "/api/maps") {
       if (!STATIC.maps) throw new ApiError(413, "every head's map is not in this static view (a long text): it holds the chosen heads only");
-      return { tokens: STATIC.tokens, maps: STATIC.maps };
+      return { tokens: STATIC.tokens, maps: STATIC.maps, note: STATIC.note };
     }
     const key = headName(params.layer, params.head);
-    if (STATIC.maps) return { tokens: STATIC.tokens, weights: STATIC.maps[params.layer][params.head] };
-    if (STATIC.attention[key]) return { tokens: STATIC.tokens, weights: STATIC.attention[key] };
+    if (STATIC.maps) return { tokens: STATIC.tokens, note: STATIC.note, weights: STATIC.maps[params.layer][params.head] };
+    if (STATIC.attention[key]) return { tokens: STATIC.tokens, note: STATIC.note, weights: STATIC.attention[key] };
     throw new ApiError(400, key + " is not in this static view; it holds " + Object.keys(STATIC.attention).join(", "));
   }
 
@@ -326,13 +326,13 @@
     const mine = ++state.seq;
     status("running\u2026", false);
     try {
-      let maps = null, tokens = null;
-      try { const r = await api("/api/maps", { text: text }); maps = r.maps; tokens = r.tokens; }
+      let maps = null, tokens = null, note = null;
+      try { const r = await api("/api/maps", { text: text }); maps = r.maps; tokens = r.tokens; note = r.note; }
       catch (e) { if (e.status !== 413 || !(String(e.message).includes("every head"))) throw e; }
-      if (!maps) { const s = state.slots[0] || FIRST; const r = await api("/api/attention", { text: text, layer: s[0], head: s[1] }); tokens = r.tokens; }
+      if (!maps) { const s = state.slots[0] || FIRST; const r = await api("/api/attention", { text: text, layer: s[0], head: s[1] }); tokens = r.tokens; note = r.note; }
       if (mine !== state.seq) return;
       Object.assign(state, { text: text, tokens: tokens, maps: maps });
-      status(tokens.length + " tokens" + (maps ? "" : " (long text: each head is computed when shown)"), false);
+      status(tokens.length + " tokens" + (maps ? "" : " (long text: each head is computed when shown)") + (note ? "; " + note : ""), false);
       drawMultiples();
       await Promise.all([drawSlot(0), drawSlot(1)]);
       document.body.dataset.drawn = String(mine);
