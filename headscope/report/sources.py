@@ -25,10 +25,30 @@ from ..table import HeadTable, to_jsonable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Part", "Sources", "Table", "clean", "data_url", "read_heads", "unreadable", "within"]
+__all__ = ["MALFORMED", "TEXT_COLUMNS", "Malformed", "Part", "Sources", "Table", "clean", "data_url", "no_text_among_numbers",
+           "read_heads", "unreadable", "within"]
 
 READABLE = ("csv", "json", "npz")
 MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, HeadscopeError)  # a file's content faults
+TEXT_COLUMNS = ("roles", "uncertain_roles")  # the per-head columns that hold words; every other one numbers
+
+
+class Malformed(HeadscopeError):
+    """A file's content that its reader cannot use, said in words that follow the file's path."""
+
+
+def no_text_among_numbers(column: str, cells: Sequence[Any]) -> None:
+    """Refuse a column of numbers with text among them (pandas then reads the whole column as text)."""
+    def number(v: Any) -> bool:
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    words = [v for v in cells if not number(v)]
+    if words and len(words) < len(cells):
+        raise Malformed(f"holds {str(words[0])[:40]!r} in its numeric column {column}")
 
 
 def within(folder: str | Path, name: str) -> Path | None:
@@ -263,6 +283,12 @@ def read_heads(src: Sources) -> HeadTable | None:
             continue
         try:
             table = HeadTable.from_csv(path)
+            for col in table.columns:
+                if col not in TEXT_COLUMNS and np.asarray(table[col]).dtype.kind == "O":
+                    no_text_among_numbers(col, [v for v in np.asarray(table[col]).ravel() if not pd.isna(v)])
+        except Malformed as e:
+            src.fault(name, str(e))
+            continue
         except Exception as e:  # a half-written, unreadable or foreign file: named, and the next one tried
             src.cannot_read(name, e)
             continue

@@ -35,7 +35,16 @@ from ..models.adapter import HeadModel
 from ..options import Options, spec_of
 from ..provenance import check_made_for, recorded_for
 from ..redundancy.options import ScoreOptions
-from ..report.sources import MALFORMED, Sources, Table, clean, read_heads, unreadable
+from ..report.sources import (
+    MALFORMED,
+    TEXT_COLUMNS,
+    Sources,
+    Table,
+    clean,
+    no_text_among_numbers,
+    read_heads,
+    unreadable,
+)
 
 __all__ = ["command_of", "heads_table"]
 
@@ -45,7 +54,6 @@ _VERB_OPTIONS: dict[str, type[Options]] = {"analyze": AnalyzeOptions, "roles": R
                                            "kvcache": KvcacheOptions}
 _SKIP_OPTIONS = ("model", "from_command_line")
 PATHS_PER_HEAD = 3  # the strongest paths a head card lists (out of it and into it)
-TEXT_COLUMNS = ("roles", "uncertain_roles")  # the per-head columns that hold words; every other one numbers
 
 
 def _defaults(cls: type[Options] | None) -> dict[str, Any]:
@@ -101,8 +109,8 @@ def _grid(table: Table, column: str, n_layers: int, n_heads: int) -> list[Any]:
     """A CSV column as a flat row-major list over the served model's heads (None where absent)."""
     out = _flat(n_layers, n_heads)
     numbers = column not in TEXT_COLUMNS
-    if numbers:
-        _no_text_among_numbers(column, [r[column] for r in table.rows if r.get(column) is not None])
+    for name in ("layer", "head", *([column] if numbers else [])):
+        no_text_among_numbers(name, [r[name] for r in table.rows if r.get(name) is not None])
     for i, r in enumerate(table.rows):
         l, h = r.get("layer"), r.get("head")
         if not isinstance(l, int) or not isinstance(h, int) or isinstance(l, bool) or isinstance(h, bool):
@@ -131,20 +139,6 @@ def _number(v: Any) -> float | None:
     return float(v) if ok else None
 
 
-def _no_text_among_numbers(column: str, cells: Sequence[Any]) -> None:
-    """Refuse a column of numbers with text among them (pandas reads the whole column as text then)."""
-    def number(v: Any) -> bool:
-        try:
-            float(v)
-        except (TypeError, ValueError):
-            return False
-        return True
-
-    words = [v for v in cells if not number(v)]
-    if words and len(words) < len(cells):
-        raise HeadscopeError(f"holds {str(words[0])[:40]!r} in its numeric column {column}")
-
-
 def _rank(values: Sequence[Any]) -> list[int | None]:
     """Rank 1 = the largest value (the most important head); None for a missing value."""
     v = np.array([np.nan if x is None else float(x) for x in values])
@@ -169,8 +163,6 @@ def _statistics(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) 
                              f"{n_heads} (written for another model?)")
     for col, arr in table.columns.items():
         a = np.asarray(arr)
-        if a.dtype.kind == "O" and col not in TEXT_COLUMNS:
-            _no_text_among_numbers(col, a.ravel().tolist())
         if a.dtype.kind == "f" and not col.endswith(("_lo", "_hi")):
             entry = {"values": clean(a.ravel().tolist()), "meaning": ROLES_CSV.meaning(col)}
             for side in ("lo", "hi"):

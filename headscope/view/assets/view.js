@@ -359,7 +359,8 @@
     const folders = (state.heads || {}).folders || [];
     const found = Object.values((state.heads || {}).sources || {}).map((s) => s.file);
     $("sources").textContent = folders.length ? "Evidence from " + folders.join(", ") + ": " + (found.join(", ") || "no result files found") : "No --from folder: the grid has no evidence to colour by.";
-    for (const p of (state.heads || {}).problems || []) status(p, true);
+    const problems = (state.heads || {}).problems || [];
+    if (problems.length) status(problems.join("\n"), true); // each unusable file, one line each
     drawGrid();
     if (STATIC) {
       $("text").value = STATIC.text;
