@@ -196,7 +196,8 @@ def check_made_for(path: str | Path, hm: Any, option: str) -> None:
     if not isinstance(theirs, dict):  # no model recorded (or a record of another shape): nothing to compare
         return
     if same_model(theirs, model_record(hm)) is False:
-        shape = theirs.get("shape") if isinstance(theirs.get("shape"), dict) else {}
+        shape = theirs.get("shape")
+        shape = shape if isinstance(shape, dict) else {}
         grid = f", {shape['n_layers']} x {shape['n_heads']} heads" if {"n_layers", "n_heads"} <= set(shape) else ""
         fp = str(theirs.get("fingerprint") or theirs.get("config_sha256") or "?")[:12]
         raise HeadscopeError(

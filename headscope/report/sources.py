@@ -25,8 +25,8 @@ from ..table import HeadTable, to_jsonable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MALFORMED", "TEXT_COLUMNS", "Malformed", "Part", "Sources", "Table", "clean", "data_url", "no_text_among_numbers",
-           "read_heads", "unreadable", "within"]
+__all__ = ["MALFORMED", "TEXT_COLUMNS", "Malformed", "Part", "Sources", "Table", "clean", "data_url",
+           "no_text_among_numbers", "read_heads", "unreadable", "within"]
 
 READABLE = ("csv", "json", "npz")
 MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, HeadscopeError)  # a file's content faults
