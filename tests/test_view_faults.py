@@ -536,6 +536,9 @@ API_CASES = [
     (lambda hm, v: headscope.view(hm, 5), "text must be a string, got int"),
     (lambda hm, v: headscope.view(None, "the year"), "hm must be a loaded model"),
     (lambda hm, v: headscope.view(hm, "the year", 5), "options must be a ViewOptions, got int"),
+    (lambda hm, v: heads_table(hm, "results"), "dirs must be a list of folders, got 'results'"),
+    (lambda hm, v: heads_table(hm, ["/no/such/folder"]), "dirs holds '/no/such/folder', which is not a folder"),
+    (lambda hm, v: heads_table("minilm", []), "hm must be a loaded model"),
 ]
 
 
@@ -547,3 +550,28 @@ def test_the_python_api_refuses_bad_arguments_by_name(hm, case):
         call(hm, v)
     assert says in str(e.value), str(e.value)
     assert np.allclose(v.weights(np.int64(1), 2).sum(axis=-1), 1, atol=1e-5)  # numpy whole numbers are fine
+
+
+def test_the_page_shows_the_cut_note_and_each_unusable_file(browser, hm, evidence, tmp_path):
+    from conftest import open_watched
+
+    d = copy_of(evidence, tmp_path)
+    says = [_text_in_numbers(d), _kvcache_rows_not_objects(d)]
+    text = unseen_text(POSITIONS + 25, seed=24)
+    with serving(hm, heads_table(hm, [d]), max_tokens=512) as (base, _):
+        page, problems, requests = open_watched(browser, base + "/", (base + "/",), (1400, 1000), 20000)
+        try:
+            page.wait_for_selector("body[data-ready='1']", timeout=20000)
+            shown = page.locator("#status").inner_text().splitlines()
+            assert len(shown) == 2 and all(any(s in line for line in shown) for s in says), shown
+            page.fill("#text", text)
+            page.press("#text", "Enter")
+            page.wait_for_selector("body[data-drawn='1']", timeout=20000)
+            status = page.locator("#status").inner_text()
+            assert status.startswith(f"{POSITIONS} tokens") and f"text cut to its first {POSITIONS} of" in status, \
+                status
+            # the one refusal: /api/maps answers 413 for a text over 48 tokens, and the page asks per head
+            assert [p for p in problems if "status of 413" not in p] == [], problems
+            assert all(u.startswith(base + "/") for u in requests), requests
+        finally:
+            page.close()

@@ -261,6 +261,14 @@ def _paths(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> No
 def heads_table(hm: HeadModel, dirs: Sequence[str | Path]) -> dict[str, Any]:
     """The per-head evidence in `dirs` for the served model, JSON-ready: every list is flat over
     (layer, head), row-major. Files another model's run wrote are refused, naming the file."""
+    if not isinstance(hm, HeadModel):
+        raise HeadscopeError(f"hm must be a loaded model (headscope.load_model(...)), got {type(hm).__name__}")
+    if isinstance(dirs, (str, bytes, Path)) or not all(isinstance(d, (str, Path)) for d in dirs):
+        raise HeadscopeError(f"dirs must be a list of folders, got {dirs!r}")
+    for d in dirs:
+        if not str(d).strip() or not Path(d).is_dir():
+            raise HeadscopeError(f"dirs holds {str(d)!r}, which is not a folder; give folders holding other verbs' "
+                                 f"outputs")
     n_layers, n_heads = hm.n_layers, hm.n_heads
     src = Sources.scan(dirs)
     for path in src.found.values():
