@@ -6,7 +6,9 @@ one request at a time under a lock (a forward pass switches the model's attentio
 already uses every core for one pass). At most `MAX_WAITING` requests wait for it; more get 429.
 
 Requests name no file: the page is built in memory at start, and the only routes are `ROUTES`. Every
-refusal is a 4xx with `{"error": "..."}`, and no traceback ever reaches a client.
+refusal is a 4xx (or a 503) with `{"error": "..."}`, and no traceback ever reaches a client. Only the Host
+names the bound address is reached by are answered (`hosts.py`); no answer may be framed; a client has
+`REQUEST_SECONDS` for its whole request; a long text's map is sent row by row, `LONG_AT_ONCE` at a time.
 """
 
 from __future__ import annotations
