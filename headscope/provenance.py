@@ -139,15 +139,33 @@ def same_model(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool
 
 
 def read_provenance(json_path: Path) -> dict[str, Any] | None:
-    """The provenance record in a verb's JSON (top level, or under meta for table JSONs), or None."""
+    """The provenance record in a verb's JSON (top level, or under meta for table JSONs), or None. A JSON that is
+    a symlink leading out of its folder is not opened: a results folder cannot make headscope read elsewhere."""
+    json_path = Path(json_path)
     try:
-        data = json.loads(Path(json_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        json_path.resolve(strict=True).relative_to(json_path.parent.resolve(strict=True))
+        data = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
         return None
     if not isinstance(data, dict):
         return None
-    rec = data.get("provenance") or (data.get("meta") or {}).get("provenance")
-    return rec if isinstance(rec, dict) else None
+    meta = data.get("meta")
+    rec = data.get("provenance") or (meta.get("provenance") if isinstance(meta, dict) else None)
+    return _well_formed(rec) if isinstance(rec, dict) else None
+
+
+def _well_formed(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record as its readers expect it: `model` and `options` objects (else None), a model `shape` of whole
+    numbers (else dropped); an edited or foreign block reads as "not recorded", never as a crash."""
+    rec = dict(rec)
+    for key in ("model", "options"):
+        if not isinstance(rec.get(key), dict):
+            rec[key] = None
+    shape = rec["model"].get("shape") if rec["model"] else None
+    if shape is not None and not (isinstance(shape, dict) and {"n_layers", "n_heads"} <= set(shape) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in shape.values())):
+        rec["model"] = {k: v for k, v in rec["model"].items() if k != "shape"}
+    return rec
 
 
 def recorded_for(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
@@ -174,9 +192,12 @@ def check_made_for(path: str | Path, hm: Any, option: str) -> None:
     if found is None:
         return
     where, rec = found
-    theirs = rec.get("model") or {}
+    theirs = rec.get("model")
+    if not isinstance(theirs, dict):  # no model recorded (or a record of another shape): nothing to compare
+        return
     if same_model(theirs, model_record(hm)) is False:
-        shape = theirs.get("shape") or {}
+        shape = theirs.get("shape")
+        shape = shape if isinstance(shape, dict) else {}
         grid = f", {shape['n_layers']} x {shape['n_heads']} heads" if {"n_layers", "n_heads"} <= set(shape) else ""
         fp = str(theirs.get("fingerprint") or theirs.get("config_sha256") or "?")[:12]
         raise HeadscopeError(

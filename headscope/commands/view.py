@@ -11,7 +11,7 @@ from ..options.cli import verb_parser
 from ..view.heads import heads_table
 from ..view.options import ViewOptions
 from ..view.page import EXAMPLES
-from ..view.server import LOOPBACK, ViewApp, make_server
+from ..view.server import ViewApp, is_loopback, make_server
 from ._common import load_from_args
 
 
@@ -28,24 +28,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     options = ViewOptions.from_namespace(args)  # validated by the CLI before this runs
-    hm = load_from_args(args)
-    if hm.tokenizer is None:  # every request is text: refuse now, not on each request
-        raise HeadscopeError(f"{options.model} has no tokenizer, so the view cannot read text; give a model folder "
-                             f"with its tokenizer files")
-    app = ViewApp(hm, heads_table(hm, options.from_dirs), options.max_tokens, EXAMPLES)
-    server = make_server(app, options.host, options.port)
-    host, port = options.host, int(server.server_address[1])  # port 0: the one the OS chose
-    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
-    if host not in LOOPBACK:
-        print(f"headscope view: warning: --host {host} exposes the model to every machine that can reach this one; "
-              f"anyone there can run text through it (use --host 127.0.0.1 for this machine only)",
-              file=sys.stderr, flush=True)
-    print(f"headscope view: {hm.name} on {url} (Ctrl-C stops)", flush=True)
-    if options.open:
-        webbrowser.open(url)
+    server = make_server(None, options.host, options.port)  # a busy port is refused before the model loads
     try:
+        hm = load_from_args(args)
+        if hm.tokenizer is None:  # every request is text: refuse now, not on each request
+            raise HeadscopeError(f"{options.model} has no tokenizer, so the view cannot read text; give a model "
+                                 f"folder with its tokenizer files")
+        server.app = ViewApp(hm, heads_table(hm, options.from_dirs), options.max_tokens, EXAMPLES)
+        host, port = options.host, int(server.server_address[1])  # port 0: the one the OS chose
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+        if not is_loopback(host):
+            print(f"headscope view: warning: --host {host} exposes the model to every machine that can reach this "
+                  f"one; anyone there can run text through it (use --host 127.0.0.1 for this machine only)",
+                  file=sys.stderr, flush=True)
+        print(f"headscope view: {hm.name} on {url} (Ctrl-C stops)", flush=True)
+        if options.open:
+            webbrowser.open(url)
         server.serve_forever()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if type(e) is not KeyboardInterrupt:  # SIGTERM (the CLI's KeyboardInterrupt subclass): exit 143 as documented
+            raise
         print("headscope view: stopped", file=sys.stderr)
     finally:
         server.server_close()

@@ -21,7 +21,7 @@ from typing import Any
 from ..artifacts import GQA_JSON, KVCACHE_CSV, KVCACHE_JSON, MLA_JSON, artifact
 from ..plots import figure, save_png
 from .mixing import read_provenance
-from .sources import Part, Sources, data_url
+from .sources import Part, Sources, data_url, within
 
 COLUMNS = ["method", "setting", "kv_bytes_per_token", "kv_share", "ppl_converted", "ppl_uptrained", "uptrain_steps",
            "ppl_ratio_converted", "ppl_ratio_uptrained", "needle_accuracy", "evaluated_on"]
@@ -49,8 +49,8 @@ def _all(src: Sources, name: str, seen: dict[str, Any]) -> list[tuple[Path, Any]
     found = []
     art = artifact(name)
     for d in src.dirs:
-        path = Path(d) / name
-        if not path.is_file():
+        path = within(d, name)  # None too for a symlink leading out of the folder: never opened
+        if path is None:
             continue
         try:
             if art.kind == "json":

@@ -35,6 +35,8 @@ class ReportOptions(ModelOptions, OutputOptions):
 def check_from_dirs(from_dirs: Sequence[str | Path] | None) -> None:
     """Each --from is an existing folder (a file is named, with the folder to give instead)."""
     for d in from_dirs or ():
+        if not str(d).strip():  # Path('') is the current folder: never read it by accident
+            raise HeadscopeError("--from is empty text; give a folder holding other verbs' outputs")
         p = Path(d)
         if p.is_file():
             raise HeadscopeError(f"--from {str(p)!r} is a file; --from takes the folder holding a verb's outputs: "

@@ -25,9 +25,57 @@ from ..table import HeadTable, to_jsonable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Part", "Sources", "Table", "clean", "data_url", "read_heads"]
+__all__ = ["MALFORMED", "TEXT_COLUMNS", "Malformed", "Part", "Sources", "Table", "clean", "data_url",
+           "no_text_among_numbers", "read_heads", "unreadable", "within"]
 
 READABLE = ("csv", "json", "npz")
+MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, HeadscopeError)  # a file's content faults
+TEXT_COLUMNS = ("roles", "uncertain_roles")  # the per-head columns that hold words; every other one numbers
+
+
+class Malformed(HeadscopeError):
+    """A file's content that its reader cannot use, said in words that follow the file's path."""
+
+
+def no_text_among_numbers(column: str, cells: Sequence[Any]) -> None:
+    """Refuse a column of numbers with text among them (pandas then reads the whole column as text)."""
+    def number(v: Any) -> bool:
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    words = [v for v in cells if not number(v)]
+    if words and len(words) < len(cells):
+        raise Malformed(f"holds {str(words[0])[:40]!r} in its numeric column {column}")
+
+
+def within(folder: str | Path, name: str) -> Path | None:
+    """`folder / name` when it is a file that really lies in `folder`; None when it is absent or a symlink (or a
+    path through a symlinked subfolder) leading out of `folder`: a folder someone sent you cannot make headscope
+    open files elsewhere."""
+    path = Path(folder) / name
+    try:
+        if not path.is_file():
+            return None
+        path.resolve(strict=True).relative_to(Path(folder).resolve(strict=True))
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a symlink loop on Python 3.10-3.12
+        return None
+    return path
+
+
+def leads_out(folder: str | Path, name: str) -> bool:
+    """Whether `folder / name` is a symlink (or lies under one) whose target is outside `folder`."""
+    path = Path(folder) / name
+    return (path.is_symlink() or path.exists()) and within(folder, name) is None and not path.is_dir()
+
+
+def unreadable(e: BaseException) -> str:
+    """Why a file could not be read, in a few words (an OSError's own sentence, without the path again)."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return f"{type(e).__name__}: {str(e)[:200]}" if not isinstance(e, ValueError) else str(e)[:200]
 
 
 def clean(v: Any) -> Any:
@@ -88,6 +136,7 @@ class Sources:
     dirs: list[Path]
     found: dict[str, Path] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # file name -> note naming the file and the fault
+    touched: list[str] = field(default_factory=list)  # declared names read since `touched` was last cleared
 
     @classmethod
     def scan(cls, dirs: Sequence[str | Path]) -> Sources:
@@ -98,25 +147,43 @@ class Sources:
             if p not in paths:
                 paths.append(p)
         found: dict[str, Path] = {}
+        problems: dict[str, str] = {}
         for name, art in ARTIFACTS.items():
             if art.kind not in READABLE:
                 continue
             for d in paths:
-                if (d / name).is_file():
+                if leads_out(d, name):  # the first folder holding the name owns it: refused, never opened
+                    problems[name] = (f"{d / name} leads outside {str(d)!r} (a symlink); headscope reads only files "
+                                      f"inside the folders given: copy the file in instead")
+                    log.warning("%s", problems[name])
+                    break
+                if within(d, name) is not None:
                     found[name] = d / name
                     break
-        return cls(paths, found)
+        return cls(paths, found, problems)
 
     def get(self, name: str) -> Path | None:
         """The path of declared file `name`, or None when no directory holds it."""
+        if name in self.found:
+            self.touched.append(name)
         return self.found.get(name)
 
-    def fault(self, name: str, what: str) -> None:
-        """Record (and log) that found file `name` cannot be used, e.g. "lacks the declared column x"."""
+    def fault(self, name: str, what: str, remedy: str | None = None) -> None:
+        """Record (and log) that found file `name` cannot be used, e.g. "lacks the declared column x"; `remedy`
+        replaces the default "rerun the verb that writes it"."""
         verb = artifact(name).verb
-        note = f"{self.found[name]} {what}; rerun `headscope {verb}` to rewrite it"
+        note = f"{self.found[name]} {what}; {remedy or f'rerun `headscope {verb}` to rewrite it'}"
         log.warning("%s", note)
         self.problems[name] = note
+
+    def cannot_read(self, name: str, e: BaseException) -> None:
+        """Record that found file `name` could not be read: a permission or disk fault (the user's to fix), or
+        content that does not parse (rerun its verb)."""
+        if isinstance(e, OSError):
+            self.fault(name, f"cannot be read ({unreadable(e)})", "give a file this user can read (check its "
+                                                                  "permissions, e.g. chmod u+r, or its owner)")
+        else:
+            self.fault(name, f"cannot be read ({unreadable(e)})")
 
     def lacks(self, name: str, present: Sequence[str]) -> bool:
         """Record a note and return True when the file lacks fields its declaration requires."""
@@ -135,7 +202,7 @@ class Sources:
         try:
             df = pd.read_csv(path, keep_default_na=True)
         except Exception as e:  # a half-written or foreign file must not break the whole report
-            self.fault(name, f"cannot be read ({e})")
+            self.cannot_read(name, e)
             return None
         columns = [str(c) for c in df.columns]
         if self.lacks(name, columns):
@@ -153,13 +220,17 @@ class Sources:
         try:
             df = pd.read_csv(path, index_col=0)
         except Exception as e:
-            self.fault(name, f"cannot be read ({e})")
+            self.cannot_read(name, e)
             return None
         if list(map(str, df.columns)) != list(map(str, df.index)):
             self.fault(name, "is not a square matrix with the same names on both axes")
             return None
-        return {"names": [str(c) for c in df.columns], "rows": [str(i) for i in df.index],
-                "values": clean(df.to_numpy(dtype=float))}
+        try:
+            values = df.to_numpy(dtype=float)
+        except ValueError as e:
+            self.fault(name, f"holds a value that is not a number ({e})")
+            return None
+        return {"names": [str(c) for c in df.columns], "rows": [str(i) for i in df.index], "values": clean(values)}
 
     def json(self, name: str) -> dict[str, Any] | None:
         """Declared JSON `name`; None when absent, unreadable, not an object or lacking declared keys."""
@@ -169,7 +240,7 @@ class Sources:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except Exception as e:
-            self.fault(name, f"cannot be read ({e})")
+            self.cannot_read(name, e)
             return None
         if not isinstance(data, dict):
             self.fault(name, f"holds a JSON {type(data).__name__}, not an object")
@@ -185,7 +256,7 @@ class Sources:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
         except Exception as e:
-            self.fault(name, f"cannot be read ({e})")
+            self.cannot_read(name, e)
             return None
         return None if self.lacks(name, list(arrays)) else arrays
 
@@ -203,43 +274,56 @@ class Sources:
 
 
 def read_heads(src: Sources) -> HeadTable | None:
-    """heads.csv (analyze) as a HeadTable, meta from heads.json beside it; without one, roles.csv (the
+    """heads.csv (analyze) as a HeadTable, meta from heads.json beside it; without a usable one, roles.csv (the
     same statistics on the roles passages, plus the role columns) and roles.json's provenance.
-    None when neither is present and usable."""
-    name, meta_name = HEADS_CSV.name, HEADS_JSON.name
-    path = src.get(name)
-    if path is None and src.get(ROLES_CSV.name) is not None:
-        name, meta_name = ROLES_CSV.name, ROLES_JSON.name
+    None when neither is present and usable (each unusable file is named in `src.problems`)."""
+    for name in (HEADS_CSV.name, ROLES_CSV.name):
         path = src.get(name)
-    if path is None:
+        if path is None:
+            continue
+        try:
+            table = HeadTable.from_csv(path)
+            for col in table.columns:
+                if col not in TEXT_COLUMNS and np.asarray(table[col]).dtype.kind == "O":
+                    no_text_among_numbers(col, [v for v in np.asarray(table[col]).ravel() if not pd.isna(v)])
+        except Malformed as e:
+            src.fault(name, str(e))
+            continue
+        except Exception as e:  # a half-written, unreadable or foreign file: named, and the next one tried
+            src.cannot_read(name, e)
+            continue
+        if src.lacks(name, ["layer", "head", *table.columns]):
+            continue
+        return _with_meta(src, name, path, table)
+    return None
+
+
+def _json_beside(src: Sources, path: Path, name: str) -> Any:
+    """The JSON document `name` beside `path` (only when it really lies in that folder), or None when it is
+    absent or unreadable: it only labels the numbers, which are in the CSV."""
+    js = within(path.parent, name)
+    if js is None:
         return None
     try:
-        table = HeadTable.from_csv(path)
+        return json.loads(js.read_text(encoding="utf-8"))
     except Exception as e:
-        src.fault(name, f"cannot be read ({e})")
+        log.warning("cannot read %s (%s); the report shows %s without it", js, unreadable(e), path.name)
         return None
-    if src.lacks(name, ["layer", "head", *table.columns]):
-        return None
-    js = path.with_name(meta_name)
+
+
+def _with_meta(src: Sources, name: str, path: Path, table: HeadTable) -> HeadTable:
     if name == ROLES_CSV.name:
-        try:
-            prov = json.loads(js.read_text(encoding="utf-8")).get("provenance") if js.is_file() else None
-        except Exception as e:  # the numbers are in the CSV; the provenance only labels them
-            log.warning("cannot read %s (%s)", js, e)
-            prov = None
+        doc = _json_beside(src, path, ROLES_JSON.name)
+        prov = doc.get("provenance") if isinstance(doc, dict) else None
+        prov = prov if isinstance(prov, dict) else None
         check_grid(path, table, prov)
         meta = {"provenance": prov, "source_file": str(path)} if prov else {"source_file": str(path)}
         return table.with_columns(meta=meta)
-    if js.is_file():
-        try:
-            data = json.loads(js.read_text(encoding="utf-8"))
-        except Exception as e:  # the meta only adds the model's name and settings; the numbers are in the CSV
-            log.warning("cannot read %s (%s); the report shows heads.csv without its meta", js, e)
-            data = None
-        if isinstance(data, dict) and isinstance(data.get("meta"), dict):
-            check_grid(path, table, data["meta"].get("provenance"))
-            check_same_run(path, table, js, data)
-            table = table.with_columns(meta=data["meta"])
+    data = _json_beside(src, path, HEADS_JSON.name)
+    if isinstance(data, dict) and isinstance(data.get("meta"), dict):
+        check_grid(path, table, data["meta"].get("provenance"))
+        check_same_run(path, table, path.with_name(HEADS_JSON.name), data)
+        table = table.with_columns(meta=data["meta"])
     return with_roles(src, table)
 
 
@@ -252,8 +336,8 @@ def with_roles(src: Sources, table: HeadTable) -> HeadTable:
         return table
     try:
         roles = HeadTable.from_csv(path)
-    except Exception as e:
-        src.fault(ROLES_CSV.name, f"cannot be read ({e})")
+    except Exception as e:  # a half-written, unreadable or foreign file: named; the heads stay
+        src.cannot_read(ROLES_CSV.name, e)
         return table
     if (roles.n_layers, roles.n_heads) != (table.n_layers, table.n_heads):
         src.fault(ROLES_CSV.name, f"is for {roles.n_layers} layers x {roles.n_heads} heads, not the "
@@ -266,7 +350,8 @@ def with_roles(src: Sources, table: HeadTable) -> HeadTable:
 def check_grid(path: Path, table: HeadTable, prov: Any) -> None:
     """Refuse a per-head table whose rows do not cover the heads of the model its provenance names (a file cut
     at a line boundary still parses, as a smaller model)."""
-    shape = ((prov or {}).get("model") or {}).get("shape") if isinstance(prov, dict) else None
+    model = prov.get("model") if isinstance(prov, dict) else None
+    shape = model.get("shape") if isinstance(model, dict) else None
     if not isinstance(shape, dict) or not {"n_layers", "n_heads"} <= set(shape):
         return
     if (table.n_layers, table.n_heads) != (shape["n_layers"], shape["n_heads"]):

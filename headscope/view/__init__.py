@@ -11,6 +11,7 @@ so the package itself forwards calls to `view()`.
 from __future__ import annotations
 
 import html
+import os
 import sys
 import types
 from dataclasses import dataclass
@@ -47,9 +48,20 @@ class View(Result):
     maps: list[np.ndarray] | None  # every head (short texts): per layer [head, query, key]
     attention: dict[str, np.ndarray]  # the chosen heads of a long text: L3H7 -> [query, key]
     table: dict[str, Any]
+    note: str | None = None  # what was done to the text (cut to the model's positions), else None
 
     def weights(self, layer: int, head: int) -> np.ndarray:
         """One head's map `[query, key]` (rows are queries)."""
+        per_layer = self.info["heads_in_layer"]
+        for name, value in (("layer", layer), ("head", head)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+                raise HeadscopeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
+        if not 0 <= layer < len(per_layer):
+            raise HeadscopeError(f"layer {layer} does not exist: the model has layers 0..{len(per_layer) - 1}")
+        if not 0 <= head < per_layer[layer]:
+            raise HeadscopeError(f"head {head} does not exist in layer {layer}: it has heads 0..{per_layer[layer] - 1}"
+                                 if per_layer[layer] else f"layer {layer} has no attention heads")
+        layer, head = int(layer), int(head)
         if self.maps is not None:
             return self.maps[layer][head]
         if head_name(layer, head) not in self.attention:
@@ -72,7 +84,7 @@ class View(Result):
     def html(self) -> str:
         """The page, self-contained: the view's maps and heads table embedded, nothing fetched."""
         digits = 4
-        static = {"text": self.text, "tokens": self.tokens, "slots": [list(h) for h in self.heads],
+        static = {"text": self.text, "tokens": self.tokens, "note": self.note, "slots": [list(h) for h in self.heads],
                   "maps": [np.round(m.astype(np.float64), digits).tolist() for m in self.maps]
                   if self.maps is not None else None,
                   "attention": {k: np.round(v.astype(np.float64), digits).tolist() for k, v in self.attention.items()},
@@ -95,19 +107,26 @@ class View(Result):
 
     def write(self, folder: Path) -> None:
         """view.html: the page with this text's maps (`save(out)` stages it beside `out`, then moves it in)."""
+        if not isinstance(folder, (str, os.PathLike)):
+            raise HeadscopeError(f"folder must be a path, got {folder!r} ({type(folder).__name__})")
         atomic_write_text(Path(folder) / "view.html", self.html())
 
     def lines(self) -> list[str]:
         """What the CLI prints about this view."""
         shown = ", ".join(head_name(l, h) for l, h in self.heads)
         held = "every head" if self.maps is not None else f"{shown} only (longer than {SMALL_MAX} tokens)"
-        return [f"{self.info['name']}: {len(self.tokens)} tokens; maps of {held}; showing {shown}"]
+        return [f"{self.info['name']}: {len(self.tokens)} tokens; maps of {held}; showing {shown}",
+                *([self.note] if self.note else [])]
 
 
 def view(hm: HeadModel, text: str, options: ViewOptions | None = None, **changes: Any) -> View:
     """The live view's page for one text, for a notebook: every head's map (texts up to `SMALL_MAX` tokens) or
     the chosen heads' alone, beside the evidence in `options.from_dirs`; `changes` replace option fields
     (`heads=("L1H4",)`). Writes nothing."""
+    if not isinstance(hm, HeadModel):
+        raise HeadscopeError(f"hm must be a loaded model (headscope.load_model(...)), got {type(hm).__name__}")
+    if options is not None and not isinstance(options, ViewOptions):
+        raise HeadscopeError(f"options must be a ViewOptions, got {type(options).__name__}")
     options = (options or ViewOptions()).replace(**changes).validate()
     first = next((l for l in range(hm.n_layers) if hm.heads_in_layer(l)), 0)
     heads = tuple(parse_head(h) for h in options.heads) or ((first, 0),)
@@ -118,7 +137,7 @@ def view(hm: HeadModel, text: str, options: ViewOptions | None = None, **changes
     maps = all_heads(hm, enc.ids) if short else None
     attention = {} if short else {head_name(l, h): one_head(hm, enc.ids, l, h) for l, h in heads}
     return View(model_info(hm, options.max_tokens), enc.text, enc.tokens, enc.ids, heads, maps, attention,
-                heads_table(hm, options.from_dirs))
+                heads_table(hm, options.from_dirs), enc.note)
 
 
 class _CallableModule(types.ModuleType):

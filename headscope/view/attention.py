@@ -44,6 +44,7 @@ class Encoded:
     text: str
     ids: list[int]
     tokens: list[str]
+    note: str | None = None  # what was done to the text on the way (cut to the model's positions), else None
 
 
 def encode(hm: HeadModel, text: Any, max_tokens: int) -> Encoded:
@@ -64,8 +65,15 @@ def encode(hm: HeadModel, text: Any, max_tokens: int) -> Encoded:
     if len(ids) > max_tokens:
         raise TooLong(f"text has {len(ids)} tokens; the limit is {max_tokens} tokens (shorten the text, or "
                              f"start the view with a larger --max-tokens)")
+    note = None
+    positions = hm.max_positions
+    if positions is not None and len(ids) > positions:  # the position table ends: cut as the tokenizer cuts
+        cut = [int(i) for i in hm.tokenizer(text, truncation=True, max_length=positions)["input_ids"]]
+        note = (f"text cut to its first {len(cut)} of {len(ids)} tokens: {hm.name} reads at most {positions} "
+                f"positions")
+        ids = cut
     tokens = [str(t) for t in hm.tokenizer.convert_ids_to_tokens(ids)]
-    return Encoded(text, ids, tokens)
+    return Encoded(text, ids, tokens, note)
 
 
 def check_head(hm: HeadModel, layer: int, head: int) -> None:

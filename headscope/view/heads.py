@@ -8,9 +8,10 @@ is refused by name (`provenance.check_made_for`); rows outside the served model'
 
 from __future__ import annotations
 
+import copy
 import math
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,16 @@ from ..models.adapter import HeadModel
 from ..options import Options, spec_of
 from ..provenance import check_made_for, recorded_for
 from ..redundancy.options import ScoreOptions
-from ..report.sources import Sources, Table, clean, read_heads
+from ..report.sources import (
+    MALFORMED,
+    TEXT_COLUMNS,
+    Sources,
+    Table,
+    clean,
+    no_text_among_numbers,
+    read_heads,
+    unreadable,
+)
 
 __all__ = ["command_of", "heads_table"]
 
@@ -99,12 +109,20 @@ def _flat(n_layers: int, n_heads: int) -> list[Any]:
 def _grid(table: Table, column: str, n_layers: int, n_heads: int) -> list[Any]:
     """A CSV column as a flat row-major list over the served model's heads (None where absent)."""
     out = _flat(n_layers, n_heads)
-    for r in table.rows:
+    numbers = column not in TEXT_COLUMNS
+    for name in ("layer", "head", *([column] if numbers else [])):
+        no_text_among_numbers(name, [r[name] for r in table.rows if r.get(name) is not None])
+    for i, r in enumerate(table.rows):
         l, h = r.get("layer"), r.get("head")
-        if not isinstance(l, int) or not isinstance(h, int) or not (0 <= l < n_layers and 0 <= h < n_heads):
-            raise HeadscopeError(f"{table.path} has a row for layer {l}, head {h}, outside the served model's "
-                                 f"{n_layers} x {n_heads} heads; rerun its verb on this model")
-        out[l * n_heads + h] = r.get(column)
+        if not isinstance(l, int) or not isinstance(h, int) or isinstance(l, bool) or isinstance(h, bool):
+            raise HeadscopeError(f"has layer {l!r}, head {h!r} on line {i + 2}, not head numbers")
+        if not (0 <= l < n_layers and 0 <= h < n_heads):
+            raise HeadscopeError(f"has a row for layer {l}, head {h}, outside the served model's {n_layers} x "
+                                 f"{n_heads} heads (written for another model?)")
+        v = r.get(column)
+        if numbers and v is not None and _number(v) is None:
+            raise HeadscopeError(f"holds {str(v)[:40]!r} on line {i + 2} of its numeric column {column}")
+        out[l * n_heads + h] = v
     return out
 
 
@@ -137,11 +155,13 @@ def _statistics(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) 
     table = read_heads(src)
     if table is None:
         return
-    name = HEADS_CSV.name if src.get(HEADS_CSV.name) else ROLES_CSV.name
+    # read_heads falls back to roles.csv when heads.csv is absent or unusable
+    name = HEADS_CSV.name if HEADS_CSV.name in src.found and HEADS_CSV.name not in src.problems else ROLES_CSV.name
+    src.touched.append(name)
     out["sources"]["statistics"] = _source(src.found[name])
     if (table.n_layers, table.n_heads) != (n_layers, n_heads):
-        raise HeadscopeError(f"{src.found[name]} has {table.n_layers} x {table.n_heads} heads; the served model has "
-                             f"{n_layers} x {n_heads}; rerun its verb on this model")
+        raise HeadscopeError(f"has {table.n_layers} x {table.n_heads} heads; the served model has {n_layers} x "
+                             f"{n_heads} (written for another model?)")
     for col, arr in table.columns.items():
         a = np.asarray(arr)
         if a.dtype.kind == "f" and not col.endswith(("_lo", "_hi")):
@@ -197,8 +217,11 @@ def _kvcache(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> 
         src.fault(KVCACHE_JSON.name, f"records n_kv_heads {n_kv!r}, which does not divide {n_heads} query heads")
         return
     group = n_heads // n_kv
-    for row in doc.get("rows") or []:
-        full = row.get("full_heads") if isinstance(row, dict) else None
+    rows = doc.get("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise HeadscopeError("holds rows that are not a list of objects (one per method and budget)")
+    for row in rows:
+        full = row.get("full_heads")
         if row.get("method") == "full" or not isinstance(full, list) or len(full) != n_layers:
             continue
         kept = [bool(isinstance(f, list) and (h // group) in f) for f in full for h in range(n_heads)]
@@ -206,7 +229,8 @@ def _kvcache(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> 
         how = f" by {row['chosen_by']}" if row.get("chosen_by") else ""
         label = f"{row.get('method')}{how}, {budget:.0%} of KV heads full" if isinstance(budget, (int, float)) \
             else f"{row.get('method')}{how}"
-        out["kvcache"].append({"label": label, "full": kept, "window": row.get("window"), "sink": row.get("sink")})
+        out["kvcache"].append(clean({"label": label, "full": kept, "window": row.get("window"),
+                                     "sink": row.get("sink")}))
 
 
 def _patching(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
@@ -244,6 +268,14 @@ def _paths(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> No
 def heads_table(hm: HeadModel, dirs: Sequence[str | Path]) -> dict[str, Any]:
     """The per-head evidence in `dirs` for the served model, JSON-ready: every list is flat over
     (layer, head), row-major. Files another model's run wrote are refused, naming the file."""
+    if not isinstance(hm, HeadModel):
+        raise HeadscopeError(f"hm must be a loaded model (headscope.load_model(...)), got {type(hm).__name__}")
+    if isinstance(dirs, (str, bytes, Path)) or not all(isinstance(d, (str, Path)) for d in dirs):
+        raise HeadscopeError(f"dirs must be a list of folders, got {dirs!r}")
+    for d in dirs:
+        if not str(d).strip() or not Path(d).is_dir():
+            raise HeadscopeError(f"dirs holds {str(d)!r}, which is not a folder; give folders holding other verbs' "
+                                 f"outputs")
     n_layers, n_heads = hm.n_layers, hm.n_heads
     src = Sources.scan(dirs)
     for path in src.found.values():
@@ -252,6 +284,25 @@ def heads_table(hm: HeadModel, dirs: Sequence[str | Path]) -> dict[str, Any]:
                            "sources": {}, "statistics": {}, "roles": None, "uncertain": None, "role_detail": {},
                            "importance": {}, "kvcache": [], "patching": None, "paths": {}}
     for part in (_statistics, _roles, _importance, _kvcache, _patching, _paths):
-        part(src, out, n_layers, n_heads)
+        _part(part, src, out, n_layers, n_heads)
     out["problems"] = list(src.problems.values())
-    return out
+    return clean(out)  # whatever a file held, nothing that is not JSON (NaN, inf) leaves the server
+
+
+def _part(part: Callable[[Sources, dict[str, Any], int, int], None], src: Sources, out: dict[str, Any],
+          n_layers: int, n_heads: int) -> None:
+    """Add one file's evidence to `out`; a file whose content is malformed is named in `src.problems` and left
+    out whole (what it had added is undone), and the other files are served."""
+    kept = copy.deepcopy(out)
+    src.touched.clear()
+    try:
+        part(src, out, n_layers, n_heads)
+    except MALFORMED as e:
+        out.clear()
+        out.update(kept)
+        name = src.touched[-1] if src.touched else part.__name__.strip("_")
+        why = str(e) if isinstance(e, HeadscopeError) else f"cannot be read ({unreadable(e)})"
+        if name in src.found:
+            src.fault(name, why)
+        else:
+            src.problems[name] = f"{name}: {why}"

@@ -35,6 +35,19 @@ class ViewOptions(ModelOptions):
 
     def check(self) -> None:
         super().check()
+        if not isinstance(self.from_dirs, (tuple, list)) or not all(isinstance(d, (str, Path)) for d in self.from_dirs):
+            raise OptionError("from_dirs", f"is {self.from_dirs!r}; give a list of folders")
+        if not isinstance(self.heads, (tuple, list)) or not all(isinstance(h, str) for h in self.heads):
+            raise OptionError("heads", f"is {self.heads!r}; give head names such as ('L1H4',) or ('L0H0', 'L1H2')")
+        for name in ("port", "max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise OptionError(name, f"is {value!r} ({type(value).__name__}); give a whole number")
+        if not isinstance(self.host, str):
+            raise OptionError("host", f"is {self.host!r} ({type(self.host).__name__}); give an address as text, e.g. "
+                                      f"'127.0.0.1'")
+        if not isinstance(self.open, bool):
+            raise OptionError("open", f"is {self.open!r} ({type(self.open).__name__}); give True or False")
         if not self.host.strip():
             raise OptionError("host", "is empty; give an address to listen on, e.g. 127.0.0.1 (this machine only)")
         if len(self.heads) > 2:
@@ -46,6 +59,8 @@ class ViewOptions(ModelOptions):
             except HeadscopeError as e:
                 raise OptionError("heads", str(e)) from None
         for d in self.from_dirs:
+            if not str(d).strip():  # Path('') is the current folder: never read it by accident
+                raise OptionError("from_dirs", "is empty text; give a folder holding other verbs' outputs")
             p = Path(d)
             if p.is_file():
                 raise OptionError("from_dirs", f"{str(p)!r} is a file; it takes the folder holding a verb's "

@@ -6,18 +6,24 @@ one request at a time under a lock (a forward pass switches the model's attentio
 already uses every core for one pass). At most `MAX_WAITING` requests wait for it; more get 429.
 
 Requests name no file: the page is built in memory at start, and the only routes are `ROUTES`. Every
-refusal is a 4xx with `{"error": "..."}`, and no traceback ever reaches a client.
+refusal is a 4xx (or a 503) with `{"error": "..."}`, and no traceback ever reaches a client. Only the Host
+names the bound address is reached by are answered (`hosts.py`); no answer may be framed; a client has
+`REQUEST_SECONDS` for its whole request; a long text's map is sent row by row, `LONG_AT_ONCE` at a time.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
 import socket
+import sys
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -29,17 +35,25 @@ from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
 from .attention import SMALL_MAX, Encoded, TooLong, all_heads, check_head, encode, one_head
 from .generate import MAX_NEW_TOKENS, check_generates, continue_greedily
+from .hosts import HostCheck, is_loopback
 from .norms import WEIGHTINGS, norm_weights, value_norms
 from .page import PAGE_CSP, model_info, page
 from .windows import encode_ids, overview, parse_window, window
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LOOPBACK", "MAX_WAITING", "ROUTES", "ViewApp", "ViewServer", "make_server"]
+__all__ = ["HEADER_CSP", "LONG_AT_ONCE", "LONG_TOKENS", "MAX_WAITING", "REQUEST_SECONDS", "ROUTES", "ViewApp",
+           "ViewServer", "is_loopback", "make_server"]
 
 MAX_WAITING = 64  # requests queued for the model at once; more are told to retry (429)
 CACHE = 16  # texts whose every-head maps are kept (switching heads needs no new forward pass)
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# A long text's one-head map is T x T: its answer holds the float32 map and the JSON text (docs/view.md, memory).
+# At most LONG_AT_ONCE such answers are computed or sent at once; another is told to retry (503).
+LONG_TOKENS = 1024
+LONG_AT_ONCE = 1
+REQUEST_SECONDS = 30  # a client must send its whole request (line and headers) within this, however it drips
+# The page may not be framed by another site (clickjacking): only an HTTP header can say so, not the page's meta.
+HEADER_CSP = PAGE_CSP + "; frame-ancestors 'none'"
 ROUTES = {"/api/attention": ("text", "layer", "head"), "/api/maps": ("text",), "/api/heads": (),
           "/api/model": ()}
 # Issue 43: token ids in place of a text (a generated continuation), norm-based weights, windows of long maps.
@@ -95,6 +109,23 @@ def _rounded(a: np.ndarray, digits: int) -> list[Any]:
     return out
 
 
+def _dumps(data: Any) -> bytes:
+    """JSON as the API sends it: nothing that is not JSON (NaN, inf) ever leaves the server."""
+    return json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _with_map(head: dict[str, Any], key: str, matrix: np.ndarray, digits: int) -> list[bytes]:
+    """`head` as JSON with `key` set to `matrix` (rounded to `digits` decimals), in pieces of one row each: the
+    map is never a Python list of T x T floats, only one row at a time (a 3000-token map is 9 million)."""
+    start = _dumps({**head, key: None})
+    assert start.endswith(b"null}")
+    pieces = [start[:-len(b"null}")] + b"["]
+    for i, row in enumerate(matrix):
+        pieces.append((b"," if i else b"") + _dumps(_rounded(row, digits)))
+    pieces.append(b"]}")
+    return pieces
+
+
 class ViewApp:
     """What every request reads: the model (behind its lock), its limits, the heads table and the page."""
 
@@ -105,8 +136,10 @@ class ViewApp:
         # A fast tokenizer's Rust object refuses concurrent calls that reset its truncation ("Already borrowed").
         self.tokenizer_lock = threading.Lock()
         self.waiting = threading.BoundedSemaphore(MAX_WAITING)
+        self.long = threading.BoundedSemaphore(LONG_AT_ONCE)  # long answers being computed or sent
         self.maps: OrderedDict[str, tuple[Encoded, list[np.ndarray]]] = OrderedDict()
-        self.long: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()  # (ids, layer, head, weighting) -> map
+        # (ids, layer, head, weighting) -> one head's long map, the last LONG_CACHE asked (windows move over it)
+        self.long_maps: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
         self.info = model_info(hm, max_tokens, examples)
         self.page = page(self.info, static=None).encode("utf-8")
 
@@ -155,8 +188,25 @@ class ViewApp:
         except HeadscopeError as e:
             raise BadRequest(400, str(e)) from None
 
-    def attention(self, params: dict[str, str]) -> dict[str, Any]:
-        """{"tokens", "ids", "layer", "head", "weights"}: rows are queries, the model's own probabilities."""
+    @contextmanager
+    def _long_slot(self, n_tokens: int) -> Iterator[None]:
+        """Hold one of the LONG_AT_ONCE places for a long answer while it is computed and sent; refuse (503)
+        when they are all taken, before any work."""
+        if n_tokens < LONG_TOKENS:
+            yield
+            return
+        if not self.long.acquire(blocking=False):
+            raise BadRequest(503, f"busy: a long text ({LONG_TOKENS} tokens or more) is already being answered and "
+                                  f"the view answers {LONG_AT_ONCE} at a time (each needs memory for its "
+                                  f"tokens^2 map); retry when it is done")
+        try:
+            yield
+        finally:
+            self.long.release()
+
+    def attention(self, params: dict[str, str], send: Callable[[list[bytes]], None]) -> None:
+        """{"tokens", "ids", "layer", "head", "note", "weights"}: rows are queries, the model's own
+        probabilities; `note` says when the text was cut to the model's positions (else null)."""
         layer, head = _int(params, "layer"), _int(params, "head")
         try:
             check_head(self.hm, layer, head)
@@ -164,16 +214,18 @@ class ViewApp:
             raise BadRequest(400, str(e)) from None
         enc = self.encode(params)
         weighting = _weighting(params)
-        if "window" in params:
-            return self.attention_window(enc, layer, head, weighting, params["window"])
-        if len(enc.ids) <= SMALL_MAX:
-            weights = self._every_head(enc)[layer][head]
-        else:  # long inputs: this head alone
-            weights = self._model(lambda: one_head(self.hm, enc.ids, layer, head))
-        if weighting == "norm":
-            weights = norm_weights(weights, self._norms(enc, layer)[head])
-        return {"tokens": enc.tokens, "ids": enc.ids, "layer": layer, "head": head,
-                "weights": _rounded(weights, 6), "weighting": weighting}
+        with self._long_slot(len(enc.ids)):
+            if "window" in params:
+                send([_dumps(self.attention_window(enc, layer, head, weighting, params["window"]))])
+                return
+            if len(enc.ids) <= SMALL_MAX:
+                weights = self._every_head(enc)[layer][head]
+            else:  # long inputs: this head alone
+                weights = self._model(lambda: one_head(self.hm, enc.ids, layer, head))
+            if weighting == "norm":
+                weights = norm_weights(weights, self._norms(enc, layer)[head])
+            send(_with_map({"tokens": enc.tokens, "ids": enc.ids, "layer": layer, "head": head, "note": enc.note,
+                            "weighting": weighting}, "weights", weights, 6))
 
     # ---- issue 43: token ids, norm-based weights, windows of long maps, generation ------------------------
     def encode_ids(self, params: dict[str, str]) -> Encoded:
@@ -198,9 +250,9 @@ class ViewApp:
         """One head's whole map, kept for the last `LONG_CACHE` asks (a moving window needs no new pass)."""
         key = (tuple(enc.ids), layer, head, weighting)
         with self.cache_lock:
-            if key in self.long:
-                self.long.move_to_end(key)
-                return self.long[key]
+            if key in self.long_maps:
+                self.long_maps.move_to_end(key)
+                return self.long_maps[key]
         if len(enc.ids) <= SMALL_MAX:
             weights = self._every_head(enc)[layer][head]
         else:
@@ -208,9 +260,9 @@ class ViewApp:
         if weighting == "norm":
             weights = norm_weights(weights, self._norms(enc, layer)[head])
         with self.cache_lock:
-            self.long[key] = weights
-            while len(self.long) > LONG_CACHE:
-                self.long.popitem(last=False)
+            self.long_maps[key] = weights
+            while len(self.long_maps) > LONG_CACHE:
+                self.long_maps.popitem(last=False)
         return weights
 
     def attention_window(self, enc: Encoded, layer: int, head: int, weighting: str, raw: str) -> dict[str, Any]:
@@ -222,7 +274,7 @@ class ViewApp:
         full = self._long_map(enc, layer, head, weighting)
         block, q0, k0 = window(full, q0, k0, min(size, len(enc.ids)))
         return {"tokens": enc.tokens, "ids": enc.ids, "layer": layer, "head": head, "weighting": weighting,
-                "window": {"q0": q0, "k0": k0, "size": block.shape[0]}, "weights": _rounded(block, 6),
+                "note": enc.note, "window": {"q0": q0, "k0": k0, "size": block.shape[0]}, "weights": _rounded(block, 6),
                 "max": round(float(full.max()), 6), "overview": _rounded(overview(full), 4)}
 
     def generate(self, params: dict[str, str]) -> dict[str, Any]:
@@ -243,7 +295,7 @@ class ViewApp:
         with self.tokenizer_lock:
             tokens = [str(t) for t in self.hm.tokenizer.convert_ids_to_tokens(ids)]
             continuation = str(self.hm.tokenizer.decode(done.generated))
-        return {"text": enc.text, "continuation": continuation, "ids": ids, "tokens": tokens,
+        return {"text": enc.text, "continuation": continuation, "ids": ids, "tokens": tokens, "note": enc.note,
                 "prompt_tokens": len(done.prompt), "generated": len(done.generated), "stopped": done.stopped}
 
     def every_map(self, params: dict[str, str]) -> dict[str, Any]:
@@ -257,18 +309,43 @@ class ViewApp:
         if weighting == "norm":
             norms = self._model(lambda: value_norms(self.hm, enc.ids, range(self.hm.n_layers)))
             maps = [norm_weights(m, norms[l]) if m.shape[0] else m for l, m in enumerate(maps)]
-        return {"tokens": enc.tokens, "ids": enc.ids, "maps": [_rounded(m, 4) for m in maps], "weighting": weighting}
+        return {"tokens": enc.tokens, "ids": enc.ids, "note": enc.note, "maps": [_rounded(m, 4) for m in maps],
+                "weighting": weighting}
 
-    def answer(self, route: str, params: dict[str, str]) -> dict[str, Any]:
+    def answer(self, route: str, params: dict[str, str], send: Callable[[list[bytes]], None]) -> None:
+        """Answer `route` by calling `send` with the JSON body's pieces (a refusal raises BadRequest first)."""
         if route == "/api/attention":
-            return self.attention(params)
-        if route == "/api/maps":
-            return self.every_map(params)
-        if route == "/api/generate":
-            return self.generate(params)
-        if route == "/api/heads":
-            return self.heads
-        return self.info
+            self.attention(params, send)
+        elif route == "/api/maps":
+            send([_dumps(self.every_map(params))])
+        elif route == "/api/generate":
+            send([_dumps(self.generate(params))])
+        elif route == "/api/heads":
+            send([_dumps(self.heads)])
+        else:
+            send([_dumps(self.info)])
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reading side under one deadline per request: every receive may wait only for the time
+    left, so a client dripping a byte every few seconds is cut off when the deadline passes, not reset by it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.deadline = time.monotonic() + REQUEST_SECONDS
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the request was not complete within {REQUEST_SECONDS} s")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
+_GONE = (ConnectionError, TimeoutError)  # a client that went away or stalled: one quiet log line, no traceback
 
 
 class ViewHandler(BaseHTTPRequestHandler):
@@ -277,28 +354,51 @@ class ViewHandler(BaseHTTPRequestHandler):
     server: ViewServer
     server_version = "headscope-view"
     sys_version = ""
-    timeout = 30  # seconds a client may take to send its request: a stalled one cannot hold a thread forever
+    timeout = REQUEST_SECONDS  # also the most one send may wait for a client that stopped reading
+
+    def setup(self) -> None:
+        super().setup()
+        self._reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        self._reader.deadline = time.monotonic() + REQUEST_SECONDS  # the whole request, from its first byte
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self.connection.settimeout(self.timeout)  # read; the answer's sends get the full timeout again
+        return ok
 
     def log_message(self, format: str, *args: Any) -> None:
         log.info("%s %s", self.address_string(), format % args)
 
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
+    def _head(self, status: int, length: int, content_type: str) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(length))
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Referrer-Policy", "no-referrer")
-        self.send_header("Content-Security-Policy", PAGE_CSP)
-        if status == 429:
+        self.send_header("Content-Security-Policy", HEADER_CSP)
+        self.send_header("X-Frame-Options", "DENY")
+        if status == 429 or status == 503:
             self.send_header("Retry-After", "1")
         self.end_headers()
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self._head(status, len(body), content_type)
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def _send_json(self, pieces: list[bytes]) -> None:
+        """A 200 JSON answer sent piece by piece (a long map is never joined into one string)."""
+        self._head(200, sum(len(p) for p in pieces), "application/json; charset=utf-8")
+        for piece in pieces:
+            self.wfile.write(piece)
+
     def _json(self, status: int, data: Any) -> None:
-        body = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        self._send(status, body, "application/json; charset=utf-8")
+        self._send(status, _dumps(data), "application/json; charset=utf-8")
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own refusals (a request line too long, malformed, an unknown method) as JSON 4xx too."""
@@ -311,18 +411,11 @@ class ViewHandler(BaseHTTPRequestHandler):
             phrase = "refused"
         self._json(code, {"error": message or phrase})
 
-    def _host_allowed(self) -> bool:
-        """On a loopback address, only requests addressed to it by name or number (a page elsewhere that
-        resolves its own name to 127.0.0.1 cannot read the API: DNS rebinding)."""
-        if not self.server.loopback:
-            return True
-        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]").lower()
-        return host in LOOPBACK
-
     def do_GET(self) -> None:
         try:
-            if not self._host_allowed():
-                raise BadRequest(403, "this server answers requests addressed to 127.0.0.1 or localhost only")
+            if not self.server.hosts.allows(self.headers.get("Host")):
+                raise BadRequest(403, f"this server answers requests addressed to {self.server.hosts.describe()} "
+                                      f"only")
             url = urlsplit(self.path)
             if url.path in ("/", "/index.html"):
                 self._send(200, self.server.app.page, "text/html; charset=utf-8")
@@ -330,19 +423,19 @@ class ViewHandler(BaseHTTPRequestHandler):
             if url.path not in ROUTES:
                 raise BadRequest(404, f"no such page {url.path[:80]!r}; the page is / and the API is "
                                       f"{', '.join(ROUTES)} (docs/view.md)")
-            self._json(200, self.server.app.answer(url.path, _params(url.path, url.query)))
+            self.server.app.answer(url.path, _params(url.path, url.query), self._send_json)
         except BadRequest as e:
             self._json(e.status, {"error": str(e)})
+        except _GONE:
+            raise  # the client left mid-answer: ViewServer.handle_error logs one line
         except Exception as e:  # a fault of headscope's, not the request's: one line, no traceback
             log.exception("view request %s failed", self.path[:200])
             self._json(500, {"error": f"internal error ({type(e).__name__}: {str(e)[:200]}); see the server's log"})
 
-    do_HEAD = do_GET
-
     def _refuse_method(self) -> None:
         self._json(405, {"error": f"{self.command} is not served; the view answers GET requests only"})
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method
+    do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method
 
 
 class ViewServer(ThreadingHTTPServer):
@@ -351,18 +444,31 @@ class ViewServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # connections the OS holds before accept(): a burst of requests is not refused
 
-    def __init__(self, address: tuple[str, int], app: ViewApp) -> None:
-        self.app = app
-        self.loopback = address[0] in LOOPBACK
+    app: ViewApp
+
+    def __init__(self, address: tuple[str, int], app: ViewApp | None) -> None:
+        if app is not None:
+            self.app = app
         super().__init__(address, ViewHandler)
+        self.hosts = HostCheck(address[0], str(self.server_address[0]), int(self.server_address[1]))
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that disconnected or stalled is one quiet line; anything else is logged with its traceback
+        (never sent to a client)."""
+        error = sys.exc_info()[1]
+        if isinstance(error, _GONE):
+            log.info("%s left before its answer was complete (%s)", client_address[0], type(error).__name__)
+            return
+        log.exception("view connection from %s failed", client_address[0])
 
 
 class _ViewServer6(ViewServer):
     address_family = socket.AF_INET6  # an IPv6 host such as ::1
 
 
-def make_server(app: ViewApp, host: str, port: int) -> ViewServer:
-    """A ViewServer listening on host:port (port 0: a free port); an OS refusal is a clear error."""
+def make_server(app: ViewApp | None, host: str, port: int) -> ViewServer:
+    """A ViewServer listening on host:port (port 0: a free port); an OS refusal is a clear error. `app` may come
+    later (`server.app = ...`, before `serve_forever`): the command takes its port before the model loads."""
     cls = _ViewServer6 if ":" in host else ViewServer
     try:
         return cls((host, port), app)

@@ -87,14 +87,14 @@
     if (path === "/api/heads") return STATIC.heads;
     if (path === "/api/maps") {
       if (!STATIC.maps) throw new ApiError(413, "every head's map is not in this saved view (a long text): it holds the chosen heads only");
-      return { tokens: STATIC.tokens, maps: STATIC.maps };
+      return { tokens: STATIC.tokens, maps: STATIC.maps, note: STATIC.note };
     }
     const key = headName(params.layer, params.head);
     let w = null;
     if (STATIC.maps) w = STATIC.maps[params.layer][params.head];
     else if (STATIC.attention[key]) w = STATIC.attention[key];
     else throw new ApiError(400, absentMessage(params.layer, params.head));
-    return params.window ? staticWindow(w, params) : { tokens: STATIC.tokens, weights: w };
+    return params.window ? Object.assign(staticWindow(w, params), { note: STATIC.note }) : { tokens: STATIC.tokens, note: STATIC.note, weights: w };
   }
   const held = (l, h) => !STATIC || STATIC.maps !== null || headName(l, h) in STATIC.attention;
   function absentMessage(l, h) {
@@ -658,7 +658,8 @@
     const folders = (state.heads || {}).folders || [];
     const found = Object.values((state.heads || {}).sources || {}).map((s) => s.file);
     $("sources").textContent = folders.length ? "Evidence from " + folders.join(", ") + ": " + (found.join(", ") || "no result files found") : "No --from folder: the grid has no evidence to colour by.";
-    for (const p of (state.heads || {}).problems || []) status(p, true);
+    const problems = (state.heads || {}).problems || [];
+    if (problems.length) status(problems.join("\n"), true); // each unusable file, one line each
     if (address.head) state.slots[0] = address.head;
     if (address.head2) state.slots[1] = address.head2;
     if (address.weighting) { state.weighting = address.weighting; $("weighting").value = address.weighting; }
