@@ -123,7 +123,7 @@ def test_windows_of_a_long_map_and_its_overview(dirs):
         status, body = get(f"{base}/api/attention?text={quote(text)}&layer=1&head=4&window={T - 5},{T},32")
         assert body["window"] == {"q0": T - 32, "k0": T - 32, "size": 32}
         assert np.abs(np.asarray(body["weights"]) - ref[T - 32:, T - 32:]).max() <= 1e-5
-        assert len(app.long) == 1  # the second window came from the kept map
+        assert len(app.long_maps) == 1  # the second window came from the kept map
         # token ids in place of the text: the same answer
         ids = ",".join(str(i) for i in body["ids"])
         status, by_ids = get(f"{base}/api/attention?ids={ids}&layer=1&head=4&window={T - 5},{T},32")

@@ -39,15 +39,6 @@ class ViewOptions(ModelOptions):
             raise OptionError("from_dirs", f"is {self.from_dirs!r}; give a list of folders")
         if not isinstance(self.heads, (tuple, list)) or not all(isinstance(h, str) for h in self.heads):
             raise OptionError("heads", f"is {self.heads!r}; give head names such as ('L1H4',) or ('L0H0', 'L1H2')")
-        for name in ("port", "max_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise OptionError(name, f"is {value!r} ({type(value).__name__}); give a whole number")
-        if not isinstance(self.host, str):
-            raise OptionError("host", f"is {self.host!r} ({type(self.host).__name__}); give an address as text, e.g. "
-                                      f"'127.0.0.1'")
-        if not isinstance(self.open, bool):
-            raise OptionError("open", f"is {self.open!r} ({type(self.open).__name__}); give True or False")
         if not self.host.strip():
             raise OptionError("host", "is empty; give an address to listen on, e.g. 127.0.0.1 (this machine only)")
         if len(self.heads) > 2:

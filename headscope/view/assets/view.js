@@ -593,7 +593,8 @@
       Object.assign(state, { text: text, tokens: tokens, maps: maps, ids: ids || null, promptLen: ids ? promptLen : null, focus: [null, null], found: null });
       if (!ids) { state.gen = null; $("continuation").hidden = true; }
       status(tokens.length + " tokens" + (maps ? "" : " (long text: each head is computed when shown)") +
-        (ids ? "; tokens " + promptLen + "\u2013" + (tokens.length - 1) + " are the model's greedy continuation" : ""), false);
+        (ids ? "; tokens " + promptLen + "\u2013" + (tokens.length - 1) + " are the model's greedy continuation" : "") +
+        (first.note ? "; " + first.note : ""), false);
       drawMultiples();
       await Promise.all([drawSlot(0), drawSlot(1)]);
       writeAddress();
