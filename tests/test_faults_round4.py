@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_artifacts import tiny_bert_dir, tiny_llama_dir
 from test_bad_input import refused
+from users import as_user
 
 from headscope.cli import main
 from headscope.errors import HeadscopeError
@@ -212,23 +213,13 @@ def test_a_list_of_pairs_runs_and_is_never_silently_dropped_beside_a_task(llama)
             headscope.patch(hm, bad)
 
 
-def _as_user() -> list[str]:
-    """The prefix that runs a command without root's DAC override (as tests/test_hostile.py does for --data)."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) is absent: root reads a mode-000 file, so the refusal cannot be seen")
-    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
-
-
 def test_an_unreadable_pairs_file_is_refused_for_a_user_without_roots_override(tmp_path, llama):
     pairs = tmp_path / "secret.jsonl"
     pairs.write_text(_line())
     pairs.chmod(0)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "OMP_NUM_THREADS": "1"}
     try:
-        r = subprocess.run([*_as_user(), sys.executable, "-m", "headscope", *_patch(llama, str(pairs))[:-4],
+        r = subprocess.run([*as_user(), sys.executable, "-m", "headscope", *_patch(llama, str(pairs))[:-4],
                             "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env, timeout=300)
     finally:
         pairs.chmod(0o644)

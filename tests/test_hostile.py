@@ -16,6 +16,7 @@ import pytest
 import torch
 from test_artifacts import tiny_bert_dir
 from test_bad_input import refused
+from users import as_user
 
 from headscope.cli import main
 from headscope.errors import HeadscopeError
@@ -402,14 +403,6 @@ def test_a_full_disk_while_writing_results_is_one_line_and_a_rerun_works(tmp_pat
 
 
 # --- an unreadable --data, as a user without root's override reads it -------------------------------------------
-def _as_user() -> list[str]:
-    """The prefix that runs a command without the DAC override root has (what a plain user's process lacks)."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) is absent: root reads a mode-000 file, so the refusal cannot be seen")
-    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
 
 
 def test_unreadable_data_refused_by_the_open_itself(tmp_path, bert):
@@ -421,7 +414,7 @@ def test_unreadable_data_refused_by_the_open_itself(tmp_path, bert):
     data.chmod(0)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "OMP_NUM_THREADS": "1"}
     try:
-        r = subprocess.run([*_as_user(), sys.executable, "-m", "headscope", "analyze", str(bert), "--data", str(data),
+        r = subprocess.run([*as_user(), sys.executable, "-m", "headscope", "analyze", str(bert), "--data", str(data),
                             *SMALL, "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env, timeout=300)
         lines = [l for l in r.stderr.splitlines() if l.startswith("headscope ")]
         assert r.returncode == 2, r.stderr

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_view_faults import _as_user, _env, opened_during
+from test_view_faults import _env, opened_during
+from users import as_user
 from view_support import tokenizer_dir, unseen_text
 
 from headscope.cli import main
@@ -78,7 +79,7 @@ def test_report_of_an_unreadable_heads_csv_names_it_and_reports_the_rest(evidenc
     (d / "heads.csv").chmod(0)
     out = tmp_path / "out"
     try:
-        r = subprocess.run([*_as_user(), sys.executable, "-m", "headscope", "report", "--no-model", "--from", str(d),
+        r = subprocess.run([*as_user(), sys.executable, "-m", "headscope", "report", "--no-model", "--from", str(d),
                             "--out", str(out)], capture_output=True, text=True, env=_env(), timeout=300)
     finally:
         (d / "heads.csv").chmod(0o644)

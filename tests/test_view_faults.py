@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from users import as_user
 from view_support import get, serving, tokenizer_dir, unseen_text
 
 import headscope
@@ -229,13 +230,6 @@ def test_a_malformed_file_is_named_and_the_rest_is_served(hm, evidence, tmp_path
 
 
 # --- unreadable files, as a user without root's override ----------------------------------------------------------
-def _as_user() -> list[str]:
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) is absent: root reads a mode-000 file, so the refusal cannot be seen")
-    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
 
 
 def _env() -> dict[str, str]:
@@ -259,7 +253,7 @@ def test_view_of_an_unreadable_file_names_it_and_serves_the_rest(bert, evidence,
     (d / "heads.csv").chmod(0)
     (d / "importance.json").chmod(0)
     try:
-        proc, port = _start([str(bert), "--from", str(d), "--port", "0"], _as_user())
+        proc, port = _start([str(bert), "--from", str(d), "--port", "0"], as_user())
         try:
             status, t = get(f"http://127.0.0.1:{port}/api/heads")
         finally:
