@@ -383,6 +383,16 @@ def test_cli_writes_the_declared_files_and_refuses_in_one_line(tmp_path, capsys)
     assert len(rows) == 1 + data["total_edges"]
     assert data["cmd_lo"] <= data["cmd"] <= data["cmd_hi"] and data["cpr_lo"] <= data["cpr"] <= data["cpr_hi"]
     assert json.loads((out / "circuit.json").read_text())["provenance"]["verb"] == "circuit"
+    # the report's section reads both files: the curve with its band, and the smallest circuit reaching 0.8
+    from headscope.report.circuit import PLOT_NAMES, circuit_part
+    from headscope.report.sources import Sources
+
+    figs: dict[str, bytes] = {}
+    part = circuit_part(Sources.scan([out]), figs)
+    reach = next(p for p in data["curve"] if p["faithfulness"] >= 0.8)
+    assert [p["plot"] is not None for p in part.panels] == [True, True] and set(figs) == set(PLOT_NAMES.values())
+    assert f"{reach['edges']} edges" in " ".join(part.text["q1"])
+    assert len(part.panels[0]["rows"]) == len(FRACTIONS)
     capsys.readouterr()
     bert = tiny_bert_dir(tmp_path)
     assert main(["circuit", str(bert), "--pairs", str(pairs), "--out", str(tmp_path / "b")]) == 2

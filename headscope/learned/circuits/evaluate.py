@@ -30,7 +30,7 @@ from .wiring import wired
 def circuit_forward(hm: HeadModel, graph: Graph, b: PairBatch, corrupt_out: torch.Tensor,
                     dropped: np.ndarray) -> torch.Tensor:
     """The metric `[pairs]` of the clean ids with the edges of `dropped` (`[senders, receivers]` bool) patched."""
-    drop = torch.as_tensor(dropped & graph.edges, dtype=corrupt_out.dtype)  # [senders, receivers]
+    drop = torch.as_tensor(dropped & graph.edges, dtype=corrupt_out.dtype, device=corrupt_out.device)
     last = np.zeros(len(graph.receivers), dtype=np.int64)  # per receiver: 1 + the last sender it drops
     for r in range(len(graph.receivers)):
         hits = np.nonzero(dropped[:, r] & graph.edges[:, r])[0]
