@@ -199,6 +199,25 @@ def test_empty_circuit_is_the_corrupt_run_and_full_circuit_the_clean_run():
     assert np.abs(runs.empty - runs.corrupt).max() < 1e-5
 
 
+@pytest.mark.parametrize("family,overrides", [("qwen3", {}), ("smollm3", {}), ("starcoder2", {}), ("phi3", {}),
+                                              ("gpt_neox", {"use_parallel_residual": False}), ("mistral", {})])
+def test_every_mapped_family_rebuilds_the_corrupt_run_from_its_edges(family, overrides):
+    """With every edge patched each receiver reads the corrupt residual rebuilt from the senders' writes: the
+    corrupt run, in every family models/residual.py maps (its norms, MLP and head writes read right)."""
+    hm = tiny_model(family, init_std=0.2, **overrides)
+    b, g = _pairs(), build_graph(hm)
+    runs = evaluate_circuits(hm, g, b, [np.ones(g.n_edges, bool)], batch_size=4)
+    assert np.abs(runs.empty - runs.corrupt).max() < 1e-4, np.abs(runs.empty - runs.corrupt).max()
+    assert np.abs(runs.circuits[:, 0] - runs.clean).max() < 1e-5
+    assert np.abs(runs.clean - runs.corrupt).max() > 1e-3
+
+
+def test_gpt_neox_with_its_parallel_residual_is_refused_in_one_line():
+    with pytest.raises(HeadscopeError) as e:
+        build_graph(tiny_model("gpt_neox"))
+    assert "parallel" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_an_edge_into_a_kv_group_equals_patching_that_groups_keys_for_all_its_query_heads():
     """GQA: the same model ungrouped (num_key_value_heads = heads, each query head its own copy of its group's key
     and value rows) computes the same; patching there the keys of every query head of group 1 by hand equals the
