@@ -41,6 +41,9 @@ class Graph:
     head_sender: dict[tuple[int, int], int]  # (layer, head) -> sender index
     mlp_sender: dict[int, int]  # layer -> sender index
     edges: np.ndarray  # [senders, receivers] bool: the edge exists
+    # q/k/v receiver index -> the projection module and the output channels it owns (HeadModel.head_channels),
+    # looked up once: the adapter's lookups cost more than the forward's own work on small models
+    channels: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     sender_of: np.ndarray = field(init=False)  # [edges] sender index of each edge, edges in row-major order
     receiver_of: np.ndarray = field(init=False)  # [edges] receiver index
 
@@ -104,7 +107,9 @@ def build_graph(hm: Any) -> Graph:
     receivers.append(Receiver("logits", L, "logits"))
     reads.append((L, 0))
     edges = np.array([[_before(s, r) for r in reads] for s in at], dtype=bool)
-    return Graph(L, senders, receivers, head_sender, mlp_sender, edges)
+    channels = {i: hm.head_channels(r.layer, r.kind, r.head) for i, r in enumerate(receivers)
+                if r.kind in ("q", "k", "v")}
+    return Graph(L, senders, receivers, head_sender, mlp_sender, edges, channels)
 
 
 def _before(sender: tuple[int, int], receiver: tuple[int, int]) -> bool:

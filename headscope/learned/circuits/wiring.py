@@ -88,8 +88,7 @@ def _attention_hooks(hm: HeadModel, graph: Graph, layer: int, norm: nn.Module, d
 
     owned: dict[nn.Module, list[tuple[int, torch.Tensor]]] = {}
     for i, r in enumerate(rs):
-        rec = graph.receivers[r]
-        module, channels = hm.head_channels(layer, rec.kind, rec.head)
+        module, channels = graph.channels[r]
         owned.setdefault(module, []).append((i, channels))
 
     def make(module: nn.Module, parts: list[tuple[int, torch.Tensor]]) -> Callable[..., Any]:
