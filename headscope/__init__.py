@@ -48,6 +48,8 @@ _LAZY = {
     "render_report": "report", "ViewOptions": "view",
     # what heads do, causally (activation patching)
     "patch": "learned.causal.verb", "PatchOptions": "learned.options",
+    # circuits: edge attribution and faithfulness at every size
+    "circuit": "learned.circuits.verb", "CircuitOptions": "learned.options",
 }
 
 

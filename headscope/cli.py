@@ -29,7 +29,8 @@ from .version import __version__
 
 # `headscope --help` lists the verbs by the question they answer, the main job first; a verb in no group is listed
 # last, under "tools".
-VERB_GROUPS = (("start here", ("study", "view")), ("what the heads learn", ("analyze", "roles", "similar", "patch")),
+VERB_GROUPS = (("start here", ("study", "view")),
+               ("what the heads learn", ("analyze", "roles", "similar", "patch", "circuit")),
                ("are more heads better", ("kv", "gqa", "mla", "kvcache", "sweep")),
                ("which heads are redundant", ("score", "prune", "tasks")))
 

@@ -277,3 +277,57 @@ def path_graph(edges: Sequence[Mapping[str, Any]], title: str, value_label: str,
     ax.set_ylabel("head")
     ax.set_title(title, fontsize=9)
     return save_png(fig, path)
+
+
+CIRCUIT_COLOURS = {"q": "#4e79a7", "k": "#e15759", "v": "#59a14f", "mlp": "#b07aa1", "logits": "#7f7f7f"}
+
+
+def circuit_graph(edges: Sequence[Mapping[str, Any]], n_layers: int, n_heads: int, title: str,
+                  path: Path | None = None) -> bytes:
+    """A circuit's edges between nodes placed by layer: `sender` and `receiver` as (x, y) positions (x: layer, the
+    embeddings at -1, a layer's MLP half a layer after its heads, the logits at n_layers; y: head, MLPs below the
+    heads), `kind` the receiver's input (q, k, v, mlp, logits) and `value` the edge's score: lines wider and darker
+    for larger |value|, coloured by kind, dashed when negative."""
+    if not edges:
+        raise ValueError("no edges to draw")
+    fig, ax = figure(min(14.0, 0.32 * n_layers + 3.5), min(8.0, 0.3 * n_heads + 2.5))
+    top = max(abs(num(e["value"])) for e in edges) or 1.0
+    nodes: set[tuple[float, float]] = set()
+    for e in sorted(edges, key=lambda e: abs(num(e["value"]))):  # the strongest drawn last, on top
+        (x0, y0), (x1, y1), v = e["sender"], e["receiver"], num(e["value"])
+        w = abs(v) / top
+        ax.plot([x0, x1], [y0, y1], color=CIRCUIT_COLOURS.get(str(e["kind"]), "#333333"), lw=0.3 + 2.5 * w,
+                alpha=0.25 + 0.7 * w, linestyle="--" if v < 0 else "-")
+        nodes.update({(x0, y0), (x1, y1)})
+    xs, ys = zip(*nodes, strict=True)
+    ax.plot(xs, ys, "o", ms=4, color="#f2f2f2", mec="#555555", zorder=3)
+    for kind, colour in CIRCUIT_COLOURS.items():
+        ax.plot([], [], color=colour, label=kind)
+    ax.legend(fontsize=7, title="into", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_ylim(n_heads + 0.8, -1.0)
+    ax.set_yticks([*range(n_heads), n_heads])
+    ax.set_yticklabels([str(h) for h in range(n_heads)] + ["MLP"], fontsize=7)
+    ax.set_xlabel("layer (-1: embeddings; last: logits)")
+    ax.set_ylabel("head")
+    ax.set_title(title, fontsize=9)
+    return save_png(fig, path)
+
+
+def faithfulness_curve(curve: Sequence[Mapping[str, Any]], title: str, path: Path | None = None) -> bytes:
+    """Faithfulness against the fraction of edges kept (log x), its interval as a band, beside the random circuits
+    of the same sizes (with theirs) and the line at 1."""
+    fig, ax = figure(5.0, 3.2)
+    x = [num(p["fraction"]) for p in curve]
+    for key, colour, label in (("faithfulness", "#4e79a7", "top edges by |score|"),
+                               ("random", "#7f7f7f", "random edges")):
+        ax.plot(x, [num(p[key]) for p in curve], "o-", ms=3, color=colour, label=label)
+        if all(f"{key}_lo" in p for p in curve):
+            ax.fill_between(x, [num(p[f"{key}_lo"]) for p in curve], [num(p[f"{key}_hi"]) for p in curve],
+                            color=colour, alpha=0.2, lw=0)
+    ax.axhline(1.0, color="#333333", lw=0.6, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("fraction of edges in the circuit")
+    ax.set_ylabel("faithfulness")
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=9)
+    return save_png(fig, path)

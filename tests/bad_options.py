@@ -32,7 +32,7 @@ FLAG = None  # a flag no value can make bad, on its own (its combinations are re
 # What a verb needs before its options are read.
 REQUIRED = {"gqa": ("{llama}", "--kv-heads", "1"), "mla": ("{llama}", "--kv-rank", "8"), "kvcache": ("{llama}",),
             "prune": ("--fraction", "0.1"), "patch": ("{llama}", "--task", "induction"),
-            "export": ("{llama}", "--to", "gguf", "--file", "o.gguf")}
+            "circuit": ("{llama}", "--task", "induction"), "export": ("{llama}", "--to", "gguf", "--file", "o.gguf")}
 L0 = ("--method", "l0")
 L0_ROWS = {  # prune's and score's --method l0 options
     "--l0-steps": bad(*L0, "--l0-steps", "0", says="L0 gate training needs at least 1 step"),
@@ -82,6 +82,12 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
                                               "logits; cannot read head 'L1Hx'"),
         "--senders": bad("--senders", "L0H1", says="--senders needs --paths: the receivers (or logits) the set's "
                                                     "paths go to"),
+    },
+    "circuit": {
+        "model": bad("no-such-model", "--task", "induction", says="unknown model 'no-such-model'", required=False),
+        "--pairs": bad("{llama}", "--pairs", "missing.jsonl", says="pairs file 'missing.jsonl' does not exist",
+                       required=False),
+        "--ig-steps": bad("--ig-steps", "0", says="--ig-steps must be at least 1; got 0"),
     },
     "gqa": {
         "model": bad("no-such-model", "--kv-heads", "1", says="unknown model 'no-such-model'", required=False),
@@ -222,6 +228,9 @@ TOO_LARGE: dict[str, dict[str, Row]] = {
               "--copies": bad("--copies", HUGE, says="--copies must be at most 4096"),
               "--batch-size": bad("--batch-size", HUGE, says="--batch-size must be at most 65536"),
               "--paths": bad("--paths", HUGE, says="--paths takes 1 to 256 receivers (the heads of largest effect)")},
+    "circuit": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000"),
+                "--ig-steps": bad("--ig-steps", HUGE, says="--ig-steps must be at most 64"),
+                "--batch-size": bad("--batch-size", HUGE, says="--batch-size must be at most 4096")},
     "score": {"--bootstrap": bad("--bootstrap", "200000", says="--bootstrap must be at most 100,000"),
               "--ig-steps": bad("--ig-steps", HUGE, says="--ig-steps must be at most 10,000"),
               "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},

@@ -107,6 +107,13 @@ def _patch(hm: Any, given: dict[str, Any]) -> Result:
     return patch(hm, None, PatchOptions(**given, batch_size=2, copies=5, bootstrap=200, paths="1"))
 
 
+def _circuit(hm: Any, given: dict[str, Any]) -> Result:
+    from headscope.learned.circuits.verb import circuit
+    from headscope.learned.options import CircuitOptions
+
+    return circuit(hm, None, CircuitOptions(**given, batch_size=2, bootstrap=200, method="eap"))
+
+
 def _kv(hm: Any, given: dict[str, Any]) -> Result:
     from headscope.capacity.options import KvOptions
     from headscope.capacity.verbs import kv
@@ -133,9 +140,10 @@ CASES: dict[str, Case] = {
                  "--js-max", "0.5", "--cka-min", "0.1", "--cka-batch", "8"], _similar),
     "kv": (["--kv-heads", "1,2", "--classic"], _kv),
     "patch": (["--batch-size", "2", "--copies", "5", "--bootstrap", "200", "--paths", "1"], _patch),
+    "circuit": (["--batch-size", "2", "--bootstrap", "200", "--method", "eap"], _circuit),
 }
 
-PAIRS = {"patch"}  # verbs that read clean/corrupt prompt pairs (--pairs) on a causal LM instead of --data
+PAIRS = {"patch", "circuit"}  # verbs that read clean/corrupt prompt pairs (--pairs) on a causal LM instead of --data
 PAIRS_TEXT = "".join(
     f'{{"clean": "the of {a} to in", "corrupt": "the of {b} to in", "answer": "{a}", "wrong": "{b}"}}\n'
     for a, b in (("is", "was"), ("he", "it"), ("his", "for"), ("on", "at")))

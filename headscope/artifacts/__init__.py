@@ -420,13 +420,42 @@ COMPOSITION_NPZ = Artifact(
      _f("k", "as q, through the receiver's keys"), _f("v", "as q, through the receiver's values"),
      _f("meta", "model and axis names (JSON text)")))
 
+# headscope circuit (issue 44): edge attribution and circuits at every size (docs/circuits.md).
+EDGES_CSV = Artifact(
+    "edges.csv", "csv", {"circuit": ""}, "edge attribution: one row per edge of the graph (sender to receiver), "
+    "its score followed by its bootstrap interval over pairs",
+    (_f("sender", "input (the embeddings), L<layer>H<head> or MLP<layer>"),
+     _f("receiver", "L<layer>H<head>.q, L<layer>G<group>.k, L<layer>G<group>.v (a KV group's keys and values), "
+                    "MLP<layer> or logits"),
+     _f("score", "EAP or EAP-IG: (a_sender,corrupt - a_sender,clean) . d(-M)/d(input of receiver), summed over "
+                 "positions and d_model, mean over pairs; positive when patching the edge alone with the corrupt run "
+                 "lowers M = logit(answer) - logit(wrong)")),
+    bounds=True)
+CIRCUIT_JSON = Artifact(
+    "circuit.json", "json", {"circuit": ""}, "circuits at every size: the faithfulness curves by |score| and by "
+    "signed score beside random circuits, CMD and CPR, each with its interval over pairs",
+    (_f("curve", "per fraction of edges: edges, fraction, faithfulness with faithfulness_lo/_hi, random (a random "
+                 "circuit of the same size) with random_lo/_hi; circuits by |score|"),
+     _f("curve_signed", "the same for circuits by signed score"),
+     _f("cmd", "area of |1 - faithfulness| over the fractions of curve (lower is better), cmd_lo, cmd_hi"),
+     _f("cpr", "area under curve_signed (higher is better), cpr_lo, cpr_hi"),
+     _f("total_edges", "edges in the graph"), _f("method", "eap or eap-ig"),
+     _f("ig_steps", "EAP-IG's interpolation steps m (null for eap)"), _f("metric", "what M is"),
+     _f("graph", "senders, receivers and how the graph is built"),
+     _f("M_clean", "M on the clean texts (the full circuit), mean over pairs, with its interval"),
+     _f("M_corrupt", "M on the corrupt texts, with its interval"),
+     _f("M_empty", "M of the empty circuit (every edge patched: the corrupt run through the evaluator)"),
+     _f("forwards", "forward and backward passes of the scores, forwards of the curves"),
+     _f("pairs"), _f("intervals"), _f("seconds"), _PROVENANCE),
+    bounds=True)
+
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
     PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG,
     SWEEP_SPEED_PNG, GQA_JSON,
     MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON, PATCHING_CSV, PATCHING_POSITIONS_CSV,
-    PATCHING_JSON, PATHS_CSV, COMPOSITION_NPZ)}
+    PATCHING_JSON, PATHS_CSV, COMPOSITION_NPZ, EDGES_CSV, CIRCUIT_JSON)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold
@@ -436,7 +465,8 @@ PROVENANCE_FILES: dict[str, str] = {"prune --unit": UNITS_JSON.name, "score --un
                                     "analyze": HEADS_JSON.name, "roles": ROLES_JSON.name, "similar": CLUSTERS_JSON.name,
                                     "score": IMPORTANCE_JSON.name, "prune": PRUNE_JSON.name, "kv": KV_JSON.name,
                                     "gqa": GQA_JSON.name, "mla": MLA_JSON.name,
-                                    "kvcache": KVCACHE_JSON.name, "patch": PATCHING_JSON.name}
+                                    "kvcache": KVCACHE_JSON.name, "patch": PATCHING_JSON.name,
+                                    "circuit": CIRCUIT_JSON.name}
 
 
 def provenance_file(name: str) -> str | None:

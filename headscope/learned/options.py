@@ -205,10 +205,38 @@ class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
             head_list(self.senders, "senders", "must be heads such as L17H4,L20H0")
 
 
+CIRCUIT = "circuits (docs/circuits.md)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CircuitOptions(ModelOptions, IntervalOptions, OutputOptions):
+    """`headscope circuit`: edge attribution over heads, their q/k/v inputs and MLPs, and circuits at every size
+    with their faithfulness (MIB's circuit track)."""
+
+    pairs: str | None = option(None, "JSONL of {\"clean\", \"corrupt\", \"answer\", \"wrong\"} objects, one a line "
+                                     "(as headscope patch reads them)", metavar="FILE", reads=True, group=CIRCUIT)
+    task: str | None = option(None, "a built-in pair set instead of --pairs: ioi, greater-than or induction",
+                              choices=("ioi", "greater-than", "induction"), group=CIRCUIT)
+    method: str = option("eap-ig", "eap-ig (default: integrated gradients over the inputs, MIB's recommended "
+                                   "variant) or eap (the gradient on the clean run)", choices=("eap", "eap-ig"),
+                         group=CIRCUIT)
+    ig_steps: int = option(5, "EAP-IG's runs between the corrupt and clean embeddings (default 5, MIB's)",
+                           at_least=1, at_most=64, group=CIRCUIT)
+    limit: int | None = option(None, "pairs to use (default: all)", at_least=1, group=CIRCUIT)
+    batch_size: int = option(8, "pairs per forward pass (default 8)", at_least=1, at_most=4096, group=CIRCUIT)
+
+    def check(self) -> None:
+        super().check()
+        if (self.pairs is None) == (self.task is None):
+            raise OptionError("pairs", "or --task: give exactly one (a JSONL file of pairs, or a built-in set: "
+                                       "ioi, greater-than, induction)")
+
+
 def check_card_path(path: str | None) -> None:
     """An --export-card target: a file whose folder is writable (an existing folder: the duo format's)."""
     if path is not None and not Path(path).is_dir():
         check_writable_file(path, "--export-card")
 
 
-__all__ = ["AnalyzeOptions", "OptionError", "PatchOptions", "RolesOptions", "SimilarOptions", "check_card_path"]
+__all__ = ["AnalyzeOptions", "CircuitOptions", "OptionError", "PatchOptions", "RolesOptions", "SimilarOptions",
+           "check_card_path"]
