@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, fields
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..artifacts import (
+    EDGES_CSV,
     HEADS_CSV,
     IMPORTANCE_CSV,
     KVCACHE_JSON,
@@ -55,6 +57,8 @@ _VERB_OPTIONS: dict[str, type[Options]] = {"analyze": AnalyzeOptions, "roles": R
                                            "kvcache": KvcacheOptions}
 _SKIP_OPTIONS = ("model", "from_command_line")
 PATHS_PER_HEAD = 3  # the strongest paths a head card lists (out of it and into it)
+EDGES_PER_HEAD = 3  # the strongest circuit edges a head card lists, out of it and into it (each)
+_NODE = re.compile(r"^L(\d+)(H|G)(\d+)(?:\.([qkv]))?$")  # edges.csv's head and KV-group nodes (circuits graph)
 
 
 def _defaults(cls: type[Options] | None) -> dict[str, Any]:
@@ -265,6 +269,50 @@ def _paths(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> No
     out["paths"] = per
 
 
+def _edges(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+    """Per head, its strongest circuit edges (edges.csv, `headscope circuit`) by |score|: {"L3H2": {"out": [...],
+    "in": [...]}}. An edge into a KV group's keys or values (`L3G1.k`) goes into every query head of that group."""
+    table = src.csv(EDGES_CSV.name)
+    if table is None:
+        return
+    out["sources"]["edges"] = _source(table.path)
+    rows: list[dict[str, Any]] = []
+    groups = 1
+    for r in table.rows:
+        score = _number(r.get("score"))
+        if score is None:
+            continue
+        edge: dict[str, Any] = {"sender": str(r.get("sender")), "receiver": str(r.get("receiver")), "score": score,
+                "lo": _number(r.get("score_lo")), "hi": _number(r.get("score_hi"))}
+        m = _NODE.match(edge["receiver"])
+        if m and m.group(2) == "G":
+            groups = max(groups, int(m.group(3)) + 1)
+        rows.append(edge)
+    if n_heads % groups:
+        raise ValueError(f"edges.csv names {groups} KV groups, which do not divide {n_heads} query heads")
+    size = n_heads // groups
+    rows.sort(key=lambda e: -abs(e["score"]))
+    per: dict[str, dict[str, list[dict[str, Any]]]] = {}
+
+    def add(name: str, side: str, edge: dict[str, Any]) -> None:
+        lists = per.setdefault(name, {"out": [], "in": []})
+        if len(lists[side]) < EDGES_PER_HEAD:
+            lists[side].append(clean(edge))
+
+    for e in rows:
+        m = _NODE.match(e["sender"])
+        if m and m.group(2) == "H":
+            add(e["sender"], "out", e)
+        m = _NODE.match(e["receiver"])
+        if m is None:
+            continue
+        layer, index = int(m.group(1)), int(m.group(3))
+        heads = [index] if m.group(2) == "H" else range(index * size, (index + 1) * size)
+        for h in heads:
+            add(f"L{layer}H{h}", "in", e)
+    out["edges"] = per
+
+
 def heads_table(hm: HeadModel, dirs: Sequence[str | Path]) -> dict[str, Any]:
     """The per-head evidence in `dirs` for the served model, JSON-ready: every list is flat over
     (layer, head), row-major. Files another model's run wrote are refused, naming the file."""
@@ -282,8 +330,8 @@ def heads_table(hm: HeadModel, dirs: Sequence[str | Path]) -> dict[str, Any]:
         check_made_for(path, hm, "--from")
     out: dict[str, Any] = {"n_layers": n_layers, "n_heads": n_heads, "folders": [str(d) for d in src.dirs],
                            "sources": {}, "statistics": {}, "roles": None, "uncertain": None, "role_detail": {},
-                           "importance": {}, "kvcache": [], "patching": None, "paths": {}}
-    for part in (_statistics, _roles, _importance, _kvcache, _patching, _paths):
+                           "importance": {}, "kvcache": [], "patching": None, "paths": {}, "edges": {}}
+    for part in (_statistics, _roles, _importance, _kvcache, _patching, _paths, _edges):
         _part(part, src, out, n_layers, n_heads)
     out["problems"] = list(src.problems.values())
     return clean(out)  # whatever a file held, nothing that is not JSON (NaN, inf) leaves the server

@@ -541,6 +541,13 @@
       }
       source_(dl, "paths", "`headscope patch MODEL --paths N --out DIR`");
     }
+    const edges = (H.edges || {})[headName(l, h)];
+    if (edges && (edges.out.length || edges.in.length)) {
+      dl.appendChild(el("dt", {}, "Strongest circuit edges (edge attribution)"));
+      for (const e of edges.out) dl.appendChild(el("dd", {}, "out: " + e.sender + " \u2192 " + e.receiver + ": " + interval(e.score, e.lo, e.hi)));
+      for (const e of edges.in) dl.appendChild(el("dd", {}, "in: " + e.sender + " \u2192 " + e.receiver + ": " + interval(e.score, e.lo, e.hi)));
+      source_(dl, "edges", "`headscope circuit MODEL --task ioi --out DIR`");
+    }
     dl.appendChild(el("dt", {}, "Statistics"));
     for (const c of ["entropy_norm", "mean_distance", "first_token_mass", "prev_token_mass", "special_mass"]) {
       const e = (H.statistics || {})[c];
