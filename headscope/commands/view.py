@@ -6,12 +6,10 @@ import argparse
 import sys
 import webbrowser
 
-from ..errors import HeadscopeError
 from ..options.cli import verb_parser
-from ..view.heads import heads_table
+from ..view import serve
 from ..view.options import ViewOptions
-from ..view.page import EXAMPLES
-from ..view.server import LOOPBACK, ViewApp, make_server
+from ..view.server import LOOPBACK
 from ._common import load_from_args
 
 
@@ -29,11 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     options = ViewOptions.from_namespace(args)  # validated by the CLI before this runs
     hm = load_from_args(args)
-    if hm.tokenizer is None:  # every request is text: refuse now, not on each request
-        raise HeadscopeError(f"{options.model} has no tokenizer, so the view cannot read text; give a model folder "
-                             f"with its tokenizer files")
-    app = ViewApp(hm, heads_table(hm, options.from_dirs), options.max_tokens, EXAMPLES)
-    server = make_server(app, options.host, options.port)
+    server = serve(hm, options)  # the library builds the app and its server; the command prints and serves
     host, port = options.host, int(server.server_address[1])  # port 0: the one the OS chose
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     if host not in LOOPBACK:
