@@ -21,7 +21,7 @@ from ..data.shared import shared_data
 from ..errors import HeadscopeError, OutputConflict
 from ..io import check_writable_dir
 from ..models.adapter import HeadModel
-from ..options import Result
+from ..options import OptionError, Result
 from ..provenance import data_fingerprint, model_fingerprint
 from ..version import versions
 from . import answers as answers_mod
@@ -133,9 +133,9 @@ def _study(opts: StudyOptions, stream: TextIO, live: bool | None, started_ago: f
     stages = [s for s in all_stages if not refused[s.name]]
     need = time.perf_counter() - start + minimum_s(stages, probe_, family)
     if opts.budget_s < need:
-        raise HeadscopeError(f"--budget {fmt_duration(opts.budget_s)} is below what a study of {family.name} needs "
-                             f"on this machine now: ~{fmt_duration(need)} (the probe, then analyze and the report at "
-                             f"their cheapest); give --budget {int(need // 60) + 1}m or more")
+        raise OptionError("budget", f"{fmt_duration(opts.budget_s)} is below what a study of {family.name} needs "
+                                    f"on this machine now: ~{fmt_duration(need)} (the probe, then analyze and the "
+                                    f"report at their cheapest); give {int(need // 60) + 1}m or more")
     data_fp = {"data": data_fingerprint(texts), "prune_data": prune_data, "heldout": heldout}
     if opts.force:
         clear_study(out)
