@@ -44,6 +44,8 @@ _LAZY = {
     "prune_heads": "redundancy.pruning.heads", "prune_curve": "redundancy.curves",
     # checkpoints of pruned or converted models
     "save_model": "models.checkpoint", "load_checkpoint": "models.checkpoint", "export_model": "export.verbs",
+    # head cards of a roles or kvcache result (what --export-card writes)
+    "export_card": "export.card_export", "record_card": "export.card_export",
     # the report, and the live view (`view` is the package itself: it is callable, see headscope/view)
     "render_report": "report", "ViewOptions": "view",
     # what heads do, causally (activation patching)

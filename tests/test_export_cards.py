@@ -96,6 +96,34 @@ def test_kvcache_export_card_holds_the_heads_it_keeps(llama, tmp_path):
         assert _top(pattern, n) == row["full_heads"], (row["budget"], pattern)
 
 
+def test_export_card_from_python_writes_what_the_cli_writes(llama, tmp_path):
+    """`export_card(result, hm, path)` is the library function behind `kvcache --export-card`: the same directory,
+    byte for byte, from Python as from the command line."""
+    from headscope import load_model
+    from headscope.capacity.options import KvcacheOptions
+    from headscope.capacity.verbs import kvcache
+    from headscope.export.card_export import export_card
+
+    src, text = llama
+    scores = tmp_path / "heads.csv"
+    values = np.random.default_rng(3).permutation(12) / 12
+    scores.write_text("layer,head,retrieval_score\n" + "".join(
+        f"{l},{h},{values[l * 6 + h]}\n" for l in range(2) for h in range(6)))
+    assert main(["kvcache", str(src), "--keep-full", "34%", "--scores", str(scores), "--data", str(text),
+                 "--needles", "0", "--no-random", *SMALL, "--out", str(tmp_path / "o"), "--export-card",
+                 str(tmp_path / "cli")]) == 0
+    hm = load_model(str(src))
+    options = KvcacheOptions(model=str(src), keep_full="34%", scores=str(scores), data=str(text), needles=0,
+                             no_random=True, sink=2, window=8, context=64, limit=1, chunk=16)
+    result = kvcache(hm, None, options)
+    written = export_card(result, hm, tmp_path / "py")
+    assert written.path == tmp_path / "py"
+    for name in ("full_attention_heads.tsv", "config.json"):
+        assert (tmp_path / "py" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes(), name
+    with pytest.raises(HeadscopeError, match="needs the folder"):
+        export_card(result, hm)
+
+
 def test_kvcache_export_card_refuses_an_existing_directory_before_work(llama, tmp_path, capsys):
     src, text = llama
     card = tmp_path / "duo"

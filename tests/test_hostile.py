@@ -315,17 +315,17 @@ def test_a_stage_failing_on_a_clash_is_failed_not_unsupported(tmp_path, monkeypa
     from headscope.study import runner
     from headscope.study.state import State
 
-    def clash(argv, log):
+    def clash(call, hm, log):
         raise OutputConflict("report-roles.png appeared in 's' while this run was writing")
 
-    monkeypatch.setattr(runner, "run_verb", clash)
+    monkeypatch.setattr(runner, "run_call", clash)
     r = object.__new__(runner._Runner)
-    r.state, r.failed, r.stages = State(tmp_path), [], []
+    r.state, r.failed, r.stages, r.hm, r.results = State(tmp_path), [], [], None, {}
     r.ctx = type("Ctx", (), {"out": str(tmp_path)})()
     r.progress = type("P", (), {"say": lambda self, s: None})()
     stage = type("Stage", (), {"name": "report", "verb": "report"})()
     rec: dict = {}
-    assert r.attempt(1, stage, ["report"], rec) is False
+    assert r.attempt(1, stage, None, rec) is False
     assert rec["status"] == "failed" and r.failed == ["report"], rec
 
 

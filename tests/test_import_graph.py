@@ -166,7 +166,8 @@ LAYERS = {
     "report": ("foundation", "learned", "capacity", "redundancy", "export", "report"),
     "view": ("foundation", "learned", "capacity", "redundancy", "export", "report", "view"),
     "commands": ("foundation", "learned", "capacity", "redundancy", "export", "report", "view", "commands"),
-    "study": ("foundation", "learned", "capacity", "redundancy", "export", "report", "commands", "study"),
+    # study runs the verbs' library functions with their Options, never the CLI layer (commands/, argv)
+    "study": ("foundation", "learned", "capacity", "redundancy", "export", "report", "study"),
     "cli": ("foundation", "commands", "study", "cli"),
 }
 

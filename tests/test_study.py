@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from headscope.cli import main
+from headscope.cli import build_parser, main
 from headscope.errors import HeadscopeError
 from headscope.models.tiny import tiny_model
 from headscope.study import budget as B
 from headscope.study import runner
+from headscope.study.answers import answers
 
 WORDS = ("the of and to a in is was for on that with as by at it from he his she her they them we you i said "
          "n't 's mr. million year new company market share stock price also but would more will has had have "
@@ -84,6 +87,29 @@ def _count_loads(monkeypatch) -> list[str]:
     return loads
 
 
+def parse_command(command: str):
+    """The verb and Options a logged command line parses into, through the CLI's own parser."""
+    argv = shlex.split(command)
+    assert argv[0] == "headscope", command
+    args = build_parser().parse_args(argv[1:])
+    return args.verb, args.options_class.from_namespace(args)
+
+
+def _rerun_by_hand(out: Path, st: dict, stage: str, capsys) -> None:
+    """Run a done stage's logged command through the CLI into the same folder (its files moved aside) and compare
+    every file it wrote, byte for byte, with the study's."""
+    rec = st["stages"][stage]
+    root = out / rec["dir"]
+    kept = {rel: (root / rel).read_bytes() for rel in rec["files"]}
+    for rel in {Path(r).parts[0] for r in rec["files"]}:
+        p = root / rel
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    assert main(shlex.split(rec["command"])[1:]) == 0, rec["command"]
+    capsys.readouterr()
+    for rel, data in kept.items():
+        assert (root / rel).read_bytes() == data, (stage, rel, rec["command"])
+
+
 def test_a_tiny_study_end_to_end(bert, tmp_path, capsys, monkeypatch):
     out = tmp_path / "study"
     loads = _count_loads(monkeypatch)
@@ -102,6 +128,12 @@ def test_a_tiny_study_end_to_end(bert, tmp_path, capsys, monkeypatch):
     for n in done:
         rec = st["stages"][n]
         assert rec["command"].startswith(f"headscope {n} ") and rec["seconds"] >= 0 and rec["files"], n
+    # The logged command is rendered from the stage's Options and parses back into them through the CLI.
+    verb, prune = parse_command(st["stages"]["prune"]["command"])
+    assert verb == "prune" and (prune.fraction, prune.target_drop, prune.method, prune.save_model) == \
+        (0.6, 0.05, "taylor", True), prune
+    assert parse_command(st["stages"]["score"]["command"])[1].methods == ("taylor", "output_norm", "entropy",
+                                                                         "ablation")
     printed = capsys.readouterr().out
     paragraphs = [p for p in printed.split("\n\n") if p.strip()]
     assert paragraphs[0].startswith("What the heads learn: of the 8 heads")
@@ -110,6 +142,8 @@ def test_a_tiny_study_end_to_end(bert, tmp_path, capsys, monkeypatch):
     d = _page_data((out / "report.html").read_text(encoding="utf-8"))
     assert d["study"]["answers"] == [st["answers"][q] for q in ("q1", "q2", "q3")]
     assert st["answers"]["q1"] in printed
+    # The study's answers came from the stages' Results in memory; a resumed study reads the same from the files.
+    assert answers(out, st) == st["answers"]
     # No "not run yet" box for any stage the family supports; the rest say why in one line.
     assert not any("not run yet" in m for m in d["missing"].values()), d["missing"]
     for key in ("heads", "roles", "syntax", "similarity", "kv", "importance", "rank_correlation", "prune_curve",
@@ -127,6 +161,10 @@ def test_a_tiny_study_end_to_end(bert, tmp_path, capsys, monkeypatch):
     kv = d["kv"]
     assert "bytes_per_token" not in kv["columns"] and "per token" in kv["columns"] and "vs MHA" in kv["columns"]
     assert all("site-packages" not in str(r["name"]) for r in kv["rows"])
+    # A stage's logged command reproduces it by hand: the same files, byte for byte (score's record timings, the
+    # report embeds the study's own record: both left out).
+    for stage in ("analyze", "roles", "similar", "prune", "kv"):
+        _rerun_by_hand(out, st, stage, capsys)
 
 
 def test_a_tiny_decoder_study_converts_its_kv_heads(tmp_path, capsys, monkeypatch):
@@ -151,6 +189,7 @@ def test_a_tiny_decoder_study_converts_its_kv_heads(tmp_path, capsys, monkeypatc
     assert (out / "model" / "config.json").is_file()  # the pruned model
     q2 = st["answers"]["q2"]
     assert "2 -> 1 KV heads moves held-out perplexity" in q2 and "MLA at rank" in q2, q2
+    assert answers(out, st) == st["answers"]  # from the Results in memory, and again from the files
     assert "perplexity" in st["answers"]["q3"]
     d = _page_data((out / "report.html").read_text(encoding="utf-8"))
     assert d["gqa"] and not any("not run yet" in m for m in d["missing"].values()), d["missing"]
@@ -160,20 +199,20 @@ def test_a_tiny_decoder_study_converts_its_kv_heads(tmp_path, capsys, monkeypatc
 
 def test_an_interrupted_study_continues(bert, tmp_path, monkeypatch):
     out = tmp_path / "study"
-    real = runner.run_verb
+    real = runner.run_call
 
-    def interrupt_at_score(argv, log, model=None):
-        if argv[0] == "score":  # as prune does: the verb catches the interrupt and returns 130
-            return 130
-        return real(argv, log, model)
+    def interrupt_at_score(call, hm, log):
+        if call.verb == "score":  # Ctrl-C while the score stage runs
+            raise KeyboardInterrupt
+        return real(call, hm, log)
 
-    monkeypatch.setattr(runner, "run_verb", interrupt_at_score)
+    monkeypatch.setattr(runner, "run_call", interrupt_at_score)
     assert main(["study", str(bert), "--budget", "3m", "--out", str(out)]) == 130
     st = json.loads((out / "study.json").read_text())
     assert [n for n, r in st["stages"].items() if r.get("status") == "done"] == ["analyze", "roles", "similar"]
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "study.json"}
     mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.is_file()}
-    monkeypatch.setattr(runner, "run_verb", real)
+    monkeypatch.setattr(runner, "run_call", real)
     t = time.perf_counter()
     assert main(["study", str(bert), "--budget", "3m", "--out", str(out)]) == 0
     first = time.perf_counter() - t
@@ -188,6 +227,7 @@ def test_an_interrupted_study_continues(bert, tmp_path, monkeypatch):
     again = time.perf_counter() - t
     st2 = json.loads((out / "study.json").read_text())
     assert all(r.get("reused") for r in st2["stages"].values() if r["status"] == "done")
+    assert st2["answers"] == st["answers"]  # every stage's record from its file now, from its Result before
     ran = sum(r["seconds"] for r in st2["stages"].values() if r["status"] == "done")
     assert again < ran, (again, ran, first)
     # --force starts over: every stage runs again.
@@ -226,7 +266,7 @@ def test_the_plan_fits_the_budget_and_drops_optional_stages_first():
 @pytest.mark.parametrize("argv, match", [
     (["--budget", "10x"], "is not a duration"),
     # Below what the probe alone takes (the stages share one load now: a tiny model's minimum is under a second).
-    (["--budget", "0.01s"], "is below what a study of .* needs .* give --budget \\d+m or more"),
+    (["--budget", "0.01s"], "--budget .* is below what a study of .* needs .* give \\d+m or more"),
 ])
 def test_bad_input_one_line_exit_2_nothing_written(bert, tmp_path, capsys, argv, match):
     out = tmp_path / "never"
@@ -247,17 +287,57 @@ def test_a_model_no_stage_supports(tmp_path, capsys):
 
 
 def test_kvcache_stage_takes_the_retrieval_scores_roles_measured(tmp_path):
-    """The head-aware cache ranks KV heads by the retrieval scores the roles stage measured (--long), rather
-    than measuring them again; without them it measures its own."""
-    from headscope.study.stages import Ctx, Family, _kvcache_argv
+    """The head-aware cache ranks KV heads by the retrieval scores the roles stage measured (its long-range pass),
+    rather than measuring them again; without them it measures its own. What roles measured comes from its Result
+    where it ran in this process, else from its roles.csv (a stage reused from an earlier run)."""
+    import dataclasses
+
+    import numpy as np
+
+    from headscope.capacity.options import KvcacheOptions
+    from headscope.learned.verbs import RolesResult
+    from headscope.study.records import retrieval_measured
+    from headscope.study.stages import Ctx, Family, _kvcache_options
+    from headscope.table import HeadTable
 
     fam = Family("m", "llama", True, 2, 4, 2, 8, 32, 2048, 8)
     ctx = Ctx("m", "ptb-valid", "ptb-train", "ptb-valid", str(tmp_path), fam)
     level = {"context": 512, "window": 128, "passages": 1, "needles": 2, "haystacks": 2}
-    argv = _kvcache_argv(ctx, level)
-    assert "--haystacks" in argv and "--scores" not in argv
-    (tmp_path / "roles.csv").write_text("layer,head,retrieval_score\n0,0,nan\n")  # no head answered: measure
-    assert "--scores" not in _kvcache_argv(ctx, level)
+    o = _kvcache_options(ctx, level)
+    assert o.scores is None and o.haystacks == 2
+    o = _kvcache_options(dataclasses.replace(ctx, retrieval_scores=True), level)
+    assert o.scores == str(tmp_path / "roles.csv") and o.haystacks == KvcacheOptions().haystacks
+    # from the file: none without roles.csv or when no head answered, else measured
+    assert not retrieval_measured(None, tmp_path)
+    (tmp_path / "roles.csv").write_text("layer,head,retrieval_score\n0,0,nan\n")
+    assert not retrieval_measured(None, tmp_path)
     (tmp_path / "roles.csv").write_text("layer,head,retrieval_score\n0,0,0.5\n0,1,nan\n")
-    argv = _kvcache_argv(ctx, level)
-    assert argv[argv.index("--scores") + 1] == str(tmp_path / "roles.csv") and "--haystacks" not in argv
+    assert retrieval_measured(None, tmp_path)
+    # from the Result in memory, whatever the folder holds
+    (tmp_path / "roles.csv").unlink()
+
+    def result(**columns):
+        return RolesResult(table=HeadTable(2, 4, columns), report={}, name="m", n_layers=2, n_heads=4)
+
+    assert not retrieval_measured(result(entropy=np.zeros((2, 4))), tmp_path)
+    assert not retrieval_measured(result(retrieval_score=np.full((2, 4), np.nan)), tmp_path)
+    assert retrieval_measured(result(retrieval_score=np.eye(2, 4)), tmp_path)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_stage_command_parses_back_into_its_options(tmp_path, causal):
+    """The command a stage logs is rendered from its Options (no argv is built): through the CLI's parser it gives
+    the same Options back, at every size of every stage, including the retrieval scores of an earlier stage."""
+    import dataclasses
+
+    from headscope.study.stages import Ctx, Family, stages_for
+
+    fam = Family("m", "llama" if causal else "bert", causal, 2, 4, 2, 8, 32, 2048, 8)
+    ctx = Ctx(str(tmp_path / "my model"), "ptb-valid", "ptb-train", "ptb-valid", str(tmp_path / "out"), fam,
+              device="cpu")
+    (tmp_path / "out" / "gqa").mkdir(parents=True)  # a conversion's folder: the report reads it (--from)
+    for c in (ctx, dataclasses.replace(ctx, retrieval_scores=True)):
+        for stage in stages_for(fam):
+            for level in range(len(stage.levels)):
+                call = stage.call(c, level)
+                assert parse_command(call.command()) == (call.verb, call.options), call.command()

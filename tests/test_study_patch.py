@@ -17,10 +17,11 @@ from headscope.cli import main
 from headscope.models.tiny import tiny_config
 from headscope.study import budget as B
 from headscope.study import patching
-from headscope.study.answers import ROLE_WORDS
+from headscope.study.answers import ROLE_WORDS, answers
 from headscope.study.probe import Probe
+from headscope.study.records import Records
 from headscope.study.stages import Family, stages_for
-from tests.test_study import WORDS, _count_loads, tiny_bert_dir
+from tests.test_study import WORDS, _count_loads, parse_command, tiny_bert_dir
 
 
 def _task_words(name: str) -> list[str]:
@@ -125,7 +126,8 @@ def test_a_decoder_study_patches_ioi_and_names_the_causal_heads(tmp_path, capsys
     st = json.loads((out / "study.json").read_text())
     rec = st["stages"]["patch"]
     assert rec["status"] == "done", rec
-    assert "--task ioi" in rec["command"] and f"--method {rec['size']['methods']}" in rec["command"]
+    verb, options = parse_command(rec["command"])  # the logged command parses back into the stage's options
+    assert (verb, options.task, options.methods) == ("patch", "ioi", tuple(rec["size"]["methods"].split(",")))
     assert rec["size"]["methods"] == patching.BOTH, rec  # a tiny model's exact scan fits 3 minutes
     meta = json.loads((out / "patching.json").read_text())
     assert meta["pairs"]["n"] == rec["size"]["n"] and meta["methods"] == ["exact", "attribution"]
@@ -145,6 +147,7 @@ def test_a_decoder_study_patches_ioi_and_names_the_causal_heads(tmp_path, capsys
         assert f"{len(called)} of {len(_patching_rows(out))} heads' intervals exclude 0, {labelled} of them " \
                f"carry a role label" in q1, q1
     assert q1 in capsys.readouterr().out
+    assert answers(out, st) == st["answers"]  # the same words from the files as from the Results in memory
 
 
 def test_an_encoder_study_patches_the_masked_pairs(tmp_path, capsys, monkeypatch):
@@ -200,8 +203,8 @@ def test_the_plan_takes_attribution_alone_when_the_exact_scan_does_not_fit():
 
     short = plan(costs[first_exact] - 1).get("patch")
     assert stage.levels[short.level]["methods"] == patching.ATTRIBUTION
-    argv = stage.argv(_ctx(fam), stage.levels[short.level])
-    assert argv[argv.index("--method") + 1] == "attribution" and argv[argv.index("--task") + 1] == "ioi"
+    options = stage.call(_ctx(fam), short.level).options
+    assert options.methods == ("attribution",) and options.task == "ioi"
     roomy = plan(costs[-1] + 1).get("patch")
     assert roomy.level == len(costs) - 1 and stage.levels[roomy.level]["methods"] == patching.BOTH
     assert plan(costs[0] - 1).get("patch").level is None  # nothing fits: left out, its reason given
@@ -223,16 +226,16 @@ def test_the_answer_without_a_patch_stage_or_with_attribution_alone(tmp_path):
         "M_clean": {"value": 2.0, "lo": 1.5, "hi": 2.5}, "M_corrupt": {"value": -1.0, "lo": -1.5, "hi": -0.5}}))
     rows = "layer,head,attribution,attribution_lo,attribution_hi\n0,0,0.5,-0.1,0.9\n0,1,-0.2,-0.3,-0.1\n"
     (tmp_path / "patching.csv").write_text(rows)
-    s = patching.sentence(tmp_path, "unused", ROLE_WORDS, roles_ran=False)
+    s = patching.sentence(Records(tmp_path), "unused", ROLE_WORDS, roles_ran=False)
     assert "by attribution patching alone (a first-order estimate: the exact scan did not fit the budget)" in s
     # L0H0 is larger but its interval holds 0: only L0H1 is named as excluding it.
     assert "L0H1 works against the clean logit difference: -0.20 [-0.30, -0.10]" in s and "L0H0" not in s, s
     assert "1 of 2 heads' intervals exclude 0" in s, s
     (tmp_path / "patching.csv").write_text("layer,head,effect,effect_lo,effect_hi\n0,0,0.5,-0.1,0.9\n")
-    s = patching.sentence(tmp_path, "unused", ROLE_WORDS, roles_ran=False)
+    s = patching.sentence(Records(tmp_path), "unused", ROLE_WORDS, roles_ran=False)
     assert "no head's interval excludes 0 (largest: L0H0 +0.50 [-0.10, +0.90]), so none is called causal" in s, s
     (tmp_path / "patching.csv").unlink()
-    assert patching.sentence(tmp_path, "left out: no room", {}, roles_ran=False) == \
+    assert patching.sentence(Records(tmp_path), "left out: no room", {}, roles_ran=False) == \
         "; no causal patching (left out: no room)"
 
 
@@ -247,22 +250,22 @@ def test_the_answer_compares_the_causal_heads_with_the_roles_labels(tmp_path):
                                            "0,0,0.9,-0.2,2.0,0.1\n0,1,0.44,0.40,0.48,2.7\n"
                                            "1,0,-0.23,-0.30,-0.18,0\n1,1,0.05,0.01,0.09,0\n")
     (tmp_path / "roles.csv").write_text("layer,head,roles\n0,0,\n0,1,induction;previous_token\n1,0,\n1,1,sink\n")
-    s = patching.sentence(tmp_path, "unused", ROLE_WORDS, roles_ran=True)
+    s = patching.sentence(Records(tmp_path), "unused", ROLE_WORDS, roles_ran=True)
     assert s.startswith("; causally, on 24 IOI pairs (logit difference 4.10 clean vs -5.10 corrupt), "), s
     assert "L0H1 restores 0.44 [0.40, 0.48] of the clean logit difference (induction, previous-token)" in s, s
     assert "L1H0 -0.23 [-0.30, -0.18] (no role label)" in s and "L1H1 +0.05 [+0.01, +0.09] (sink)" in s, s
     assert "L0H0" not in s and "3 of 4 heads' intervals exclude 0, 2 of them carry a role label" in s, s
     # Without this study's roles: no labels, and the answer says there was nothing to compare with.
-    s = patching.sentence(tmp_path, "unused", ROLE_WORDS, roles_ran=False)
+    s = patching.sentence(Records(tmp_path), "unused", ROLE_WORDS, roles_ran=False)
     assert "(induction" not in s and "no role census in this study to compare with" in s, s
     rec["M_corrupt"] = {"value": 3.9, "lo": 3.2, "hi": 4.0}
     (tmp_path / "patching.json").write_text(json.dumps(rec))
-    s = patching.sentence(tmp_path, "unused", ROLE_WORDS, roles_ran=True)
+    s = patching.sentence(Records(tmp_path), "unused", ROLE_WORDS, roles_ran=True)
     assert "no head is called causal: the model does not tell the pairs apart (M(clean) [3.70, 4.60] and " \
            "M(corrupt) [3.20, 4.00] overlap)" in s and "(largest: L0H0 +0.90 [-0.20, +2.00] (no role label))" in s, s
     rec["M_corrupt"] = {"value": 3.9}  # a file without the intervals: nothing is called causal, and it says why
     (tmp_path / "patching.json").write_text(json.dumps(rec))
-    s = patching.sentence(tmp_path, "unused", ROLE_WORDS, roles_ran=True)
+    s = patching.sentence(Records(tmp_path), "unused", ROLE_WORDS, roles_ran=True)
     assert "no head is called causal: patching.json does not record M(clean)'s and M(corrupt)'s intervals" in s, s
 
 

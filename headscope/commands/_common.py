@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
-from pathlib import Path
 
-from ..artifacts import ARTIFACTS, outputs
-from ..artifacts.locations import MODEL, check_locations
-from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
 from ..models.loading import load_model
-from ..options import OptionError, Options, parse_max_memory, read_device_map, spec_of
+from ..options import OptionError, Options, parse_max_memory, read_device_map
+from ..options.cli import check_options as check_verb_options
 from ..table import HeadTable, fmt, grid  # noqa: F401  (re-exported for the verbs)
 from ..uncertainty import IntervalSettings
 
@@ -24,44 +20,11 @@ def verb_options(args: argparse.Namespace) -> Options | None:
 
 def check_options(args: argparse.Namespace) -> Options | None:
     """Validate the verb's options, then the files and folders it will write and where they lie against what it
-    reads, before any verb does work."""
+    reads, before any verb does work (`options.cli.check_options`)."""
     options = verb_options(args)
     if options is not None:
-        options.validate()
-        options.check_paths()
-        check_output_locations(options, args.verb)
+        check_verb_options(options, args.verb)
     return options
-
-
-def check_output_locations(options: Options, verb: str) -> None:
-    """Output locations that collide with each other or with an input, refused before any model loads
-    (`artifacts.locations.check_locations`): --export-card equal to --out, --out being the model's folder, --data
-    where a result goes, ... Which fields are inputs and which outputs written whole, their Specs say."""
-    read: dict[str, Path] = {}
-    whole: dict[str, Path] = {}
-    flags = options.flags()
-    for f in fields(options):
-        spec = spec_of(f)
-        value = getattr(options, f.name)
-        if spec is None or value is None:
-            continue
-        for v in value if spec.append else (value,):
-            if not isinstance(v, str) or not v:
-                continue
-            label = MODEL if f.name == "model" else (f"{flags[f.name]} {v!r}" if spec.append else flags[f.name])
-            if spec.reads and Path(v).exists():
-                read[label] = Path(v)
-            elif spec.whole:
-                whole[label] = Path(v)
-    out = None
-    folder = getattr(options, "out", None)
-    if isinstance(folder, str) and folder.strip():
-        try:
-            names = outputs(verb, optional=True)
-        except HeadscopeError:  # a verb that declares no files
-            names = []
-        out = ("--out", Path(folder), names)
-    check_locations(out, whole, read, {a.name: next(iter(a.verbs)) for a in ARTIFACTS.values()})
 
 
 def flag_message(args: argparse.Namespace, error: OptionError) -> str:

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import argparse
-
+from ..capacity.options import ConversionOptions
 from ..data import TextSource, read_texts
 
 
-def read_uptrain_texts(args: argparse.Namespace) -> tuple[TextSource, TextSource]:
-    """--data and --heldout, each read once (with --limit / --heldout-limit): the verb passes them on."""
-    return read_texts(args.data, args.limit), read_texts(args.heldout, args.heldout_limit)
+def read_uptrain_texts(options: ConversionOptions) -> tuple[TextSource, TextSource]:
+    """The options' data and held-out text, each read once (with their limits): the command passes them on to the
+    library function, which reads nothing itself."""
+    return read_texts(options.data, options.limit), read_texts(options.heldout, options.heldout_limit)

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     options = GqaOptions.from_namespace(args).validate()
     out = prepare_out_dir(options.out, options.force, OUTPUTS)  # refuse before any slow work
-    data, heldout = read_uptrain_texts(args)  # bad data fails before the model loads; passed on, never read again
+    data, heldout = read_uptrain_texts(options)  # bad data fails before the model loads; passed on, never read again
     hm = model or options.load()
     # the conversion checks --kv-heads against the model first, before any work.
     result = verbs.gqa(hm, data, options, heldout=heldout, progress=True)

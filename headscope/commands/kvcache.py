@@ -15,9 +15,9 @@ from ..capacity.kvcache.choice import read_scores_file
 from ..capacity.kvcache.compare import check_positions
 from ..capacity.options import KvcacheOptions
 from ..data import read_texts
-from ..export.cards import check_card_path, kvcache_duo, write_duo
+from ..export.card_export import export_card
+from ..export.cards import check_card_path
 from ..io import prepare_out_dir
-from ..learned.longctx.confidence import card_warning
 from ..models import BUILTINS, load_model
 from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
@@ -63,10 +63,7 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     result = verbs.kvcache(hm, data, options, scores=scores, train_data=train, progress=True)
     result.save(out, options.force)  # both files appear together, or neither
     if card is not None:  # outside --out: written (atomically) once the set is in place
-        pattern, chosen, record = kvcache_duo(result.report, hm.n_kv_heads, options.by)
-        write_duo(card, pattern, sink=options.sink, recent=options.window, force=options.force,
-                  source=f"headscope kvcache: {hm.name}, {chosen}", config=record)
-        warning = card_warning(record) if "stable" in record else None
+        warning = export_card(result, hm, card, force=options.force).warning
         if warning:
             print(warning, file=sys.stderr)
     print("\n".join(result.lines()))

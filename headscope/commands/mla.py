@@ -37,7 +37,7 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     # against the model's full rank (check_mla) right after loading, before any work or any file.
     options = MlaOptions.from_namespace(args).validate()
     out = prepare_out_dir(options.out, options.force, OUTPUTS)
-    data, heldout = read_uptrain_texts(args)  # passed on, never read again
+    data, heldout = read_uptrain_texts(options)  # passed on, never read again
     hm = model or options.load()
     result = verbs.mla(hm, data, options, heldout=heldout, progress=True)
     result.save(out, options.force)  # model/ and mla.json appear together, or neither

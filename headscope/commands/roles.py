@@ -9,7 +9,8 @@ import sys
 
 from ..artifacts import outputs
 from ..distributed import check_ranks, is_main
-from ..export.cards import HeadCard, check_card_path
+from ..export.card_export import export_card, record_card
+from ..export.cards import check_card_path
 from ..io import prepare_out_dir
 from ..learned import verbs
 from ..learned.options import RolesOptions
@@ -45,13 +46,11 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     result = verbs.roles(hm, data, options, progress=True)
     if not is_main():  # every rank holds the merged census; rank 0 alone runs --long, writes and prints
         return 0
-    head_card = None
-    if card is not None:
-        head_card = HeadCard.of(result.report["long_context"], card, options.card_format, options.card_score)
-        result = result.with_card(head_card.record(), head_card.note)
+    if card is not None:  # roles.json records what the card is
+        result = record_card(result, card, options.card_format, options.card_score)
     written = result.save(out, options.force)  # roles.csv, roles.json (and syntax.csv) together, or none
-    if head_card is not None:  # outside --out: written atomically once the set is in place
-        written.append(head_card.write(hm, options.force))
+    if card is not None:  # outside --out: written atomically once the set is in place
+        written.append(export_card(result, hm, force=options.force).path)
     print("\n".join(result.lines()))
     print(f"\nwrote {', '.join(map(str, written))}", file=sys.stderr)
     return 0

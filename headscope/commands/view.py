@@ -6,12 +6,10 @@ import argparse
 import sys
 import webbrowser
 
-from ..errors import HeadscopeError
 from ..options.cli import verb_parser
-from ..view.heads import heads_table
+from ..view import serve
 from ..view.options import ViewOptions
-from ..view.page import EXAMPLES
-from ..view.server import ViewApp, is_loopback, make_server
+from ..view.server import is_loopback, make_server
 from ._common import load_from_args
 
 
@@ -31,10 +29,7 @@ def run(args: argparse.Namespace) -> int:
     server = make_server(None, options.host, options.port)  # a busy port is refused before the model loads
     try:
         hm = load_from_args(args)
-        if hm.tokenizer is None:  # every request is text: refuse now, not on each request
-            raise HeadscopeError(f"{options.model} has no tokenizer, so the view cannot read text; give a model "
-                                 f"folder with its tokenizer files")
-        server.app = ViewApp(hm, heads_table(hm, options.from_dirs), options.max_tokens, EXAMPLES)
+        serve(hm, options, server=server)  # the library builds the app; the command prints and serves
         host, port = options.host, int(server.server_address[1])  # port 0: the one the OS chose
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
         if not is_loopback(host):

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 import types
 import typing
 from dataclasses import MISSING, fields
+from pathlib import Path
 from typing import Any, NoReturn
 
-from ..errors import did_you_mean
+from ..artifacts import ARTIFACTS, outputs
+from ..artifacts.locations import MODEL, check_locations
+from ..errors import HeadscopeError, did_you_mean
 from .base import Options
 from .spec import Spec, flag_of, spec_of
 
@@ -126,3 +130,81 @@ def verb_parser(sub: argparse._SubParsersAction, name: str, cls: type[Options], 
     add_options(p, cls)
     p.set_defaults(options_class=cls)
     return p
+
+
+def to_argv(verb: str, options: Options) -> list[str]:
+    """The command line (verb first) that parses back into `options`: each field that differs from its default under
+    its own flag (a positional by its value, a repeatable flag once per value, a switch alone). The inverse of
+    `verb_parser` + `Options.from_namespace` for every value the parser can produce."""
+    argv, flags = [verb], []
+    for f in fields(options):
+        spec = spec_of(f)
+        value = getattr(options, f.name)
+        if spec is None or value is None:
+            continue
+        if spec.positional:
+            argv.append(_text(value))
+            continue
+        default = f.default if f.default is not MISSING else None
+        if value == default or (spec.append and not value):
+            continue
+        flag = flag_of(f.name, spec)
+        if isinstance(value, bool):
+            flags.append(flag)
+        elif spec.append:
+            for v in value:
+                flags += [flag, _text(v)]
+        else:
+            flags += [flag, _text(value)]
+    return argv + flags
+
+
+def _text(value: Any) -> str:
+    """A value as its flag's text: a tuple comma-joined (how `--method a,b` is parsed), a float by its repr (exact)."""
+    if isinstance(value, tuple):
+        return ",".join(map(_text, value))
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def command_line(verb: str, options: Options) -> str:
+    """The shell command that runs `verb` with `options` (`headscope analyze MODEL --limit 16 ...`)."""
+    return "headscope " + " ".join(shlex.quote(a) for a in to_argv(verb, options))
+
+
+def check_options(options: Options, verb: str) -> None:
+    """Validate `options`, then the files and folders `verb` will write and where they lie against what it reads,
+    before any work: what the CLI checks of every verb, for a caller that builds Options itself (a study)."""
+    options.validate()
+    options.check_paths()
+    check_output_locations(options, verb)
+
+
+def check_output_locations(options: Options, verb: str) -> None:
+    """Output locations that collide with each other or with an input, refused before any model loads
+    (`artifacts.locations.check_locations`): --export-card equal to --out, --out being the model's folder, --data
+    where a result goes, ... Which fields are inputs and which outputs written whole, their Specs say."""
+    read: dict[str, Path] = {}
+    whole: dict[str, Path] = {}
+    flags = options.flags()
+    for f in fields(options):
+        spec = spec_of(f)
+        value = getattr(options, f.name)
+        if spec is None or value is None:
+            continue
+        for v in value if spec.append else (value,):
+            if not isinstance(v, str) or not v:
+                continue
+            label = MODEL if f.name == "model" else (f"{flags[f.name]} {v!r}" if spec.append else flags[f.name])
+            if spec.reads and Path(v).exists():
+                read[label] = Path(v)
+            elif spec.whole:
+                whole[label] = Path(v)
+    out = None
+    folder = getattr(options, "out", None)
+    if isinstance(folder, str) and folder.strip():
+        try:
+            names = outputs(verb, optional=True)
+        except HeadscopeError:  # a verb that declares no files
+            names = []
+        out = ("--out", Path(folder), names)
+    check_locations(out, whole, read, {a.name: next(iter(a.verbs)) for a in ARTIFACTS.values()})

@@ -1,12 +1,12 @@
 """The study's answer: one short paragraph per question, with the numbers (and intervals) the stages wrote.
 
-Each paragraph reads the files in the study's folder by their declared names; a stage that did not run
-adds the reason instead of a number. The same text heads the report (study.json's `answers`).
+Each paragraph reads the stages' artifacts by their declared names through `records.Records`: the Result of a
+stage run in this process, the file of a stage reused from an earlier run (the same words either way); a stage
+that did not run adds the reason instead of a number. The same text heads the report (study.json's `answers`).
 """
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from ..artifacts import (
 from ..capacity.kv_bytes import human_bytes
 from ..redundancy.curves.claims import drop_claim, level_of
 from . import patching
-from .patching import read_json
+from .records import Records
 
 ROLE_WORDS = {"sink": "sink heads", "previous_token": "previous-token", "next_token": "next-token", "broad": "broad",
               "local": "local", "duplicate_token": "duplicate-token", "induction": "induction",
@@ -53,14 +53,14 @@ def _why(state: dict[str, Any], stage: str) -> str:
     return rec.get("reason") or rec.get("status") or "not run"
 
 
-def _q1(out: Path, state: dict[str, Any], heads: int) -> str:
+def _q1(rec: Records, state: dict[str, Any], heads: int) -> str:
     roles_ran = (state.get("stages", {}).get("roles") or {}).get("status") == "done"
-    causal = patching.sentence(out, _why(state, "patch"), ROLE_WORDS, roles_ran)
-    return _roles_clause(out, state, heads) + causal + "."
+    causal = patching.sentence(rec, _why(state, "patch"), ROLE_WORDS, roles_ran)
+    return _roles_clause(rec, state, heads) + causal + "."
 
 
-def _roles_clause(out: Path, state: dict[str, Any], heads: int) -> str:
-    r = read_json(out / ROLES_JSON.name)
+def _roles_clause(rec: Records, state: dict[str, Any], heads: int) -> str:
+    r = rec.json(ROLES_JSON.name)
     if r is None:
         return f"What the heads learn: no role census ({_why(state, 'roles')})"
     census = r.get("census") or {}
@@ -96,7 +96,7 @@ def _roles_clause(out: Path, state: dict[str, Any], heads: int) -> str:
     if lc:
         counts = ", ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in lc["census"].items()) or "no head"
         s += f"; in a {lc['length']}-token text: {counts}"
-    cl = read_json(out / CLUSTERS_JSON.name)
+    cl = rec.json(CLUSTERS_JSON.name)
     if cl is not None:
         n = sum(1 for c_ in cl.get("clusters") or [] if len(c_.get("heads") or []) > 1)
         s += (f"; {n} group{'s' if n != 1 else ''} of near-duplicate heads (same attention and outputs)" if n else
@@ -104,35 +104,30 @@ def _roles_clause(out: Path, state: dict[str, Any], heads: int) -> str:
     return s
 
 
-def _model_kv_row(out: Path) -> dict[str, str] | None:
-    try:
-        with open(out / KV_CSV.name, encoding="utf-8") as f:
-            return next((r for r in csv.DictReader(f) if r.get("is_model") == "True" and r.get("source") == "model"),
-                        None)
-    except OSError:
-        return None
+def _model_kv_row(rec: Records) -> dict[str, str] | None:
+    return next((r for r in rec.rows(KV_CSV.name) if r.get("is_model") == "True" and r.get("source") == "model"), None)
 
 
-def _q2(out: Path, state: dict[str, Any]) -> str:
-    kv = _model_kv_row(out)
+def _q2(rec: Records, state: dict[str, Any]) -> str:
+    kv = _model_kv_row(rec)
     s = "Are more heads better: "
     if kv is not None:
         s += (f"the {kv['layout']} cache costs {human_bytes(float(kv['bytes_per_token']))} per token "
               f"({kv['n_kv_heads']} KV heads for {kv['n_heads']} query heads, {kv['dtype']})")
     else:
         s += f"no KV-cost table ({_why(state, 'kv')})"
-    g = read_json(out / "gqa" / GQA_JSON.name)
+    g = rec.json(GQA_JSON.name)
     if g is not None:
         up = f", {g['ppl_uptrained']:.2f} after uptraining" if g.get("ppl_uptrained") is not None else ""
         s += (f"; {g['n_kv_heads_before']} -> {g['n_kv_heads_after']} KV heads moves held-out perplexity "
               f"{g['ppl_before']:.2f} -> {g['ppl_after']:.2f}{up} for "
               f"{g['kv_bytes_after']['measured'] / max(g['kv_bytes_before']['measured'], 1):.0%} of the cache")
-    m = read_json(out / "mla" / MLA_JSON.name)
+    m = rec.json(MLA_JSON.name)
     if m is not None:
         up = f", {m['ppl_uptrained']:.2f} after uptraining" if m.get("ppl_uptrained") is not None else ""
         s += (f"; MLA at rank {m['kv_rank']}: perplexity {m['ppl_before']:.2f} -> {m['ppl_after']:.2f}{up}, "
               f"{m['kv_fraction']:.0%} of the cache")
-    k = read_json(out / KVCACHE_JSON.name)
+    k = rec.json(KVCACHE_JSON.name)
     if k is not None:
         rows = {r["method"]: r for r in k.get("rows", [])}
         full, chosen, rnd = rows.get("full"), next((r for m_, r in rows.items() if m_ not in ("full", "random")),
@@ -145,15 +140,15 @@ def _q2(out: Path, state: dict[str, Any]) -> str:
     causal = state.get("model", {}).get("causal")
     if not causal:
         s += ("; fewer KV heads is a decoder question (an encoder keeps no cache): GQA, MLA and the head-aware "
-              "cache do not apply") + _heads_per_layer(out)
+              "cache do not apply") + _heads_per_layer(rec)
     return s + "."
 
 
-def _heads_per_layer(out: Path) -> str:
+def _heads_per_layer(rec: Records) -> str:
     """How many heads each layer gave up along the pruning curve before the drop passed its target (redundancy.csv,
     after recovery where the curve trained): question 2 for a model with no cache to shrink."""
-    p = read_json(out / PRUNE_JSON.name)
-    rows = _csv_rows(out / REDUNDANCY_CSV.name)
+    p = rec.json(PRUNE_JSON.name)
+    rows = rec.rows(REDUNDANCY_CSV.name)
     if p is None or not rows or p.get("target_drop") is None:
         return ""
     col = "removable_recovered" if rows[0].get("removable_recovered") not in (None, "") else "removable"
@@ -172,17 +167,9 @@ def _heads_per_layer(out: Path) -> str:
             f"(redundancy.csv): the layers with the most to spare need fewer heads")
 
 
-def _csv_rows(path: Path) -> list[dict[str, str]]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return list(csv.DictReader(f))
-    except OSError:
-        return []
-
-
-def _q3(out: Path, state: dict[str, Any]) -> str:
+def _q3(rec: Records, state: dict[str, Any]) -> str:
     s = "Which heads are redundant: "
-    p = read_json(out / PRUNE_JSON.name)
+    p = rec.json(PRUNE_JSON.name)
     if p is not None:
         within = p.get("within") or {}
         level = max(within, key=lambda k: float(k.rstrip("%")), default=None)
@@ -197,7 +184,7 @@ def _q3(out: Path, state: dict[str, Any]) -> str:
             s += claim.sentence(of=f"of {metric} {label}", rerun="rerun the prune stage")
             if claim.verdict in ("can go", "cannot tell"):
                 s += f" (brackets: the {INTERVAL})"
-            s += _resolution(out, claim.count)
+            s += _resolution(rec, claim.count)
         sm = p.get("saved_model")
         if sm:
             removed = int(p.get("n_layers", 0)) * int(p.get("n_heads", 0)) - int(sm["heads_kept"])
@@ -208,7 +195,7 @@ def _q3(out: Path, state: dict[str, Any]) -> str:
                   f"{sm['parameters'] / max(sm['parameters_original'], 1):.0%} of the parameters")
     else:
         s += f"no pruning curve ({_why(state, 'prune')})"
-    s += _rankings(out)
+    s += _rankings(rec)
     return s + "."
 
 
@@ -220,10 +207,10 @@ def _metric_words(metric: str) -> str:
     return metric
 
 
-def _resolution(out: Path, count: int) -> str:
+def _resolution(rec: Records, count: int) -> str:
     """The curve's step size where it decides the answer: the next point it measured after the claimed count."""
     later = []
-    for r in _csv_rows(out / PRUNE_CURVE_CSV.name):
+    for r in rec.rows(PRUNE_CURVE_CSV.name):
         try:
             n = int(float(r["n_removed"]))
         except (KeyError, ValueError):
@@ -239,10 +226,10 @@ def _resolution(out: Path, count: int) -> str:
             f"{nxt - 1}")
 
 
-def _rankings(out: Path) -> str:
+def _rankings(rec: Records) -> str:
     """Two answers the student needs together: each criterion ranks heads the same way on other text (split-half
     reliability), yet the criteria disagree with each other (their rank correlation)."""
-    imp = read_json(out / IMPORTANCE_JSON.name)
+    imp = rec.json(IMPORTANCE_JSON.name)
     if imp is None:
         return ""
     st = imp["meta"].get("stability") or {}
@@ -250,7 +237,7 @@ def _rankings(out: Path) -> str:
     s = (f"; how well each way of scoring importance repeats its ranking on two halves of the text (split-half "
          f"reliability, 1 = the same order): {ranks}") if ranks else ""
     pairs: dict[frozenset[str], tuple[str, str, float]] = {}  # each pair of criteria once
-    for r in _csv_rows(out / RANK_CORRELATION_CSV.name):
+    for r in rec.rows(RANK_CORRELATION_CSV.name):
         a = r.get("", "")
         for b, v in r.items():
             try:
@@ -269,7 +256,9 @@ def _rankings(out: Path) -> str:
     return s
 
 
-def answers(out: Path, state: dict[str, Any]) -> dict[str, str]:
-    """{"q1", "q2", "q3"}: one paragraph each, from the files the stages wrote into `out`."""
+def answers(out: Path | Records, state: dict[str, Any]) -> dict[str, str]:
+    """{"q1", "q2", "q3"}: one paragraph each, from what the stages wrote (`out`: the study's folder, whose files
+    are read, or its `Records`: the Results of the stages run in this process, the files of the others)."""
+    rec = Records.of(out)
     heads = int(state.get("model", {}).get("heads") or 0)
-    return {"q1": _q1(out, state, heads), "q2": _q2(out, state), "q3": _q3(out, state)}
+    return {"q1": _q1(rec, state, heads), "q2": _q2(rec, state), "q3": _q3(rec, state)}

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import HeadscopeError
+from ..options import OptionError
 
 # The plan fills this share of the budget; the rest absorbs estimates that come out short. A study ends
 # within budget + TOLERANCE (the stated tolerance: the share, or TOLERANCE_S, whichever is more).
@@ -31,16 +31,16 @@ def parse_duration(text: str) -> float:
     while pos < len(t):
         m = _PART.match(t, pos)
         if m is None or m.end() == pos or m.group(2) is None:
-            raise HeadscopeError(f"--budget {text!r} is not a duration; write e.g. 10m, 90s, 1h or 1h30m")
+            raise OptionError("budget", f"{text!r} is not a duration; write e.g. 10m, 90s, 1h or 1h30m")
         unit = _UNIT_S[m.group(2)]
         if seen and unit >= seen[-1]:  # '1h1h' (two hours?) or '30m1h': each unit once, largest first
             what = f"the unit {m.group(2)!r} twice" if unit in seen else "its units out of order"
-            raise HeadscopeError(f"--budget {text!r} gives {what}; write each unit once, largest first, e.g. 1h30m")
+            raise OptionError("budget", f"{text!r} gives {what}; write each unit once, largest first, e.g. 1h30m")
         seen.append(unit)
         total += float(m.group(1)) * unit
         pos, units = m.end(), units + 1
     if not units or total <= 0:
-        raise HeadscopeError(f"--budget {text!r} is not a positive duration; write e.g. 10m, 90s, 1h or 1h30m")
+        raise OptionError("budget", f"{text!r} is not a positive duration; write e.g. 10m, 90s, 1h or 1h30m")
     return total
 
 

@@ -10,26 +10,21 @@ interval's width over the statistic's spread. Larger = less settled.
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..artifacts import HEADS_CSV, IMPORTANCE_CSV, PRUNE_JSON
 from ..redundancy.curves.claims import drop_claim, level_of
+from .records import Records
 
 UNSETTLED = 10.0  # the prune width of an answer whose drop sits at its threshold: more passages hardly help
 
 
-def _csv_widths(path: Path) -> float | None:
+def _csv_widths(rows: list[dict[str, str]]) -> float | None:
     """Median over columns with _lo/_hi bounds and rows of (hi - lo) / the column's spread (max - min)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    except OSError:
-        return None
     if not rows:
         return None
     out = []
@@ -48,10 +43,8 @@ def _csv_widths(path: Path) -> float | None:
     return float(np.median(out)) if out else None
 
 
-def _prune_width(path: Path) -> float | None:
-    try:
-        p = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+def _prune_width(p: dict[str, Any] | None) -> float | None:
+    if p is None:
         return None
     within = p.get("within") or {}
     if not within:
@@ -71,8 +64,10 @@ def _prune_width(path: Path) -> float | None:
     return width if math.isfinite(width) else None
 
 
-def widths(out: Path) -> dict[str, float]:
-    """Stage -> its intervals' relative width, for the stages whose files hold intervals."""
-    found = {"analyze": _csv_widths(out / HEADS_CSV.name), "score": _csv_widths(out / IMPORTANCE_CSV.name),
-             "prune": _prune_width(out / PRUNE_JSON.name)}
+def widths(out: Path | Records) -> dict[str, float]:
+    """Stage -> its intervals' relative width, for the stages whose records hold intervals (`out`: the study's folder,
+    whose files are read, or its `Records`)."""
+    rec = Records.of(out)
+    found = {"analyze": _csv_widths(rec.rows(HEADS_CSV.name)), "score": _csv_widths(rec.rows(IMPORTANCE_CSV.name)),
+             "prune": _prune_width(rec.json(PRUNE_JSON.name))}
     return {k: v for k, v in found.items() if v is not None}

@@ -13,12 +13,13 @@ of no difference means little), and, when the roles stage ran in the same study,
 
 from __future__ import annotations
 
-import csv
-import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..artifacts import PATCHING_CSV, PATCHING_JSON, ROLES_CSV
+from ..learned.options import PatchOptions
+
+if TYPE_CHECKING:  # records.py reads the stages' folders (stages.py), which import this module
+    from .records import Records
 
 # Factors fitted on one timed run (SmolLM2, 270 heads, 8 IOI pairs, 1 thread; docs/study.md): the exact scan's
 # patched copies run the layers from their head's own on (the prefix is shared) over pairs shorter than the
@@ -44,10 +45,10 @@ def task_for(causal: bool) -> str:
     return "ioi" if causal else "masked"
 
 
-def argv(model: str, device: str | None, causal: bool, lv: dict[str, Any]) -> list[str]:
+def options(model: str, device: str | None, causal: bool, lv: dict[str, Any]) -> PatchOptions:
     """The patch verb's options at size `lv` (the pairs and the methods)."""
-    out = ["patch", model] + (["--device", device] if device else [])
-    return out + ["--task", task_for(causal), "--limit", str(lv["n"]), "--method", lv["methods"]]
+    return PatchOptions(model=model, device=device, task=task_for(causal), limit=lv["n"],
+                        methods=tuple(lv["methods"].split(",")))
 
 
 def cost(fwd_s: float, train_s: float, cpu_s: float, heads: int, lv: dict[str, Any]) -> float:
@@ -70,23 +71,6 @@ def refusal(causal: bool, lm_head: bool, model_type: str, architecture: str) -> 
 
 
 # --- the answer ----------------------------------------------------------------------------------------
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A stage's JSON object, or None when it is missing, unreadable or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _rows(path: Path) -> list[dict[str, str]]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return list(csv.DictReader(f))
-    except OSError:
-        return []
-
-
 def _num(text: str | None) -> float | None:
     try:
         v = float(text or "nan")
@@ -105,9 +89,9 @@ def heads_by(rows: list[dict[str, str]], col: str) -> list[tuple[str, float, flo
     return sorted(out, key=lambda t: -abs(t[1]))
 
 
-def role_labels(out: Path) -> dict[str, list[str]] | None:
+def role_labels(rec: Records) -> dict[str, list[str]] | None:
     """Each head's role labels from roles.csv ({"L0H1": ["induction"]}), or None without roles.csv."""
-    rows = _rows(out / ROLES_CSV.name)
+    rows = rec.rows(ROLES_CSV.name)
     if not rows or "roles" not in rows[0]:
         return None
     return {f"L{r['layer']}H{r['head']}": [x for x in (r.get("roles") or "").split(";") if x] for r in rows}
@@ -130,24 +114,24 @@ def separated(mc: dict[str, Any], mx: dict[str, Any]) -> bool:
         return False
 
 
-def sentence(out: Path, why: str, words: dict[str, str], roles_ran: bool) -> str:
+def sentence(rec: Records, why: str, words: dict[str, str], roles_ran: bool) -> str:
     """Question 1's causal clause ('; causally, on 24 IOI pairs, L23H3 restores ...'), from patching.csv/json;
     `why` is said when the stage did not run. Role labels are compared when `roles_ran` (this study's roles)."""
-    rec = read_json(out / PATCHING_JSON.name)
-    rows = _rows(out / PATCHING_CSV.name)
-    if rec is None or not rows:
+    run = rec.json(PATCHING_JSON.name)
+    rows = rec.rows(PATCHING_CSV.name)
+    if run is None or not rows:
         return f"; no causal patching ({why})"
-    pairs = rec.get("pairs") or {}
+    pairs = run.get("pairs") or {}
     source = str(pairs.get("source", ""))
     task = TASK_WORDS.get(source.removeprefix("task "), source)
-    metric = METRIC_WORDS.get(str(rec.get("metric")), str(rec.get("metric")))
+    metric = METRIC_WORDS.get(str(run.get("metric")), str(run.get("metric")))
     exact = "effect" in rows[0]
     heads = heads_by(rows, "effect" if exact else "attribution")
     if not heads:
         return "; no causal patching (patching.csv holds no head with an interval)"
-    labels = role_labels(out) if roles_ran else None
+    labels = role_labels(rec) if roles_ran else None
     called = [h for h in heads if h[2] > 0 or h[3] < 0]  # the interval excludes 0
-    mc, mx = rec.get("M_clean") or {}, rec.get("M_corrupt") or {}
+    mc, mx = run.get("M_clean") or {}, run.get("M_corrupt") or {}
     s = (f"; causally, on {pairs.get('n', '?')} {task} pairs ({metric} {mc.get('value', float('nan')):.2f} clean vs "
          f"{mx.get('value', float('nan')):.2f} corrupt), ")
     if not exact:

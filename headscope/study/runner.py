@@ -8,6 +8,7 @@ after each, study.json records it (so an interrupted study continues where it st
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -20,6 +21,7 @@ from ..data.shared import shared_data
 from ..errors import HeadscopeError, OutputConflict
 from ..io import check_writable_dir
 from ..models.adapter import HeadModel
+from ..options import OptionError, Result
 from ..provenance import data_fingerprint, model_fingerprint
 from ..version import versions
 from . import answers as answers_mod
@@ -28,9 +30,10 @@ from .leftover import widths
 from .options import StudyOptions
 from .probe import probe
 from .progress import Progress
+from .records import Records, retrieval_measured
 from .stages import MAX_LENGTH, PRIORITY, Ctx, Family, Stage, stages_for
-from .state import LOG_DIR, State, clear_stage_files, clear_study, file_hashes, stage_key, verb_files
-from .verbs import command_line, run_verb
+from .state import LOG_DIR, State, clear_stage_files, clear_study, file_hashes, stage_key
+from .verbs import Call, run_call, verb_files
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +133,9 @@ def _study(opts: StudyOptions, stream: TextIO, live: bool | None, started_ago: f
     stages = [s for s in all_stages if not refused[s.name]]
     need = time.perf_counter() - start + minimum_s(stages, probe_, family)
     if opts.budget_s < need:
-        raise HeadscopeError(f"--budget {fmt_duration(opts.budget_s)} is below what a study of {family.name} needs "
-                             f"on this machine now: ~{fmt_duration(need)} (the probe, then analyze and the report at "
-                             f"their cheapest); give --budget {int(need // 60) + 1}m or more")
+        raise OptionError("budget", f"{fmt_duration(opts.budget_s)} is below what a study of {family.name} needs "
+                                    f"on this machine now: ~{fmt_duration(need)} (the probe, then analyze and the "
+                                    f"report at their cheapest); give {int(need // 60) + 1}m or more")
     data_fp = {"data": data_fingerprint(texts), "prune_data": prune_data, "heldout": heldout}
     if opts.force:
         clear_study(out)
@@ -186,6 +189,8 @@ class _Runner:
         self.spent_est, self.spent_real = 0.0, 0.0
         self.failed: list[str] = []
         self.reused_any = False  # a continued study spends no time left: its reruns reuse everything
+        # the Results of the stages run in this process, by stage (what the answers and later stages read first)
+        self.results: dict[str, Result] = {}
 
     def corr(self) -> float:
         if not self.spent_est:
@@ -203,6 +208,7 @@ class _Runner:
         rec = self.state.stage(stage.name)
         rec.clear()
         rec.update({"status": "left out", "reason": reason})
+        self.results.pop(stage.name, None)
         clear_stage_files(Path(stage.out_dir(self.ctx.out)), stage.verb)  # no stale result reaches the report
         self.progress.say(f"{self.tag(i, stage)}: {reason}")
         self.state.save()
@@ -220,7 +226,7 @@ class _Runner:
                 continue
             if stage.name == "report":
                 self.spend_leftover(i, stage)
-                self.state.data["answers"] = answers_mod.answers(Path(self.ctx.out), self.state.data)
+                self.state.data["answers"] = answers_mod.answers(self.records(), self.state.data)
                 self.state.save()
             self.one(i, stage, level)
         return self.failed
@@ -243,7 +249,7 @@ class _Runner:
         for _ in range(3):
             reserve = _estimate(report, 0, self.probe, self.family, self.corr())
             options, too_dear = [], []
-            for name, width in widths(Path(self.ctx.out)).items():
+            for name, width in widths(self.records()).items():
                 rec = self.state.data["stages"].get(name) or {}
                 lv = rec.get("level")
                 if rec.get("status") != "done" or lv is None or lv + 1 >= len(by[name].levels):
@@ -273,35 +279,50 @@ class _Runner:
             note.update({"next": name, "next_cost_s": round(cost + reserve, 1), "width": round(width, 3)})
         self.state.data["leftover"] = note
 
+    def records(self) -> Records:
+        """The stages' artifacts: the Results of those run in this process, the files of those reused."""
+        return Records(Path(self.ctx.out), self.results)
+
+    def measured(self) -> Ctx:
+        """The study's inputs with what earlier stages measured that a later one's options depend on: the retrieval
+        scores of the roles stage (its Result here, or its roles.csv when it was reused)."""
+        roles = self.state.data["stages"].get("roles") or {}
+        done = roles.get("status") == "done"
+        scores = done and retrieval_measured(self.results.get("roles"), Path(self.ctx.out))
+        return dataclasses.replace(self.ctx, retrieval_scores=scores)
+
     def one(self, i: int, stage: Stage, level: int) -> None:
         """Reuse `stage` at `level` when study.json has it, else run it and record it."""
-        state, ctx, rec = self.state, self.ctx, self.state.stage(stage.name)
-        argv = [*stage.argv(ctx, stage.levels[level]), "--out", stage.out_dir(ctx.out)]
+        state, ctx, rec = self.state, self.measured(), self.state.stage(stage.name)
+        call = stage.call(ctx, level)
         extra: dict[str, Any] = {}
         if stage.name == "report":  # the report depends on every other stage's result and the answers
             extra = {"stages": {n: r.get("key") for n, r in state.data["stages"].items() if n != "report"},
                      "answers": state.data["answers"]}
-        key = stage_key(self.model_fp, {**self.data_fp, **extra}, argv)
+        key = stage_key(self.model_fp, {**self.data_fp, **extra}, call.canonical())
         if state.reusable(stage.name, key):
             self.progress.say(f"{self.tag(i, stage)}: reused (same model, data and options; "
                               f"{rec.get('seconds', 0):.0f} s when it ran)")
             rec["reused"] = True
             self.reused_any = True
+            # its files, recorded unchanged, are what later readers read
+            self.results.pop(stage.name, None)
             state.save()
             return
         estimate = _estimate(stage, level, self.probe, self.family, self.corr())
         root = Path(stage.out_dir(ctx.out))
+        self.results.pop(stage.name, None)
         clear_stage_files(root, stage.verb)
         widened = rec.get("widened_from")
         rec.clear()
-        rec.update({"status": "running", "command": command_line(argv), "level": level, "size": stage.levels[level],
+        rec.update({"status": "running", "command": call.command(), "level": level, "size": stage.levels[level],
                     "estimate_s": round(estimate, 1), "dir": str(root.relative_to(Path(ctx.out)))})
         if widened is not None:
             rec["widened_from"] = widened
         state.save()
         self.progress.stage(i, stage.name, estimate)
         t0 = time.perf_counter()
-        if not self.attempt(i, stage, argv, rec):
+        if not self.attempt(i, stage, call, rec):
             return
         seconds = time.perf_counter() - t0
         self.spent_est, self.spent_real = self.spent_est + estimate / self.corr(), self.spent_real + seconds
@@ -312,14 +333,10 @@ class _Runner:
                           f"{fmt_duration(self.opts.budget_s)}")
         state.save()
 
-    def attempt(self, i: int, stage: Stage, argv: list[str], rec: dict[str, Any]) -> bool:
+    def attempt(self, i: int, stage: Stage, call: Call, rec: dict[str, Any]) -> bool:
         """Run the verb; False (recorded) when it refused or failed. An interrupt is recorded, then raised."""
         try:
-            rc = run_verb(argv, Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt", model=self.hm)
-            if rc == 130:  # the verb caught the interrupt itself (prune keeps its finished points): pass it on
-                raise KeyboardInterrupt
-            if rc != 0:
-                raise RuntimeError(f"headscope {stage.verb} exited with code {rc}")
+            self.results[stage.name] = run_call(call, self.hm, Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt")
             return True
         except OutputConflict as e:  # the study chose and cleared this folder: a clash there is a bug, not a refusal
             self._failed(i, stage, rec, e)

@@ -1,8 +1,9 @@
 """The stages of a study: which verb each runs, with which options at each size, what it costs, and which
 families it serves.
 
-A stage is one existing verb run in-process (its own parser, checks and writers: a study's files are
-the ones the verb writes) into the study's folder. Its sizes go from cheapest to richest; the cost of a
+A stage is one verb's library function run on the study's loaded model with the verb's own Options (built here
+from the plan's size; checked as the CLI checks them), its Result saved into the study's folder: a study's files
+are the ones the verb writes (`verbs.py`). Its sizes go from cheapest to richest; the cost of a
 size is in the probe's measured units (`Probe`): passage forwards, passage forward + backwards, and the
 fixed CPU work, plus one model load. The counts are what the stage's passes do (e.g. exact ablation: one
 forward per head and passage); the factors on them were fitted on this machine's runs and are corrected
@@ -16,18 +17,44 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import ROLES_CSV
 from ..capacity.kvcache.cache import check_supported
+from ..capacity.options import GqaOptions, KvcacheOptions, KvOptions, MlaOptions
 from ..errors import HeadscopeError
+from ..learned.options import AnalyzeOptions, RolesOptions, SimilarOptions
 from ..models.adapter import HeadModel
 from ..models.capabilities import CAPABILITIES, why_not
+from ..options import Options
+from ..redundancy.options import PruneOptions, ScoreOptions
+from ..report.options import ReportOptions
 from . import patching
 from .probe import Probe
+from .verbs import Call
 
-MAX_LENGTH = 64  # tokens per passage of the short-text stages
-LONG_MIN = 512  # decoders reaching this many positions get the long-range roles
-STABLE_METHODS = "taylor,output_norm,entropy"  # split-half Spearman 0.91-0.995 (DESIGN.md); gradient is not
-ABLATION_FWD, ABLATION_CPU = 0.57, 3.0  # exact ablation: forwards per head and passage, CPU units per head
-SUBDIRS = {"gqa": "gqa", "mla": "mla"}  # stages whose model/ would clash with prune's: their own folder
+# Tokens per passage of the short-text stages.
+MAX_LENGTH = 64
+# Decoders reaching this many positions get the long-range roles.
+LONG_MIN = 512
+# The importance criteria whose head rankings repeat on other text: split-half Spearman 0.91-0.995 (DESIGN.md,
+# "Measured on main"); `gradient` (0.29 on MiniLM) is left out.
+STABLE_METHODS = ("taylor", "output_norm", "entropy")
+# Stages whose model/ would clash with prune's: each writes into its own folder.
+SUBDIRS = {"gqa": "gqa", "mla": "mla"}
+
+# --- the cost model's factors ----------------------------------------------------------------------------------
+# Each multiplies a count of what a stage's passes do, in the probe's units (`Probe`: a passage forward, a forward
+# and backward, a unit of CPU work). They were fitted on timed runs on the project machine (docs/study.md,
+# "Measured"); a study corrects them all by the measured/estimated ratio of the stages it has run.
+#
+# The heads of MiniLM (6 layers x 12 heads), where the per-head CPU work (bootstrap intervals per statistic or
+# criterion and head) was fitted: a model's share of that work is its heads over these.
+FITTED_HEADS = 72
+# Exact ablation: forwards per head and passage (layers l..L-1 rerun, the prefix reused) and CPU units per head
+# (its intervals); fitted on timed `score --method ablation` runs (MiniLM 16/32 passages, SmolLM2 8).
+ABLATION_FWD, ABLATION_CPU = 0.57, 3.0
+# Similarity: CPU units per head pair and Jensen-Shannon query token (the pairwise divergence sums), and per head
+# pair (CKA, subspace angles, clustering); fitted on a timed SmolLM2 study (commit cb20c9b, 270 heads).
+JS_PAIR_TOKEN_CPU, PAIR_CPU = 6e-6, 8e-3
 
 
 @dataclass(frozen=True)
@@ -45,7 +72,8 @@ class Family:
     max_positions: int | None
     heads_total: int
     refuses: dict[str, str] = field(default_factory=dict)
-    cannot: dict[str, str] = field(default_factory=dict)  # capability -> why the family cannot serve it (its spec)
+    # capability -> why the family cannot serve it (its spec)
+    cannot: dict[str, str] = field(default_factory=dict)
     kvcache_refusal: str | None = None
     lm_head: bool = True  # logits to read (patching)
     architecture: str = ""
@@ -77,6 +105,8 @@ class Ctx:
     out: str
     family: Family
     device: str | None = None
+    # whether the roles stage measured retrieval scores (its long-range pass): kvcache then ranks by them
+    retrieval_scores: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,7 +117,7 @@ class Stage:
     verb: str
     question: str  # q1 | q2 | q3 | report
     levels: tuple[dict[str, Any], ...]
-    argv: Callable[[Ctx, dict[str, Any]], list[str]]
+    options: Callable[[Ctx, dict[str, Any]], Options]
     cost: Callable[[Probe, Family, dict[str, Any]], float]
     refusal: Callable[[Family], str | None] = lambda f: None
     required: bool = False
@@ -95,16 +125,19 @@ class Stage:
     def out_dir(self, out: str) -> str:
         return f"{out}/{SUBDIRS[self.name]}" if self.name in SUBDIRS else out
 
-
-def _common(ctx: Ctx, verb: str, data: str | None = None) -> list[str]:
-    argv = [verb, ctx.model]
-    if ctx.device:
-        argv += ["--device", ctx.device]
-    return argv + (["--data", data] if data else [])
+    def call(self, ctx: Ctx, level: int) -> Call:
+        """The verb and its options at size `level`, writing into the stage's folder."""
+        return Call(self.verb, self.options(ctx, self.levels[level]).replace(out=self.out_dir(ctx.out)))
 
 
-def _short(ctx: Ctx, n: int) -> list[str]:
-    return ["--limit", str(n), "--max-length", str(MAX_LENGTH)]
+def _model(ctx: Ctx) -> dict[str, Any]:
+    """The options every stage on the loaded model shares: the model as the user named it, and its device."""
+    return {"model": ctx.model, "device": ctx.device}
+
+
+def _short(n: int) -> dict[str, Any]:
+    """A short-text stage's passages: `n` of at most MAX_LENGTH tokens."""
+    return {"limit": n, "max_length": MAX_LENGTH}
 
 
 def _load(p: Probe) -> float:
@@ -113,22 +146,23 @@ def _load(p: Probe) -> float:
 
 
 # --- question 1 ----------------------------------------------------------------------------------------
-def _analyze_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    return [*_common(ctx, "analyze", ctx.data), *_short(ctx, lv["n"])]
+def _analyze_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    return AnalyzeOptions(**_model(ctx), data=ctx.data, **_short(lv["n"]))
 
 
 def _analyze_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     # eager attention with the statistics kernel, then bootstrap intervals per statistic and head
-    return _load(p) + lv["n"] * 0.9 * p.fwd_s + p.cpu_s * (2 + 0.05 * lv["n"] * f.heads_total / 72)
+    return _load(p) + lv["n"] * 0.9 * p.fwd_s + p.cpu_s * (2 + 0.05 * lv["n"] * f.heads_total / FITTED_HEADS)
 
 
-def _roles_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    argv = [*_common(ctx, "roles", ctx.data), *_short(ctx, lv["n"])]
+def _roles_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    o = RolesOptions(**_model(ctx), data=ctx.data, **_short(lv["n"]))
     if not ctx.family.causal:
-        argv += ["--treebank", "ewt-test", "--coref", "gum-test"]
+        # gold dependency trees and coreference chains: encoder-only passes
+        o = o.replace(treebank="ewt-test", coref="gum-test")
     if lv.get("long"):
-        argv += ["--long", str(lv["long"]), "--long-windows", str(lv["windows"]), "--haystacks", str(lv["haystacks"])]
-    return argv
+        o = o.replace(long=lv["long"], long_windows=lv["windows"], haystacks=lv["haystacks"])
+    return o
 
 
 def _roles_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
@@ -143,13 +177,14 @@ def _roles_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     return _load(p) + passes * p.fwd_s + long_s + p.cpu_s * 6
 
 
-def _similar_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    return [*_common(ctx, "similar", ctx.data), *_short(ctx, lv["n"]), "--js-max-tokens", str(lv["js"])]
+def _similar_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    return SimilarOptions(**_model(ctx), data=ctx.data, **_short(lv["n"]), js_max_tokens=lv["js"])
 
 
 def _similar_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     pairs = f.heads_total * (f.heads_total - 1) / 2
-    return _load(p) + 2.5 * lv["n"] * p.fwd_s + p.cpu_s * (5 + pairs * lv["js"] * 6e-6 + pairs * 8e-3)
+    # passes for attention maps and head outputs, then the per-pair CPU work
+    return _load(p) + 2.5 * lv["n"] * p.fwd_s + p.cpu_s * (5 + pairs * lv["js"] * JS_PAIR_TOKEN_CPU + pairs * PAIR_CPU)
 
 
 def _prefix(f: Family, what: str, capability: str | None = None) -> str | None:
@@ -158,8 +193,8 @@ def _prefix(f: Family, what: str, capability: str | None = None) -> str | None:
     return f"{f.model_type} refuses {what}: {why}" if why else None
 
 
-def _patch_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    return patching.argv(ctx.model, ctx.device, ctx.family.causal, lv)
+def _patch_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    return patching.options(ctx.model, ctx.device, ctx.family.causal, lv)
 
 
 def _patch_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
@@ -171,45 +206,43 @@ def _patch_refusal(f: Family) -> str | None:
 
 
 # --- question 3 ----------------------------------------------------------------------------------------
-def _score_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    methods = STABLE_METHODS + (",ablation" if lv["ablation"] else "")
-    return [*_common(ctx, "score", ctx.data), *_short(ctx, lv["n"]), "--method", methods]
+def _score_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    methods = STABLE_METHODS + (("ablation",) if lv["ablation"] else ())
+    return ScoreOptions(**_model(ctx), data=ctx.data, **_short(lv["n"]), methods=methods)
 
 
 def _score_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     n = lv["n"]
-    s = 2 * n * p.train_s + 2 * n * p.fwd_s  # taylor (forward + backward), output norm and entropy passes
+    # Taylor (forward + backward), then the output-norm and entropy passes
+    s = 2 * n * p.train_s + 2 * n * p.fwd_s
     if lv["ablation"]:
-        # layers l..L-1 once per head and passage (the prefix reused), and per head its intervals' CPU work;
-        # fitted on timed `score --method ablation` runs (MiniLM 16/32 passages, SmolLM2 8; docs/study.md)
         s += ABLATION_FWD * f.heads_total * n * p.fwd_s + ABLATION_CPU * f.heads_total * p.cpu_s
     # bootstrap intervals of every criterion, their rank correlations and split-half stabilities
-    return _load(p) + s + p.cpu_s * (20 + 2 * n * f.heads_total / 72)
+    return _load(p) + s + p.cpu_s * (20 + 2 * n * f.heads_total / FITTED_HEADS)
 
 
 # The drop question 3's answer is about: the curve stops once it is passed, and the saved model is the last point
 # within it by the interval's upper bound (the model the answer describes).
-PRUNE_TARGET = "0.05"
+PRUNE_TARGET = 0.05
 
 
-def _prune_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    return [*_common(ctx, "prune", ctx.prune_data), "--heldout", ctx.heldout, *_short(ctx, lv["n"]),
-            "--heldout-limit", str(lv["heldout"]), "--method", "taylor", "--fraction", str(lv["fraction"]),
-            "--step", str(lv["step"]), "--recover-steps", str(lv["recover"]), "--batch-size", "8",
-            "--target-drop", PRUNE_TARGET, "--save-model"]
+def _prune_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    return PruneOptions(**_model(ctx), data=ctx.prune_data, heldout=ctx.heldout, **_short(lv["n"]),
+                        heldout_limit=lv["heldout"], method="taylor", fraction=lv["fraction"], step=lv["step"],
+                        recover_steps=lv["recover"], batch_size=8, target_drop=PRUNE_TARGET, save_model=True)
 
 
 def _prune_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     points = round(lv["fraction"] / lv["step"]) + 1
-    per_point = (lv["n"] * p.train_s  # re-scoring by Taylor
-                 + 2 * lv["heldout"] * p.fwd_s  # the metric, before and after recovery
-                 + lv["recover"] * 8 * p.train_s * 3.0)  # recovery steps of a batch of 8 (AdamW over every weight)
+    # Per point: re-scoring by Taylor, the metric before and after recovery, and the recovery steps on batches
+    # of 8 (AdamW over every weight: about 3 forward + backward passes a passage)
+    per_point = lv["n"] * p.train_s + 2 * lv["heldout"] * p.fwd_s + lv["recover"] * 8 * p.train_s * 3.0
     return _load(p) + points * per_point + 2 * p.load_s + p.cpu_s * (6 + 10 * points)
 
 
 # --- question 2 ----------------------------------------------------------------------------------------
-def _kv_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    return ["kv", ctx.model]
+def _kv_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    return KvOptions(model=ctx.model)
 
 
 def _kv_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
@@ -222,13 +255,14 @@ def _gqa_target(f: Family) -> int:
     return f.n_kv_heads // k
 
 
-def _conversion_args(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    return ["--data", ctx.prune_data, "--heldout", ctx.heldout, "--limit", str(lv["n"]), "--heldout-limit",
-            str(lv["heldout"]), "--max-length", str(MAX_LENGTH), "--steps", str(lv["uptrain"])]
+def _conversion(ctx: Ctx, lv: dict[str, Any]) -> dict[str, Any]:
+    """What GQA and MLA conversion share: the texts, their sizes and the uptraining steps."""
+    return {**_model(ctx), "data": ctx.prune_data, "heldout": ctx.heldout, "limit": lv["n"],
+            "heldout_limit": lv["heldout"], "max_length": MAX_LENGTH, "steps": lv["uptrain"]}
 
 
-def _gqa_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    return [*_common(ctx, "gqa"), "--kv-heads", str(_gqa_target(ctx.family)), *_conversion_args(ctx, lv)]
+def _gqa_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    return GqaOptions(**_conversion(ctx, lv), kv_heads=_gqa_target(ctx.family))
 
 
 def _gqa_refusal(f: Family) -> str | None:
@@ -257,10 +291,9 @@ def _mla_rank(f: Family) -> int:
     return max(1, min(f.d_model, f.n_kv_heads * (2 * f.d_head - rope)) // 2)
 
 
-def _mla_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
+def _mla_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
     rope = max(2, (ctx.family.d_head // 8) // 2 * 2)
-    return [*_common(ctx, "mla"), "--kv-rank", str(_mla_rank(ctx.family)), "--rope-dims", str(rope),
-            *_conversion_args(ctx, lv)]
+    return MlaOptions(**_conversion(ctx, lv), kv_rank=_mla_rank(ctx.family), rope_dims=rope)
 
 
 def _mla_refusal(f: Family) -> str | None:
@@ -268,29 +301,14 @@ def _mla_refusal(f: Family) -> str | None:
     return f"MLA conversion cannot serve this {f.model_type} model: {why}" if why else None
 
 
-def _kvcache_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    argv = ["kvcache", ctx.model, "--keep-full", "25%", "--context", str(lv["context"]), "--window",
-            str(lv["window"]), "--limit", str(lv["passages"]), "--needles", str(lv["needles"])]
-    roles = Path(ctx.out) / "roles.csv"
-    if _holds_column(roles, "retrieval_score"):  # the roles stage measured them (--long): not again here
-        argv += ["--scores", str(roles)]
-    else:
-        argv += ["--haystacks", str(lv["haystacks"])]
-    return argv + (["--device", ctx.device] if ctx.device else [])
-
-
-def _holds_column(csv: Path, column: str) -> bool:
-    """Whether `csv` exists and its header names `column` with a value in some row."""
-    try:
-        with open(csv, encoding="utf-8") as f:
-            header = f.readline().rstrip("\n").split(",")
-            rows = [line.rstrip("\n").split(",") for line in f]
-    except OSError:
-        return False
-    if column not in header:
-        return False
-    k = header.index(column)
-    return any(len(r) > k and r[k] not in ("", "nan") for r in rows)
+def _kvcache_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    o = KvcacheOptions(model=ctx.model, keep_full="25%", context=lv["context"], window=lv["window"],
+                       limit=lv["passages"], needles=lv["needles"], haystacks=lv["haystacks"])
+    if ctx.retrieval_scores:
+        # the roles stage measured them (its long-range pass): ranked by them, not measured again
+        o = o.replace(scores=str(Path(ctx.out) / ROLES_CSV.name), haystacks=KvcacheOptions().haystacks)
+    # kvcache's own default device is cpu: the study's device only when it names one
+    return o.replace(device=ctx.device) if ctx.device else o
 
 
 def _kvcache_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
@@ -309,12 +327,10 @@ def _kvcache_refusal(f: Family) -> str | None:
     return None
 
 
-def _report_argv(ctx: Ctx, lv: dict[str, Any]) -> list[str]:
-    argv = [*_common(ctx, "report", ctx.data), "--sentences", "3", "--limit", "8"]
-    for sub in SUBDIRS.values():  # the conversions' folders, where their stages ran (report refuses a missing one)
-        if (Path(ctx.out) / sub).is_dir():
-            argv += ["--from", f"{ctx.out}/{sub}"]
-    return argv
+def _report_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    # the conversions' folders, where their stages ran (report refuses a missing one)
+    subs = tuple(f"{ctx.out}/{sub}" for sub in SUBDIRS.values() if (Path(ctx.out) / sub).is_dir())
+    return ReportOptions(**_model(ctx), data=ctx.data, sentences=3, limit=8, from_dirs=subs)
 
 
 def _report_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
@@ -348,18 +364,18 @@ def stages_for(f: Family) -> list[Stage]:
     kvc = ({"context": 512, "window": 128, "passages": 1, "needles": 2, "haystacks": 2},
            {"context": 1024, "window": 256, "passages": 2, "needles": 4, "haystacks": 4})
     return [
-        Stage("analyze", "analyze", "q1", tuple({"n": n} for n in ns), _analyze_argv, _analyze_cost, required=True),
-        Stage("roles", "roles", "q1", roles_levels, _roles_argv, _roles_cost),
-        Stage("similar", "similar", "q1", tuple({"n": n, "js": 32 * n} for n in ns[:4]), _similar_argv,
+        Stage("analyze", "analyze", "q1", tuple({"n": n} for n in ns), _analyze_options, _analyze_cost, required=True),
+        Stage("roles", "roles", "q1", roles_levels, _roles_options, _roles_cost),
+        Stage("similar", "similar", "q1", tuple({"n": n, "js": 32 * n} for n in ns[:4]), _similar_options,
               _similar_cost, lambda fam: _prefix(fam, "similar")),
-        Stage("score", "score", "q3", ablation, _score_argv, _score_cost),
-        Stage("patch", "patch", "q1", patching.LEVELS, _patch_argv, _patch_cost, _patch_refusal),
-        Stage("prune", "prune", "q3", prune, _prune_argv, _prune_cost, lambda fam: _prefix(fam, "prune", "heads")),
-        Stage("kv", "kv", "q2", ({},), _kv_argv, _kv_cost),
-        Stage("gqa", "gqa", "q2", conversion, _gqa_argv, _conversion_cost, _gqa_refusal),
-        Stage("mla", "mla", "q2", conversion, _mla_argv, _mla_cost, _mla_refusal),
-        Stage("kvcache", "kvcache", "q2", kvc, _kvcache_argv, _kvcache_cost, _kvcache_refusal),
-        Stage("report", "report", "report", ({},), _report_argv, _report_cost, required=True),
+        Stage("score", "score", "q3", ablation, _score_options, _score_cost),
+        Stage("patch", "patch", "q1", patching.LEVELS, _patch_options, _patch_cost, _patch_refusal),
+        Stage("prune", "prune", "q3", prune, _prune_options, _prune_cost, lambda fam: _prefix(fam, "prune", "heads")),
+        Stage("kv", "kv", "q2", ({},), _kv_options, _kv_cost),
+        Stage("gqa", "gqa", "q2", conversion, _gqa_options, _conversion_cost, _gqa_refusal),
+        Stage("mla", "mla", "q2", conversion, _mla_options, _mla_cost, _mla_refusal),
+        Stage("kvcache", "kvcache", "q2", kvc, _kvcache_options, _kvcache_cost, _kvcache_refusal),
+        Stage("report", "report", "report", ({},), _report_options, _report_cost, required=True),
     ]
 
 

@@ -1,7 +1,8 @@
 """study.json: what a study planned, ran, reused and left out, written after every stage.
 
 A stage is reused when study.json records it done under the same key (the model's fingerprint, the data's
-sha256 and the stage's exact options) and every file it wrote is still there with the recorded sha256.
+sha256 and the stage's exact options: its verb and Options in canonical form, `verbs.Call.canonical`) and every
+file it wrote is still there with the recorded sha256.
 An interrupted study left the finished stages recorded: the same command continues after them.
 """
 
@@ -13,12 +14,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import MODEL_DIR, STUDY_JSON, outputs
+from ..artifacts import STUDY_JSON
 from ..errors import HeadscopeError
 from ..io import atomic_write_text, inside
 from ..redundancy.curves import PARTIAL_JSON
-from ..report.build import figure_names
 from .stages import SUBDIRS
+from .verbs import verb_files
 
 STUDY_NAME = STUDY_JSON.name
 LOG_DIR = "study-logs"
@@ -26,9 +27,10 @@ FORMAT = 1
 FIGURE_GLOB = "report-*.png"  # the report's figures (report.build.figure_names: the ones it names)
 
 
-def stage_key(model_fp: str, data_fp: dict[str, Any], argv: list[str]) -> str:
-    """The identity of one stage's result: model fingerprint, data hashes and the verb's options."""
-    blob = json.dumps({"model": model_fp, "data": data_fp, "argv": argv, "format": FORMAT}, sort_keys=True)
+def stage_key(model_fp: str, data_fp: dict[str, Any], call: str | list[str]) -> str:
+    """The identity of one stage's result: model fingerprint, data hashes and the verb's options (a Call's
+    canonical JSON; the study's own settings as a list)."""
+    blob = json.dumps({"model": model_fp, "data": data_fp, "options": call, "format": FORMAT}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -41,16 +43,6 @@ def file_hashes(root: Path, names: list[str]) -> dict[str, str]:
         for q in files:
             out[str(q.relative_to(root))] = hashlib.sha256(q.read_bytes()).hexdigest()
     return out
-
-
-def verb_files(verb: str) -> list[str]:
-    """The files (and folders) a stage's verb may write into its --out."""
-    names = outputs(verb, optional=True)
-    if verb == "prune":
-        names = [*names, MODEL_DIR.name]
-    if verb == "report":
-        names = [*names, *figure_names()]
-    return names
 
 
 STATUSES = ("running", "done", "left out", "not supported", "failed", "interrupted")

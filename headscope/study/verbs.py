@@ -1,50 +1,149 @@
-"""Running one existing verb in-process: its own parser, shared checks, run function and writers.
+"""Running one verb of a study on the library: its Options, its function on the study's one loaded model, its
+Result saved into the stage's folder.
 
-The study does not shell out: each stage parses its options with the verb's own parser (so a study's
-options are refused exactly as the verb refuses them), runs the verb's `run` function, and sends what
-the verb prints (its tables and bars) to the stage's log in OUT/study-logs/, leaving the terminal to the
-study's one progress view.
+A stage is a `Call`: the verb's name and its typed Options (built by `stages.py` from the plan's size). The
+options are checked as the CLI checks every verb's (`options.cli.check_options`: values, output folder, where
+outputs lie against inputs), the verb's library function runs on the loaded model and the corpora the study
+has read once (`data.shared`), and `result.save(out)` writes the files the verb's command would. What the verb
+would print (its tables, its progress) goes to the stage's log in OUT/study-logs/, leaving the terminal to the
+study's one progress view. The logged command line is rendered from the Options' own flags
+(`options.cli.command_line`), so it reproduces the stage by hand.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import importlib
+import json
 import logging
-import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from ..commands._common import check_options
+from ..artifacts import KV_CSV, KV_JSON, MODEL_DIR, outputs
+from ..capacity import verbs as capacity
+from ..io import prepare_out_dir
+from ..learned import verbs as learned
+from ..learned.causal import verb as causal
 from ..models.adapter import HeadModel
-from ..options.cli import Parser
+from ..options import Options, Result
+from ..options.cli import check_options, command_line
+from ..redundancy import verbs as redundancy
+from ..redundancy.curves import clear_partial
+from ..report import REPORT_NAME, report
+from ..report.build import figure_names
+from ..table import to_jsonable
 
-__all__ = ["command_line", "parse_verb", "run_verb"]
-
-
-def parse_verb(argv: list[str]) -> argparse.Namespace:
-    """`argv` (verb first) parsed by that verb's own parser and refused by the checks every verb shares."""
-    module = importlib.import_module(f"headscope.commands.{argv[0]}")
-    parser = Parser(prog="headscope", exit_on_error=False)
-    module.register(parser.add_subparsers(dest="verb"))
-    args = parser.parse_args(argv)
-    check_options(args)
-    return args
+__all__ = ["Call", "run_call", "verb_files"]
 
 
-def run_verb(argv: list[str], log: Path, model: HeadModel | None = None) -> int:
-    """Run the verb `argv` names with its output into `log`; its return code (errors raise as from the CLI).
+@dataclass(frozen=True)
+class Call:
+    """One verb with its options: what a stage runs, what its reuse key hashes and what its log shows."""
 
-    `model`: the study's loaded model, which the verb uses instead of loading its own (argv names the same
-    model, so the logged command line still reproduces the stage on its own)."""
-    args = parse_verb(argv)
+    verb: str
+    options: Options
+
+    def canonical(self) -> str:
+        """The options as stable JSON (every field, sorted): the stage's identity in its reuse key."""
+        return json.dumps({"verb": self.verb, "options": to_jsonable(self.options.with_only())}, sort_keys=True)
+
+    def command(self) -> str:
+        """The shell command that reproduces the stage."""
+        return command_line(self.verb, self.options)
+
+
+def verb_files(verb: str) -> list[str]:
+    """The files (and folders) a stage's verb may write into its out folder."""
+    names = outputs(verb, optional=True)
+    if verb == "prune":
+        names = [*names, MODEL_DIR.name]
+    if verb == "report":
+        names = [*names, *figure_names()]
+    return names
+
+
+def _analyze(hm: HeadModel, o: Any) -> Result:
+    return learned.analyze(hm, None, o, progress=True)
+
+
+def _roles(hm: HeadModel, o: Any) -> Result:
+    return learned.roles(hm, None, o, progress=True)
+
+
+def _similar(hm: HeadModel, o: Any) -> Result:
+    return learned.similar(hm, None, o, progress=True)
+
+
+def _score(hm: HeadModel, o: Any) -> Result:
+    return redundancy.score(hm, None, o, progress=True)
+
+
+def _patch(hm: HeadModel, o: Any) -> Result:
+    return causal.patch(hm, None, o)
+
+
+def _prune(hm: HeadModel, o: Any) -> Result:
+    # the folder keeps an interrupted curve's finished points (the CLI's --out), cleared once the curve is saved
+    return redundancy.prune(hm, redundancy.read_prune_data(o), o, checkpoint=Path(o.out), progress=True)
+
+
+def _kv(hm: HeadModel, o: Any) -> Result:
+    return capacity.kv(None, o)  # a config's arithmetic: the loaded weights are not used
+
+
+def _gqa(hm: HeadModel, o: Any) -> Result:
+    return capacity.gqa(hm, None, o, progress=True)
+
+
+def _mla(hm: HeadModel, o: Any) -> Result:
+    return capacity.mla(hm, None, o, progress=True)
+
+
+def _kvcache(hm: HeadModel, o: Any) -> Result:
+    return capacity.kvcache(hm, None, o, progress=True)
+
+
+def _report(hm: HeadModel, o: Any) -> Result:
+    return report(None if o.no_model else hm, None, o, progress=True)
+
+
+# verb -> its library function on a loaded model, taking the data its options name (read once per study)
+RUNS: dict[str, Callable[[HeadModel, Any], Result]] = {
+    "analyze": _analyze, "roles": _roles, "similar": _similar, "score": _score, "patch": _patch, "prune": _prune,
+    "kv": _kv, "gqa": _gqa, "mla": _mla, "kvcache": _kvcache, "report": _report,
+}
+
+
+def _will_write(verb: str, o: Any) -> list[str]:
+    """What the verb's command refuses to overwrite in its folder (without force)."""
+    if verb == "kv":
+        return [KV_CSV.name, KV_JSON.name]
+    if verb == "report":
+        return [REPORT_NAME, *figure_names()]
+    names = outputs(verb, optional=verb in ("roles", "patch"))
+    return [*names, MODEL_DIR.name] if verb == "prune" and o.save_model else names
+
+
+def run_call(call: Call, hm: HeadModel, log: Path) -> Result:
+    """Run `call` on the loaded model `hm` and save its result into its options' folder; what the verb would print
+    goes into `log`. Refusals raise as from the library (a HeadscopeError), an interrupt as KeyboardInterrupt."""
+    o: Any = call.options  # every stage's Options have an output folder (OutputOptions: out, force)
+    check_options(o, call.verb)
+    out = prepare_out_dir(o.out, o.force, _will_write(call.verb, o))  # refuse before any slow work
+    if call.verb == "prune" and o.force:
+        clear_partial(out)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f), \
             _logging_to(f):
-        print("$ " + command_line(argv), flush=True)
-        return int(args.func(args, model) or 0)
+        print("$ " + call.command(), flush=True)
+        result = RUNS[call.verb](hm, o)
+        written = result.save(out, o.force)
+        if call.verb == "prune":
+            clear_partial(out)  # the curve is complete: its checkpoint is no longer needed
+        print("\n".join(result.lines()))
+        print(f"\nwrote {', '.join(map(str, written))}", flush=True)
+    return result
 
 
 @contextlib.contextmanager
@@ -58,8 +157,3 @@ def _logging_to(stream: TextIO) -> Iterator[None]:
     finally:
         for h, s in zip(handlers, old, strict=True):
             h.setStream(s)
-
-
-def command_line(argv: list[str]) -> str:
-    """The shell command that reproduces a stage."""
-    return "headscope " + " ".join(shlex.quote(a) for a in argv)

@@ -1,7 +1,7 @@
 """Look at any head, live: a text's attention for every head beside what the other verbs measured about it.
 
-`headscope view MODEL` serves the page (`server.py`); in a notebook, `headscope.view(hm, "text")` returns a
-`View` that displays the same page inline, self-contained (its maps embedded, nothing fetched).
+`headscope view MODEL` serves the page (`serve`, on `server.py`); in a notebook, `headscope.view(hm, "text")`
+returns a `View` that displays the same page inline, self-contained (its maps embedded, nothing fetched).
 
 This package module is callable (`headscope.view(hm, text)`): the package and the function share the name
 `view`, and once `headscope.view` is imported as a package the attribute `headscope.view` is the package,
@@ -30,8 +30,9 @@ from .attention import SMALL_MAX, all_heads, check_head, encode, one_head
 from .heads import heads_table
 from .options import DEFAULT_MAX_TOKENS, ViewOptions
 from .page import EXAMPLES, model_info, page
+from .server import ViewApp, ViewServer, make_server
 
-__all__ = ["DEFAULT_MAX_TOKENS", "EXAMPLES", "View", "ViewOptions", "view"]
+__all__ = ["DEFAULT_MAX_TOKENS", "EXAMPLES", "View", "ViewOptions", "serve", "view"]
 
 
 @dataclass
@@ -138,6 +139,22 @@ def view(hm: HeadModel, text: str, options: ViewOptions | None = None, **changes
     attention = {} if short else {head_name(l, h): one_head(hm, enc.ids, l, h) for l, h in heads}
     return View(model_info(hm, options.max_tokens), enc.text, enc.tokens, enc.ids, heads, maps, attention,
                 heads_table(hm, options.from_dirs), enc.note)
+
+
+def serve(hm: HeadModel, options: ViewOptions | None = None, *, server: ViewServer | None = None,
+          **changes: Any) -> ViewServer:
+    """The live view's server for a loaded model, listening on `options.host`:`options.port` (port 0: a free one),
+    each head beside the evidence in `options.from_dirs`; the caller runs `serve_forever()` and closes it.
+    `server`: one already listening (the command binds its port before the model loads), given the app."""
+    options = (options or ViewOptions()).replace(**changes).validate()
+    if hm.tokenizer is None:  # every request is text: refuse now, not on each request
+        raise HeadscopeError(f"{hm.name} has no tokenizer, so the view cannot read text; give a model folder with "
+                             f"its tokenizer files")
+    app = ViewApp(hm, heads_table(hm, options.from_dirs), options.max_tokens, EXAMPLES)
+    if server is None:
+        return make_server(app, options.host, options.port)
+    server.app = app
+    return server
 
 
 class _CallableModule(types.ModuleType):
