@@ -178,12 +178,13 @@ def test_a_tiny_decoder_study_converts_its_kv_heads(tmp_path, capsys, monkeypatc
     st = json.loads((out / "study.json").read_text())
     status = {n: r["status"] for n, r in st["stages"].items()}
     assert status == {"analyze": "done", "roles": "done", "similar": "done", "score": "done", "prune": "done",
-                      "patch": "not supported", "kv": "done", "gqa": "done", "mla": "done",
+                      "patch": "not supported", "circuit": "not supported", "kv": "done", "gqa": "done", "mla": "done",
                       "kvcache": "not supported", "report": "done"}
     assert "512-token contexts" in st["stages"]["kvcache"]["reason"]
     # The tokenizer knows no IOI name: every answer and wrong is <unk>, the same token, so no pair can be patched.
     assert "task ioi: none of its" in st["stages"]["patch"]["reason"], st["stages"]["patch"]
     assert f"no causal patching ({st['stages']['patch']['reason']})" in st["answers"]["q1"]
+    assert "task ioi: none of its" in st["stages"]["circuit"]["reason"], st["stages"]["circuit"]
     for sub, name in (("gqa", "gqa.json"), ("mla", "mla.json")):
         assert (out / sub / name).is_file() and (out / sub / "model" / "config.json").is_file()
     assert (out / "model" / "config.json").is_file()  # the pruned model

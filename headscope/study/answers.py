@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import (
+    CIRCUIT_JSON,
     CLUSTERS_JSON,
     GQA_JSON,
     IMPORTANCE_JSON,
@@ -46,6 +47,7 @@ ROLE_PLAIN = {"sink": "park their attention on the first or a special token when
               "retrieval": "copy a fact from far back in a long text",
               "streaming": "need only the first tokens and a recent window"}
 INTERVAL = "95% interval"
+FAITHFUL = 0.8  # the circuit the answer names: the smallest reaching this faithfulness (as the report draws)
 
 
 def _why(state: dict[str, Any], stage: str) -> str:
@@ -56,7 +58,33 @@ def _why(state: dict[str, Any], stage: str) -> str:
 def _q1(rec: Records, state: dict[str, Any], heads: int) -> str:
     roles_ran = (state.get("stages", {}).get("roles") or {}).get("status") == "done"
     causal = patching.sentence(rec, _why(state, "patch"), ROLE_WORDS, roles_ran)
-    return _roles_clause(rec, state, heads) + causal + "."
+    return _roles_clause(rec, state, heads) + causal + _circuit_clause(rec, state) + "."
+
+
+def _circuit_clause(rec: Records, state: dict[str, Any]) -> str:
+    """The smallest circuit of the top edges whose faithfulness reaches FAITHFUL, with its interval (circuit.json);
+    the reason when the stage did not run on a model it could take."""
+    c = rec.json(CIRCUIT_JSON.name)
+    if c is None:
+        st = (state.get("stages", {}).get("circuit") or {}).get("status")
+        return f"; no circuit ({_why(state, 'circuit')})" if st in ("done", "left out", "failed") else ""
+    curve = [p for p in c.get("curve") or [] if isinstance(p.get("faithfulness"), (int, float))]
+    n = (c.get("pairs") or {}).get("n", "?")
+    method = "EAP-IG" if c.get("method") == "eap-ig" else "EAP"
+    first = next((p for p in curve if p["faithfulness"] >= FAITHFUL), None)
+    if first is None:
+        best = max(curve, key=lambda p: p["faithfulness"], default=None)
+        return (f"; edge attribution ({method}, {n} IOI pairs) finds no circuit of under all {c.get('total_edges')} "
+                f"edges that restores {FAITHFUL:.0%} of the clean logit difference" +
+                (f" (best {best['faithfulness']:.2f} at {best['edges']} edges)" if best else ""))
+    rnd = first.get("random")
+    return (f"; as a circuit of edges between heads and MLPs ({method}, {n} IOI pairs), the top {first['edges']:,} "
+            f"of {c['total_edges']:,} edges ({first['fraction']:.1%}) alone restore {first['faithfulness']:.2f} "
+            f"[{first['faithfulness_lo']:.2f}, {first['faithfulness_hi']:.2f}] of the clean logit difference "
+            f"(faithfulness; a random circuit of that size: {rnd:.2f})" if isinstance(rnd, (int, float)) else
+            f"; as a circuit of edges ({method}, {n} IOI pairs), the top {first['edges']:,} of "
+            f"{c['total_edges']:,} edges ({first['fraction']:.1%}) restore {first['faithfulness']:.2f} "
+            f"[{first['faithfulness_lo']:.2f}, {first['faithfulness_hi']:.2f}] of the clean logit difference")
 
 
 def _roles_clause(rec: Records, state: dict[str, Any], heads: int) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import (
+    CIRCUIT_JSON,
     CLUSTERS_JSON,
     GQA_JSON,
     HEADS_CSV,
@@ -67,6 +68,7 @@ JSON_SOURCES: dict[str, Source] = {
     CLUSTERS_JSON.name: Source("similar", lambda r: r.record),
     IMPORTANCE_JSON.name: Source("score", lambda r: r.table.to_dict(), jsonable=True),
     PATCHING_JSON.name: Source("patch", lambda r: r.record, jsonable=True),
+    CIRCUIT_JSON.name: Source("circuit", lambda r: r.record, jsonable=True),
     PRUNE_JSON.name: Source("prune", lambda r: r.summary),
     GQA_JSON.name: Source("gqa", lambda r: r.report),
     MLA_JSON.name: Source("mla", lambda r: r.report),

@@ -21,7 +21,8 @@ from ..artifacts import ROLES_CSV
 from ..capacity.kvcache.cache import check_supported
 from ..capacity.options import GqaOptions, KvcacheOptions, KvOptions, MlaOptions
 from ..errors import HeadscopeError
-from ..learned.options import AnalyzeOptions, RolesOptions, SimilarOptions
+from ..learned.circuits.graph import check_model as check_circuit_model
+from ..learned.options import AnalyzeOptions, CircuitOptions, RolesOptions, SimilarOptions
 from ..models.adapter import HeadModel
 from ..models.capabilities import CAPABILITIES, why_not
 from ..options import Options
@@ -55,6 +56,12 @@ ABLATION_FWD, ABLATION_CPU = 0.57, 3.0
 # Similarity: CPU units per head pair and Jensen-Shannon query token (the pairwise divergence sums), and per head
 # pair (CKA, subspace angles, clustering); fitted on a timed SmolLM2 study (commit cb20c9b, 270 heads).
 JS_PAIR_TOKEN_CPU, PAIR_CPU = 6e-6, 8e-3
+# Circuits: passage forwards per IOI pair, edge scores and the faithfulness curves (its 20 sizes, random circuits,
+# the empty and full circuits) together, by method; fitted on one timed SmolLM2 run (20 fresh IOI pairs, EAP-IG,
+# 204 s, docs/circuits.md) with EAP's share from benchmarks/bench_circuit.py's ratios (EAP 54, EAP-IG 61 forwards
+# of a batch). CIRCUIT_CPU: CPU units per thousand edges (their bootstrap intervals over pairs).
+CIRCUIT_FWD = {"eap": 38.0, "eap-ig": 43.0}
+CIRCUIT_CPU = 2.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,7 @@ class Family:
     # capability -> why the family cannot serve it (its spec)
     cannot: dict[str, str] = field(default_factory=dict)
     kvcache_refusal: str | None = None
+    circuit_refusal: str | None = None  # why edge-level circuits cannot take the model (learned.circuits)
     lm_head: bool = True  # logits to read (patching)
     architecture: str = ""
 
@@ -85,12 +93,17 @@ class Family:
             kvc = None
         except HeadscopeError as e:
             kvc = str(e)
+        try:
+            check_circuit_model(hm)
+            circuit = None
+        except HeadscopeError as e:
+            circuit = str(e)
         total = sum(hm.heads_in_layer(layer) for layer in range(hm.n_layers))
         mt = str(hm.config.model_type)
         cannot = {c.name: why for c in CAPABILITIES if (why := why_not(hm.spec, c.name, mt))}
         return cls(hm.name, mt, bool(hm.causal), hm.n_layers, hm.n_heads, hm.n_kv_heads,
                    hm.d_head, int(getattr(hm.config, "hidden_size", hm.n_heads * hm.d_head)), hm.max_positions,
-                   total, dict(hm.spec.refuses), cannot, kvc, hm.output_embeddings is not None,
+                   total, dict(hm.spec.refuses), cannot, kvc, circuit, hm.output_embeddings is not None,
                    type(hm.model).__name__)
 
 
@@ -203,6 +216,24 @@ def _patch_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
 
 def _patch_refusal(f: Family) -> str | None:
     return _prefix(f, "patch", "patch") or patching.refusal(f.causal, f.lm_head, f.model_type, f.architecture)
+
+
+def _circuit_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    return CircuitOptions(**_model(ctx), task="ioi", limit=lv["n"], method=lv["method"])
+
+
+def _circuit_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    edges = f.heads_total * (f.heads_total + 2 * f.n_layers) / 2  # about senders x later receivers
+    return _load(p) + lv["n"] * CIRCUIT_FWD[lv["method"]] * p.fwd_s + CIRCUIT_CPU * edges / 1000 * p.cpu_s
+
+
+def _circuit_refusal(f: Family) -> str | None:
+    return f.circuit_refusal
+
+
+# The circuit stage's sizes: EAP on few IOI pairs, then EAP-IG (MIB's recommended method) on more.
+CIRCUIT_LEVELS: tuple[dict[str, Any], ...] = ({"n": 8, "method": "eap"}, {"n": 16, "method": "eap-ig"},
+                                               {"n": 24, "method": "eap-ig"})
 
 
 # --- question 3 ----------------------------------------------------------------------------------------
@@ -370,6 +401,7 @@ def stages_for(f: Family) -> list[Stage]:
               _similar_cost, lambda fam: _prefix(fam, "similar")),
         Stage("score", "score", "q3", ablation, _score_options, _score_cost),
         Stage("patch", "patch", "q1", patching.LEVELS, _patch_options, _patch_cost, _patch_refusal),
+        Stage("circuit", "circuit", "q1", CIRCUIT_LEVELS, _circuit_options, _circuit_cost, _circuit_refusal),
         Stage("prune", "prune", "q3", prune, _prune_options, _prune_cost, lambda fam: _prefix(fam, "prune", "heads")),
         Stage("kv", "kv", "q2", ({},), _kv_options, _kv_cost),
         Stage("gqa", "gqa", "q2", conversion, _gqa_options, _conversion_cost, _gqa_refusal),
@@ -380,4 +412,5 @@ def stages_for(f: Family) -> list[Stage]:
 
 
 # When the budget is short, stages go in the reverse of this order (the report and statistics stay).
-PRIORITY = ("report", "analyze", "kv", "roles", "patch", "score", "prune", "similar", "gqa", "kvcache", "mla")
+PRIORITY = ("report", "analyze", "kv", "roles", "patch", "score", "prune", "similar", "circuit", "gqa", "kvcache",
+            "mla")

@@ -25,6 +25,7 @@ from ..capacity import verbs as capacity
 from ..io import prepare_out_dir
 from ..learned import verbs as learned
 from ..learned.causal import verb as causal
+from ..learned.circuits import verb as circuits
 from ..models.adapter import HeadModel
 from ..options import Options, Result
 from ..options.cli import check_options, command_line
@@ -83,6 +84,10 @@ def _patch(hm: HeadModel, o: Any) -> Result:
     return causal.patch(hm, None, o)
 
 
+def _circuit(hm: HeadModel, o: Any) -> Result:
+    return circuits.circuit(hm, None, o)
+
+
 def _prune(hm: HeadModel, o: Any) -> Result:
     # the folder keeps an interrupted curve's finished points (the CLI's --out), cleared once the curve is saved
     return redundancy.prune(hm, redundancy.read_prune_data(o), o, checkpoint=Path(o.out), progress=True)
@@ -110,8 +115,8 @@ def _report(hm: HeadModel, o: Any) -> Result:
 
 # verb -> its library function on a loaded model, taking the data its options name (read once per study)
 RUNS: dict[str, Callable[[HeadModel, Any], Result]] = {
-    "analyze": _analyze, "roles": _roles, "similar": _similar, "score": _score, "patch": _patch, "prune": _prune,
-    "kv": _kv, "gqa": _gqa, "mla": _mla, "kvcache": _kvcache, "report": _report,
+    "analyze": _analyze, "roles": _roles, "similar": _similar, "score": _score, "patch": _patch,
+    "circuit": _circuit, "prune": _prune, "kv": _kv, "gqa": _gqa, "mla": _mla, "kvcache": _kvcache, "report": _report,
 }
 
 
