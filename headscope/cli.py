@@ -30,7 +30,8 @@ from .version import __version__
 # last, under "tools".
 VERB_GROUPS = (("start here", ("study", "view")), ("what the heads learn", ("analyze", "roles", "similar", "patch")),
                ("are more heads better", ("kv", "gqa", "mla", "kvcache", "sweep")),
-               ("which heads are redundant", ("score", "prune", "tasks")))
+               ("which heads are redundant", ("score", "prune", "tasks")),
+               ("what compression cost", ("compare",)))
 
 
 def _group_verbs(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:

@@ -163,10 +163,12 @@ LAYERS = {
     "capacity": ("foundation", "learned", "capacity"),
     "redundancy": ("foundation", "learned", "redundancy"),
     "export": ("foundation", "learned", "capacity", "redundancy", "export"),
+    "compare": ("foundation", "learned", "capacity", "redundancy", "compare"),
     "report": ("foundation", "learned", "capacity", "redundancy", "export", "report"),
     "view": ("foundation", "learned", "capacity", "redundancy", "export", "report", "view"),
-    "commands": ("foundation", "learned", "capacity", "redundancy", "export", "report", "view", "commands"),
-    "study": ("foundation", "learned", "capacity", "redundancy", "export", "report", "commands", "study"),
+    "commands": ("foundation", "learned", "capacity", "redundancy", "export", "compare", "report", "view",
+                 "commands"),
+    "study": ("foundation", "learned", "capacity", "redundancy", "export", "compare", "report", "commands", "study"),
     "cli": ("foundation", "commands", "study", "cli"),
 }
 

@@ -27,7 +27,8 @@ __all__ = [
     "UNIT_IMPORTANCE_JSON", "TASKS_CSV", "TASK_CORRELATION_CSV", "TASK_SPECIFIC_CSV", "TASKS_JSON", "MODEL_DIR",
     "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
-    "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON", "COMPOSITION_NPZ",
+    "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON", "COMPOSITION_NPZ", "COMPARE_CSV",
+    "COMPARE_JSON",
 ]
 
 def _f(name: str, meaning: str = "", when: str = "") -> Field:
@@ -417,13 +418,36 @@ COMPOSITION_NPZ = Artifact(
      _f("k", "as q, through the receiver's keys"), _f("v", "as q, through the receiver's values"),
      _f("meta", "model and axis names (JSON text)")))
 
+# headscope compare (issue 42): what a compressed model kept and lost against its original.
+COMPARE_CSV = Artifact(
+    "compare.csv", "csv", {"compare": ""}, "one row per capability: its value in BASE and OTHER, the paired change "
+    "with its interval and the verdict (docs/compare.md)",
+    (_f("capability", "lm, fidelity, ioi, induction, greater-than, masked, retrieval, or pairs:<file stem>"),
+     _f("metric", "perplexity (lm), cosine (fidelity), logit_diff (pair tasks), needle_token_accuracy (retrieval)"),
+     _f("base", "the metric in BASE"), _f("other", "the metric in OTHER"),
+     _f("delta", "other - base, on the same items"),
+     _f("delta_lo", "lower bound of the change's paired bootstrap interval (items resampled for both models "
+                    "together)"),
+     _f("delta_hi", "upper bound of that interval"),
+     _f("relative", "delta / |base|"),
+     _f("verdict", "lost, kept, gained or cannot tell: the interval against the tolerance x |base|"),
+     _f("n", "items the row was measured on (passages, pairs or haystacks)")))
+COMPARE_JSON = Artifact(
+    "compare.json", "json", {"compare": ""}, "compare.csv's run: settings, both models' provenance, each row's items "
+    "and per-item values",
+    (_f("settings", "tolerance, interval settings, the rows measured"),
+     _f("notes", "default rows left out and why"),
+     _f("rows", "per row: what it measures, its items, the per-item sums of both models, seconds, the change and "
+                "(cannot tell) the items that would decide it"),
+     _f("base", "BASE's name, config and weights fingerprints"), _f("other", "OTHER's, the same"), _PROVENANCE))
+
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
     PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG,
     SWEEP_SPEED_PNG, GQA_JSON,
     MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON, PATCHING_CSV, PATCHING_POSITIONS_CSV,
-    PATCHING_JSON, PATHS_CSV, COMPOSITION_NPZ)}
+    PATCHING_JSON, PATHS_CSV, COMPOSITION_NPZ, COMPARE_CSV, COMPARE_JSON)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold
@@ -433,7 +457,8 @@ PROVENANCE_FILES: dict[str, str] = {"prune --unit": UNITS_JSON.name, "score --un
                                     "analyze": HEADS_JSON.name, "roles": ROLES_JSON.name, "similar": CLUSTERS_JSON.name,
                                     "score": IMPORTANCE_JSON.name, "prune": PRUNE_JSON.name, "kv": KV_JSON.name,
                                     "gqa": GQA_JSON.name, "mla": MLA_JSON.name,
-                                    "kvcache": KVCACHE_JSON.name, "patch": PATCHING_JSON.name}
+                                    "kvcache": KVCACHE_JSON.name, "patch": PATCHING_JSON.name,
+                                    "compare": COMPARE_JSON.name}
 
 
 def provenance_file(name: str) -> str | None:

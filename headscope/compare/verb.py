@@ -1,0 +1,118 @@
+"""`headscope compare` as a library function: what OTHER kept, lost or gained against BASE, row by row, with paired
+intervals; writes nothing until the result is saved."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..artifacts import COMPARE_CSV, COMPARE_JSON
+from ..io import atomic_write_text, csv_text
+from ..models.adapter import HeadModel
+from ..options import Result
+from ..provenance import model_record, provenance
+from ..table import to_jsonable
+from .checks import check_same_tokenizer
+from .options import CompareOptions
+from .suite import Row, check_rows_fit, prepare_rows
+from .verdict import Change, paired_change
+
+
+@dataclass
+class CompareResult(Result):
+    """compare.csv (one row per capability) and compare.json (settings, both models, per-item values)."""
+
+    changes: list[Change]
+    record: dict[str, Any]
+    base_name: str
+    other_name: str
+
+    files = (COMPARE_CSV.name, COMPARE_JSON.name)
+
+    def to_pandas(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame([c.row() for c in self.changes])
+
+    def write(self, folder: Path) -> None:
+        atomic_write_text(folder / COMPARE_CSV.name, csv_text([c.row() for c in self.changes]))
+        atomic_write_text(folder / COMPARE_JSON.name,
+                          json.dumps(to_jsonable(self.record), indent=1, allow_nan=False) + "\n")
+
+    def verdict(self, capability: str) -> str:
+        """The verdict of one row ('lm', 'induction', 'pairs:ioi', ...)."""
+        return self.change(capability).verdict
+
+    def change(self, capability: str) -> Change:
+        for c in self.changes:
+            if c.capability == capability:
+                return c
+        raise KeyError(f"no row {capability!r}; rows: {', '.join(c.capability for c in self.changes)}")
+
+    def lines(self) -> list[str]:
+        tol = self.record["settings"]["tolerance"]
+        iv = self.record["settings"]["intervals"]
+        out = [f"{self.other_name} against {self.base_name} (tolerance {tol:.0%} of BASE's value):"]
+        out += [f"  {c.sentence()}" for c in self.changes]
+        lost = [c.capability for c in self.changes if c.verdict == "lost"]
+        out.append(f"lost: {', '.join(lost)}" if lost else "lost: none of the rows measured")
+        out += [f"note: {n}" for n in self.record.get("notes", [])]
+        out.append(f"[lo, hi]: {iv['level']:.0%} paired intervals of the change, {iv['method']} bootstrap over the "
+                   f"items ({iv['B']} resamples)")
+        return out
+
+
+def _compare_row(row: Row, base: HeadModel, other: HeadModel, opts: CompareOptions) -> tuple[Change, dict[str, Any]]:
+    t0 = time.perf_counter()
+    b = row.measure(base)
+    t1 = time.perf_counter()
+    o = row.measure(other)
+    t2 = time.perf_counter()
+    change = paired_change(row.capability, row.metric, row.higher_is_better, b, o, row.statistic, opts.intervals(),
+                           opts.tolerance)
+    rec = {**row.describe, "metric": row.metric, "higher_is_better": row.higher_is_better,
+           "needed": change.needed, "seconds": {"base": t1 - t0, "other": t2 - t1},
+           "items": {"base": {k: v.tolist() for k, v in b.items()}, "other": {k: v.tolist() for k, v in o.items()}}}
+    return change, rec
+
+
+def compare(base: HeadModel, other: HeadModel, options: CompareOptions | None = None, *, data: Any = None,
+            **changes: Any) -> CompareResult:
+    """`headscope compare` on two loaded models: each capability's value in both, the paired change with its
+    interval, and the verdict (lost, kept, gained, cannot tell) against `options.tolerance`.
+
+    `data`: the passages of the language-model row (else `options.data`). Keywords override single options:
+    `compare(base, other, tasks=("lm", "induction"), items=16)`. The models must share a tokenizer; every row's
+    items are prepared (and a bad one refused) before either model runs.
+    """
+    opts = (options or CompareOptions(base=base.name, other=other.name)).replace(**changes)
+    if opts.base is None or opts.other is None:
+        opts = opts.replace(base=opts.base or base.name, other=opts.other or other.name)
+    opts = opts.validate()
+    check_same_tokenizer(base, other)
+    rows, notes = prepare_rows(base, opts, data)
+    check_rows_fit(rows)
+    got = [_compare_row(r, base, other, opts) for r in rows]
+    settings = {"tolerance": opts.tolerance, "intervals": {**opts.intervals().record(),
+                                                           "resampled": "items (passages, pairs, haystacks) of both "
+                                                                        "models together, with replacement"},
+                "rows": [r.capability for r in rows]}
+    record = {"settings": settings, "notes": notes,
+              "rows": {c.capability: {**rec, "change": c.row()} for c, rec in got},
+              "base": model_record(base), "other": model_record(other),
+              "provenance": provenance("compare", base, None, opts.with_only())}
+    return CompareResult([c for c, _ in got], record, base.name, other.name)
+
+
+def per_item(result: CompareResult, capability: str, model: str = "other") -> dict[str, np.ndarray]:
+    """The per-item sums a row was computed from (`model`: 'base' or 'other')."""
+    items = result.record["rows"][capability]["items"][model]
+    return {k: np.asarray(v) for k, v in items.items()}
+
+
+__all__ = ["CompareResult", "compare", "per_item"]
