@@ -60,7 +60,7 @@ class CompareOptions(DataOptions, IntervalOptions, OutputOptions):
     haystacks: int = option(8, "needle haystacks of the retrieval row (default 8; depths 0.1, 0.35, 0.6, 0.85 in "
                                "turn)", at_least=2, most="haystacks", group=COMPARE)
     tolerance: float = option(0.05, "the change, against BASE's value, within which a capability counts as kept: "
-                                    "5%% or 0.05 (default 5%%)", parse=parse_share, at_least=0, below=1,
+                                    "5%% or 0.05 (default 5%%)", parse=parse_share, above=0, below=1,
                               metavar="SHARE", group=COMPARE)
 
     def check(self) -> None:
