@@ -280,3 +280,68 @@ def test_cli_and_python_give_the_same_files(tmp_path, monkeypatch, capsys):
 
     assert header == [f.name for f in COMPARE_CSV.fields]
     assert sorted(a) == sorted(f.name for f in COMPARE_JSON.fields)
+
+
+def _zeroed(hm: headscope.HeadModel, heads: list[tuple[int, int]]) -> headscope.HeadModel:
+    """A copy of `hm` with `heads` zeroed at the output projection (the head mask, made permanent)."""
+    import copy
+
+    other = headscope.HeadModel(model=copy.deepcopy(hm.model), tokenizer=hm.tokenizer, name=f"{hm.name}-zeroed")
+    for layer, head in heads:
+        w = other.out_weight(layer).clone()
+        w[:, head * hm.d_head:(head + 1) * hm.d_head] = 0.0
+        other.set_out_weight(layer, w)
+    return other
+
+
+def test_smollm2_without_its_name_movers_loses_ioi_and_without_null_heads_does_not(smollm2, tmp_path):
+    """The name movers of docs/patching.md (L23H3, L29H1) zeroed: IOI lost; two heads of no IOI effect (L26H6, L27H7,
+    attribution within +-0.0002) zeroed: not lost. The pairs row's change equals plain forwards to 0.02."""
+    from headscope.learned.causal.pairs import builtin_pairs
+
+    pairs = builtin_pairs("ioi")[:12]
+    path = tmp_path / "ioi12.jsonl"
+    path.write_text("".join(json.dumps(p.__dict__) + "\n" for p in pairs))
+    tok = smollm2.tokenizer
+
+    def logit_diffs(model):
+        out = []
+        with torch.no_grad():
+            for p in pairs:
+                logits = model(input_ids=torch.tensor([tok(p.clean)["input_ids"]])).logits[0, -1]
+                a, w = (tok(t, add_special_tokens=False)["input_ids"][0] for t in (p.answer, p.wrong))
+                out.append(float(logits[a] - logits[w]))
+        return np.array(out)
+
+    base = logit_diffs(smollm2.model)
+    verdicts = {}
+    for name, heads in {"movers": [(23, 3), (29, 1)], "null": [(26, 6), (27, 7)]}.items():
+        other = _zeroed(smollm2, heads)
+        got = headscope.compare(smollm2, other, tasks=("ioi",), pairs=(str(path),), items=12, bootstrap=400)
+        row = got.change("pairs:ioi12")
+        assert row.n == 12 and row.delta == pytest.approx(float((logit_diffs(other.model) - base).mean()), abs=0.02)
+        verdicts[name] = row.verdict
+    assert verdicts["movers"] == "lost" and verdicts["null"] != "lost", verdicts
+
+
+def test_an_encoders_fidelity_row_is_the_cosine_of_its_pooled_outputs():
+    """On an encoder the language-model row is fidelity: each passage's mean-pooled final hidden states in OTHER
+    against BASE's, by cosine (BASE's own is 1); the change equals the cosines computed by hand."""
+    from headscope.models.tiny import tiny_model
+
+    base = tiny_model("bert")
+    other = _zeroed(base, [(0, 0), (0, 1), (0, 2), (1, 0), (1, 2)])
+    ids = [[(7 * i + 3 * j) % 100 + 5 for j in range(6 + i % 4)] for i in range(10)]
+    got = headscope.compare(base, other, tasks=("fidelity",), data=ids, bootstrap=200)
+    row = got.change("fidelity")
+    want = []
+    with torch.no_grad():
+        for seq in ids:
+            x = torch.tensor([seq])
+            a, b = (m.model(input_ids=x).last_hidden_state[0].double().mean(0) for m in (base, other))
+            want.append(float(torch.nn.functional.cosine_similarity(a, b, dim=0)))
+    assert row.base == 1.0 and row.n == 10
+    # float32 forwards: the change agrees to a thousandth of itself (a random tiny BERT moves little: ~6e-5)
+    assert row.delta == pytest.approx(np.mean(want) - 1.0, rel=1e-3) and row.delta < -1e-5, row
+    with pytest.raises(headscope.HeadscopeError, match="does not apply to tiny-bert"):
+        headscope.compare(base, other, tasks=("lm",), data=ids, bootstrap=200)

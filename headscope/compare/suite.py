@@ -149,6 +149,7 @@ def prepare_rows(hm: HeadModel, opts: CompareOptions, data: Any = None) -> tuple
                 raise
             notes.append(f"{task}: left out ({e})")
     for path in opts.pairs:
+        check_lm_head(hm, f"pairs:{Path(path).stem}")
         b = tokenize_pairs(hm.tokenizer, read_pairs(path)[:opts.items], hm.causal, str(path),
                            pad_id=getattr(hm.tokenizer, "pad_token_id", None) or 0)
         rows.append(_pair_row(f"pairs:{Path(path).stem}", b, opts.batch_size, "logit(answer) - logit(wrong) on the "
@@ -170,12 +171,20 @@ def _row(task: str, hm: HeadModel, opts: CompareOptions, data: Any) -> Row:
         if hm.tokenizer is None or not getattr(hm.tokenizer, "is_fast", False):
             raise HeadscopeError("the retrieval row builds needle haystacks from text: it needs a fast tokenizer")
         return needle_row(_haystacks(hm, opts), opts.long)
+    check_lm_head(hm, task)
     what = {"ioi": "indirect-object identification (Wang et al. 2022): logit(IO) - logit(S)",
             "induction": "repeated random tokens: logit(the copied token) - logit(a fresh one)",
             "greater-than": "years (Hanna et al. 2023): logit(a later year) - logit(1701's)",
             "masked": "country of a capital at the mask: logit(answer) - logit(wrong)"}[task]
     b = load_pairs(hm.tokenizer, hm.causal, hm.vocab_size, task=task, seed=opts.seed, limit=opts.items)
     return _pair_row(task, b, opts.batch_size, what)
+
+
+def check_lm_head(hm: HeadModel, row: str) -> None:
+    """A pair row reads logits: refuse (before any forward) a model without a language-model head."""
+    if hm.output_embeddings is None:
+        raise HeadscopeError(f"row {row} reads logits and {hm.name} ({type(hm.model).__name__}) has no language-model "
+                             f"head; load a causal LM or a masked-LM checkpoint")
 
 
 def check_rows_fit(rows: list[Row]) -> None:
