@@ -345,3 +345,28 @@ def test_an_encoders_fidelity_row_is_the_cosine_of_its_pooled_outputs():
     assert row.delta == pytest.approx(np.mean(want) - 1.0, rel=1e-3) and row.delta < -1e-5, row
     with pytest.raises(headscope.HeadscopeError, match="does not apply to tiny-bert"):
         headscope.compare(base, other, tasks=("lm",), data=ids, bootstrap=200)
+
+
+def test_base_from_reuses_base_measurements_on_the_same_items(tmp_path):
+    """A second candidate against the same BASE with --base-from: BASE runs no forward on rows whose items are the
+    same, and every figure equals a fresh comparison's; a folder measured on another BASE is refused."""
+    base = planted_model()
+    pairs = str(bigram_pairs(tmp_path / "bigram.jsonl"))
+    kw = dict(tasks=("lm", "induction"), pairs=(pairs,), items=8, bootstrap=200, data=TEXTS)
+    headscope.compare(base, planted_model(zero=(1, 0)), **kw).save(tmp_path / "first")
+    second = planted_model(zero=(0, 0))
+    fresh = headscope.compare(base, second, **kw)
+    calls = []
+    handle = base.model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        reused = headscope.compare(base, second, base_from=str(tmp_path / "first"), **{**kw, "items": 8})
+    finally:
+        handle.remove()
+    assert not calls
+    assert [c.row() for c in reused.changes] == [c.row() for c in fresh.changes]
+    assert all(r["base_reused_from"] == str(tmp_path / "first") for r in reused.record["rows"].values())
+    # other items (16 pairs instead of 8): measured again
+    more = headscope.compare(base, second, base_from=str(tmp_path / "first"), **{**kw, "items": 16})
+    assert more.record["rows"]["lm"]["base_reused_from"] and not more.record["rows"]["induction"]["base_reused_from"]
+    with pytest.raises(headscope.HeadscopeError, match="measured another BASE"):
+        headscope.compare(second, base, base_from=str(tmp_path / "first"), **kw)

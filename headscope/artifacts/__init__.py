@@ -437,8 +437,9 @@ COMPARE_JSON = Artifact(
     "and per-item values",
     (_f("settings", "tolerance, interval settings, the rows measured"),
      _f("notes", "default rows left out and why"),
-     _f("rows", "per row: what it measures, its items, the per-item sums of both models, seconds, the change and "
-                "(cannot tell) the items that would decide it"),
+     _f("rows", "per row: what it measures, its items and their sha256 (fingerprint), the per-item sums of both "
+                "models, seconds, the change, (cannot tell) the items that would decide it, and the --base-from folder "
+                "its BASE side was reused from (or null)"),
      _f("base", "BASE's name, config and weights fingerprints"), _f("other", "OTHER's, the same"), _PROVENANCE))
 
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..models.loading import resolve_dtype
 from ..options import DataOptions, IntervalOptions, OptionError, OutputOptions, option
@@ -59,6 +60,9 @@ class CompareOptions(DataOptions, IntervalOptions, OutputOptions):
                        at_most=1 << 20, metavar="N", group=COMPARE)
     haystacks: int = option(8, "needle haystacks of the retrieval row (default 8; depths 0.1, 0.35, 0.6, 0.85 in "
                                "turn)", at_least=2, most="haystacks", group=COMPARE)
+    base_from: str | None = option(None, "the --out folder of an earlier compare against the same BASE: its BASE "
+                                         "measurements are reused on the same items, so a second candidate costs one "
+                                         "model's forwards", metavar="DIR", reads=True, group=COMPARE)
     tolerance: float = option(0.05, "the change, against BASE's value, within which a capability counts as kept: "
                                     "5%% or 0.05 (default 5%%)", parse=parse_share, above=0, below=1,
                               metavar="SHARE", group=COMPARE)
@@ -76,6 +80,12 @@ class CompareOptions(DataOptions, IntervalOptions, OutputOptions):
             raise OptionError("tasks", f"takes {', '.join(TASKS)}; got {', '.join(bad)}")
         if len(set(self.tasks)) != len(self.tasks):
             raise OptionError("tasks", f"names a row twice: {','.join(self.tasks)}")
+
+    def check_paths(self) -> None:
+        super().check_paths()
+        if self.base_from is not None and not (Path(self.base_from) / "compare.json").is_file():
+            raise OptionError("base_from", f"'{self.base_from}' holds no compare.json: give the output folder of an "
+                                           f"earlier headscope compare against the same BASE")
 
 
 __all__ = ["COMPARE", "DECODER_TASKS", "ENCODER_TASKS", "TASKS", "CompareOptions", "parse_share", "parse_tasks"]

@@ -8,6 +8,7 @@ per-item sums, and names the statistic of those sums that is the row's value (`s
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from ..data import Tokens, prepare_tokens, resolve_max_length
 from ..errors import HeadscopeError
 from ..eval.metrics import cosine64
 from ..learned.causal.pairs import PairBatch, load_pairs, read_pairs, tokenize_pairs
+from ..learned.causal.run import pairs_fingerprint
 from ..learned.longctx.needle import DEPTHS, Haystack, build_haystack, gum_sentences
 from ..models.adapter import HeadModel
 from ..uncertainty import Statistic, ratio
@@ -51,6 +53,10 @@ class Row:
     items: Any  # Tokens, PairBatch or list[Haystack]
     run: Callable[[HeadModel], Sums]
     describe: dict[str, Any] = field(default_factory=dict)
+    # sha256 of the items' token ids (and answers, spans): a BASE measurement is reused only on the same items
+    fingerprint: str = ""
+    # whether BASE's per-item sums alone are the row's BASE side (fidelity's OTHER side needs BASE's outputs)
+    reusable: bool = True
 
     @property
     def n(self) -> int:
@@ -66,7 +72,8 @@ def _pair_row(name: str, b: PairBatch, batch_size: int, what: str) -> Row:
         return {"v": v, "n": np.ones_like(v)}
 
     return Row(name, "logit_diff", True, _mean, b, run,
-               {"what": what, "source": b.source, "pairs": len(b), "left_out": b.skipped})
+               {"what": what, "source": b.source, "pairs": len(b), "left_out": b.skipped},
+               fingerprint=pairs_fingerprint(b)["sha256"])
 
 
 def lm_row(tokens: Tokens, batch_size: int) -> Row:
@@ -77,14 +84,15 @@ def lm_row(tokens: Tokens, batch_size: int) -> Row:
     return Row("lm", "perplexity", False, _perplexity, tokens, run,
                {"what": "perplexity of next-token prediction on held-out passages (exp of the mean NLL over counted "
                         "positions)", "source": tokens.source, "passages": len(tokens),
-                "tokens": tokens.n_tokens, "max_length": tokens.max_length})
+                "tokens": tokens.n_tokens, "max_length": tokens.max_length},
+               fingerprint=ids_sha256(tokens.ids))
 
 
 def fidelity_row(tokens: Tokens, batch_size: int) -> Row:
     """Cosine between each passage's mean-pooled final hidden states in OTHER and in BASE (BASE's own is 1)."""
     row = Row("fidelity", "cosine", True, _mean, tokens, lambda hm: {},
               {"what": "cosine of each passage's mean-pooled final hidden states to BASE's (BASE: 1)",
-               "source": tokens.source, "passages": len(tokens)})
+               "source": tokens.source, "passages": len(tokens)}, fingerprint=ids_sha256(tokens.ids), reusable=False)
     pooled: dict[str, torch.Tensor] = {}
 
     def run(hm: HeadModel) -> Sums:
@@ -105,7 +113,16 @@ def needle_row(haystacks: list[Haystack], length: int) -> Row:
     return Row("retrieval", "needle_token_accuracy", True, _mean, haystacks, run,
                {"what": "share of the needle's answer tokens the model predicts, teacher-forced (roles --long's "
                         "token accuracy)", "length": length, "haystacks": len(haystacks),
-                "depths": [h.depth for h in haystacks]})
+                "depths": [h.depth for h in haystacks]},
+               fingerprint=ids_sha256([[*h.ids, *h.needle, *h.answer] for h in haystacks]))
+
+
+def ids_sha256(ids: list[list[int]]) -> str:
+    """sha256 of token-id sequences (each one's length, then its ids)."""
+    h = hashlib.sha256()
+    for seq in ids:
+        h.update(np.asarray([len(seq), *seq], dtype=np.int64).tobytes())
+    return h.hexdigest()
 
 
 def default_tasks(hm: HeadModel) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from ..provenance import model_record, provenance
 from ..table import to_jsonable
 from .checks import check_same_tokenizer
 from .options import CompareOptions
+from .reuse import read_base, reused_items
 from .suite import Row, check_rows_fit, prepare_rows
 from .verdict import Change, paired_change
 
@@ -67,15 +68,20 @@ class CompareResult(Result):
         return out
 
 
-def _compare_row(row: Row, base: HeadModel, other: HeadModel, opts: CompareOptions) -> tuple[Change, dict[str, Any]]:
+def _compare_row(row: Row, base: HeadModel, other: HeadModel, opts: CompareOptions,
+                 earlier: dict[str, dict[str, Any]]) -> tuple[Change, dict[str, Any]]:
     t0 = time.perf_counter()
-    b = row.measure(base)
+    b = reused_items(earlier, row.capability, row.fingerprint, row.metric) if row.reusable else None
+    reused = b is not None
+    if b is None:
+        b = row.measure(base)
     t1 = time.perf_counter()
     o = row.measure(other)
     t2 = time.perf_counter()
     change = paired_change(row.capability, row.metric, row.higher_is_better, b, o, row.statistic, opts.intervals(),
                            opts.tolerance)
     rec = {**row.describe, "metric": row.metric, "higher_is_better": row.higher_is_better,
+           "fingerprint": row.fingerprint, "base_reused_from": opts.base_from if reused else None,
            "needed": change.needed, "seconds": {"base": t1 - t0, "other": t2 - t1},
            "items": {"base": {k: v.tolist() for k, v in b.items()}, "other": {k: v.tolist() for k, v in o.items()}}}
     return change, rec
@@ -88,23 +94,26 @@ def compare(base: HeadModel, other: HeadModel, options: CompareOptions | None = 
 
     `data`: the passages of the language-model row (else `options.data`). Keywords override single options:
     `compare(base, other, tasks=("lm", "induction"), items=16)`. The models must share a tokenizer; every row's
-    items are prepared (and a bad one refused) before either model runs.
+    items are prepared (and a bad one refused) before either model runs. `base_from`: the folder of an earlier
+    compare against the same BASE, whose BASE measurements are reused on the same items (`reuse`).
     """
     opts = (options or CompareOptions(base=base.name, other=other.name)).replace(**changes)
     if opts.base is None or opts.other is None:
         opts = opts.replace(base=opts.base or base.name, other=opts.other or other.name)
     opts = opts.validate()
     check_same_tokenizer(base, other)
+    base_record = model_record(base)
+    earlier = read_base(opts.base_from, base, base_record["fingerprint"]) if opts.base_from else {}
     rows, notes = prepare_rows(base, opts, data)
     check_rows_fit(rows)
-    got = [_compare_row(r, base, other, opts) for r in rows]
+    got = [_compare_row(r, base, other, opts, earlier) for r in rows]
     settings = {"tolerance": opts.tolerance, "intervals": {**opts.intervals().record(),
                                                            "resampled": "items (passages, pairs, haystacks) of both "
                                                                         "models together, with replacement"},
                 "rows": [r.capability for r in rows]}
     record = {"settings": settings, "notes": notes,
               "rows": {c.capability: {**rec, "change": c.row()} for c, rec in got},
-              "base": model_record(base), "other": model_record(other),
+              "base": base_record, "other": model_record(other),
               "provenance": provenance("compare", base, None, opts.with_only())}
     return CompareResult([c for c, _ in got], record, base.name, other.name)
 
