@@ -370,3 +370,37 @@ def test_base_from_reuses_base_measurements_on_the_same_items(tmp_path):
     assert more.record["rows"]["lm"]["base_reused_from"] and not more.record["rows"]["induction"]["base_reused_from"]
     with pytest.raises(headscope.HeadscopeError, match="measured another BASE"):
         headscope.compare(second, base, base_from=str(tmp_path / "first"), **kw)
+
+
+def _pattern(folder: Path, scores, sink: int, window: int) -> Path:
+    folder.mkdir()
+    np.savetxt(folder / "full_attention_heads.tsv", np.asarray(scores), delimiter="\t")
+    (folder / "config.json").write_text(json.dumps({"sink_size": sink, "recent_size": window}))
+    return folder
+
+
+def test_other_through_a_head_aware_cache_equals_kvcache_own_decoding(tmp_path):
+    """--cache: OTHER is BASE decoding through DuoAttention's pattern. With every KV head full nothing changes; with
+    half of them windowed the lm row's OTHER perplexity equals capacity.kvcache's own cached evaluation of the same
+    passages, and the reversed pattern keeps the other half."""
+    from headscope.capacity.kvcache import CachePlan
+    from headscope.capacity.kvcache.evaluate import evaluate_perplexity
+    from headscope.models.tiny import tiny_model
+
+    hm = tiny_model("llama")  # 2 layers x 2 KV heads
+    ids = [[(11 * i + 7 * j) % 110 + 5 for j in range(40)] for i in range(6)]
+    pattern = _pattern(tmp_path / "duo", [[0.9, 0.1], [0.2, 0.8]], sink=2, window=4)
+    kw = dict(tasks=("lm", "induction"), data=ids, items=6, bootstrap=200, cache=str(pattern))
+    full = headscope.compare(hm, hm, keep_full=1.0, **kw)
+    assert all(abs(c.delta) < 1e-4 * max(1.0, abs(c.base)) for c in full.changes), full.lines()
+    half = headscope.compare(hm, hm, keep_full=0.5, **kw)
+    assert half.record["settings"]["cache"]["full"] == [[0], [1]]
+    want = evaluate_perplexity(hm, CachePlan(((0,), (1,)), 2, 3, 2, 4), ids)["perplexity"]
+    assert half.change("lm").other == pytest.approx(want, rel=1e-5) and abs(half.change("lm").delta) > 1e-3
+    upside = headscope.compare(hm, hm, keep_full=0.5, cache_reversed=True, **kw)
+    assert upside.record["settings"]["cache"]["full"] == [[1], [0]]
+    want = evaluate_perplexity(hm, CachePlan(((1,), (0,)), 2, 3, 2, 4), ids)["perplexity"]
+    assert upside.change("lm").other == pytest.approx(want, rel=1e-5)
+    assert "through a head-aware KV cache (2 of 4 KV heads full" in half.lines()[0]
+    with pytest.raises(headscope.HeadscopeError, match="no DuoAttention pattern"):
+        headscope.compare(hm, hm, tasks=("lm",), data=ids, cache=str(tmp_path), bootstrap=200)

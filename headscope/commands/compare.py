@@ -8,6 +8,7 @@ import sys
 from ..artifacts import outputs
 from ..compare import CompareOptions, check_model_name
 from ..compare import compare as compare_models
+from ..compare.cache import read_pattern
 from ..io import prepare_out_dir
 from ..learned.causal.pairs import read_pairs
 from ..models.loading import load_model
@@ -36,8 +37,12 @@ def run(args: argparse.Namespace) -> int:
     check_model_name(options.other, "other")
     for path in options.pairs:
         read_pairs(path)  # a bad or empty file fails before the models load
+    if options.cache is not None:
+        read_pattern(options.cache)
     base = load_model(options.base, device=options.device, dtype=options.dtype)
-    other = load_model(options.other, device=options.device, dtype=options.dtype)
+    # the same name twice (BASE through --cache, or a check of compare itself): one model, loaded once
+    same = options.other == options.base
+    other = base if same else load_model(options.other, device=options.device, dtype=options.dtype)
     result = compare_models(base, other, options)
     result.save(out, options.force)  # the files appear together, or none
     print("\n".join(result.lines()))

@@ -11,6 +11,7 @@ from ..options.groups import DATA
 from ..options.placement import check_device
 
 COMPARE = "capabilities (docs/compare.md)"
+CACHE = "OTHER through a head-aware KV cache (docs/compare.md)"
 MODELS = "model and device"
 # Rows a decoder supports, in the table's order; `pairs:<stem>` rows come from --pairs files.
 DECODER_TASKS = ("lm", "ioi", "induction", "greater-than", "retrieval")
@@ -25,12 +26,12 @@ def parse_tasks(text: str) -> tuple[str, ...]:
 
 
 def parse_share(text: str) -> float:
-    """--tolerance read: '5%' or 0.05."""
+    """A share read from the command line: '5%' or 0.05 (--tolerance, --keep-full)."""
     t = text.strip()
     try:
         return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
     except ValueError:
-        raise OptionError("tolerance", f"must be a share such as 5% or 0.05; got {text!r}") from None
+        raise ValueError(f"must be a share such as 5% or 0.05; got {text!r}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +64,14 @@ class CompareOptions(DataOptions, IntervalOptions, OutputOptions):
     base_from: str | None = option(None, "the --out folder of an earlier compare against the same BASE: its BASE "
                                          "measurements are reused on the same items, so a second candidate costs one "
                                          "model's forwards", metavar="DIR", reads=True, group=COMPARE)
+    cache: str | None = option(None, "run OTHER decoding through a head-aware KV cache: a DuoAttention pattern "
+                                     "directory (full_attention_heads.tsv, config.json: what kvcache --export-card "
+                                     "writes); `compare smollm2 smollm2 --cache DIR` judges the cache alone",
+                               metavar="DIR", reads=True, group=CACHE)
+    keep_full: float = option(0.5, "with --cache: share of KV heads kept in full, those of highest score (default "
+                                   "50%)", parse=parse_share, above=0, at_most=1, metavar="SHARE", group=CACHE)
+    cache_reversed: bool = option(False, "with --cache: keep the lowest-scoring KV heads in full instead (the same "
+                                         "bytes, the pattern's choice turned upside down)", group=CACHE)
     tolerance: float = option(0.05, "the change, against BASE's value, within which a capability counts as kept: "
                                     "5%% or 0.05 (default 5%%)", parse=parse_share, above=0, below=1,
                               metavar="SHARE", group=COMPARE)
@@ -80,6 +89,8 @@ class CompareOptions(DataOptions, IntervalOptions, OutputOptions):
             raise OptionError("tasks", f"takes {', '.join(TASKS)}; got {', '.join(bad)}")
         if len(set(self.tasks)) != len(self.tasks):
             raise OptionError("tasks", f"names a row twice: {','.join(self.tasks)}")
+        if self.cache is None and self.cache_reversed:
+            raise OptionError("cache_reversed", "turns a --cache pattern upside down; give --cache DIR")
 
     def check_paths(self) -> None:
         super().check_paths()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,13 @@ from typing import Any
 import numpy as np
 
 from ..artifacts import COMPARE_CSV, COMPARE_JSON
+from ..capacity.kvcache import CachePlan, check_supported
 from ..io import atomic_write_text, csv_text
 from ..models.adapter import HeadModel
 from ..options import Result
 from ..provenance import model_record, provenance
 from ..table import to_jsonable
+from .cache import read_pattern, through_cache
 from .checks import check_same_tokenizer
 from .options import CompareOptions
 from .reuse import read_base, reused_items
@@ -58,7 +61,12 @@ class CompareResult(Result):
     def lines(self) -> list[str]:
         tol = self.record["settings"]["tolerance"]
         iv = self.record["settings"]["intervals"]
-        out = [f"{self.other_name} against {self.base_name} (tolerance {tol:.0%} of BASE's value):"]
+        cache = self.record["settings"].get("cache")
+        through = "" if not cache else (f" through a head-aware KV cache ({cache['full_kv_heads']} of "
+                                        f"{cache['kv_heads']} KV heads full, the others {cache['sink']} sink + "
+                                        f"{cache['window']} recent tokens; {cache['pattern']}"
+                                        f"{', reversed' if cache['reversed'] else ''})")
+        out = [f"{self.other_name}{through} against {self.base_name} (tolerance {tol:.0%} of BASE's value):"]
         out += [f"  {c.sentence()}" for c in self.changes]
         lost = [c.capability for c in self.changes if c.verdict == "lost"]
         out.append(f"lost: {', '.join(lost)}" if lost else "lost: none of the rows measured")
@@ -68,15 +76,16 @@ class CompareResult(Result):
         return out
 
 
-def _compare_row(row: Row, base: HeadModel, other: HeadModel, opts: CompareOptions,
-                 earlier: dict[str, dict[str, Any]]) -> tuple[Change, dict[str, Any]]:
+def _compare_row(row: Row, base: HeadModel, other: HeadModel, opts: CompareOptions, earlier: dict[str, dict[str, Any]],
+                 plan: CachePlan | None) -> tuple[Change, dict[str, Any]]:
     t0 = time.perf_counter()
     b = reused_items(earlier, row.capability, row.fingerprint, row.metric) if row.reusable else None
     reused = b is not None
     if b is None:
         b = row.measure(base)
     t1 = time.perf_counter()
-    o = row.measure(other)
+    with through_cache(other, plan) if plan is not None else nullcontext():
+        o = row.measure(other)
     t2 = time.perf_counter()
     change = paired_change(row.capability, row.metric, row.higher_is_better, b, o, row.statistic, opts.intervals(),
                            opts.tolerance)
@@ -102,15 +111,21 @@ def compare(base: HeadModel, other: HeadModel, options: CompareOptions | None = 
         opts = opts.replace(base=opts.base or base.name, other=opts.other or other.name)
     opts = opts.validate()
     check_same_tokenizer(base, other)
+    plan, cache_record = None, None
+    if opts.cache is not None:  # OTHER decodes through a head-aware cache: its plan is checked before any forward
+        pattern = read_pattern(opts.cache)
+        check_supported(other)
+        plan = pattern.plan(other, opts.keep_full, opts.cache_reversed)
+        cache_record = pattern.record(plan, opts.cache_reversed)
     base_record = model_record(base)
     earlier = read_base(opts.base_from, base, base_record["fingerprint"]) if opts.base_from else {}
     rows, notes = prepare_rows(base, opts, data)
     check_rows_fit(rows)
-    got = [_compare_row(r, base, other, opts, earlier) for r in rows]
+    got = [_compare_row(r, base, other, opts, earlier, plan) for r in rows]
     settings = {"tolerance": opts.tolerance, "intervals": {**opts.intervals().record(),
                                                            "resampled": "items (passages, pairs, haystacks) of both "
                                                                         "models together, with replacement"},
-                "rows": [r.capability for r in rows]}
+                "rows": [r.capability for r in rows], "cache": cache_record}
     record = {"settings": settings, "notes": notes,
               "rows": {c.capability: {**rec, "change": c.row()} for c, rec in got},
               "base": base_record, "other": model_record(other),
