@@ -404,3 +404,20 @@ def test_other_through_a_head_aware_cache_equals_kvcache_own_decoding(tmp_path):
     assert "through a head-aware KV cache (2 of 4 KV heads full" in half.lines()[0]
     with pytest.raises(headscope.HeadscopeError, match="no DuoAttention pattern"):
         headscope.compare(hm, hm, tasks=("lm",), data=ids, cache=str(tmp_path), bootstrap=200)
+
+
+def test_a_physically_pruned_other_compares_like_the_same_heads_zeroed():
+    """OTHER with fewer heads (what prune --save-model writes) against BASE: the same changes as BASE with those heads
+    zeroed, since physical pruning equals a gate of 0."""
+    from headscope.models.tiny import tiny_model
+    from headscope.redundancy.pruning.heads import prune_heads
+
+    hm = tiny_model("llama")  # 6 query heads in 2 KV groups: one head of each group goes
+    gone = [(0, 1), (0, 4), (1, 0), (1, 3)]
+    ids = [[(13 * i + 5 * j) % 110 + 5 for j in range(20)] for i in range(8)]
+    kw = dict(tasks=("lm", "induction"), data=ids, items=8, bootstrap=200)
+    pruned = headscope.compare(hm, prune_heads(hm, gone), **kw)
+    masked = headscope.compare(hm, _zeroed(hm, gone), **kw)
+    for a, b in zip(pruned.changes, masked.changes, strict=True):
+        assert a.delta == pytest.approx(b.delta, rel=1e-4, abs=1e-5) and a.verdict == b.verdict, (a, b)
+    assert abs(pruned.change("lm").delta) > 1e-3
