@@ -421,3 +421,24 @@ def test_a_physically_pruned_other_compares_like_the_same_heads_zeroed():
     for a, b in zip(pruned.changes, masked.changes, strict=True):
         assert a.delta == pytest.approx(b.delta, rel=1e-4, abs=1e-5) and a.verdict == b.verdict, (a, b)
     assert abs(pruned.change("lm").delta) > 1e-3
+
+
+def test_the_heads_row_follows_base_carrier_heads_into_other(tmp_path):
+    """heads:induction: BASE's carrier (attribution effect interval above 0) is the planted induction head (the
+    previous-token head's clean output cannot help the corrupt run, whose last token has no earlier copy, so to first
+    order it carries nothing); in OTHER without the induction head the carrier moves nothing, so the row is lost. Per
+    pair, the row's BASE value is the carrier's attribution estimate, (z_clean - z_corrupt) . dM/dz, as patch's."""
+    from headscope.learned.causal.attribution import attribution_scan
+    from headscope.learned.causal.pairs import induction_pairs
+
+    base, other = planted_model(), planted_model(zero=(1, 0))
+    got = headscope.compare(base, other, tasks=("induction", "heads"), items=12, bootstrap=400)
+    assert [c.capability for c in got.changes] == ["induction", "heads:induction"]
+    rec = got.record["rows"]["heads:induction"]
+    assert rec["carriers"] == ["L1H0"], rec["carriers"]
+    row = got.change("heads:induction")
+    assert row.verdict == "lost" and row.base > 5 and abs(row.other) < 1e-3 * row.base, row
+    runs = attribution_scan(base, induction_pairs(base.tokenizer, base.vocab_size, n=12, seed=0))
+    np.testing.assert_allclose(rec["items"]["base"]["v"], runs.patched[:, 1, 0] - runs.corrupt, rtol=1e-9)
+    with pytest.raises(headscope.HeadscopeError, match="follows the pair rows"):
+        headscope.compare(base, other, tasks=("lm", "heads"), data=TEXTS, bootstrap=200)

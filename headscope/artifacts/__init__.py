@@ -422,8 +422,10 @@ COMPOSITION_NPZ = Artifact(
 COMPARE_CSV = Artifact(
     "compare.csv", "csv", {"compare": ""}, "one row per capability: its value in BASE and OTHER, the paired change "
     "with its interval and the verdict (docs/compare.md)",
-    (_f("capability", "lm, fidelity, ioi, induction, greater-than, masked, retrieval, or pairs:<file stem>"),
-     _f("metric", "perplexity (lm), cosine (fidelity), logit_diff (pair tasks), needle_token_accuracy (retrieval)"),
+    (_f("capability", "lm, fidelity, ioi, induction, greater-than, masked, retrieval, pairs:<file stem>, or "
+                      "heads:<pair row> (what BASE's carrier heads of that task still carry)"),
+     _f("metric", "perplexity (lm), cosine (fidelity), logit_diff (pair tasks), needle_token_accuracy (retrieval), "
+                  "carried_logit_diff (heads:<row>)"),
      _f("base", "the metric in BASE"), _f("other", "the metric in OTHER"),
      _f("delta", "other - base, on the same items"),
      _f("delta_lo", "lower bound of the change's paired bootstrap interval (items resampled for both models "

@@ -14,9 +14,10 @@ COMPARE = "capabilities (docs/compare.md)"
 CACHE = "OTHER through a head-aware KV cache (docs/compare.md)"
 MODELS = "model and device"
 # Rows a decoder supports, in the table's order; `pairs:<stem>` rows come from --pairs files.
-DECODER_TASKS = ("lm", "ioi", "induction", "greater-than", "retrieval")
-# Rows an encoder supports: fidelity of the final hidden states and the masked-LM pairs.
-ENCODER_TASKS = ("fidelity", "masked")
+DECODER_TASKS = ("lm", "ioi", "induction", "greater-than", "retrieval", "heads")
+# Rows an encoder supports: fidelity of the final hidden states and the masked-LM pairs. `heads` adds, for each pair
+# row, a row heads:<row>: what BASE's carrier heads of that task still carry in OTHER.
+ENCODER_TASKS = ("fidelity", "masked", "heads")
 TASKS = (*DECODER_TASKS, *ENCODER_TASKS)
 
 
@@ -50,8 +51,9 @@ class CompareOptions(DataOptions, IntervalOptions, OutputOptions):
     limit: int | None = option(32, "held-out passages of the language-model row (default 32)", at_least=1,
                                group=DATA)
     tasks: tuple[str, ...] = option((), "rows to measure, comma-separated: lm, ioi, induction, greater-than, "
-                                        "retrieval (decoders), fidelity, masked (encoders) (default: every row the "
-                                        "family supports)", parse=parse_tasks, metavar="ROWS", group=COMPARE)
+                                        "retrieval (decoders), fidelity, masked (encoders), heads (the carrier heads "
+                                        "of each pair row) (default: every row the family supports)",
+                                    parse=parse_tasks, metavar="ROWS", group=COMPARE)
     pairs: tuple[str, ...] = option((), "a JSONL file of clean/corrupt pairs (the patch format), measured as its own "
                                         "row pairs:<file stem>; repeatable", metavar="FILE", append=True, reads=True,
                                     group=COMPARE)

@@ -20,11 +20,12 @@ import torch
 from ..data import Tokens, prepare_tokens, resolve_max_length
 from ..errors import HeadscopeError
 from ..eval.metrics import cosine64
+from ..learned.causal.attribution import attribution_scan
 from ..learned.causal.pairs import PairBatch, load_pairs, read_pairs, tokenize_pairs
 from ..learned.causal.run import pairs_fingerprint
 from ..learned.longctx.needle import DEPTHS, Haystack, build_haystack, gum_sentences
 from ..models.adapter import HeadModel
-from ..uncertainty import Statistic, ratio
+from ..uncertainty import IntervalSettings, Statistic, ratio
 from .measure import fidelity_items, lm_items, needle_items, pair_items
 from .options import DECODER_TASKS, ENCODER_TASKS, CompareOptions
 
@@ -74,6 +75,36 @@ def _pair_row(name: str, b: PairBatch, batch_size: int, what: str) -> Row:
     return Row(name, "logit_diff", True, _mean, b, run,
                {"what": what, "source": b.source, "pairs": len(b), "left_out": b.skipped},
                fingerprint=pairs_fingerprint(b)["sha256"])
+
+
+def carriers_row(task: Row, batch_size: int, settings: IntervalSettings) -> Row:
+    """heads:<task>: the logit difference that BASE's carrier heads of a pair task move from corrupt to clean (first
+    order, attribution patching), per pair, in each model. Carriers: the heads whose attribution effect in BASE has
+    an interval above 0 (`learned.causal`); one gone from OTHER (pruned) carries 0."""
+    b: PairBatch = task.items
+    found: dict[str, list[tuple[int, int]]] = {}
+
+    def run(hm: HeadModel) -> Sums:
+        runs = attribution_scan(hm, b, batch_size=batch_size)
+        moved = np.nan_to_num(runs.patched - runs.corrupt[:, None, None], nan=0.0)  # [pairs, layer, head]
+        if "carriers" not in found:  # the first model measured is BASE: its carriers are the row's heads
+            try:
+                lo = np.nan_to_num(runs.effect(settings).lo, nan=-1.0)
+            except HeadscopeError:  # the pairs do not move the metric: no head carries them
+                lo = np.full(moved.shape[1:], -1.0)
+            found["carriers"] = [(int(l), int(h)) for l, h in zip(*np.nonzero(lo > 0), strict=True)]
+            row.describe["carriers"] = [f"L{l}H{h}" for l, h in found["carriers"]]
+        v = np.zeros(len(b))
+        for l, h in found["carriers"]:
+            if l < moved.shape[1] and h < moved.shape[2]:
+                v += moved[:, l, h]
+        return {"v": v, "n": np.ones_like(v)}
+
+    row = Row(f"heads:{task.capability}", "carried_logit_diff", True, _mean, b, run,
+              {"what": f"logit difference moved from corrupt to clean by BASE's carrier heads of {task.capability} "
+                       f"(attribution effect interval above 0), first order, per pair", "source": b.source},
+              fingerprint=task.fingerprint, reusable=False)
+    return row
 
 
 def lm_row(tokens: Tokens, batch_size: int) -> Row:
@@ -159,6 +190,8 @@ def prepare_rows(hm: HeadModel, opts: CompareOptions, data: Any = None) -> tuple
             _refuse_family(task, hm)
         elif task not in default_tasks(hm):
             continue
+        if task == "heads":  # added below, one per pair row
+            continue
         try:
             rows.append(_row(task, hm, opts, data))
         except HeadscopeError as e:
@@ -171,6 +204,15 @@ def prepare_rows(hm: HeadModel, opts: CompareOptions, data: Any = None) -> tuple
                            pad_id=getattr(hm.tokenizer, "pad_token_id", None) or 0)
         rows.append(_pair_row(f"pairs:{Path(path).stem}", b, opts.batch_size, "logit(answer) - logit(wrong) on the "
                                                                                "clean texts of a pairs file"))
+    if "heads" in tasks:
+        if opts.cache is not None:
+            notes.append("heads: left out (attribution patching through a head-aware cache is not measured)")
+        else:
+            pair_rows = [r for r in rows if isinstance(r.items, PairBatch)]
+            if not pair_rows and asked:
+                raise HeadscopeError("row 'heads' follows the pair rows (ioi, induction, greater-than, masked, "
+                                     "--pairs): ask for one of them too")
+            rows += [carriers_row(r, opts.batch_size, opts.intervals()) for r in pair_rows]
     if not rows:
         raise HeadscopeError("nothing to compare: no row could be measured (" + "; ".join(notes) + ")")
     return rows, notes
