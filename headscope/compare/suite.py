@@ -45,7 +45,10 @@ def _perplexity(s: Any) -> np.ndarray:
 
 @dataclass
 class Row:
-    """One capability: its name, metric, direction, items (prepared once) and how a model is measured on them."""
+    """One capability: its name, metric, direction, items (prepared once) and how a model is measured on them.
+
+    `run` is called on BASE first, then on OTHER: the rows whose OTHER side depends on BASE (fidelity's cosine to
+    BASE's outputs, the heads rows' carriers found in BASE) keep what the first call found."""
 
     capability: str
     metric: str
