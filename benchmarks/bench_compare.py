@@ -37,10 +37,23 @@ def zeroed(hm: headscope.HeadModel, heads: list[tuple[int, int]]) -> headscope.H
 
 
 def plain_forwards(hm: headscope.HeadModel, rows: list, batch_size: int) -> float:
-    """Seconds of the bare forwards over every row's items, batched as compare batches them."""
+    """Seconds of the bare passes over every row's items, batched as compare batches them: one forward per batch,
+    and for a heads:<row> row what attribution patching needs, a forward of the clean texts and a forward and
+    backward of the corrupt ones."""
     t0 = time.perf_counter()
+    for row in rows:
+        if row.capability.startswith("heads:"):
+            for r in chunks(len(row.items), batch_size):
+                part = row.items.take(r)
+                with torch.no_grad():
+                    hm.model(input_ids=part.clean, attention_mask=part.mask, use_cache=False)
+                out = hm.model(input_ids=part.corrupt, attention_mask=part.mask, use_cache=False).logits
+                out[:, -1].sum().backward()
+                hm.model.zero_grad(set_to_none=True)
     with torch.inference_mode():
         for row in rows:
+            if row.capability.startswith("heads:"):
+                continue
             items = row.items
             if row.capability == "lm":
                 for b in batches(items.ids, batch_size, pad_id(hm)):

@@ -352,7 +352,7 @@ def test_base_from_reuses_base_measurements_on_the_same_items(tmp_path):
     same, and every figure equals a fresh comparison's; a folder measured on another BASE is refused."""
     base = planted_model()
     pairs = str(bigram_pairs(tmp_path / "bigram.jsonl"))
-    kw = dict(tasks=("lm", "induction"), pairs=(pairs,), items=8, bootstrap=200, data=TEXTS)
+    kw = dict(tasks=("lm", "induction", "heads"), pairs=(pairs,), items=8, bootstrap=200, data=TEXTS)
     headscope.compare(base, planted_model(zero=(1, 0)), **kw).save(tmp_path / "first")
     second = planted_model(zero=(0, 0))
     fresh = headscope.compare(base, second, **kw)
@@ -365,6 +365,8 @@ def test_base_from_reuses_base_measurements_on_the_same_items(tmp_path):
     assert not calls
     assert [c.row() for c in reused.changes] == [c.row() for c in fresh.changes]
     assert all(r["base_reused_from"] == str(tmp_path / "first") for r in reused.record["rows"].values())
+    assert reused.record["rows"]["heads:induction"]["carriers"] == fresh.record["rows"]["heads:induction"]["carriers"]
+    assert fresh.record["rows"]["heads:induction"]["carriers"] == ["L1H0"]
     # other items (16 pairs instead of 8): measured again
     more = headscope.compare(base, second, base_from=str(tmp_path / "first"), **{**kw, "items": 16})
     assert more.record["rows"]["lm"]["base_reused_from"] and not more.record["rows"]["induction"]["base_reused_from"]

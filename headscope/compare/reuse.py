@@ -22,7 +22,7 @@ from ..options import OptionError
 
 def read_base(folder: str | Path, base: HeadModel, fingerprint: str) -> dict[str, dict[str, Any]]:
     """The rows of an earlier compare.json in `folder` whose BASE was `base` (weights `fingerprint`): capability ->
-    {"fingerprint", "metric", "items"}; refused (one line) when the file is missing or measured another BASE."""
+    {"fingerprint", "metric", "items", ...}; refused (one line) when the file is missing or measured another BASE."""
     path = Path(folder) / COMPARE_JSON.name
     if not path.is_file():
         raise OptionError("base_from", f"'{folder}' holds no {COMPARE_JSON.name}: give the output folder of an "

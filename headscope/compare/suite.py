@@ -25,6 +25,7 @@ from ..learned.causal.pairs import PairBatch, load_pairs, read_pairs, tokenize_p
 from ..learned.causal.run import pairs_fingerprint
 from ..learned.longctx.needle import DEPTHS, Haystack, build_haystack, gum_sentences
 from ..models.adapter import HeadModel
+from ..table import parse_head
 from ..uncertainty import IntervalSettings, Statistic, ratio
 from .measure import fidelity_items, lm_items, needle_items, pair_items
 from .options import DECODER_TASKS, ENCODER_TASKS, CompareOptions
@@ -61,6 +62,8 @@ class Row:
     fingerprint: str = ""
     # whether BASE's per-item sums alone are the row's BASE side (fidelity's OTHER side needs BASE's outputs)
     reusable: bool = True
+    # what a row whose OTHER side depends on BASE takes from an earlier record when BASE's side is reused
+    restore: Callable[[dict[str, Any]], None] | None = None
 
     @property
     def n(self) -> int:
@@ -103,10 +106,14 @@ def carriers_row(task: Row, batch_size: int, settings: IntervalSettings) -> Row:
                 v += moved[:, l, h]
         return {"v": v, "n": np.ones_like(v)}
 
+    def restore(earlier: dict[str, Any]) -> None:  # BASE reused (--base-from): its carriers come with it
+        found["carriers"] = [parse_head(name) for name in earlier.get("carriers", [])]
+        row.describe["carriers"] = list(earlier.get("carriers", []))
+
     row = Row(f"heads:{task.capability}", "carried_logit_diff", True, _mean, b, run,
               {"what": f"logit difference moved from corrupt to clean by BASE's carrier heads of {task.capability} "
                        f"(attribution effect interval above 0), first order, per pair", "source": b.source},
-              fingerprint=task.fingerprint, reusable=False)
+              fingerprint=task.fingerprint, restore=restore)
     return row
 
 

@@ -81,6 +81,8 @@ def _compare_row(row: Row, base: HeadModel, other: HeadModel, opts: CompareOptio
     t0 = time.perf_counter()
     b = reused_items(earlier, row.capability, row.fingerprint, row.metric) if row.reusable else None
     reused = b is not None
+    if reused and row.restore is not None:
+        row.restore(earlier[row.capability])
     if b is None:
         b = row.measure(base)
     t1 = time.perf_counter()
