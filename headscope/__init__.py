@@ -52,12 +52,14 @@ _LAZY = {
     "patch": "learned.causal.verb", "PatchOptions": "learned.options",
     # circuits: edge attribution and faithfulness at every size
     "circuit": "learned.circuits.verb", "CircuitOptions": "learned.options",
+    # what compression cost: two models side by side (`compare` is the package itself, callable like `view`)
+    "CompareOptions": "compare",
 }
 
 
 def __getattr__(name: str) -> Any:
-    if name == "view":  # the package headscope.view, callable as view(hm, text)
-        return importlib.import_module(".view", __name__)
+    if name in ("view", "compare"):  # the packages headscope.view and headscope.compare, callable as functions
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), _RENAMED.get(name, ("", name))[1])
     raise AttributeError(f"module 'headscope' has no attribute {name!r}")
@@ -77,6 +79,7 @@ __all__ = [
     "parse_head",
     "read_conllu",
     "read_texts",
+    "compare",
     "view",
     "wrap",
     *_LAZY,

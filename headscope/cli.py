@@ -32,7 +32,8 @@ from .version import __version__
 VERB_GROUPS = (("start here", ("study", "view")),
                ("what the heads learn", ("analyze", "roles", "similar", "patch", "circuit")),
                ("are more heads better", ("kv", "gqa", "mla", "kvcache", "sweep")),
-               ("which heads are redundant", ("score", "prune", "tasks")))
+               ("which heads are redundant", ("score", "prune", "tasks")),
+               ("what compression cost", ("compare",)))
 
 
 def _group_verbs(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:

@@ -163,11 +163,13 @@ LAYERS = {
     "capacity": ("foundation", "learned", "capacity"),
     "redundancy": ("foundation", "learned", "redundancy"),
     "export": ("foundation", "learned", "capacity", "redundancy", "export"),
+    "compare": ("foundation", "learned", "capacity", "redundancy", "compare"),
     "report": ("foundation", "learned", "capacity", "redundancy", "export", "report"),
     "view": ("foundation", "learned", "capacity", "redundancy", "export", "report", "view"),
-    "commands": ("foundation", "learned", "capacity", "redundancy", "export", "report", "view", "commands"),
+    "commands": ("foundation", "learned", "capacity", "redundancy", "export", "compare", "report", "view",
+                 "commands"),
     # study runs the verbs' library functions with their Options, never the CLI layer (commands/, argv)
-    "study": ("foundation", "learned", "capacity", "redundancy", "export", "report", "study"),
+    "study": ("foundation", "learned", "capacity", "redundancy", "export", "compare", "report", "study"),
     "cli": ("foundation", "commands", "study", "cli"),
 }
 

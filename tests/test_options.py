@@ -98,13 +98,14 @@ def _bounded_fields():
 def test_bad_value_same_problem_from_python_and_cli(verb, field, bad, tmp_path, capsys):
     _, cls = _option_verbs()[verb]
     given = {"gqa": {"model": "m", "kv_heads": 1}, "mla": {"model": "m", "kv_rank": 4}, "kvcache": {"model": "m"},
-             "export": {"model": "d", "to": "gguf", "file": "f.gguf"}}.get(verb, {})
+             "export": {"model": "d", "to": "gguf", "file": "f.gguf"},
+             "compare": {"base": "a", "other": "b"}}.get(verb, {})
     with pytest.raises(OptionError) as python:
         cls(**given, **{field: bad}).validate()
     assert python.value.name == field
     flag = cls.flags()[field]
     required = {"gqa": ["m", "--kv-heads", "1"], "mla": ["m", "--kv-rank", "4"], "kvcache": ["m"],
-                "export": ["d", "--to", "gguf", "--file", "f.gguf"]}.get(verb, [])
+                "export": ["d", "--to", "gguf", "--file", "f.gguf"], "compare": ["a", "b"]}.get(verb, [])
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:

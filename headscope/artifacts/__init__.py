@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from ..errors import HeadscopeError, did_you_mean
 from ..stats import STATISTICS
-from .schema import BOUNDS, KINDS, Artifact, Field, bound_of, write_csv
+from .circuits import CIRCUIT_JSON, COMPARE_CSV, COMPARE_JSON, EDGES_CSV
+from .schema import BOUNDS, KINDS, PROVENANCE, Artifact, Field, bound_of, write_csv
 
 __all__ = [
     "ARTIFACTS", "BOUNDS", "KINDS", "Artifact", "Field", "PROVENANCE_FILES", "artifact", "bound_of", "outputs",
@@ -27,7 +28,8 @@ __all__ = [
     "UNIT_IMPORTANCE_JSON", "TASKS_CSV", "TASK_CORRELATION_CSV", "TASK_SPECIFIC_CSV", "TASKS_JSON", "MODEL_DIR",
     "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
-    "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON", "COMPOSITION_NPZ",
+    "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON", "COMPOSITION_NPZ", "COMPARE_CSV",
+    "COMPARE_JSON", "EDGES_CSV", "CIRCUIT_JSON",
 ]
 
 def _f(name: str, meaning: str = "", when: str = "") -> Field:
@@ -36,10 +38,7 @@ def _f(name: str, meaning: str = "", when: str = "") -> Field:
 
 _HEAD_KEYS = (_f("layer", "layer index, from 0"), _f("head", "head index within the layer, from 0"))
 _ROLES = "roles"  # the verb that writes the role columns
-_PROVENANCE = _f("provenance", "verb, model (name, config and weights fingerprints), data (source, passages, "
-                               "sha256), options and versions: see headscope.provenance",
-                 # optional only so that files written before provenance was recorded still read
-                 "every run (absent from files written before headscope recorded provenance)")
+_PROVENANCE = PROVENANCE
 # Keys every run writes since intervals were recorded: optional so that older files still read.
 _SINCE_INTERVALS = "every run (absent from files written before headscope recorded intervals)"
 _TABLE_JSON = (_f("n_layers"), _f("n_heads"),
@@ -420,42 +419,13 @@ COMPOSITION_NPZ = Artifact(
      _f("k", "as q, through the receiver's keys"), _f("v", "as q, through the receiver's values"),
      _f("meta", "model and axis names (JSON text)")))
 
-# headscope circuit (issue 44): edge attribution and circuits at every size (docs/circuits.md).
-EDGES_CSV = Artifact(
-    "edges.csv", "csv", {"circuit": ""}, "edge attribution: one row per edge of the graph (sender to receiver), "
-    "its score followed by its bootstrap interval over pairs",
-    (_f("sender", "input (the embeddings), L<layer>H<head> or MLP<layer>"),
-     _f("receiver", "L<layer>H<head>.q, L<layer>G<group>.k, L<layer>G<group>.v (a KV group's keys and values), "
-                    "MLP<layer> or logits"),
-     _f("score", "EAP or EAP-IG: (a_sender,corrupt - a_sender,clean) . d(-M)/d(input of receiver), summed over "
-                 "positions and d_model, mean over pairs; positive when patching the edge alone with the corrupt run "
-                 "lowers M = logit(answer) - logit(wrong)")),
-    bounds=True)
-CIRCUIT_JSON = Artifact(
-    "circuit.json", "json", {"circuit": ""}, "circuits at every size: the faithfulness curves by |score| and by "
-    "signed score beside random circuits, CMD and CPR, each with its interval over pairs",
-    (_f("curve", "per fraction of edges: edges, fraction, faithfulness with faithfulness_lo/_hi, random (a random "
-                 "circuit of the same size) with random_lo/_hi; circuits by |score|"),
-     _f("curve_signed", "the same for circuits by signed score"),
-     _f("cmd", "area of |1 - faithfulness| over the fractions of curve (lower is better), cmd_lo, cmd_hi"),
-     _f("cpr", "area under curve_signed (higher is better), cpr_lo, cpr_hi"),
-     _f("total_edges", "edges in the graph"), _f("method", "eap or eap-ig"),
-     _f("ig_steps", "EAP-IG's interpolation steps m (null for eap)"), _f("metric", "what M is"),
-     _f("graph", "senders, receivers and how the graph is built"),
-     _f("M_clean", "M on the clean texts (the full circuit), mean over pairs, with its interval"),
-     _f("M_corrupt", "M on the corrupt texts, with its interval"),
-     _f("M_empty", "M of the empty circuit (every edge patched: the corrupt run through the evaluator)"),
-     _f("forwards", "forward and backward passes of the scores, forwards of the curves"),
-     _f("pairs"), _f("intervals"), _f("seconds"), _PROVENANCE),
-    bounds=True)
-
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, SYNTAX_CSV, SIMILAR_PAIRS_CSV, SIMILARITY_NPZ, CLUSTERS_JSON,
     IMPORTANCE_CSV, IMPORTANCE_JSON, RANK_CORRELATION_CSV, PRUNE_CURVE_CSV, PRUNE_CURVE_PNG, REDUNDANCY_CSV,
     PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG,
     SWEEP_SPEED_PNG, GQA_JSON,
     MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON, PATCHING_CSV, PATCHING_POSITIONS_CSV,
-    PATCHING_JSON, PATHS_CSV, COMPOSITION_NPZ, EDGES_CSV, CIRCUIT_JSON)}
+    PATCHING_JSON, PATHS_CSV, COMPOSITION_NPZ, EDGES_CSV, CIRCUIT_JSON, COMPARE_CSV, COMPARE_JSON)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold
@@ -466,7 +436,7 @@ PROVENANCE_FILES: dict[str, str] = {"prune --unit": UNITS_JSON.name, "score --un
                                     "score": IMPORTANCE_JSON.name, "prune": PRUNE_JSON.name, "kv": KV_JSON.name,
                                     "gqa": GQA_JSON.name, "mla": MLA_JSON.name,
                                     "kvcache": KVCACHE_JSON.name, "patch": PATCHING_JSON.name,
-                                    "circuit": CIRCUIT_JSON.name}
+                                    "circuit": CIRCUIT_JSON.name, "compare": COMPARE_JSON.name}
 
 
 def provenance_file(name: str) -> str | None:

@@ -152,3 +152,10 @@ def write_csv(folder: str | Path, declared: Artifact, rows: Sequence[Mapping[str
     path = Path(folder) / declared.name
     atomic_write_text(path, csv_text(rows, cols))
     return path
+
+
+# The provenance key of a verb's JSON file (headscope.provenance), declared by every such file.
+PROVENANCE = Field("provenance", "verb, model (name, config and weights fingerprints), data (source, passages, "
+                                 "sha256), options and versions: see headscope.provenance",
+                   # optional only so that files written before provenance was recorded still read
+                   "every run (absent from files written before headscope recorded provenance)")

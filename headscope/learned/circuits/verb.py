@@ -48,7 +48,7 @@ class CircuitResult(Result):
                                              strict=True)]
 
     def to_pandas(self) -> Any:
-        import pandas as pd
+        import pandas as pd  # only for this table; pandas costs ~0.5 s to import
 
         return pd.DataFrame(self.edge_rows())
 

@@ -1,0 +1,51 @@
+"""BASE's measurements from an earlier comparison (`--base-from DIR`), so checking a second candidate against the same
+BASE costs one model's forwards.
+
+compare.json keeps each row's per-item sums of both models and a sha256 of the row's items (token ids, answers,
+needle spans). A row's BASE side is taken from DIR only when DIR was measured on the same BASE weights (the
+provenance fingerprint) and the row's items hash the same; any other row is measured again. JSON floats read back
+exactly, so a reused row gives the same numbers as a fresh one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..artifacts import COMPARE_JSON
+from ..models.adapter import HeadModel
+from ..options import OptionError
+
+
+def read_base(folder: str | Path, base: HeadModel, fingerprint: str) -> dict[str, dict[str, Any]]:
+    """The rows of an earlier compare.json in `folder` whose BASE was `base` (weights `fingerprint`): capability ->
+    {"fingerprint", "metric", "items", ...}; refused (one line) when the file is missing or measured another BASE."""
+    path = Path(folder) / COMPARE_JSON.name
+    if not path.is_file():
+        raise OptionError("base_from", f"'{folder}' holds no {COMPARE_JSON.name}: give the output folder of an "
+                                       f"earlier headscope compare against the same BASE")
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise OptionError("base_from", f"'{path}' is not a compare.json ({e})") from None
+    then = (rec.get("base") or {}) if isinstance(rec, dict) else {}
+    if then.get("fingerprint") != fingerprint:
+        raise OptionError("base_from", f"'{path}' measured another BASE ({then.get('name')!r}, weights "
+                                       f"{str(then.get('fingerprint'))[:12]}) than {base.name} ({fingerprint[:12]})")
+    rows = rec.get("rows") or {}
+    return {name: r for name, r in rows.items() if isinstance(r, dict) and r.get("fingerprint") and r.get("items")}
+
+
+def reused_items(earlier: dict[str, dict[str, Any]], capability: str, fingerprint: str,
+                 metric: str) -> dict[str, np.ndarray] | None:
+    """BASE's per-item sums of a row measured before on the same items, or None."""
+    r = earlier.get(capability)
+    if r is None or r.get("fingerprint") != fingerprint or r.get("metric") != metric:
+        return None
+    return {k: np.asarray(v, dtype=np.float64) for k, v in r["items"]["base"].items()}
+
+
+__all__ = ["read_base", "reused_items"]

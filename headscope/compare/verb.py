@@ -1,0 +1,144 @@
+"""`headscope compare` as a library function: what OTHER kept, lost or gained against BASE, row by row, with paired
+intervals; writes nothing until the result is saved."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..artifacts import COMPARE_CSV, COMPARE_JSON
+from ..capacity.kvcache import CachePlan, check_supported
+from ..io import atomic_write_text, csv_text
+from ..models.adapter import HeadModel
+from ..options import Result
+from ..provenance import model_record, provenance
+from ..table import to_jsonable
+from .cache import read_pattern, through_cache
+from .checks import check_same_tokenizer
+from .options import CompareOptions
+from .reuse import read_base, reused_items
+from .suite import Row, check_rows_fit, prepare_rows
+from .verdict import Change, paired_change
+
+
+@dataclass
+class CompareResult(Result):
+    """compare.csv (one row per capability) and compare.json (settings, both models, per-item values)."""
+
+    changes: list[Change]
+    record: dict[str, Any]
+    base_name: str
+    other_name: str
+
+    files = (COMPARE_CSV.name, COMPARE_JSON.name)
+
+    def to_pandas(self) -> Any:
+        import pandas as pd  # only for this table; pandas costs ~0.5 s to import
+
+        return pd.DataFrame([c.row() for c in self.changes])
+
+    def write(self, folder: Path) -> None:
+        atomic_write_text(folder / COMPARE_CSV.name, csv_text([c.row() for c in self.changes]))
+        atomic_write_text(folder / COMPARE_JSON.name,
+                          json.dumps(to_jsonable(self.record), indent=1, allow_nan=False) + "\n")
+
+    def verdict(self, capability: str) -> str:
+        """The verdict of one row ('lm', 'induction', 'pairs:ioi', ...)."""
+        return self.change(capability).verdict
+
+    def change(self, capability: str) -> Change:
+        for c in self.changes:
+            if c.capability == capability:
+                return c
+        raise KeyError(f"no row {capability!r}; rows: {', '.join(c.capability for c in self.changes)}")
+
+    def lines(self) -> list[str]:
+        tol = self.record["settings"]["tolerance"]
+        iv = self.record["settings"]["intervals"]
+        cache = self.record["settings"].get("cache")
+        through = "" if not cache else (f" through a head-aware KV cache ({cache['full_kv_heads']} of "
+                                        f"{cache['kv_heads']} KV heads full, the others {cache['sink']} sink + "
+                                        f"{cache['window']} recent tokens; {cache['pattern']}"
+                                        f"{', reversed' if cache['reversed'] else ''})")
+        out = [f"{self.other_name}{through} against {self.base_name} (tolerance {tol:.0%} of BASE's value):"]
+        out += [f"  {c.sentence()}" for c in self.changes]
+        lost = [c.capability for c in self.changes if c.verdict == "lost"]
+        out.append(f"lost: {', '.join(lost)}" if lost else "lost: none of the rows measured")
+        out += [f"note: {n}" for n in self.record.get("notes", [])]
+        out.append(f"[lo, hi]: {iv['level']:.0%} paired intervals of the change, {iv['method']} bootstrap over the "
+                   f"items ({iv['B']} resamples)")
+        return out
+
+
+def _compare_row(row: Row, base: HeadModel, other: HeadModel, opts: CompareOptions, earlier: dict[str, dict[str, Any]],
+                 plan: CachePlan | None) -> tuple[Change, dict[str, Any]]:
+    t0 = time.perf_counter()
+    b = reused_items(earlier, row.capability, row.fingerprint, row.metric) if row.reusable else None
+    reused = b is not None
+    if reused and row.restore is not None:
+        row.restore(earlier[row.capability])
+    if b is None:
+        b = row.measure(base)
+    t1 = time.perf_counter()
+    with through_cache(other, plan) if plan is not None else nullcontext():
+        o = row.measure(other)
+    t2 = time.perf_counter()
+    change = paired_change(row.capability, row.metric, row.higher_is_better, b, o, row.statistic, opts.intervals(),
+                           opts.tolerance)
+    rec = {**row.describe, "metric": row.metric, "higher_is_better": row.higher_is_better,
+           "fingerprint": row.fingerprint, "base_reused_from": opts.base_from if reused else None,
+           "needed": change.needed, "seconds": {"base": t1 - t0, "other": t2 - t1},
+           "items": {"base": {k: v.tolist() for k, v in b.items()}, "other": {k: v.tolist() for k, v in o.items()}}}
+    return change, rec
+
+
+def compare(base: HeadModel, other: HeadModel, options: CompareOptions | None = None, *, data: Any = None,
+            **changes: Any) -> CompareResult:
+    """`headscope compare` on two loaded models: each capability's value in both, the paired change with its
+    interval, and the verdict (lost, kept, gained, cannot tell) against `options.tolerance`.
+
+    `data`: the passages of the language-model row (else `options.data`). Keywords override single options:
+    `compare(base, other, tasks=("lm", "induction"), items=16)`. The models must share a tokenizer; every row's
+    items are prepared (and a bad one refused) before either model runs. `base_from`: the folder of an earlier
+    compare against the same BASE, whose BASE measurements are reused on the same items (`reuse`).
+    """
+    opts = (options or CompareOptions(base=base.name, other=other.name)).replace(**changes)
+    if opts.base is None or opts.other is None:
+        opts = opts.replace(base=opts.base or base.name, other=opts.other or other.name)
+    opts = opts.validate()
+    check_same_tokenizer(base, other)
+    plan, cache_record = None, None
+    if opts.cache is not None:  # OTHER decodes through a head-aware cache: its plan is checked before any forward
+        pattern = read_pattern(opts.cache)
+        check_supported(other)
+        plan = pattern.plan(other, opts.keep_full, opts.cache_reversed)
+        cache_record = pattern.record(plan, opts.cache_reversed)
+    base_record = model_record(base)
+    earlier = read_base(opts.base_from, base, base_record["fingerprint"]) if opts.base_from else {}
+    rows, notes = prepare_rows(base, opts, data)
+    check_rows_fit(rows)
+    got = [_compare_row(r, base, other, opts, earlier, plan) for r in rows]
+    settings = {"tolerance": opts.tolerance, "intervals": {**opts.intervals().record(),
+                                                           "resampled": "items (passages, pairs, haystacks) of both "
+                                                                        "models together, with replacement"},
+                "rows": [r.capability for r in rows], "cache": cache_record}
+    record = {"settings": settings, "notes": notes,
+              "rows": {c.capability: {**rec, "change": c.row()} for c, rec in got},
+              "base": base_record, "other": model_record(other),
+              "provenance": provenance("compare", base, None, opts.with_only())}
+    return CompareResult([c for c, _ in got], record, base.name, other.name)
+
+
+def per_item(result: CompareResult, capability: str, model: str = "other") -> dict[str, np.ndarray]:
+    """The per-item sums a row was computed from (`model`: 'base' or 'other')."""
+    items = result.record["rows"][capability]["items"][model]
+    return {k: np.asarray(v) for k, v in items.items()}
+
+
+__all__ = ["CompareResult", "compare", "per_item"]
