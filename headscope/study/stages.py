@@ -56,12 +56,13 @@ ABLATION_FWD, ABLATION_CPU = 0.57, 3.0
 # Similarity: CPU units per head pair and Jensen-Shannon query token (the pairwise divergence sums), and per head
 # pair (CKA, subspace angles, clustering); fitted on a timed SmolLM2 study (commit cb20c9b, 270 heads).
 JS_PAIR_TOKEN_CPU, PAIR_CPU = 6e-6, 8e-3
-# Circuits: passage forwards per IOI pair, edge scores and the faithfulness curves (its 20 sizes, random circuits,
-# the empty and full circuits) together, by method; fitted on one timed SmolLM2 run (20 fresh IOI pairs, EAP-IG,
-# 204 s, docs/circuits.md) with EAP's share from benchmarks/bench_circuit.py's ratios (EAP 54, EAP-IG 61 forwards
-# of a batch). CIRCUIT_CPU: CPU units per thousand edges (their bootstrap intervals over pairs).
-CIRCUIT_FWD = {"eap": 38.0, "eap-ig": 43.0}
-CIRCUIT_CPU = 2.0
+# Circuits: passage forwards per IOI pair of the edge scores and the faithfulness curves together (33 forwards of
+# the circuit evaluator, which recomputes every receiver's q/k/v input: dearer than a plain forward), by method;
+# fitted on one timed study stage on SmolLM2 (8 IOI pairs, EAP: 81 s at a probe forward of 0.12 s a passage;
+# scores 8 s, curves 63 s, intervals 9 s), EAP-IG's share from benchmarks/bench_circuit.py's ratios (61 against
+# EAP's 54 forwards of a batch). CIRCUIT_CPU: CPU units per thousand edges (their bootstrap intervals over pairs).
+CIRCUIT_FWD = {"eap": 73.0, "eap-ig": 82.0}
+CIRCUIT_CPU = 1.5
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,9 @@ def _circuit_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
 
 
 def _circuit_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
-    edges = f.heads_total * (f.heads_total + 2 * f.n_layers) / 2  # about senders x later receivers
+    senders = 1 + f.heads_total + f.n_layers  # the embeddings, every head, every MLP
+    receivers = f.heads_total + 2 * f.n_kv_heads * f.n_layers + f.n_layers + 1  # q; k and v per group; MLPs; logits
+    edges = senders * receivers / 2  # each sender feeds the receivers after it: about half of all pairs
     return _load(p) + lv["n"] * CIRCUIT_FWD[lv["method"]] * p.fwd_s + CIRCUIT_CPU * edges / 1000 * p.cpu_s
 
 
