@@ -7,6 +7,7 @@ the notebook's iframe in a narrow cell. No console error and no request leaving 
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlsplit
@@ -301,11 +302,14 @@ def test_a_note_in_an_answer_is_shown(browser, dirs):  # noqa: F811
     with serving(hm) as (base, app):
         answer = app.answer
 
-        def noting(route, params):
-            out = answer(route, params)
-            if route == "/api/attention":
-                out["note"] = f"the text has 1500 tokens; the model reads {MARKUP} 512"
-            return out
+        def noting(route, params, send):
+            if route != "/api/attention":
+                return answer(route, params, send)
+            pieces: list[bytes] = []
+            answer(route, params, pieces.extend)  # the answer's JSON, sent in pieces
+            body = json.loads(b"".join(pieces))
+            body["note"] = f"the text has 1500 tokens; the model reads {MARKUP} 512"
+            return send([json.dumps(body).encode("utf-8")])
 
         app.answer = noting
         page, problems, _ = open_page(browser, f"{base}/?text=the%20year", (base + "/",))
