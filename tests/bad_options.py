@@ -35,10 +35,11 @@ REQUIRED = {"gqa": ("{llama}", "--kv-heads", "1"), "mla": ("{llama}", "--kv-rank
             "export": ("{llama}", "--to", "gguf", "--file", "o.gguf")}
 L0 = ("--method", "l0")
 L0_ROWS = {  # prune's and score's --method l0 options
-    "--l0-steps": bad(*L0, "--l0-steps", "0", says="L0 gate training needs at least 1 step"),
-    "--l0-lr": bad(*L0, "--l0-lr", "0", says="L0 gate learning rate must be a positive number"),
-    "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="hard-concrete temperature must be a positive"),
-    "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="L0 penalty must be a positive number"),
+    "--l0-steps": bad(*L0, "--l0-steps", "0", says="--l0-steps (steps of L0 gate training) must be at least 1"),
+    "--l0-lr": bad(*L0, "--l0-lr", "0", says="--l0-lr (the L0 gates' learning rate) must be a positive number"),
+    "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="--l0-temperature (the hard-concrete temperature) "
+                                                                "must be a positive"),
+    "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="--l0-penalty (the L0 penalty) must be a positive number"),
     "--l0-target": bad(*L0, "--l0-target", "1.5", says="--l0-target (the L0 gates' target share"),
 }
 LEARNED = ("--choose", "learned", "--context", "64", "--sink", "4", "--window", "16")  # a context the tiny model has
@@ -81,7 +82,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--paths": bad("--paths", "L1Hx", says="--paths must be a number of receivers, heads such as L5H1,L6H0, or "
                                               "logits; cannot read head 'L1Hx'"),
         "--senders": bad("--senders", "L0H1", says="--senders needs --paths: the receivers (or logits) the set's "
-                                                    "paths go to"),
+                                                    "heads send to"),
     },
     "gqa": {
         "model": bad("no-such-model", "--kv-heads", "1", says="unknown model 'no-such-model'", required=False),
@@ -102,7 +103,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "model": bad("no-such-model", says="unknown model 'no-such-model'", required=False),
         "--keep-full": bad("--keep-full", "200%", says="--keep-full '200%' must lie in (0, 1]"),
         "--threshold": bad("--threshold", "nan", says="--threshold must be a finite number"),
-        "--by": bad("--by", "entropy", says="--by 'entropy' needs --scores FILE"),
+        "--by": bad("--by", "entropy", says="--by 'entropy' needs --scores (a heads.csv or roles.csv"),
         "--scores": bad("--scores", "missing.csv", says="--scores 'missing.csv' is not a file"),
         "--haystacks": bad("--haystacks", "0", says="--haystacks must be at least 1"),
         "--sink": bad("--sink", "-1", says="--sink must be 0 or more tokens"),
@@ -171,7 +172,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--method": bad("--method", "gradeint", says="did you mean 'gradient'"),
         "--metric": bad("--metric", "bogus", says="unknown metric 'bogus'"),
         "--ig-steps": bad("--ig-steps", "0", says="--ig-steps must be at least 1"),
-        "--pruned": bad("{bert}", "--limit", "2", "--pruned", "L99H0", says="--pruned: head L99H0 does not exist",
+        "--pruned": bad("{bert}", "--limit", "2", "--pruned", "L99H0", says="--pruned names head L99H0, which does not exist",
                         required=False),
         **L0_ROWS,
     },

@@ -12,7 +12,7 @@ from test_artifacts import tiny_bert_dir
 
 from headscope.cli import main
 from headscope.data import read_conllu, read_texts
-from headscope.errors import HeadscopeError
+from headscope.errors import HeadscopeError, OptionError
 from headscope.learned.analyze import analyze
 from headscope.models.tiny import tiny_model
 from headscope.redundancy.curves import check_target_drop
@@ -135,8 +135,9 @@ def test_api_target_drop_bounds():
 def test_api_report_options_refused_before_work(tmp_path):
     from headscope.report import render_report
 
-    with pytest.raises(HeadscopeError, match="--sentences must be 0 or more"):
+    with pytest.raises(OptionError, match="^sentences must be 0 or more") as e:  # the parameter, not the flag
         render_report(tmp_path / "r", model=None, sentences=-5)
+    assert e.value.name == "sentences"
     assert listing(tmp_path) == []
 
 

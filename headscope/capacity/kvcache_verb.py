@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..artifacts import KVCACHE_CSV, KVCACHE_JSON, write_csv
 from ..data import TextSource, read_texts
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, OptionError
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
 from ..options import Result, check_data
@@ -107,8 +107,8 @@ def _after_evaluation(texts: list[str], used: int, passages: int) -> list[str]:
     """The texts after the last one the evaluation passages came from (`used` of them)."""
     rest = texts[used:]
     if not rest:
-        raise HeadscopeError(f"--data has no text left for uptraining after the {passages} evaluation "
-                             f"passage(s); give --train-data or fewer --passages")
+        raise OptionError("data", f"has no text left for uptraining after the {passages} evaluation passage(s); "
+                                  f"give train_data or a lower limit", also=("train_data", "limit"))
     return rest
 
 

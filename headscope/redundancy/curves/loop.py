@@ -306,7 +306,8 @@ def prune_curve(
     """
     unit, method, scope = _check(hm, unit, method, fraction, target_drop, step, recover_steps, latency)
     if extra and scope != "heads":
-        raise HeadscopeError("extra measures (--wordsim) are taken on head curves; unit curves record the metric")
+        raise HeadscopeError("extra measures (wordsim) are taken on head curves; unit curves record the metric",
+                             fields=("wordsim",))
     torch.manual_seed(seed)
     prep, evalprep, metric, ref, eval_ref = _prepare(hm, data, heldout, metric, max_length, batch_size, target_drop)
     ckpt = Path(checkpoint) if checkpoint is not None and scope == "heads" else None
