@@ -194,7 +194,7 @@ def test_long_args_refused():
         check_long_args(hm, 128, 1, 1, None, 16)
     with pytest.raises(HeadscopeError, match="block size"):
         check_long_args(None, 64, 1, 1, None, 0)
-    with pytest.raises(HeadscopeError, match="--stride"):
+    with pytest.raises(HeadscopeError, match="^stride"):
         check_long_args(None, 64, 1, 1, 0, 16)
     with pytest.raises(HeadscopeError, match="nothing to measure"):
         check_long_args(None, 64, 0, 0, None, 16)

@@ -158,7 +158,7 @@ def kvcache(hm: HeadModel, data: Any = None, options: KvcacheOptions | None = No
     batches, train_info = _training(hm, o, data, train, used, len(passages))
     score_info: dict[str, Any] = {"by": o.by, "from": o.scores}
     if scores is not None:
-        check_made_for(scores.path, hm, "--from")  # its provenance: another model's file is refused
+        check_made_for(scores.path, hm, "scores")  # its provenance: another model's file is refused
         matrix = scores_matrix(scores, hm.n_layers, hm.n_heads)
     else:
         matrix, info = retrieval_scores(hm, o.context, o.haystacks, o.seed, progress=progress)

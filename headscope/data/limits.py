@@ -22,8 +22,8 @@ WORK = {
                            "Monte Carlo error, and each resample costs a pass over the passages' sums"),
     "haystacks": (100_000, "haystacks (or prompts): each is built and held as token ids, then a forward pass of "
                            "its tokens; a retrieval share over 100,000 is known to within 0.3% already"),
-    "windows": (100_000, "windows of long text: each is a forward pass of --long tokens, and a score's ranking is "
-                         "stable over far fewer (--until-stable stops as soon as it is)"),
+    "windows": (100_000, "windows of long text: each is a forward pass of a whole window, and a score's ranking is "
+                         "stable over far fewer (reading until stable stops as soon as it is)"),
     "ig_steps": (10_000, "integrated-gradients steps: the path integral converges by ~300 (Sundararajan et al. use "
                          "20-300), and each step is a forward and backward pass over every batch"),
 }
