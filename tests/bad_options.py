@@ -98,7 +98,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "model": bad("no-such-model", says="unknown model 'no-such-model'", required=False),
         "--keep-full": bad("--keep-full", "200%", says="--keep-full '200%' must lie in (0, 1]"),
         "--threshold": bad("--threshold", "nan", says="--threshold must be a finite number"),
-        "--by": bad("--by", "entropy", says="--by 'entropy' needs --scores (a heads.csv or roles.csv"),
+        "--by": bad("--by", "entropy", says="--by 'entropy' needs --scores FILE"),
         "--scores": bad("--scores", "missing.csv", says="--scores 'missing.csv' is not a file"),
         "--haystacks": bad("--haystacks", "0", says="--haystacks must be at least 1"),
         "--sink": bad("--sink", "-1", says="--sink must be 0 or more tokens"),

@@ -222,6 +222,7 @@ def _spec_rows(bounds: tuple[str, ...] = ()) -> dict[tuple[str, str], object]:
         value = r.value[0] if isinstance(r.value, tuple) else r.value
         spec = spec_of(next(f for f in dataclasses.fields(cls) if f.name == r.field))
         says = f"argument {flag}" if r.bound == "choices" else f"{flag} {bound_problem(value, spec)}"
+        says = says.split(", but this machine has")[0]  # the memory available moves from one call to the next
         rows.setdefault((r.verb, flag), bad(flag, str(value), says=says))
     return rows
 

@@ -211,7 +211,7 @@ def test_dispatch_refused_where_it_cannot_work(llama_dir, tmp_path):
         load_model(llama_dir, device="cpu", device_map="auto")
     with pytest.raises(HeadscopeError, match="'everywhere' is not a placement strategy"):
         load_model(llama_dir, device_map="everywhere")
-    with pytest.raises(HeadscopeError, match="cannot be dispatched with device_map=.*Load it whole instead"):
+    with pytest.raises(HeadscopeError, match="cannot be dispatched with device map .*Load it whole on one device"):
         load_model(llama_dir, device_map={"model.layers.0": "disk"})  # the other modules get no device
     pruned = tmp_path / "pruned"
     save_model(prune_heads(load_model(llama_dir), {0: [0, 1, 2]}), pruned)

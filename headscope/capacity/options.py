@@ -282,7 +282,7 @@ class KvcacheOptions(IntervalOptions, OutputOptions):
         if self.threshold is not None and not math.isfinite(self.threshold):
             raise OptionError("threshold", f"must be a finite number; got {self.threshold}")
         if self.scores is None and self.by not in IN_PROCESS_SCORES:
-            raise OptionError("by", f"{self.by!r} needs scores (a heads.csv or roles.csv holding it); without "
+            raise OptionError("by", f"{self.by!r} needs scores=FILE (a heads.csv or roles.csv holding it); without "
                                     f"scores headscope measures only {', '.join(IN_PROCESS_SCORES)}", also=("scores",))
         self.learned()
 

@@ -334,9 +334,9 @@ def _dispatch_errors(name: str, device_map: Any) -> Iterator[None]:
         raise
     except (ValueError, KeyError, RuntimeError, TypeError, NotImplementedError) as e:
         detail = str(e).strip().splitlines()[0][:300].rstrip(".") if str(e).strip() else type(e).__name__
-        raise HeadscopeError(f"{name!r} cannot be dispatched with device_map={device_map!r}: {detail}. "
-                             f"Load it whole instead (device='cpu' or device='cuda')",
-                             fields=("device_map", "device")) from None
+        # no field names here: `detail` is accelerate's own text, which a translation into flags would garble
+        raise HeadscopeError(f"{name!r} cannot be dispatched with device map {device_map!r}: {detail}. "
+                             f"Load it whole on one device instead (cpu or cuda)") from None
 
 
 def load_model(
@@ -383,7 +383,7 @@ def load_model(
         if path.is_file() and path.suffix == ".gguf":
             if dispatch:
                 raise HeadscopeError(f"{name_or_path!r} is a GGUF file, which is dequantised whole into memory, so "
-                                     f"device_map cannot dispatch it; convert it to a transformers folder "
+                                     f"it cannot be dispatched by device_map; convert it to a transformers folder "
                                      f"(save_pretrained) first, or load it whole with device='cpu'",
                                      fields=("device_map", "device"))
             return load_gguf(path, device=device, dtype=dtype)
@@ -393,7 +393,7 @@ def load_model(
     if own:
         if dispatch:
             raise HeadscopeError(f"{name_or_path!r} is a checkpoint headscope changed ({own[0]}): its loader builds "
-                                 f"it whole in memory, so device_map cannot dispatch it; load it whole with "
+                                 f"it whole in memory, so it cannot be dispatched by device_map; load it whole with "
                                  f"device='cpu' or device='cuda'", fields=("device_map", "device"))
         return load_checkpoint(path, device=device, dtype=dtype, allow_random_weights=allow_random_weights)
     _check_model_dir(Path(path), name_or_path)

@@ -54,7 +54,7 @@ def as_flags(message: str, names: tuple[str, ...], flags: dict[str, str]) -> str
         message = re.sub(word + r"=True\b", flag, message)
         message = re.sub(word + r"='([^'\s]*)'", flag + r" \1", message)  # flags hold no backslash
         message = re.sub(word + r"=(?=[^\s=])", flag + " ", message)
-        message = re.sub(word + r"(?![\w'\"`=/-])", flag, message)
+        message = re.sub(word + r"(?![\w'\"`=/(-])", flag, message)  # `device(s)`: a plural, no field
     return message
 
 

@@ -55,7 +55,7 @@ def read_device_map(value: str | None) -> str | dict | None:
                 check_device(f"cuda:{device}" if isinstance(device, int) else device)
             except HeadscopeError as e:
                 what = f"device {e.problem}" if isinstance(e, OptionError) else str(e)
-                raise OptionError("device_map", f"{value!r}, module {module!r}: {what}") from None
+                raise OptionError("device_map", f"{value!r}, module {module!r}: {what}", also=("device",)) from None
     return mapping
 
 
