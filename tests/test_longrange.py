@@ -184,7 +184,7 @@ def test_head_card_format(tmp_path):
     card, note = head_card(report)
     assert card["0-0"] == [0.0, 6.0] and "answered none" in note
     assert head_card(report, "streaming")[0]["1-1"] == [1.0]
-    with pytest.raises(HeadscopeError, match="card-score"):
+    with pytest.raises(HeadscopeError, match="^card_score 'nope' is not one of"):
         head_card(report, "nope")
 
 
