@@ -13,7 +13,7 @@ import importlib
 from typing import Any
 
 from .data import read_conllu, read_texts
-from .errors import HeadscopeError
+from .errors import HeadscopeError, OptionError
 from .hooks import capture_head_outputs, head_gates, on_attention_weights
 from .models import HeadModel, load_model, wrap
 from .stats import STATISTICS, HeadStats
@@ -71,6 +71,7 @@ __all__ = [
     "HeadStats",
     "HeadTable",
     "HeadscopeError",
+    "OptionError",
     "capture_head_outputs",
     "head_gates",
     "head_name",

@@ -22,7 +22,6 @@ from . import commands, distributed
 from .commands._common import check_options, flag_message
 from .errors import HeadscopeError
 from .io import disk_full_error, is_disk_full, out_lock
-from .options import OptionError
 from .options.cli import Parser, unknown_words
 from .study import cli as study_cli
 from .version import __version__
@@ -127,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             traceback.print_exc()
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        if isinstance(e, OptionError):
+        if isinstance(e, HeadscopeError) and e.fields:  # the library names fields; the command line, flags
             msg = flag_message(args, e)
         if distributed.is_main():  # one line per run: rank 0 speaks for every rank
             print(f"headscope {args.verb}: error: {msg}", file=sys.stderr)
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the safety net: a bug or an unforeseen input, never a bare traceback
         if is_disk_full(e) and distributed.is_main():  # a writer that did not say it itself
             where = getattr(e, "filename", None) or getattr(args, "out", None) or "."
-            print(f"headscope {args.verb}: error: {disk_full_error(where)}", file=sys.stderr)
+            print(f"headscope {args.verb}: error: {flag_message(args, disk_full_error(where))}", file=sys.stderr)
             return 2
         if args.verbose:
             traceback.print_exc()

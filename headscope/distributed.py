@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .errors import HeadscopeError
+from .errors import HeadscopeError, OptionError
 from .stats import COUNT, HeadStats
 
 log = logging.getLogger(__name__)
@@ -194,9 +194,9 @@ def check_ranks(n: int, what: str = "passages") -> None:
     """Refuse more ranks than units of work (each rank must get at least one)."""
     w = world_size()
     if w > n:
-        raise HeadscopeError(f"{w} processes (torchrun --nproc-per-node / --workers) but only {n} "
+        raise HeadscopeError(f"{w} processes (workers, or torchrun's nproc-per-node) but only {n} "
                              f"{what if n != 1 else what.rstrip('s')}; use at most {n} process{'es' if n != 1 else ''}"
-                             f", or more data")
+                             f", or more data", fields=("workers",))
 
 
 def owner(i: int, world: int | None = None) -> int:
@@ -337,10 +337,10 @@ def session(verb: str, device: str | None, splits_work: bool) -> Iterator[str | 
 
 def check_workers(workers: int) -> None:
     if workers < 1:
-        raise HeadscopeError(f"--workers must be at least 1; got {workers}")
+        raise OptionError("workers", f"must be at least 1; got {workers}")
     if launched() and workers not in (1, world_size()):  # `launch` passes its own --workers on
-        raise HeadscopeError(f"--workers {workers} inside a torchrun job of {world_size()} processes; "
-                             f"give one or the other")
+        raise OptionError("workers", f"{workers} inside a torchrun job of {world_size()} processes; "
+                                     f"give one or the other")
 
 
 def rendezvous_store() -> Any:

@@ -7,12 +7,33 @@ from typing import Iterable
 
 
 class HeadscopeError(ValueError):
-    """A user-facing error (bad input, unsupported model, refused overwrite)."""
+    """A user-facing error (bad input, unsupported model, refused overwrite).
+
+    A message that names options names them as a Python caller gives them (`l0_steps`, `force=True`) and lists
+    them in `fields`; the CLI says each under its flag (`--l0-steps`, `--force`). The library never writes a flag.
+    """
+
+    def __init__(self, *args: object, fields: tuple[str, ...] = ()):
+        super().__init__(*args)
+        self.fields = tuple(fields)
 
 
 class OutputConflict(HeadscopeError):
-    """An output location already holds results (refused without --force): the user's error on the command line,
+    """An output location already holds results (refused without force=True): the user's error on the command line,
     a bug where headscope chose the folder itself (a study's stage)."""
+
+
+class OptionError(HeadscopeError):
+    """A bad option value: `name` is the Python keyword, `problem` says what is wrong and what would work.
+
+    The library's message names the keyword (`limit must be at least 1; got 0`); the CLI prints the same
+    problem under the flag (`--limit must be at least 1; got 0`). `also` lists other fields the problem names
+    (`OptionError("by", "'entropy' needs scores", also=("scores",))`): the CLI says them as flags too.
+    """
+
+    def __init__(self, name: str, problem: str, also: tuple[str, ...] = ()):
+        self.name, self.problem = name, problem
+        super().__init__(f"{name} {problem}", fields=(name, *also))
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:

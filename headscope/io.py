@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import HeadscopeError, OutputConflict
+from .errors import HeadscopeError, OptionError, OutputConflict
 
 # What torch's zip writer says when a write comes up short (it checks the position, not errno): a full disk.
 _TORCH_SHORT_WRITE = ("unexpected pos", "PytorchStreamWriter failed writing", "file write failed")
@@ -68,7 +68,7 @@ def disk_full_error(where: str | Path, needed: int | None = None) -> HeadscopeEr
     need = f" needed about {_size(needed)} and" if needed else ""
     return HeadscopeError(f"the disk is full: writing {str(where)!r}{need} the filesystem holding {str(probe)!r} has "
                           f"{free}; nothing was left half-written: free some space there or write elsewhere "
-                          f"(another --out), then rerun")
+                          f"(another folder as out), then rerun", fields=("out",))
 
 
 def _umask() -> int:
@@ -224,8 +224,8 @@ def atomic_dir(path: str | Path, *, force: bool = False, needed: int | None = No
     if path.exists() and not path.is_dir():
         raise HeadscopeError(f"{str(path)!r} exists and is not a directory; choose another path")
     if path.exists() and not force:
-        raise OutputConflict(f"{str(path)!r} already exists; pass force=True (--force) to replace it "
-                             "or choose another path")
+        raise OutputConflict(f"{str(path)!r} already exists; pass force=True to replace it or choose another path",
+                             fields=("force",))
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)  # a killed writer's half-written folder beside it
     tmp = _sibling(path, "partial")
@@ -256,12 +256,13 @@ def atomic_dir(path: str | Path, *, force: bool = False, needed: int | None = No
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def inside(folder: str | Path, name: Any, source: str | Path, remedy: str) -> Path:
+def inside(folder: str | Path, name: Any, source: str | Path, remedy: str, fields: tuple[str, ...] = ()) -> Path:
     """`folder / name` for a file name read back from one of headscope's own records (`source`: a partial
     checkpoint's json, study.json, a model's weight index), refused unless it stays inside `folder`.
 
     A results folder someone sent you cannot point headscope at other files: an absolute path, a `..` part or a
-    symlink that leaves the folder is refused with one line naming `source` and the name (`remedy`: what to do).
+    symlink that leaves the folder is refused with one line naming `source` and the name (`remedy`: what to do;
+    `fields`: the options it names, `HeadscopeError.fields`).
     """
     folder = Path(folder)
     text = name if isinstance(name, str) else ""
@@ -269,13 +270,13 @@ def inside(folder: str | Path, name: Any, source: str | Path, remedy: str) -> Pa
     if not text or Path(text).is_absolute() or ".." in parts or "\x00" in text:
         why = "not a file name" if not text or "\x00" in text else "a path outside its folder"
         raise HeadscopeError(f"{source} names {name!r}, {why}: headscope reads back only files inside "
-                             f"{str(folder)!r}; {remedy}")
+                             f"{str(folder)!r}; {remedy}", fields=fields)
     path = folder / text
     try:
         path.resolve().relative_to(folder.resolve())
     except ValueError:
         raise HeadscopeError(f"{source} names {name!r}, which leads outside {str(folder)!r} (through a symlink): "
-                             f"headscope reads back only files inside it; {remedy}") from None
+                             f"headscope reads back only files inside it; {remedy}", fields=fields) from None
     return path
 
 
@@ -285,9 +286,9 @@ def _nearest_existing(path: Path, option: str, shown: Path) -> Path:
     probe = path
     while not probe.exists():
         if probe.is_symlink():
-            raise HeadscopeError(f"{option} {str(shown)!r} cannot be created: {str(probe)!r} is a symlink to "
-                                 f"{os.readlink(probe)!r}, which does not exist; create its target or choose "
-                                 f"another path")
+            raise _refused(option, f"{str(shown)!r} cannot be created: {str(probe)!r} is a symlink to "
+                                   f"{os.readlink(probe)!r}, which does not exist; create its target or choose "
+                                   f"another path")
         if probe.parent == probe:
             break
         probe = probe.parent
@@ -301,42 +302,50 @@ def _probe_writable(folder: Path, option: str, shown: Path) -> None:
         os.close(fd)
         os.unlink(name)
     except OSError as e:
-        raise HeadscopeError(f"{option} {str(shown)!r} cannot be written: {str(folder)!r} refuses new files "
-                             f"({e.strerror or e}); choose a writable directory") from None
+        raise _refused(option, f"{str(shown)!r} cannot be written: {str(folder)!r} refuses new files "
+                               f"({e.strerror or e}); choose a writable directory") from None
 
 
-def check_writable_dir(out: str | Path, option: str = "--out") -> Path:
+def _refused(option: str, problem: str) -> HeadscopeError:
+    """The option's problem (an `OptionError` naming the field `option`), or the bare problem without an option."""
+    return OptionError(option, problem) if option else HeadscopeError(problem)
+
+
+def check_writable_dir(out: str | Path, option: str = "out") -> Path:
     """Refuse an output folder that is empty text, names a file, passes through a dangling symlink, or cannot be
-    created or written, before any work.
+    created or written, before any work (an `OptionError` naming the field `option`).
 
     Nothing is left behind: a probe file is created and removed in the nearest existing ancestor,
     and the folder itself is made later, when the results exist.
     """
     if not str(out).strip():
-        raise HeadscopeError(f"{option} is empty; give a directory path (e.g. {option} results)")
+        raise OptionError(option, f"is empty; give a directory path (e.g. {option}='results')", also=(option,))
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise HeadscopeError(f"{option} {str(out)!r} is a file, not a directory; choose a directory path")
+        raise OptionError(option, f"{str(out)!r} is a file, not a directory; choose a directory path")
     probe = _nearest_existing(out, option, out)
     if probe.exists() and not probe.is_dir():
-        raise HeadscopeError(f"{option} {str(out)!r} cannot be created: {str(probe)!r} is a file; "
-                             f"choose a path under a directory")
+        raise OptionError(option, f"{str(out)!r} cannot be created: {str(probe)!r} is a file; "
+                                  f"choose a path under a directory")
     _probe_writable(probe, option, out)
     return out
 
 
 def check_writable_file(path: str | Path, option: str) -> Path:
     """Refuse an output file path that is empty, names a directory, or whose folder cannot be created or
-    written (see `check_writable_dir`), before any work."""
+    written (see `check_writable_dir`), before any work (an `OptionError` naming the field `option`)."""
     if not str(path).strip():
-        raise HeadscopeError(f"{option} is empty; give a file path")
+        raise OptionError(option, "is empty; give a file path")
     p = Path(path)
     if p.is_dir():
-        raise HeadscopeError(f"{option} {str(p)!r} is a directory; give a file name")
+        raise OptionError(option, f"{str(p)!r} is a directory; give a file name")
     if p.is_symlink() and not p.exists():
-        raise HeadscopeError(f"{option} {str(p)!r} is a symlink to {os.readlink(p)!r}, which does not exist; "
-                             f"choose another path")
-    check_writable_dir(p.parent if str(p.parent) else ".", option=f"{option} {str(p)!r}: folder")
+        raise OptionError(option, f"{str(p)!r} is a symlink to {os.readlink(p)!r}, which does not exist; "
+                                  f"choose another path")
+    try:
+        check_writable_dir(p.parent if str(p.parent) else ".", option=option)
+    except OptionError as e:
+        raise OptionError(option, f"{str(p)!r}: folder {e.problem}") from None
     return p
 
 
@@ -347,10 +356,8 @@ def prepare_out_dir(out: str | Path, force: bool, will_write: list[str]) -> Path
     if out.is_dir() and not force:
         clash = [n for n in will_write if (out / n).exists()]
         if clash:
-            raise OutputConflict(
-                f"output directory {str(out)!r} already holds {', '.join(clash)}; "
-                f"pass --force to overwrite them or choose another --out"
-            )
+            raise OutputConflict(f"output directory {str(out)!r} already holds {', '.join(clash)}; pass force=True "
+                                 f"to overwrite them or choose another folder as out", fields=("force", "out"))
     return out
 
 
@@ -394,7 +401,7 @@ def _publish_set(stage: Path, out: Path, force: bool) -> None:
     clash = [e.name for e in entries if (out / e.name).exists()]
     if clash and not force:
         raise OutputConflict(f"{', '.join(clash)} appeared in {str(out)!r} while this run was writing; pass "
-                             f"--force to replace them or choose another --out")
+                             f"force=True to replace them or choose another folder as out", fields=("force", "out"))
     for e in entries:
         target = out / e.name
         if target.is_dir() and not target.is_symlink():  # a folder cannot be renamed over a non-empty one
@@ -456,8 +463,8 @@ def out_lock(out: str | Path | None, command: str = "headscope") -> Iterator[Non
             os.close(fd)
             if e.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
-            raise HeadscopeError(f"--out {str(out)!r} is in use by {_holder(path)}; wait for it to finish, or "
-                                 f"choose another --out") from None
+            raise OptionError("out", f"{str(out)!r} is in use by {_holder(path)}; wait for it to finish, or "
+                                     f"choose another folder as out") from None
         try:  # the holder before us may have unlinked the file after we opened it: lock the live one
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:

@@ -186,7 +186,8 @@ def recorded_for(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
 
 def check_made_for(path: str | Path, hm: Any, option: str) -> None:
     """Refuse a file another verb wrote for another model than `hm` (weights fingerprint, else type and attention
-    shape), naming both; a file without recorded provenance passes (its head grid is checked by its reader)."""
+    shape), naming both; a file without recorded provenance passes (its head grid is checked by its reader).
+    `option`: the field that named the file (`scores`), which the CLI says as its flag."""
 
     found = recorded_for(path)
     if found is None:
@@ -203,5 +204,5 @@ def check_made_for(path: str | Path, hm: Any, option: str) -> None:
         raise HeadscopeError(
             f"{option} {str(path)!r} was written for {theirs.get('name', '?')} (fingerprint {fp}{grid}; see "
             f"{where.name}), not "
-            f"{hm.name} ({hm.n_layers} x {hm.n_heads} heads); rerun `headscope {rec.get('verb', 'analyze')}` on this "
-            f"model")
+            f"{hm.name} ({hm.n_layers} x {hm.n_heads} heads); rerun {rec.get('verb', 'analyze')} on this model",
+            fields=(option,) if option.isidentifier() else ())

@@ -85,8 +85,9 @@ class Trainer:
         if not self.params:
             raise HeadscopeError("nothing to train: no parameter requires a gradient")
         if any(p.is_meta for p in self.params):  # offloaded by a device map: reloaded from its store every forward
-            raise HeadscopeError("cannot train parameters offloaded by a device map (--device-map); train a model "
-                                 "that fits on one device (--device), or train fewer parameters")
+            raise HeadscopeError("cannot train parameters offloaded by a device map (device_map); train a model "
+                                 "that fits on one device (device), or train fewer parameters",
+                                 fields=("device_map", "device"))
         self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, weight_decay=weight_decay)
         self.lr, self.steps, self.warmup, self.schedule, self.min_lr_ratio = lr, steps, warmup, schedule, min_lr_ratio
         self.grad_clip = grad_clip
@@ -154,7 +155,8 @@ class Trainer:
         except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
             first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
             raise HeadscopeError(f"the saved training state does not fit this run ({type(e).__name__}: {first}); "
-                                 f"pass --force (or delete the partial files) to start over") from None
+                                 f"pass force=True (or delete the partial files) to start over",
+                                 fields=("force",)) from None
 
     def save(self, path: str | Path, **extra: Any) -> None:
         """Write the state (plus `extra` entries) to `path` atomically: a crash leaves the old file."""

@@ -3,9 +3,11 @@ nothing written) and a piece of the line it prints. tests/test_bad_input.py runs
 the option, when a verb has an option without a row here.
 
 To add an option: add one line to SHARED (the same row for every verb that has the option) or to the verb's
-block of BY_VERB (`"--option": bad(ARGS..., says="...")`). A flag that no single value can make bad still
-needs a row: the combination it refuses, or `FLAG` with the reason it cannot be wrong. Options with
-`choices=` get an automatic row (argparse refuses an unknown choice) unless a row is given.
+block of BY_VERB (`"--option": bad(ARGS..., says="...")`). An option whose Spec states a bound (at_least, above,
+at_most, below, most, choices) needs no row: one is generated from the bound (`spec_rows`, below), so rows here
+are for what no single bound states (combinations, files, parsing, checks in `Options.check`). A flag that no
+single value can make bad still needs a row: the combination it refuses, or `FLAG` with the reason it cannot be
+wrong.
 
 Placeholders in ARGS: {bert} (a tiny BERT folder with a tokenizer), {llama} (a tiny LLaMA folder, 6 query /
 3 KV heads, 128 positions), {text} (a small text file), {long} (a text file of 100-word lines).
@@ -35,10 +37,11 @@ REQUIRED = {"gqa": ("{llama}", "--kv-heads", "1"), "mla": ("{llama}", "--kv-rank
             "circuit": ("{llama}", "--task", "induction"), "export": ("{llama}", "--to", "gguf", "--file", "o.gguf")}
 L0 = ("--method", "l0")
 L0_ROWS = {  # prune's and score's --method l0 options
-    "--l0-steps": bad(*L0, "--l0-steps", "0", says="L0 gate training needs at least 1 step"),
-    "--l0-lr": bad(*L0, "--l0-lr", "0", says="L0 gate learning rate must be a positive number"),
-    "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="hard-concrete temperature must be a positive"),
-    "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="L0 penalty must be a positive number"),
+    "--l0-steps": bad(*L0, "--l0-steps", "0", says="--l0-steps (steps of L0 gate training) must be at least 1"),
+    "--l0-lr": bad(*L0, "--l0-lr", "0", says="--l0-lr (the L0 gates' learning rate) must be a positive number"),
+    "--l0-temperature": bad(*L0, "--l0-temperature", "0", says="--l0-temperature (the hard-concrete temperature) "
+                                                                "must be a positive"),
+    "--l0-penalty": bad(*L0, "--l0-penalty", "-1", says="--l0-penalty (the L0 penalty) must be a positive number"),
     "--l0-target": bad(*L0, "--l0-target", "1.5", says="--l0-target (the L0 gates' target share"),
 }
 LEARNED = ("--choose", "learned", "--context", "64", "--sink", "4", "--window", "16")  # a context the tiny model has
@@ -54,18 +57,13 @@ SHARED: dict[str, Row | None] = {
     "--offload-dir": bad("--offload-dir", "od", says="--offload-dir places a model spread over devices"),
     "--data": bad("--data", "missing.txt", says="data file 'missing.txt' does not exist"),
     "--heldout": bad("--heldout", "missing.txt", says="data file 'missing.txt' does not exist"),
-    "--max-length": bad("--max-length", "0", says="--max-length must be at least 1; got 0"),
-    "--batch-size": bad("--batch-size", "0", says="--batch-size must be at least 1; got 0"),
     "--limit": bad("--limit", "0", says="--limit must be at least 1; got 0"),
-    "--heldout-limit": bad("--heldout-limit", "0", says="--heldout-limit must be at least 1; got 0"),
     "--seed": bad("--seed", "-1", says=SEED),
     "--out": bad("--out", "", says="--out is empty"),
     "--force": FLAG,
     "--ci": bad("--ci", "1.5", says="--ci must be a confidence level in (0, 1)"),
     "--bootstrap": bad("--bootstrap", "5", says="--bootstrap must be an integer of at least 100"),
     "--until-stable": bad("--until-stable", "1.5", says="--until-stable must be a split-half stability in (0, 1)"),
-    "--workers": bad("--workers", "0", says="--workers must be at least 1; got 0"),
-    "--steps": bad("--steps", "-1", says="--steps must be 0 or more"),
     "--lr": bad("--lr", "-1", says="--lr must be a positive number"),
 }
 
@@ -77,11 +75,10 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
                        required=False),
         "--method": bad("--method", "exakt", says="--method must be exact,attribution or attribution"),
         "--positions": bad("--positions", "each", "--method", "attribution", says="--positions each needs the exact"),
-        "--copies": bad("--copies", "0", says="--copies must be at least 1; got 0"),
         "--paths": bad("--paths", "L1Hx", says="--paths must be a number of receivers, heads such as L5H1,L6H0, or "
                                               "logits; cannot read head 'L1Hx'"),
         "--senders": bad("--senders", "L0H1", says="--senders needs --paths: the receivers (or logits) the set's "
-                                                    "paths go to"),
+                                                    "heads send to"),
     },
     "circuit": {
         "model": bad("no-such-model", "--task", "induction", says="unknown model 'no-such-model'", required=False),
@@ -93,7 +90,6 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "model": bad("no-such-model", "--kv-heads", "1", says="unknown model 'no-such-model'", required=False),
         "--kv-heads": bad("{llama}", "--kv-heads", "4", says="--kv-heads 4 is larger than the model's current 3",
                           required=False),
-        "--search-candidates": bad("--search-candidates", "0", says="--search-candidates must be at least 1"),
         "--grouping": bad("--grouping", "meen", says="unknown grouping 'meen' (did you mean 'mean'?)"),
         "--no-fallback": FLAG,
     },
@@ -118,7 +114,6 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--chunk": bad("--chunk", "0", says="--chunk must be at least 1"),
         "--train-data": bad("--uptrain-steps", "1", "--train-data", "missing.txt", says="'missing.txt' does not exist"),
         "--train-length": bad("--uptrain-steps", "1", "--train-length", "1", says="--train-length must be at least 2"),
-        "--uptrain-steps": bad("--uptrain-steps", "-1", says="--uptrain-steps must be 0 or more"),
         "--uptrain-lr": bad("--uptrain-lr", "0", says="--uptrain-lr must be a positive number"),
         "--no-random": FLAG,
         "--learn-steps": bad(*LEARNED, "--learn-steps", "0", says="--learn-steps must be at least 1"),
@@ -147,7 +142,6 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--metric": bad("--metric", "bogus", says="unknown metric 'bogus'"),
         "--step": bad("--step", "0", says="step must be in"),
         "--latency": bad("--latency", says="--latency needs --unit attention, block, ffn or mix"),
-        "--recover-steps": bad("--recover-steps", "-1", says="--recover-steps must be 0 or more"),
         "--recover-lr": bad("--recover-lr", "nan", says="--recover-lr must be a positive number"),
         "--wordsim": bad("--unit", "ffn", "--wordsim", says="--wordsim is for head units"),
         "--wordsim-recovered": bad("--unit", "ffn", "--wordsim-recovered",
@@ -176,17 +170,14 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
     "score": {
         "--method": bad("--method", "gradeint", says="did you mean 'gradient'"),
         "--metric": bad("--metric", "bogus", says="unknown metric 'bogus'"),
-        "--ig-steps": bad("--ig-steps", "0", says="--ig-steps must be at least 1"),
-        "--pruned": bad("{bert}", "--limit", "2", "--pruned", "L99H0", says="--pruned: head L99H0 does not exist",
-                        required=False),
+        "--pruned": bad("{bert}", "--limit", "2", "--pruned", "L99H0",
+                        says="--pruned names head L99H0, which does not exist", required=False),
         **L0_ROWS,
     },
     "study": {
         "--budget": bad("--budget", "10x", says="--budget '10x' is not a duration"),
     },
     "similar": {
-        "--top": bad("--top", "-1", says="--top must be 0 or more"),
-        "--js-max-tokens": bad("--js-max-tokens", "0", says="--js-max-tokens must be at least 1"),
         "--js-max": bad("--js-max", "-1", says="near-duplicate thresholds need 0 < js_max <= ln 2"),
         "--cka-min": bad("--cka-min", "2", says="0 <= cka_min < 1; got js_max=0.05, cka_min=2.0"),
         "--cka-batch": bad("--cka-batch", "0", says="the CKA minibatch must be a whole number of tokens, at least 8"),
@@ -194,23 +185,17 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--cka-memory": bad("--cka-memory", "0", says="--cka-memory must be at least 1 MiB"),
     },
     "sweep": {
-        "--d-model": bad("--d-model", "0", says="--d-model must be at least 1"),
         "--heads": bad("--heads", "x", says="expected comma-separated integers"),
         "--kv-heads": bad("--kv-heads", "x", says="expected comma-separated integers"),
         "--d-head": bad("--d-head", "0", says="--d-head must be positive"),
-        "--layers": bad("--layers", "0", says="--layers must be at least 1"),
-        "--steps": bad("--steps", "0", says="--steps must be at least 1"),
         "--init-std": bad("--init-std", "-1", says="--init-std must be positive"),
-        "--eval-tokens": bad("--eval-tokens", "0", says="--eval-tokens must be at least 1"),
         "--threads": bad("--threads", "0", says="--threads must be positive"),
         "--no-progress": FLAG,
     },
     "view": {
         "--from": bad("--from", "missing", says="--from 'missing' does not exist"),
-        "--port": bad("--port", "-1", says="--port must be 0 or more; got -1"),
         "--host": bad("--host", "", says="--host is empty"),
         "--open": FLAG,
-        "--max-tokens": bad("--max-tokens", "0", says="--max-tokens must be at least 1; got 0"),
     },
     "tasks": {
         "--tasks": bad("--tasks", "bogus", says="unknown task 'bogus'"),
@@ -222,30 +207,22 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
 # in one line with the limit and why (tests/test_bad_input.py, test_every_size_has_an_upper_bound). HUGE would
 # allocate until the OOM killer ended the run, or run for days.
 HUGE = "100000000000"
-TOO_LARGE: dict[str, dict[str, Row]] = {
+TOO_LARGE: dict[str, dict[str, Row]] = {  # beside the rows generated from every Spec's at_most and most
     "analyze": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000")},
     "patch": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000"),
-              "--copies": bad("--copies", HUGE, says="--copies must be at most 4096"),
-              "--batch-size": bad("--batch-size", HUGE, says="--batch-size must be at most 65536"),
               "--paths": bad("--paths", HUGE, says="--paths takes 1 to 256 receivers (the heads of largest effect)")},
     "circuit": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000"),
                 "--ig-steps": bad("--ig-steps", HUGE, says="--ig-steps must be at most 64"),
                 "--batch-size": bad("--batch-size", HUGE, says="--batch-size must be at most 4096")},
     "score": {"--bootstrap": bad("--bootstrap", "200000", says="--bootstrap must be at most 100,000"),
-              "--ig-steps": bad("--ig-steps", HUGE, says="--ig-steps must be at most 10,000"),
               "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
-    "prune": {"--recover-steps": bad("--recover-steps", HUGE, says="--recover-steps must be at most 10,000,000"),
-              "--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
-    "gqa": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000")},
-    "mla": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000")},
+    "prune": {"--l0-steps": bad(*L0, "--l0-steps", HUGE, says="--l0-steps must be at most 10,000,000")},
     "roles": {"--haystacks": bad("--long", "128", "--haystacks", HUGE, says="--haystacks must be at most 100,000"),
               "--long-windows": bad("--long", "128", "--long-windows", HUGE, says="--long-windows must be at most "
                                                                                   "100,000"),
               "--block": bad("--long", "128", "--block", HUGE, says="--block must be at most 16777216"),
               "--stride": bad("--long", "128", "--stride", HUGE, says="--stride must be at most 16777216")},
-    "kvcache": {"--uptrain-steps": bad("--uptrain-steps", HUGE, says="--uptrain-steps must be at most 10,000,000"),
-                "--haystacks": bad("--haystacks", HUGE, says="--haystacks must be at most 100,000"),
-                "--learn-prompts": bad(*LEARNED, "--learn-prompts", HUGE, says="--learn-prompts must be at most"),
+    "kvcache": {"--learn-prompts": bad(*LEARNED, "--learn-prompts", HUGE, says="--learn-prompts must be at most"),
                 "--learn-steps": bad(*LEARNED, "--learn-steps", HUGE, says="--learn-steps must be at most")},
     "similar": {"--cka-memory": bad("--cka", "exact", "--cka-memory", HUGE, says="of memory for the memory it may "
                                     "take (MiB), but this machine has"),
@@ -253,11 +230,85 @@ TOO_LARGE: dict[str, dict[str, Row]] = {
                                   says="needs about"),
                 "--cka-batch": bad("{bert}", "--limit", "2", "--cka-batch", HUGE, required=False,
                                    says="--cka-batch 100,000,000,000 needs about")},
-    "view": {"--max-tokens": bad("--max-tokens", HUGE, says="--max-tokens must be at most 8192"),
-             "--port": bad("--port", "70000", says="--port must be at most 65535; got 70000")},
-    "sweep": {"--steps": bad("--steps", HUGE, says="--steps must be at most 10,000,000"),
-              "--d-model": bad("--d-model", HUGE, says="of memory, but this machine has"),
+    "view": {"--port": bad("--port", "70000", says="--port must be at most 65535; got 70000")},
+    "sweep": {"--d-model": bad("--d-model", HUGE, says="of memory, but this machine has"),
               "--layers": bad("--layers", HUGE, says="of memory, but this machine has"),
-              "--batch-size": bad("--batch-size", HUGE, says="of memory, but this machine has"),
-              "--threads": bad("--threads", HUGE, says="--threads must be at most")},
+              "--batch-size": bad("--batch-size", HUGE, says="of memory, but this machine has")},
 }
+
+
+# --- rows generated from the option specs (as scikit-learn's `_param_validation` generates invalid values) --------
+# Every bound an option's Spec states (at_least, above, at_most, below, most, choices) gives one bad value just past
+# it; tests/test_options.py checks each from Python (an OptionError naming the field, no flag) and from the CLI (the
+# same problem under the flag), and tests/test_bad_input.py takes them as the rows of options without a hand row.
+# Hand rows above stay only for what no single bound states (combinations, files, parsing).
+
+# What the verbs need before their options are read, as Python keywords (REQUIRED's flags, same values).
+GIVEN = {"gqa": {"model": "m", "kv_heads": 1}, "mla": {"model": "m", "kv_rank": 4}, "kvcache": {"model": "m"},
+         "export": {"model": "d", "to": "gguf", "file": "f.gguf"}, "compare": {"base": "a", "other": "b"}}
+GIVEN_ARGS = {"gqa": ("m", "--kv-heads", "1"), "mla": ("m", "--kv-rank", "4"), "kvcache": ("m",),
+              "export": ("d", "--to", "gguf", "--file", "f.gguf"), "compare": ("a", "b")}
+
+
+@dataclass(frozen=True)
+class SpecRow:
+    verb: str
+    field: str
+    bound: str  # the Spec keyword the value breaks
+    value: object  # as Python passes it (the CLI gets str(value))
+
+
+def _past(kind: type, bound: float, step: int) -> object:
+    """The value `step` past `bound` (below it for -1, above for +1, the bound itself for 0), of the field's type."""
+    v = bound + step
+    return int(v) if kind is int else float(v)
+
+
+def _most(kind: str) -> int:
+    import os
+
+    from headscope.data.limits import STEPS_MAX, WORK
+
+    if kind == "steps":
+        return STEPS_MAX
+    if kind == "threads":
+        return os.cpu_count() or 1
+    if kind == "memory_mib":
+        return 2**40  # MiB: more than any machine has
+    return int(WORK[kind][0])
+
+
+def spec_rows(classes: dict[str, type]) -> list[SpecRow]:
+    """One bad value per bound of every command-line field of every verb's Options class (`classes`: verb -> class)."""
+    import dataclasses
+    import typing
+
+    from headscope.options import spec_of
+
+    rows = []
+    for verb, cls in sorted(classes.items()):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            spec = spec_of(f)
+            if spec is None or spec.positional:
+                continue
+            args = [a for a in typing.get_args(hints[f.name]) if a is not type(None)] or [hints[f.name]]
+            kind = args[0] if args[0] in (int, float, str) else None
+            if kind is None:
+                continue
+            bounds = []
+            if spec.choices is not None:
+                bounds.append(("choices", "no-such-choice" if kind is str else _past(kind, max(spec.choices), 1)))
+            if kind is not str:
+                if spec.at_least is not None:
+                    bounds.append(("at_least", _past(kind, spec.at_least, -1)))
+                if spec.above is not None:
+                    bounds.append(("above", _past(kind, spec.above, 0)))
+                if spec.at_most is not None:
+                    bounds.append(("at_most", _past(kind, spec.at_most, 1)))
+                if spec.below is not None:
+                    bounds.append(("below", _past(kind, spec.below, 0)))
+                if spec.most is not None:
+                    bounds.append(("most", _past(kind, _most(spec.most), 1)))
+            rows += [SpecRow(verb, f.name, bound, (value,) if spec.append else value) for bound, value in bounds]
+    return rows

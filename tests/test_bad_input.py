@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import os
 from pathlib import Path
@@ -12,7 +14,7 @@ from test_artifacts import tiny_bert_dir
 
 from headscope.cli import main
 from headscope.data import read_conllu, read_texts
-from headscope.errors import HeadscopeError
+from headscope.errors import HeadscopeError, OptionError
 from headscope.learned.analyze import analyze
 from headscope.models.tiny import tiny_model
 from headscope.redundancy.curves import check_target_drop
@@ -135,8 +137,9 @@ def test_api_target_drop_bounds():
 def test_api_report_options_refused_before_work(tmp_path):
     from headscope.report import render_report
 
-    with pytest.raises(HeadscopeError, match="--sentences must be 0 or more"):
+    with pytest.raises(OptionError, match="^sentences must be 0 or more") as e:  # the parameter, not the flag
         render_report(tmp_path / "r", model=None, sentences=-5)
+    assert e.value.name == "sentences"
     assert listing(tmp_path) == []
 
 
@@ -198,10 +201,36 @@ def _verb_options() -> dict[str, dict[str, object]]:
     return found
 
 
+def _spec_rows(bounds: tuple[str, ...] = ()) -> dict[tuple[str, str], object]:
+    """(verb, flag) -> a row generated from the option's Spec (its first bound, or the first of `bounds`): the bad
+    value just past the bound and the problem `bound_problem` states for it (tests/bad_options.py, spec_rows)."""
+    import argparse
+
+    from bad_options import bad, spec_rows
+
+    from headscope.cli import build_parser
+    from headscope.options import bound_problem, spec_of
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    classes = {v: p.get_default("options_class") for v, p in sub.choices.items() if p.get_default("options_class")}
+    rows: dict[tuple[str, str], object] = {}
+    for r in spec_rows(classes):
+        if bounds and r.bound not in bounds:
+            continue
+        cls = classes[r.verb]
+        flag = cls.flags()[r.field]
+        value = r.value[0] if isinstance(r.value, tuple) else r.value
+        spec = spec_of(next(f for f in dataclasses.fields(cls) if f.name == r.field))
+        says = f"argument {flag}" if r.bound == "choices" else f"{flag} {bound_problem(value, spec)}"
+        says = says.split(", but this machine has")[0]  # the memory available moves from one call to the next
+        rows.setdefault((r.verb, flag), bad(flag, str(value), says=says))
+    return rows
+
+
 def _row(verb: str, option: str, action):
-    """The table's row for `option` of `verb` (a verb's own before the shared one), an automatic row for an
-    option with choices, or KeyError."""
-    from bad_options import BY_VERB, SHARED, bad
+    """The table's row for `option` of `verb` (a verb's own before the shared one), else a row generated from the
+    option's Spec bounds, or KeyError."""
+    from bad_options import BY_VERB, SHARED
 
     if verb not in BY_VERB:
         raise KeyError(f"verb {verb!r} has no block in tests/bad_options.py BY_VERB")
@@ -209,9 +238,10 @@ def _row(verb: str, option: str, action):
         return BY_VERB[verb][option]
     if option in SHARED:
         return SHARED[option]
-    if getattr(action, "choices", None) and getattr(action, "option_strings", None):
-        return bad(option, "no-such-choice", says=f"argument {option}")
-    raise KeyError(option)
+    return _SPEC_ROWS()[(verb, option)]
+
+
+_SPEC_ROWS = functools.lru_cache(maxsize=1)(_spec_rows)
 
 
 def test_every_option_has_a_row():
@@ -258,19 +288,22 @@ def test_every_option_refuses_its_bad_value(tmp_path, capsys, table_inputs, verb
     _refuses(tmp_path, capsys, table_inputs, verb, _row(verb, option, _verb_options()[verb][option]))
 
 
-def _too_large():
+def _too_large() -> dict[tuple[str, str], object]:
+    """The hand rows of TOO_LARGE (bounds no Spec states: memory of a whole configuration, combinations), then a
+    generated row for every option whose Spec states an upper bound (`at_most`, `most`)."""
     from bad_options import TOO_LARGE
 
-    return [(verb, option) for verb, rows in sorted(TOO_LARGE.items()) for option in rows]
+    rows = {(verb, option): row for verb, hand in TOO_LARGE.items() for option, row in hand.items()}
+    for key, row in _spec_rows(("at_most", "most")).items():
+        rows.setdefault(key, row)
+    return rows
 
 
-@pytest.mark.parametrize("verb,option", _too_large())
+@pytest.mark.parametrize("verb,option", sorted(_too_large()))
 def test_every_size_has_an_upper_bound(tmp_path, capsys, table_inputs, verb, option):
     """Each option that sizes memory or work refuses too large a value before the work (issue 31)."""
-    from bad_options import TOO_LARGE
-
     assert option in _verb_options()[verb], f"headscope {verb} has no option {option}"
-    _refuses(tmp_path, capsys, table_inputs, verb, TOO_LARGE[verb][option])
+    _refuses(tmp_path, capsys, table_inputs, verb, _too_large()[(verb, option)])
 
 
 def _refuses(tmp_path, capsys, table_inputs, verb, row):

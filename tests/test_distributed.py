@@ -189,6 +189,7 @@ def test_more_ranks_than_passages_stops_analyze_before_the_model_loads(tmp_path,
     args = build_parser().parse_args(["analyze", "minilm", "--data", str(data), "--out", str(tmp_path / "res")])
     with pytest.raises(HeadscopeError) as e:
         cmd.run(args)
-    assert str(e.value) == ("2 processes (torchrun --nproc-per-node / --workers) but only 1 passage; "
-                            "use at most 1 process, or more data")
+    assert str(e.value) == ("2 processes (workers, or torchrun's nproc-per-node) but only 1 passage; "
+                            "use at most 1 process, or more data")  # the CLI says --workers (e.value.fields)
+    assert e.value.fields == ("workers",)
     assert not loaded and not (tmp_path / "res").exists()

@@ -61,7 +61,7 @@ def test_card_path_refusals(tmp_path):
     (tmp_path / "dir").mkdir()
     with pytest.raises(HeadscopeError, match="is a file; the duo format is a directory"):
         check_card_path(tmp_path / "file", "duo", True)
-    with pytest.raises(HeadscopeError, match="exists; pass --force"):
+    with pytest.raises(HeadscopeError, match="exists; pass force=True"):
         check_card_path(tmp_path / "dir", "duo", False)
     with pytest.raises(HeadscopeError, match="is a directory; give a file name"):
         check_card_path(tmp_path / "dir", "retrieval-head", True)

@@ -305,7 +305,7 @@ def test_report_refuses_files_of_two_runs_or_cut_rows(tmp_path, capsys, bert):
     (tmp_path / "a" / "heads.csv").write_text("".join(lines[: 1 + len(lines[1:]) - n_heads]))  # one layer gone
     refused(tmp_path, capsys, ["report", "--no-model", "--out", "a"], "the file is cut or edited")
     refused(tmp_path, capsys, ["report", "--no-model", "--from", "a/heads.csv", "--out", "r"],
-            "--from 'a/heads.csv' is a file; --from takes the folder")
+            "--from 'a/heads.csv' is a file; give the folder holding a verb's outputs: 'a'")
 
 
 def test_kvcache_from_another_models_file(tmp_path, capsys):

@@ -16,7 +16,7 @@ from tokenizers import models as tokenizer_models
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from headscope.capacity import gqa
-from headscope.errors import HeadscopeError
+from headscope.errors import HeadscopeError, OptionError
 from headscope.models.adapter import HeadModel
 from headscope.models.checkpoint import save_model
 from headscope.models.layout import QKVWeights
@@ -424,9 +424,9 @@ def test_search_needs_calibration_data_and_skips_when_only_one_grouping():
     hm = tiny("llama", num_key_value_heads=6)
     for call in (lambda: gqa.search_groups(hm, 3, None), lambda: gqa.convert_to_gqa(hm, 3, "search"),
                  lambda: gqa.plan_groups(hm, 3, "search")):
-        with pytest.raises(HeadscopeError, match=r"needs data: pass data=.*--data ptb-train"):
+        with pytest.raises(OptionError, match=r"^data is needed by grouping='search'.*or use grouping='similarity'"):
             call()
-    with pytest.raises(HeadscopeError, match="--search-candidates must be a whole number >= 0, got -1"):
+    with pytest.raises(OptionError, match="^search_candidates must be a whole number >= 0, got -1"):
         gqa.search_groups(hm, 3, CALIB, candidates=-1)
     plan = gqa.plan_groups(hm, 1, "search", CALIB)
     assert plan["grouping_used"] == "search (only one grouping possible: same as mean)"

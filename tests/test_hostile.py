@@ -534,7 +534,7 @@ def test_a_training_state_that_does_not_fit_is_named(tmp_path):
     t.save(tmp_path / "s.pt")
     blob = Trainer.read(tmp_path / "s.pt")
     other = torch.nn.Linear(4, 3)
-    with pytest.raises(HeadscopeError, match="the saved training state does not fit this run .*--force"):
+    with pytest.raises(HeadscopeError, match="the saved training state does not fit this run .*force=True"):
         Trainer(other, other.parameters(), lr=1e-3, steps=1).load_state_dict(blob)
     torch.save({"model": {}}, tmp_path / "bare.pt")
     with pytest.raises(HeadscopeError, match=r"bare.pt is damaged \(no optimizer, generator, step, losses in it\)"):

@@ -398,7 +398,7 @@ def test_cli_ptb_data_and_bad_pruned_head():
     assert all(len(t.split()) >= PTB_MIN_WORDS for t in train)
     g = parse_pruned("L1H2, l0h0", 2, 4)
     assert g[1, 2] == 0 and g[0, 0] == 0 and g.sum() == 6
-    with pytest.raises(HeadscopeError, match="L5H0 does not exist"):
+    with pytest.raises(HeadscopeError, match="^pruned names head L5H0, which does not exist"):
         parse_pruned("L5H0", 2, 4)
     with pytest.raises(HeadscopeError, match="L<layer>H<head>"):
         parse_pruned("5:0", 2, 4)

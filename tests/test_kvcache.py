@@ -183,7 +183,7 @@ def test_windowed_mask_by_hand():
     assert torch.equal(m, expected)
 
 
-@pytest.mark.parametrize("sink,window,match", [(-1, 4, "--sink"), (2, 0, "--window"), (2, -3, "--window")])
+@pytest.mark.parametrize("sink,window,match", [(-1, 4, "^sink"), (2, 0, "^window"), (2, -3, "^window")])
 def test_bad_sink_window(sink, window, match):
     with pytest.raises(HeadscopeError, match=match):
         CachePlan.all_full(2, 3, 2, sink, window)

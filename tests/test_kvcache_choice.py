@@ -67,7 +67,7 @@ def test_budget_parsing(text, value):
 
 @pytest.mark.parametrize("text", ["0", "0%", "-10%", "1.5", "120%", "nan", "abc", ""])
 def test_budget_outside_0_1_refused(text):
-    with pytest.raises(HeadscopeError, match="--keep-full"):
+    with pytest.raises(HeadscopeError, match="^keep_full"):
         parse_budgets(text)
 
 

@@ -208,9 +208,9 @@ def test_prune_l0_gqa_slices_load_and_resume(tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv,message", [
     (["score", "--method", "l0", "--l0-target", "1"], "--l0-target (the L0 gates' target share"),
     (["score", "--method", "l0", "--l0-target", "-0.1"], "--l0-target (the L0 gates' target share"),
-    (["score", "--method", "l0", "--l0-temperature", "0"], "temperature must be a positive number"),
-    (["prune", "--method", "l0", "--fraction", "0.2", "--l0-penalty", "-1"], "L0 penalty must be a positive"),
-    (["prune", "--method", "l0", "--fraction", "0.2", "--l0-temperature", "-0.5"], "temperature must be a positive"),
+    (["score", "--method", "l0", "--l0-temperature", "0"], "--l0-temperature (the hard-concrete temperature) must be"),
+    (["prune", "--method", "l0", "--fraction", "0.2", "--l0-penalty", "-1"], "--l0-penalty (the L0 penalty) must be"),
+    (["prune", "--method", "l0", "--fraction", "0.2", "--l0-temperature", "-0.5"], "--l0-temperature (the hard-"),
     (["prune", "--method", "l0", "--target-drop", "1%"], "needs --l0-penalty or --l0-target"),
 ])
 def test_bad_l0_settings_refused(tmp_path, capsys, argv, message):

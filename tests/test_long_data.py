@@ -25,7 +25,7 @@ def test_windows_count_every_position_once(n, length, stride):
 
 @pytest.mark.parametrize("stride", [0, 5, -1, True])
 def test_bad_stride(stride):
-    with pytest.raises(HeadscopeError, match="--stride"):
+    with pytest.raises(HeadscopeError, match="^stride"):
         window_starts(10, 4, stride)
 
 

@@ -200,14 +200,14 @@ def test_recipe_reports_and_uptraining_moves_only_attention():
 # --- bad input --------------------------------------------------------------------------------------
 def test_bad_rank_rope_dims_and_family():
     hm = tiny("llama")  # d_model 48, 2 KV heads, d_head 8: full rank with 4 RoPE dims = 2 * (16 - 4) = 24
-    with pytest.raises(HeadscopeError, match=r"--kv-rank must be from 1 to 23: the full rank .* is 24"):
+    with pytest.raises(HeadscopeError, match=r"^kv_rank must be from 1 to 23: the full rank .* is 24"):
         mla.convert_to_mla(hm, 24, 4, data=CALIB)
     with pytest.raises(HeadscopeError, match="full rank"):
         mla.convert_to_mla(hm, 100, 4, data=CALIB)
-    with pytest.raises(HeadscopeError, match="--kv-rank must be from 1"):
+    with pytest.raises(HeadscopeError, match="^kv_rank must be from 1"):
         mla.convert_to_mla(hm, 0, 4, data=CALIB)
     for dims in (0, 3, 10):
-        with pytest.raises(HeadscopeError, match=r"--rope-dims must be an even number from 2 to d_head = 8"):
+        with pytest.raises(HeadscopeError, match=r"^rope_dims must be an even number from 2 to d_head = 8"):
             mla.convert_to_mla(hm, 4, dims, data=CALIB)
     for family in ("gpt2", "gemma3_text", "qwen3"):
         with pytest.raises(HeadscopeError, match=f"supports model types llama, mistral, qwen2.*{family}"):

@@ -250,7 +250,7 @@ def test_sources_prefer_from_dirs(tmp_path):
 def test_report_data_without_model_needs_heads(tmp_path):
     from headscope.errors import HeadscopeError
 
-    with pytest.raises(HeadscopeError, match="headscope analyze"):
+    with pytest.raises(HeadscopeError, match="and no model given; analyze a model into .* first, or give the model"):
         report_data(tmp_path / "nothing")
 
 

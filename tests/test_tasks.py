@@ -25,7 +25,7 @@ def test_parse_tasks_refusals(tmp_path):
     assert parse_tasks("lm_ptb,classification") == {"lm_ptb": None, "classification": None}
     with pytest.raises(HeadscopeError, match="needs labelled data.*'ptb-valid' has no labels"):
         parse_tasks("lm_ptb,classification=ptb-valid")
-    for bad, msg in (("abc", "context length in tokens"), ("10", "--long must be an integer of at least 64")):
+    for bad, msg in (("abc", "context length in tokens"), ("10", "^long must be an integer of at least 64")):
         with pytest.raises(HeadscopeError, match=msg):
             parse_tasks(f"lm_ptb,retrieval={bad}")
     assert parse_tasks("lm_ptb,retrieval=4096")["retrieval"] == "4096"

@@ -52,7 +52,7 @@ def check_locations(out: tuple[str, Path, list[str]] | None, whole: dict[str, Pa
         verb = (reserved or {}).get(name)
         if verb is not None:
             raise HeadscopeError(f"{k} {str(given)!r} is named like headscope {verb}'s own {name}: a folder "
-                                 f"holding it would read as {verb}'s results (report --from, view --from); give "
+                                 f"holding it would read as {verb}'s results (where report and view look); give "
                                  f"{k} another name")
     keys = list(real)
     for i, a in enumerate(keys):

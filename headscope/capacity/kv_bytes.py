@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..errors import HeadscopeError, did_you_mean
+from ..errors import HeadscopeError, OptionError, did_you_mean
 from ..models.config import attention_counts, language_config
 from ..models.loading import BUILTINS, builtin_config_dict
 from .kv_formula import DTYPE_BITS, cached_tokens, dtype_bits, kv_bytes, normalize_dtype
@@ -318,8 +318,8 @@ def _mla_layouts(s: AttentionShape, seq_len: int | None, batch: int, dt: str,
                  kv_heads: Sequence[int] | None) -> list[dict[str, Any]]:
     """An MLA model's own row and the MHA row of its expanded per-head K and V (same fields as `layouts`)."""
     if kv_heads:
-        raise HeadscopeError(f"{s.name} uses multi-head latent attention: it caches one latent per token, so "
-                             f"--kv-heads {list(kv_heads)} (KV-head counts to compare) does not apply")
+        raise OptionError("kv_heads", f"{list(kv_heads)} (KV-head counts to compare) does not apply: {s.name} uses "
+                                      f"multi-head latent attention, which caches one latent per token")
     rows = []
     assert s.latent is not None and s.expanded is not None, "called for MLA shapes only"
     latent, expanded = s.latent, s.expanded

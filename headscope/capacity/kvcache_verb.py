@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..artifacts import KVCACHE_CSV, KVCACHE_JSON, write_csv
 from ..data import TextSource, read_texts
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, OptionError
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
 from ..options import Result, check_data
@@ -107,8 +107,8 @@ def _after_evaluation(texts: list[str], used: int, passages: int) -> list[str]:
     """The texts after the last one the evaluation passages came from (`used` of them)."""
     rest = texts[used:]
     if not rest:
-        raise HeadscopeError(f"--data has no text left for uptraining after the {passages} evaluation "
-                             f"passage(s); give --train-data or fewer --passages")
+        raise OptionError("data", f"has no text left for uptraining after the {passages} evaluation passage(s); "
+                                  f"give train_data or a lower limit", also=("train_data", "limit"))
     return rest
 
 
@@ -158,7 +158,7 @@ def kvcache(hm: HeadModel, data: Any = None, options: KvcacheOptions | None = No
     batches, train_info = _training(hm, o, data, train, used, len(passages))
     score_info: dict[str, Any] = {"by": o.by, "from": o.scores}
     if scores is not None:
-        check_made_for(scores.path, hm, "--from")  # its provenance: another model's file is refused
+        check_made_for(scores.path, hm, "scores")  # its provenance: another model's file is refused
         matrix = scores_matrix(scores, hm.n_layers, hm.n_heads)
     else:
         matrix, info = retrieval_scores(hm, o.context, o.haystacks, o.seed, progress=progress)

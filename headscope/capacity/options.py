@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadscopeError
 from ..io import check_writable_file
 from ..models.capabilities import supported_model_types_for
 from ..options import (
@@ -52,7 +51,8 @@ class KvOptions(OutputOptions):
         super().check()
         normalize_dtype(self.cache_dtype)
         if self.model is None and not self.classic:
-            raise HeadscopeError("give a MODEL (built-in name, model directory or config.json) or --classic")
+            raise OptionError("model", "or classic=True: give one (a built-in name, model directory or config.json, "
+                                       "or the table of classic configs)", also=("classic",))
         self.kv_head_counts()
 
     def kv_head_counts(self) -> list[int]:
@@ -62,7 +62,7 @@ class KvOptions(OutputOptions):
         try:
             return [int(t) for t in self.kv_heads.split(",") if t.strip()]
         except ValueError:
-            raise HeadscopeError(f"--kv-heads must be comma-separated integers like 2,4; got {self.kv_heads!r}") \
+            raise OptionError("kv_heads", f"must be comma-separated integers like 2,4; got {self.kv_heads!r}") \
                 from None
 
     def check_paths(self) -> None:
@@ -102,14 +102,14 @@ class SweepOptions(SeedOptions, OutputOptions):
     def check(self) -> None:
         super().check()
         if self.threads is not None and self.threads < 1:
-            raise HeadscopeError(f"--threads must be positive; got {self.threads}")
+            raise OptionError("threads", f"must be positive; got {self.threads}")
         full = self.with_task_defaults()
         assert full.max_length is not None  # every task has a default
         if full.eval_tokens < full.max_length:
-            raise HeadscopeError(f"--eval-tokens must be at least --max-length ({full.max_length}); got "
-                                 f"{full.eval_tokens}")
+            raise OptionError("eval_tokens", f"must be at least max_length ({full.max_length}); got {full.eval_tokens}",
+                              also=("max_length",))
         if full.init_std is not None and not full.init_std > 0:
-            raise HeadscopeError(f"--init-std must be positive; got {full.init_std}")
+            raise OptionError("init_std", f"must be positive; got {full.init_std}")
 
     def with_task_defaults(self) -> SweepOptions:
         """A copy with the task's defaults where a value was not given (`SWEEP_DEFAULTS`)."""
@@ -154,7 +154,7 @@ class ConversionOptions(ModelOptions, SeedOptions, HeldoutOptions, OutputOptions
     def check(self) -> None:
         super().check()
         if self.max_length < 2:  # a passage needs a token and the one after it
-            raise HeadscopeError(f"--max-length must be at least 2 tokens, got {self.max_length}")
+            raise OptionError("max_length", f"must be at least 2 tokens, got {self.max_length}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,15 +192,15 @@ class MlaOptions(ConversionOptions):
 
     def check(self) -> None:
         if self.kv_rank is not None and self.kv_rank < 1:
-            raise HeadscopeError(f"--kv-rank must be at least 1; got {self.kv_rank}")
+            raise OptionError("kv_rank", f"must be at least 1; got {self.kv_rank}")
         if self.rope_dims is not None and (self.rope_dims < 2 or self.rope_dims % 2):
-            raise HeadscopeError(f"--rope-dims must be an even number of at least 2 (each rotary frequency rotates "
-                                 f"2 dimensions); got {self.rope_dims}")
+            raise OptionError("rope_dims", f"must be an even number of at least 2 (each rotary frequency rotates "
+                                           f"2 dimensions); got {self.rope_dims}")
         super().check()
         if self.device_map is not None:
-            raise HeadscopeError("mla builds new latent-attention modules in memory and cannot convert a dispatched "
-                                 f"model (--device-map {self.device_map}); use --device (and --dtype bfloat16 to "
-                                 "halve the memory)")
+            raise OptionError("device_map", f"{self.device_map!r}: mla builds new latent-attention modules in memory "
+                                            "and cannot convert a dispatched model; give a device instead (and "
+                                            "dtype='bfloat16' to halve the memory)", also=("dtype",))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -273,36 +273,36 @@ class KvcacheOptions(IntervalOptions, OutputOptions):
             raise OptionError("haystacks", problem)
         self.budgets()
         check_window(self.sink, self.window)
-        for flag, value, low in (("--context", self.context, 2), ("--limit", self.limit, 1),
-                                 ("--needles", self.needles, 0), ("--chunk", self.chunk, 1),
-                                 ("--haystacks", self.haystacks, 1)):
+        for name, value, low in (("context", self.context, 2), ("limit", self.limit, 1), ("needles", self.needles, 0),
+                                 ("chunk", self.chunk, 1), ("haystacks", self.haystacks, 1)):
             if value < low:
-                raise HeadscopeError(f"{flag} must be at least {low}; got {value}")
+                raise OptionError(name, f"must be at least {low}; got {value}")
         check_context(self.context, self.sink, self.window)
         self._check_uptraining()
         if self.threshold is not None and not math.isfinite(self.threshold):
-            raise HeadscopeError(f"--threshold must be a finite number; got {self.threshold}")
+            raise OptionError("threshold", f"must be a finite number; got {self.threshold}")
         if self.scores is None and self.by not in IN_PROCESS_SCORES:
-            raise HeadscopeError(f"--by {self.by!r} needs --scores FILE (a heads.csv or roles.csv holding it); "
-                                 f"without --scores headscope measures only {', '.join(IN_PROCESS_SCORES)}")
+            raise OptionError("by", f"{self.by!r} needs scores=FILE (a heads.csv or roles.csv holding it); without "
+                                    f"scores headscope measures only {', '.join(IN_PROCESS_SCORES)}", also=("scores",))
         self.learned()
 
     def _check_uptraining(self) -> None:
         if self.uptrain_steps < 0:
-            raise HeadscopeError(f"--uptrain-steps must be 0 or more steps; got {self.uptrain_steps}")
+            raise OptionError("uptrain_steps", f"must be 0 or more steps; got {self.uptrain_steps}")
         if self.uptrain_steps:
             check_settings(self.uptrain_steps, self.uptrain_lr)
-            for flag, value, low in (("--train-length", self.train_length, 2), ("--batch-size", self.batch_size, 1)):
+            for name, value, low in (("train_length", self.train_length, 2), ("batch_size", self.batch_size, 1)):
                 if value < low:
-                    raise HeadscopeError(f"{flag} must be at least {low}; got {value}")
+                    raise OptionError(name, f"must be at least {low}; got {value}")
             if self.threshold is not None:
-                raise HeadscopeError("--uptrain-steps trains one model per --keep-full budget; it does not take "
-                                     "--threshold")
+                raise OptionError("uptrain_steps", "trains one model per keep_full budget; it does not take threshold",
+                                  also=("keep_full", "threshold"))
 
     def budgets(self) -> list[float]:
         """The shares of KV heads kept full, one cache each (--keep-full; 25% when neither it nor --threshold)."""
         if self.threshold is not None and self.keep_full is not None:
-            raise HeadscopeError("give --keep-full (a share of KV heads) or --threshold (a score), not both")
+            raise OptionError("keep_full", "(a share of KV heads) or threshold (a score): give one, not both",
+                              also=("threshold",))
         return parse_budgets(self.keep_full or "25%")
 
     def learned(self) -> LearnedSettings | None:
@@ -312,11 +312,11 @@ class KvcacheOptions(IntervalOptions, OutputOptions):
         if self.choose != "learned":
             return None
         if self.threshold is not None:
-            raise HeadscopeError("--choose learned keeps the largest weights at each --keep-full budget; it does not "
-                                 "take --threshold")
+            raise OptionError("choose", "'learned' keeps the largest weights at each keep_full budget; it does not "
+                                        "take threshold", also=("keep_full", "threshold"))
         return settings
 
     def check_paths(self) -> None:
         super().check_paths()
         if self.export_card is not None and not Path(self.export_card).is_dir():
-            check_writable_file(self.export_card, "--export-card")
+            check_writable_file(self.export_card, "export_card")

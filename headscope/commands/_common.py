@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
 from ..models.loading import load_model
 from ..options import OptionError, Options, parse_max_memory, read_device_map
+from ..options.cli import as_flags
 from ..options.cli import check_options as check_verb_options
 from ..table import HeadTable, fmt, grid  # noqa: F401  (re-exported for the verbs)
 from ..uncertainty import IntervalSettings
@@ -27,11 +29,15 @@ def check_options(args: argparse.Namespace) -> Options | None:
     return options
 
 
-def flag_message(args: argparse.Namespace, error: OptionError) -> str:
-    """An option error as the CLI says it: the problem under the flag the user typed (`--limit must be ...`)."""
+def flag_message(args: argparse.Namespace, error: HeadscopeError) -> str:
+    """An error as the CLI says it: an option's problem under the flag the user typed (`--limit must be ...`), every
+    other option the message names as its flag too (`options.cli.as_flags`)."""
     cls = getattr(args, "options_class", None)
     flags = cls.flags() if cls is not None else {}
-    return f"{flags.get(error.name, '--' + error.name.replace('_', '-'))} {error.problem}"
+    if isinstance(error, OptionError):
+        flag = flags.get(error.name, "--" + error.name.replace("_", "-"))
+        return f"{flag} {as_flags(error.problem, error.fields[1:], flags)}"
+    return as_flags(str(error), error.fields, flags)
 
 
 def load_from_args(args: argparse.Namespace) -> HeadModel:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import HeadscopeError
+from ..errors import OptionError
 
 # Fixed limits (option -> (most, why)): counts of work where more cannot change a result, only its time.
 STEPS_MAX = 10_000_000
@@ -22,8 +22,8 @@ WORK = {
                            "Monte Carlo error, and each resample costs a pass over the passages' sums"),
     "haystacks": (100_000, "haystacks (or prompts): each is built and held as token ids, then a forward pass of "
                            "its tokens; a retrieval share over 100,000 is known to within 0.3% already"),
-    "windows": (100_000, "windows of long text: each is a forward pass of --long tokens, and a score's ranking is "
-                         "stable over far fewer (--until-stable stops as soon as it is)"),
+    "windows": (100_000, "windows of long text: each is a forward pass of a whole window, and a score's ranking is "
+                         "stable over far fewer (reading until stable stops as soon as it is)"),
     "ig_steps": (10_000, "integrated-gradients steps: the path integral converges by ~300 (Sundararajan et al. use "
                          "20-300), and each step is a forward and backward pass over every batch"),
 }
@@ -64,23 +64,33 @@ def human(n: float) -> str:
 
 
 def check_at_most(option: str, value: int | float, most: int | float, why: str) -> None:
-    """Refuse `value` above `most` in one line: the option, the limit and the reason."""
+    """Refuse `value` above `most` in one line: the option (its field name), the limit and the reason."""
     if value > most:
-        raise HeadscopeError(f"{option} must be at most {most:,}; got {value:,} ({why})")
+        raise OptionError(option, f"must be at most {most:,}; got {value:,} ({why})")
+
+
+def fits_memory_problem(value: int, bytes_each: float, what: str, share: float = 0.5, power: int = 1) -> str | None:
+    """What is wrong with a `value` whose memory (`value ** power * bytes_each` bytes, for `what`) exceeds `share` of
+    the memory available now, naming the largest value that fits; None when it fits (or memory is unknown)."""
+    free = available_memory()
+    if free is None or bytes_each <= 0:
+        return None
+    need = float(value) ** power * bytes_each
+    if need <= share * free:
+        return None
+    most = max(1, int((share * free / bytes_each) ** (1.0 / power)))
+    return (f"{value:,} needs about {human(need)} of memory for {what}, but this machine has {human(free)} available "
+            f"now; give {most:,} or less")
 
 
 def check_fits_memory(option: str, value: int, bytes_each: float, what: str, share: float = 0.5,
                       power: int = 1) -> None:
-    """Refuse a `value` whose memory (`value ** power * bytes_each` bytes, for `what`) exceeds `share` of the memory
-    available now, naming the largest value that fits."""
-    free = available_memory()
-    if free is None or bytes_each <= 0:
-        return
-    need = float(value) ** power * bytes_each
-    if need > share * free:
-        most = max(1, int((share * free / bytes_each) ** (1.0 / power)))
-        raise HeadscopeError(f"{option} {value:,} needs about {human(need)} of memory for {what}, but this machine "
-                             f"has {human(free)} available now; give {option} {most:,} or less")
+    """Refuse (an `OptionError` naming the field `option`) a `value` whose memory does not fit
+    (`fits_memory_problem`)."""
+    problem = fits_memory_problem(value, bytes_each, what, share, power)
+    if problem:
+        raise OptionError(option, problem)
 
 
-__all__ = ["STEPS_MAX", "STEPS_WHY", "WORK", "available_memory", "check_at_most", "check_fits_memory", "human"]
+__all__ = ["STEPS_MAX", "STEPS_WHY", "WORK", "available_memory", "check_at_most", "check_fits_memory",
+           "fits_memory_problem", "human"]

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, OptionError
 from ..models.adapter import HeadModel
 from .shared import remembered
 from .sources import TextSource, keep_text, read_texts
@@ -118,7 +118,7 @@ def batches(
 ) -> Iterator[Batch]:
     """Right-padded batches; with `sort`, passages of similar length share a batch (less padding)."""
     if batch_size < 1:
-        raise HeadscopeError(f"--batch-size must be at least 1, got {batch_size}")
+        raise OptionError("batch_size", f"must be at least 1, got {batch_size}")
     order = np.argsort([len(t) for t in token_ids], kind="stable") if sort else np.arange(len(token_ids))
     for start in range(0, len(order), batch_size):
         idx = [int(i) for i in order[start : start + batch_size]]
@@ -183,8 +183,8 @@ def window_starts(n: int, length: int, stride: int) -> list[tuple[int, int, int]
     the end of the window before it, so each token is counted once, and every counted token of a
     later window has at least `length - stride` tokens of context before it."""
     if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= length:
-        raise HeadscopeError(f"--stride must be between 1 and the window length {length}; got {stride!r} "
-                             f"(stride = window length: windows side by side, no overlap)")
+        raise OptionError("stride", f"must be between 1 and the window length {length}; got {stride!r} "
+                                    f"(a stride of the window length: windows side by side, no overlap)")
     out, prev_end, start = [], 0, 0
     while True:
         end = min(start + length, n)
@@ -255,7 +255,7 @@ def resolve_max_length(hm: HeadModel, max_length: int | None) -> int:
     """The user's max length capped at the model's positions (default: 128, or fewer if the model has fewer)."""
     limit = hm.max_positions
     if max_length is not None and max_length < 2:
-        raise HeadscopeError(f"--max-length must be at least 2 tokens, got {max_length}")
+        raise OptionError("max_length", f"must be at least 2 tokens, got {max_length}")
     want = max_length or DEFAULT_MAX_LENGTH
     if limit is not None and want > limit:
         if max_length is not None:

@@ -32,7 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadscopeError, did_you_mean
+from ..errors import HeadscopeError, OptionError, did_you_mean
 from .shared import remembered
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,8 @@ def gensim_test_file(name: str) -> Path:
     path = Path(list(spec.submodule_search_locations)[0]) / "test" / "test_data" / name
     if not path.is_file():
         raise HeadscopeError(
-            f"{path} is missing from the installed gensim; reinstall it (pip install --force-reinstall gensim)")
+            f"{path} is missing from the installed gensim; reinstall gensim (pip uninstall gensim, then pip install "
+            f"gensim)")
     return path
 
 
@@ -337,7 +338,7 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("text",)) -> list[
 def read_texts(data: str | Path | None = None, limit: int | None = None) -> TextSource:
     """The one data resolver (see `_read_texts`); within `shared_data()` each corpus and limit is read once."""
     if limit is not None and limit < 1:
-        raise HeadscopeError(f"--limit must be at least 1, got {limit}")
+        raise OptionError("limit", f"must be at least 1, got {limit}")
     key = ("texts", str(data) if data is not None else None, limit)
     return remembered(key, lambda: _read_texts(data, limit))
 
@@ -353,7 +354,7 @@ def _read_texts(data: str | Path | None = None, limit: int | None = None) -> Tex
     built-in corpus gives `DEFAULT_LIMIT` without one).
     """
     if limit is not None and limit < 1:
-        raise HeadscopeError(f"--limit must be at least 1, got {limit}")
+        raise OptionError("limit", f"must be at least 1, got {limit}")
     sentences = None
     name = data if isinstance(data, str) else None
     if name in PTB:

@@ -152,7 +152,7 @@ def split_labelled(texts: list[str], labels: list[str], train_share: float, seed
                    ) -> tuple[list[int], list[int]]:
     """Indices of a stratified random split (per class, `train_share` of its passages for training)."""
     if not 0 < train_share < 1:
-        raise HeadscopeError(f"--probe-train share must be between 0 and 1 (exclusive); got {train_share}")
+        raise HeadscopeError(f"the probe's training share must be between 0 and 1 (exclusive); got {train_share}")
     rng = random.Random(seed)
     train, test = [], []
     for c in sorted(set(labels)):

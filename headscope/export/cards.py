@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..capacity.kvcache.choice import kv_head_scores
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, OptionError
 from ..io import atomic_dir, atomic_write_text
 from ..learned.longctx.confidence import card_record
 from ..learned.roles.registry import of_scope
@@ -48,12 +48,13 @@ def head_card(report: dict[str, Any], score: str = "retrieval") -> tuple[dict[st
     number per head (a list of one).
     """
     if score not in CARD_SCORES:
-        raise HeadscopeError(f"--card-score {score!r} is not one of {', '.join(CARD_SCORES)}")
+        raise OptionError("card_score", f"{score!r} is not one of {', '.join(CARD_SCORES)}")
     note = ""
     if score == "retrieval":
         needles = report.get("needles")
         if not needles:
-            raise HeadscopeError("the retrieval card needs needle haystacks (--haystacks at least 1)")
+            raise HeadscopeError("the retrieval card needs needle prompts (haystacks=1 or more)",
+                                 fields=("haystacks",))
         stack = np.asarray(needles["per_haystack"], float)  # [haystack, layer, head]
         ok = [i for i, r in enumerate(needles["haystacks"]) if r["succeeded"]]
         if not ok:
@@ -64,7 +65,8 @@ def head_card(report: dict[str, Any], score: str = "retrieval") -> tuple[dict[st
     else:
         key = CARD_SCORES[score]
         if key not in report["scores"]:
-            raise HeadscopeError(f"--card-score {score} needs the long-text windows (--long-windows at least 1)")
+            raise OptionError("card_score", f"{score} needs the long-text windows (long_windows=1 or more)",
+                              also=("long_windows",))
         values = np.asarray(report["scores"][key], float)[None]
     _, L, H = values.shape
     card = {f"{l}-{h}": [float(x) for x in values[:, l, h]] for l in range(L) for h in range(H)}
@@ -108,21 +110,22 @@ def duo_pattern(scores: np.ndarray, n_kv_heads: int) -> np.ndarray:
 
 
 def check_card_path(path: str | Path, fmt: str, force: bool) -> Path:
-    """The --export-card path, refused before any work: unknown format, a file where a folder goes or the other
-    way round, or one that exists without --force."""
+    """The export_card path, refused before any work: unknown format, a file where a folder goes or the other
+    way round, or one that exists without `force`."""
     if fmt not in CARD_FORMATS:
-        raise HeadscopeError(f"--card-format {fmt!r} is not one of {', '.join(CARD_FORMATS)}")
+        raise OptionError("card_format", f"{fmt!r} is not one of {', '.join(CARD_FORMATS)}")
     p = Path(path)
     if fmt == "duo" and p.exists() and not p.is_dir():
-        raise HeadscopeError(f"--export-card {str(p)!r} is a file; the duo format is a directory (give a new name)")
+        raise OptionError("export_card", f"{str(p)!r} is a file; the duo format is a directory (give a new name)")
     if fmt != "duo" and p.is_dir():
-        raise HeadscopeError(f"--export-card {str(p)!r} is a directory; give a file name such as card.json")
+        raise OptionError("export_card", f"{str(p)!r} is a directory; give a file name such as card.json")
     if p.exists() and not force:
-        raise HeadscopeError(f"--export-card {str(p)!r} exists; pass --force to replace it")
+        raise OptionError("export_card", f"{str(p)!r} exists; pass force=True to replace it", also=("force",))
     if fmt != "duo" and card_config_path(p).exists() and not force:
-        raise HeadscopeError(f"{str(card_config_path(p))!r} (the card's config) exists; pass --force to replace it")
+        raise HeadscopeError(f"{str(card_config_path(p))!r} (the card's config) exists; pass force=True to replace it",
+                             fields=("force",))
     if p.parent.exists() and not p.parent.is_dir():
-        raise HeadscopeError(f"--export-card {str(p)!r} lies under a file")
+        raise OptionError("export_card", f"{str(p)!r} lies under a file")
     return p
 
 

@@ -32,7 +32,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, OptionError
 from ..io import disk_full_error, is_disk_full, remove_stale_temps, temp_prefix
 from ..models.adapter import HeadModel
 from ..models.capabilities import supported_model_types_for, why_not
@@ -69,14 +69,14 @@ class Shape:
 
 
 def check_out(out: Path, force: bool) -> None:
-    """Refuse an --out that is a folder, holds a file (without force), or lies in a missing folder."""
+    """Refuse a target `file` that is a folder, holds a file (without force), or lies in a missing folder."""
     if out.is_dir():
-        raise HeadscopeError(f"--out {str(out)!r} is a directory; give the path of the .gguf file to write")
+        raise OptionError("file", f"{str(out)!r} is a directory; give the path of the .gguf file to write")
     if out.exists() and not force:
-        raise HeadscopeError(f"--file {str(out)!r} already holds a file; pass --force to replace it, or choose "
-                             f"another path")
+        raise OptionError("file", f"{str(out)!r} already holds a file; pass force=True to replace it, or choose "
+                                  f"another path", also=("force",))
     if not out.parent.is_dir():
-        raise HeadscopeError(f"the folder of --out, {str(out.parent)!r}, does not exist; create it first")
+        raise OptionError("file", f"{str(out)!r} lies in {str(out.parent)!r}, which does not exist; create it first")
 
 
 def check_source(path: Path) -> None:
@@ -84,7 +84,8 @@ def check_source(path: Path) -> None:
     cfg = path / "config.json"
     if not path.is_dir() or not cfg.is_file():
         raise HeadscopeError(f"{str(path)!r} is not a checkpoint folder (no config.json); give a folder written by "
-                             f"save_pretrained or by headscope (prune --save-model, gqa, mla: OUT/model)")
+                             f"save_pretrained or by headscope (prune with save_model, gqa, mla: OUT/model)",
+                             fields=("save_model",))
     if (path / MLA_FILE).exists():
         raise HeadscopeError(f"{str(path)!r} is an MLA conversion (headscope mla): llama.cpp has no graph for its "
                              f"latent attention with per-KV-head RoPE dimensions, so it cannot be exported to GGUF; "

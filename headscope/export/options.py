@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import HeadscopeError, did_you_mean
+from ..errors import OptionError, did_you_mean
 from ..io import check_writable_file
 from ..options import Options, option
 
@@ -13,12 +13,12 @@ DTYPES = ("f16", "f32", "q8_0")
 
 
 def check_target(to: str, dtype: str) -> None:
-    """Refuse an unknown --to or --file-type (before anything loads)."""
+    """Refuse an unknown target format `to` or weight type `file_type` (before anything loads)."""
     if to not in TARGETS:
-        raise HeadscopeError(f"--to {to!r} is not a format headscope exports{did_you_mean(to, TARGETS)}; "
-                             f"choose one of {', '.join(TARGETS)}")
+        raise OptionError("to", f"{to!r} is not a format headscope exports{did_you_mean(to, TARGETS)}; "
+                                f"choose one of {', '.join(TARGETS)}")
     if dtype not in DTYPES:
-        raise HeadscopeError(f"--file-type {dtype!r} is not one of {', '.join(DTYPES)}{did_you_mean(dtype, DTYPES)}")
+        raise OptionError("file_type", f"{dtype!r} is not one of {', '.join(DTYPES)}{did_you_mean(dtype, DTYPES)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,4 +41,4 @@ class ExportOptions(Options):
     def check_paths(self) -> None:
         super().check_paths()
         if self.file is not None:
-            check_writable_file(self.file, "--file")
+            check_writable_file(self.file, "file")

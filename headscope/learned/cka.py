@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..data.limits import check_fits_memory
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, OptionError
 from ..io import process_alive
 
 log = logging.getLogger(__name__)
@@ -243,14 +243,14 @@ def check_cka_memory(memory: int, n_groups: int, dim: int) -> int:
     if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
         raise HeadscopeError(f"the exact CKA's memory budget must be a positive number of bytes; got {memory!r}")
     # a budget beyond what the machine has would be spent until the OOM killer ends the run
-    check_fits_memory("--cka-memory", -(-memory // 2**20), 2**20, "the exact CKA's blocks (MiB)", share=0.9)
+    check_fits_memory("cka_memory", -(-memory // 2**20), 2**20, "the exact CKA's blocks (MiB)", share=0.9)
     per_group = dim * n_groups * dim * 12  # its float64 rows of the cross-covariance and their float32 product
     usable = memory - memory // 4  # a quarter goes to the chunk of samples read back
     if usable < per_group:
         need = -(-per_group * 4 // 3) // 2**20 + 1
-        raise HeadscopeError(f"--cka-memory {memory / 2**20:.0f} MiB holds no block of the exact CKA "
-                             f"({n_groups} heads x d_head {dim}: one head's rows need {per_group / 2**20:.1f} MiB); "
-                             f"give at least {need} MiB")
+        raise OptionError("cka_memory", f"{memory / 2**20:.0f} MiB holds no block of the exact CKA "
+                                        f"({n_groups} heads x d_head {dim}: one head's rows need "
+                                        f"{per_group / 2**20:.1f} MiB); give at least {need} MiB")
     return min(n_groups, usable // per_group)
 
 
@@ -301,9 +301,9 @@ class MinibatchCKA:
             raise HeadscopeError(f"the CKA pool must be a whole number of tokens >= 0; got {pool!r}")
         # Before any pass: the pool's buffer [pool + batch, N, dim] and a minibatch's Gram matrices [N, batch, batch]
         # (two, and their centred copies; float64 at most) must fit the memory available now.
-        check_fits_memory("--cka-batch", batch, 4 * 8 * n_groups, f"the minibatch Gram matrices of {n_groups} heads",
+        check_fits_memory("cka_batch", batch, 4 * 8 * n_groups, f"the minibatch Gram matrices of {n_groups} heads",
                           power=2)
-        check_fits_memory("--cka-pool", pool, 8 * n_groups * dim, f"the CKA pool of {n_groups} heads x d_head {dim}")
+        check_fits_memory("cka_pool", pool, 8 * n_groups * dim, f"the CKA pool of {n_groups} heads x d_head {dim}")
         self.n_groups, self.dim, self.batch, self.pool = n_groups, dim, batch, pool
         self.transforms = {"cka": None} if transforms is None else dict(transforms)
         self.sums = {k: torch.zeros(n_groups, n_groups, dtype=torch.float64, device=device) for k in self.transforms}

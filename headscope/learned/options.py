@@ -73,7 +73,7 @@ class RolesOptions(ModelOptions, DataOptions, StableOptions, OutputOptions, Work
             check_long_args(None, self.long, self.haystacks, self.long_windows, self.stride, self.block)
             check_until_stable_long(self.until_stable, self.haystacks, self.long_windows)
         if self.export_card is not None and self.long is None:
-            raise HeadscopeError("--export-card needs --long N (the card holds long-range scores)")
+            raise OptionError("export_card", "needs long=N (the card holds long-range scores)", also=("long",))
         problem = haystacks_problem(self.haystacks, self.long) if self.long is not None else None
         if problem:
             raise OptionError("haystacks", problem)
@@ -107,13 +107,13 @@ class SimilarOptions(ModelOptions, DataOptions, IntervalOptions, OutputOptions):
     def check(self) -> None:
         super().check()
         if self.top < 0:
-            raise HeadscopeError(f"--top must be 0 or more, got {self.top}")
+            raise OptionError("top", f"must be 0 or more, got {self.top}")
         check_thresholds(self.js_max, self.cka_min)
         check_cka_batch(self.cka_batch)
         if self.cka_pool < 0:
-            raise HeadscopeError(f"--cka-pool must be 0 or more tokens, got {self.cka_pool}")
+            raise OptionError("cka_pool", f"must be 0 or more tokens, got {self.cka_pool}")
         if self.cka_memory < 1:
-            raise HeadscopeError(f"--cka-memory must be at least 1 MiB, got {self.cka_memory}")
+            raise OptionError("cka_memory", f"must be at least 1 MiB, got {self.cka_memory}")
 
 
 PATCH = "patching (docs/patching.md)"
@@ -190,8 +190,8 @@ class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
     def check(self) -> None:
         super().check()
         if (self.pairs is None) == (self.task is None):
-            raise OptionError("pairs", "or --task: give exactly one (a JSONL file of pairs, or a built-in set: "
-                                       "ioi, greater-than, induction, masked)")
+            raise OptionError("pairs", "or task: give exactly one (a JSONL file of pairs, or a built-in set: "
+                                       "ioi, greater-than, induction, masked)", also=("task",))
         bad = [m for m in self.methods if m not in ("exact", "attribution")]
         if bad or not self.methods:
             raise OptionError("methods", f"must be exact,attribution or attribution; got {','.join(self.methods)!r}")
@@ -201,7 +201,8 @@ class PatchOptions(ModelOptions, IntervalOptions, OutputOptions):
             path_receivers(self.paths)
         if self.senders is not None:
             if self.paths is None:
-                raise OptionError("senders", "needs --paths: the receivers (or logits) the set's paths go to")
+                raise OptionError("senders", "needs paths: the receivers (or logits) the set's heads send to",
+                                  also=("paths",))
             head_list(self.senders, "senders", "must be heads such as L17H4,L20H0")
 
 
@@ -235,7 +236,7 @@ class CircuitOptions(ModelOptions, IntervalOptions, OutputOptions):
 def check_card_path(path: str | None) -> None:
     """An --export-card target: a file whose folder is writable (an existing folder: the duo format's)."""
     if path is not None and not Path(path).is_dir():
-        check_writable_file(path, "--export-card")
+        check_writable_file(path, "export_card")
 
 
 __all__ = ["AnalyzeOptions", "CircuitOptions", "OptionError", "PatchOptions", "RolesOptions", "SimilarOptions",

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ..attention import DEFAULT_BLOCK, check_block
 from ..data import batches, pad_id, prepare_tokens, resolve_max_length
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, OptionError
 from ..hooks import on_attention_blocks, on_head_outputs
 from ..io import atomic_write_bytes
 from ..models.adapter import HeadModel
@@ -313,7 +313,7 @@ def _query_selection(ids: list[list[int]], causal: bool, max_tokens: int | None,
         raise HeadscopeError("no query tokens to compare: causal models need passages of at least 2 tokens")
     if max_tokens is not None:
         if max_tokens < 1:
-            raise HeadscopeError(f"--js-max-tokens must be at least 1, got {max_tokens}")
+            raise OptionError("js_max_tokens", f"must be at least 1, got {max_tokens}")
         if max_tokens < total:
             keep = np.zeros(total, dtype=bool)
             keep[np.random.default_rng(seed).choice(total, size=max_tokens, replace=False)] = True

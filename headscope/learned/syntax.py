@@ -332,7 +332,8 @@ def dependency_accuracy(hm: Any, sentences: Iterable[Sentence], max_length: int,
         log.warning("%d sentence(s) longer than %d tokens were skipped for dependency accuracy",
                     counts.skipped_long, max_length)
     if not inputs:
-        raise HeadscopeError(f"no treebank sentence fits in {max_length} tokens; raise --max-length")
+        raise HeadscopeError(f"no treebank sentence fits in {max_length} tokens; raise max_length",
+                             fields=("max_length",))
     has_tokens = [np.isin(np.arange(a.n_words), a.word_of) for a in inputs]
     counts.sentences = len(inputs)
     counts.track_sentences(len(inputs))

@@ -280,7 +280,8 @@ def _kept_heads(path: Path, config: Any) -> dict[int, list[int]]:
 
 def _damaged_record(path: Path, problem: str) -> HeadscopeError:
     return HeadscopeError(f"{path} is damaged ({problem}): it records which heads this pruned checkpoint keeps; copy "
-                          f"the checkpoint again from where it was saved (headscope prune --save-model writes it)")
+                          f"the checkpoint again from where it was saved (prune with save_model writes it)",
+                          fields=("save_model",))
 
 
 def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -290,7 +291,7 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu", dty
     path = Path(path)
     if not (path / "config.json").exists():
         raise HeadscopeError(f"{str(path)!r} is not a saved model (no config.json); give a folder written by "
-                             f"save_model (headscope prune/gqa --out OUT writes OUT/model)")
+                             f"save_model (prune and gqa write it to OUT/model)")
     for marker, loader in STAGE_LOADERS.items():  # a layout a stage owns: that stage's loader builds it
         if (path / marker).exists():
             module, fn = loader.split(":")

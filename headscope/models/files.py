@@ -127,5 +127,5 @@ def check_complete(name: str, missing: Any, unexpected: Any, model: Any) -> None
                         f"{', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}{_layer_span(extra)})")
     raise IncompleteCheckpoint(
         f"model {name!r} does not match its config: {' and '.join(problems)}; give the whole checkpoint (its "
-        f"config.json and every weight file it was saved with), or allow_random_weights=True "
-        f"(--allow-random-weights) to measure randomly initialised weights on purpose")
+        f"config.json and every weight file it was saved with), or allow_random_weights=True to measure randomly "
+        f"initialised weights on purpose", fields=("allow_random_weights",))

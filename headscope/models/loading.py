@@ -286,8 +286,8 @@ def check_device_map(device_map: Any, device: Any = None) -> None:
     if device_map is None:
         return
     if device is not None:
-        raise HeadscopeError(f"give a device (--device) or a device map (--device-map), not both: got device "
-                             f"{str(device)!r} and device map {device_map!r}; a device map places every module itself")
+        raise HeadscopeError(f"give device or device_map, not both (got {str(device)!r} and {device_map!r}): a map "
+                             f"of modules to devices places every module itself", fields=("device", "device_map"))
     if isinstance(device_map, dict):
         if not device_map:
             raise HeadscopeError("the device map is empty; give {module name: device} or one of "
@@ -307,8 +307,8 @@ def _dispatch_kwargs(device_map: Any, max_memory: dict | None, offload_folder: s
     """
     if device_map is None:
         if max_memory is not None or offload_folder is not None:
-            raise HeadscopeError("max_memory and offload_folder place a dispatched model: give a device map "
-                                 "(--device-map auto) with them")
+            raise HeadscopeError("max_memory and offload_folder place a dispatched model: give device_map='auto' "
+                                 "with them", fields=("max_memory", "device_map"))
         return {}
     if offload_folder is None:
         offload_folder = tempfile.mkdtemp(prefix="headscope-offload-")
@@ -334,8 +334,9 @@ def _dispatch_errors(name: str, device_map: Any) -> Iterator[None]:
         raise
     except (ValueError, KeyError, RuntimeError, TypeError, NotImplementedError) as e:
         detail = str(e).strip().splitlines()[0][:300].rstrip(".") if str(e).strip() else type(e).__name__
+        # no field names here: `detail` is accelerate's own text, which a translation into flags would garble
         raise HeadscopeError(f"{name!r} cannot be dispatched with device map {device_map!r}: {detail}. "
-                             f"Load it on one device instead (--device cpu or --device cuda)") from None
+                             f"Load it whole on one device instead (cpu or cuda)") from None
 
 
 def load_model(
@@ -381,9 +382,10 @@ def load_model(
         name, source = name_or_path, str(path)
         if path.is_file() and path.suffix == ".gguf":
             if dispatch:
-                raise HeadscopeError(f"{name_or_path!r} is a GGUF file, which is dequantised whole into memory and "
-                                     f"cannot be dispatched with a device map; convert it to a transformers folder "
-                                     f"(save_pretrained) first, or load it with --device")
+                raise HeadscopeError(f"{name_or_path!r} is a GGUF file, which is dequantised whole into memory, so "
+                                     f"it cannot be dispatched by device_map; convert it to a transformers folder "
+                                     f"(save_pretrained) first, or load it whole with device='cpu'",
+                                     fields=("device_map", "device"))
             return load_gguf(path, device=device, dtype=dtype)
         path = str(path) if path.exists() else name_or_path
     # MLA attention modules and per-layer head counts need our loader, which builds the model whole in memory.
@@ -391,8 +393,8 @@ def load_model(
     if own:
         if dispatch:
             raise HeadscopeError(f"{name_or_path!r} is a checkpoint headscope changed ({own[0]}): its loader builds "
-                                 f"it whole in memory, so it cannot be dispatched with a device map; load it with "
-                                 f"--device cpu or --device cuda")
+                                 f"it whole in memory, so it cannot be dispatched by device_map; load it whole with "
+                                 f"device='cpu' or device='cuda'", fields=("device_map", "device"))
         return load_checkpoint(path, device=device, dtype=dtype, allow_random_weights=allow_random_weights)
     _check_model_dir(Path(path), name_or_path)
     try:

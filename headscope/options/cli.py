@@ -48,6 +48,20 @@ def unknown_words(parser: argparse.ArgumentParser, words: list[str]) -> str:
     return " ".join(w + (did_you_mean(w.split("=")[0], flags) if w.startswith("--") else "") for w in words)
 
 
+def as_flags(message: str, names: tuple[str, ...], flags: dict[str, str]) -> str:
+    """`message` with each option field in `names` said as its flag: `force=True` -> `--force`, `kv_heads=4` ->
+    `--kv-heads 4`, `device='cpu'` -> `--device cpu`, `l0_steps` -> `--l0-steps` (a field no verb has: its name with
+    dashes). The library writes field names (`HeadscopeError.fields`); only the command line speaks in flags."""
+    for name in sorted(set(names), key=len, reverse=True):  # `l0_steps` before `steps`
+        flag = flags.get(name, "--" + name.replace("_", "-"))
+        word = rf"(?<![\w.'\"`/-]){re.escape(name)}"  # not inside a word, a path or a quoted value
+        message = re.sub(word + r"=True\b", flag, message)
+        message = re.sub(word + r"='([^'\s]*)'", flag + r" \1", message)  # flags hold no backslash
+        message = re.sub(word + r"=(?=[^\s=])", flag + " ", message)
+        message = re.sub(word + r"(?![\w'\"`=/(-])", flag, message)  # `device(s)`: a plural, no field
+    return message
+
+
 class _OldSpelling(argparse.Action):
     """A renamed flag's old spelling: stores into the new field and says the new name once."""
 

@@ -61,14 +61,14 @@ class ModelOptions(Options):
         if self.device_map is None:
             for name, v in (("max_memory", self.max_memory), ("offload_dir", self.offload_dir)):
                 if v is not None:
-                    raise OptionError(name, "places a model spread over devices; give a device map (--device-map "
-                                            "auto) with it")
+                    raise OptionError(name, "places a model spread over devices; give device_map='auto' with it",
+                                      also=("device_map",))
         parse_max_memory(self.max_memory)
 
     def check_paths(self) -> None:
         super().check_paths()
         if self.offload_dir is not None:
-            check_writable_dir(self.offload_dir, option="--offload-dir")
+            check_writable_dir(self.offload_dir, option="offload_dir")
 
     def load(self) -> HeadModel:
         """The model these options name, loaded as they place it."""
@@ -150,7 +150,7 @@ class OutputOptions(Options):
 
     def check_paths(self) -> None:
         super().check_paths()
-        check_writable_dir(self.out, option="--out")
+        check_writable_dir(self.out, option="out")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,14 +21,14 @@ def check_device(device: str) -> str:
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise OptionError("device", f"{device!r}: CUDA is not available on this machine "
-                                 f"(torch {torch.__version__}); use --device cpu")
+                                 f"(torch {torch.__version__}); use cpu")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise OptionError("device", f"{device!r}: this machine has {torch.cuda.device_count()} CUDA "
                                  f"device(s), numbered from 0; use cuda:0")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise OptionError("device", f"{device!r}: MPS is not available on this machine; use --device cpu")
+        raise OptionError("device", f"{device!r}: MPS is not available on this machine; use cpu")
     elif dev.type not in ("cpu", "cuda", "mps"):
-        raise OptionError("device", f"{device!r}: headscope runs on cpu, cuda or mps; use --device cpu")
+        raise OptionError("device", f"{device!r}: headscope runs on cpu, cuda or mps; use cpu")
     return device
 
 
@@ -54,8 +54,8 @@ def read_device_map(value: str | None) -> str | dict | None:
             try:
                 check_device(f"cuda:{device}" if isinstance(device, int) else device)
             except HeadscopeError as e:
-                what = f"--device {e.problem}" if isinstance(e, OptionError) else str(e)
-                raise OptionError("device_map", f"{value!r}, module {module!r}: {what}") from None
+                what = f"device {e.problem}" if isinstance(e, OptionError) else str(e)
+                raise OptionError("device_map", f"{value!r}, module {module!r}: {what}", also=("device",)) from None
     return mapping
 
 

@@ -16,20 +16,8 @@ from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
-from ..data.limits import STEPS_MAX, STEPS_WHY, WORK, check_fits_memory
-from ..errors import HeadscopeError
-
-
-class OptionError(HeadscopeError):
-    """A bad option value: `name` is the Python keyword, `problem` says what is wrong and what would work.
-
-    The library's message names the keyword (`limit must be at least 1; got 0`); the CLI prints the same
-    problem under the flag (`--limit must be at least 1; got 0`).
-    """
-
-    def __init__(self, name: str, problem: str):
-        self.name, self.problem = name, problem
-        super().__init__(f"{name} {problem}")
+from ..data.limits import STEPS_MAX, STEPS_WHY, WORK, fits_memory_problem
+from ..errors import OptionError
 
 
 @dataclass(frozen=True)
@@ -126,11 +114,7 @@ def haystacks_problem(haystacks: int, tokens: int) -> str | None:
 
 def memory_problem(value: int | float, bytes_each: float, what: str, share: float = 0.5) -> str | None:
     """`value` times `bytes_each` against `share` of the memory available now: the problem, or None."""
-    try:
-        check_fits_memory("", int(value), bytes_each, what, share=share)
-    except HeadscopeError as e:
-        return str(e).strip().replace("give  ", "give ")  # the message without its (empty) option name
-    return None
+    return fits_memory_problem(int(value), bytes_each, what, share=share)
 
 
 _KIND_WORDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}

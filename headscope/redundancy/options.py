@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import HeadscopeError, did_you_mean
+from ..errors import HeadscopeError, OptionError, did_you_mean
 from ..eval.metrics import METRICS
 from ..options import (
     DataOptions,
@@ -75,7 +75,8 @@ class ScoreOptions(ModelOptions, L0Options, StableOptions, OutputOptions, Worker
             if self.metric != "auto":
                 METRICS.get(self.metric)
             if self.pruned:
-                raise HeadscopeError("--pruned applies to heads; with --unit score the whole model")
+                raise OptionError("pruned", f"applies to heads; with unit={self.unit} score the whole model",
+                                  also=("unit",))
             return
         parse_methods(",".join(self.methods or DEFAULT_METHODS))  # an unknown method: did you mean
         if self.metric != "auto" and self.metric not in METRICS:
@@ -130,20 +131,20 @@ class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, Outpu
         super().check()
         heads = self.heads
         if self.uniform and not heads:
-            raise HeadscopeError(f"--uniform is for head units (head, slice, group); --unit {self.unit} removes "
-                                 f"whole units already")
+            raise OptionError("uniform", f"is for head units (head, slice, group); unit={self.unit} removes "
+                                         f"whole units already", also=("unit",))
         if heads and self.latency:
-            raise HeadscopeError("--latency needs --unit attention, block, ffn or mix (head curves: see "
-                                 "benchmarks/bench_prune.py)")
+            raise OptionError("latency", "needs unit=attention, block, ffn or mix (head curves: see "
+                                         "benchmarks/bench_prune.py)", also=("unit",))
         if not heads:
             if self.target_drop is not None:
-                raise HeadscopeError(f"--target-drop is for head units; with --unit {self.unit} give --fraction, the "
-                                     f"share of parameters to remove (e.g. 0.3)")
+                raise OptionError("target_drop", f"is for head units; with unit={self.unit} give fraction, the "
+                                                 f"share of parameters to remove (e.g. 0.3)", also=("unit", "fraction"))
             if self.fraction is None:
-                raise HeadscopeError(f"--unit {self.unit} needs --fraction, the share of all parameters to remove "
-                                     f"(e.g. 0.3)")
+                raise OptionError("unit", f"{self.unit} needs fraction, the share of all parameters to remove "
+                                          f"(e.g. 0.3)", also=("fraction",))
             if self.wordsim or self.wordsim_recovered:
-                raise HeadscopeError("--wordsim is for head units; unit curves record the metric only")
+                raise OptionError("wordsim", "is for head units; unit curves record the metric only")
         method = self.method or ("gradient" if heads else UNITS.get(str(self.unit)).default_method)
         self.l0_settings()  # the --l0-* options given, named in their own words before --fraction's checks
         check_args(self.fraction, self.target_drop, self.step, self.recover_steps, method, self.unit)
@@ -152,11 +153,13 @@ class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, Outpu
             check_target_drop(self.metric, self.target_drop)
         self.l0_settings(self.fraction)  # checked even when l0 is not chosen: no bad value is ignored
         if self.until_stable is not None and (not heads or method == "l0"):
-            raise HeadscopeError("--until-stable reads scoring passages until the head ranking is stable: it is for "
-                                 "head curves scored per passage (not --unit attention/block/ffn/mix or --method l0)")
+            raise OptionError("until_stable", "reads scoring passages until the head ranking is stable: it is for "
+                                              "head curves scored per passage (not unit=attention/block/ffn/mix or "
+                                              "method=l0)", also=("unit", "method"))
         if method == "l0" and self.fraction is None and self.l0_penalty is None and self.l0_target is None:
-            raise HeadscopeError("--method l0 with only --target-drop needs --l0-penalty or --l0-target (what the "
-                                 "gates are trained towards); or give --fraction")
+            raise OptionError("method", "l0 with only target_drop needs l0_penalty or l0_target (what the gates are "
+                                        "trained towards); or give fraction",
+                              also=("target_drop", "l0_penalty", "l0_target", "fraction"))
 
 
 @dataclass(frozen=True, kw_only=True)

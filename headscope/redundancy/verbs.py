@@ -37,7 +37,6 @@ from ..artifacts import (
     write_csv,
 )
 from ..data import TextSource
-from ..errors import HeadscopeError
 from ..eval.evaluate import read_task_data
 from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..io import atomic_write_text
@@ -71,12 +70,12 @@ def parse_pruned(text: str | None, n_layers: int, n_heads: int) -> torch.Tensor 
         if item.strip():
             layer, head = parse_head(item)
             if not (0 <= layer < n_layers and 0 <= head < n_heads):
-                raise HeadscopeError(f"--pruned: head {item.strip()} does not exist; the model has "
-                                     f"L0..L{n_layers - 1} and H0..H{n_heads - 1}")
+                raise OptionError("pruned", f"names head {item.strip()}, which does not exist; the model has "
+                                            f"L0..L{n_layers - 1} and H0..H{n_heads - 1}")
             gates[layer, head] = 0
     if not gates.any():  # nothing left to score: every importance would be NaN and every Spearman undefined
-        raise HeadscopeError(f"--pruned lists all {n_layers * n_heads} heads; leave at least one head unpruned "
-                             f"to score")
+        raise OptionError("pruned", f"lists all {n_layers * n_heads} heads; leave at least one head unpruned "
+                                    f"to score")
     return gates
 
 
@@ -395,7 +394,7 @@ def _until_stable(hm: Any, data: Any, opts: PruneOptions, progress: bool) -> dic
     """How many of the scoring passages the unpruned ranking by --method needs to reach --until-stable (read in
     chunks, as `score --until-stable`); the curve then scores on those passages only."""
     if not isinstance(data, TextSource):
-        raise HeadscopeError("--until-stable reads plain passages; a labelled jsonl --data is scored whole")
+        raise OptionError("until_stable", "reads plain passages; labelled jsonl data is scored whole")
     table = score_table(hm, data, methods=(str(opts.method),), metric=opts.metric, max_length=opts.max_length,
                         batch_size=opts.batch_size, seed=opts.seed, until_stable=opts.until_stable, progress=progress)
     return dict(table.meta["until_stable"])

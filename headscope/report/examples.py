@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, OptionError
 from ..hooks import on_attention_blocks
 from ..models.adapter import HeadModel
 
@@ -124,7 +124,7 @@ def example_maps(hm: HeadModel, texts: Sequence[str] | None = None, n: int = MAX
                  token_ids: Sequence[Sequence[int]] | None = None) -> list[dict[str, Any]]:
     """The report's example sentences: tokens and encoded maps of every head for each."""
     if n < 0:
-        raise HeadscopeError(f"--sentences must be 0 or more, got {n}")
+        raise OptionError("sentences", f"must be 0 or more, got {n}")
     if n == 0:
         return []
     if token_ids is not None:

@@ -68,13 +68,13 @@ def check_one_model(src: Sources, reference: dict[str, Any] | None) -> dict[str,
                 f"{kv} describes a model of {shape['n_layers']} layers x {shape['n_heads']} heads "
                 f"({shape['n_kv_heads']} KV), not {ref.get('name')} ({ref['shape']['n_layers']} x "
                 f"{ref['shape']['n_heads']}, {ref['shape']['n_kv_heads']} KV); the report does not mix models: "
-                f"rerun `headscope kv {ref.get('name')} --out DIR` or drop that --from")
+                f"rerun kv on {ref.get('name')} or drop that folder from from_dirs", fields=("from_dirs",))
     if wrong:
         listed = "; ".join(f"{src.found[n]} is from {_label(r)}" for n, r in wrong)
         raise HeadscopeError(
             f"files from another model: {listed}; the report is for {_label({'model': ref})} (from {ref_from}). "
-            f"The report does not mix models: give --from directories made from one model, or report each "
-            f"model into its own --out")
+            f"The report does not mix models: give folders (from_dirs) made from one model, or report each "
+            f"model into its own folder (out)", fields=("from_dirs", "out"))
     unknown = [n for n, r in records.items() if r is None and provenance_file(n)]
     if unknown:
         log.warning("no provenance recorded for %s (written before headscope recorded it); rerun their verbs "

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import HeadscopeError
+from ..errors import OptionError
 from ..options import ModelOptions, OutputOptions, option
 
 
@@ -33,23 +33,23 @@ class ReportOptions(ModelOptions, OutputOptions):
 
 
 def check_from_dirs(from_dirs: Sequence[str | Path] | None) -> None:
-    """Each --from is an existing folder (a file is named, with the folder to give instead)."""
+    """Each of `from_dirs` is an existing folder (a file is named, with the folder to give instead)."""
     for d in from_dirs or ():
         if not str(d).strip():  # Path('') is the current folder: never read it by accident
-            raise HeadscopeError("--from is empty text; give a folder holding other verbs' outputs")
+            raise OptionError("from_dirs", "is empty text; give a folder holding other verbs' outputs")
         p = Path(d)
         if p.is_file():
-            raise HeadscopeError(f"--from {str(p)!r} is a file; --from takes the folder holding a verb's outputs: "
-                                 f"give --from {str(p.parent)!r}")
+            raise OptionError("from_dirs", f"{str(p)!r} is a file; give the folder holding a verb's outputs: "
+                                           f"{str(p.parent)!r}")
         if not p.is_dir():
-            raise HeadscopeError(f"--from {str(p)!r} does not exist; give a folder holding other verbs' outputs")
+            raise OptionError("from_dirs", f"{str(p)!r} does not exist; give a folder holding other verbs' outputs")
 
 
 def check_report_args(sentences: int, max_length: int | None, limit: int | None) -> None:
     """Refuse report options out of range before anything is loaded or computed."""
     if not isinstance(sentences, int) or sentences < 0:
-        raise HeadscopeError(f"--sentences must be 0 or more (0 = no example maps); got {sentences}")
+        raise OptionError("sentences", f"must be 0 or more (0 = no example maps); got {sentences}")
     if max_length is not None and max_length < 2:
-        raise HeadscopeError(f"--max-length must be at least 2 tokens; got {max_length}")
+        raise OptionError("max_length", f"must be at least 2 tokens; got {max_length}")
     if limit is not None and limit < 1:
-        raise HeadscopeError(f"--limit must be at least 1; got {limit}")
+        raise OptionError("limit", f"must be at least 1; got {limit}")

@@ -71,7 +71,8 @@ def build(out: Path, hm: HeadModel | None, from_dirs: Sequence[str | Path] | Non
         if table is not None and (table.n_layers, table.n_heads) != (hm.n_layers, hm.n_heads):
             raise HeadscopeError(
                 f"{src.get(HEADS_CSV.name)} has {table.n_layers} layers x {table.n_heads} heads but the model "
-                f"{hm.name} has {hm.n_layers} x {hm.n_heads}; give the matching model or another --from")
+                f"{hm.name} has {hm.n_layers} x {hm.n_heads}; give the matching model or another folder (from_dirs)",
+                fields=("from_dirs",))
         if hm.tokenizer is not None and token_ids is None:
             texts = read_texts(data, None).texts if (data is None or isinstance(data, (str, Path))) else \
                 list(getattr(data, "texts", data))
@@ -93,7 +94,7 @@ def build(out: Path, hm: HeadModel | None, from_dirs: Sequence[str | Path] | Non
     elif table is None:
         why = src.problems.get(HEADS_CSV.name, f"no heads.csv in {', '.join(map(str, dirs))}")
         raise HeadscopeError(f"nothing to report: {why}, and no model given; "
-                             f"run `headscope analyze MODEL --out {out}` or pass the model")
+                             f"analyze a model into {str(out)!r} first, or give the model")
     examples = example_maps(hm, texts, sentences, token_ids) if hm is not None else []
     figs: dict[str, bytes] = {}
     d = collect(table, src, figs if figures else None, examples, model_meta, _special_names(hm),

@@ -37,7 +37,7 @@ from scipy.stats import beta
 from scipy.stats import t as student_t
 
 from ..data.limits import WORK, check_at_most, check_fits_memory
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, OptionError
 from .passages import PassageSums, Statistic
 
 METHODS = ("bca", "percentile")
@@ -67,10 +67,10 @@ def check_settings(level: Any, B: Any, method: str = "bca") -> None:
     """Refuse a level outside (0, 1), fewer than 100 resamples or an unknown method (one line each)."""
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0.0 < float(level) < 1.0 or \
             math.isnan(float(level)):
-        raise HeadscopeError(f"--ci must be a confidence level in (0, 1), e.g. 0.95; got {level!r}")
+        raise OptionError("ci", f"must be a confidence level in (0, 1), e.g. 0.95; got {level!r}")
     if isinstance(B, bool) or not isinstance(B, (int, np.integer)) or B < 100:
-        raise HeadscopeError(f"--bootstrap must be an integer of at least 100 resamples (default 1000); got {B!r}")
-    check_at_most("--bootstrap", int(B), *WORK["bootstrap"])
+        raise OptionError("bootstrap", f"must be an integer of at least 100 resamples (default 1000); got {B!r}")
+    check_at_most("bootstrap", int(B), *WORK["bootstrap"])
     if method not in METHODS:
         raise HeadscopeError(f"unknown interval method {method!r}; choose one of {', '.join(METHODS)}")
 
@@ -200,7 +200,7 @@ def bootstrap(sums: PassageSums, statistic: Statistic, settings: IntervalSetting
     if sums.rows < 2:
         return interval_from(value, np.empty((0, *value.shape)), None, sums.rows, st)
     # [B, *figure] replicates, then their sorted copy and NaN mask: refused before they are drawn when they cannot fit
-    check_fits_memory("--bootstrap", st.B, 3 * 8 * max(1, value.size), f"the replicates of {value.size:,} values")
+    check_fits_memory("bootstrap", st.B, 3 * 8 * max(1, value.size), f"the replicates of {value.size:,} values")
     reps = replicates(sums, statistic, st.B, st.seed)
     jack = jackknife(sums, statistic) if st.method == "bca" else None
     return interval_from(value, reps, jack, sums.rows, st)

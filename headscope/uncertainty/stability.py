@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import HeadscopeError
+from ..errors import OptionError
 from .passages import PassageSums, Statistic
 
 # The fewest passages --until-stable starts from (two halves of four).
@@ -144,10 +144,10 @@ def check_until_stable(until_stable: float | None, available: int) -> None:
         return
     if isinstance(until_stable, bool) or not isinstance(until_stable, (int, float)) or \
             not 0.0 < float(until_stable) < 1.0:
-        raise HeadscopeError(f"--until-stable must be a split-half stability in (0, 1), e.g. 0.9; got {until_stable!r}")
+        raise OptionError("until_stable", f"must be a split-half stability in (0, 1), e.g. 0.9; got {until_stable!r}")
     if available < MIN_STABLE_PASSAGES:
-        raise HeadscopeError(f"--until-stable needs at least {MIN_STABLE_PASSAGES} passages to split in halves; the "
-                             f"data holds {available} (raise --limit or give more data)")
+        raise OptionError("until_stable", f"needs at least {MIN_STABLE_PASSAGES} passages to split in halves; the "
+                                          f"text holds {available} (raise limit or give more text)", also=("limit",))
 
 
 def chunk_spans(n: int, until_stable: float | None, chunk: int) -> list[tuple[int, int]]:

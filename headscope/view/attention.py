@@ -64,7 +64,7 @@ def encode(hm: HeadModel, text: Any, max_tokens: int) -> Encoded:
         raise HeadscopeError("text gives no tokens; type a sentence")
     if len(ids) > max_tokens:
         raise TooLong(f"text has {len(ids)} tokens; the limit is {max_tokens} tokens (shorten the text, or "
-                             f"start the view with a larger --max-tokens)")
+                      f"start the view with a larger max_tokens)", fields=("max_tokens",))
     note = None
     positions = hm.max_positions
     if positions is not None and len(ids) > positions:  # the position table ends: cut as the tokenizer cuts

@@ -14,7 +14,7 @@ from typing import Sequence, overload
 import numpy as np
 import torch
 
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...models.adapter import HeadModel
 from ...models.capabilities import supported_model_types_for, why_not
 from ...models.layout import QKVWeights, reorder_heads
@@ -35,27 +35,22 @@ def check_convertible(hm: HeadModel, kv_heads: int, *, merge: bool = True) -> No
         raise HeadscopeError(f"changing the KV heads cannot serve the {hm.spec.family} family (model type {mt!r}): "
                              f"{why}; GQA conversion supports {', '.join(SUPPORTED_MODEL_TYPES)}")
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, (int, np.integer)):
-        raise HeadscopeError(f"--kv-heads must be a whole number, got {kv_heads!r}")
+        raise OptionError("kv_heads", f"must be a whole number, got {kv_heads!r}")
     n_kv, n_heads = hm.n_kv_heads, hm.n_heads
     divisors = [g for g in range(1, n_kv + 1) if n_kv % g == 0]
     if merge and n_kv == 1:
-        raise HeadscopeError(
-            f"{hm.name!r} has a single KV head already (MQA: all {n_heads} query heads share it), so there are no KV "
-            f"heads to merge and --kv-heads {kv_heads} cannot change it; an MQA model cannot lose KV heads "
-            f"(headscope.capacity.gqa.expand_kv_heads goes the other way: one KV head per query head)"
-        )
+        raise OptionError(
+            "kv_heads", f"{kv_heads} cannot change {hm.name!r}: it has a single KV head already (MQA: all {n_heads} "
+                        f"query heads share it), so there are no KV heads to merge; an MQA model cannot lose KV heads "
+                        f"(headscope.capacity.gqa.expand_kv_heads goes the other way: one KV head per query head)")
     if kv_heads < 1:
-        raise HeadscopeError(f"--kv-heads must be at least 1 (1 = MQA), got {kv_heads}; choose one of {divisors}")
+        raise OptionError("kv_heads", f"must be at least 1 (1 = MQA), got {kv_heads}; choose one of {divisors}")
     if kv_heads > n_kv:
-        raise HeadscopeError(
-            f"--kv-heads {kv_heads} is larger than the model's current {n_kv} KV heads; conversion only merges KV "
-            f"heads (it cannot invent new ones); choose one of {divisors}"
-        )
+        raise OptionError("kv_heads", f"{kv_heads} is larger than the model's current {n_kv} KV heads; conversion only "
+                                      f"merges KV heads (it cannot invent new ones); choose one of {divisors}")
     if n_kv % kv_heads:
-        raise HeadscopeError(
-            f"--kv-heads {kv_heads} does not divide the model's {n_kv} KV heads ({n_heads} query heads): groups "
-            f"must be equal; choose one of {divisors}"
-        )
+        raise OptionError("kv_heads", f"{kv_heads} does not divide the model's {n_kv} KV heads ({n_heads} query "
+                                      f"heads): groups must be equal; choose one of {divisors}")
     for layer in range(hm.n_layers):
         if hm.heads_in_layer(layer) != n_heads:
             raise HeadscopeError(

@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ...data import Batch
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...eval.lm import counted_positions, kl_sums
 from ...models.adapter import HeadModel
 from ..convert.evaluate import token_batches
@@ -67,13 +67,13 @@ def _trial_kls(hm: HeadModel, work: HeadModel, todo: list[Batch], trials: list[d
 def _check_search(data: Any, candidates: Any) -> None:
     """Refuse a search without calibration text or with a candidate count that is not a whole number >= 0."""
     if data is None:
-        raise HeadscopeError(
-            "grouping 'search' picks groups by their KL divergence from the original model on calibration text, "
-            "so it needs data: pass data= (texts, token-id lists or headscope.data.read_texts('ptb-train')); on the "
-            "CLI, --data ptb-train or a .txt/.jsonl/.conllu file; or use --grouping similarity, which works from "
-            "weights")
+        raise OptionError(
+            "data", "is needed by grouping='search', which picks groups by their KL divergence from the original model "
+                    "on calibration text: give data (texts, token-id lists, a corpus such as ptb-train or a "
+                    ".txt/.jsonl/.conllu file), or use grouping='similarity', which works from weights",
+            also=("grouping",))
     if isinstance(candidates, bool) or not isinstance(candidates, (int, np.integer)) or candidates < 0:
-        raise HeadscopeError(f"--search-candidates must be a whole number >= 0, got {candidates!r}")
+        raise OptionError("search_candidates", f"must be a whole number >= 0, got {candidates!r}")
 
 
 def _candidates(hm: HeadModel, kv_heads: int, data: Any, adjacent: list[list[list[int]]], candidates: int,

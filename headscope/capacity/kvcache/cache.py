@@ -30,7 +30,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...models.adapter import HeadModel
 from ...models.capabilities import supported_model_types_for, why_not
 from ...models.config import attention_implementation
@@ -117,11 +117,11 @@ class CachePlan:
 def check_window(sink: int, window: int) -> None:
     """Refuse a negative sink or a window below 1 (a query always sees itself)."""
     if isinstance(sink, bool) or not isinstance(sink, int) or sink < 0:
-        raise HeadscopeError(f"--sink must be 0 or more tokens (the attention-sink tokens every windowed head keeps); "
-                             f"got {sink}")
+        raise OptionError("sink", f"must be 0 or more tokens (the attention-sink tokens every windowed head keeps); "
+                                  f"got {sink}")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise HeadscopeError(f"--window must be at least 1 token (the recent tokens a windowed head keeps, the "
-                             f"current one included); got {window}")
+        raise OptionError("window", f"must be at least 1 token (the recent tokens a windowed head keeps, the "
+                                    f"current one included); got {window}")
 
 
 def _check_family(model_type: str, name: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import HeadscopeError, did_you_mean
+from ...errors import HeadscopeError, OptionError, did_you_mean
 from .cache import CachePlan
 
 
@@ -27,10 +27,10 @@ def parse_budget(text: str) -> float:
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
-        raise HeadscopeError(f"--keep-full {text!r} is not a share of KV heads; give e.g. 25% or 0.25") from None
+        raise OptionError("keep_full", f"{text!r} is not a share of KV heads; give e.g. 25% or 0.25") from None
     if not (math.isfinite(value) and 0 < value <= 1):
-        raise HeadscopeError(f"--keep-full {text!r} must lie in (0, 1] (0% < share <= 100% of KV heads kept full); "
-                             f"e.g. 25% or 0.25")
+        raise OptionError("keep_full", f"{text!r} must lie in (0, 1] (0% < share <= 100% of KV heads kept full); "
+                                       f"e.g. 25% or 0.25")
     return value
 
 
@@ -38,7 +38,7 @@ def parse_budgets(text: str) -> list[float]:
     """A comma-separated list of budgets ('12.5%,25%,50%'), each in (0, 1]."""
     parts = [p for p in str(text).split(",") if p.strip()]
     if not parts:
-        raise HeadscopeError(f"--keep-full {text!r} names no budget; give e.g. 25% or 12.5%,25%,50%")
+        raise OptionError("keep_full", f"{text!r} names no budget; give e.g. 25% or 12.5%,25%,50%")
     return [parse_budget(p) for p in parts]
 
 
@@ -115,8 +115,8 @@ def choose_threshold(scores: np.ndarray, n_kv_heads: int, threshold: float, chos
             if np.isfinite(np.nanmax(np.asarray(scores, float)))
             else math.nan
         )
-        raise HeadscopeError(f"no head's {chosen_by} reaches --threshold {threshold:g} (the highest is {best:g}); "
-                             f"lower the threshold or use --keep-full")
+        raise HeadscopeError(f"no head's {chosen_by} reaches threshold={threshold:g} (the highest is {best:g}); "
+                             f"lower the threshold or use keep_full", fields=("threshold", "keep_full"))
     return Choice(full, "score", chosen_by, float(full.mean()), _riders(scores, full, threshold))
 
 
@@ -146,10 +146,10 @@ def read_scores_file(path: str | Path, column: str) -> ScoresFile:
     or a file without `layer`, `head` and the column; `scores_matrix` then fits it to a model."""
     p = Path(path)
     if not p.is_file():
-        raise HeadscopeError(f"--scores {str(path)!r} is not a file; give a heads.csv or roles.csv written by "
-                             f"headscope")
+        raise OptionError("scores", f"{str(path)!r} is not a file; give a heads.csv or roles.csv written by "
+                                    f"headscope")
     if not _COLUMN.match(column):
-        raise HeadscopeError(f"--by {column!r} is not a column name; give e.g. retrieval_score or -streaming_share")
+        raise OptionError("by", f"{column!r} is not a column name; give e.g. retrieval_score or -streaming_share")
     name = column[1:] if column.startswith("-") else column
     try:
         with p.open(newline="", encoding="utf-8") as f:
@@ -157,7 +157,7 @@ def read_scores_file(path: str | Path, column: str) -> ScoresFile:
             fields = list(reader.fieldnames or [])
             rows = tuple(reader)
     except UnicodeDecodeError:
-        raise HeadscopeError(f"--scores {str(path)!r} is not UTF-8 text; give a CSV written by headscope") from None
+        raise OptionError("scores", f"{str(path)!r} is not UTF-8 text; give a CSV written by headscope") from None
     missing = [c for c in ("layer", "head", name) if c not in fields]
     if missing:
         raise HeadscopeError(f"{p} has no column {missing[0]!r}{did_you_mean(missing[0], fields)}; its columns: "

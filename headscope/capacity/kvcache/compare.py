@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...learned.longctx import build_haystack, long_roles
 from ...learned.longctx.confidence import card_record
 from ...learned.longctx.needle import DEPTHS, gum_sentences
@@ -50,16 +50,17 @@ class Settings:
 def check_context(context: int, sink: int, window: int, max_positions: int | None = None) -> None:
     """Refuse a context the windowed heads would see whole (every cache would be the same) or past the model's."""
     if context <= sink + window:
-        raise HeadscopeError(f"--context {context} must exceed --sink + --window = {sink + window}: otherwise every "
-                             f"windowed head still sees every token and all caches are the same")
+        raise OptionError("context", f"{context} must exceed sink + window = {sink + window}: otherwise every "
+                                     f"windowed head still sees every token and all caches are the same",
+                          also=("sink", "window"))
     check_positions(context, max_positions)
 
 
 def check_positions(context: int, max_positions: int | None) -> None:
     """Refuse a context past the model's positions (None: unbounded)."""
     if max_positions is not None and context > max_positions:
-        raise HeadscopeError(f"--context {context} exceeds the model's {max_positions} positions; use at most "
-                             f"{max_positions}")
+        raise OptionError("context", f"{context} exceeds the model's {max_positions} positions; use at most "
+                                     f"{max_positions}")
 
 
 def retrieval_scores(hm: HeadModel, context: int, haystacks: int, seed: int,

@@ -114,8 +114,8 @@ def long_passages(tokenizer: Any, texts: Sequence[str], context: int,
             break
     if not out:
         longest = max((len(tokenizer(t)["input_ids"]) for t in texts), default=0)
-        raise HeadscopeError(f"no passage holds {context} tokens (the longest has {longest}); lower --context or give "
-                             f"longer text (--data gum-long or ptb-long)")
+        raise HeadscopeError(f"no passage holds {context} tokens (the longest has {longest}); lower context or give "
+                             f"longer text (data='gum-long' or data='ptb-long')", fields=("context", "data"))
     return out, used
 
 

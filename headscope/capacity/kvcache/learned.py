@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...eval.lm import distillation_loss
 from ...learned.longctx.needle import DEPTHS, Haystack, build_haystack
 from ...models.adapter import HeadModel
@@ -54,13 +54,13 @@ class LearnedSettings:
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise HeadscopeError(f"--learn-steps must be at least 1; got {self.steps!r}")
+            raise OptionError("learn_steps", f"must be at least 1; got {self.steps!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise HeadscopeError(f"--learn-lr must be a positive number; got {self.lr}")
+            raise OptionError("learn_lr", f"must be a positive number; got {self.lr}")
         if not (self.l1 > 0 and math.isfinite(self.l1)):
-            raise HeadscopeError(f"--learn-l1 must be a positive number; got {self.l1}")
+            raise OptionError("learn_l1", f"must be a positive number; got {self.l1}")
         if isinstance(self.prompts, bool) or not isinstance(self.prompts, int) or self.prompts < 1:
-            raise HeadscopeError(f"--learn-prompts must be at least 1; got {self.prompts!r}")
+            raise OptionError("learn_prompts", f"must be at least 1; got {self.prompts!r}")
 
 
 def mixed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -116,8 +116,9 @@ def passkey_prompts(tokenizer: Any, texts: Sequence[str], context: int, n: int, 
     sents = text_sentences(texts)
     tokens = sum(len(tokenizer(" " + s, add_special_tokens=False)["input_ids"]) for _, s in sents)
     if tokens < context:
-        raise HeadscopeError(f"--choose learned needs long text for one passkey prompt of --context {context} tokens; "
-                             f"the text left for training holds {tokens}: give a longer --data or a shorter --context")
+        raise HeadscopeError(f"choose='learned' needs long text for one passkey prompt of context={context} tokens; "
+                             f"the text left for training holds {tokens}: give longer data or a shorter context",
+                             fields=("choose", "context", "data"))
     return [build_haystack(tokenizer, context, DEPTHS[i % len(DEPTHS)], i, seed + PROMPT_SEED_OFFSET, sents)
             for i in range(n)]
 

@@ -102,8 +102,8 @@ def cut_batches(token_ids: Sequence[Sequence[int]], length: int, batch_size: int
         ids = list(ids)
         pieces += [ids[s:s + length] for s in range(0, len(ids) - length + 1, length)]
     if not pieces:
-        raise HeadscopeError(f"no training text holds {length} tokens; lower --train-length or give longer "
-                             f"--train-data")
+        raise HeadscopeError(f"no training text holds {length} tokens; lower train_length or give longer "
+                             f"train_data", fields=("train_length", "train_data"))
     out = []
     for s in range(0, len(pieces), batch_size):
         rows = torch.tensor(pieces[s:s + batch_size], dtype=torch.long)

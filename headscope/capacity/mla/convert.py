@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import torch
 
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...models.adapter import HeadModel
 from ...models.capabilities import supported_model_types_for, why_not
 from ..convert.evaluate import CACHE_FORMULAS
@@ -55,14 +55,14 @@ def check_mla(hm: HeadModel, kv_rank: int, rope_dims: int | None, *, allow_full_
     d = hm.d_head
     rope_dims = default_rope_dims(hm) if rope_dims is None else int(rope_dims)
     if not (2 <= rope_dims <= d and rope_dims % 2 == 0):
-        raise HeadscopeError(f"--rope-dims must be an even number from 2 to d_head = {d} (each rotary frequency "
-                             f"rotates 2 dimensions); got {rope_dims}")
+        raise OptionError("rope_dims", f"must be an even number from 2 to d_head = {d} (each rotary frequency "
+                                       f"rotates 2 dimensions); got {rope_dims}")
     top = full_rank(hm, rope_dims)
     if not isinstance(kv_rank, int) or kv_rank < 1 or kv_rank > top or (kv_rank == top and not allow_full_rank):
-        raise HeadscopeError(
-            f"--kv-rank must be from 1 to {top - 1}: the full rank of {hm.name}'s joint K/V factorisation with "
-            f"--rope-dims {rope_dims} is {top} = min(d_model {hm.d_model}, {hm.n_kv_heads} KV heads x "
-            f"(2 x d_head {d} - {rope_dims})), which compresses nothing; got {kv_rank}")
+        raise OptionError(
+            "kv_rank", f"must be from 1 to {top - 1}: the full rank of {hm.name}'s joint K/V factorisation with "
+                       f"rope_dims={rope_dims} is {top} = min(d_model {hm.d_model}, {hm.n_kv_heads} KV heads x "
+                       f"(2 x d_head {d} - {rope_dims})), which compresses nothing; got {kv_rank}", also=("rope_dims",))
     return rope_dims
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...models.adapter import HeadModel
 from ..convert.evaluate import token_batches
 
@@ -61,7 +61,7 @@ def norm_scores(hm: HeadModel, data: Any, *, max_length: int = 64, batch_size: i
         for h in hooks:
             h.remove()
     if count == 0:
-        raise HeadscopeError("the calibration data holds no tokens; give --data with text")
+        raise OptionError("data", "holds no tokens for calibration; give text")
     q_mean, k_mean = q_sum / count, k_sum / count
     group = hm.n_heads // g
     return (q_mean.view(hm.n_layers, g, group, d // 2) * k_mean[:, :, None, :]).sum(2)  # [layer, kv, freq]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from ...data.limits import available_memory, human
-from ...errors import HeadscopeError, did_you_mean
+from ...errors import HeadscopeError, OptionError, did_you_mean
 from .tasks import PAIR_OFFSETS, TASKS, XOR_POSITIONS
 
 __all__ = ["SWEEP_VERSION", "SweepConfig", "config_key", "plan_sweep"]
@@ -68,15 +68,16 @@ def config_key(cfg: SweepConfig, data_fingerprint: str) -> str:
 def _check_shape(task: str, d_model: int, n_layers: int, steps: int, seq: int, batch: int) -> None:
     if task not in TASKS:
         raise HeadscopeError(f"unknown task {task!r}{did_you_mean(task, TASKS)}; choose one of {', '.join(TASKS)}")
-    for name, v in (("d_model", d_model), ("layers", n_layers), ("steps", steps), ("seq", seq), ("batch", batch)):
+    for name, v in (("d_model", d_model), ("layers", n_layers), ("steps", steps), ("max_length", seq),
+                    ("batch_size", batch)):  # the SweepOptions fields these arguments come from
         if v < 1:
-            raise HeadscopeError(f"--{name} must be positive; got {v}")
+            raise OptionError(name, f"must be positive; got {v}")
     if task == "pair" and seq <= max(PAIR_OFFSETS):
-        raise HeadscopeError(f"the pair task reads offsets {PAIR_OFFSETS}, so --max-length must exceed "
-                             f"{max(PAIR_OFFSETS)}; got {seq}")
+        raise OptionError("max_length", f"must exceed {max(PAIR_OFFSETS)}: the pair task reads offsets "
+                                        f"{PAIR_OFFSETS}; got {seq}")
     if task == "xor" and seq <= max(XOR_POSITIONS) + 1:
-        raise HeadscopeError(f"the xor task reads the bits at positions {XOR_POSITIONS} and ends with a query token, "
-                             f"so --max-length (bits + 1) must be at least {max(XOR_POSITIONS) + 2}; got {seq}")
+        raise OptionError("max_length", f"(bits + 1) must be at least {max(XOR_POSITIONS) + 2}: the xor task reads "
+                                        f"the bits at positions {XOR_POSITIONS} and ends with a query token; got {seq}")
 
 
 def training_bytes(cfg: SweepConfig, vocab: int = 10_001) -> float:
@@ -101,13 +102,13 @@ def plan_sweep(
     """
     _check_shape(task, d_model, n_layers, steps, seq, batch)
     if not heads or any(h < 1 for h in heads):
-        raise HeadscopeError(f"--heads must be positive integers; got {list(heads)}")
+        raise OptionError("heads", f"must be positive integers; got {list(heads)}")
     configs: list[SweepConfig] = []
     skipped: list[str] = []
     for h in heads:
         if not d_heads and d_model % h:
-            skipped.append(f"h={h}: d_model={d_model} is not divisible by {h} heads, so d_head = d_model/h is "
-                           f"not an integer (pass --d-head to set it independently)")
+            skipped.append(f"h={h}: d_model={d_model} is not divisible by {h} heads, so a head's width d_model/h is "
+                           f"not an integer (give d_head to set it independently)")
             continue
         kv_options: Sequence[int | None] = kv_heads or [None]
         for kv in kv_options:
@@ -118,7 +119,7 @@ def plan_sweep(
             d_options: Sequence[int | None] = d_heads or [None]
             for dh in d_options:
                 if dh is not None and dh < 1:
-                    raise HeadscopeError(f"--d-head must be positive; got {dh}")
+                    raise OptionError("d_head", f"must be positive; got {dh}")
                 # Store the defaults as None, so "--kv-heads 8" at h=8 (MHA) or "--d-head 32" at d_model/h = 32
                 # is the same configuration, with the same key, as leaving them out: results are reused.
                 kv_norm = None if kv == h else kv
@@ -132,11 +133,12 @@ def plan_sweep(
         need = training_bytes(cfg)
         if free is not None and need > free / 2:
             raise HeadscopeError(
-                f"training d_model {cfg.d_model} with {cfg.n_layers:,} layer(s) and {cfg.n_heads} heads on "
-                f"{cfg.batch:,} x {cfg.seq:,} tokens needs about {human(need)} of memory, but this machine has "
-                f"{human(free)} available now; lower --d-model, --layers, --heads, --batch or --seq")
+                f"training d_model {cfg.d_model} with {cfg.n_layers:,} layer(s) of {cfg.n_heads} attention "
+                f"head(s) on {cfg.batch:,} x {cfg.seq:,} tokens needs about {human(need)} of memory, but this "
+                f"machine has {human(free)} available now; lower d_model, layers, heads, batch_size or max_length",
+                fields=("d_model", "layers", "heads", "batch_size", "max_length"))
     if not configs:
         divisors = ", ".join(str(h) for h in range(1, min(d_model, 64) + 1) if d_model % h == 0)
         raise HeadscopeError(f"no valid configuration to train ({'; '.join(skipped)}); head counts dividing "
-                             f"d_model={d_model}: {divisors}")
+                             f"d_model={d_model}: {divisors}", fields=("d_head",))
     return configs, skipped

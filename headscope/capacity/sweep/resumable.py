@@ -127,8 +127,8 @@ def _saved_record(path: Path, key: str) -> dict[str, object]:
         row = record["row"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise HeadscopeError(f"{path} is damaged ({type(e).__name__}: {e}); delete it to train that configuration "
-                             f"again, or pass --force") from None
+                             f"again, or pass force=True", fields=("force",)) from None
     if not isinstance(row, dict) or row.get("key") != key:
         raise HeadscopeError(f"{path} is damaged (its row is not the result of configuration {key}); delete it to "
-                             f"train that configuration again, or pass --force")
+                             f"train that configuration again, or pass force=True", fields=("force",))
     return record

@@ -268,7 +268,8 @@ def load_pairs(tokenizer: Any, causal: bool, vocab_size: int, *, pairs: str | No
         return tokenize_pairs(tokenizer, got, causal, f"task {task}", strict=False, pad_id=pad,
                               max_positions=max_positions)
     if pairs is None:
-        raise HeadscopeError("patching needs pairs: --pairs FILE.jsonl or --task NAME (" + ", ".join(TASKS) + ")")
+        raise OptionError("pairs", "or task: patching needs one (a JSONL file of pairs, or a built-in set: "
+                                   + ", ".join(TASKS) + ")", also=("task",))
     return tokenize_pairs(tokenizer, read_pairs(pairs)[:limit], causal, str(pairs), pad_id=pad,
                           max_positions=max_positions)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import HeadscopeError
+from ...errors import OptionError
 from ...stats import COUNT
 from ...uncertainty import MIN_STABLE_PASSAGES, IntervalSettings, PassageSums, Stability, ratio, split_half
 from ..roles.confidence import role_intervals
@@ -84,11 +84,12 @@ def check_until_stable_long(until_stable: float | None, haystacks: int, windows:
     """--until-stable with --long: every long pass that runs needs a cap of at least 8 units to split."""
     if until_stable is None:
         return
-    for name, cap in (("--haystacks", haystacks), ("--long-windows", windows)):
+    for name, cap in (("haystacks", haystacks), ("long_windows", windows)):
         if 0 < cap < MIN_STABLE_PASSAGES:
-            raise HeadscopeError(f"--until-stable with --long reads up to {name} units until the ranking is stable "
-                                 f"and needs at least {MIN_STABLE_PASSAGES} to split in halves; {name} is {cap} "
-                                 f"(give {name} {MIN_STABLE_PASSAGES} or more, or 0 to skip that pass)")
+            raise OptionError(name, f"is {cap}, but until_stable with long reads up to {name} units until the "
+                                    f"ranking is stable and needs at least {MIN_STABLE_PASSAGES} to split in halves "
+                                    f"(give {name}={MIN_STABLE_PASSAGES} or more, or 0 to skip that pass)",
+                              also=(name, "until_stable", "long"))
 
 
 def long_intervals(groups: list[PassageSums | None], th: LongThresholds, settings: IntervalSettings,

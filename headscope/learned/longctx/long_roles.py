@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ...attention import DEFAULT_BLOCK, check_block
 from ...data.prepare import prepare_windows
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...hooks import on_attention_blocks
 from ...models.adapter import HeadModel
 from ...table import head_name
@@ -46,13 +46,14 @@ def check_long_args(hm: HeadModel | None, length: int, haystacks: int, windows: 
                     block: int) -> None:
     """Refuse bad long-context options (before any work when `hm` is None: what needs no model)."""
     check_block(block)
-    for name, v, least in (("--long", length, 64), ("--haystacks", haystacks, 0), ("--long-windows", windows, 0)):
+    for name, v, least in (("long", length, 64), ("haystacks", haystacks, 0), ("long_windows", windows, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < least:
-            raise HeadscopeError(f"{name} must be an integer of at least {least}; got {v!r}")
+            raise OptionError(name, f"must be an integer of at least {least}; got {v!r}")
     if haystacks == 0 and windows == 0:
-        raise HeadscopeError("--haystacks 0 and --long-windows 0 leave nothing to measure; give at least one")
+        raise OptionError("haystacks", "0 and long_windows=0 leave nothing to measure; give at least one",
+                          also=("long_windows",))
     if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= length):
-        raise HeadscopeError(f"--stride must be between 1 and --long ({length}); got {stride!r}")
+        raise OptionError("stride", f"must be between 1 and long ({length}); got {stride!r}", also=("long",))
     if hm is not None:
         check_long_model(hm, length)
 
@@ -62,8 +63,8 @@ def check_long_model(hm: HeadModel, length: int) -> None:
     if not hm.causal:
         raise HeadscopeError(f"long-range roles are measured on decoders (causal LMs); {hm.name} is an encoder")
     if hm.max_positions is not None and length > hm.max_positions:
-        raise HeadscopeError(f"--long {length} exceeds {hm.name}'s {hm.max_positions} positions "
-                             f"(max_position_embeddings); use at most {hm.max_positions}")
+        raise OptionError("long", f"{length} exceeds {hm.name}'s {hm.max_positions} positions "
+                                  f"(max_position_embeddings); use at most {hm.max_positions}")
 
 
 def pattern_pass(hm: HeadModel, length: int, data: Any, stride: int | None, windows: int, settings: PatternSettings,

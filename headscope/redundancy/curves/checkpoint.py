@@ -58,8 +58,8 @@ def _drop_states(folder: Path, keep: str | None) -> None:
 
 
 def _damaged(path: Path, why: str) -> HeadscopeError:
-    return HeadscopeError(f"{path} is damaged ({why}), so the unfinished run cannot resume; pass --force to "
-                          f"start over (or delete {PARTIAL_JSON})")
+    return HeadscopeError(f"{path} is damaged ({why}), so the unfinished run cannot resume; pass force=True to "
+                          f"start over (or delete {PARTIAL_JSON})", fields=("force",))
 
 
 def _read_saved(folder: Path) -> dict[str, Any]:
@@ -101,7 +101,8 @@ def resume(folder: Path, settings: dict[str, Any], recovery: Recovery | None
                       if saved.get("settings", {}).get(k) != settings.get(k))
         raise HeadscopeError(
             f"{folder / PARTIAL_JSON} holds an unfinished run with other settings (differs in: {', '.join(diff)}); "
-            f"rerun with the same settings to resume it, or pass --force (or delete the file) to start over")
+            f"rerun with the same settings to resume it, or pass force=True (or delete the file) to start over",
+            fields=("force",))
     try:
         rows = [CurvePoint(**r) for r in saved["rows"]]
     except TypeError as e:
@@ -113,16 +114,18 @@ def resume(folder: Path, settings: dict[str, Any], recovery: Recovery | None
     if recovery is not None:
         state = saved.get("state") or {}
         if not isinstance(state, dict) or "file" not in state:
-            raise HeadscopeError(f"{folder / PARTIAL_JSON} names no recovered weights; pass --force to start over")
-        state_file = inside(folder, state["file"], folder / PARTIAL_JSON, "pass --force to start over")
+            raise HeadscopeError(f"{folder / PARTIAL_JSON} names no recovered weights; pass force=True to start over",
+                                 fields=("force",))
+        state_file = inside(folder, state["file"], folder / PARTIAL_JSON, "pass force=True to start over",
+                            fields=("force",))
         if not state_file.is_file():
             raise HeadscopeError(f"{folder / PARTIAL_JSON} names no recovered weights ({state_file.name} "
-                                 f"is missing); pass --force to start over")
+                                 f"is missing); pass force=True to start over", fields=("force",))
         try:
             blob = Trainer.read(state_file)
         except HeadscopeError as e:  # cut, or not a state headscope wrote (never run: weights_only)
-            raise HeadscopeError(f"{e}; the unfinished run cannot resume: pass --force to start over (or delete "
-                                 f"{PARTIAL_JSON})") from None
+            raise HeadscopeError(f"{e}; the unfinished run cannot resume: pass force=True to start over (or delete "
+                                 f"{PARTIAL_JSON})", fields=("force",)) from None
         if not isinstance(blob, dict) or "model" not in blob or blob.get("n_removed") != state.get("n_removed"):
             raise _damaged(state_file, "not the recovered weights its json names")
         recovery.trainer.load_state_dict(blob)

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ...data import batches, pad_id
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...eval.evaluate import Reference, evaluate_prepared, make_reference, prepare
 from ...eval.metrics import METRICS
 from ...models.adapter import HeadModel
@@ -306,7 +306,7 @@ def prune_curve(
     """
     unit, method, scope = _check(hm, unit, method, fraction, target_drop, step, recover_steps, latency)
     if extra and scope != "heads":
-        raise HeadscopeError("extra measures (--wordsim) are taken on head curves; unit curves record the metric")
+        raise OptionError("wordsim", "(extra measures) are taken on head curves; unit curves record the metric")
     torch.manual_seed(seed)
     prep, evalprep, metric, ref, eval_ref = _prepare(hm, data, heldout, metric, max_length, batch_size, target_drop)
     ckpt = Path(checkpoint) if checkpoint is not None and scope == "heads" else None

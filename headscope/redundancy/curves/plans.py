@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ...data import Tokens
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...eval.evaluate import Reference
 from ...models.adapter import HeadModel
 from ...table import head_name, parse_head
@@ -110,9 +110,9 @@ def uniform_stop(hm: HeadModel, unit: str, fraction: float) -> int:
     u = uniform_round(hm, unit)
     rounds = int(math.floor(fraction * hm.n_heads / u + 1e-9))
     if rounds < 1:
-        raise HeadscopeError(
-            f"--uniform removes {u} of the {hm.n_heads} heads of every layer at a time ({unit}s), so --fraction "
-            f"{fraction:g} is less than one round; give at least {u / hm.n_heads:.3f}")
+        raise OptionError("fraction", f"{fraction:g} is less than one round: uniform removes {u} of the {hm.n_heads} "
+                                      f"heads of every layer at a time ({unit}s); give at least {u / hm.n_heads:.3f}",
+                          also=("uniform",))
     return min(rounds, hm.n_heads // u - 1) * u * hm.n_layers  # every layer keeps one round
 
 
@@ -216,7 +216,7 @@ class L0Plan(HeadPlan):
         if settings is None:
             if fraction is None:
                 raise HeadscopeError("pruning by l0 needs a fraction (the share the gates are trained to close) or "
-                                     "an L0 penalty (--l0-penalty)")
+                                     "an L0 penalty (l0_penalty)", fields=("l0_penalty",))
             settings = L0Settings(target=fraction)
         self.settings = settings
         self.per = "group" if unit == "group" else "head"
@@ -394,7 +394,7 @@ def make_plan(data: PlanData, unit: str, scope: str, method: str, fraction: floa
     if scope == "heads":
         return HeadPlan(data, unit, method, fraction, step, uniform)
     if uniform:
-        raise HeadscopeError(f"--uniform is for head units (head, slice, group), not --unit {unit}")
+        raise OptionError("uniform", f"is for head units (head, slice, group), not unit={unit}", also=("unit",))
     if fraction is None:
         raise HeadscopeError(f"unit {unit!r} needs a fraction: the share of all parameters to remove (e.g. 0.3)")
     return LayerPlan(data, unit, method, fraction, step)

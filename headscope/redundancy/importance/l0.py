@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ...data import Batch, Tokens, batches, pad_id
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...eval.evaluate import Reference, ids_fingerprint
 from ...eval.lm import distillation_loss
 from ...eval.metrics import METRICS
@@ -76,17 +76,17 @@ class L0Settings:
 def check_l0(steps: int, lr: float, temperature: float, penalty: float | None, target: float | None) -> None:
     """Refuse gate-training settings no run could use (before anything loads)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise HeadscopeError(f"L0 gate training needs at least 1 step, got {steps!r}; e.g. --l0-steps 200")
+        raise OptionError("l0_steps", f"(steps of L0 gate training) must be at least 1, got {steps!r}; e.g. 200")
     if not (lr > 0 and math.isfinite(lr)):
-        raise HeadscopeError(f"L0 gate learning rate must be a positive number, got {lr}; e.g. --l0-lr 0.1")
+        raise OptionError("l0_lr", f"(the L0 gates' learning rate) must be a positive number, got {lr}; e.g. 0.1")
     if not (temperature > 0 and math.isfinite(temperature)):
-        raise HeadscopeError(f"hard-concrete temperature must be a positive number, got {temperature}; "
-                             f"e.g. --l0-temperature 0.667")
+        raise OptionError("l0_temperature", f"(the hard-concrete temperature) must be a positive number, got "
+                                            f"{temperature}; e.g. 0.667")
     if penalty is not None and not (penalty > 0 and math.isfinite(penalty)):
-        raise HeadscopeError(f"L0 penalty must be a positive number, got {penalty}; e.g. --l0-penalty 0.05")
+        raise OptionError("l0_penalty", f"(the L0 penalty) must be a positive number, got {penalty}; e.g. 0.05")
     if target is not None and not (math.isfinite(target) and 0.0 <= target < 1.0):
-        raise HeadscopeError(f"--l0-target (the L0 gates' target share of heads closed) must be in [0, 1), got "
-                             f"{target}; e.g. --l0-target 0.3")
+        raise OptionError("l0_target", f"(the L0 gates' target share of heads closed) must be in [0, 1), got "
+                                       f"{target}; e.g. 0.3")
     if penalty is not None and target is not None:
         raise HeadscopeError("give an L0 penalty or a target fraction, not both")
 
@@ -172,10 +172,12 @@ class GateTraining:
         try:
             blob = Trainer.read(checkpoint)  # weights_only: a crafted file is refused, never run
         except HeadscopeError as e:
-            raise HeadscopeError(f"{e}; pass --force (or delete the file) to start over") from None
+            raise HeadscopeError(f"{e}; pass force=True (or delete the file) to start over",
+                                 fields=("force",)) from None
         if blob.get("l0_settings") != self._fingerprint():
             raise HeadscopeError(f"{checkpoint} holds L0 gates trained with other settings or data; rerun with the "
-                                 f"same settings to resume, or pass --force (or delete the file) to start over")
+                                 f"same settings to resume, or pass force=True (or delete the file) to start over",
+                                 fields=("force",))
         self.trainer.load_state_dict(blob)
         self.history = list(blob.get("history", []))
 

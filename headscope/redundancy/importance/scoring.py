@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from ...data import Tokens
 from ...distributed import is_main, run_on_main
-from ...errors import HeadscopeError
+from ...errors import HeadscopeError, OptionError
 from ...eval.evaluate import MetricResult, Reference, evaluate_prepared, ids_fingerprint, make_reference, prepare
 from ...eval.metrics import METRICS, resolve_metric
 from ...models.adapter import HeadModel
@@ -141,8 +141,8 @@ def score(
     check_until_stable(until_stable, len(prep.ids))
     learned = [m for m in chosen if CRITERIA.get(m).meta.get("learned")]
     if until_stable is not None and learned:
-        raise HeadscopeError(f"--until-stable needs per-passage criteria; {', '.join(learned)} is learned over all "
-                             f"passages at once: score it without --until-stable")
+        raise OptionError("until_stable", f"needs per-passage criteria; {', '.join(learned)} is learned over all "
+                                          f"passages at once: score it without until_stable", also=("until_stable",))
     settings = intervals or IntervalSettings(seed=seed)
     base = base_gates(hm, gates)
     if METRICS.get(metric).needs_reference:
