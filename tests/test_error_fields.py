@@ -20,19 +20,9 @@ from headscope.options.cli import as_flags
 PACKAGE = Path(__file__).resolve().parents[1] / "headscope"
 CLI_LAYER = ("commands/", "options/cli.py", "cli.py", "study/cli.py")  # relative to headscope/: where flags belong
 
-# Messages that still name a flag, each with why. Ideally none: a message deliberately about the command line
-# belongs in the CLI layer. The entries below are not deliberate: they sit in modules other work of issue 41 owns
-# at the time of writing (study/ moves onto the library functions, view/server.py is being hardened), so they are
-# reworded there; remove an entry when its message is gone (a stale entry fails this test too).
-ALLOWED = {
-    ("study/budget.py", "--budget"): "study's budget parser (study/ moves onto the library: issue 41 item 1)",
-    ("study/runner.py", "--out"): "the study's output folder check (issue 41 item 1)",
-    ("study/runner.py", "--force"): "the study's output folder check (issue 41 item 1)",
-    ("study/runner.py", "--budget"): "the study's budget floor (issue 41 item 1)",
-    ("study/state.py", "--force"): "a damaged study.json (issue 41 item 1)",
-    ("view/server.py", "--port"): "the view server's listen error (the view's hardening, issue 41)",
-    ("view/server.py", "--host"): "the view server's listen error (the view's hardening, issue 41)",
-}
+# (module, flag) -> why a library message may name that flag. None does: a message deliberately about the command
+# line belongs in the CLI layer. An entry whose message is gone fails the test too.
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _error_classes(trees: dict[str, ast.Module]) -> set[str]:

@@ -406,7 +406,7 @@ def test_a_port_in_use_is_one_line(dirs):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(headscope.HeadscopeError, match=f"cannot listen on 127.0.0.1:{port} .*another --port"):
+        with pytest.raises(headscope.HeadscopeError, match=f"cannot listen on 127.0.0.1:{port} .*another port"):
             make_server(ViewApp(hm, heads_table(hm, []), 64, EXAMPLES), "127.0.0.1", port)
 
 

@@ -68,7 +68,7 @@ def read_pattern(path: str | Path) -> CachePattern:
     tsv, cfg = folder / PATTERN, folder / CONFIG
     if not tsv.is_file() or not cfg.is_file():
         raise OptionError("cache", f"'{path}' is no DuoAttention pattern: it needs {PATTERN} and {CONFIG} (what "
-                                   f"kvcache --export-card writes)")
+                                   f"kvcache's exported card holds)")
     try:
         scores = np.atleast_2d(np.loadtxt(tsv, delimiter="\t", dtype=np.float64))
         config = json.loads(cfg.read_text(encoding="utf-8"))

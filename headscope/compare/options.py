@@ -92,7 +92,8 @@ class CompareOptions(DataOptions, IntervalOptions, OutputOptions):
         if len(set(self.tasks)) != len(self.tasks):
             raise OptionError("tasks", f"names a row twice: {','.join(self.tasks)}")
         if self.cache is None and self.cache_reversed:
-            raise OptionError("cache_reversed", "turns a --cache pattern upside down; give --cache DIR")
+            raise OptionError("cache_reversed", "turns a cache pattern upside down; give cache, the pattern's folder",
+                              also=("cache",))
 
     def check_paths(self) -> None:
         super().check_paths()

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..data import Tokens, prepare_tokens, resolve_max_length
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, OptionError
 from ..eval.metrics import cosine64
 from ..learned.causal.attribution import attribution_scan
 from ..learned.causal.pairs import PairBatch, load_pairs, read_pairs, tokenize_pairs
@@ -179,8 +179,8 @@ def _refuse_family(task: str, hm: HeadModel) -> None:
 
 def _haystacks(hm: HeadModel, opts: CompareOptions) -> list[Haystack]:
     if hm.max_positions is not None and opts.long > hm.max_positions:
-        raise HeadscopeError(f"the retrieval row's haystacks of {opts.long} tokens exceed {hm.name}'s "
-                             f"{hm.max_positions} positions; give --long {hm.max_positions} or less")
+        raise OptionError("long", f"is {opts.long}: the retrieval row's haystacks of {opts.long} tokens exceed "
+                                  f"{hm.name}'s {hm.max_positions} positions; give {hm.max_positions} or less")
     sents = gum_sentences()
     return [build_haystack(hm.tokenizer, opts.long, DEPTHS[i % len(DEPTHS)], i, opts.seed, sents)
             for i in range(opts.haystacks)]
@@ -220,8 +220,8 @@ def prepare_rows(hm: HeadModel, opts: CompareOptions, data: Any = None) -> tuple
         else:
             pair_rows = [r for r in rows if isinstance(r.items, PairBatch)]
             if not pair_rows and asked:
-                raise HeadscopeError("row 'heads' follows the pair rows (ioi, induction, greater-than, masked, "
-                                     "--pairs): ask for one of them too")
+                raise OptionError("tasks", "row 'heads' follows the pair rows (ioi, induction, greater-than, masked, "
+                                            "pairs files): ask for one of them too", also=("pairs",))
             rows += [carriers_row(r, opts.batch_size, opts.intervals()) for r in pair_rows]
     if not rows:
         raise HeadscopeError("nothing to compare: no row could be measured (" + "; ".join(notes) + ")")

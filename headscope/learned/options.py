@@ -229,8 +229,8 @@ class CircuitOptions(ModelOptions, IntervalOptions, OutputOptions):
     def check(self) -> None:
         super().check()
         if (self.pairs is None) == (self.task is None):
-            raise OptionError("pairs", "or --task: give exactly one (a JSONL file of pairs, or a built-in set: "
-                                       "ioi, greater-than, induction)")
+            raise OptionError("pairs", "or task: give exactly one (a JSONL file of pairs, or a built-in set: "
+                                       "ioi, greater-than, induction)", also=("task",))
 
 
 def check_card_path(path: str | None) -> None:

@@ -59,12 +59,12 @@ def check_out(out: Path, force: bool) -> State | None:
     state = State.load(out)
     if state is not None:
         return state
-    verbs = ("analyze", "roles", "similar", "score", "patch", "prune", "kv", "kvcache", "report")
+    verbs = ("analyze", "roles", "similar", "score", "patch", "circuit", "prune", "kv", "kvcache", "report")
     clash = sorted({n for v in verbs for n in verb_files(v) if (out / n).exists()})
     if clash:
         shown = ", ".join(clash[:4]) + (", ..." if len(clash) > 4 else "")
-        raise HeadscopeError(f"--out {str(out)!r} holds results no study recorded ({shown}); pass --force to "
-                             f"replace them or choose another --out")
+        raise HeadscopeError(f"out {str(out)!r} holds results no study recorded ({shown}); pass force=True to "
+                             f"replace them or choose another out", fields=("out", "force"))
     return None
 
 

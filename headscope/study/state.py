@@ -125,7 +125,7 @@ class State:
             problem = schema_problem(data, out)
         if problem:
             raise HeadscopeError(f"{p} is damaged or edited ({problem}), so the study cannot continue from it; pass "
-                                 f"--force to start the study over (or delete {STUDY_NAME})")
+                                 f"force=True to start the study over (or delete {STUDY_NAME})", fields=("force",))
         return cls(out, data)
 
     def save(self) -> None:

@@ -473,5 +473,5 @@ def make_server(app: ViewApp | None, host: str, port: int) -> ViewServer:
     try:
         return cls((host, port), app)
     except OSError as e:
-        raise HeadscopeError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another --port or "
-                             f"--host") from None
+        raise HeadscopeError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another port or host",
+                             fields=("port", "host")) from None
