@@ -34,7 +34,8 @@ FLAG = None  # a flag no value can make bad, on its own (its combinations are re
 # What a verb needs before its options are read.
 REQUIRED = {"gqa": ("{llama}", "--kv-heads", "1"), "mla": ("{llama}", "--kv-rank", "8"), "kvcache": ("{llama}",),
             "prune": ("--fraction", "0.1"), "patch": ("{llama}", "--task", "induction"),
-            "circuit": ("{llama}", "--task", "induction"), "export": ("{llama}", "--to", "gguf", "--file", "o.gguf")}
+            "circuit": ("{llama}", "--task", "induction"), "export": ("{llama}", "--to", "gguf", "--file", "o.gguf"),
+            "compare": ("{llama}", "{llama}")}
 L0 = ("--method", "l0")
 L0_ROWS = {  # prune's and score's --method l0 options
     "--l0-steps": bad(*L0, "--l0-steps", "0", says="--l0-steps (steps of L0 gate training) must be at least 1"),
@@ -85,6 +86,21 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--pairs": bad("{llama}", "--pairs", "missing.jsonl", says="pairs file 'missing.jsonl' does not exist",
                        required=False),
         "--ig-steps": bad("--ig-steps", "0", says="--ig-steps must be at least 1; got 0"),
+    },
+    "compare": {
+        "base": bad("no-such-model", "{llama}", says="BASE 'no-such-model' is not a built-in model", required=False),
+        "other": bad("{llama}", "no-such-model", says="OTHER 'no-such-model' is not a built-in model",
+                     required=False),
+        "--tasks": bad("--tasks", "bogus", says="--tasks takes lm, ioi"),
+        "--pairs": bad("--pairs", "missing.jsonl", says="pairs file 'missing.jsonl' does not exist"),
+        "--items": bad("--items", "1", says="--items must be at least 2; got 1"),
+        "--long": bad("--long", "10", says="--long must be at least 64; got 10"),
+        "--haystacks": bad("--haystacks", "0", says="--haystacks must be at least 2; got 0"),
+        "--base-from": bad("--base-from", "missing", says="--base-from 'missing' holds no compare.json"),
+        "--cache": bad("--cache", "missing", says="--cache 'missing' is no DuoAttention pattern"),
+        "--keep-full": bad("--keep-full", "2", says="--keep-full must be at most 1; got 2.0"),
+        "--cache-reversed": bad("--cache-reversed", says="--cache-reversed turns a --cache pattern upside down"),
+        "--tolerance": bad("--tolerance", "-1", says="--tolerance must be a positive number"),
     },
     "gqa": {
         "model": bad("no-such-model", "--kv-heads", "1", says="unknown model 'no-such-model'", required=False),
@@ -211,6 +227,11 @@ TOO_LARGE: dict[str, dict[str, Row]] = {  # beside the rows generated from every
     "analyze": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000")},
     "patch": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000"),
               "--paths": bad("--paths", HUGE, says="--paths takes 1 to 256 receivers (the heads of largest effect)")},
+    "compare": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000"),
+                "--items": bad("--items", HUGE, says="--items must be at most 4096"),
+                "--long": bad("--long", HUGE, says="--long must be at most 1048576"),
+                "--haystacks": bad("--haystacks", HUGE, says="--haystacks must be at most 100,000"),
+                "--keep-full": bad("--keep-full", "2", says="--keep-full must be at most 1")},
     "circuit": {"--bootstrap": bad("--bootstrap", HUGE, says="--bootstrap must be at most 100,000"),
                 "--ig-steps": bad("--ig-steps", HUGE, says="--ig-steps must be at most 64"),
                 "--batch-size": bad("--batch-size", HUGE, says="--batch-size must be at most 4096")},

@@ -9,6 +9,7 @@ from ..artifacts import outputs
 from ..compare import CompareOptions, check_model_name
 from ..compare import compare as compare_models
 from ..compare.cache import read_pattern
+from ..data import read_texts
 from ..io import prepare_out_dir
 from ..learned.causal.pairs import read_pairs
 from ..models.loading import load_model
@@ -39,11 +40,13 @@ def run(args: argparse.Namespace) -> int:
         read_pairs(path)  # a bad or empty file fails before the models load
     if options.cache is not None:
         read_pattern(options.cache)
+    # the language-model row's passages, read (and a missing or unreadable file refused) before the models load
+    texts = read_texts(options.data, options.limit) if options.data is not None else None
     base = load_model(options.base, device=options.device, dtype=options.dtype)
     # the same name twice (BASE through --cache, or a check of compare itself): one model, loaded once
     same = options.other == options.base
     other = base if same else load_model(options.other, device=options.device, dtype=options.dtype)
-    result = compare_models(base, other, options)
+    result = compare_models(base, other, options, data=texts)
     result.save(out, options.force)  # the files appear together, or none
     print("\n".join(result.lines()))
     print(f"\nwrote {' and '.join(str(out / n) for n in result.files)}", file=sys.stderr)

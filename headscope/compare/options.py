@@ -18,7 +18,7 @@ DECODER_TASKS = ("lm", "ioi", "induction", "greater-than", "retrieval", "heads")
 # Rows an encoder supports: fidelity of the final hidden states and the masked-LM pairs. `heads` adds, for each pair
 # row, a row heads:<row>: what BASE's carrier heads of that task still carry in OTHER.
 ENCODER_TASKS = ("fidelity", "masked", "heads")
-TASKS = (*DECODER_TASKS, *ENCODER_TASKS)
+TASKS = tuple(dict.fromkeys((*DECODER_TASKS, *ENCODER_TASKS)))  # every row once (heads serves both)
 
 
 def parse_tasks(text: str) -> tuple[str, ...]:
