@@ -307,6 +307,25 @@ def test_uptraining_lowers_distillation_loss_and_leaves_input_untouched():
         gqa.uptrain(student, texts, 1)
 
 
+def test_uptraining_under_sdpa_follows_eager():
+    """Loaders pick sdpa (since 22c0994; the tiny models and the figures before it were eager): uptraining a
+    converted model takes the same steps under either kernel, padded and unpadded batches alike, so the kernel
+    changes only float rounding (the SmolLM2 MQA 32-step figure in docs/gqa.md moved with that rounding alone)."""
+    texts = [torch.randint(5, 120, (int(n),), generator=torch.Generator().manual_seed(int(n))).tolist()
+             for n in (6, 9, 9, 9, 12, 17, 17, 17)]  # equal lengths batch unpadded (sdpa: no mask, causal kernel)
+    runs = {}
+    for impl in ("eager", "sdpa"):
+        hm = tiny("llama")
+        hm.model.set_attn_implementation(impl)
+        student = gqa.convert_to_gqa(hm, 1)
+        assert student.config._attn_implementation == impl
+        trained, log = gqa.uptrain(student, texts, 12, teacher=hm, lr=3e-3, batch_size=3)
+        runs[impl] = (log.losses, gqa.kl_divergence(hm, trained, texts), gqa.kl_divergence(hm, student, texts))
+    (eager, kl_eager, kl0), (sdpa, kl_sdpa, _) = runs["eager"], runs["sdpa"]
+    assert np.allclose(sdpa, eager, rtol=1e-4, atol=1e-6), (eager, sdpa)
+    assert abs(kl_sdpa - kl_eager) < 1e-4 * max(kl_eager, 1e-3) and kl_eager < kl0, (kl_eager, kl_sdpa, kl0)
+
+
 def _kl(teacher: HeadModel, student: HeadModel, texts) -> float:
     ids = torch.tensor(texts)
     t = torch.log_softmax(logits(teacher, ids)[:, :-1], -1)
