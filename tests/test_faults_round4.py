@@ -18,21 +18,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_artifacts import tiny_bert_dir, tiny_llama_dir
 from test_bad_input import refused
+from test_faults import _run  # main() run inside a folder, as the round-three tests do
 from users import as_user
 
 from headscope.cli import main
 from headscope.errors import HeadscopeError
 
 SMALL = ["--limit", "3", "--max-length", "16"]
-
-
-def _run(tmp_path: Path, argv: list[str]) -> int:
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        return main(argv)
-    finally:
-        os.chdir(cwd)
 
 
 # --- 1. a checkpoint whose weights do not fill its config ---------------------------------------------------------
