@@ -442,9 +442,8 @@ class HeadModel:
             return []
         gone = [h for h in keep if h not in now]
         if gone:
-            names = ", ".join(Head(layer, h).name for h in gone)
-            raise HeadscopeError(f"layer {layer}: head(s) {names} are not in the layer (present: {now}); heads can be "
-                                 f"removed, not added back")
+            raise HeadscopeError(f"layer {layer}: head(s) {', '.join(Head(layer, h).name for h in gone)} are not "
+                                 f"in the layer (present: {now}); heads can be removed, not added back")
         why = self.spec.refusal("prune")
         if why and 0 < len(set(keep)) < len(now):  # a whole attention sub-layer may still go: its output is the bias
             raise HeadscopeError(f"layer {layer}: heads of the {self.spec.family} family cannot be pruned one by one: "
