@@ -77,11 +77,11 @@ class HeadTable:
     def __contains__(self, name: str) -> bool:
         return name in self.columns
 
-    def heads(self) -> Iterator[tuple[int, int]]:
-        """All (layer, head) pairs in row order (layer, then head)."""
+    def heads(self) -> Iterator[Head]:
+        """Every head, `Head(layer, head)`, in row order (layer, then head)."""
         for layer in range(self.n_layers):
             for head in range(self.n_heads):
-                yield layer, head
+                yield Head(layer, head)
 
     def with_columns(self, columns: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None,
                      **more: Any) -> "HeadTable":

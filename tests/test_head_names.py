@@ -184,3 +184,11 @@ def test_a_kv_group_names_the_query_heads_that_share_it():
     # 12 query heads over 4 KV heads: group 1 is query heads 3, 4, 5 (repeat_kv's order)
     assert KVGroup(2, 1).query_heads(3) == [Head(2, 3), Head(2, 4), Head(2, 5)]
     assert KVGroup(0, 0).query_heads(1) == [Head(0, 0)]
+
+
+def test_a_table_lists_its_heads_as_heads():
+    from headscope import HeadTable
+
+    heads = list(HeadTable(2, 3).heads())
+    assert heads == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert all(isinstance(h, Head) for h in heads) and [h.name for h in heads][-1] == "L1H2"
