@@ -20,8 +20,9 @@ from .errors import HeadscopeError
 
 __all__ = ["Head", "KVGroup", "join_heads", "split_heads", "read_node"]
 
-# At most 6 digits: every real layer or head index fits, and a hostile file cannot make int() parse a huge number.
-_INDEX = "([0-9]{1,6})"
+# At most 4 digits: every real layer or head index fits, and a name in a hostile file cannot place a node a million
+# layers away in a report's figure (nor make int() read a huge number).
+_INDEX = "([0-9]{1,4})"
 _HEAD = re.compile(f"L{_INDEX}H{_INDEX}")
 _GROUP = re.compile(f"L{_INDEX}G{_INDEX}")
 _SEP = "+"  # between the heads of a sender patched as one

@@ -144,7 +144,7 @@ def test_parse_reads_what_a_user_writes(text, want):
 
 
 @pytest.mark.parametrize("text", ["3.7", "L3", "H7", "L3H", "LxH7", "L3H7.q", "L-1H2", "L3 H7", "L3G1", "",
-                                  "L1234567H0"])
+                                  "L12345H0"])
 def test_parse_refuses_anything_else_in_one_line_with_an_example(text):
     with pytest.raises(HeadscopeError) as e:
         Head.parse(text)
@@ -159,7 +159,7 @@ def test_kv_groups_parse_and_refuse():
 
 def test_read_takes_exactly_the_written_form():
     assert Head.read("L3H5") == (3, 5) and KVGroup.read("L3G1") == (3, 1)
-    for odd in ["l3h5", " L3H5", "L3H5 ", "L3G1", "<b>", "", None, 35, ("L3H5",)]:
+    for odd in ["l3h5", " L3H5", "L3H5 ", "L3G1", "<b>", "", None, 35, ("L3H5",), "L99999H0"]:
         assert Head.read(odd) is None, odd
     assert KVGroup.read("L3H1") is None
 
