@@ -14,6 +14,7 @@ from typing import Any
 
 from .data import read_conllu, read_texts
 from .errors import HeadscopeError, OptionError
+from .heads import Head, KVGroup
 from .hooks import capture_head_outputs, head_gates, on_attention_weights
 from .models import HeadModel, load_model, wrap
 from .stats import STATISTICS, HeadStats
@@ -67,10 +68,12 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "STATISTICS",
+    "Head",
     "HeadModel",
     "HeadStats",
     "HeadTable",
     "HeadscopeError",
+    "KVGroup",
     "OptionError",
     "capture_head_outputs",
     "head_gates",

@@ -18,6 +18,7 @@ import numpy as np
 # Figures are built without pyplot: no display, no global backend switch, nothing left open.
 from matplotlib.figure import Figure
 
+from .heads import Head
 from .io import atomic_write_bytes
 
 __all__ = ["figure", "heads_grid", "importance_grids", "num", "path_graph", "pruning_curve", "pruning_curves",
@@ -264,7 +265,7 @@ def path_graph(edges: Sequence[Mapping[str, Any]], title: str, value_label: str,
     for n in {e["sender"] for e in edges} | {e["receiver"] for e in edges}:
         x, y = at(n)
         ax.plot([x], [y], "o", ms=22, color="#f2f2f2", mec="#555555")
-        ax.text(x, y, "logits" if n is None else f"L{n[0]}H{n[1]}", fontsize=6, ha="center", va="center",
+        ax.text(x, y, "logits" if n is None else Head(*n).name, fontsize=6, ha="center", va="center",
                 parse_math=False)
     for via, colour in VIA_COLOURS.items():
         ax.plot([], [], color=colour, label=via)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 import numpy as np
 
 from .errors import HeadscopeError, did_you_mean
+from .heads import Head
 from .io import atomic_write_text, csv_text
 
 if TYPE_CHECKING:
@@ -25,18 +26,13 @@ KEY_COLUMNS = ("layer", "head")
 
 
 def head_name(layer: int, head: int) -> str:
-    """A head written as text: `L3H7`."""
-    return f"L{layer}H{head}"
+    """A head written as text: `L3H7` (`str(Head(layer, head))`; `headscope.heads` holds the one formatter)."""
+    return Head(layer, head).name
 
 
-def parse_head(text: str) -> tuple[int, int]:
-    """Parse `L3H7` (case-insensitive) into `(3, 7)`."""
-    t = text.strip().upper()
-    if t.startswith("L") and "H" in t:
-        layer, _, head = t[1:].partition("H")
-        if layer.isdigit() and head.isdigit():
-            return int(layer), int(head)
-    raise HeadscopeError(f"cannot read head {text!r}; write heads as L<layer>H<head>, e.g. L3H7")
+def parse_head(text: str) -> Head:
+    """Parse `L3H7` (case-insensitive) into `Head(3, 7)`, which is the tuple `(3, 7)` (`Head.parse`)."""
+    return Head.parse(text)
 
 
 @dataclass
@@ -81,11 +77,11 @@ class HeadTable:
     def __contains__(self, name: str) -> bool:
         return name in self.columns
 
-    def heads(self) -> Iterator[tuple[int, int]]:
-        """All (layer, head) pairs in row order (layer, then head)."""
+    def heads(self) -> Iterator[Head]:
+        """Every head, `Head(layer, head)`, in row order (layer, then head)."""
         for layer in range(self.n_layers):
             for head in range(self.n_heads):
-                yield layer, head
+                yield Head(layer, head)
 
     def with_columns(self, columns: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None,
                      **more: Any) -> "HeadTable":
@@ -134,7 +130,7 @@ class HeadTable:
         dup = df.duplicated(list(KEY_COLUMNS))
         if dup.any() or int(df["layer"].min()) < 0 or int(df["head"].min()) < 0:
             row = df[dup].iloc[0] if dup.any() else df.iloc[0]
-            raise HeadscopeError(f"table lists head L{int(row['layer'])}H{int(row['head'])} twice or a negative "
+            raise HeadscopeError(f"table lists head {Head(int(row['layer']), int(row['head']))} twice or a negative "
                                  f"index; every (layer, head) of the grid must appear once")
         df = df.sort_values(list(KEY_COLUMNS))
         cols = {}

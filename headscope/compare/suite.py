@@ -20,12 +20,12 @@ import torch
 from ..data import Tokens, prepare_tokens, resolve_max_length
 from ..errors import HeadscopeError, OptionError
 from ..eval.metrics import cosine64
+from ..heads import Head
 from ..learned.causal.attribution import attribution_scan
 from ..learned.causal.pairs import PairBatch, load_pairs, read_pairs, tokenize_pairs
 from ..learned.causal.run import pairs_fingerprint
 from ..learned.longctx.needle import DEPTHS, Haystack, build_haystack, gum_sentences
 from ..models.adapter import HeadModel
-from ..table import parse_head
 from ..uncertainty import IntervalSettings, Statistic, ratio
 from .measure import fidelity_items, lm_items, needle_items, pair_items
 from .options import DECODER_TASKS, ENCODER_TASKS, CompareOptions
@@ -88,7 +88,7 @@ def carriers_row(task: Row, batch_size: int, settings: IntervalSettings) -> Row:
     order, attribution patching), per pair, in each model. Carriers: the heads whose attribution effect in BASE has
     an interval above 0 (`learned.causal`); one gone from OTHER (pruned) carries 0."""
     b: PairBatch = task.items
-    found: dict[str, list[tuple[int, int]]] = {}
+    found: dict[str, list[Head]] = {}
 
     def run(hm: HeadModel) -> Sums:
         runs = attribution_scan(hm, b, batch_size=batch_size)
@@ -98,8 +98,8 @@ def carriers_row(task: Row, batch_size: int, settings: IntervalSettings) -> Row:
                 lo = np.nan_to_num(runs.effect(settings).lo, nan=-1.0)
             except HeadscopeError:  # the pairs do not move the metric: no head carries them
                 lo = np.full(moved.shape[1:], -1.0)
-            found["carriers"] = [(int(l), int(h)) for l, h in zip(*np.nonzero(lo > 0), strict=True)]
-            row.describe["carriers"] = [f"L{l}H{h}" for l, h in found["carriers"]]
+            found["carriers"] = [Head(int(l), int(h)) for l, h in zip(*np.nonzero(lo > 0), strict=True)]
+            row.describe["carriers"] = [head.name for head in found["carriers"]]
         v = np.zeros(len(b))
         for l, h in found["carriers"]:
             if l < moved.shape[1] and h < moved.shape[2]:
@@ -107,7 +107,7 @@ def carriers_row(task: Row, batch_size: int, settings: IntervalSettings) -> Row:
         return {"v": v, "n": np.ones_like(v)}
 
     def restore(earlier: dict[str, Any]) -> None:  # BASE reused (--base-from): its carriers come with it
-        found["carriers"] = [parse_head(name) for name in earlier.get("carriers", [])]
+        found["carriers"] = [Head.parse(name) for name in earlier.get("carriers", [])]
         row.describe["carriers"] = list(earlier.get("carriers", []))
 
     row = Row(f"heads:{task.capability}", "carried_logit_diff", True, _mean, b, run,

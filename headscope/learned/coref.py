@@ -20,6 +20,7 @@ import numpy as np
 
 from ..data import Sentence, read_conllu
 from ..errors import HeadscopeError
+from ..heads import Head
 from ..uncertainty import Accumulator, PassageSums, ratio
 from .syntax import SENTENCE_ROWS, Aligned, align_words, stream_word_attention
 
@@ -261,7 +262,7 @@ class CorefCounts:
         acc = self.hits / n if self.total else np.full_like(self.hits, np.nan)
         li, hi = np.unravel_index(int(np.nanargmax(acc)), acc.shape) if self.total else (0, 0)
         return {"anaphors": self.total, "accuracy": acc.tolist(),
-                "best_head": f"L{li}H{hi}", "best_accuracy": float(acc[li, hi]),
+                "best_head": Head(int(li), int(hi)).name, "best_accuracy": float(acc[li, hi]),
                 "nearest_mention_baseline": self.nearest_hits / n if self.total else float("nan"),
                 "same_head_word_baseline": self.same_head_hits / n if self.total else float("nan"),
                 "chance": self.chance / n if self.total else float("nan")}

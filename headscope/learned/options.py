@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HeadscopeError
+from ..heads import Head
 from ..io import check_writable_file
 from ..options import (
     DataOptions,
@@ -18,7 +19,6 @@ from ..options import (
     option,
 )
 from ..options.spec import haystacks_problem
-from ..table import parse_head
 from .longctx import check_long_args
 from .longctx.confidence import check_until_stable_long
 from .similarity import check_cka_batch, check_thresholds
@@ -126,7 +126,7 @@ def _methods(text: str) -> tuple[str, ...]:
 MOST_RECEIVERS = 256  # each receiver costs about 3 x (heads before it) / copies forwards per batch of pairs
 
 
-def path_receivers(text: str) -> int | list[tuple[int, int]]:
+def path_receivers(text: str) -> int | list[Head]:
     """--paths read: 0 for `logits` (paths to the logits alone), N for the N heads of largest |effect|, or the
     heads named (L5H1,L6H0)."""
     t = text.strip()
@@ -140,17 +140,17 @@ def path_receivers(text: str) -> int | list[tuple[int, int]]:
     return head_list(t, "paths", "must be a number of receivers, heads such as L5H1,L6H0, or logits")
 
 
-def head_list(text: str, name: str, what: str) -> list[tuple[int, int]]:
+def head_list(text: str, name: str, what: str) -> list[Head]:
     """Heads written L5H1,L6H0 (1 to MOST_RECEIVERS of them), or the option's problem naming `what` it takes."""
     try:
-        heads = [parse_head(h) for h in text.split(",") if h.strip()]
+        heads = [Head.parse(h) for h in text.split(",") if h.strip()]
     except HeadscopeError as e:
         raise OptionError(name, f"{what}; {e}") from e
     if not 1 <= len(heads) <= MOST_RECEIVERS:
         raise OptionError(name, f"takes 1 to {MOST_RECEIVERS} heads; got {len(heads)}")
     twice = next((h for i, h in enumerate(heads) if h in heads[:i]), None)
     if twice is not None:  # a receiver named twice would write its paths twice; a sender twice is a typo
-        raise OptionError(name, f"names L{twice[0]}H{twice[1]} twice; name each head once (got {text.strip()!r})")
+        raise OptionError(name, f"names {twice} twice; name each head once (got {text.strip()!r})")
     return heads
 
 

@@ -34,6 +34,7 @@ import torch
 
 from ..data import Sentence
 from ..errors import HeadscopeError
+from ..heads import Head
 from ..hooks import on_attention_blocks
 from ..uncertainty import Accumulator, PassageSums, Statistic
 
@@ -250,7 +251,7 @@ class DependencyCounts:
             li, hi = np.unravel_index(int(np.nanargmax(best)), best.shape)
             d2h, h2d = self.accuracy(rel, "dep_to_head"), self.accuracy(rel, "head_to_dep")
             out[rel] = {"count": int(self.total[rel]), "baseline": base, "baseline_offset": k,
-                        "best_head": f"L{li}H{hi}", "best_accuracy": float(best[li, hi]),
+                        "best_head": Head(int(li), int(hi)).name, "best_accuracy": float(best[li, hi]),
                         "best_direction": "dep_to_head" if d2h[li, hi] >= h2d[li, hi] else "head_to_dep",
                         "dep_to_head": d2h.tolist(), "head_to_dep": h2d.tolist()}
         return out

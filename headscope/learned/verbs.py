@@ -25,6 +25,7 @@ from ..artifacts import (
 )
 from ..data import read_texts
 from ..distributed import is_main, local
+from ..heads import Head
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
 from ..options import Result, check_data
@@ -82,7 +83,7 @@ class AnalyzeResult(TableResult):
             top = [t for t in table.top(col, 3) if t[2] == t[2]]
             if top:
                 lo, hi = table[f"{col}_lo"], table[f"{col}_hi"]
-                out.append(f"  {label:<20}" + ", ".join(f"L{l}H{h} {v:.2f} [{lo[l, h]:.2f}, {hi[l, h]:.2f}]"
+                out.append(f"  {label:<20}" + ", ".join(f"{Head(l, h)} {v:.2f} [{lo[l, h]:.2f}, {hi[l, h]:.2f}]"
                                                         for l, h, v in top))
         iv = m["intervals"]
         out += ["", f"[lo, hi]: {iv['level']:.0%} intervals, {iv['method']} bootstrap over the {m['passages']} "

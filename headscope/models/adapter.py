@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
+from ..heads import Head
 from . import dispatch, layout
 from .config import attention_counts
 from .geometry import check_layers, module_at
@@ -441,8 +442,8 @@ class HeadModel:
             return []
         gone = [h for h in keep if h not in now]
         if gone:
-            raise HeadscopeError(f"layer {layer}: head(s) {', '.join(f'L{layer}H{h}' for h in gone)} are not in the "
-                                 f"layer (present: {now}); heads can be removed, not added back")
+            raise HeadscopeError(f"layer {layer}: head(s) {', '.join(Head(layer, h).name for h in gone)} are not "
+                                 f"in the layer (present: {now}); heads can be removed, not added back")
         why = self.spec.refusal("prune")
         if why and 0 < len(set(keep)) < len(now):  # a whole attention sub-layer may still go: its output is the bias
             raise HeadscopeError(f"layer {layer}: heads of the {self.spec.family} family cannot be pruned one by one: "
@@ -455,7 +456,7 @@ class HeadModel:
         if len(counts) > 1:
             # Suggest the nearest prunable set: keep the smallest surviving count in every group.
             raise HeadscopeError(
-                f"layer {layer}: the kept query heads {[f'L{layer}H{h}' for h in keep]} leave KV groups with "
+                f"layer {layer}: the kept query heads {[Head(layer, h).name for h in keep]} leave KV groups with "
                 f"{dict(sorted(per_group.items()))} query heads each; transformers' repeat_kv needs the same number "
                 f"in every KV head that stays (group size {g}). Prune whole KV groups, or the same number of query "
                 f"heads from every group (e.g. keep {min(counts)} per surviving group)"

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..errors import HeadscopeError
+from ..heads import Head
 from ..io import atomic_dir, inside
 from . import layout
 from .adapter import FFN_CONFIG_KEY, PRUNING_CONFIG_KEY, HeadModel
@@ -76,7 +77,7 @@ def pruning_record(hm: HeadModel) -> dict[str, Any]:
         "architecture": type(hm.model).__name__,
         "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head_record,
         "kept_heads": {str(l): k for l, k in kept.items()},
-        "pruned_heads": [f"L{l}H{h}" for l, k in kept.items() for h in range(hm.n_heads) if h not in k],
+        "pruned_heads": [Head(l, h).name for l, k in kept.items() for h in range(hm.n_heads) if h not in k],
         "n_heads_kept": sum(map(len, kept.values())),
         **({"layers_without_heads": hm.headless_layers} if hm.headless_layers else {}),
         **({"kept_neurons": {str(l): hm.kept_neurons(l) for l in range(hm.n_layers)}} if hm.ffn_pruned else {}),

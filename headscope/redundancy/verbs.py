@@ -39,6 +39,7 @@ from ..artifacts import (
 from ..data import TextSource
 from ..eval.evaluate import read_task_data
 from ..eval.wordsim import WORDSIM, wordsim_measure
+from ..heads import Head
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
 from ..models.checkpoint import plain_shape, save_model
@@ -118,10 +119,11 @@ class ScoreResult(Result):
         lo, hi = table[f"{col}_lo"], table[f"{col}_hi"]
         if method in m.get("learned", {}):
             r = m["learned"][method]
-            return [shown, "  top: " + ", ".join(f"L{l}H{h} {v:.4g}" for l, h, v in top)
+            return [shown, "  top: " + ", ".join(f"{Head(l, h)} {v:.4g}" for l, h, v in top)
                     + f"  (learned in {r['steps_done']} steps, {r['closed_units']} of {r['units']} gates closed; "
                       f"no interval: learned over all passages)"]
-        return [shown, "  top: " + ", ".join(f"L{l}H{h} {v:.4g} [{lo[l, h]:.3g}, {hi[l, h]:.3g}]" for l, h, v in top)]
+        return [shown, "  top: " + ", ".join(f"{Head(l, h)} {v:.4g} [{lo[l, h]:.3g}, {hi[l, h]:.3g}]"
+                                             for l, h, v in top)]
 
     def _uncertainty_lines(self) -> list[str]:
         """Each ranking's split-half stability, the correlations' intervals, and what --until-stable reached."""

@@ -9,13 +9,13 @@ the declared shape (`L3H2`, `logits`; via q, k, v or direct) are drawn into a fi
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import numpy as np
 
 from .. import plots
 from ..artifacts import PATCHING_CSV, PATCHING_JSON, PATHS_CSV, ROLES_CSV
+from ..heads import Head, split_heads
 from .sources import Part, Sources, Table, data_url
 
 __all__ = ["PLOT_NAMES", "causal_part"]
@@ -25,7 +25,6 @@ PATHS_TITLE = "Strongest paths between heads"
 TOP_HEADS = 10
 TOP_PATHS = 12
 PLOT_NAMES = {"effect": "report-patching.png", "paths": "report-paths.png"}
-HEAD = re.compile(r"L(\d{1,4})H(\d{1,4})")
 VIA = ("q", "k", "v", "direct")
 
 
@@ -47,12 +46,6 @@ def interval(d: Any) -> str:
     """patching.json's {value, lo, hi} as text."""
     d = d if isinstance(d, dict) else {}
     return fmt(d.get("value"), d.get("lo"), d.get("hi"))
-
-
-def head_name(node: Any) -> tuple[int, int] | None:
-    """`L3H2` as (3, 2); None for anything else."""
-    m = HEAD.fullmatch(node) if isinstance(node, str) else None
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def index(v: Any) -> int | None:
@@ -91,7 +84,7 @@ def role_labels(src: Sources) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for r in t.rows:
         if is_index(r["layer"]) and is_index(r["head"]):
-            out[f"L{int(r['layer'])}H{int(r['head'])}"] = {
+            out[Head(int(r["layer"]), int(r["head"])).name] = {
                 "roles": str(r.get("roles") or "").replace(";", ", "),
                 "uncertain roles": str(r.get("uncertain_roles") or "").replace(";", ", ")}
     return out
@@ -102,7 +95,7 @@ def top_rows(table: Table, key: str, roles: dict[str, dict[str, str]]) -> list[d
     ranked = sorted((r for r in table.rows if not math.isnan(num(r.get(key)))), key=lambda r: -abs(num(r[key])))
     rows = []
     for r in ranked[:TOP_HEADS]:
-        name = f"L{int(r['layer'])}H{int(r['head'])}"
+        name = Head(int(r["layer"]), int(r["head"])).name
         row: dict[str, Any] = {"head": name}
         for col in ("effect", "attribution", "dla"):
             if col in table.columns:
@@ -183,9 +176,9 @@ def causal_part(src: Sources, n_layers: int, n_heads: int, figs: dict[str, bytes
 def drawable(sender: Any, receiver: Any, via: Any, value: float) -> list[dict[str, Any]]:
     """A path as the figure takes it: one arrow, or one from each head of a set of senders patched together
     (`L17H4+L20H0`, the same value); none when a name is not of the declared shape."""
-    heads = [head_name(h) for h in sender.split("+")] if isinstance(sender, str) else [None]
-    r = None if receiver == "logits" else head_name(receiver)
-    if None in heads or (r is None and receiver != "logits") or via not in VIA or math.isnan(value):
+    heads = split_heads(sender)
+    r = None if receiver == "logits" else Head.read(receiver)
+    if heads is None or (r is None and receiver != "logits") or via not in VIA or math.isnan(value):
         return []
     return [{"sender": s, "receiver": r, "via": via, "value": value} for s in heads]
 

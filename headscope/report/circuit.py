@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import plots
 from ..artifacts import CIRCUIT_JSON, EDGES_CSV
+from ..heads import Head, KVGroup, read_node
 from .causal import fmt, index, num
 from .sources import Part, Sources, data_url
 
@@ -23,35 +24,35 @@ GRAPH_TITLE = "The smallest circuit reaching faithfulness 0.8"
 THRESHOLD = 0.8
 MOST_DRAWN = 300  # edges drawn at most (the strongest of the circuit)
 PLOT_NAMES = {"curve": "report-faithfulness.png", "graph": "report-circuit.png"}
-SENDER = re.compile(r"input|L(\d{1,4})H(\d{1,4})|MLP(\d{1,4})")
-RECEIVER = re.compile(r"L(\d{1,4})H(\d{1,4})\.q|L(\d{1,4})G(\d{1,4})\.([kv])|MLP(\d{1,4})|logits")
+MLP = re.compile(r"MLP(\d{1,4})")  # a layer's MLP node; head and KV-group nodes are read by `heads.read_node`
 
 
 def sender_at(name: Any, n_heads: int) -> tuple[float, float] | None:
     """Where a sender sits in the drawing: x the layer (embeddings -1, an MLP half a layer on), y the head (MLPs
     below the heads); None for a name of another shape."""
-    m = SENDER.fullmatch(name) if isinstance(name, str) else None
-    if m is None:
-        return None
     if name == "input":
         return -1.0, n_heads / 2
-    if m.group(1) is not None:
-        return float(m.group(1)), float(m.group(2))
-    return float(m.group(3)) + 0.5, float(n_heads)
+    head = Head.read(name)
+    if head is not None:
+        return float(head.layer), float(head.head)
+    m = MLP.fullmatch(name) if isinstance(name, str) else None
+    return None if m is None else (float(m.group(1)) + 0.5, float(n_heads))
 
 
 def receiver_at(name: Any, n_layers: int, n_heads: int, group: int) -> tuple[tuple[float, float], str] | None:
     """A receiver's place (a KV group's keys and values at the middle of its query heads) and kind."""
-    m = RECEIVER.fullmatch(name) if isinstance(name, str) else None
-    if m is None:
-        return None
     if name == "logits":
         return (float(n_layers), n_heads / 2), "logits"
-    if m.group(1) is not None:
-        return (float(m.group(1)), float(m.group(2))), "q"
-    if m.group(3) is not None:
-        return (float(m.group(3)), int(m.group(4)) * group + (group - 1) / 2), str(m.group(5))
-    return (float(m.group(6)) + 0.5, float(n_heads)), "mlp"
+    node = read_node(name)
+    if node is not None:
+        unit, via = node
+        if isinstance(unit, Head) and via == "q":
+            return (float(unit.layer), float(unit.head)), "q"
+        if isinstance(unit, KVGroup) and via in ("k", "v"):
+            return (float(unit.layer), unit.kv_head * group + (group - 1) / 2), via
+        return None
+    m = MLP.fullmatch(name) if isinstance(name, str) else None
+    return None if m is None else ((float(m.group(1)) + 0.5, float(n_heads)), "mlp")
 
 
 def _dict(v: Any) -> dict[str, Any]:

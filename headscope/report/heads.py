@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import plots
 from ..artifacts import HEADS_CSV, ROLES_CSV
+from ..heads import Head
 from ..table import HeadTable
 from .sources import Part, Sources, clean
 
@@ -22,7 +23,7 @@ def grid_plot_name(column: str) -> str:
 
 
 def _heads_list(items: Sequence[tuple[int, int, float]], k: int = 4) -> str:
-    return ", ".join(f"L{l}H{h}" for l, h, _ in items[:k]) + (" ..." if len(items) > k else "")
+    return ", ".join(Head(l, h).name for l, h, _ in items[:k]) + (" ..." if len(items) > k else "")
 
 
 def role_names(value: object) -> list[str]:
@@ -62,7 +63,7 @@ def summarise_heads(table: HeadTable, special_names: str) -> list[str]:
     out.append(f"Attention gets {trend} with depth: mean normalised entropy is {e[0]:.2f} in layer 0 and "
                f"{e[-1]:.2f} in layer {table.n_layers - 1} (1 = uniform over the context).")
     (l, h, d), = table.top("mean_distance", 1)
-    out.append(f"The longest-range head is L{l}H{h}, looking {d:.1f} tokens away on average.")
+    out.append(f"The longest-range head is {Head(l, h)}, looking {d:.1f} tokens away on average.")
     if "roles" in table:
         families: dict[str, set[tuple[int, int]]] = {}
         none = 0

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..artifacts import ROLES_JSON
+from ..heads import Head
 from ..learned.roles.registry import of_scope, resolve
 from .sources import Part, Sources
 
@@ -25,7 +26,7 @@ def _best(matrix: Any) -> tuple[str, float] | None:
     if a.size == 0 or np.all(np.isnan(a)):
         return None
     l, h = np.unravel_index(int(np.nanargmax(a)), a.shape)
-    return f"L{l}H{h}", float(a[l, h])
+    return Head(int(l), int(h)).name, float(a[l, h])
 
 
 def longctx_part(src: Sources) -> Part:

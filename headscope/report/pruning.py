@@ -15,6 +15,7 @@ from ..artifacts import (
     RANK_CORRELATION_CSV,
     REDUNDANCY_CSV,
 )
+from ..heads import Head
 from ..redundancy.curves.claims import drop_claim, level_of
 from .sources import Part, Sources, clean, data_url
 
@@ -71,9 +72,9 @@ def importance_part(src: Sources, n_layers: int, n_heads: int, figs: dict[str, b
                       key=lambda t: -t[2])
         if vals:
             part.say("q3", f"By {first.removeprefix('importance_')}, the most important heads are "
-                           + ", ".join(f"L{l}H{h}" for l, h, _ in vals[:4]) + (" ..." if len(vals) > 4 else "")
+                           + ", ".join(Head(l, h).name for l, h, _ in vals[:4]) + (" ..." if len(vals) > 4 else "")
                            + "; the least important are "
-                           + ", ".join(f"L{l}H{h}" for l, h, _ in vals[-3:][::-1]) + ".")
+                           + ", ".join(Head(l, h).name for l, h, _ in vals[-3:][::-1]) + ".")
         if figs is not None:
             figs[PLOT_NAMES["importance"]] = plots.importance_grids(
                 {k: np.array([np.nan if x is None else x for x in v], float).reshape(n_layers, n_heads)

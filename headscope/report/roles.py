@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import plots
 from ..artifacts import ROLES_JSON, SYNTAX_CSV
+from ..heads import Head
 from ..learned.roles.registry import key, resolve, role_for_score
 from ..table import parse_head
 from .sources import Part, Sources, clean
@@ -60,7 +61,7 @@ def role_scores(rj: dict[str, Any], n_layers: int, n_heads: int) -> dict[str, di
                 rec.update({"baseline": float(b[l, h]), "beats baseline when": direction})
                 if share is not None:
                     rec["held in resamples"] = float(share[l, h])
-                per_head.setdefault(f"L{l}H{h}", {})[name] = rec
+                per_head.setdefault(Head(l, h).name, {})[name] = rec
     return clean(per_head)
 
 
@@ -98,8 +99,8 @@ def coreference_row(co: dict[str, Any] | None, n_layers: int, n_heads: int) -> d
         return None  # no anaphor was scored
     l, h = np.unravel_index(int(np.nanargmax(a)), a.shape)
     b = [co[k] for k in ("nearest_mention_baseline", "same_head_word_baseline") if isinstance(co[k], (int, float))]
-    return clean({"relation": "coreference (antecedent)", "best head": f"L{l}H{h}", "accuracy": float(a[l, h]),
-                  "baseline": max(b) if b else None, "count": co["anaphors"]})
+    return clean({"relation": "coreference (antecedent)", "best head": Head(int(l), int(h)).name,
+                  "accuracy": float(a[l, h]), "baseline": max(b) if b else None, "count": co["anaphors"]})
 
 
 def syntax_table(src: Sources, coref: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -121,7 +122,7 @@ def syntax_table(src: Sources, coref: dict[str, Any] | None) -> dict[str, Any] |
     best: list[dict[str, Any]] = []
     for k, r in by_rel.items():
         base, offset = baselines.get(k, (None, None))
-        best.append({"relation": k, "best head": f"L{int(r['layer'])}H{int(r['head'])}", "accuracy": r["accuracy"],
+        best.append({"relation": k, "best head": Head(int(r["layer"]), int(r["head"])).name, "accuracy": r["accuracy"],
                      "baseline": base, **({"baseline offset": offset} if offset is not None else {}),
                      "count": r["count"]})
     rare = [r for r in best if r["count"] < MIN_RELATION_COUNT]

@@ -21,6 +21,7 @@ import pandas as pd
 
 from ..artifacts import ARTIFACTS, HEADS_CSV, HEADS_JSON, ROLES_CSV, ROLES_JSON, artifact
 from ..errors import HeadscopeError
+from ..heads import Head
 from ..table import HeadTable, to_jsonable
 
 log = logging.getLogger(__name__)
@@ -378,5 +379,5 @@ def check_same_run(path: Path, table: HeadTable, js: Path, data: dict[str, Any])
         bad = ~((np.isnan(a) & np.isnan(b)) | np.isclose(a, b, rtol=2e-5, atol=1e-12))
         if bad.any():
             l, h = (int(i) for i in np.argwhere(bad)[0])
-            raise HeadscopeError(f"{path} and {js.name} beside it are from different runs ({col} of L{l}H{h}: "
+            raise HeadscopeError(f"{path} and {js.name} beside it are from different runs ({col} of {Head(l, h)}: "
                                  f"{a[l, h]:.6g} vs {b[l, h]:.6g}); rerun analyze to write both")

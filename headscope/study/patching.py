@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..artifacts import PATCHING_CSV, PATCHING_JSON, ROLES_CSV
+from ..heads import Head
 from ..learned.options import PatchOptions
 
 if TYPE_CHECKING:  # records.py reads the stages' folders (stages.py), which import this module
@@ -85,7 +86,7 @@ def heads_by(rows: list[dict[str, str]], col: str) -> list[tuple[str, float, flo
     for r in rows:
         v, lo, hi = _num(r.get(col)), _num(r.get(f"{col}_lo")), _num(r.get(f"{col}_hi"))
         if v is not None and lo is not None and hi is not None:
-            out.append((f"L{r['layer']}H{r['head']}", v, lo, hi))
+            out.append((Head(int(r["layer"]), int(r["head"])).name, v, lo, hi))
     return sorted(out, key=lambda t: -abs(t[1]))
 
 
@@ -94,7 +95,8 @@ def role_labels(rec: Records) -> dict[str, list[str]] | None:
     rows = rec.rows(ROLES_CSV.name)
     if not rows or "roles" not in rows[0]:
         return None
-    return {f"L{r['layer']}H{r['head']}": [x for x in (r.get("roles") or "").split(";") if x] for r in rows}
+    return {Head(int(r["layer"]), int(r["head"])).name: [x for x in (r.get("roles") or "").split(";") if x]
+            for r in rows}
 
 
 def _label(name: str, labels: dict[str, list[str]] | None, words: dict[str, str]) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, fields
@@ -32,6 +31,7 @@ from ..artifacts import (
 )
 from ..capacity.options import KvcacheOptions
 from ..errors import HeadscopeError
+from ..heads import Head, KVGroup, read_node, split_heads
 from ..learned.options import AnalyzeOptions, RolesOptions
 from ..learned.roles.registry import resolve
 from ..models.adapter import HeadModel
@@ -58,7 +58,6 @@ _VERB_OPTIONS: dict[str, type[Options]] = {"analyze": AnalyzeOptions, "roles": R
 _SKIP_OPTIONS = ("model", "from_command_line")
 PATHS_PER_HEAD = 3  # the strongest paths a head card lists (out of it and into it)
 EDGES_PER_HEAD = 3  # the strongest circuit edges a head card lists, out of it and into it (each)
-_NODE = re.compile(r"^L(\d+)(H|G)(\d+)(?:\.([qkv]))?$")  # edges.csv's head and KV-group nodes (circuits graph)
 
 
 def _defaults(cls: type[Options] | None) -> dict[str, Any]:
@@ -263,7 +262,8 @@ def _paths(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> No
     rows.sort(key=lambda p: -abs(p["effect"]))
     per: dict[str, list[dict[str, Any]]] = {}
     for p in rows:
-        for name in {*p["sender"].split("+"), p["receiver"]} - {"logits"}:
+        ends = {*(split_heads(p["sender"]) or ()), Head.read(p["receiver"])} - {None}  # a sender may be several heads
+        for name in {str(head) for head in ends}:
             if len(per.setdefault(name, [])) < PATHS_PER_HEAD:
                 per[name].append(p)
     out["paths"] = per
@@ -284,9 +284,9 @@ def _edges(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> No
             continue
         edge: dict[str, Any] = {"sender": str(r.get("sender")), "receiver": str(r.get("receiver")), "score": score,
                 "lo": _number(r.get("score_lo")), "hi": _number(r.get("score_hi"))}
-        m = _NODE.match(edge["receiver"])
-        if m and m.group(2) == "G":
-            groups = max(groups, int(m.group(3)) + 1)
+        node = read_node(edge["receiver"])
+        if node is not None and isinstance(node[0], KVGroup):
+            groups = max(groups, node[0].kv_head + 1)
         rows.append(edge)
     if n_heads % groups:
         raise ValueError(f"edges.csv names {groups} KV groups, which do not divide {n_heads} query heads")
@@ -300,16 +300,15 @@ def _edges(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> No
             lists[side].append(clean(edge))
 
     for e in rows:
-        m = _NODE.match(e["sender"])
-        if m and m.group(2) == "H":
+        sender = read_node(e["sender"])
+        if sender is not None and isinstance(sender[0], Head):
             add(e["sender"], "out", e)
-        m = _NODE.match(e["receiver"])
-        if m is None:
+        receiver = read_node(e["receiver"])
+        if receiver is None:
             continue
-        layer, index = int(m.group(1)), int(m.group(3))
-        heads = [index] if m.group(2) == "H" else range(index * size, (index + 1) * size)
-        for h in heads:
-            add(f"L{layer}H{h}", "in", e)
+        unit = receiver[0]
+        for head in [unit] if isinstance(unit, Head) else unit.query_heads(size):
+            add(head.name, "in", e)
     out["edges"] = per
 
 

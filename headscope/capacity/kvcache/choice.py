@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import HeadscopeError, OptionError, did_you_mean
+from ...heads import Head
 from .cache import CachePlan
 
 
@@ -185,10 +186,11 @@ def scores_matrix(f: ScoresFile, n_layers: int, n_heads: int) -> np.ndarray:
             raise HeadscopeError(f"{p}:{lineno}: layer, head and {name} must be numbers; got "
                                  f"{row['layer']!r}, {row['head']!r}, {row[name]!r}") from None
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
-            raise HeadscopeError(f"{p}:{lineno}: head L{layer}H{head} is not in this model ({n_layers} layers x "
+            raise HeadscopeError(f"{p}:{lineno}: head {Head(layer, head)} is not in this model ({n_layers} layers x "
                                  f"{n_heads} heads): the file belongs to another model")
         if seen[layer, head]:
-            raise HeadscopeError(f"{p}:{lineno}: head L{layer}H{head} appears twice; give a file written by headscope")
+            raise HeadscopeError(f"{p}:{lineno}: head {Head(layer, head)} appears twice; give a file written by "
+                                 f"headscope")
         seen[layer, head] = True
         out[layer, head] = f.sign * value
     if not seen.all():  # another model's file fits inside this one's grid (e.g. 18 x 4 heads in 30 x 9)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ...errors import HeadscopeError
+from ...heads import Head, join_heads
 from ...hooks import on_head_outputs
 from ...models.adapter import HeadModel
 from ...models.capabilities import why_not
@@ -36,8 +37,7 @@ from .pairs import PairBatch
 from .patching import Runs, base_runs, chunks, logits_at, metric_values, widened
 
 VIAS = ("q", "k", "v")
-Head = tuple[int, int]  # (layer, head), the head's original id
-Sender = tuple[Head, ...]  # the heads patched together
+Sender = tuple[Head, ...]  # the heads patched together (each by its original id)
 
 
 @dataclass(frozen=True)
@@ -51,16 +51,12 @@ class PathJob:
 
     @property
     def receiver_name(self) -> str:
-        return "logits" if self.receiver is None else head_name(self.receiver)
-
-
-def head_name(head: Head) -> str:
-    return f"L{head[0]}H{head[1]}"
+        return "logits" if self.receiver is None else Head(*self.receiver).name
 
 
 def sender_name(sender: Sender) -> str:
     """`L3H1`, or the heads of a set joined by '+': `L17H4+L20H0`."""
-    return "+".join(head_name(h) for h in sender)
+    return join_heads(sender)
 
 
 def check_receivers(hm: HeadModel, want: int | list[Head]) -> None:
@@ -80,7 +76,7 @@ def check_head(hm: HeadModel, head: Head, role: str) -> None:
     if not 0 <= layer < hm.n_layers or h not in hm.kept_heads(layer):
         has = f"layer {layer} has heads {hm.kept_heads(layer)}" if 0 <= layer < hm.n_layers else \
             f"it has layers 0-{hm.n_layers - 1}"
-        raise HeadscopeError(f"{role} {head_name(head)} is not a head of {hm.name}: {has}")
+        raise HeadscopeError(f"{role} {Head(*head)} is not a head of {hm.name}: {has}")
 
 
 def path_jobs(hm: HeadModel, receivers: list[Head], group: list[Head] | None = None) -> list[PathJob]:
@@ -90,7 +86,7 @@ def path_jobs(hm: HeadModel, receivers: list[Head], group: list[Head] | None = N
     for h in group or []:
         check_head(hm, h, "sender")
     senders: list[Sender] = [tuple(sorted(set(group)))] if group else \
-        [((l, h),) for l in range(hm.n_layers) for h in hm.kept_heads(l)]
+        [(Head(l, h),) for l in range(hm.n_layers) for h in hm.kept_heads(l)]
     jobs = [PathJob(s, None, "direct") for s in senders]
     for r in receivers:
         jobs += [PathJob(s, r, via) for via in VIAS for s in senders if max(l for l, _ in s) < r[0]]

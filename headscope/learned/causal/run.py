@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from ...heads import Head
 from ...models.adapter import HeadModel
 from ...table import HeadTable, to_jsonable
 from ...uncertainty import Interval, IntervalSettings, PassageSums, bootstrap, mean_of
@@ -20,7 +21,7 @@ from .composition import composition, top_pairs
 from .dla import dla_interval, dla_values
 from .pairs import PairBatch
 from .patching import Runs, exact_scan
-from .paths import Head, head_name, path_scan, sender_name
+from .paths import path_scan, sender_name
 
 
 @dataclass
@@ -62,7 +63,7 @@ def choose_receivers(hm: HeadModel, want: int | list[Head], table: HeadTable) ->
     size = np.abs(np.nan_to_num(table[col], nan=0.0))
     size[:first + 1] = -1.0  # no head before them: nothing to receive
     order = np.argsort(-size, axis=None)[:want]
-    heads = [(int(l), int(h)) for l, h in (np.unravel_index(i, size.shape) for i in order) if size[l, h] >= 0]
+    heads = [Head(int(l), int(h)) for l, h in (np.unravel_index(i, size.shape) for i in order) if size[l, h] >= 0]
     return heads, f"the {want} heads of largest |{col}| with heads before them"
 
 
@@ -78,7 +79,7 @@ def run_paths(hm: HeadModel, b: PairBatch, want: int | list[Head], table: HeadTa
     rows = got.rows(settings)
     strongest = sorted((r for r in rows if np.isfinite(r["effect"])), key=lambda r: -abs(r["effect"]))[:10]
     senders = "each head alone" if group is None else f"{sender_name(tuple(sorted(set(group))))} together"
-    return rows, {"receivers": [head_name(r) for r in receivers], "chosen": how, "senders": senders,
+    return rows, {"receivers": [Head(*r).name for r in receivers], "chosen": how, "senders": senders,
                   "forwards": got.runs.forwards,
                   "seconds": time.perf_counter() - t0, "strongest": strongest}
 
@@ -131,7 +132,7 @@ def run_patching(hm: HeadModel, b: PairBatch, *, metric: str, direction: str, po
     comp = None
     if hm.n_layers > 1 and hm.spec.refusal("qkv") is None:
         comp = composition(hm)
-        record["composition"] = {k: [{"sender": f"L{a}H{b}", "receiver": f"L{c}H{d}", "score": s}
+        record["composition"] = {k: [{"sender": Head(a, b).name, "receiver": Head(c, d).name, "score": s}
                                      for a, b, c, d, s in top_pairs(v, 5)] for k, v in comp.items()}
     else:
         record["composition"] = "not computed: one layer, or per-head Q/K/V weights headscope cannot read"

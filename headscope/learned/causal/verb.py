@@ -17,6 +17,7 @@ from ...artifacts import (
     PATHS_CSV,
 )
 from ...errors import HeadscopeError
+from ...heads import Head
 from ...io import atomic_write_bytes, atomic_write_text, csv_text
 from ...models.adapter import HeadModel
 from ...models.capabilities import why_not
@@ -78,11 +79,11 @@ class PatchResult(Result):
                 out += ["", grid(t, col, title), "", f"top heads by |{col}|:"]
                 size = np.abs(np.nan_to_num(t[col], nan=0.0))
                 for l, h, _ in t.with_columns({"_abs": size}).top("_abs", 5):
-                    out.append(f"  L{l}H{h} {t[col][l, h]:+.3f} [{t[f'{col}_lo'][l, h]:+.3f}, "
+                    out.append(f"  {Head(l, h)} {t[col][l, h]:+.3f} [{t[f'{col}_lo'][l, h]:+.3f}, "
                                f"{t[f'{col}_hi'][l, h]:+.3f}]")
         if "agreement" in r:
             a = r["agreement"]
-            worst = ", ".join(f"L{d['layer']}H{d['head']} ({d['exact']:+.2f} vs {d['attribution']:+.2f})"
+            worst = ", ".join(f"{Head(d['layer'], d['head'])} ({d['exact']:+.2f} vs {d['attribution']:+.2f})"
                               for d in a["most_different"][:3])
             out += ["", f"attribution vs exact: Spearman {a['spearman']:.3f} over {a['heads']} heads; most "
                         f"different: {worst}"]

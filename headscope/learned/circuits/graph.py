@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import HeadscopeError
+from ...heads import Head, KVGroup
 from ...models.residual import residual_layout
 
 
@@ -94,14 +95,14 @@ def build_graph(hm: Any) -> Graph:
     for l in range(L):
         for h in range(H):
             head_sender[(l, h)] = len(senders)
-            senders.append(f"L{l}H{h}")
+            senders.append(Head(l, h).name)
             at.append((l, 0))
         mlp_sender[l] = len(senders)
         senders.append(f"MLP{l}")
         at.append((l, 1))
-        receivers += [Receiver(f"L{l}H{h}.q", l, "q", h) for h in range(H)]
+        receivers += [Receiver(f"{Head(l, h)}.q", l, "q", h) for h in range(H)]
         for kind in ("k", "v"):
-            receivers += [Receiver(f"L{l}G{g}.{kind}", l, kind, g * (H // G)) for g in range(G)]
+            receivers += [Receiver(f"{KVGroup(l, g)}.{kind}", l, kind, g * (H // G)) for g in range(G)]
         receivers.append(Receiver(f"MLP{l}", l, "mlp"))
         reads += [(l, 0)] * (H + 2 * G) + [(l, 1)]
     receivers.append(Receiver("logits", L, "logits"))

@@ -16,6 +16,7 @@ import torch
 
 from ...errors import HeadscopeError
 from ...eval.metrics import METRICS
+from ...heads import Head
 from ...models.adapter import HeadModel
 from ...table import HeadTable, head_name, parse_head
 from ...uncertainty import IntervalSettings
@@ -65,7 +66,7 @@ class CurveResult:
     def baseline(self) -> float:
         return self.points[0].metric
 
-    def removed_order(self, upto: int | None = None) -> list[tuple[int, int]]:
+    def removed_order(self, upto: int | None = None) -> list[Head]:
         """Heads in the order they were removed, up to `upto` removed heads (head curves)."""
         heads = [parse_head(h) for r in self.points for h in r.removed]
         return heads[:upto] if upto is not None else heads

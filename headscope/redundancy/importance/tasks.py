@@ -47,6 +47,7 @@ from ...eval.evaluate import is_labelled
 from ...eval.metrics import METRICS, has_classifier
 from ...eval.probe import fit_probe
 from ...eval.wordsim import wordsim_spearman
+from ...heads import Head
 from ...learned.longctx import long_roles
 from ...learned.longctx.long_roles import check_long_args
 from ...learned.syntax import dependency_accuracy
@@ -327,7 +328,7 @@ def task_specific(table: HeadTable, top: float = 0.1) -> list[dict[str, Any]]:
             for idx in np.argsort(ranks[t])[:k]:
                 if ranks[o][idx] > n / 2:
                     layer, head = divmod(int(idx), table.n_heads)
-                    rows.append({"task": t, "other": o, "head": f"L{layer}H{head}", "layer": layer, "head_id": head,
+                    rows.append({"task": t, "other": o, "head": Head(layer, head).name, "layer": layer, "head_id": head,
                                  "rank_task": int(ranks[t][idx]), "rank_other": int(ranks[o][idx]),
                                  "percentile_other": float((ranks[o][idx] - 1) / max(n - 1, 1))})
     return rows
