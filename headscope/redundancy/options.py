@@ -17,7 +17,7 @@ from ..options import (
     option,
 )
 from ..options.parse import share
-from .curves import check_args, check_target_drop
+from .curve_checks import check_args, check_target_drop
 from .importance import CRITERIA, check_method, parse_methods
 from .importance.hard_concrete import BETA
 from .importance.l0 import L0Settings, check_l0

@@ -38,7 +38,6 @@ from ..artifacts import (
 )
 from ..data import TextSource
 from ..eval.evaluate import read_task_data
-from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
 from ..models.checkpoint import plain_shape, save_model
@@ -371,14 +370,7 @@ def prune(hm: HeadModel, data: Any = None, options: PruneOptions | None = None, 
     if stable is not None:
         source = TextSource(source.texts[:stable["passages"]], source.source)
     prov = provenance("prune", hm, source, opts.with_only(), heldout=read.heldout)  # before pruning: as loaded
-    extra = {w: wordsim_measure(w) for w in WORDSIM} if opts.wordsim else None
-    res = prune_curve(hm, source, method=opts.method, fraction=opts.fraction, target_drop=opts.target_drop,
-                      step=opts.step, recover_steps=opts.recover_steps, recover_lr=opts.recover_lr,
-                      heldout=read.heldout, metric=opts.metric, unit=opts.unit, max_length=opts.max_length,
-                      batch_size=opts.batch_size, checkpoint=checkpoint, extra=extra,
-                      extra_on_recovered=opts.wordsim_recovered, latency=opts.latency,
-                      options={"l0": {"settings": opts.l0_settings(opts.fraction)}}, intervals=opts.intervals(),
-                      seed=opts.seed, progress=progress, uniform=opts.uniform)
+    res = prune_curve(hm, source, opts, heldout=read.heldout, checkpoint=checkpoint, progress=progress)
     summary = res.summary()
     if stable is not None:
         summary["until_stable"] = stable
