@@ -57,6 +57,7 @@ from .importance.tasks import (
     task_specific,
 )
 from .options import DEFAULT_METHODS, PruneOptions, ScoreOptions, TasksOptions
+from .protect import check_model as check_protect
 from .pruning.heads import n_parameters
 
 
@@ -364,6 +365,7 @@ def prune(hm: HeadModel, data: Any = None, options: PruneOptions | None = None, 
     opts = (options or PruneOptions()).replace(**changes).validate()
     if opts.heads:
         opts = opts.replace(method=opts.method or "gradient")  # recorded as chosen in prune.json's provenance
+    check_protect(hm, opts.protect)  # a capability the family cannot do: refused before any forward
     read = data if isinstance(data, PruneData) else read_prune_data(opts, data)
     source = read.source
     stable = _until_stable(hm, source, opts, progress) if opts.until_stable is not None else None

@@ -30,9 +30,12 @@ from ...eval.evaluate import Reference, evaluate_prepared, make_reference, prepa
 from ...eval.metrics import METRICS
 from ...eval.wordsim import WORDSIM, wordsim_measure
 from ...models.adapter import HeadModel
+from ...table import head_name
 from ...uncertainty import IntervalSettings
 from ..curve_checks import check_args, check_target_drop
 from ..options import PruneOptions
+from ..protect import Protection, find_protected
+from ..protect import check_model as check_protect
 from ..pruning.heads import check_prunable, n_parameters
 from ..pruning.masks import UnitMask, unit_masks
 from ..pruning.units import prune_units
@@ -227,6 +230,7 @@ def _check(hm: HeadModel, opts: PruneOptions, extras: dict[str, Extra]) -> tuple
         check_fraction(hm, unit, opts.fraction)
     if extras and kind.scope != "heads":
         raise OptionError("wordsim", "(extra measures) are taken on head curves; unit curves record the metric")
+    check_protect(hm, opts.protect)  # a capability the family cannot do: before any forward
     return unit, method, kind.scope
 
 
@@ -263,12 +267,15 @@ def prune_curve(hm: HeadModel, data: Any, options: PruneOptions | None = None, *
     if heldout is None and opts.heldout:
         heldout = read_task_data(opts.heldout, opts.heldout_limit or opts.limit)
     seed, batch_size, recover_steps = opts.seed, opts.batch_size, opts.recover_steps
+    protection = find_protected(hm, opts.protect, batch_size=batch_size, intervals=opts.intervals(),
+                                progress=progress) if opts.protect else None
     torch.manual_seed(seed)
     prep, evalprep, metric, ref, eval_ref = _prepare(hm, data, heldout, opts)
     ckpt = Path(checkpoint) if checkpoint is not None and scope == "heads" else None
     criteria = {"l0": {"settings": opts.l0_settings(opts.fraction)}}
-    plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress, criteria, ckpt), unit, scope, method,
-                     opts.fraction, opts.step, opts.uniform)
+    protected = protection.head_set() if protection is not None else frozenset()
+    plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress, criteria, ckpt, protected), unit,
+                     scope, method, opts.fraction, opts.step, opts.uniform)
     carried = unit_kind(unit).recovery == "carried"
     recovery = Recovery(hm, prep, metric, ref, lr=opts.recover_lr, batch_size=batch_size, seed=seed,
                         steps=recover_steps, progress=progress) if recover_steps and carried else None
@@ -279,13 +286,7 @@ def prune_curve(hm: HeadModel, data: Any, options: PruneOptions | None = None, *
                  target_mode=opts.target_drop is not None and scope == "heads",
                  latency=_latency_setup(hm, evalprep, batch_size, LATENCY_REPEATS) if opts.latency else None,
                  intervals=opts.intervals())
-    settings = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "method": method,
-                "metric": metric, "unit": unit, "step": opts.step, "recover_steps": recover_steps,
-                "recover_lr": opts.recover_lr, "seed": seed, "batch_size": batch_size,
-                "data": _fingerprint(prep.ids), "heldout": _fingerprint(evalprep.ids),
-                "extra": sorted(run.extras), "extra_on_recovered": opts.wordsim_recovered,
-                **({"l0": plan.settings.record()} if isinstance(plan, L0Plan) else {}),
-                **({"uniform": True} if opts.uniform else {})}
+    settings = _settings(run, opts, method, unit, prep, evalprep)
     if ckpt is not None and (ckpt / PARTIAL_JSON).exists():
         run.points = resume(ckpt, settings, recovery)
         plan.resume([h for p in run.points for h in p.removed])  # type: ignore[union-attr]
@@ -298,7 +299,33 @@ def prune_curve(hm: HeadModel, data: Any, options: PruneOptions | None = None, *
     result.intervals = run.intervals
     if scope == "heads":
         result.meta["uniform"] = opts.uniform
+    if protection is not None:
+        result.meta["protected"] = _protected(protection, run)
     return result
+
+
+def _settings(run: _Curve, opts: PruneOptions, method: str, unit: str, prep: Any, evalprep: Any) -> dict[str, Any]:
+    """What a checkpoint records of the run, and a rerun must match to resume it."""
+    hm, plan = run.hm, run.plan
+    protected = sorted(head_name(l, h) for l, h in plan.data.protected)
+    return {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "method": method,
+            "metric": run.measure.metric, "unit": unit, "step": opts.step, "recover_steps": opts.recover_steps,
+            "recover_lr": opts.recover_lr, "seed": opts.seed, "batch_size": opts.batch_size,
+            "data": _fingerprint(prep.ids), "heldout": _fingerprint(evalprep.ids),
+            "extra": sorted(run.extras), "extra_on_recovered": opts.wordsim_recovered,
+            **({"l0": plan.settings.record()} if isinstance(plan, L0Plan) else {}),
+            **({"uniform": True} if opts.uniform else {}),
+            **({"protect": list(opts.protect), "protected": protected} if opts.protect else {})}
+
+
+def _protected(protection: Protection, run: _Curve) -> dict[str, Any]:
+    """prune.json's `protected`: the heads, what kept each and how it was measured, and whether the curve stopped
+    before its cap because only protected heads remained."""
+    exhausted = isinstance(run.plan, HeadPlan) and run.plan.exhausted
+    last = run.points[-1]
+    return {**protection.record(), "stopped_early": exhausted,
+            "stopped_at": {"n_removed": last.n_removed, "fraction_removed": last.fraction_removed} if exhausted
+            else None}
 
 
 def _prepare(hm: HeadModel, data: Any, heldout: Any, opts: PruneOptions) -> tuple[Any, Any, str, Any, Any]:
