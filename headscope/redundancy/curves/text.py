@@ -9,6 +9,8 @@ from ...eval.metrics import METRICS
 from .claims import drop_claim, level_of
 from .results import CurveResult
 
+SHOWN = 10  # protected heads shown with their intervals per capability, largest first (prune.json holds all)
+
 
 def _ppl(metric: str) -> tuple[str, Any]:
     """The name and converter of the figure shown for `metric` (perplexity for lm_loss)."""
@@ -67,8 +69,10 @@ def protected_lines(p: dict[str, Any]) -> list[str]:
         on = f"{how['pairs']} pairs" if "pairs" in how else \
             f"{how['answered']} of {how['haystacks']} haystacks of {how['length']} tokens answered"
         figure = "effect" if "pairs" in how else "retrieval score"
-        shown = ", ".join(f"{h['head']} {h['effect']:.3g} [{h['lo']:.3g}, {h['hi']:.3g}]" for h in heads)
-        out.append(f"  {cap}: {figure} with its {how['intervals']['level']:.0%} interval on {on}: {shown or 'none'}")
+        shown = ", ".join(f"{h['head']} {h['effect']:.3g} [{h['lo']:.3g}, {h['hi']:.3g}]" for h in heads[:SHOWN])
+        more = f", and {len(heads) - SHOWN} more (prune.json)" if len(heads) > SHOWN else ""
+        out.append(f"  {cap}: {figure} with its {how['intervals']['level']:.0%} interval on {on}: "
+                   f"{shown or 'none'}{more}")
     stop = p.get("stopped_at")
     if p.get("stopped_early") and stop is not None:
         out.append(f"the curve stopped early at {stop['n_removed']} heads removed ({stop['fraction_removed']:.1%}): "
