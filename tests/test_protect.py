@@ -161,3 +161,29 @@ def _texts(tmp_path) -> str:
     path = tmp_path / "texts.txt"
     path.write_text("\n".join(TEXTS) + "\n")
     return str(path)
+
+
+def test_retrieval_heads_are_judged_on_the_lower_bound(monkeypatch):
+    """The retrieval rule (score >= 0.1 and >= 3 x the uniform head's) must hold for the interval's lower bound: a
+    head whose estimate passes but whose bound does not is not protected. The scores are given (what `roles --long`
+    measures is its own tests'); the decision is this one's."""
+    from headscope.redundancy import protect
+
+    score = np.array([[0.5, 0.3, 0.05], [0.2, 0.12, 0.0]])  # [layer, head]
+    lo = np.array([[0.4, 0.05, 0.01], [0.11, 0.11, 0.0]])
+    baseline = np.array([[0.03, 0.03, 0.03], [0.03, 0.04, 0.03]])  # L1H1: 0.11 < 3 x 0.04
+    report = {"needles": {"haystacks": [{}] * 8, "succeeded": 6}, "scores": {"retrieval_score": score},
+              "baselines": {"retrieval_score_uniform": baseline},
+              "uncertainty": {"bounds": {"retrieval_score": {"lo": lo, "hi": score + 0.1}}}}
+    seen = {}
+
+    def long_roles(hm, length, **kw):
+        seen.update(length=length, **kw)
+        return report
+
+    monkeypatch.setattr(protect, "long_roles", long_roles)
+    hm = tiny_model("gpt2")
+    heads, how = protect._retrieval_heads(hm, protect.IntervalSettings(seed=3), progress=False)
+    assert [(p.name, p.effect, p.lo) for p in heads] == [("L0H0", 0.5, 0.4), ("L1H0", 0.2, 0.11)]
+    assert seen["length"] == min(512, hm.max_positions) and seen["haystacks"] == 8 and seen["windows"] == 0
+    assert how["answered"] == 6 and how["haystacks"] == 8 and how["seed"] == 3 and how["threshold"] == 0.1
