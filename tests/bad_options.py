@@ -164,6 +164,8 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
                                    says="--wordsim is for head units"),
         "--save-model": FLAG,
         "--uniform": bad("--unit", "attention", "--uniform", says="--uniform is for head units"),
+        "--protect": bad("--protect", "inductoin", says="--protect names 'inductoin', no capability (did you mean "
+                                                        "'induction'?)"),
         **L0_ROWS,
     },
     "report": {

@@ -188,7 +188,7 @@ def test_prune_l0_gqa_slices_load_and_resume(tmp_path, monkeypatch):
     # The same run through the library, interrupted during gate training, then rerun on its folder.
     hm, data = load_checkpoint(src), read_task_data(str(text), 8)
     kw = dict(method="l0", fraction=0.34, step=0.17, max_length=16, checkpoint=tmp_path / "again", progress=False,
-              options={"l0": {"settings": L0Settings(steps=40, target=0.34)}})
+              l0_steps=40)  # the gates' target: the fraction
     real_loss = GateTraining._loss
 
     def interrupted(self, batch):

@@ -17,11 +17,12 @@ from ..options import (
     option,
 )
 from ..options.parse import share
-from .curves import check_args, check_target_drop
+from .curve_checks import check_args, check_target_drop
 from .importance import CRITERIA, check_method, parse_methods
 from .importance.hard_concrete import BETA
 from .importance.l0 import L0Settings, check_l0
 from .importance.tasks import parse_tasks
+from .protect import check_names, parse_protect
 from .unit_kinds import UNITS, unit_kind
 
 L0 = "L0 gates (--method l0)"
@@ -113,6 +114,12 @@ class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, Outpu
                                   "--save-model writes an ordinary config that plain transformers loads where "
                                   "transformers accepts that shape (else its own model_type; the last line says "
                                   "which); --fraction is rounded down to whole rounds")
+    protect: tuple[str, ...] = option((), "capabilities whose heads are never pruned, comma-separated: ioi, induction, "
+                                          "greater-than, retrieval (decoders), masked (masked-LM encoders); measured "
+                                          "on the unpruned model before pruning (causal tasks: heads whose patching "
+                                          "effect's interval lies above 0; retrieval: Wu et al.'s retrieval heads); "
+                                          "the curve stops early if only protected heads remain (docs/pruning.md)",
+                                      parse=parse_protect, metavar="CAPS")
     recover_steps: int = option(0, "fine-tuning steps between pruning steps (default 0: no recovery)", metavar="N",
                                 at_least=0, most="steps", old=("--recover",))
     recover_lr: float = option(5e-05, "recovery learning rate (default 5e-5)", above=0)
@@ -133,6 +140,10 @@ class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, Outpu
         if self.uniform and not heads:
             raise OptionError("uniform", f"is for head units (head, slice, group); unit={self.unit} removes "
                                          f"whole units already", also=("unit",))
+        check_names(self.protect)
+        if self.protect and not heads:
+            raise OptionError("protect", f"keeps heads out of head curves (unit head, slice or group); "
+                                         f"unit={self.unit} removes whole units", also=("unit",))
         if heads and self.latency:
             raise OptionError("latency", "needs unit=attention, block, ffn or mix (head curves: see "
                                          "benchmarks/bench_prune.py)", also=("unit",))

@@ -38,7 +38,6 @@ from ..artifacts import (
 )
 from ..data import TextSource
 from ..eval.evaluate import read_task_data
-from ..eval.wordsim import WORDSIM, wordsim_measure
 from ..heads import Head
 from ..io import atomic_write_text
 from ..models.adapter import HeadModel
@@ -59,6 +58,7 @@ from .importance.tasks import (
     task_specific,
 )
 from .options import DEFAULT_METHODS, PruneOptions, ScoreOptions, TasksOptions
+from .protect import check_model as check_protect
 from .pruning.heads import n_parameters
 
 
@@ -367,20 +367,14 @@ def prune(hm: HeadModel, data: Any = None, options: PruneOptions | None = None, 
     opts = (options or PruneOptions()).replace(**changes).validate()
     if opts.heads:
         opts = opts.replace(method=opts.method or "gradient")  # recorded as chosen in prune.json's provenance
+    check_protect(hm, opts.protect)  # a capability the family cannot do: refused before any forward
     read = data if isinstance(data, PruneData) else read_prune_data(opts, data)
     source = read.source
     stable = _until_stable(hm, source, opts, progress) if opts.until_stable is not None else None
     if stable is not None:
         source = TextSource(source.texts[:stable["passages"]], source.source)
     prov = provenance("prune", hm, source, opts.with_only(), heldout=read.heldout)  # before pruning: as loaded
-    extra = {w: wordsim_measure(w) for w in WORDSIM} if opts.wordsim else None
-    res = prune_curve(hm, source, method=opts.method, fraction=opts.fraction, target_drop=opts.target_drop,
-                      step=opts.step, recover_steps=opts.recover_steps, recover_lr=opts.recover_lr,
-                      heldout=read.heldout, metric=opts.metric, unit=opts.unit, max_length=opts.max_length,
-                      batch_size=opts.batch_size, checkpoint=checkpoint, extra=extra,
-                      extra_on_recovered=opts.wordsim_recovered, latency=opts.latency,
-                      options={"l0": {"settings": opts.l0_settings(opts.fraction)}}, intervals=opts.intervals(),
-                      seed=opts.seed, progress=progress, uniform=opts.uniform)
+    res = prune_curve(hm, source, opts, heldout=read.heldout, checkpoint=checkpoint, progress=progress)
     summary = res.summary()
     if stable is not None:
         summary["until_stable"] = stable

@@ -16,10 +16,11 @@ The figure of a curve is `headscope.plots.pruning_curve`.
 from __future__ import annotations
 
 from ...eval.wordsim import wordsim_measure
+from ..curve_checks import check_args, check_target_drop
 from .checkpoint import L0_STATE, PARTIAL_JSON, PARTIAL_STATE, clear_partial
 from .claims import DropClaim, drop_claim, summary_claims
 from .latency import matmul_flops, time_forward, time_speedup
-from .loop import check_args, check_target_drop, prune_curve, unit_curve
+from .loop import prune_curve, unit_curve
 from .plans import HeadPlan, L0Plan, LayerPlan, candidate_units, check_fraction
 from .points import CurvePoint, relative_drop
 from .recovery import Recovery

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -27,11 +26,16 @@ from tqdm.auto import tqdm
 
 from ...data import batches, pad_id
 from ...errors import HeadscopeError, OptionError
-from ...eval.evaluate import Reference, evaluate_prepared, make_reference, prepare
+from ...eval.evaluate import Reference, evaluate_prepared, make_reference, prepare, read_task_data
 from ...eval.metrics import METRICS
+from ...eval.wordsim import WORDSIM, wordsim_measure
 from ...models.adapter import HeadModel
+from ...table import head_name
 from ...uncertainty import IntervalSettings
-from ..importance.criteria import check_method
+from ..curve_checks import check_args, check_target_drop
+from ..options import PruneOptions
+from ..protect import Protection, find_protected
+from ..protect import check_model as check_protect
 from ..pruning.heads import check_prunable, n_parameters
 from ..pruning.masks import UnitMask, unit_masks
 from ..pruning.units import prune_units
@@ -47,45 +51,11 @@ from .results import CurveResult
 log = logging.getLogger(__name__)
 
 Extra = Callable[[HeadModel, torch.Tensor], float]
+LATENCY_REPEATS = 5  # forward passes timed per model at each point of a latency curve (the median ratio is kept)
 
 
 def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def check_args(fraction: float | None, target_drop: float | None, step: float, recover_steps: int,
-               method: str, unit: str | None = None) -> None:
-    """Raise a clear error on a bad unit, fraction, target drop, step, recovery count or method (for `unit`;
-    None: a head unit)."""
-    kind = unit_kind(unit or "head")
-    share = "heads" if kind.scope == "heads" else "parameters"
-    check_method(kind.name, method)  # an unknown name raises, with a did-you-mean
-    if kind.scope == "heads" and fraction is not None and not 0.0 <= fraction < 1.0:
-        raise HeadscopeError(f"fraction must be in [0, 1) (share of heads to remove), got {fraction}; "
-                             f"e.g. 0.4 removes 40% of the heads")
-    if kind.scope != "heads" and fraction is not None and not 0.0 < fraction < 1.0:
-        raise HeadscopeError(f"fraction must be in (0, 1) (share of parameters to remove), got {fraction}")
-    if target_drop is not None and not (target_drop >= 0.0 and math.isfinite(target_drop)):
-        raise HeadscopeError(f"target drop must be a non-negative share, got {target_drop}; e.g. 0.01 for 1%")
-    if not 0.0 < step < 1.0:
-        raise HeadscopeError(f"step must be in (0, 1) (share of {share} removed per step), got {step}; e.g. 0.05")
-    if recover_steps < 0:
-        raise HeadscopeError(f"recovery steps must be >= 0, got {recover_steps}")
-    if kind.scope != "heads" and target_drop is not None:
-        raise HeadscopeError(f"a target drop is for head units; with unit {kind.name!r} give a fraction, the share "
-                             f"of parameters to remove (e.g. 0.3)")
-    if fraction is None and target_drop is None:
-        raise HeadscopeError("give a fraction of heads to remove (e.g. 0.4) or a target drop (e.g. 0.01 for 1%)"
-                             if kind.scope == "heads" else
-                             f"unit {kind.name!r} needs a fraction, the share of all parameters to remove (e.g. 0.3)")
-
-
-def check_target_drop(metric: str, target_drop: float | None) -> None:
-    """Refuse a target drop a bounded metric cannot reach (e.g. 200% of fidelity, a cosine)."""
-    bound = METRICS.get(metric).max_drop
-    if target_drop is not None and bound is not None and target_drop >= bound:
-        raise HeadscopeError(f"target drop {target_drop:.0%} cannot be reached with metric {metric!r}: its largest "
-                             f"possible drop is {bound:.0%}; give a target drop below it, e.g. 1% or 5%")
 
 
 @dataclass
@@ -243,91 +213,80 @@ def _latency_setup(hm: HeadModel, evalprep: Any, batch_size: int, repeats: int) 
             "base_s": time_forward(hm, ids, mask, repeats), "base_flops": matmul_flops(hm, tokens, seq)}
 
 
-def _check(hm: HeadModel, unit: str | None, method: str | None, fraction: float | None, target_drop: float | None,
-           step: float, recover_steps: int, latency: bool) -> tuple[str, str, str]:
-    """(unit, method, scope) after every check that needs no data."""
-    unit = unit or default_unit(hm)
+def _check(hm: HeadModel, opts: PruneOptions, extras: dict[str, Extra]) -> tuple[str, str, str]:
+    """(unit, method, scope) after every check that needs the model but no data (`opts` are validated)."""
+    unit = opts.unit or default_unit(hm)
     kind = unit_kind(unit)
-    method = method or kind.default_method
-    check_args(fraction, target_drop, step, recover_steps, method, unit)
-    if latency and kind.scope == "heads":
+    method = opts.method or kind.default_method
+    check_args(opts.fraction, opts.target_drop, opts.step, opts.recover_steps, method, unit)
+    if opts.latency and kind.scope == "heads":
         raise HeadscopeError("latency is timed for units beyond heads (attention, block, ffn, mix); for head "
                              "curves see benchmarks/bench_prune.py")
     if kind.scope == "heads":
         check_prunable(hm)
     check_unit(hm, unit)
     if kind.scope != "heads":
-        assert fraction is not None, "check_args: a curve of units other than heads takes a fraction"
-        check_fraction(hm, unit, fraction)
+        assert opts.fraction is not None, "check_args: a curve of units other than heads takes a fraction"
+        check_fraction(hm, unit, opts.fraction)
+    if extras and kind.scope != "heads":
+        raise OptionError("wordsim", "(extra measures) are taken on head curves; unit curves record the metric")
+    check_protect(hm, opts.protect)  # a capability the family cannot do: before any forward
     return unit, method, kind.scope
 
 
-def prune_curve(
-    hm: HeadModel,
-    data: Any,
-    *,
-    method: str | None = None,
-    fraction: float | None = None,
-    target_drop: float | None = None,
-    step: float = 0.05,
-    recover_steps: int = 0,
-    recover_lr: float = 5e-5,
-    heldout: Any = None,
-    metric: str = "auto",
-    unit: str | None = None,
-    max_length: int | None = None,
-    batch_size: int = 16,
-    checkpoint: str | Path | None = None,
-    extra: dict[str, Extra] | None = None,
-    extra_on_recovered: bool = False,
-    latency: bool = False,
-    latency_repeats: int = 5,
-    intervals: IntervalSettings | None = None,
-    options: dict[str, Any] | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    uniform: bool = False,
-) -> CurveResult:
-    """Remove `unit`s of `hm` least important first, measuring the metric at each point (module docstring).
+def _extras(opts: PruneOptions, extra: dict[str, Extra] | None) -> dict[str, Extra]:
+    """The measures taken at every point: wordsim353 and simlex999 with `opts.wordsim`, then the caller's."""
+    wordsim = {w: wordsim_measure(w) for w in WORDSIM} if opts.wordsim else {}
+    return {**wordsim, **(extra or {})}
 
-    `unit`: a name in `unit_kinds.UNITS` (default: head for MHA, slice for GQA); `method`: a criterion that
-    orders it (default: the unit's). Head curves stop at `fraction` of the heads, or (with only
-    `target_drop`) at the first point whose drop exceeds it; parameter curves at `fraction` of all
-    parameters. Scores on `data`, measures on `heldout` (default: `data`). With `checkpoint` (a folder) a
-    head curve is saved after each point as `prune_curve.partial.json` and a rerun with the same settings
-    resumes it. `extra` maps names to `fn(model, gates) -> float`, measured at every point of a head curve
-    (e.g. `eval.wordsim.wordsim_measure("simlex999")`), also on the recovered copy with
-    `extra_on_recovered`. Every point's metric and drop carry a confidence interval over the held-out passages,
-    paired with the baseline (`intervals`; default 95% BCa, 1,000 resamples, the run's seed; see
-    `curves.intervals`). `options` holds criterion settings (`{"l0": {"settings": L0Settings(...)}}` for the
-    learned gates of `method="l0"`, whose training state is checkpointed too). `uniform` (head units): every
-    point removes the same units from every layer, so the pruned model has one shape that a plain config
-    states (`plans.HeadPlan`). The input model is not modified.
+
+def prune_curve(hm: HeadModel, data: Any, options: PruneOptions | None = None, *, heldout: Any = None,
+                checkpoint: str | Path | None = None, extra: dict[str, Extra] | None = None, progress: bool = True,
+                **changes: Any) -> CurveResult:
+    """Remove units of `hm` least important first, measuring the metric at each point (module docstring).
+
+    `options` are `prune`'s (`PruneOptions`; keywords override single ones: `prune_curve(hm, texts,
+    fraction=0.4, step=0.1)`): `unit` (default: head for MHA, slice for GQA) and the `method` that orders it
+    (default: the unit's); head curves stop at `fraction` of the heads, or (with only `target_drop`) at the first
+    point whose drop exceeds it; parameter curves at `fraction` of all parameters. `uniform` (head units): every
+    point removes the same units from every layer, so the pruned model has one shape that a plain config states
+    (`plans.HeadPlan`). Every point's metric and drop carry a confidence interval over the held-out passages,
+    paired with the baseline (`ci`, `bootstrap`, `seed`; see `curves.intervals`); `l0_*` train the gates of
+    `method="l0"`, whose training state is checkpointed too. The options naming files (`data`, `out`,
+    `save_model`) are `prune`'s; `options.heldout` is read here when `heldout` is not given.
+
+    What is not an option: `data`, the scoring passages (a TextSource, passages, a corpus name or file);
+    `heldout`, the passages the metric is measured on (default: `data`); `checkpoint` (a folder): a head curve is
+    saved after each point as `prune_curve.partial.json` and a rerun with the same settings resumes it; `extra`
+    maps names to `fn(model, gates) -> float`, measured at every point of a head curve (with `wordsim`, wordsim353
+    and simlex999 first), also on the recovered copy with `wordsim_recovered`. The input model is not modified.
     """
-    unit, method, scope = _check(hm, unit, method, fraction, target_drop, step, recover_steps, latency)
-    if extra and scope != "heads":
-        raise OptionError("wordsim", "(extra measures) are taken on head curves; unit curves record the metric")
+    opts = (options or PruneOptions()).replace(**changes).validate()
+    extras = _extras(opts, extra)
+    unit, method, scope = _check(hm, opts, extras)
+    if heldout is None and opts.heldout:
+        heldout = read_task_data(opts.heldout, opts.heldout_limit or opts.limit)
+    seed, batch_size, recover_steps = opts.seed, opts.batch_size, opts.recover_steps
+    protection = find_protected(hm, opts.protect, batch_size=batch_size, intervals=opts.intervals(),
+                                progress=progress) if opts.protect else None
     torch.manual_seed(seed)
-    prep, evalprep, metric, ref, eval_ref = _prepare(hm, data, heldout, metric, max_length, batch_size, target_drop)
+    prep, evalprep, metric, ref, eval_ref = _prepare(hm, data, heldout, opts)
     ckpt = Path(checkpoint) if checkpoint is not None and scope == "heads" else None
-    plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress, dict(options or {}), ckpt), unit,
-                     scope, method, fraction, step, uniform)
+    criteria = {"l0": {"settings": opts.l0_settings(opts.fraction)}}
+    protected = protection.head_set() if protection is not None else frozenset()
+    plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress, criteria, ckpt, protected), unit,
+                     scope, method, opts.fraction, opts.step, opts.uniform)
     carried = unit_kind(unit).recovery == "carried"
-    recovery = Recovery(hm, prep, metric, ref, lr=recover_lr, batch_size=batch_size, seed=seed, steps=recover_steps,
-                        progress=progress) if recover_steps and carried else None
-    run = _Curve(hm, plan, _Measure(evalprep, metric, eval_ref, batch_size), recovery,
-                 {"steps": recover_steps, "lr": recover_lr, "batch_size": batch_size, "seed": seed, "prep": prep,
-                  "reference": ref},
-                 dict(extra or {}), extra_on_recovered, target_drop, target_drop is not None and scope == "heads",
-                 _latency_setup(hm, evalprep, batch_size, latency_repeats) if latency else None,
-                 intervals=intervals or IntervalSettings(seed=seed))
-    settings = {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "method": method,
-                "metric": metric, "unit": unit, "step": step, "recover_steps": recover_steps,
-                "recover_lr": recover_lr, "seed": seed, "batch_size": batch_size,
-                "data": _fingerprint(prep.ids), "heldout": _fingerprint(evalprep.ids),
-                "extra": sorted(run.extras), "extra_on_recovered": extra_on_recovered,
-                **({"l0": plan.settings.record()} if isinstance(plan, L0Plan) else {}),
-                **({"uniform": True} if uniform else {})}
+    recovery = Recovery(hm, prep, metric, ref, lr=opts.recover_lr, batch_size=batch_size, seed=seed,
+                        steps=recover_steps, progress=progress) if recover_steps and carried else None
+    recover = {"steps": recover_steps, "lr": opts.recover_lr, "batch_size": batch_size, "seed": seed, "prep": prep,
+               "reference": ref}
+    run = _Curve(hm, plan, _Measure(evalprep, metric, eval_ref, batch_size), recovery, recover, extras,
+                 extra_on_recovered=opts.wordsim_recovered, target_drop=opts.target_drop,
+                 target_mode=opts.target_drop is not None and scope == "heads",
+                 latency=_latency_setup(hm, evalprep, batch_size, LATENCY_REPEATS) if opts.latency else None,
+                 intervals=opts.intervals())
+    settings = _settings(run, opts, method, unit, prep, evalprep)
     if ckpt is not None and (ckpt / PARTIAL_JSON).exists():
         run.points = resume(ckpt, settings, recovery)
         plan.resume([h for p in run.points for h in p.removed])  # type: ignore[union-attr]
@@ -336,22 +295,47 @@ def prune_curve(
     _walk(run, method, ckpt, settings, progress)
     meta = {"data": prep.source, "heldout": evalprep.source if heldout is not None else "same as data",
             "passages": len(prep.ids), "heldout_passages": len(evalprep.ids), "max_length": prep.max_length}
-    result = _result(run, unit, scope, method, metric, fraction, step, seed, target_drop, recover_steps, recover_lr,
-                     meta)
+    result = _result(run, opts, unit, scope, method, metric, meta)
     result.intervals = run.intervals
     if scope == "heads":
-        result.meta["uniform"] = uniform
+        result.meta["uniform"] = opts.uniform
+    if protection is not None:
+        result.meta["protected"] = _protected(protection, run)
     return result
 
 
-def _prepare(hm: HeadModel, data: Any, heldout: Any, metric: str, max_length: int | None, batch_size: int,
-             target_drop: float | None) -> tuple[Any, Any, str, Any, Any]:
+def _settings(run: _Curve, opts: PruneOptions, method: str, unit: str, prep: Any, evalprep: Any) -> dict[str, Any]:
+    """What a checkpoint records of the run, and a rerun must match to resume it."""
+    hm, plan = run.hm, run.plan
+    protected = sorted(head_name(l, h) for l, h in plan.data.protected)
+    return {"model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "method": method,
+            "metric": run.measure.metric, "unit": unit, "step": opts.step, "recover_steps": opts.recover_steps,
+            "recover_lr": opts.recover_lr, "seed": opts.seed, "batch_size": opts.batch_size,
+            "data": _fingerprint(prep.ids), "heldout": _fingerprint(evalprep.ids),
+            "extra": sorted(run.extras), "extra_on_recovered": opts.wordsim_recovered,
+            **({"l0": plan.settings.record()} if isinstance(plan, L0Plan) else {}),
+            **({"uniform": True} if opts.uniform else {}),
+            **({"protect": list(opts.protect), "protected": protected} if opts.protect else {})}
+
+
+def _protected(protection: Protection, run: _Curve) -> dict[str, Any]:
+    """prune.json's `protected`: the heads, what kept each and how it was measured, and whether the curve stopped
+    before its cap because only protected heads remained."""
+    exhausted = isinstance(run.plan, HeadPlan) and run.plan.exhausted
+    last = run.points[-1]
+    return {**protection.record(), "stopped_early": exhausted,
+            "stopped_at": {"n_removed": last.n_removed, "fraction_removed": last.fraction_removed} if exhausted
+            else None}
+
+
+def _prepare(hm: HeadModel, data: Any, heldout: Any, opts: PruneOptions) -> tuple[Any, Any, str, Any, Any]:
     """(scoring passages, held-out passages, the resolved metric, its reference on each)."""
-    prep, metric = prepare(hm, data, metric, max_length)
-    check_target_drop(metric, target_drop)  # 'auto' is resolved only now; before any pruning
-    evalprep = prep if heldout is None else prepare(hm, heldout, metric, max_length)[0]
-    ref = make_reference(hm, prep, batch_size=batch_size) if METRICS.get(metric).needs_reference else None
-    eval_ref = ref if heldout is None or ref is None else make_reference(hm, evalprep, batch_size=batch_size)
+    prep, metric = prepare(hm, data, opts.metric, opts.max_length)
+    check_target_drop(metric, opts.target_drop)  # 'auto' is resolved only now; before any pruning
+    evalprep = prep if heldout is None else prepare(hm, heldout, metric, opts.max_length)[0]
+    needs_reference = METRICS.get(metric).needs_reference
+    ref = make_reference(hm, prep, batch_size=opts.batch_size) if needs_reference else None
+    eval_ref = ref if heldout is None or ref is None else make_reference(hm, evalprep, batch_size=opts.batch_size)
     return prep, evalprep, metric, ref, eval_ref
 
 
@@ -379,18 +363,18 @@ def _walk(run: _Curve, method: str, ckpt: Path | None, settings: dict[str, Any],
         bar.close()
 
 
-def _result(run: _Curve, unit: str, scope: str, method: str, metric: str, fraction: float | None, step: float,
-            seed: int, target_drop: float | None, recover_steps: int, recover_lr: float,
+def _result(run: _Curve, opts: PruneOptions, unit: str, scope: str, method: str, metric: str,
             meta: dict[str, Any]) -> CurveResult:
-    hm, plan = run.hm, run.plan
-    lr = recover_lr if recover_steps else None
+    hm, plan, recover_steps = run.hm, run.plan, opts.recover_steps
+    lr = opts.recover_lr if recover_steps else None
     if scope == "heads":
-        meta.update({"step": step, "fraction": fraction, "seed": seed, "recover_lr": lr,
+        meta.update({"step": opts.step, "fraction": opts.fraction, "seed": opts.seed, "recover_lr": lr,
                      "target_mode": run.target_mode})
     else:
-        meta.update({"fraction": fraction, "step": step, "seed": seed, "recover_steps": recover_steps,
+        meta.update({"fraction": opts.fraction, "step": opts.step, "seed": opts.seed, "recover_steps": recover_steps,
                      "recover_lr": lr, "score_seconds": plan.score_seconds,  # type: ignore[union-attr]
                      "n_layers": hm.n_layers})
+    target_drop = opts.target_drop
     result = CurveResult(hm.name, hm.n_layers, hm.n_heads, hm.n_kv_heads, unit, scope, method, metric,
                          METRICS.get(metric).higher_is_better, run.points,
                          target_drop if target_drop is not None else 0.01, recover_steps,
@@ -407,9 +391,10 @@ def _result(run: _Curve, unit: str, scope: str, method: str, metric: str, fracti
 
 
 def unit_curve(hm: HeadModel, data: Any, *, unit: str = "block", method: str | None = None, fraction: float = 0.5,
-               step: float = 0.05, progress: bool = False, **kw: Any) -> CurveResult:
-    """`prune_curve` of a unit beyond heads (its name before the engines were one)."""
-    return prune_curve(hm, data, unit=unit, method=method, fraction=fraction, step=step, progress=progress, **kw)
+               step: float = 0.05, progress: bool = False, **changes: Any) -> CurveResult:
+    """`prune_curve` of a unit beyond heads (its name before the engines were one); `changes`: other options."""
+    return prune_curve(hm, data, unit=unit, method=method, fraction=fraction, step=step, progress=progress,
+                       **changes)
 
 
-__all__ = ["check_args", "check_target_drop", "prune_curve", "unit_curve"]
+__all__ = ["LATENCY_REPEATS", "prune_curve", "unit_curve"]

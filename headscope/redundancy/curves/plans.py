@@ -61,15 +61,18 @@ class PlanData:
     progress: bool
     options: dict[str, Any] = field(default_factory=dict)  # criterion settings, e.g. {"l0": {"settings": ...}}
     checkpoint: Path | None = None  # a resumable run's folder (learned plans keep their training state there)
+    protected: frozenset[tuple[int, int]] = frozenset()  # heads never removed (`prune --protect`; head plans)
 
 
 # --- heads ------------------------------------------------------------------------------------------
-def candidate_units(hm: HeadModel, scores: np.ndarray, removed: set[tuple[int, int]],
-                    unit: str) -> list[tuple[float, list[tuple[int, int]]]]:
+def candidate_units(hm: HeadModel, scores: np.ndarray, removed: set[tuple[int, int]], unit: str,
+                    protected: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[float, list[tuple[int, int]]]]:
     """Removable units among the remaining heads as (score, heads), lowest score first.
 
     Within a layer the units are listed in the order they would go, so taking the k lowest of
-    all layers never skips a unit whose removal another one depends on.
+    all layers never skips a unit whose removal another one depends on. A `protected` head is in no unit: a head
+    unit skips it, a KV group holding it is not offered, and a slice takes the least important unprotected head of
+    every group (a layer offers no more slices once one of its groups has only protected heads left).
     """
     g, n_kv = hm.group_size, hm.n_kv_heads
     if unit == "slice" and g == 1:
@@ -77,16 +80,17 @@ def candidate_units(hm: HeadModel, scores: np.ndarray, removed: set[tuple[int, i
     units: list[tuple[float, list[tuple[int, int]]]] = []
     for layer in range(hm.n_layers):
         alive = [h for h in range(hm.n_heads) if (layer, h) not in removed]
+        free = [h for h in alive if (layer, h) not in protected]
         if unit == "head":
-            units += [(float(scores[layer, h]), [(layer, h)]) for h in alive]
+            units += [(float(scores[layer, h]), [(layer, h)]) for h in free]
         elif unit == "group":
             for k in range(n_kv):
                 members = [h for h in alive if h // g == k]
-                if members:
+                if members and all(h in free for h in members):
                     units.append((float(np.sum(scores[layer, members])), [(layer, h) for h in members]))
-        else:  # slice: the i-th least important remaining head of every surviving group
-            groups = [sorted((h for h in alive if h // g == k), key=lambda h: scores[layer, h]) for k in range(n_kv)]
-            groups = [grp for grp in groups if grp]
+        else:  # slice: the i-th least important remaining unprotected head of every surviving group
+            surviving = [k for k in range(n_kv) if any(h // g == k for h in alive)]
+            groups = [sorted((h for h in free if h // g == k), key=lambda h: scores[layer, h]) for k in surviving]
             depth = min((len(grp) for grp in groups), default=0)
             total = 0.0
             for i in range(depth):
@@ -137,6 +141,7 @@ class HeadPlan:
             self.per_step = max(1, int(round(step * self.total)))
         self.removed: list[tuple[int, int]] = []
         self.scores: dict[str, Any] = {}
+        self.exhausted = False  # no unit was left to offer before the cap: only protected heads remain
 
     @property
     def n_removed(self) -> int:
@@ -163,7 +168,9 @@ class HeadPlan:
     def _free(self, scores: np.ndarray) -> list[tuple[int, int]]:
         """The lowest-scoring units of all layers, up to one step."""
         chosen: list[tuple[int, int]] = []
-        for _, heads in candidate_units(self.data.hm, scores, set(self.removed), self.unit):
+        units = candidate_units(self.data.hm, scores, set(self.removed), self.unit, self.data.protected)
+        self.exhausted = not units
+        for _, heads in units:
             if len(self.removed) + len(chosen) + len(heads) > self.stop_n:
                 break
             chosen += heads
@@ -172,12 +179,18 @@ class HeadPlan:
         return chosen
 
     def _uniform(self, scores: np.ndarray) -> list[tuple[int, int]]:
-        """Rounds of one unit from every layer (each layer's lowest-scoring one), up to one step."""
+        """Rounds of one unit from every layer (each layer's lowest-scoring one), up to one step; none once a layer
+        has no unit left to offer (only protected heads remain there)."""
         chosen: list[tuple[int, int]] = []
+        layers = range(self.data.hm.n_layers)
         while len(chosen) < self.per_step and len(self.removed) + len(chosen) < self.stop_n:
-            units = candidate_units(self.data.hm, scores, set(self.removed) | set(chosen), self.unit)
-            for layer in range(self.data.hm.n_layers):
-                chosen += next(heads for _, heads in units if heads[0][0] == layer)
+            units = candidate_units(self.data.hm, scores, set(self.removed) | set(chosen), self.unit,
+                                    self.data.protected)
+            lowest = [next((heads for _, heads in units if heads[0][0] == layer), None) for layer in layers]
+            if any(heads is None for heads in lowest):
+                self.exhausted = True
+                break
+            chosen += [h for heads in lowest if heads is not None for h in heads]
         return chosen
 
     def head_scores(self) -> np.ndarray:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import plural
 from ...eval.metrics import METRICS
 from .claims import drop_claim, level_of
 from .results import CurveResult
+
+SHOWN = 10  # protected heads shown with their intervals per capability, largest first (prune.json holds all)
 
 
 def _ppl(metric: str) -> tuple[str, Any]:
@@ -21,6 +24,8 @@ def curve_lines(res: CurveResult, summary: dict[str, Any]) -> list[str]:
     name, conv = _ppl(res.metric)
     out = [f"{res.model}: {res.n_layers} layers x {res.n_heads} heads ({res.n_kv_heads} KV), pruning by "
            f"{res.method} ({res.unit}s), {name} on {summary['heldout']}"]
+    if "protected" in summary:
+        out += protected_lines(summary["protected"])
     head = f"{'removed':>8} {'fraction':>8} {name:>12} {'drop':>8}"
     if res.recover_steps:
         head += f" {name + ' rec.':>16} {'drop rec.':>9}"
@@ -51,6 +56,27 @@ def curve_lines(res: CurveResult, summary: dict[str, Any]) -> list[str]:
                    + ("a plain config: AutoModel*.from_pretrained(path) loads it" if m["plain_config"] else
                       "its own model_type (heads differ per layer, or transformers refuses the family's config "
                       "with this shape): load it with headscope.load_model or trust_remote_code=True"))
+    return out
+
+
+def protected_lines(p: dict[str, Any]) -> list[str]:
+    """prune.json's `protected` as lines: the heads by capability, each with its effect and interval and what it was
+    measured on, and whether the curve stopped early because only protected heads remained."""
+    parts = [(", ".join(h["head"] for h in heads) or "none") + f" ({cap})" for cap, heads in p["by_capability"].items()]
+    out = [f"protected {plural(len(p['heads']), 'head')}, never pruned: " + "; ".join(parts)]
+    for cap, heads in p["by_capability"].items():
+        how = p["settings"][cap]
+        on = f"{how['pairs']} pairs" if "pairs" in how else \
+            f"{how['answered']} of {how['haystacks']} haystacks of {how['length']} tokens answered"
+        figure = "effect" if "pairs" in how else "retrieval score"
+        shown = ", ".join(f"{h['head']} {h['effect']:.3g} [{h['lo']:.3g}, {h['hi']:.3g}]" for h in heads[:SHOWN])
+        more = f", and {len(heads) - SHOWN} more (prune.json)" if len(heads) > SHOWN else ""
+        out.append(f"  {cap}: {figure} with its {how['intervals']['level']:.0%} interval on {on}: "
+                   f"{shown or 'none'}{more}")
+    stop = p.get("stopped_at")
+    if p.get("stopped_early") and stop is not None:
+        out.append(f"the curve stopped early at {stop['n_removed']} heads removed ({stop['fraction_removed']:.1%}): "
+                   f"only protected heads (or units holding one) remain")
     return out
 
 
