@@ -362,6 +362,7 @@ def draw_cost_bars(ax: Any, rows: Sequence[Mapping[str, Any]], tolerance: float 
     if finite.size and finite.max() > 1.0:  # a change past 100% (a perplexity that grows 100-fold): log beyond 10%
         ax.set_xscale("symlog", linthresh=0.1)
     ax.xaxis.set_major_formatter(_percent)
+    ax.tick_params(labelsize=7)
     ax.set_xlabel("change relative to BASE's value, with its paired interval")
     shown = [v for v in VERDICT_COLOURS if any(str(r["verdict"]) == v for r in rows)]
     for v in shown:  # a legend entry per verdict present (an empty patch of its colour)

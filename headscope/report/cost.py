@@ -69,6 +69,14 @@ def _number(v: Any) -> bool:
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
+def _reads_as_number(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def checked_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """compare.csv's rows when every verdict is one compare writes and every numeric cell a number (or empty)."""
     if not rows:
@@ -76,9 +84,11 @@ def checked_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         if r["verdict"] not in VERDICTS:
             raise Malformed(f"holds the verdict {str(r['verdict'])[:40]!r}; compare writes {', '.join(VERDICTS)}")
-        for c in NUMBERS:
-            if not _number(r[c]):
-                raise Malformed(f"holds {str(r[c])[:40]!r} in its numeric column {c}")
+    for c in NUMBERS:
+        cells = [r[c] for r in rows]
+        if not all(_number(v) for v in cells):  # text among the numbers: pandas read the whole column as text
+            word = next((v for v in cells if not _reads_as_number(v)), next(v for v in cells if not _number(v)))
+            raise Malformed(f"holds {str(word)[:40]!r} in its numeric column {c}")
     return rows
 
 
