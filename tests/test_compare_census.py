@@ -16,6 +16,7 @@ from headscope.compare.census import census_spec, compact, count_of
 from headscope.compare.verdict import paired_change
 from headscope.learned.roles import Thresholds, roles
 from headscope.learned.roles.registry import ROLES
+from headscope.redundancy.pruning.heads import prune_heads
 from headscope.stats import COUNT
 from headscope.uncertainty import IntervalSettings
 
@@ -56,6 +57,17 @@ def test_silencing_the_previous_token_head_loses_it():
     prev = got.change("roles:previous_token")
     assert (prev.base, prev.other, prev.verdict) == (1, 0, "lost")
     assert got.record["rows"]["roles:previous_token"]["heads"]["other"] == []
+
+
+def test_heads_removed_physically_hold_no_role_and_the_others_keep_their_names():
+    # prune --save-model removes heads: the census of the smaller model maps its heads to their original ids
+    pruned = prune_heads(planted_model(), [(0, 1), (1, 0)])
+    assert [pruned.heads_in_layer(layer) for layer in range(2)] == [1, 1]
+    got = census(planted_model(), pruned)
+    assert got.record["rows"]["roles:induction"]["heads"] == {"base": ["L1H0"], "other": []}
+    assert got.verdict("roles:induction") == "lost"
+    assert got.record["rows"]["roles:broad"]["heads"] == {"base": ["L0H1", "L1H1"], "other": ["L1H1"]}
+    assert got.record["rows"]["roles:previous_token"]["heads"] == {"base": ["L0H0"], "other": ["L0H0"]}
 
 
 def test_a_head_whose_output_alone_is_zeroed_keeps_its_pattern_and_is_still_counted():
