@@ -354,6 +354,7 @@ def draw_cost_bars(ax: Any, rows: Sequence[Mapping[str, Any]], tolerance: float 
     # error bars: the distance from the value to each bound (NaN bounds draw nothing)
     err = np.abs(np.vstack([value - lo, hi - value]))
     ax.errorbar(value, y, xerr=err, fmt="none", ecolor="#222222", elinewidth=0.9, capsize=3, zorder=3)
+    ax.scatter(value, y, c=colours, s=14, edgecolors="#333333", linewidths=0.4, zorder=4)  # a change of 0 shows too
     ax.axvline(0.0, color="#333333", lw=0.6)
     ax.set_yticks(y)
     ax.set_yticklabels([str(r["label"]) for r in rows], fontsize=7)

@@ -131,7 +131,8 @@ def _table_row(r: dict[str, Any]) -> dict[str, Any]:
 
 def _bar(r: dict[str, Any]) -> dict[str, Any]:
     lo, hi = relative_bounds(r)
-    return {"label": f"{r['capability']} (n {r['n']})", "relative": num(r["relative"]), "relative_lo": lo,
+    drawn = "" if math.isfinite(num(r["relative"])) else ", BASE 0: not drawn"  # no share of a value of 0
+    return {"label": f"{r['capability']} (n {r['n']}{drawn})", "relative": num(r["relative"]), "relative_lo": lo,
             "relative_hi": hi, "verdict": r["verdict"]}
 
 
