@@ -30,7 +30,7 @@ from ..data import Tokens
 from ..errors import HeadscopeError
 from ..learned.roles import RoleThresholds, Thresholds
 from ..learned.roles.catalogue import OFFSET_ROLES
-from ..learned.roles.induction import induction_sums, repeated_sequences, special_frame
+from ..learned.roles.induction import INDUCTION_SCORES, induction_sums, repeated_sequences, special_frame
 from ..learned.roles.registry import of_scope, role_name
 from ..learned.roles.text import text_pass, text_sums
 from ..models.adapter import HeadModel
@@ -46,6 +46,7 @@ AHEAD = {name for offset, name, _, _ in OFFSET_ROLES if offset > 0}  # a decoder
 
 
 def _inputs(entry: Any) -> tuple[str, str | None]:
+    """A role's score and baseline (None: a role without one, broad) as named in the passes' sums."""
     return entry.score, entry.baseline
 
 
@@ -56,7 +57,7 @@ def census_spec(causal: bool) -> list[tuple[Any, str]]:
     for entry in of_scope("short"):
         if entry.family or entry.count is not None or (causal and entry.name in AHEAD):
             continue
-        out.append((entry, "induction" if entry.score in ("induction_score", "duplicate_score") else "text"))
+        out.append((entry, "induction" if entry.score in INDUCTION_SCORES else "text"))
     return out
 
 
