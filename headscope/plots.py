@@ -21,7 +21,8 @@ from matplotlib.figure import Figure
 from .heads import Head
 from .io import atomic_write_bytes
 
-__all__ = ["figure", "heads_grid", "importance_grids", "num", "path_graph", "pruning_curve", "pruning_curves",
+__all__ = ["VERDICT_COLOURS", "cost_bars", "draw_cost_bars", "figure", "heads_grid",
+           "importance_grids", "num", "path_graph", "pruning_curve", "pruning_curves",
            "redundancy_profile", "save_png"]
 
 
@@ -330,5 +331,56 @@ def faithfulness_curve(curve: Sequence[Mapping[str, Any]], title: str, path: Pat
     ax.set_xlabel("fraction of edges in the circuit")
     ax.set_ylabel("faithfulness")
     ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=9)
+    return save_png(fig, path)
+
+
+# compare.csv's verdicts and their colours: lost red, kept blue, gained green, cannot tell grey.
+VERDICT_COLOURS = {"lost": "#d62728", "kept": "#1f77b4", "gained": "#2ca02c", "cannot tell": "#a0a0a0"}
+
+
+def draw_cost_bars(ax: Any, rows: Sequence[Mapping[str, Any]], tolerance: float | None) -> list[Any]:
+    """One horizontal bar per capability (first at the top): its relative change, its interval as an error bar,
+    coloured by verdict, with the tolerance band (+-`tolerance`, a share) shaded when it is known. Each row holds
+    `label`, `relative`, `relative_lo`, `relative_hi` (shares of BASE's value; NaN: not drawn) and `verdict`.
+    Returns the bars, in the rows' order."""
+    y = np.arange(len(rows))[::-1]  # the first row at the top
+    value = np.array([num(r["relative"]) for r in rows])
+    lo = np.array([num(r["relative_lo"]) for r in rows])
+    hi = np.array([num(r["relative_hi"]) for r in rows])
+    colours = [VERDICT_COLOURS.get(str(r["verdict"]), "#ffffff") for r in rows]
+    if tolerance is not None:
+        ax.axvspan(-tolerance, tolerance, color="#dddddd", zorder=0, label=f"tolerance +-{tolerance:.0%}")
+    bars = list(ax.barh(y, np.nan_to_num(value), color=colours, edgecolor="#333333", lw=0.4, zorder=2))
+    # error bars: the distance from the value to each bound (NaN bounds draw nothing)
+    err = np.abs(np.vstack([value - lo, hi - value]))
+    ax.errorbar(value, y, xerr=err, fmt="none", ecolor="#222222", elinewidth=0.9, capsize=3, zorder=3)
+    ax.scatter(value, y, c=colours, s=14, edgecolors="#333333", linewidths=0.4, zorder=4)  # a change of 0 shows too
+    ax.axvline(0.0, color="#333333", lw=0.6)
+    ax.set_yticks(y)
+    ax.set_yticklabels([str(r["label"]) for r in rows], fontsize=7)
+    finite = np.abs(np.concatenate([value, lo, hi]))
+    finite = finite[np.isfinite(finite)]
+    if finite.size and finite.max() > 1.0:  # a change past 100% (a perplexity that grows 100-fold): log beyond 10%
+        ax.set_xscale("symlog", linthresh=0.1)
+    ax.xaxis.set_major_formatter(_percent)
+    ax.tick_params(labelsize=7)
+    ax.set_xlabel("change relative to BASE's value, with its paired interval")
+    shown = [v for v in VERDICT_COLOURS if any(str(r["verdict"]) == v for r in rows)]
+    for v in shown:  # a legend entry per verdict present (an empty patch of its colour)
+        ax.barh([np.nan], [np.nan], color=VERDICT_COLOURS[v], label=v)
+    ax.legend(fontsize=7, loc="best")
+    return bars
+
+
+def _percent(x: float, _pos: Any = None) -> str:
+    return f"{x:+.0%}" if x else "0"
+
+
+def cost_bars(rows: Sequence[Mapping[str, Any]], tolerance: float | None, title: str,
+              path: Path | None = None) -> bytes:
+    """What a compressed model kept and lost against its original (compare.csv, `draw_cost_bars`)."""
+    fig, ax = figure(6.0, max(1.8, 0.32 * len(rows) + 1.2))
+    draw_cost_bars(ax, rows, tolerance)
     ax.set_title(title, fontsize=9)
     return save_png(fig, path)

@@ -435,12 +435,15 @@ def test_the_heads_row_follows_base_carrier_heads_into_other(tmp_path):
 
     base, other = planted_model(), planted_model(zero=(1, 0))
     got = headscope.compare(base, other, tasks=("induction", "heads"), items=12, bootstrap=400)
-    assert [c.capability for c in got.changes] == ["induction", "heads:induction"]
+    names = [c.capability for c in got.changes]
+    assert names[:2] == ["induction", "heads:induction"]
+    assert names[2:] and all(n.startswith("roles:") for n in names[2:])  # the role census (test_compare_census)
     rec = got.record["rows"]["heads:induction"]
     assert rec["carriers"] == ["L1H0"], rec["carriers"]
     row = got.change("heads:induction")
     assert row.verdict == "lost" and row.base > 5 and abs(row.other) < 1e-3 * row.base, row
     runs = attribution_scan(base, induction_pairs(base.tokenizer, base.vocab_size, n=12, seed=0))
     np.testing.assert_allclose(rec["items"]["base"]["v"], runs.patched[:, 1, 0] - runs.corrupt, rtol=1e-9)
-    with pytest.raises(headscope.HeadscopeError, match="follows the pair rows"):
-        headscope.compare(base, other, tasks=("lm", "heads"), data=TEXTS, bootstrap=200)
+    # without a pair row, heads is the role census alone
+    alone = headscope.compare(base, other, tasks=("lm", "heads"), data=TEXTS, bootstrap=200)
+    assert [c.capability for c in alone.changes] == ["lm", *names[2:]]

@@ -39,10 +39,11 @@ CIRCUIT_JSON = Artifact(
 COMPARE_CSV = Artifact(
     "compare.csv", "csv", {"compare": ""}, "one row per capability: its value in BASE and OTHER, the paired change "
     "with its interval and the verdict (docs/compare.md)",
-    (Field("capability", "lm, fidelity, ioi, induction, greater-than, masked, retrieval, pairs:<file stem>, or "
-                         "heads:<pair row> (what BASE's carrier heads of that task still carry)"),
+    (Field("capability", "lm, fidelity, ioi, induction, greater-than, masked, retrieval, pairs:<file stem>, "
+                         "heads:<pair row> (what BASE's carrier heads of that task still carry), or roles:<role> (how "
+                         "many heads hold the role, roles' census)"),
      Field("metric", "perplexity (lm), cosine (fidelity), logit_diff (pair tasks), needle_token_accuracy (retrieval), "
-                     "carried_logit_diff (heads:<row>)"),
+                     "carried_logit_diff (heads:<row>), heads (roles:<role>)"),
      Field("base", "the metric in BASE"), Field("other", "the metric in OTHER"),
      Field("delta", "other - base, on the same items"),
      Field("delta_lo", "lower bound of the change's paired bootstrap interval (items resampled for both models "

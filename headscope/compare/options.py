@@ -16,7 +16,8 @@ MODELS = "model and device"
 # Rows a decoder supports, in the table's order; `pairs:<stem>` rows come from --pairs files.
 DECODER_TASKS = ("lm", "ioi", "induction", "greater-than", "retrieval", "heads")
 # Rows an encoder supports: fidelity of the final hidden states and the masked-LM pairs. `heads` adds, for each pair
-# row, a row heads:<row>: what BASE's carrier heads of that task still carry in OTHER.
+# row, a row heads:<row>: what BASE's carrier heads of that task still carry in OTHER; and one row roles:<role> per
+# role of the census (compare.census): how many heads hold it in each model.
 ENCODER_TASKS = ("fidelity", "masked", "heads")
 TASKS = tuple(dict.fromkeys((*DECODER_TASKS, *ENCODER_TASKS)))  # every row once (heads serves both)
 
@@ -52,7 +53,8 @@ class CompareOptions(DataOptions, IntervalOptions, OutputOptions):
                                group=DATA)
     tasks: tuple[str, ...] = option((), "rows to measure, comma-separated: lm, ioi, induction, greater-than, "
                                         "retrieval (decoders), fidelity, masked (encoders), heads (the carrier heads "
-                                        "of each pair row) (default: every row the family supports)",
+                                        "of each pair row, and the role census: heads per role) (default: every row "
+                                        "the family supports)",
                                     parse=parse_tasks, metavar="ROWS", group=COMPARE)
     pairs: tuple[str, ...] = option((), "a JSONL file of clean/corrupt pairs (the patch format), measured as its own "
                                         "row pairs:<file stem>; repeatable", metavar="FILE", append=True, reads=True,

@@ -27,6 +27,7 @@ from ..learned.causal.run import pairs_fingerprint
 from ..learned.longctx.needle import DEPTHS, Haystack, build_haystack, gum_sentences
 from ..models.adapter import HeadModel
 from ..uncertainty import IntervalSettings, Statistic, ratio
+from .census import census_rows
 from .measure import fidelity_items, lm_items, needle_items, pair_items
 from .options import DECODER_TASKS, ENCODER_TASKS, CompareOptions
 
@@ -216,16 +217,35 @@ def prepare_rows(hm: HeadModel, opts: CompareOptions, data: Any = None) -> tuple
                                                                                "clean texts of a pairs file"))
     if "heads" in tasks:
         if opts.cache is not None:
-            notes.append("heads: left out (attribution patching through a head-aware cache is not measured)")
+            notes.append("heads: left out (attribution patching and the role census through a head-aware cache are "
+                         "not measured)")
         else:
             pair_rows = [r for r in rows if isinstance(r.items, PairBatch)]
-            if not pair_rows and asked:
-                raise OptionError("tasks", "row 'heads' follows the pair rows (ioi, induction, greater-than, masked, "
-                                            "pairs files): ask for one of them too", also=("pairs",))
             rows += [carriers_row(r, opts.batch_size, opts.intervals()) for r in pair_rows]
+            rows += _census(hm, opts, data, asked, notes)
     if not rows:
         raise HeadscopeError("nothing to compare: no row could be measured (" + "; ".join(notes) + ")")
     return rows, notes
+
+
+def _census(hm: HeadModel, opts: CompareOptions, data: Any, asked: bool, notes: list[str]) -> list[Row]:
+    """The heads rows' role census (`census`): one roles:<role> row per role, on the lm row's passages and
+    `items` repeated random sequences. Left out with a note (refused when asked) when they cannot be built."""
+    def make(capability: str, metric: str, higher: bool, statistic: Statistic, items: Any, run: Callable[..., Sums],
+             describe: dict[str, Any], fingerprint: str, restore: Callable[[dict[str, Any]], None]) -> Row:
+        return Row(capability, metric, higher, statistic, items, run, describe, fingerprint=fingerprint,
+                   restore=restore)
+
+    try:
+        tokens = prepare_tokens(hm, data if data is not None else opts.data, resolve_max_length(hm, opts.max_length),
+                                opts.limit)
+        return census_rows(hm, tokens, data if data is not None else opts.data, opts.limit, opts.items, opts.seed,
+                           opts.batch_size, make)
+    except HeadscopeError as e:
+        if asked:
+            raise
+        notes.append(f"heads: the role census left out ({e})")
+        return []
 
 
 def _row(task: str, hm: HeadModel, opts: CompareOptions, data: Any) -> Row:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..artifacts import IMPORTANCE_CSV, artifact
 from ..table import HeadTable
-from . import causal, circuit, pruning, sweep
+from . import causal, circuit, cost, pruning, sweep
 from .causal import causal_part
 from .gqa import gqa_part
 from .heads import GRID_PLOT_COLUMNS, grid_plot_name, heads_part
@@ -43,7 +43,7 @@ NO_EXAMPLES = ("no example sentences: give the model (`headscope report MODEL`) 
 def figure_names() -> list[str]:
     """Every PNG the report may write beside report.html (all prefixed `report-`)."""
     return [*pruning.PLOT_NAMES.values(), *sweep.PLOT_NAMES.values(), *map(grid_plot_name, GRID_PLOT_COLUMNS),
-            ROLE_BARS_PNG, *causal.PLOT_NAMES.values(), *circuit.PLOT_NAMES.values()]
+            ROLE_BARS_PNG, *causal.PLOT_NAMES.values(), *circuit.PLOT_NAMES.values(), *cost.PLOT_NAMES.values()]
 
 
 def _section(src: Sources, make: Callable[[], Part]) -> Part:
@@ -85,6 +85,7 @@ def collect(table: HeadTable | None, src: Sources, figs: dict[str, bytes] | None
         lambda: kv_quality_part(src),
         lambda: importance_part(src, n_layers, n_heads, figs),
         lambda: prune_part(src, figs),
+        lambda: cost.cost_part(src, figs),
         lambda: units_part(src),
         lambda: provenance_part(src, records or {}),
         lambda: study_part(src),

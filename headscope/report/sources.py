@@ -26,7 +26,7 @@ from ..table import HeadTable, to_jsonable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MALFORMED", "TEXT_COLUMNS", "Malformed", "Part", "Sources", "Table", "clean", "data_url",
+__all__ = ["MALFORMED", "TEXT_COLUMNS", "Malformed", "Part", "Sources", "Table", "clean", "data_url", "json_beside",
            "no_text_among_numbers", "read_heads", "unreadable", "within"]
 
 READABLE = ("csv", "json", "npz")
@@ -169,44 +169,49 @@ class Sources:
             self.touched.append(name)
         return self.found.get(name)
 
-    def fault(self, name: str, what: str, remedy: str | None = None) -> None:
+    def fault(self, name: str, what: str, remedy: str | None = None, path: Path | None = None) -> None:
         """Record (and log) that found file `name` cannot be used, e.g. "lacks the declared column x"; `remedy`
-        replaces the default "rerun the verb that writes it"."""
+        replaces the default "rerun the verb that writes it". `path`: one of several files of that name (each
+        comparison's compare.csv), recorded under its path instead of the name."""
         verb = artifact(name).verb
-        note = f"{self.found[name]} {what}; {remedy or f'rerun `headscope {verb}` to rewrite it'}"
+        note = f"{path or self.found[name]} {what}; {remedy or f'rerun `headscope {verb}` to rewrite it'}"
         log.warning("%s", note)
-        self.problems[name] = note
+        self.problems[name if path is None else str(path)] = note
 
-    def cannot_read(self, name: str, e: BaseException) -> None:
+    def cannot_read(self, name: str, e: BaseException, path: Path | None = None) -> None:
         """Record that found file `name` could not be read: a permission or disk fault (the user's to fix), or
         content that does not parse (rerun its verb)."""
         if isinstance(e, OSError):
             self.fault(name, f"cannot be read ({unreadable(e)})", "give a file this user can read (check its "
-                                                                  "permissions, e.g. chmod u+r, or its owner)")
+                                                                  "permissions, e.g. chmod u+r, or its owner)", path)
         else:
-            self.fault(name, f"cannot be read ({unreadable(e)})")
+            self.fault(name, f"cannot be read ({unreadable(e)})", path=path)
 
-    def lacks(self, name: str, present: Sequence[str]) -> bool:
+    def lacks(self, name: str, present: Sequence[str], path: Path | None = None) -> bool:
         """Record a note and return True when the file lacks fields its declaration requires."""
         missing = artifact(name).missing(present)
         if missing:
             self.fault(name, f"lacks the declared {'column' if artifact(name).kind == 'csv' else 'key'}"
                               f"{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                              f"(see headscope.artifacts)")
+                              f"(see headscope.artifacts)", path=path)
         return bool(missing)
 
     def csv(self, name: str) -> Table | None:
         """Declared CSV `name` as a Table; None when absent, unreadable or lacking declared columns."""
         path = self.get(name)
-        if path is None:
-            return None
+        return None if path is None else self.table(name, path)
+
+    def table(self, name: str, path: Path, one_of_several: bool = False) -> Table | None:
+        """The CSV at `path`, declared as `name`, as a Table; None (and a note) when unreadable or lacking
+        declared columns. `one_of_several`: a fault is recorded under the path (`fault`)."""
+        at = path if one_of_several else None
         try:
             df = pd.read_csv(path, keep_default_na=True)
         except Exception as e:  # a half-written or foreign file must not break the whole report
-            self.cannot_read(name, e)
+            self.cannot_read(name, e, at)
             return None
         columns = [str(c) for c in df.columns]
-        if self.lacks(name, columns):
+        if self.lacks(name, columns, at):
             return None
         df = df.replace([np.inf, -np.inf], np.nan)
         rows = [clean({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
@@ -299,7 +304,7 @@ def read_heads(src: Sources) -> HeadTable | None:
     return None
 
 
-def _json_beside(src: Sources, path: Path, name: str) -> Any:
+def json_beside(src: Sources, path: Path, name: str) -> Any:
     """The JSON document `name` beside `path` (only when it really lies in that folder), or None when it is
     absent or unreadable: it only labels the numbers, which are in the CSV."""
     js = within(path.parent, name)
@@ -314,13 +319,13 @@ def _json_beside(src: Sources, path: Path, name: str) -> Any:
 
 def _with_meta(src: Sources, name: str, path: Path, table: HeadTable) -> HeadTable:
     if name == ROLES_CSV.name:
-        doc = _json_beside(src, path, ROLES_JSON.name)
+        doc = json_beside(src, path, ROLES_JSON.name)
         prov = doc.get("provenance") if isinstance(doc, dict) else None
         prov = prov if isinstance(prov, dict) else None
         check_grid(path, table, prov)
         meta = {"provenance": prov, "source_file": str(path)} if prov else {"source_file": str(path)}
         return table.with_columns(meta=meta)
-    data = _json_beside(src, path, HEADS_JSON.name)
+    data = json_beside(src, path, HEADS_JSON.name)
     if isinstance(data, dict) and isinstance(data.get("meta"), dict):
         check_grid(path, table, data["meta"].get("provenance"))
         check_same_run(path, table, path.with_name(HEADS_JSON.name), data)

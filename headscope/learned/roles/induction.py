@@ -71,19 +71,27 @@ def induction_sums(hm: HeadModel, n_sequences: int = 32, length: int = 24, seed:
     t = ids.shape[1]
     rows: list[int] = []
 
+    def heads_of(layer: int, per_head: np.ndarray) -> np.ndarray:
+        """`[b, kept heads]` values at the kept heads' original ids of `[b, H]` (a physically pruned layer's
+        removed heads get 0 sums and 0 counts: no score, no role)."""
+        full = np.zeros((per_head.shape[0], H))
+        full[:, hm.kept_heads(layer)] = per_head
+        return full
+
     def on_attn(layer: int, q_start: int, probs: torch.Tensor) -> None:
-        p = probs.detach().double()  # [b, h, q_block, k]: queries q_start ..
+        p = probs.detach().double()  # [b, h, q_block, k]: queries q_start .. (h: the layer's kept heads)
         ones = torch.ones(p.shape[0], t, dtype=torch.long, device=p.device)
         n_keys = n_visible_keys(ones, hm.causal, hm.sliding_window(layer)).double()  # [b, q]
+        kept = p.shape[1]
         for name, shift, m in (("duplicate_score", 0, length), ("induction_score", 1, length - 1)):
             q = second[:m]
             q = q[(q >= q_start) & (q < q_start + p.shape[2])]  # this block's queries
             k = q - length + shift
-            acc.add(name, rows, p[:, :, q - q_start, k].sum(2).cpu().numpy(), (layer,))
+            acc.add(name, rows, heads_of(layer, p[:, :, q - q_start, k].sum(2).cpu().numpy()), (layer,))
             base = (1.0 / n_keys[:, q]).sum(-1).cpu().numpy()  # [b]
-            acc.add(name + "_uniform", rows, np.repeat(base[:, None], H, 1), (layer,))
+            acc.add(name + "_uniform", rows, heads_of(layer, np.repeat(base[:, None], kept, 1)), (layer,))
             for key in (name, name + "_uniform"):
-                acc.add(key + COUNT, rows, np.full((len(rows), H), float(len(q))), (layer,))
+                acc.add(key + COUNT, rows, heads_of(layer, np.full((len(rows), kept), float(len(q)))), (layer,))
 
     with on_attention_blocks(hm, on_attn), torch.inference_mode():
         for s in range(0, n, batch_size):

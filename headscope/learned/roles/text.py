@@ -114,21 +114,24 @@ class RoleReducer:
         with torch.no_grad():
             allowed = allowed_keys(mask, self.hm.causal, self.hm.sliding_window(layer),
                                    queries=(q_start, q_start + probs.shape[2]))  # [batch, q_block, key]
-            reduce_roles(self.stats, layer, probs.float(), allowed, delim, rare, q_start=q_start, rows=self.rows)
+            heads = None if probs.shape[1] == self.hm.n_heads else self.hm.kept_heads(layer)  # physically pruned
+            reduce_roles(self.stats, layer, probs.float(), allowed, delim, rare, q_start=q_start, rows=self.rows,
+                         heads=heads)
 
 
 def _add(stats: HeadStats, name: str, layer: int, per_passage: torch.Tensor, count: torch.Tensor, n_heads: int,
-         rows: list[int] | None, uniform: bool = False) -> None:
+         rows: list[int] | None, uniform: bool = False, heads: list[int] | None = None) -> None:
     """Add one passage-by-head sum `[batch, heads]` (or, `uniform`, `[batch]`: the same for every head) with its
-    count `[batch]`; per passage when `rows` names the passages."""
+    count `[batch]`; per passage when `rows` names the passages; `heads`: the original ids of a physically pruned
+    layer's heads."""
     if uniform:
         per_passage = per_passage[:, None].expand(-1, n_heads)
-    stats.add(name, layer, per_passage, count, rows=rows)
+    stats.add(name, layer, per_passage, count, heads=heads, rows=rows)
 
 
 def reduce_roles(stats: HeadStats, layer: int, p: torch.Tensor, allowed: torch.Tensor,
                  delimiter: torch.Tensor, rare: torch.Tensor, *, q_start: int = 0,
-                 rows: list[int] | None = None) -> None:
+                 rows: list[int] | None = None, heads: list[int] | None = None) -> None:
     """Add one layer's role sums for queries `q_start ..`: `p` `[batch, head, q, k]` (all keys),
     `allowed` `[batch, q, k]` for the same queries, key flags `[batch, k]`.
 
@@ -147,7 +150,7 @@ def reduce_roles(stats: HeadStats, layer: int, p: torch.Tensor, allowed: torch.T
     q_rows = slice(q_start, q_start + nq)
 
     def add(name: str, per_passage: torch.Tensor, count: torch.Tensor, uniform: bool = False) -> None:
-        _add(stats, name, layer, per_passage, count, h, rows, uniform)
+        _add(stats, name, layer, per_passage, count, h, rows, uniform, heads)
 
     for k in OFFSETS:
         # query q_start + i and key q_start + i + k lie on the block's diagonal q_start + k
