@@ -21,6 +21,7 @@ from ..artifacts import ROLES_CSV
 from ..capacity.kvcache.cache import check_supported
 from ..capacity.options import GqaOptions, KvcacheOptions, KvOptions, MlaOptions
 from ..errors import HeadscopeError
+from ..learned.causal.pairs import load_pairs
 from ..learned.circuits.graph import check_model as check_circuit_model
 from ..learned.options import AnalyzeOptions, CircuitOptions, RolesOptions, SimilarOptions
 from ..models.adapter import HeadModel
@@ -28,9 +29,10 @@ from ..models.capabilities import CAPABILITIES, why_not
 from ..options import Options
 from ..redundancy.options import PruneOptions, ScoreOptions
 from ..report.options import ReportOptions
-from . import patching
+from . import comparing, patching
+from .comparing import Candidate
 from .probe import Probe
-from .verbs import Call
+from .verbs import Call, Calls
 
 # Tokens per passage of the short-text stages.
 MAX_LENGTH = 64
@@ -39,8 +41,10 @@ LONG_MIN = 512
 # The importance criteria whose head rankings repeat on other text: split-half Spearman 0.91-0.995 (DESIGN.md,
 # "Measured on main"); `gradient` (0.29 on MiniLM) is left out.
 STABLE_METHODS = ("taylor", "output_norm", "entropy")
-# Stages whose model/ would clash with prune's: each writes into its own folder.
-SUBDIRS = {"gqa": "gqa", "mla": "mla"}
+# Stages whose model/ would clash with prune's: each writes into its own folder (the report reads them, --from).
+CONVERSIONS = {"gqa": "gqa", "mla": "mla"}
+# Every stage that writes into a folder of its own: the conversions, and compare (a folder per compressed model).
+SUBDIRS = {**CONVERSIONS, "compare": comparing.FOLDER}
 
 # --- the cost model's factors ----------------------------------------------------------------------------------
 # Each multiplies a count of what a stage's passes do, in the probe's units (`Probe`: a passage forward, a forward
@@ -86,6 +90,8 @@ class Family:
     circuit_refusal: str | None = None  # why edge-level circuits cannot take the model (learned.circuits)
     lm_head: bool = True  # logits to read (patching)
     architecture: str = ""
+    # the built-in pair tasks (compare's rows) whose pairs the tokenizer holds: at least 2 of the first 16
+    pair_tasks: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, hm: HeadModel) -> Family:
@@ -105,7 +111,21 @@ class Family:
         return cls(hm.name, mt, bool(hm.causal), hm.n_layers, hm.n_heads, hm.n_kv_heads,
                    hm.d_head, int(getattr(hm.config, "hidden_size", hm.n_heads * hm.d_head)), hm.max_positions,
                    total, dict(hm.spec.refuses), cannot, kvc, circuit, hm.output_embeddings is not None,
-                   type(hm.model).__name__)
+                   type(hm.model).__name__, _pair_tasks(hm))
+
+
+def _pair_tasks(hm: HeadModel) -> tuple[str, ...]:
+    """The built-in pair tasks of compare (study/comparing.py) whose pairs the model's tokenizer holds."""
+    if hm.output_embeddings is None or hm.tokenizer is None:
+        return ()  # no logits to read
+    held = []
+    for task in comparing.PAIR_TASKS[bool(hm.causal)]:
+        try:
+            if len(load_pairs(hm.tokenizer, bool(hm.causal), hm.vocab_size, task=task, limit=16)) >= 2:
+                held.append(task)
+        except HeadscopeError:  # none of the task's pairs fit the tokenizer
+            continue
+    return tuple(held)
 
 
 @dataclass(frozen=True)
@@ -121,6 +141,8 @@ class Ctx:
     device: str | None = None
     # whether the roles stage measured retrieval scores (its long-range pass): kvcache then ranks by them
     retrieval_scores: bool = False
+    # the compressed models the stages before saved, or why they saved none (the compare stage's inputs)
+    candidates: tuple[Candidate, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -135,13 +157,19 @@ class Stage:
     cost: Callable[[Probe, Family, dict[str, Any]], float]
     refusal: Callable[[Family], str | None] = lambda f: None
     required: bool = False
+    # a stage that runs its verb once per input the stages before left (compare: per compressed model): its Calls
+    # from its options and the study's inputs
+    split: Callable[[Ctx, Options, str], Calls] | None = None
+    # the stages whose results it reads: their reuse keys join its own (a new pruned model, a new comparison)
+    reads: tuple[str, ...] = ()
 
     def out_dir(self, out: str) -> str:
         return f"{out}/{SUBDIRS[self.name]}" if self.name in SUBDIRS else out
 
-    def call(self, ctx: Ctx, level: int) -> Call:
-        """The verb and its options at size `level`, writing into the stage's folder."""
-        return Call(self.verb, self.options(ctx, self.levels[level]).replace(out=self.out_dir(ctx.out)))
+    def call(self, ctx: Ctx, level: int) -> Call | Calls:
+        """The verb and its options at size `level`, writing into the stage's folder (a Calls for a split stage)."""
+        options = self.options(ctx, self.levels[level]).replace(out=self.out_dir(ctx.out))
+        return self.split(ctx, options, self.out_dir(ctx.out)) if self.split else Call(self.verb, options)
 
 
 def _model(ctx: Ctx) -> dict[str, Any]:
@@ -361,9 +389,33 @@ def _kvcache_refusal(f: Family) -> str | None:
     return None
 
 
+def _compare_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    return comparing.options(ctx, lv, MAX_LENGTH)
+
+
+def _compressors(f: Family) -> list[str]:
+    """The stages that can save a compressed model of this family (the compare stage's inputs)."""
+    refusals = {"prune": _prefix(f, "prune", "heads"), "gqa": _gqa_refusal(f), "mla": _mla_refusal(f)}
+    return [name for name in comparing.COMPRESSED if not refusals[name]]
+
+
+def _compare_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    return _load(p) + comparing.cost(p, f, lv, len(_compressors(f)))
+
+
+def _compare_refusal(f: Family) -> str | None:
+    if not _compressors(f):
+        return "no stage of this study can compress the model (prune, gqa and mla are not supported)"
+    return None
+
+
+def _compare_split(ctx: Ctx, o: Options, out: str) -> Calls:
+    return comparing.calls(ctx, o, out)
+
+
 def _report_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
     # the conversions' folders, where their stages ran (report refuses a missing one)
-    subs = tuple(f"{ctx.out}/{sub}" for sub in SUBDIRS.values() if (Path(ctx.out) / sub).is_dir())
+    subs = tuple(f"{ctx.out}/{sub}" for sub in CONVERSIONS.values() if (Path(ctx.out) / sub).is_dir())
     return ReportOptions(**_model(ctx), data=ctx.data, sentences=3, limit=8, from_dirs=subs)
 
 
@@ -409,11 +461,13 @@ def stages_for(f: Family) -> list[Stage]:
         Stage("kv", "kv", "q2", ({},), _kv_options, _kv_cost),
         Stage("gqa", "gqa", "q2", conversion, _gqa_options, _conversion_cost, _gqa_refusal),
         Stage("mla", "mla", "q2", conversion, _mla_options, _mla_cost, _mla_refusal),
+        Stage("compare", "compare", "q3", comparing.LEVELS, _compare_options, _compare_cost, _compare_refusal,
+              split=_compare_split, reads=tuple(comparing.COMPRESSED)),
         Stage("kvcache", "kvcache", "q2", kvc, _kvcache_options, _kvcache_cost, _kvcache_refusal),
         Stage("report", "report", "report", ({},), _report_options, _report_cost, required=True),
     ]
 
 
 # When the budget is short, stages go in the reverse of this order (the report and statistics stay).
-PRIORITY = ("report", "analyze", "kv", "roles", "patch", "score", "prune", "similar", "circuit", "gqa", "kvcache",
-            "mla")
+PRIORITY = ("report", "analyze", "kv", "roles", "patch", "score", "prune", "compare", "similar", "circuit", "gqa",
+            "kvcache", "mla")
