@@ -13,6 +13,7 @@ import pytest
 
 from headscope.cli import main
 from headscope.errors import HeadscopeError
+from headscope.study import comparing as C
 from headscope.study import runner
 from headscope.study.answers import answers
 from headscope.study.comparing import RETRIEVAL_LENGTH, cost, tasks_for
@@ -151,7 +152,8 @@ def test_the_rows_and_the_cost_follow_the_family():
     f = fam(True, 2048, ("ioi", "induction"))
     lv = {"n": 16, "items": 16, "haystacks": 4}
     one, three = cost(p, f, lv, 1), cost(p, f, lv, 3)
-    # by hand: 16 passages + 0.5 x 16 pairs x 2 tasks + 4 haystacks x 4 (256 / 64 tokens) x 1.25 (T x T) = 52 forwards
-    assert one == pytest.approx(2.0 + 2 * 52 * 0.1 + 4 * 0.5 * 0.05)
+    # by hand: 16 passages, 16 pairs of each of 2 tasks, 4 haystacks of 256 / 64 passages, their attention 1.25x
+    forwards = C.LM_FWD * 16 + C.PAIR_FWD * 16 * 2 + C.HAYSTACK_FWD * 4 * 4 * 1.25
+    assert one == pytest.approx(2.0 + 2 * forwards * 0.1 + 4 * C.ROW_CPU * 0.05)
     # each further model: its load, its forwards and its rows' bootstrap; the original's forwards once
-    assert three - one == pytest.approx(2 * (2.0 + 52 * 0.1 + 4 * 0.5 * 0.05))
+    assert three - one == pytest.approx(2 * (2.0 + forwards * 0.1 + 4 * C.ROW_CPU * 0.05))

@@ -52,11 +52,20 @@ METRIC_WORDS = {"perplexity": "perplexity", "cosine": "cosine to the original's 
 RELATIVE = ("perplexity",)
 
 # --- the cost model's factors (the probe's units: a passage forward of MAX_LENGTH tokens, a unit of CPU work) ---
-# A pair's clean forward (IOI's ~15 tokens, induction's 2 x 10 random tokens, batched) against a passage forward;
-# fitted on the timed SmolLM2 study in docs/study.md ("The compare stage").
-PAIR_FWD = 0.5
-# CPU units per row and compared model: the paired BCa bootstrap of its change (1000 resamples) and compare.json.
-ROW_CPU = 0.5
+# Fitted on one timed run, the compare stage of `headscope study smollm2 --budget 10m` (1 thread, the shared 2-core
+# machine; probe forward 0.246 s a passage; 16 passages, 16 pairs per task, 4 haystacks of 256 tokens, the pruned
+# and GQA models: 76.5 s), from compare.json's per-row seconds of each model (docs/study.md, "The compare stage"):
+# passage forwards per held-out passage of the language-model row (the logits over the whole vocabulary and their
+# NLL, which the probe's forward does not compute: 7.0-7.4 s for 16 passages);
+LM_FWD = 1.8
+# per pair of a pair task (its clean forward, batched; IOI 3.0-3.3 s and induction 3.3-3.5 s for 16 pairs);
+PAIR_FWD = 0.85
+# per needle haystack, in passages of its length and times the T x T growth of its attention (10 s for 4
+# haystacks of 256 tokens: the long forward and its teacher-forced answer);
+HAYSTACK_FWD = 2.0
+# CPU units per row and compared model: the paired BCa bootstrap of its change (1000 resamples) and compare.json
+# (with the compared models' loads, the 4.8 s the rows' forwards leave of the stage).
+ROW_CPU = 1.0
 
 
 @dataclass(frozen=True)
@@ -90,10 +99,10 @@ def cost(p: Probe, f: Family, lv: dict[str, Any], models: int) -> float:
     """Seconds to compare `models` compressed models at size `lv`: each model's load, the original's forwards once
     and each compressed model's, and the bootstrap of every row."""
     tasks = tasks_for(f)
-    fwd = lv["n"] + PAIR_FWD * lv["items"] * sum(t in tasks for t in ("ioi", "induction", "masked"))
+    fwd = LM_FWD * lv["n"] + PAIR_FWD * lv["items"] * sum(t in tasks for t in ("ioi", "induction", "masked"))
     if "retrieval" in tasks:
         scale = RETRIEVAL_LENGTH / p.length
-        fwd += lv["haystacks"] * scale * (1 + RETRIEVAL_LENGTH / 1024)  # eager attention grows with T x T
+        fwd += HAYSTACK_FWD * lv["haystacks"] * scale * (1 + RETRIEVAL_LENGTH / 1024)  # attention grows with T x T
     return models * p.load_s + (1 + models) * fwd * p.fwd_s + models * len(tasks) * ROW_CPU * p.cpu_s
 
 
