@@ -157,3 +157,25 @@ def test_the_rows_and_the_cost_follow_the_family():
     assert one == pytest.approx(2.0 + 2 * forwards * 0.1 + 4 * C.ROW_CPU * 0.05)
     # each further model: its load, its forwards and its rows' bootstrap; the original's forwards once
     assert three - one == pytest.approx(2 * (2.0 + forwards * 0.1 + 4 * C.ROW_CPU * 0.05))
+
+
+def test_a_compressing_stage_run_again_with_the_time_left_is_compared_again(tmp_path):
+    """When the time left runs prune (or gqa, mla) again, the compare stage follows it (its estimate counted in the
+    rerun's cost); a stage compare does not read, or a compare left out of the plan, brings nothing after it."""
+    from headscope.study.state import State
+
+    f = Family("m", "llama", True, 2, 4, 2, 8, 32, 2048, 8, pair_tasks=("induction",))
+    r = object.__new__(runner._Runner)
+    r.stages = runner.stages_for(f)
+    r.state, r.family, r.spent_est = State(tmp_path), f, 0.0
+    r.probe = Probe(load_s=2.0, fwd_s=0.1, train_s=0.3, cpu_s=0.05, length=64, passages=16)
+    r.state.data["plan"] = {"prune": 1, "gqa": 0, "compare": 1, "report": 0}
+    ran = []
+    r.one = lambda i, stage, level: ran.append((i, stage.name, level))
+    compare = next(s for s in r.stages if s.name == "compare")
+    assert [s.name for s in r.readers("prune")] == ["compare"] and r.readers("score") == []
+    assert r.readers_cost("prune") == pytest.approx(compare.cost(r.probe, f, compare.levels[1]))
+    r.rerun_readers("prune")
+    assert ran == [(r.stages.index(compare) + 1, "compare", 1)]
+    del r.state.data["plan"]["compare"]
+    assert r.readers("gqa") == [] and r.readers_cost("gqa") == 0
