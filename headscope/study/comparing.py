@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..artifacts import MODEL_DIR
 from ..compare import CompareOptions
 from ..options import Options
+from .costs import LONG_QUADRATIC
 from .verbs import Call, Calls
 
 if TYPE_CHECKING:  # stages.py builds this stage from this module
@@ -54,9 +55,10 @@ RELATIVE = ("perplexity",)
 # --- the cost model's factors (the probe's units: a passage forward of MAX_LENGTH tokens, a unit of CPU work) ---
 # Fitted on one timed run, the compare stage of `headscope study smollm2 --budget 10m` (1 thread, the shared 2-core
 # machine; probe forward 0.246 s a passage; 16 passages, 16 pairs per task, 4 haystacks of 256 tokens, the pruned
-# and GQA models: 76.5 s), from compare.json's per-row seconds of each model (docs/study.md, "The compare stage"):
-# passage forwards per held-out passage of the language-model row (the logits over the whole vocabulary and their
-# NLL, which the probe's forward does not compute: 7.0-7.4 s for 16 passages);
+# and GQA models: 76.5 s), from compare.json's per-row seconds of each model (docs/study.md, "What compression
+# cost"): passage forwards per held-out passage of the language-model row (7.0-7.4 s for 16 passages; where the
+# 0.8 beyond the probe's forward goes was not measured: the NLL's log-softmax over the whole vocabulary at every
+# position, the padding to the batch's widest passage, which the probe scales away, are the candidates);
 LM_FWD = 1.8
 # per pair of a pair task (its clean forward, batched; IOI 3.0-3.3 s and induction 3.3-3.5 s for 16 pairs);
 PAIR_FWD = 0.85
@@ -102,7 +104,7 @@ def cost(p: Probe, f: Family, lv: dict[str, Any], models: int) -> float:
     fwd = LM_FWD * lv["n"] + PAIR_FWD * lv["items"] * sum(t in tasks for t in ("ioi", "induction", "masked"))
     if "retrieval" in tasks:
         scale = RETRIEVAL_LENGTH / p.length
-        fwd += HAYSTACK_FWD * lv["haystacks"] * scale * (1 + RETRIEVAL_LENGTH / 1024)  # attention grows with T x T
+        fwd += HAYSTACK_FWD * lv["haystacks"] * scale * (1 + RETRIEVAL_LENGTH / LONG_QUADRATIC)
     return models * p.load_s + (1 + models) * fwd * p.fwd_s + models * len(tasks) * ROW_CPU * p.cpu_s
 
 
