@@ -116,18 +116,22 @@ def test_a_tiny_study_end_to_end(bert, tmp_path, capsys, monkeypatch):
     t = time.perf_counter()
     assert main(["study", str(bert), "--budget", "3m", "--out", str(out)]) == 0
     elapsed = time.perf_counter() - t
-    assert len(loads) == 1, loads  # the study's one load: every stage runs on it (8 loads before the spine)
+    # the study's one load, every stage running on it (8 loads before the spine); the compare stage builds the pruned
+    # model it judges from its config and weights (a pruned checkpoint is no from_pretrained load)
+    assert len(loads) == 1, loads
     assert elapsed < 180 + B.tolerance_s(180), elapsed
     st = json.loads((out / "study.json").read_text())
     for name in EXPECTED:
         assert (out / name).exists(), (name, st["stages"])
     done = {n for n, r in st["stages"].items() if r["status"] == "done"}
-    assert done == {"analyze", "roles", "similar", "score", "prune", "kv", "report"}, st["stages"]
+    assert done == {"analyze", "roles", "similar", "score", "prune", "kv", "compare", "report"}, st["stages"]
     for n in ("gqa", "mla", "kvcache"):  # decoder stages: one line each, saying why
         assert st["stages"][n]["status"] == "not supported" and st["stages"][n]["reason"]
     for n in done:
         rec = st["stages"][n]
         assert rec["command"].startswith(f"headscope {n} ") and rec["seconds"] >= 0 and rec["files"], n
+    # an encoder's compressed model is the pruned one: compared on fidelity (this BertModel has no masked-LM head)
+    assert set(st["stages"]["compare"]["files"]) == {"prune/compare.csv", "prune/compare.json"}
     # The logged command is rendered from the stage's Options and parses back into them through the CLI.
     verb, prune = parse_command(st["stages"]["prune"]["command"])
     assert verb == "prune" and (prune.fraction, prune.target_drop, prune.method, prune.save_model) == \
@@ -174,12 +178,14 @@ def test_a_tiny_decoder_study_converts_its_kv_heads(tmp_path, capsys, monkeypatc
     out = tmp_path / "study"
     loads = _count_loads(monkeypatch)
     assert main(["study", str(model), "--budget", "3m", "--out", str(out)]) == 0
-    assert len(loads) == 1, loads  # the study's one load; gqa and mla convert copies of it
+    # the study's one load (gqa and mla convert copies of it), then the compare stage's load of the GQA model it
+    # judges against it (it builds the pruned and MLA models from their configs and weights: no from_pretrained)
+    assert len(loads) == 2, loads
     st = json.loads((out / "study.json").read_text())
     status = {n: r["status"] for n, r in st["stages"].items()}
     assert status == {"analyze": "done", "roles": "done", "similar": "done", "score": "done", "prune": "done",
                       "patch": "not supported", "circuit": "not supported", "kv": "done", "gqa": "done", "mla": "done",
-                      "kvcache": "not supported", "report": "done"}
+                      "compare": "done", "kvcache": "not supported", "report": "done"}
     assert "512-token contexts" in st["stages"]["kvcache"]["reason"]
     # The tokenizer knows no IOI name: every answer and wrong is <unk>, the same token, so no pair can be patched.
     assert "task ioi: none of its" in st["stages"]["patch"]["reason"], st["stages"]["patch"]
@@ -331,14 +337,23 @@ def test_every_stage_command_parses_back_into_its_options(tmp_path, causal):
     the same Options back, at every size of every stage, including the retrieval scores of an earlier stage."""
     import dataclasses
 
+    from headscope.study.comparing import Candidate
     from headscope.study.stages import Ctx, Family, stages_for
+    from headscope.study.verbs import Calls
 
-    fam = Family("m", "llama" if causal else "bert", causal, 2, 4, 2, 8, 32, 2048, 8)
+    fam = Family("m", "llama" if causal else "bert", causal, 2, 4, 2, 8, 32, 2048, 8,
+                 pair_tasks=("ioi", "induction") if causal else ("masked",))
+    # the compressed models the compare stage judges (the second one's BASE values come from the first's folder)
+    saved = (Candidate("prune", str(tmp_path / "out" / "model")), Candidate("gqa", None, "left out: no time"),
+             Candidate("mla", str(tmp_path / "out" / "mla" / "model")))
     ctx = Ctx(str(tmp_path / "my model"), "ptb-valid", "ptb-train", "ptb-valid", str(tmp_path / "out"), fam,
-              device="cpu")
+              device="cpu", candidates=saved)
+    (tmp_path / "out" / "compare" / "prune").mkdir(parents=True)
+    (tmp_path / "out" / "compare" / "prune" / "compare.json").write_text("{}")  # base_from's folder
     (tmp_path / "out" / "gqa").mkdir(parents=True)  # a conversion's folder: the report reads it (--from)
     for c in (ctx, dataclasses.replace(ctx, retrieval_scores=True)):
         for stage in stages_for(fam):
             for level in range(len(stage.levels)):
                 call = stage.call(c, level)
-                assert parse_command(call.command()) == (call.verb, call.options), call.command()
+                for one in [part for _, part in call.parts] if isinstance(call, Calls) else [call]:
+                    assert parse_command(one.command()) == (one.verb, one.options), one.command()

@@ -122,7 +122,9 @@ def test_a_decoder_study_patches_ioi_and_names_the_causal_heads(tmp_path, capsys
     out = tmp_path / "study"
     loads = _count_loads(monkeypatch)
     assert main(["study", str(model), "--budget", "3m", "--out", str(out)]) == 0
-    assert len(loads) == 1, loads  # the study's one load: the patch stage runs on it too
+    # the study's one load (the patch stage runs on it too), then the compare stage's load of the GQA model (it builds
+    # the pruned and MLA models from their configs and weights: no from_pretrained)
+    assert len(loads) == 2, loads
     st = json.loads((out / "study.json").read_text())
     rec = st["stages"]["patch"]
     assert rec["status"] == "done", rec
@@ -155,7 +157,8 @@ def test_an_encoder_study_patches_the_masked_pairs(tmp_path, capsys, monkeypatch
     out = tmp_path / "study"
     loads = _count_loads(monkeypatch)
     assert main(["study", str(model), "--budget", "3m", "--out", str(out)]) == 0
-    assert loads == ["BertForMaskedLM"], loads  # loaded once, with its masked-LM head
+    # loaded once, with its masked-LM head (the compare stage builds the pruned model from its config and weights)
+    assert loads == ["BertForMaskedLM"], loads
     st = json.loads((out / "study.json").read_text())
     rec = st["stages"]["patch"]
     assert rec["status"] == "done" and "--task masked" in rec["command"], rec

@@ -26,7 +26,7 @@ from ..artifacts import (
 )
 from ..capacity.kv_bytes import human_bytes
 from ..redundancy.curves.claims import drop_claim, level_of
-from . import patching
+from . import comparing, patching
 from .records import Records
 
 ROLE_WORDS = {"sink": "sink heads", "previous_token": "previous-token", "next_token": "next-token", "broad": "broad",
@@ -150,11 +150,13 @@ def _q2(rec: Records, state: dict[str, Any]) -> str:
         s += (f"; {g['n_kv_heads_before']} -> {g['n_kv_heads_after']} KV heads moves held-out perplexity "
               f"{g['ppl_before']:.2f} -> {g['ppl_after']:.2f}{up} for "
               f"{g['kv_bytes_after']['measured'] / max(g['kv_bytes_before']['measured'], 1):.0%} of the cache")
+        s += _compared(rec, state, "gqa", "the GQA model")
     m = rec.json(MLA_JSON.name)
     if m is not None:
         up = f", {m['ppl_uptrained']:.2f} after uptraining" if m.get("ppl_uptrained") is not None else ""
         s += (f"; MLA at rank {m['kv_rank']}: perplexity {m['ppl_before']:.2f} -> {m['ppl_after']:.2f}{up}, "
               f"{m['kv_fraction']:.0%} of the cache")
+        s += _compared(rec, state, "mla", "the MLA model")
     k = rec.json(KVCACHE_JSON.name)
     if k is not None:
         rows = {r["method"]: r for r in k.get("rows", [])}
@@ -221,10 +223,22 @@ def _q3(rec: Records, state: dict[str, Any]) -> str:
                     f"the curve's model at {removed} heads removed")
             s += (f"; the saved model (model/) is {what}: {sm['heads_kept']} heads and "
                   f"{sm['parameters'] / max(sm['parameters_original'], 1):.0%} of the parameters")
+            s += _compared(rec, state, "prune", "the pruned model")
     else:
         s += f"no pruning curve ({_why(state, 'prune')})"
     s += _rankings(rec)
     return s + "."
+
+
+def _compared(rec: Records, state: dict[str, Any], model: str, who: str) -> str:
+    """What `who`, saved by stage `model`, kept and lost against the original (the compare stage's compare.csv); why
+    it was not compared when the compare stage did not run."""
+    rows = rec.compared(model)
+    if rows:
+        return "; " + comparing.verdicts(rows, who, f"{comparing.FOLDER}/{model}/compare.csv")
+    if (state.get("stages", {}).get("compare") or {}).get("status") not in (None, "done"):
+        return f"; {who} was not compared with the original ({_why(state, 'compare')})"
+    return ""
 
 
 def _metric_words(metric: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 from ..artifacts import (
     CIRCUIT_JSON,
     CLUSTERS_JSON,
+    COMPARE_CSV,
     GQA_JSON,
     HEADS_CSV,
     IMPORTANCE_CSV,
@@ -41,6 +42,7 @@ from ..learned.verbs import RolesResult
 from ..options import Result
 from ..table import to_jsonable
 from .stages import SUBDIRS
+from .verbs import Several
 
 __all__ = ["Records", "retrieval_measured"]
 
@@ -119,8 +121,20 @@ class Records:
         result = self.results.get(source.stage)
         if result is None:
             return read_rows(self._path(source, name))
-        rows = source.content(result)
-        return [{str(k): v if isinstance(v, str) else format_cell(v) for k, v in r.items()} for r in rows]
+        return _cells(source.content(result))
+
+    def compared(self, model: str) -> list[dict[str, str]]:
+        """compare.csv's rows of the compare stage's run on `model` (prune, gqa, mla): [] when it wrote none."""
+        several = self.results.get("compare")
+        if isinstance(several, Several):
+            result = several.by.get(model)
+            return _cells([c.row() for c in getattr(result, "changes", [])])
+        return read_rows(self.out / SUBDIRS["compare"] / model / COMPARE_CSV.name)
+
+
+def _cells(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Rows as their CSV writer writes the cells (`io.format_cell`)."""
+    return [{str(k): v if isinstance(v, str) else format_cell(v) for k, v in r.items()} for r in rows]
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from ..provenance import data_fingerprint, model_fingerprint
 from ..version import versions
 from . import answers as answers_mod
 from .budget import FILL, Choice, Plan, fmt_duration, make_plan, tolerance_s
+from .comparing import COMPRESSED, Candidate
 from .leftover import widths
 from .options import StudyOptions
 from .probe import probe
@@ -33,7 +34,7 @@ from .progress import Progress
 from .records import Records, retrieval_measured
 from .stages import MAX_LENGTH, PRIORITY, Ctx, Family, Stage, stages_for
 from .state import LOG_DIR, State, clear_stage_files, clear_study, file_hashes, stage_key
-from .verbs import Call, run_call, verb_files
+from .verbs import Call, Calls, run_call, run_calls, verb_files
 
 log = logging.getLogger(__name__)
 
@@ -204,10 +205,10 @@ class _Runner:
     def tag(self, i: int, stage: Stage) -> str:
         return f"[{i}/{len(self.stages)}] {stage.name}"
 
-    def leave_out(self, i: int, stage: Stage, reason: str) -> None:
+    def leave_out(self, i: int, stage: Stage, reason: str, status: str = "left out") -> None:
         rec = self.state.stage(stage.name)
         rec.clear()
-        rec.update({"status": "left out", "reason": reason})
+        rec.update({"status": status, "reason": reason})
         self.results.pop(stage.name, None)
         clear_stage_files(Path(stage.out_dir(self.ctx.out)), stage.verb)  # no stale result reaches the report
         self.progress.say(f"{self.tag(i, stage)}: {reason}")
@@ -241,11 +242,12 @@ class _Runner:
             rec = self.state.data["stages"].get(name) or {}
             if name not in by or rec.get("status") != "left out":
                 continue
-            cost = _estimate(by[name], 0, self.probe, self.family, self.corr())
+            cost = _estimate(by[name], 0, self.probe, self.family, self.corr()) + self.readers_cost(name)
             if cost + _estimate(report, 0, self.probe, self.family, self.corr()) <= self.left():
                 self.progress.say(f"{self.tag(i, report)}: time left: {name}, left out before, at its cheapest size")
                 self.state.data["plan"][name] = 0
                 self.one(self.stages.index(by[name]) + 1, by[name], 0)
+                self.rerun_readers(name)
         for _ in range(3):
             reserve = _estimate(report, 0, self.probe, self.family, self.corr())
             options, too_dear = [], []
@@ -254,7 +256,7 @@ class _Runner:
                 lv = rec.get("level")
                 if rec.get("status") != "done" or lv is None or lv + 1 >= len(by[name].levels):
                     continue
-                cost = _estimate(by[name], lv + 1, self.probe, self.family, self.corr())
+                cost = _estimate(by[name], lv + 1, self.probe, self.family, self.corr()) + self.readers_cost(name)
                 if cost + reserve <= self.left():
                     options.append((width, name, lv + 1))
                 else:
@@ -268,6 +270,21 @@ class _Runner:
             self.state.data["plan"][name] = lv
             self.state.stage(name)["widened_from"] = lv - 1
             self.one(self.stages.index(by[name]) + 1, by[name], lv)
+            self.rerun_readers(name)
+
+    def readers(self, name: str) -> list[Stage]:
+        """The planned stages that read stage `name`'s results (compare reads the compressed models)."""
+        return [s for s in self.stages if name in s.reads and self.state.data["plan"].get(s.name) is not None]
+
+    def readers_cost(self, name: str) -> float:
+        """What running `name` again costs its readers, run again after it."""
+        return sum(_estimate(s, self.state.data["plan"][s.name], self.probe, self.family, self.corr())
+                   for s in self.readers(name))
+
+    def rerun_readers(self, name: str) -> None:
+        """After `name` ran again (time left), the stages reading its results run again on them."""
+        for s in self.readers(name):
+            self.one(self.stages.index(s) + 1, s, self.state.data["plan"][s.name])
 
     def note_leftover(self, too_dear: list[tuple[float, str, float]], reserve: float) -> None:
         """Record, for the closing lines, the time left and what the study would have done with more: the
@@ -285,20 +302,42 @@ class _Runner:
 
     def measured(self) -> Ctx:
         """The study's inputs with what earlier stages measured that a later one's options depend on: the retrieval
-        scores of the roles stage (its Result here, or its roles.csv when it was reused)."""
+        scores of the roles stage (its Result here, or its roles.csv when it was reused), the compressed models
+        the stages before saved."""
         roles = self.state.data["stages"].get("roles") or {}
         done = roles.get("status") == "done"
         scores = done and retrieval_measured(self.results.get("roles"), Path(self.ctx.out))
-        return dataclasses.replace(self.ctx, retrieval_scores=scores)
+        return dataclasses.replace(self.ctx, retrieval_scores=scores, candidates=self.candidates())
+
+    def candidates(self) -> tuple[Candidate, ...]:
+        """Each compressing stage of this study: the model it saved, or why there is none (its status, reason)."""
+        found = []
+        for name, rel in COMPRESSED.items():
+            if name not in {s.name for s in self.stages}:
+                continue  # refused for this family: no reason to repeat
+            rec = self.state.data["stages"].get(name) or {}
+            folder = Path(self.ctx.out) / rel
+            if rec.get("status") == "done" and (folder / "config.json").is_file():
+                found.append(Candidate(name, str(folder)))
+                continue
+            status = rec.get("status", "not run")
+            why = "saved no model" if status == "done" else status + (f": {rec['reason']}" if rec.get("reason") else "")
+            found.append(Candidate(name, None, why))
+        return tuple(found)
 
     def one(self, i: int, stage: Stage, level: int) -> None:
         """Reuse `stage` at `level` when study.json has it, else run it and record it."""
         state, ctx, rec = self.state, self.measured(), self.state.stage(stage.name)
         call = stage.call(ctx, level)
+        if isinstance(call, Calls) and not call.parts:
+            self.leave_out(i, stage, f"no compressed model to {stage.verb}: {call.why}", "not supported")
+            return
         extra: dict[str, Any] = {}
         if stage.name == "report":  # the report depends on every other stage's result and the answers
             extra = {"stages": {n: r.get("key") for n, r in state.data["stages"].items() if n != "report"},
                      "answers": state.data["answers"]}
+        elif stage.reads:  # a stage reading others' results: theirs are part of its identity
+            extra = {"stages": {n: (state.data["stages"].get(n) or {}).get("key") for n in stage.reads}}
         key = stage_key(self.model_fp, {**self.data_fp, **extra}, call.canonical())
         if state.reusable(stage.name, key):
             self.progress.say(f"{self.tag(i, stage)}: reused (same model, data and options; "
@@ -333,10 +372,17 @@ class _Runner:
                           f"{fmt_duration(self.opts.budget_s)}")
         state.save()
 
-    def attempt(self, i: int, stage: Stage, call: Call, rec: dict[str, Any]) -> bool:
+    def attempt(self, i: int, stage: Stage, call: Call | Calls, rec: dict[str, Any]) -> bool:
         """Run the verb; False (recorded) when it refused or failed. An interrupt is recorded, then raised."""
+        log_file = Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt"
         try:
-            self.results[stage.name] = run_call(call, self.hm, Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt")
+            if isinstance(call, Calls):  # compare: the original must be what the study loaded, unchanged
+                if model_fingerprint(self.hm.model, self.hm.config) != self.model_fp:
+                    raise RuntimeError(f"the study's model changed before the {stage.name} stage (a stage before "
+                                       f"modified it in place): it is no longer the original to compare with")
+                self.results[stage.name] = run_calls(call, self.hm, log_file)
+            else:
+                self.results[stage.name] = run_call(call, self.hm, log_file)
             return True
         except OutputConflict as e:  # the study chose and cleared this folder: a clash there is a bug, not a refusal
             self._failed(i, stage, rec, e)

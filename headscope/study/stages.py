@@ -21,6 +21,7 @@ from ..artifacts import ROLES_CSV
 from ..capacity.kvcache.cache import check_supported
 from ..capacity.options import GqaOptions, KvcacheOptions, KvOptions, MlaOptions
 from ..errors import HeadscopeError
+from ..learned.causal.pairs import load_pairs
 from ..learned.circuits.graph import check_model as check_circuit_model
 from ..learned.options import AnalyzeOptions, CircuitOptions, RolesOptions, SimilarOptions
 from ..models.adapter import HeadModel
@@ -28,9 +29,10 @@ from ..models.capabilities import CAPABILITIES, why_not
 from ..options import Options
 from ..redundancy.options import PruneOptions, ScoreOptions
 from ..report.options import ReportOptions
-from . import patching
+from . import comparing, costs, patching
+from .comparing import Candidate
 from .probe import Probe
-from .verbs import Call
+from .verbs import Call, Calls
 
 # Tokens per passage of the short-text stages.
 MAX_LENGTH = 64
@@ -39,31 +41,10 @@ LONG_MIN = 512
 # The importance criteria whose head rankings repeat on other text: split-half Spearman 0.91-0.995 (DESIGN.md,
 # "Measured on main"); `gradient` (0.29 on MiniLM) is left out.
 STABLE_METHODS = ("taylor", "output_norm", "entropy")
-# Stages whose model/ would clash with prune's: each writes into its own folder.
-SUBDIRS = {"gqa": "gqa", "mla": "mla"}
-
-# --- the cost model's factors ----------------------------------------------------------------------------------
-# Each multiplies a count of what a stage's passes do, in the probe's units (`Probe`: a passage forward, a forward
-# and backward, a unit of CPU work). They were fitted on timed runs on the project machine (docs/study.md,
-# "Measured"); a study corrects them all by the measured/estimated ratio of the stages it has run.
-#
-# The heads of MiniLM (6 layers x 12 heads), where the per-head CPU work (bootstrap intervals per statistic or
-# criterion and head) was fitted: a model's share of that work is its heads over these.
-FITTED_HEADS = 72
-# Exact ablation: forwards per head and passage (layers l..L-1 rerun, the prefix reused) and CPU units per head
-# (its intervals); fitted on timed `score --method ablation` runs (MiniLM 16/32 passages, SmolLM2 8).
-ABLATION_FWD, ABLATION_CPU = 0.57, 3.0
-# Similarity: CPU units per head pair and Jensen-Shannon query token (the pairwise divergence sums), and per head
-# pair (CKA, subspace angles, clustering); fitted on a timed SmolLM2 study (commit cb20c9b, 270 heads).
-JS_PAIR_TOKEN_CPU, PAIR_CPU = 6e-6, 8e-3
-# Circuits: passage forwards per IOI pair of the edge scores and the faithfulness curves together (33 forwards of
-# the circuit evaluator, which recomputes every receiver's q/k/v input: dearer than a plain forward), by method;
-# fitted on one timed study stage on SmolLM2 (8 IOI pairs, EAP: 81 s at a probe forward of 0.12 s a passage;
-# scores 8 s, curves 63 s, intervals 9 s), EAP-IG's share from benchmarks/bench_circuit.py's ratios (61 against
-# EAP's 54 forwards of a batch). CIRCUIT_CPU: CPU units per thousand edges (their bootstrap intervals over pairs).
-CIRCUIT_FWD = {"eap": 73.0, "eap-ig": 82.0}
-CIRCUIT_CPU = 1.5
-
+# Stages whose model/ would clash with prune's: each writes into its own folder (the report reads them, --from).
+CONVERSIONS = {"gqa": "gqa", "mla": "mla"}
+# Every stage that writes into a folder of its own: the conversions, and compare (a folder per compressed model).
+SUBDIRS = {**CONVERSIONS, "compare": comparing.FOLDER}
 
 @dataclass(frozen=True)
 class Family:
@@ -86,6 +67,8 @@ class Family:
     circuit_refusal: str | None = None  # why edge-level circuits cannot take the model (learned.circuits)
     lm_head: bool = True  # logits to read (patching)
     architecture: str = ""
+    # the built-in pair tasks (compare's rows) whose pairs the tokenizer holds: at least 2 of the first 16
+    pair_tasks: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, hm: HeadModel) -> Family:
@@ -105,7 +88,21 @@ class Family:
         return cls(hm.name, mt, bool(hm.causal), hm.n_layers, hm.n_heads, hm.n_kv_heads,
                    hm.d_head, int(getattr(hm.config, "hidden_size", hm.n_heads * hm.d_head)), hm.max_positions,
                    total, dict(hm.spec.refuses), cannot, kvc, circuit, hm.output_embeddings is not None,
-                   type(hm.model).__name__)
+                   type(hm.model).__name__, _pair_tasks(hm))
+
+
+def _pair_tasks(hm: HeadModel) -> tuple[str, ...]:
+    """The built-in pair tasks of compare (study/comparing.py) whose pairs the model's tokenizer holds."""
+    if hm.output_embeddings is None or hm.tokenizer is None:
+        return ()  # no logits to read
+    held = []
+    for task in comparing.PAIR_TASKS[bool(hm.causal)]:
+        try:
+            if len(load_pairs(hm.tokenizer, bool(hm.causal), hm.vocab_size, task=task, limit=16)) >= 2:
+                held.append(task)
+        except HeadscopeError:  # none of the task's pairs fit the tokenizer
+            continue
+    return tuple(held)
 
 
 @dataclass(frozen=True)
@@ -121,6 +118,8 @@ class Ctx:
     device: str | None = None
     # whether the roles stage measured retrieval scores (its long-range pass): kvcache then ranks by them
     retrieval_scores: bool = False
+    # the compressed models the stages before saved, or why they saved none (the compare stage's inputs)
+    candidates: tuple[Candidate, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -135,13 +134,19 @@ class Stage:
     cost: Callable[[Probe, Family, dict[str, Any]], float]
     refusal: Callable[[Family], str | None] = lambda f: None
     required: bool = False
+    # a stage that runs its verb once per input the stages before left (compare: per compressed model): its Calls
+    # from its options and the study's inputs
+    split: Callable[[Ctx, Options, str], Calls] | None = None
+    # the stages whose results it reads: their reuse keys join its own (a new pruned model, a new comparison)
+    reads: tuple[str, ...] = ()
 
     def out_dir(self, out: str) -> str:
         return f"{out}/{SUBDIRS[self.name]}" if self.name in SUBDIRS else out
 
-    def call(self, ctx: Ctx, level: int) -> Call:
-        """The verb and its options at size `level`, writing into the stage's folder."""
-        return Call(self.verb, self.options(ctx, self.levels[level]).replace(out=self.out_dir(ctx.out)))
+    def call(self, ctx: Ctx, level: int) -> Call | Calls:
+        """The verb and its options at size `level`, writing into the stage's folder (a Calls for a split stage)."""
+        options = self.options(ctx, self.levels[level]).replace(out=self.out_dir(ctx.out))
+        return self.split(ctx, options, self.out_dir(ctx.out)) if self.split else Call(self.verb, options)
 
 
 def _model(ctx: Ctx) -> dict[str, Any]:
@@ -166,7 +171,9 @@ def _analyze_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
 
 def _analyze_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     # eager attention with the statistics kernel, then bootstrap intervals per statistic and head
-    return _load(p) + lv["n"] * 0.9 * p.fwd_s + p.cpu_s * (2 + 0.05 * lv["n"] * f.heads_total / FITTED_HEADS)
+    per_passage = costs.ANALYZE_CPU_PER_PASSAGE * f.heads_total / costs.FITTED_HEADS
+    cpu = costs.ANALYZE_CPU_FIXED + per_passage * lv["n"]
+    return _load(p) + lv["n"] * costs.ANALYZE_FWD * p.fwd_s + p.cpu_s * cpu
 
 
 def _roles_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
@@ -182,13 +189,14 @@ def _roles_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
 def _roles_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     n = lv["n"]
     # text pass, induction sequences (32 of 48 tokens), treebank and coreference passes (encoders)
-    passes = 16 + (1.3 * n if f.causal else 3.8 * n)
+    passes = costs.ROLES_FIXED_FWD + costs.ROLES_FWD[f.causal] * n
     long_s = 0.0
     if lv.get("long"):
         scale = lv["long"] / p.length
         # every long sequence costs its tokens' forwards and grows with its length (eager T x T)
-        long_s = (lv["windows"] + lv["haystacks"]) * scale * p.fwd_s * 3 * (1 + lv["long"] / 1024)
-    return _load(p) + passes * p.fwd_s + long_s + p.cpu_s * 6
+        growth = 1 + lv["long"] / costs.LONG_QUADRATIC
+        long_s = (lv["windows"] + lv["haystacks"]) * scale * p.fwd_s * costs.LONG_FWD * growth
+    return _load(p) + passes * p.fwd_s + long_s + p.cpu_s * costs.ROLES_CPU
 
 
 def _similar_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
@@ -198,7 +206,8 @@ def _similar_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
 def _similar_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     pairs = f.heads_total * (f.heads_total - 1) / 2
     # passes for attention maps and head outputs, then the per-pair CPU work
-    return _load(p) + 2.5 * lv["n"] * p.fwd_s + p.cpu_s * (5 + pairs * lv["js"] * JS_PAIR_TOKEN_CPU + pairs * PAIR_CPU)
+    cpu = costs.SIMILAR_CPU_FIXED + pairs * lv["js"] * costs.JS_PAIR_TOKEN_CPU + pairs * costs.PAIR_CPU
+    return _load(p) + costs.SIMILAR_FWD * lv["n"] * p.fwd_s + p.cpu_s * cpu
 
 
 def _prefix(f: Family, what: str, capability: str | None = None) -> str | None:
@@ -227,7 +236,7 @@ def _circuit_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     senders = 1 + f.heads_total + f.n_layers  # the embeddings, every head, every MLP
     receivers = f.heads_total + 2 * f.n_kv_heads * f.n_layers + f.n_layers + 1  # q; k and v per group; MLPs; logits
     edges = senders * receivers / 2  # each sender feeds the receivers after it: about half of all pairs
-    return _load(p) + lv["n"] * CIRCUIT_FWD[lv["method"]] * p.fwd_s + CIRCUIT_CPU * edges / 1000 * p.cpu_s
+    return _load(p) + lv["n"] * costs.CIRCUIT_FWD[lv["method"]] * p.fwd_s + costs.CIRCUIT_CPU * edges / 1000 * p.cpu_s
 
 
 def _circuit_refusal(f: Family) -> str | None:
@@ -248,11 +257,12 @@ def _score_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
 def _score_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     n = lv["n"]
     # Taylor (forward + backward), then the output-norm and entropy passes
-    s = 2 * n * p.train_s + 2 * n * p.fwd_s
+    s = costs.SCORE_TRAIN * n * p.train_s + costs.SCORE_FWD * n * p.fwd_s
     if lv["ablation"]:
-        s += ABLATION_FWD * f.heads_total * n * p.fwd_s + ABLATION_CPU * f.heads_total * p.cpu_s
+        s += costs.ABLATION_FWD * f.heads_total * n * p.fwd_s + costs.ABLATION_CPU * f.heads_total * p.cpu_s
     # bootstrap intervals of every criterion, their rank correlations and split-half stabilities
-    return _load(p) + s + p.cpu_s * (20 + 2 * n * f.heads_total / FITTED_HEADS)
+    per_passage = costs.SCORE_CPU_PER_PASSAGE * f.heads_total / costs.FITTED_HEADS
+    return _load(p) + s + p.cpu_s * (costs.SCORE_CPU_FIXED + per_passage * n)
 
 
 # The drop question 3's answer is about: the curve stops once it is passed, and the saved model is the last point
@@ -263,15 +273,18 @@ PRUNE_TARGET = 0.05
 def _prune_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
     return PruneOptions(**_model(ctx), data=ctx.prune_data, heldout=ctx.heldout, **_short(lv["n"]),
                         heldout_limit=lv["heldout"], method="taylor", fraction=lv["fraction"], step=lv["step"],
-                        recover_steps=lv["recover"], batch_size=8, target_drop=PRUNE_TARGET, save_model=True)
+                        recover_steps=lv["recover"], batch_size=costs.RECOVERY_BATCH, target_drop=PRUNE_TARGET,
+                        save_model=True)
 
 
 def _prune_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     points = round(lv["fraction"] / lv["step"]) + 1
     # Per point: re-scoring by Taylor, the metric before and after recovery, and the recovery steps on batches
     # of 8 (AdamW over every weight: about 3 forward + backward passes a passage)
-    per_point = lv["n"] * p.train_s + 2 * lv["heldout"] * p.fwd_s + lv["recover"] * 8 * p.train_s * 3.0
-    return _load(p) + points * per_point + 2 * p.load_s + p.cpu_s * (6 + 10 * points)
+    per_point = (lv["n"] * p.train_s + costs.PRUNE_METRIC_PASSES * lv["heldout"] * p.fwd_s
+                 + lv["recover"] * costs.RECOVERY_BATCH * p.train_s * costs.RECOVERY_TRAIN)
+    return (_load(p) + points * per_point + costs.PRUNE_LOADS * p.load_s
+            + p.cpu_s * (costs.PRUNE_CPU_FIXED + costs.PRUNE_CPU_PER_POINT * points))
 
 
 # --- question 2 ----------------------------------------------------------------------------------------
@@ -280,7 +293,7 @@ def _kv_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
 
 
 def _kv_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
-    return 1.0 + p.cpu_s
+    return costs.KV_S + p.cpu_s
 
 
 def _gqa_target(f: Family) -> int:
@@ -308,15 +321,16 @@ def _gqa_refusal(f: Family) -> str | None:
 
 
 def _conversion_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
-    # a copy of the model to convert (about a load), perplexity before, after and uptrained (3 x heldout), KL
-    # passes, uptraining steps of batches of 8
-    return (p.load_s + 4 * lv["heldout"] * p.fwd_s + lv["uptrain"] * 8 * p.train_s * 2
-            + lv["n"] * p.fwd_s + p.cpu_s * 4)
+    # a copy of the model to convert (about a load), the held-out perplexities, the KL passes over the training
+    # passages, the uptraining steps
+    heldout = costs.CONVERSION_HELDOUT_FWD * lv["heldout"] * p.fwd_s
+    uptrain = lv["uptrain"] * costs.RECOVERY_BATCH * p.train_s * costs.UPTRAIN_TRAIN
+    return p.load_s + heldout + uptrain + lv["n"] * p.fwd_s + p.cpu_s * costs.CONVERSION_CPU
 
 
 def _mla_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     # the conversion's SVDs and RoPE-frequency pass on top of what every conversion costs (fitted on SmolLM2)
-    return 1.5 * _conversion_cost(p, f, lv)
+    return costs.MLA_FACTOR * _conversion_cost(p, f, lv)
 
 
 def _mla_rank(f: Family) -> int:
@@ -348,8 +362,9 @@ def _kvcache_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
 def _kvcache_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     scale = lv["context"] / p.length
     # full, by score and random caches, each over passages and needles; the scoring haystacks once
-    seqs = 3 * (lv["passages"] + lv["needles"]) + lv["haystacks"] * 3
-    return _load(p) + seqs * scale * p.fwd_s * (1 + lv["context"] / 2048) + p.cpu_s * 4
+    seqs = costs.KVCACHE_CACHES * (lv["passages"] + lv["needles"]) + lv["haystacks"] * costs.KVCACHE_HAYSTACK_FWD
+    growth = 1 + lv["context"] / costs.KVCACHE_QUADRATIC
+    return _load(p) + seqs * scale * p.fwd_s * growth + p.cpu_s * costs.KVCACHE_CPU
 
 
 def _kvcache_refusal(f: Family) -> str | None:
@@ -361,14 +376,39 @@ def _kvcache_refusal(f: Family) -> str | None:
     return None
 
 
+def _compare_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
+    return comparing.options(ctx, lv, MAX_LENGTH)
+
+
+def _compressors(f: Family) -> list[str]:
+    """The stages that can save a compressed model of this family (the compare stage's inputs)."""
+    refusals = {"prune": _prefix(f, "prune", "heads"), "gqa": _gqa_refusal(f), "mla": _mla_refusal(f)}
+    return [name for name in comparing.COMPRESSED if not refusals[name]]
+
+
+def _compare_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
+    return _load(p) + comparing.cost(p, f, lv, len(_compressors(f)))
+
+
+def _compare_refusal(f: Family) -> str | None:
+    if not _compressors(f):
+        return "no stage of this study can compress the model (prune, gqa and mla are not supported)"
+    return None
+
+
+def _compare_split(ctx: Ctx, o: Options, out: str) -> Calls:
+    return comparing.calls(ctx, o, out)
+
+
 def _report_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
     # the conversions' folders, where their stages ran (report refuses a missing one)
-    subs = tuple(f"{ctx.out}/{sub}" for sub in SUBDIRS.values() if (Path(ctx.out) / sub).is_dir())
+    subs = tuple(f"{ctx.out}/{sub}" for sub in CONVERSIONS.values() if (Path(ctx.out) / sub).is_dir())
     return ReportOptions(**_model(ctx), data=ctx.data, sentences=3, limit=8, from_dirs=subs)
 
 
 def _report_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
-    return _load(p) + 6 * p.fwd_s + p.cpu_s * (40 + f.heads_total / 10)
+    cpu = costs.REPORT_CPU_FIXED + f.heads_total / costs.REPORT_HEADS_PER_CPU
+    return _load(p) + costs.REPORT_FWD * p.fwd_s + p.cpu_s * cpu
 
 
 def _long_levels(f: Family) -> list[int]:
@@ -409,11 +449,13 @@ def stages_for(f: Family) -> list[Stage]:
         Stage("kv", "kv", "q2", ({},), _kv_options, _kv_cost),
         Stage("gqa", "gqa", "q2", conversion, _gqa_options, _conversion_cost, _gqa_refusal),
         Stage("mla", "mla", "q2", conversion, _mla_options, _mla_cost, _mla_refusal),
+        Stage("compare", "compare", "q3", comparing.LEVELS, _compare_options, _compare_cost, _compare_refusal,
+              split=_compare_split, reads=tuple(comparing.COMPRESSED)),
         Stage("kvcache", "kvcache", "q2", kvc, _kvcache_options, _kvcache_cost, _kvcache_refusal),
         Stage("report", "report", "report", ({},), _report_options, _report_cost, required=True),
     ]
 
 
 # When the budget is short, stages go in the reverse of this order (the report and statistics stay).
-PRIORITY = ("report", "analyze", "kv", "roles", "patch", "score", "prune", "similar", "circuit", "gqa", "kvcache",
-            "mla")
+PRIORITY = ("report", "analyze", "kv", "roles", "patch", "score", "prune", "compare", "similar", "circuit", "gqa",
+            "kvcache", "mla")
