@@ -41,8 +41,9 @@ def _options(base: HeadModel, other: HeadModel, **sizes: Any) -> CompareOptions:
     rows = DECODER_ROWS if base.causal else ENCODER_ROWS
     settings: dict[str, Any] = {"tasks": rows, "limit": PASSAGES, "max_length": MAX_LENGTH, "items": ITEMS,
                                 "long": LONG, "haystacks": HAYSTACKS, **sizes}
-    if base.max_positions is not None:
+    if base.max_positions is not None:  # a small model: passages and haystacks within its positions
         settings["long"] = min(settings["long"], base.max_positions)
+        settings["max_length"] = min(settings["max_length"], base.max_positions)
     if settings["long"] < MIN_LONG:  # too few positions for a needle haystack: no retrieval row
         settings["tasks"] = tuple(t for t in settings["tasks"] if t != "retrieval")
         settings["long"] = MIN_LONG
