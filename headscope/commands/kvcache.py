@@ -13,11 +13,8 @@ from ..capacity.kv_bytes import attention_shape, load_config
 from ..capacity.kvcache.cache import check_supported_config
 from ..capacity.kvcache.choice import read_scores_file
 from ..capacity.kvcache.compare import check_positions
-from ..capacity.kvcache.plans import plan_of_row, row_name, shipped_row
-from ..capacity.kvcache_verb import KvcacheResult
 from ..capacity.options import KvcacheOptions
-from ..compare import CompareResult
-from ..compare.check import check_cache
+from ..compare.check import check_kvcache
 from ..data import read_texts
 from ..export.card_export import export_card
 from ..export.cards import check_card_path
@@ -74,15 +71,7 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     print("\n".join(result.lines()))
     wrote = list(OUTPUTS)
     if options.capability_check:  # the input model decoding through the cache a user would ship, against itself
-        wrote += finish_check(lambda: _check(hm, result, data.texts), out, options.force)
+        wrote += finish_check(lambda: check_kvcache(hm, result, data.texts), out, options.force)
     print(f"\nwrote {', '.join(str(out / n) for n in wrote)}{' and ' + str(card) if card else ''}", file=sys.stderr)
     return 0
 
-
-def _check(hm: HeadModel, result: KvcacheResult, texts: list[str]) -> CompareResult:
-    """The check of the row a user would ship (capacity.kvcache.plans.shipped_row: the score's choice at the first
-    budget), through the plan that row was measured with."""
-    row = shipped_row(result.report)
-    plan = plan_of_row(result.report, row)
-    o = result.options
-    return check_cache(hm, plan, o.context, texts, plan_from=f"{o.out} (row {row_name(row)})", seed=o.seed)

@@ -4,7 +4,8 @@
 the family supports among DECODER_ROWS or ENCODER_ROWS, each left out with a note where the model cannot do it (a
 tokenizer without the task's words, haystacks past its positions). `check_cache(hm, plan, ...)` judges a head-aware
 KV cache the same way: OTHER is the input model decoding through `plan`, on rows long enough for the cache to matter
-(a text shorter than sink + window reads every token whatever the plan: the short pair tasks cannot change).
+(a text shorter than sink + window reads every token whatever the plan: the short pair tasks cannot change);
+`check_kvcache(hm, result, texts)` picks the plan a kvcache run would ship and checks it.
 
 The verbs' commands call these (capacity/ and redundancy/ sit below compare/ and cannot); `check_lines` is what they
 print: one line per lost capability and a summary line.
@@ -16,6 +17,8 @@ from typing import Any, Sequence
 
 from ..capacity.kvcache import CachePlan
 from ..capacity.kvcache.evaluate import long_passages_ids
+from ..capacity.kvcache.plans import plan_of_row, row_name, shipped_row
+from ..capacity.kvcache_verb import KvcacheResult
 from ..models.adapter import HeadModel
 from .options import CompareOptions
 from .verb import CompareResult, compare
@@ -70,6 +73,15 @@ def check_cache(hm: HeadModel, plan: CachePlan, context: int, texts: Sequence[st
     return compare(hm, hm, opts, data=passages, plan=plan, plan_from=plan_from, lenient=True)
 
 
+def check_kvcache(hm: HeadModel, result: KvcacheResult, texts: Sequence[str]) -> CompareResult:
+    """`kvcache`'s check: `check_cache` on the row a user would ship (`capacity.kvcache.plans.shipped_row`: the
+    score's choice at the run's first budget), through the plan that row was measured with, at the run's context."""
+    row = shipped_row(result.report)
+    plan = plan_of_row(result.report, row)
+    o = result.options
+    return check_cache(hm, plan, o.context, texts, plan_from=f"{o.out} (row {row_name(row)})", seed=o.seed)
+
+
 def check_lines(result: CompareResult) -> list[str]:
     """One line per lost capability, then a summary: how many rows each verdict holds, and the notes."""
     lost = [c for c in result.changes if c.verdict == "lost"]
@@ -87,4 +99,4 @@ def check_lines(result: CompareResult) -> list[str]:
 
 
 __all__ = ["CACHE_PASSAGES", "CACHE_ROWS", "DECODER_ROWS", "ENCODER_ROWS", "HAYSTACKS", "ITEMS", "LONG",
-           "MAX_LENGTH", "PASSAGES", "check", "check_cache", "check_lines"]
+           "MAX_LENGTH", "PASSAGES", "check", "check_cache", "check_kvcache", "check_lines"]

@@ -97,8 +97,8 @@ class CompareOptions(DataOptions, IntervalOptions, OutputOptions):
         if len(set(self.tasks)) != len(self.tasks):
             raise OptionError("tasks", f"names a row twice: {','.join(self.tasks)}")
         if self.cache is None and self.cache_row is not None:
-            raise OptionError("cache_row", "picks a row of a kvcache plan; give cache, that kvcache run's output folder",
-                              also=("cache",))
+            raise OptionError("cache_row", "picks a row of a kvcache plan; give cache, that kvcache run's output "
+                                           "folder", also=("cache",))
         if self.cache is None and self.cache_reversed:
             raise OptionError("cache_reversed", "turns a cache pattern upside down; give cache, the pattern's folder",
                               also=("cache",))
