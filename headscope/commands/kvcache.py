@@ -74,4 +74,3 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
         wrote += finish_check(lambda: check_kvcache(hm, result, data.texts), out, options.force)
     print(f"\nwrote {', '.join(str(out / n) for n in wrote)}{' and ' + str(card) if card else ''}", file=sys.stderr)
     return 0
-
