@@ -231,3 +231,20 @@ def test_a_bad_kvcache_plan_is_one_line(llama, kv_out, tmp_path, capsys, monkeyp
                                "o"], "--cache-reversed turns a DuoAttention pattern's ranking upside down")
     refused(tmp_path, capsys, ["compare", str(src), str(src), "--cache", str(tmp_path / "nothing.json"), "--out",
                                "o"], "cannot read a kvcache plan")
+
+
+def test_a_check_that_cannot_run_says_so_and_leaves_no_stale_files(tmp_path, capsys):
+    """No row the model can measure: one line on stderr, no compare file (an earlier run's, there under --force, is
+    removed so that none describes another model), and the verb goes on (its own files are complete)."""
+    from headscope.commands._check import finish_check
+    from headscope.errors import HeadscopeError
+
+    for name in ("compare.csv", "compare.json"):
+        (tmp_path / name).write_text("an earlier run's\n")
+
+    def nothing():
+        raise HeadscopeError("nothing to compare: no row could be measured (lm: left out (no tokenizer))")
+
+    assert finish_check(nothing, tmp_path, force=True) == []
+    assert "check: not run: nothing to compare" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
