@@ -100,6 +100,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--cache": bad("--cache", "missing", says="--cache 'missing' is no DuoAttention pattern"),
         "--keep-full": bad("--keep-full", "2", says="--keep-full must be at most 1; got 2.0"),
         "--cache-reversed": bad("--cache-reversed", says="--cache-reversed turns a --cache pattern upside down"),
+        "--cache-row": bad("--cache-row", "score@25%", says="--cache-row picks a row of a kvcache plan; give --cache"),
         "--tolerance": bad("--tolerance", "-1", says="--tolerance must be a positive number"),
     },
     "gqa": {
@@ -108,6 +109,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
                           required=False),
         "--grouping": bad("--grouping", "meen", says="unknown grouping 'meen' (did you mean 'mean'?)"),
         "--no-fallback": FLAG,
+        "--check": FLAG,  # on or off, both are runs (--no-check skips the check); tests/test_compare_check.py
     },
     "kv": {
         "model": bad("no-such-model", says="no such model or config 'no-such-model'"),
@@ -132,6 +134,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--train-length": bad("--uptrain-steps", "1", "--train-length", "1", says="--train-length must be at least 2"),
         "--uptrain-lr": bad("--uptrain-lr", "0", says="--uptrain-lr must be a positive number"),
         "--no-random": FLAG,
+        "--check": FLAG,  # on or off, both are runs (--no-check skips the check)
         "--learn-steps": bad(*LEARNED, "--learn-steps", "0", says="--learn-steps must be at least 1"),
         "--learn-lr": bad(*LEARNED, "--learn-lr", "0", says="--learn-lr must be a positive number"),
         "--learn-l1": bad(*LEARNED, "--learn-l1", "-1", says="--learn-l1 must be a positive number"),
@@ -149,6 +152,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "model": bad("no-such-model", "--kv-rank", "8", says="unknown model 'no-such-model'", required=False),
         "--kv-rank": bad("{llama}", "--kv-rank", "0", says="--kv-rank must be at least 1; got 0", required=False),
         "--rope-dims": bad("--rope-dims", "3", says="--rope-dims must be an even number"),
+        "--check": FLAG,  # on or off, both are runs (--no-check skips the check)
     },
     "models": {},
     "prune": {
@@ -163,6 +167,7 @@ BY_VERB: dict[str, dict[str, Row | None]] = {
         "--wordsim-recovered": bad("--unit", "ffn", "--wordsim-recovered",
                                    says="--wordsim is for head units"),
         "--save-model": FLAG,
+        "--check": FLAG,  # on or off, both are runs; without --save-model there is no model to check
         "--uniform": bad("--unit", "attention", "--uniform", says="--uniform is for head units"),
         "--protect": bad("--protect", "inductoin", says="--protect names 'inductoin', no capability (did you mean "
                                                         "'induction'?)"),

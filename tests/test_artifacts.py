@@ -219,7 +219,8 @@ def test_each_verb_writes_exactly_its_declared_files(runs):
     expect = {"analyze": A.outputs("analyze"), "roles": A.outputs("roles", optional=True),
               "similar": A.outputs("similar"), "score": A.outputs("score"),
               "prune": A.outputs("prune", optional=True), "prune_lm": A.outputs("prune"),
-              "kv": A.outputs("kv", optional=True), "sweep": A.outputs("sweep"), "gqa": A.outputs("gqa")}
+              "kv": A.outputs("kv", optional=True), "sweep": A.outputs("sweep"),
+              "gqa": A.outputs("gqa", optional=True)}  # gqa and prune --save-model end with the check
     for run, names in expect.items():
         assert sorted(p.name for p in runs[run].iterdir()) == sorted(names), run
     # The report writes its page and its figures (the names are what render_report refuses to overwrite).
@@ -295,6 +296,9 @@ def test_kv_and_sweep_files(runs):
 
 
 def test_gqa_files(runs):
+    for run in ("gqa", "prune"):  # the check's files, as compare writes them
+        check_csv(runs[run] / "compare.csv", A.COMPARE_CSV, set())
+        check_keys(runs[run] / "compare.json", A.COMPARE_JSON)
     check_keys(runs["gqa"] / "gqa.json", A.GQA_JSON, {"uptrain"})
     check_keys(runs["gqa_similarity"] / "gqa.json", A.GQA_JSON,
                {"similarity_on", "pooling_error_adjacent", "pooling_error_similarity", "layers_regrouped"})

@@ -208,7 +208,8 @@ def test_cli_writes_curve_redundancy_and_a_loadable_model(tmp_path, minilm, caps
               "--out", str(out), "--save-model")
     assert rc == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["model", "prune.json", "prune_curve.csv", "prune_curve.png", "redundancy.csv"], names
+    assert names == ["compare.csv", "compare.json",  # the check --save-model ends with (docs/compare.md)
+                     "model", "prune.json", "prune_curve.csv", "prune_curve.png", "redundancy.csv"], names
     rows = list(csv.DictReader((out / "prune_curve.csv").read_text().splitlines()))
     assert [int(r["n_removed"]) for r in rows] == [0, 4, 7]  # 5% of 72 heads = 4 per step, capped at 7
     red = list(csv.DictReader((out / "redundancy.csv").read_text().splitlines()))

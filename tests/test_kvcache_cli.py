@@ -40,7 +40,7 @@ def test_kvcache_run_with_retrieval_scores(llama, tmp_path):
     out = tmp_path / "out"
     assert main(["kvcache", str(src), "--keep-full", "34%,67%", "--data", str(text), "--needles", "2",
                  "--haystacks", "1", *SMALL, "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == sorted(A.outputs("kvcache"))
+    assert sorted(p.name for p in out.iterdir()) == sorted(A.outputs("kvcache", optional=True))  # with the check
     header = (out / "kvcache.csv").read_text().splitlines()[0].split(",")
     assert A.KVCACHE_CSV.check(header) == []
     assert [c for c in header if not c.endswith(("_lo", "_hi"))] == A.KVCACHE_CSV.columns()

@@ -76,7 +76,8 @@ def _prune(hm: Any, given: dict[str, Any]) -> Result:
     from headscope.redundancy.verbs import prune
 
     return prune(hm, given["data"], PruneOptions(**given, heldout=given["data"], limit=4, max_length=16, batch_size=2,
-                                                 bootstrap=200, fraction=0.5, step=0.25, save_model=True))
+                                                 bootstrap=200, fraction=0.5, step=0.25, save_model=True,
+                                                 capability_check=False))
 
 
 def _prune_units(hm: Any, given: dict[str, Any]) -> Result:
@@ -128,8 +129,9 @@ CASES: dict[str, Case] = {
                "--method", "taylor,output_norm"], _score),
     "score --unit attention": (["--unit", "attention", "--limit", "4", "--max-length", "16", "--batch-size", "2"],
                                _score_units),
+    # prune's own files; the check --save-model ends with is tests/test_compare_check.py's
     "prune": (["--heldout", "{data}", "--limit", "4", "--max-length", "16", "--batch-size", "2", "--bootstrap", "200",
-               "--fraction", "0.5", "--step", "0.25", "--save-model"], _prune),
+               "--fraction", "0.5", "--step", "0.25", "--save-model", "--no-check"], _prune),
     "prune --unit attention": (["--unit", "attention", "--limit", "4", "--max-length", "16", "--batch-size", "2",
                                 "--fraction", "0.5", "--step", "0.25"], _prune_units),
     "report": (["--sentences", "1", "--limit", "3", "--max-length", "16"], _report),
@@ -255,6 +257,7 @@ def test_conversions_cli_and_library_give_the_same_files(verb, tmp_path, capsys)
     assert "\n".join(result.lines()) in printed
     assert list(result.to_pandas()["stage"]) == ["before", "after", "uptrained"]
     result.save(lib_out)
+    headscope.compare.check(hm, result.model).save(lib_out)  # the CLI ends with the check (--check, the default)
     assert_same_files(cli_out, lib_out)
 
 
@@ -282,6 +285,10 @@ def test_kvcache_cli_and_library_give_the_same_files(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == before, "the library call wrote something before save()"
     assert "\n".join(result.lines()) in printed and len(result.to_pandas()) > 0
     result.save(lib_out)
+    from headscope.compare.check import check_kvcache  # the CLI ends with the check (--check, the default)
+    from headscope.data import read_texts
+
+    check_kvcache(hm, result, read_texts(str(text)).texts).save(lib_out)
     assert_same_files(cli_out, lib_out)
 
 

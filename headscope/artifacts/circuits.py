@@ -35,9 +35,13 @@ CIRCUIT_JSON = Artifact(
      Field("forwards", "forward and backward passes of the scores, forwards of the curves"),
      Field("pairs"), Field("intervals"), Field("seconds"), PROVENANCE),
     bounds=True)
-# headscope compare (issue 42): what a compressed model kept and lost against its original.
+# headscope compare (issue 42): what a compressed model kept and lost against its original; the compressing verbs
+# write the same two files into their --out when they end with the check (--check, the default; docs/compare.md).
+CHECKED = {"compare": "", "prune": "--save-model (unless --no-check)",
+           "prune --unit": "--save-model (unless --no-check)", "gqa": "unless --no-check",
+           "mla": "unless --no-check", "kvcache": "unless --no-check"}
 COMPARE_CSV = Artifact(
-    "compare.csv", "csv", {"compare": ""}, "one row per capability: its value in BASE and OTHER, the paired change "
+    "compare.csv", "csv", CHECKED, "one row per capability: its value in BASE and OTHER, the paired change "
     "with its interval and the verdict (docs/compare.md)",
     (Field("capability", "lm, fidelity, ioi, induction, greater-than, masked, retrieval, pairs:<file stem>, "
                          "heads:<pair row> (what BASE's carrier heads of that task still carry), or roles:<role> (how "
@@ -53,7 +57,7 @@ COMPARE_CSV = Artifact(
      Field("verdict", "lost, kept, gained or cannot tell: the interval against the tolerance x |base|"),
      Field("n", "items the row was measured on (passages, pairs or haystacks)")))
 COMPARE_JSON = Artifact(
-    "compare.json", "json", {"compare": ""}, "compare.csv's run: settings, both models' provenance, each row's items "
+    "compare.json", "json", CHECKED, "compare.csv's run: settings, both models' provenance, each row's items "
     "and per-item values",
     (Field("settings", "tolerance, interval settings, the rows measured"),
      Field("notes", "default rows left out and why"),

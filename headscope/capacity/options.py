@@ -10,6 +10,7 @@ from typing import Any
 from ..io import check_writable_file
 from ..models.capabilities import supported_model_types_for
 from ..options import (
+    CheckOptions,
     HeldoutOptions,
     IntervalOptions,
     ModelOptions,
@@ -131,7 +132,7 @@ SWEEP_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class ConversionOptions(ModelOptions, SeedOptions, HeldoutOptions, OutputOptions):
+class ConversionOptions(ModelOptions, SeedOptions, HeldoutOptions, OutputOptions, CheckOptions):
     """What gqa and mla share: calibration and held-out text, one uptraining loop."""
 
     model: str = option(None, "built-in name (smollm2), a model directory, or a hub id",
@@ -204,7 +205,7 @@ class MlaOptions(ConversionOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class KvcacheOptions(IntervalOptions, OutputOptions):
+class KvcacheOptions(IntervalOptions, OutputOptions, CheckOptions):
     """`headscope kvcache`: the head-aware KV cache (full KV for chosen heads, sink + window for the rest)."""
 
     model: str = option(None, "built-in name (smollm2), a model directory, or a hub id; model types: "

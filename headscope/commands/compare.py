@@ -8,7 +8,7 @@ import sys
 from ..artifacts import outputs
 from ..compare import CompareOptions, check_model_name
 from ..compare import compare as compare_models
-from ..compare.cache import read_pattern
+from ..compare.cache import read_cache
 from ..data import read_texts
 from ..io import prepare_out_dir
 from ..learned.causal.pairs import read_pairs
@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
     check_model_name(options.other, "other")
     for path in options.pairs:
         read_pairs(path)  # a bad or empty file fails before the models load
-    if options.cache is not None:
-        read_pattern(options.cache)
+    if options.cache is not None:  # a pattern or kvcache plan that cannot be read, or a row it lacks: before loading
+        read_cache(options.cache, options.cache_row, options.cache_reversed)
     # the language-model row's passages, read (and a missing or unreadable file refused) before the models load
     texts = read_texts(options.data, options.limit) if options.data is not None else None
     base = load_model(options.base, device=options.device, dtype=options.dtype)

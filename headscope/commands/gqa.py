@@ -10,10 +10,12 @@ from ..capacity import verbs
 from ..capacity.gqa import SUPPORTED_MODEL_TYPES
 from ..capacity.gqa.groupings import GROUPINGS
 from ..capacity.options import GqaOptions
+from ..compare.check import check
 from ..io import prepare_out_dir
 from ..models.adapter import HeadModel
 from ..models.checkpoint import how_it_loads
 from ..options.cli import verb_parser
+from ._check import check_files, finish_check
 from ._uptrain import read_uptrain_texts
 
 OUTPUTS = outputs("gqa")  # model/, gqa.json
@@ -35,13 +37,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     options = GqaOptions.from_namespace(args).validate()
-    out = prepare_out_dir(options.out, options.force, OUTPUTS)  # refuse before any slow work
+    # refuse before any slow work
+    out = prepare_out_dir(options.out, options.force, OUTPUTS + check_files(options.capability_check))
     data, heldout = read_uptrain_texts(options)  # bad data fails before the model loads; passed on, never read again
     hm = model or options.load()
     # the conversion checks --kv-heads against the model first, before any work.
     result = verbs.gqa(hm, data, options, heldout=heldout, progress=True)
     result.save(out, options.force)  # model/ and gqa.json appear together, or neither
     print("\n".join(result.lines()))
-    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}; the model has {how_it_loads(out / MODEL_DIR.name)}",
+    wrote = list(OUTPUTS)
+    if options.capability_check:  # what the converted model lost against the input (gqa leaves it untouched)
+        wrote += finish_check(lambda: check(hm, result.model, seed=options.seed), out, options.force)
+    print(f"\nwrote {', '.join(str(out / n) for n in wrote)}; the model has {how_it_loads(out / MODEL_DIR.name)}",
           file=sys.stderr)
     return 0

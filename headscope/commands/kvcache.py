@@ -14,6 +14,7 @@ from ..capacity.kvcache.cache import check_supported_config
 from ..capacity.kvcache.choice import read_scores_file
 from ..capacity.kvcache.compare import check_positions
 from ..capacity.options import KvcacheOptions
+from ..compare.check import check_kvcache
 from ..data import read_texts
 from ..export.card_export import export_card
 from ..export.cards import check_card_path
@@ -21,6 +22,7 @@ from ..io import prepare_out_dir
 from ..models import BUILTINS, load_model
 from ..models.adapter import HeadModel
 from ..options.cli import verb_parser
+from ._check import check_files, finish_check
 
 OUTPUTS = outputs("kvcache")  # kvcache.csv, kvcache.json
 
@@ -52,7 +54,7 @@ def _precheck_model(name: str, context: int) -> None:
 def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     options = KvcacheOptions.from_namespace(args)  # validated by the CLI: budgets, window, counts, --by
     card = check_card_path(options.export_card, "duo", options.force) if options.export_card is not None else None
-    out = prepare_out_dir(options.out, options.force, OUTPUTS)  # refuse before any slow work
+    out = prepare_out_dir(options.out, options.force, OUTPUTS + check_files(options.capability_check))  # before work
     # What the run reads, read before any model loads: the --scores file, the data, the training data.
     scores = read_scores_file(options.scores, options.by) if options.scores is not None else None
     data = read_texts(options.data)
@@ -67,6 +69,8 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
         if warning:
             print(warning, file=sys.stderr)
     print("\n".join(result.lines()))
-    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}{' and ' + str(card) if card else ''}",
-          file=sys.stderr)
+    wrote = list(OUTPUTS)
+    if options.capability_check:  # the input model decoding through the cache a user would ship, against itself
+        wrote += finish_check(lambda: check_kvcache(hm, result, data.texts), out, options.force)
+    print(f"\nwrote {', '.join(str(out / n) for n in wrote)}{' and ' + str(card) if card else ''}", file=sys.stderr)
     return 0

@@ -9,10 +9,12 @@ from ..artifacts import MODEL_DIR, outputs
 from ..capacity import verbs
 from ..capacity.mla import SUPPORTED_MODEL_TYPES
 from ..capacity.options import MlaOptions
+from ..compare.check import check
 from ..io import prepare_out_dir
 from ..models.adapter import HeadModel
 from ..models.checkpoint import how_it_loads
 from ..options.cli import verb_parser
+from ._check import check_files, finish_check
 from ._uptrain import read_uptrain_texts
 
 OUTPUTS = outputs("mla")  # model/, mla.json
@@ -36,12 +38,15 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     # What needs no model is refused before anything loads (MlaOptions.check); the conversion checks the rank
     # against the model's full rank (check_mla) right after loading, before any work or any file.
     options = MlaOptions.from_namespace(args).validate()
-    out = prepare_out_dir(options.out, options.force, OUTPUTS)
+    out = prepare_out_dir(options.out, options.force, OUTPUTS + check_files(options.capability_check))
     data, heldout = read_uptrain_texts(options)  # passed on, never read again
     hm = model or options.load()
     result = verbs.mla(hm, data, options, heldout=heldout, progress=True)
     result.save(out, options.force)  # model/ and mla.json appear together, or neither
     print("\n".join(result.lines()))
-    print(f"\nwrote {' and '.join(str(out / n) for n in OUTPUTS)}; the model has {how_it_loads(out / MODEL_DIR.name)}",
+    wrote = list(OUTPUTS)
+    if options.capability_check:  # what the converted model lost against the input (mla leaves it untouched)
+        wrote += finish_check(lambda: check(hm, result.model, seed=options.seed), out, options.force)
+    print(f"\nwrote {', '.join(str(out / n) for n in wrote)}; the model has {how_it_loads(out / MODEL_DIR.name)}",
           file=sys.stderr)
     return 0

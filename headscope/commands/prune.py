@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..artifacts import MODEL_DIR, outputs
+from ..compare.check import check
 from ..data import BUILTIN_NAMES, DEFAULT_LIMIT, TextSource
 from ..io import prepare_out_dir
 from ..models.adapter import HeadModel
@@ -15,6 +16,7 @@ from ..redundancy import verbs
 from ..redundancy.curves import L0_STATE, PARTIAL_JSON, clear_partial
 from ..redundancy.options import PruneOptions
 from ..uncertainty import MIN_STABLE_PASSAGES, check_until_stable
+from ._check import check_files, finish_check
 
 # The files of a head curve and of a curve of units beyond heads (each with model/ under --save-model).
 OUTPUTS = outputs("prune")  # prune_curve.csv, prune_curve.png, redundancy.csv, prune.json
@@ -41,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     options = PruneOptions.from_namespace(args)  # validated by the CLI: every option checked before any file or model
     files = OUTPUTS if options.heads else UNIT_OUTPUTS
-    will = files + ([MODEL_DIR.name] if options.save_model else [])
+    checked = options.save_model and options.capability_check  # no model, no check
+    will = files + ([MODEL_DIR.name] if options.save_model else []) + check_files(checked)
     out = prepare_out_dir(Path(options.out), options.force, will)  # refuse before any slow work
     if options.force:
         clear_partial(out)
@@ -66,5 +69,9 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     result.save(out, options.force)  # the curve's files (and model/) appear together, or none
     clear_partial(out)  # the run is complete: its checkpoint is no longer needed
     print("\n".join(result.lines()))
-    print(f"\nwrote {', '.join(str(out / n) for n in will)}", file=sys.stderr)
+    wrote = [*files, *([MODEL_DIR.name] if options.save_model else [])]
+    if checked and result.model is not None:  # what the pruned model lost against the input (left untouched)
+        small = result.model
+        wrote += finish_check(lambda: check(hm, small, seed=options.seed), out, options.force)
+    print(f"\nwrote {', '.join(str(out / n) for n in wrote)}", file=sys.stderr)
     return 0

@@ -16,13 +16,14 @@ import types
 from typing import Any
 
 from ..models.adapter import HeadModel
+from .check import check, check_cache, check_kvcache, check_lines
 from .checks import check_model_name, check_same_tokenizer
 from .options import CompareOptions
 from .verb import CompareResult, compare
 from .verdict import VERDICTS, Change, decide, paired_change
 
-__all__ = ["VERDICTS", "Change", "CompareOptions", "CompareResult", "check_model_name", "check_same_tokenizer",
-           "compare", "decide", "paired_change"]
+__all__ = ["VERDICTS", "Change", "CompareOptions", "CompareResult", "check", "check_cache", "check_kvcache",
+           "check_lines", "check_model_name", "check_same_tokenizer", "compare", "decide", "paired_change"]
 
 
 class _CallableModule(types.ModuleType):

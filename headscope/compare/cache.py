@@ -7,6 +7,11 @@ keeps). The `--keep-full` share of KV heads with the highest scores keep their w
 first); the others keep `sink_size` first and `recent_size` most recent tokens (`capacity.kvcache.CachePlan`).
 `--cache-reversed` keeps the lowest-scoring share instead: the same bytes, the pattern's choice turned upside down.
 
+The cache may also be a `kvcache` run (its --out folder or its kvcache.json): OTHER then decodes through the cache
+that run chose, its full KV heads as the chosen row holds them (`capacity.kvcache.plans`: by default the score's
+choice at the run's first budget, `--cache-row` another row). Its plan is checked against the model's layers and KV
+heads before any forward.
+
 Every sequence an OTHER row reads then runs alone through a fresh `HeadAwareCache` (the prompt prefilled in one
 forward, which `capacity/kvcache` tests equal to decoding it token by token), so each item's logits are what a
 model decoding with that cache would produce.
@@ -26,6 +31,7 @@ import torch
 
 from ..capacity.kvcache import CachePlan, HeadAwareCache, check_supported, head_aware_attention
 from ..capacity.kvcache.choice import n_full_for
+from ..capacity.kvcache.plans import check_plan_fits, is_report, plan_of_row, read_report, row_name, shipped_row
 from ..errors import HeadscopeError
 from ..models.adapter import HeadModel
 from ..options import OptionError
@@ -56,9 +62,49 @@ class CachePattern:
         return CachePlan(tuple(tuple(sorted(f)) for f in full), G, hm.n_heads // G, self.sink, self.window)
 
     def record(self, plan: CachePlan, reversed_: bool) -> dict[str, Any]:
-        return {"pattern": self.source, "sink": self.sink, "window": self.window, "reversed": reversed_,
-                "full_kv_heads": plan.n_full, "kv_heads": plan.n_layers * plan.n_kv_heads,
-                "fraction_full": plan.fraction_full, "full": [list(f) for f in plan.full]}
+        return plan_record(plan, self.source, reversed_)
+
+
+@dataclass(frozen=True)
+class KvcacheChoice:
+    """One row of a kvcache run's report: the cache that run measured, as OTHER decodes through it."""
+
+    report: dict[str, Any]
+    row: dict[str, Any]
+    source: str
+
+    def plan(self, hm: HeadModel, keep_full: float = 1.0, reversed_: bool = False) -> CachePlan:
+        """The row's plan, refused when its layers or KV heads are not `hm`'s (the row holds its full heads:
+        `keep_full` and `reversed_` take no part)."""
+        plan = plan_of_row(self.report, self.row, self.source)
+        check_plan_fits(plan, hm, f"{self.source} ({row_name(self.row)})")
+        return plan
+
+    def record(self, plan: CachePlan, reversed_: bool = False) -> dict[str, Any]:
+        return plan_record(plan, self.source, reversed_, row=row_name(self.row))
+
+
+def plan_record(plan: CachePlan, source: str, reversed_: bool = False, row: str | None = None) -> dict[str, Any]:
+    """What compare.json's settings say about the cache OTHER decoded through."""
+    return {"pattern": source, "row": row, "sink": plan.sink, "window": plan.window, "reversed": reversed_,
+            "full_kv_heads": plan.n_full, "kv_heads": plan.n_layers * plan.n_kv_heads,
+            "fraction_full": plan.fraction_full, "full": [list(f) for f in plan.full]}
+
+
+def read_cache(path: str | Path, row: str | None = None, reversed_: bool = False) -> CachePattern | KvcacheChoice:
+    """--cache read: a kvcache run (its folder or kvcache.json; `row` picks one of its rows) or a DuoAttention
+    pattern directory; one line when it is neither or the options do not fit it."""
+    if is_report(path):
+        if reversed_:
+            raise OptionError("cache_reversed", "turns a DuoAttention pattern's ranking upside down; a kvcache plan "
+                                                "holds chosen heads, not a ranking: pick another of its rows with "
+                                                "cache_row", also=("cache", "cache_row"))
+        report, source = read_report(path)
+        return KvcacheChoice(report, shipped_row(report, row, source), source)
+    if row is not None:
+        raise OptionError("cache_row", f"picks a row of a kvcache plan; '{path}' is no kvcache output folder nor "
+                                       f"kvcache.json", also=("cache",))
+    return read_pattern(path)
 
 
 def read_pattern(path: str | Path) -> CachePattern:
@@ -68,7 +114,7 @@ def read_pattern(path: str | Path) -> CachePattern:
     tsv, cfg = folder / PATTERN, folder / CONFIG
     if not tsv.is_file() or not cfg.is_file():
         raise OptionError("cache", f"'{path}' is no DuoAttention pattern: it needs {PATTERN} and {CONFIG} (what "
-                                   f"kvcache's exported card holds)")
+                                   f"kvcache's exported card holds), or give a kvcache output folder")
     try:
         scores = np.atleast_2d(np.loadtxt(tsv, delimiter="\t", dtype=np.float64))
         config = json.loads(cfg.read_text(encoding="utf-8"))
@@ -110,4 +156,4 @@ def through_cache(hm: HeadModel, plan: CachePlan) -> Iterator[HeadModel]:
         del model.forward
 
 
-__all__ = ["CachePattern", "read_pattern", "through_cache"]
+__all__ = ["CachePattern", "KvcacheChoice", "plan_record", "read_cache", "read_pattern", "through_cache"]

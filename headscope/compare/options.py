@@ -68,14 +68,19 @@ class CompareOptions(DataOptions, IntervalOptions, OutputOptions):
     base_from: str | None = option(None, "the --out folder of an earlier compare against the same BASE: its BASE "
                                          "measurements are reused on the same items, so a second candidate costs one "
                                          "model's forwards", metavar="DIR", reads=True, group=COMPARE)
-    cache: str | None = option(None, "run OTHER decoding through a head-aware KV cache: a DuoAttention pattern "
+    cache: str | None = option(None, "run OTHER decoding through a head-aware KV cache: a kvcache --out folder (or "
+                                     "its kvcache.json: the cache that run chose) or a DuoAttention pattern "
                                      "directory (full_attention_heads.tsv, config.json: what kvcache --export-card "
                                      "writes); `compare smollm2 smollm2 --cache DIR` judges the cache alone",
                                metavar="DIR", reads=True, group=CACHE)
-    keep_full: float = option(0.5, "with --cache: share of KV heads kept in full, those of highest score (default "
-                                   "50%)", parse=parse_share, above=0, at_most=1, metavar="SHARE", group=CACHE)
-    cache_reversed: bool = option(False, "with --cache: keep the lowest-scoring KV heads in full instead (the same "
-                                         "bytes, the pattern's choice turned upside down)", group=CACHE)
+    cache_row: str | None = option(None, "with --cache KVCACHE_OUT: the kvcache.json row to decode through, by name "
+                                         "(full, score@25%, random@25%, learned@25%; default: the score's choice at "
+                                         "the run's first budget)", metavar="ROW", group=CACHE)
+    keep_full: float = option(0.5, "with --cache PATTERN: share of KV heads kept in full, those of highest score "
+                                   "(default 50%; a kvcache plan holds its own)", parse=parse_share, above=0,
+                              at_most=1, metavar="SHARE", group=CACHE)
+    cache_reversed: bool = option(False, "with --cache PATTERN: keep the lowest-scoring KV heads in full instead (the "
+                                         "same bytes, the pattern's choice turned upside down)", group=CACHE)
     tolerance: float = option(0.05, "the change, against BASE's value, within which a capability counts as kept: "
                                     "5%% or 0.05 (default 5%%)", parse=parse_share, above=0, below=1,
                               metavar="SHARE", group=COMPARE)
@@ -93,6 +98,9 @@ class CompareOptions(DataOptions, IntervalOptions, OutputOptions):
             raise OptionError("tasks", f"takes {', '.join(TASKS)}; got {', '.join(bad)}")
         if len(set(self.tasks)) != len(self.tasks):
             raise OptionError("tasks", f"names a row twice: {','.join(self.tasks)}")
+        if self.cache is None and self.cache_row is not None:
+            raise OptionError("cache_row", "picks a row of a kvcache plan; give cache, that kvcache run's output "
+                                           "folder", also=("cache",))
         if self.cache is None and self.cache_reversed:
             raise OptionError("cache_reversed", "turns a cache pattern upside down; give cache, the pattern's folder",
                               also=("cache",))

@@ -187,10 +187,13 @@ def _haystacks(hm: HeadModel, opts: CompareOptions) -> list[Haystack]:
             for i in range(opts.haystacks)]
 
 
-def prepare_rows(hm: HeadModel, opts: CompareOptions, data: Any = None) -> tuple[list[Row], list[str]]:
+def prepare_rows(hm: HeadModel, opts: CompareOptions, data: Any = None, *, cached: bool = False,
+                 lenient: bool = False) -> tuple[list[Row], list[str]]:
     """Every row the options ask for, with its items, and notes on default rows left out (a built-in task the
-    tokenizer cannot hold). A row asked for by name that cannot be measured is refused (one line)."""
-    asked = bool(opts.tasks)
+    tokenizer cannot hold). A row asked for by name that cannot be measured is refused (one line), unless `lenient`
+    (a verb's check: its rows are a wish list, each left out with a note where the model cannot do it). `cached`:
+    OTHER decodes through a head-aware cache (the heads rows are left out)."""
+    asked = bool(opts.tasks) and not lenient
     tasks = opts.tasks or default_tasks(hm)
     rows: list[Row] = []
     notes: list[str] = []
@@ -216,7 +219,7 @@ def prepare_rows(hm: HeadModel, opts: CompareOptions, data: Any = None) -> tuple
         rows.append(_pair_row(f"pairs:{Path(path).stem}", b, opts.batch_size, "logit(answer) - logit(wrong) on the "
                                                                                "clean texts of a pairs file"))
     if "heads" in tasks:
-        if opts.cache is not None:
+        if cached:
             notes.append("heads: left out (attribution patching and the role census through a head-aware cache are "
                          "not measured)")
         else:

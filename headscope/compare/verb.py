@@ -14,12 +14,13 @@ import numpy as np
 
 from ..artifacts import COMPARE_CSV, COMPARE_JSON
 from ..capacity.kvcache import CachePlan, check_supported
+from ..capacity.kvcache.plans import check_plan_fits
 from ..io import atomic_write_text, csv_text
 from ..models.adapter import HeadModel
-from ..options import Result
+from ..options import OptionError, Result
 from ..provenance import model_record, provenance
 from ..table import to_jsonable
-from .cache import read_pattern, through_cache
+from .cache import plan_record, read_cache, through_cache
 from .checks import check_same_tokenizer
 from .options import CompareOptions
 from .reuse import read_base, reused_items
@@ -65,6 +66,7 @@ class CompareResult(Result):
         through = "" if not cache else (f" through a head-aware KV cache ({cache['full_kv_heads']} of "
                                         f"{cache['kv_heads']} KV heads full, the others {cache['sink']} sink + "
                                         f"{cache['window']} recent tokens; {cache['pattern']}"
+                                        f"{', row ' + cache['row'] if cache.get('row') else ''}"
                                         f"{', reversed' if cache['reversed'] else ''})")
         out = [f"{self.other_name}{through} against {self.base_name} (tolerance {tol:.0%} of BASE's value):"]
         out += [f"  {c.sentence()}" for c in self.changes]
@@ -99,6 +101,7 @@ def _compare_row(row: Row, base: HeadModel, other: HeadModel, opts: CompareOptio
 
 
 def compare(base: HeadModel, other: HeadModel, options: CompareOptions | None = None, *, data: Any = None,
+            plan: CachePlan | None = None, plan_from: str = "a plan given in Python", lenient: bool = False,
             **changes: Any) -> CompareResult:
     """`headscope compare` on two loaded models: each capability's value in both, the paired change with its
     interval, and the verdict (lost, kept, gained, cannot tell) against `options.tolerance`.
@@ -107,21 +110,20 @@ def compare(base: HeadModel, other: HeadModel, options: CompareOptions | None = 
     `compare(base, other, tasks=("lm", "induction"), items=16)`. The models must share a tokenizer; every row's
     items are prepared (and a bad one refused) before either model runs. `base_from`: the folder of an earlier
     compare against the same BASE, whose BASE measurements are reused on the same items (`reuse`).
+
+    `plan`: OTHER decodes through this head-aware cache (as `options.cache` does from a file; `plan_from` says where
+    it came from in compare.json). `lenient`: rows OTHER's family or tokenizer cannot measure are left out with a
+    note instead of refused (the compressing verbs' checks, `check`).
     """
     opts = (options or CompareOptions(base=base.name, other=other.name)).replace(**changes)
     if opts.base is None or opts.other is None:
         opts = opts.replace(base=opts.base or base.name, other=opts.other or other.name)
     opts = opts.validate()
     check_same_tokenizer(base, other)
-    plan, cache_record = None, None
-    if opts.cache is not None:  # OTHER decodes through a head-aware cache: its plan is checked before any forward
-        pattern = read_pattern(opts.cache)
-        check_supported(other)
-        plan = pattern.plan(other, opts.keep_full, opts.cache_reversed)
-        cache_record = pattern.record(plan, opts.cache_reversed)
+    plan, cache_record = _cache(other, opts, plan, plan_from)
     base_record = model_record(base)
     earlier = read_base(opts.base_from, base, base_record["fingerprint"]) if opts.base_from else {}
-    rows, notes = prepare_rows(base, opts, data)
+    rows, notes = prepare_rows(base, opts, data, cached=plan is not None, lenient=lenient)
     check_rows_fit(rows)
     got = [_compare_row(r, base, other, opts, earlier, plan) for r in rows]
     settings = {"tolerance": opts.tolerance, "intervals": {**opts.intervals().record(),
@@ -133,6 +135,24 @@ def compare(base: HeadModel, other: HeadModel, options: CompareOptions | None = 
               "base": base_record, "other": model_record(other),
               "provenance": provenance("compare", base, None, opts.with_only())}
     return CompareResult([c for c, _ in got], record, base.name, other.name)
+
+
+def _cache(other: HeadModel, opts: CompareOptions, plan: CachePlan | None,
+           plan_from: str) -> tuple[CachePlan | None, dict[str, Any] | None]:
+    """The head-aware cache OTHER decodes through (given, or read from `opts.cache`) and its record, checked against
+    OTHER before any forward; (None, None) for none."""
+    if plan is not None and opts.cache is not None:
+        raise OptionError("cache", "and a plan given in Python both name OTHER's cache: give one")
+    if plan is None and opts.cache is None:
+        return None, None
+    check_supported(other)
+    if plan is not None:
+        check_plan_fits(plan, other, plan_from)
+        return plan, plan_record(plan, plan_from)
+    assert opts.cache is not None
+    source = read_cache(opts.cache, opts.cache_row, opts.cache_reversed)
+    plan = source.plan(other, opts.keep_full, opts.cache_reversed)
+    return plan, source.record(plan, opts.cache_reversed)
 
 
 def per_item(result: CompareResult, capability: str, model: str = "other") -> dict[str, np.ndarray]:

@@ -4,6 +4,7 @@ from .base import Options
 from .given import check_data
 from .groups import (
     SEED_MAX,
+    CheckOptions,
     DataOptions,
     HeldoutOptions,
     IntervalOptions,
@@ -18,7 +19,7 @@ from .result import Result
 from .spec import OptionError, Spec, bound_problem, check_bounds, flag_of, option, spec_of
 
 __all__ = [
-    "SEED_MAX", "DataOptions", "HeldoutOptions", "IntervalOptions", "ModelOptions", "OptionError", "Options",
-    "OutputOptions", "Result", "SeedOptions", "Spec", "StableOptions", "WorkerOptions", "bound_problem", "check_bounds",
-    "check_data", "check_device", "flag_of", "option", "parse_max_memory", "read_device_map", "spec_of",
+    "SEED_MAX", "CheckOptions", "DataOptions", "HeldoutOptions", "IntervalOptions", "ModelOptions", "OptionError",
+    "Options", "OutputOptions", "Result", "SeedOptions", "Spec", "StableOptions", "WorkerOptions", "bound_problem",
+    "check_bounds", "check_data", "check_device", "flag_of", "option", "parse_max_memory", "read_device_map", "spec_of",
 ]

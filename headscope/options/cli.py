@@ -110,7 +110,8 @@ def _add(where: Any, name: str, spec: Spec, kind: Any, default: Any) -> None:
     flag = flag_of(name, spec)
     kw: dict[str, Any] = {"help": spec.help.replace("%", "%%")}
     if kind is bool:
-        kw["action"] = "store_true"
+        # a switch that is on unless turned off (default True) also gets its --no-X: `--check` / `--no-check`
+        kw["action"] = argparse.BooleanOptionalAction if default is True else "store_true"
     else:
         kw["type"] = spec.parse or kind
         if spec.metavar:
@@ -163,8 +164,8 @@ def to_argv(verb: str, options: Options) -> list[str]:
         if value == default or (spec.append and not value):
             continue
         flag = flag_of(f.name, spec)
-        if isinstance(value, bool):
-            flags.append(flag)
+        if isinstance(value, bool):  # a switch on by default differs from it only when turned off
+            flags.append(flag if value else "--no-" + flag[2:])
         elif spec.append:
             for v in value:
                 flags += [flag, _text(v)]

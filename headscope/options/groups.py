@@ -25,6 +25,7 @@ MODEL = "model and device"
 DATA = "data"
 INTERVALS = "uncertainty (docs/uncertainty.md)"
 OUTPUT = "output"
+CHECK = "what it broke (docs/compare.md)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,6 +152,18 @@ class OutputOptions(Options):
     def check_paths(self) -> None:
         super().check_paths()
         check_writable_dir(self.out, option="out")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckOptions(Options):
+    """Whether a compressing verb's command ends with a short compare of what it wrote against its input model
+    (`headscope.compare.check`); the field is named for what it does, its flag is --check / --no-check."""
+
+    capability_check: bool = option(True, "end with a short compare of the compressed model against the input "
+                                          "model (decoders: lm, induction, ioi, retrieval; encoders: fidelity, "
+                                          "masked; kvcache: the input decoding through the chosen cache): one line "
+                                          "per lost capability, compare.csv and compare.json in --out; --no-check "
+                                          "skips it", flag="--check", group=CHECK)
 
 
 @dataclass(frozen=True, kw_only=True)

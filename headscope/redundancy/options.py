@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..errors import HeadscopeError, OptionError, did_you_mean
 from ..eval.metrics import METRICS
 from ..options import (
+    CheckOptions,
     DataOptions,
     HeldoutOptions,
     ModelOptions,
@@ -87,7 +88,7 @@ class ScoreOptions(ModelOptions, L0Options, StableOptions, OutputOptions, Worker
 
 
 @dataclass(frozen=True, kw_only=True)
-class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, OutputOptions):
+class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, OutputOptions, CheckOptions):
     """`headscope prune`: the pruning curve, with recovery, and the smaller model."""
 
     fraction: float | None = option(None, "share of heads to remove, in [0, 1), e.g. 0.4 or 40%", parse=share)
