@@ -116,3 +116,18 @@ def test_the_kvcache_and_patching_records():
     assert isinstance(rec.intervals, IntervalsUsed) and rec.intervals.B == 200 and rec.intervals.rest == {"seed": 0}
     assert rec.agreement is None and rec.paths is None and rec.composition == "not computed: one layer"
     assert json.dumps(rec.to_json()) == json.dumps(patch)
+
+
+def test_the_prune_summary_reads_until_stable_and_keeps_the_curves_own_keys():
+    from headscope.redundancy.verbs import PruneSummary, UntilStable
+
+    summary = {"model": "m", "n_layers": 2, "method": "gradient", "metric": "fidelity", "higher_is_better": True,
+               "unit": "head", "baseline": 1.0, "within": {"0.01": {"fraction": 0.25}}, "points": 3,
+               "intervals": {"level": 0.95, "B": 200, "method": "bca", "seed": 0}, "heldout": "t.txt",
+               "heldout_passages": 4, "until_stable": {"target": 0.9, "reached": False, "passages": 8,
+                                                       "available": 8, "rho": 0.7}, "provenance": {}}
+    rec = PruneSummary.from_json(summary)
+    assert isinstance(rec.until_stable, UntilStable) and rec.until_stable.reached is False
+    assert rec.until_stable.rest == {"rho": 0.7} and rec.saved_model is None
+    assert rec.rest["within"] == {"0.01": {"fraction": 0.25}}
+    assert json.dumps(rec.to_json(), indent=2) == json.dumps(summary, indent=2)

@@ -43,6 +43,7 @@ from ..io import atomic_write_text
 from ..models.adapter import HeadModel
 from ..models.checkpoint import plain_shape, save_model
 from ..options import OptionError, Result, check_data
+from ..options.record import IntervalsUsed, Record
 from ..provenance import provenance
 from ..table import HeadTable, grid, parse_head
 from .curves import CurveResult, prune_curve
@@ -305,12 +306,41 @@ def read_prune_data(options: PruneOptions, data: Any = None) -> PruneData:
 
 
 @dataclass
+class UntilStable(Record):
+    """How many scoring passages the unpruned ranking needed to reach its split-half target (--until-stable)."""
+
+    target: float
+    reached: bool
+    passages: int
+    available: int
+
+
+@dataclass
+class PruneSummary(Record):
+    """prune.json (units.json): the curve's settings and summary, typed where code reads them; the curve's own
+    summary (within target, claims, points, ...) is kept as it came."""
+
+    model: str
+    method: str
+    metric: str
+    unit: str
+    higher_is_better: bool
+    baseline: float
+    intervals: IntervalsUsed
+    heldout: str
+    heldout_passages: int
+    until_stable: UntilStable | None = None  # with --until-stable
+    saved_model: dict[str, Any] | None = None  # with --save-model: where, and the pruned model's shape
+    provenance: dict[str, Any] | None = None
+
+
+@dataclass
 class PruneResult(Result):
     """A pruning curve: prune_curve.csv/.png, redundancy.csv and prune.json (units beyond heads: unit_curve.csv/.png
     and units.json), and model/ with --save-model."""
 
     curve: CurveResult
-    summary: dict[str, Any]  # prune.json (units.json)
+    summary: PruneSummary  # prune.json (units.json)
     model: HeadModel | None = None  # the physically pruned model (save_model)
 
     def __post_init__(self) -> None:
@@ -338,16 +368,17 @@ class PruneResult(Result):
                             recover_steps=res.recover_steps, title=title,
                             path=folder / (PRUNE_CURVE_PNG if heads else UNIT_CURVE_PNG).name)
         atomic_write_text(folder / (PRUNE_JSON if heads else UNITS_JSON).name,
-                          json.dumps(self.summary, indent=2, default=str) + "\n")
+                          json.dumps(self.summary.to_json(), indent=2, default=str) + "\n")
 
     def lines(self) -> list[str]:
-        out = (curve_lines if self.curve.scope == "heads" else unit_curve_lines)(self.curve, self.summary)
-        stable = self.summary.get("until_stable")
+        # the curve's printout reads prune.json's object (redundancy/curves/text.py)
+        out = (curve_lines if self.curve.scope == "heads" else unit_curve_lines)(self.curve, self.summary.to_json())
+        stable = self.summary.until_stable
         if stable is not None:
-            state = "reached" if stable["reached"] else "NOT reached"
-            out.append(f"--until-stable {stable['target']}: {state} with {stable['passages']} of the "
-                       f"{stable['available']} scoring passages" + ("" if stable["reached"] else
-                                                                     "; raise --limit or give more data"))
+            state = "reached" if stable.reached else "NOT reached"
+            out.append(f"--until-stable {stable.target}: {state} with {stable.passages} of the "
+                       f"{stable.available} scoring passages" + ("" if stable.reached else
+                                                                 "; raise --limit or give more data"))
         return out
 
 
@@ -387,7 +418,7 @@ def prune(hm: HeadModel, data: Any = None, options: PruneOptions | None = None, 
         small = res.pruned_model(hm)
         summary["saved_model"] = _saved(hm, small, res, Path(opts.out) / MODEL_DIR.name)
     summary["provenance"] = prov
-    return PruneResult(curve=res, summary=summary, model=small)
+    return PruneResult(curve=res, summary=PruneSummary.from_json(summary), model=small)
 
 
 def _until_stable(hm: Any, data: Any, opts: PruneOptions, progress: bool) -> dict[str, Any]:
