@@ -113,13 +113,13 @@ def test_the_kvcache_and_patching_records():
              "composition": "not computed: one layer", "provenance": {}}
     rec = PatchRecord.from_json(patch)
     assert isinstance(rec.M_clean, Estimate) and rec.M_clean.hi == 1.5
-    assert isinstance(rec.intervals, IntervalsUsed) and rec.intervals.B == 200 and rec.intervals.rest == {"seed": 0}
+    assert isinstance(rec.intervals, IntervalsUsed) and rec.intervals.B == 200 and rec.intervals.seed == 0
     assert rec.agreement is None and rec.paths is None and rec.composition == "not computed: one layer"
     assert json.dumps(rec.to_json()) == json.dumps(patch)
 
 
 def test_the_prune_summary_reads_until_stable_and_keeps_the_curves_own_keys():
-    from headscope.redundancy.verbs import PruneSummary, UntilStable
+    from headscope.redundancy.records import PruneSummary, UntilStable
 
     summary = {"model": "m", "n_layers": 2, "method": "gradient", "metric": "fidelity", "higher_is_better": True,
                "unit": "head", "baseline": 1.0, "within": {"0.01": {"fraction": 0.25}}, "points": 3,

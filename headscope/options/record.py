@@ -114,3 +114,4 @@ class IntervalsUsed(Record):
     level: float
     method: str
     B: int
+    seed: int | None = None

@@ -43,7 +43,6 @@ from ..io import atomic_write_text
 from ..models.adapter import HeadModel
 from ..models.checkpoint import plain_shape, save_model
 from ..options import OptionError, Result, check_data
-from ..options.record import IntervalsUsed, Record
 from ..provenance import provenance
 from ..table import HeadTable, grid, parse_head
 from .curves import CurveResult, prune_curve
@@ -60,6 +59,7 @@ from .importance.tasks import (
 )
 from .options import DEFAULT_METHODS, PruneOptions, ScoreOptions, TasksOptions
 from .pruning.heads import n_parameters
+from .records import PruneSummary, TaskCorrelation, TaskSpecific, UnitScoreMeta
 
 
 def parse_pruned(text: str | None, n_layers: int, n_heads: int) -> torch.Tensor | None:
@@ -149,8 +149,8 @@ class UnitScoreResult(Result):
     """Importance of units beyond heads (attention sub-layers, blocks, FFN neurons): unit_importance.csv/.json."""
 
     unit: str
-    rows: list[dict[str, Any]]
-    meta: dict[str, Any]
+    rows: list[dict[str, Any]]  # unit_importance.csv's rows: layer, unit index, importance_<method>
+    meta: UnitScoreMeta
     name: str
     files = (UNIT_IMPORTANCE_CSV.name, UNIT_IMPORTANCE_JSON.name)
 
@@ -159,13 +159,14 @@ class UnitScoreResult(Result):
 
     def write(self, folder: Path) -> None:
         write_csv(folder, UNIT_IMPORTANCE_CSV, self.rows)
-        atomic_write_text(folder / UNIT_IMPORTANCE_JSON.name, json.dumps(self.meta, indent=2, default=str) + "\n")
+        atomic_write_text(folder / UNIT_IMPORTANCE_JSON.name,
+                          json.dumps(self.meta.to_json(), indent=2, default=str) + "\n")
 
     def lines(self) -> list[str]:
         meta = self.meta
-        out = [f"{self.name}: {self.unit} importance on {meta['passages']} passages, metric {meta['metric']} = "
-               f"{meta['metric_value']:.4f}"]
-        for m in meta["methods"]:
+        out = [f"{self.name}: {self.unit} importance on {meta.passages} passages, metric {meta.metric} = "
+               f"{meta.metric_value:.4f}"]
+        for m in meta.methods:
             col = f"importance_{m}"
             if self.unit == "ffn":
                 per_layer: dict[int, list[float]] = {}
@@ -175,7 +176,7 @@ class UnitScoreResult(Result):
                            + " ".join(f"L{l}:{sum(v) / len(v):.3g}" for l, v in per_layer.items()))
             else:
                 order = sorted(self.rows, key=lambda r: r[col])
-                seconds = next(v for k, v in meta["seconds"].items() if m in k.split("+"))
+                seconds = next(v for k, v in meta.seconds.items() if m in k.split("+"))
                 out.append(f"  {m} ({seconds:.1f} s), least important first: "
                            + " ".join(f"L{r['layer']}:{r[col]:.3g}" for r in order))
         return out
@@ -198,7 +199,8 @@ def score(hm: HeadModel, data: Any = None, options: ScoreOptions | None = None, 
         methods = None if opts.methods in (None, ("all",)) else [m for m in opts.methods if m]
         rows, meta = score_units(hm, source, opts.unit, methods, metric=opts.metric, max_length=opts.max_length,
                                  batch_size=opts.batch_size, seed=opts.seed, limit=limit, progress=progress)
-        return UnitScoreResult(unit=opts.unit, rows=rows, meta={**meta, "provenance": prov}, name=hm.name)
+        return UnitScoreResult(unit=opts.unit, rows=rows, meta=UnitScoreMeta.from_json({**meta, "provenance": prov}),
+                               name=hm.name)
     methods = parse_methods(",".join(opts.methods or DEFAULT_METHODS))
     l0 = opts.l0_settings(0.5)
     extra = {"l0": {"settings": l0}} if "l0" in methods else None
@@ -216,8 +218,8 @@ class TasksResult(Result):
 
     table: HeadTable
     correlations: pd.DataFrame
-    intervals: list[dict[str, Any]]  # each pair of tasks' Spearman with its interval over heads
-    specific: list[dict[str, Any]]  # heads in the top 10% of one task and the bottom half of another
+    intervals: list[TaskCorrelation]  # each pair of tasks' Spearman with its interval over heads
+    specific: list[TaskSpecific]  # heads in the top 10% of one task and the bottom half of another
     name: str
     files = (TASKS_CSV.name, TASK_CORRELATION_CSV.name, TASK_SPECIFIC_CSV.name, TASKS_JSON.name)
 
@@ -230,7 +232,7 @@ class TasksResult(Result):
         w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
         w.writeheader()
         for r in self.specific:
-            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.to_json().items()})
         self.table.to_csv(folder / TASKS_CSV.name)
         self.table.to_json(folder / TASKS_JSON.name)
         atomic_write_text(folder / TASK_CORRELATION_CSV.name,
@@ -244,7 +246,7 @@ class TasksResult(Result):
                "", "Spearman rank correlation between tasks [95% interval over heads: Fisher z, Bonett-Wright "
                    "variance; the noise of each task's data is not in it]:"]
         names = list(corr.columns)
-        cell = {(c["a"], c["b"]): f"{c['spearman']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]" for c in self.intervals}
+        cell = {(c.a, c.b): f"{c.spearman:.2f} [{c.lo:.2f}, {c.hi:.2f}]" for c in self.intervals}
         width = max([len(n) for n in names] + [18])
         out.append(" " * width + "".join(f"  {n:>{width}}" for n in names))
         for a in names:
@@ -252,7 +254,7 @@ class TasksResult(Result):
             out.append(f"{a:<{width}}" + "".join(f"  {v:>{width}}" for v in row))
         pairs: dict[tuple[str, str], list[str]] = {}
         for r in self.specific:
-            pairs.setdefault((r["task"], r["other"]), []).append(r["head"])
+            pairs.setdefault((r.task, r.other), []).append(r.head)
         if pairs:
             out += ["", "heads in the top 10% for one task and the bottom half for another:"]
             for (t, o), heads in pairs.items():
@@ -286,7 +288,8 @@ def tasks(hm: HeadModel, data: str | Sequence[str] | None = None, options: Tasks
     table = table.with_columns(meta={"provenance": prov, "correlation_intervals": {
         "level": 0.95, "method": "Fisher z over heads, Bonett-Wright variance (the tasks' data noise not included)",
         "pairs": intervals}})
-    return TasksResult(table=table, correlations=corr, intervals=intervals, specific=specific, name=hm.name)
+    return TasksResult(table=table, correlations=corr, intervals=[TaskCorrelation.from_json(c) for c in intervals],
+                       specific=[TaskSpecific.from_json(r) for r in specific], name=hm.name)
 
 
 @dataclass
@@ -303,35 +306,6 @@ def read_prune_data(options: PruneOptions, data: Any = None) -> PruneData:
         isinstance(data, (str, Path)) else data
     heldout = read_task_data(options.heldout, options.heldout_limit or options.limit) if options.heldout else None
     return PruneData(source, heldout)
-
-
-@dataclass
-class UntilStable(Record):
-    """How many scoring passages the unpruned ranking needed to reach its split-half target (--until-stable)."""
-
-    target: float
-    reached: bool
-    passages: int
-    available: int
-
-
-@dataclass
-class PruneSummary(Record):
-    """prune.json (units.json): the curve's settings and summary, typed where code reads them; the curve's own
-    summary (within target, claims, points, ...) is kept as it came."""
-
-    model: str
-    method: str
-    metric: str
-    unit: str
-    higher_is_better: bool
-    baseline: float
-    intervals: IntervalsUsed
-    heldout: str
-    heldout_passages: int
-    until_stable: UntilStable | None = None  # with --until-stable
-    saved_model: dict[str, Any] | None = None  # with --save-model: where, and the pruned model's shape
-    provenance: dict[str, Any] | None = None
 
 
 @dataclass
