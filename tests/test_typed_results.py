@@ -14,6 +14,7 @@ from headscope.capacity.reports import GqaReport, KvBytes, KvcacheReport, MlaRep
 from headscope.learned.causal.records import PatchRecord
 from headscope.options import Record
 from headscope.options.record import Estimate, IntervalsUsed
+from headscope.redundancy.records import PruneSummary, UntilStable
 
 
 @dataclass
@@ -119,7 +120,7 @@ def test_the_kvcache_and_patching_records():
 
 
 def test_the_prune_summary_reads_until_stable_and_keeps_the_curves_own_keys():
-    from headscope.redundancy.records import PruneSummary, UntilStable
+
 
     summary = {"model": "m", "n_layers": 2, "method": "gradient", "metric": "fidelity", "higher_is_better": True,
                "unit": "head", "baseline": 1.0, "within": {"0.01": {"fraction": 0.25}}, "points": 3,
