@@ -364,12 +364,12 @@ def test_base_from_reuses_base_measurements_on_the_same_items(tmp_path):
         handle.remove()
     assert not calls
     assert [c.row() for c in reused.changes] == [c.row() for c in fresh.changes]
-    assert all(r["base_reused_from"] == str(tmp_path / "first") for r in reused.record["rows"].values())
-    assert reused.record["rows"]["heads:induction"]["carriers"] == fresh.record["rows"]["heads:induction"]["carriers"]
-    assert fresh.record["rows"]["heads:induction"]["carriers"] == ["L1H0"]
+    assert all(r["base_reused_from"] == str(tmp_path / "first") for r in reused.record.rows.values())
+    assert reused.record.rows["heads:induction"]["carriers"] == fresh.record.rows["heads:induction"]["carriers"]
+    assert fresh.record.rows["heads:induction"]["carriers"] == ["L1H0"]
     # other items (16 pairs instead of 8): measured again
     more = headscope.compare(base, second, base_from=str(tmp_path / "first"), **{**kw, "items": 16})
-    assert more.record["rows"]["lm"]["base_reused_from"] and not more.record["rows"]["induction"]["base_reused_from"]
+    assert more.record.rows["lm"]["base_reused_from"] and not more.record.rows["induction"]["base_reused_from"]
     with pytest.raises(headscope.HeadscopeError, match="measured another BASE"):
         headscope.compare(second, base, base_from=str(tmp_path / "first"), **kw)
 
@@ -396,11 +396,11 @@ def test_other_through_a_head_aware_cache_equals_kvcache_own_decoding(tmp_path):
     full = headscope.compare(hm, hm, keep_full=1.0, **kw)
     assert all(abs(c.delta) < 1e-4 * max(1.0, abs(c.base)) for c in full.changes), full.lines()
     half = headscope.compare(hm, hm, keep_full=0.5, **kw)
-    assert half.record["settings"]["cache"]["full"] == [[0], [1]]
+    assert half.record.settings.cache["full"] == [[0], [1]]
     want = evaluate_perplexity(hm, CachePlan(((0,), (1,)), 2, 3, 2, 4), ids)["perplexity"]
     assert half.change("lm").other == pytest.approx(want, rel=1e-5) and abs(half.change("lm").delta) > 1e-3
     upside = headscope.compare(hm, hm, keep_full=0.5, cache_reversed=True, **kw)
-    assert upside.record["settings"]["cache"]["full"] == [[1], [0]]
+    assert upside.record.settings.cache["full"] == [[1], [0]]
     want = evaluate_perplexity(hm, CachePlan(((1,), (0,)), 2, 3, 2, 4), ids)["perplexity"]
     assert upside.change("lm").other == pytest.approx(want, rel=1e-5)
     assert "through a head-aware KV cache (2 of 4 KV heads full" in half.lines()[0]
@@ -438,7 +438,7 @@ def test_the_heads_row_follows_base_carrier_heads_into_other(tmp_path):
     names = [c.capability for c in got.changes]
     assert names[:2] == ["induction", "heads:induction"]
     assert names[2:] and all(n.startswith("roles:") for n in names[2:])  # the role census (test_compare_census)
-    rec = got.record["rows"]["heads:induction"]
+    rec = got.record.rows["heads:induction"]
     assert rec["carriers"] == ["L1H0"], rec["carriers"]
     row = got.change("heads:induction")
     assert row.verdict == "lost" and row.base > 5 and abs(row.other) < 1e-3 * row.base, row

@@ -46,7 +46,7 @@ def test_silencing_the_induction_head_loses_one_induction_head_and_keeps_the_pre
     assert (ind.base, ind.other, ind.delta, ind.delta_lo, ind.delta_hi) == (1, 0, -1, -1, -1)
     assert ind.verdict == "lost" and ind.n == 12  # the 12 repeated sequences
     assert (prev.base, prev.other, prev.verdict, prev.n) == (1, 1, "kept", len(TEXTS))
-    heads = got.record["rows"]["roles:induction"]["heads"]
+    heads = got.record.rows["roles:induction"]["heads"]
     assert heads == {"base": ["L1H0"], "other": []}
     assert got.record["rows"]["roles:previous_token"]["heads"] == {"base": ["L0H0"], "other": ["L0H0"]}
     assert got.change("roles:broad").delta == 1  # the silenced head now spreads its weight evenly

@@ -194,7 +194,7 @@ def test_a_list_of_pairs_runs_and_is_never_silently_dropped_beside_a_task(llama)
 
     hm = load_model(str(llama))
     res = headscope.patch(hm, [GOOD, {**GOOD, "answer": "in", "wrong": "is"}], bootstrap=200, methods=("attribution",))
-    assert len(res.pairs) == 2 and res.record["pairs"]["source"] == "pairs given in Python"
+    assert len(res.pairs) == 2 and res.record.pairs["source"] == "pairs given in Python"
     with pytest.raises(OptionError, match="pairs and task 'induction' are both given") as e:
         headscope.patch(hm, [GOOD], task="induction")
     assert e.value.name == "pairs"

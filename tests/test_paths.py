@@ -225,5 +225,5 @@ def test_patch_with_a_set_of_senders_from_python():
     res = headscope.patch(hm, b, paths="L1H3", senders="L0H2,L0H1", bootstrap=200)
     assert [(r["sender"], r["receiver"], r["via"]) for r in res.paths] == [
         ("L0H1+L0H2", "logits", "direct"), *[("L0H1+L0H2", "L1H3", v) for v in "qkv"]]
-    assert res.record["paths"]["senders"] == "L0H1+L0H2 together"
+    assert res.record.paths["senders"] == "L0H1+L0H2 together"
     assert any("senders: L0H1+L0H2 together" in line for line in res.lines())

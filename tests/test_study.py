@@ -302,7 +302,9 @@ def test_kvcache_stage_takes_the_retrieval_scores_roles_measured(tmp_path):
     import numpy as np
 
     from headscope.capacity.options import KvcacheOptions
+    from headscope.learned.records import RolesReport, RolesText
     from headscope.learned.verbs import RolesResult
+    from headscope.options.record import IntervalsUsed
     from headscope.study.records import retrieval_measured
     from headscope.study.stages import Ctx, Family, _kvcache_options
     from headscope.table import HeadTable
@@ -323,8 +325,12 @@ def test_kvcache_stage_takes_the_retrieval_scores_roles_measured(tmp_path):
     # from the Result in memory, whatever the folder holds
     (tmp_path / "roles.csv").unlink()
 
+    empty = RolesReport(text=RolesText(data="d", passages=1, first_token="w"), induction={},
+                        intervals=IntervalsUsed(level=0.95, method="bca", B=200), roles={}, uncertain={},
+                        uncertain_heads=0, census={}, stability={})
+
     def result(**columns):
-        return RolesResult(table=HeadTable(2, 4, columns), report={}, name="m", n_layers=2, n_heads=4)
+        return RolesResult(table=HeadTable(2, 4, columns), report=empty, name="m", n_layers=2, n_heads=4)
 
     assert not retrieval_measured(result(entropy=np.zeros((2, 4))), tmp_path)
     assert not retrieval_measured(result(retrieval_score=np.full((2, 4), np.nan)), tmp_path)

@@ -18,6 +18,7 @@ from ..options import Result, check_data
 from ..provenance import provenance
 from .kv_bytes import human_bytes
 from .options import ConversionOptions, GqaOptions, MlaOptions
+from .reports import GqaReport, MlaReport
 
 
 @dataclass
@@ -27,7 +28,7 @@ class ConversionResult(Result):
 
     verb: str  # "gqa" or "mla"
     model: HeadModel
-    report: dict[str, Any]
+    report: GqaReport | MlaReport
     options: ConversionOptions
 
     @property
@@ -36,8 +37,9 @@ class ConversionResult(Result):
 
     def to_pandas(self) -> pd.DataFrame:
         r = self.report
-        return pd.DataFrame([{"stage": s, "perplexity": r[f"ppl_{s}"], "kl": r.get(f"kl_{s}")}
-                             for s in ("before", "after", "uptrained") if r.get(f"ppl_{s}") is not None])
+        stages = [("before", r.ppl_before, None), ("after", r.ppl_after, r.kl_after),
+                  ("uptrained", r.ppl_uptrained, r.kl_uptrained)]
+        return pd.DataFrame([{"stage": s, "perplexity": ppl, "kl": kl} for s, ppl, kl in stages if ppl is not None])
 
     def write(self, folder: Path) -> None:
         if self.verb == "mla":
@@ -48,44 +50,43 @@ class ConversionResult(Result):
             from ..models.checkpoint import save_model  # deferred: torch checkpoint writing, only when saving
 
             save_model(self.model, folder / MODEL_DIR.name)
-        atomic_write_text(folder / self.files[1], json.dumps(self.report, indent=2) + "\n")
+        atomic_write_text(folder / self.files[1], json.dumps(self.report.to_json(), indent=2) + "\n")
 
     def lines(self) -> list[str]:
         r, o = self.report, self.options
         out = [self._header()]
-        if self.verb == "gqa" and r.get("search_trace"):
-            out.append(f"search: calibration KL on {r['data']}: adjacent {r['calibration_kl_adjacent']:.4f}, "
-                       f"similarity {r['calibration_kl_similarity']:.4f}, start ({r['search_start']}) "
-                       f"{r['calibration_kl_start']:.4f} -> {r['calibration_kl_search']:.4f} after "
-                       f"{r['kl_evaluations']} KL evaluations ({r['search_seconds']:.1f} s); layers changed: "
-                       f"{r['layers_changed_by_search']}")
-        out += [f"perplexity on {r['heldout']} ({r['heldout_passages']} passages, <= {r['max_length']} tokens):",
-                f"  before      {r['ppl_before']:10.3f}",
-                f"  converted   {r['ppl_after']:10.3f}   KL to original {r['kl_after']:.4f} nats/token"]
-        if r["ppl_uptrained"] is not None:
+        if isinstance(r, GqaReport) and r.search_trace:
+            out.append(f"search: calibration KL on {r.data}: adjacent {r.calibration_kl_adjacent:.4f}, "
+                       f"similarity {r.calibration_kl_similarity:.4f}, start ({r.search_start}) "
+                       f"{r.calibration_kl_start:.4f} -> {r.calibration_kl_search:.4f} after "
+                       f"{r.kl_evaluations} KL evaluations ({r.search_seconds:.1f} s); layers changed: "
+                       f"{r.layers_changed_by_search}")
+        out += [f"perplexity on {r.heldout} ({r.heldout_passages} passages, <= {r.max_length} tokens):",
+                f"  before      {r.ppl_before:10.3f}",
+                f"  converted   {r.ppl_after:10.3f}   KL to original {r.kl_after:.4f} nats/token"]
+        if r.ppl_uptrained is not None:
             train = f"{o.train}, " if isinstance(o, GqaOptions) else ""
-            out.append(f"  uptrained   {r['ppl_uptrained']:10.3f}   ({o.steps} steps, {o.loss}, {train}lr {o.lr:g}, "
-                       f"on {r['data']})  KL to original {r['kl_uptrained']:.4f}")
-        for key, label in (("kv_bytes_before", "before"), ("kv_bytes_after", "after")):
-            k = r[key]
+            out.append(f"  uptrained   {r.ppl_uptrained:10.3f}   ({o.steps} steps, {o.loss}, {train}lr {o.lr:g}, "
+                       f"on {r.data})  KL to original {r.kl_uptrained:.4f}")
+        for k, label in ((r.kv_bytes_before, "before"), (r.kv_bytes_after, "after")):
             if self.verb == "gqa":
-                out.append(f"KV cache {label:<6} {k['measured']:>10} B measured ({human_bytes(k['measured'])}, batch "
-                           f"{k['batch']} x {k['seq_len']} tokens, {k['dtype']}), calculator {k['calculated']} B "
-                           f"{'(equal)' if k['match'] else '(DIFFERENT)'}")
+                out.append(f"KV cache {label:<6} {k.measured:>10} B measured ({human_bytes(k.measured)}, batch "
+                           f"{k.batch} x {k.seq_len} tokens, {k.dtype}), calculator {k.calculated} B "
+                           f"{'(equal)' if k.match else '(DIFFERENT)'}")
             else:
-                out.append(f"KV cache {label:<6} {k['bytes_per_token']:>7} B/token; {k['measured']:>9} B measured "
-                           f"({human_bytes(k['measured'])}, batch {k['batch']} x {k['seq_len']} tokens, "
-                           f"{k['dtype']}), formula {k['calculated']} B {'(equal)' if k['match'] else '(DIFFERENT)'}")
+                out.append(f"KV cache {label:<6} {k.bytes_per_token:>7} B/token; {k.measured:>9} B measured "
+                           f"({human_bytes(k.measured)}, batch {k.batch} x {k.seq_len} tokens, "
+                           f"{k.dtype}), formula {k.calculated} B {'(equal)' if k.match else '(DIFFERENT)'}")
         return out
 
     def _header(self) -> str:
         r = self.report
-        if self.verb == "gqa":
-            return (f"{r['model']}: {r['n_layers']} layers, {r['n_heads']} query heads, "
-                    f"{r['n_kv_heads_before']} -> {r['n_kv_heads_after']} KV heads; grouping {r['grouping_used']}")
-        return (f"{r['model']}: {r['n_layers']} layers, {r['n_heads']} query / {r['n_kv_heads']} KV heads, d_head "
-                f"{r['d_head']} -> MLA: latent rank {r['kv_rank']} (full rank {r['full_rank']}), {r['rope_dims']} "
-                f"RoPE dims per KV head ({r['selection']})")
+        if isinstance(r, GqaReport):
+            return (f"{r.model}: {r.n_layers} layers, {r.n_heads} query heads, "
+                    f"{r.n_kv_heads_before} -> {r.n_kv_heads_after} KV heads; grouping {r.grouping_used}")
+        return (f"{r.model}: {r.n_layers} layers, {r.n_heads} query / {r.n_kv_heads} KV heads, d_head "
+                f"{r.d_head} -> MLA: latent rank {r.kv_rank} (full rank {r.full_rank}), {r.rope_dims} "
+                f"RoPE dims per KV head ({r.selection})")
 
 
 def _named(data: Any, heldout: Any) -> dict[str, str]:
@@ -118,7 +119,7 @@ def gqa(hm: HeadModel, data: Any = None, options: GqaOptions | None = None, *, h
         lr=opts.lr, train=opts.train, max_length=opts.max_length, batch_size=opts.batch_size,
         fallback=not opts.no_fallback, seed=opts.seed, search_candidates=opts.search_candidates, progress=progress)
     prov = provenance("gqa", hm, data, opts.with_only(), heldout=heldout)  # the original model, untouched
-    return ConversionResult("gqa", final, {**report, "provenance": prov}, opts)
+    return ConversionResult("gqa", final, GqaReport.from_json({**report, "provenance": prov}), opts)
 
 
 def mla(hm: HeadModel, data: Any = None, options: MlaOptions | None = None, *, heldout: Any = None,
@@ -137,4 +138,4 @@ def mla(hm: HeadModel, data: Any = None, options: MlaOptions | None = None, *, h
         uptrain_steps=opts.steps, loss=opts.loss, lr=opts.lr, max_length=opts.max_length,
         batch_size=opts.batch_size, seed=opts.seed, progress=progress)
     prov = provenance("mla", hm, data, opts.with_only(), heldout=heldout)  # the original model, untouched
-    return ConversionResult("mla", final, {**report, "provenance": prov}, opts)
+    return ConversionResult("mla", final, MlaReport.from_json({**report, "provenance": prov}), opts)

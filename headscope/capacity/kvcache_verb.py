@@ -27,6 +27,7 @@ from .kvcache.evaluate import long_passages
 from .kvcache.learned import learned_rows, passkey_prompts
 from .kvcache.uptrain import training_batches
 from .options import KvcacheOptions
+from .reports import KvcacheReport
 
 
 def _row_line(r: dict[str, Any]) -> str:
@@ -66,14 +67,14 @@ class KvcacheResult(Result):
     """Each cache's row (kvcache.csv) and the report (kvcache.json, with every head's score and, with --choose
 learned, the learned alphas: what --export-card writes as DuoAttention's pattern)."""
 
-    report: dict[str, Any]
+    report: KvcacheReport
     options: KvcacheOptions
     group_size: int
     files = (KVCACHE_CSV.name, KVCACHE_JSON.name)
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        return self.report["rows"]
+        return self.report.rows
 
     def to_pandas(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
@@ -83,19 +84,19 @@ learned, the learned alphas: what --export-card writes as DuoAttention's pattern
         columns = [x for c in KVCACHE_CSV.columns() for x in (c, f"{c}_lo", f"{c}_hi")
                    if any(x in r for r in self.rows)]
         write_csv(folder, KVCACHE_CSV, self.rows, columns)
-        atomic_write_text(folder / KVCACHE_JSON.name, json.dumps(to_jsonable(self.report), indent=2) + "\n")
+        atomic_write_text(folder / KVCACHE_JSON.name, json.dumps(to_jsonable(self.report.to_json()), indent=2) + "\n")
 
     def lines(self) -> list[str]:
         r, o = self.report, self.options
-        s = r["settings"]
-        out = [f"{r['model']}: {r['n_layers']} layers x {r['n_kv_heads']} KV heads ({self.group_size} query heads "
-               f"each); sink {o.sink} + window {o.window}; {s['passages']} passage(s) of {o.context} tokens from "
-               f"{s['data']}; {o.needles} needle(s); full heads by {o.by}{' from ' + o.scores if o.scores else ''}",
+        s = r.settings
+        out = [f"{r.model}: {r.n_layers} layers x {r.n_kv_heads} KV heads ({self.group_size} query heads "
+               f"each); sink {o.sink} + window {o.window}; {s.passages} passage(s) of {o.context} tokens from "
+               f"{s.data}; {o.needles} needle(s); full heads by {o.by}{' from ' + o.scores if o.scores else ''}",
                f"{'cache':<16} {'KV full':>8} {'freed':>6} {'riders':>6} {'bytes/step':>12} {'ratio':>6} "
                f"{'perplexity':>11} {'needles':>8}"]
         out += [_row_line(row) for row in self.rows]
-        if o.uptrain_steps:
-            t = s["uptrain"]
+        if o.uptrain_steps and s.uptrain is not None:
+            t = s.uptrain
             out.append(f"+N: after N uptraining steps ({o.loss}, lr {o.uptrain_lr:g}) on {t['batches']} batch(es) "
                        f"of {o.batch_size} x {o.train_length} tokens from {t['data']}")
         out.append(f"bytes/step: K and V read by one decoding step at {o.context} tokens, measured = formula in "
@@ -176,4 +177,4 @@ def kvcache(hm: HeadModel, data: Any = None, options: KvcacheOptions | None = No
                            "passages": len(passages), "needles": o.needles, "chunk": o.chunk,
                            "random_control": not o.no_random, "seed": o.seed, "uptrain": train_info},
               "rows": rows, "scores": matrix.tolist(), "provenance": provenance("kvcache", hm, data, o.with_only())}
-    return KvcacheResult(report=report, options=o, group_size=hm.group_size)
+    return KvcacheResult(report=KvcacheReport.from_json(report), options=o, group_size=hm.group_size)

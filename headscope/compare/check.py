@@ -76,8 +76,9 @@ def check_cache(hm: HeadModel, plan: CachePlan, context: int, texts: Sequence[st
 def check_kvcache(hm: HeadModel, result: KvcacheResult, texts: Sequence[str]) -> CompareResult:
     """`kvcache`'s check: `check_cache` on the row a user would ship (`capacity.kvcache.plans.shipped_row`: the
     score's choice at the run's first budget), through the plan that row was measured with, at the run's context."""
-    row = shipped_row(result.report)
-    plan = plan_of_row(result.report, row)
+    report = result.report.to_json()  # kvcache.json's own form, as `compare --cache` reads it
+    row = shipped_row(report)
+    plan = plan_of_row(report, row)
     o = result.options
     return check_cache(hm, plan, o.context, texts, plan_from=f"{o.out} (row {row_name(row)})", seed=o.seed)
 
@@ -90,11 +91,11 @@ def check_lines(result: CompareResult) -> list[str]:
     for c in result.changes:
         by.setdefault(c.verdict, []).append(c.capability)
     said = "; ".join(f"{verdict}: {', '.join(names)}" for verdict, names in by.items())
-    tol = result.record["settings"]["tolerance"]
-    seconds = sum(sum(r["seconds"].values()) for r in result.record["rows"].values())
+    tol = result.record.settings.tolerance
+    seconds = sum(sum(r["seconds"].values()) for r in result.record.rows.values())
     out.append(f"check against {result.base_name} (tolerance {tol:.0%}): {len(lost)} of {len(result.changes)} "
                f"capabilities lost ({said}); {seconds:.1f} s of forwards; compare.csv has the intervals")
-    out += [f"check: note: {n}" for n in result.record.get("notes", [])]
+    out += [f"check: note: {n}" for n in result.record.notes]
     return out
 
 

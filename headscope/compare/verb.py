@@ -18,6 +18,7 @@ from ..capacity.kvcache.plans import check_plan_fits
 from ..io import atomic_write_text, csv_text
 from ..models.adapter import HeadModel
 from ..options import OptionError, Result
+from ..options.record import IntervalsUsed, Record
 from ..provenance import model_record, provenance
 from ..table import to_jsonable
 from .cache import plan_record, read_cache, through_cache
@@ -29,11 +30,33 @@ from .verdict import Change, paired_change
 
 
 @dataclass
+class CompareSettings(Record):
+    """compare.json's settings: the tolerance of a verdict, the paired intervals, the rows, OTHER's cache."""
+
+    tolerance: float  # a share of BASE's value
+    intervals: IntervalsUsed
+    rows: list[str]  # the capabilities, in order
+    cache: dict[str, Any] | None  # the head-aware KV cache OTHER decoded through (None: its own full cache)
+
+
+@dataclass
+class CompareRecord(Record):
+    """compare.json: the settings, notes, each row's record (its change, per-item values) and both models."""
+
+    settings: CompareSettings
+    notes: list[str]
+    rows: dict[str, dict[str, Any]]  # capability -> describe, metric, fingerprint, change, items (base, other)
+    base: dict[str, Any]  # the model's record (name, fingerprint, ...)
+    other: dict[str, Any]
+    provenance: dict[str, Any]
+
+
+@dataclass
 class CompareResult(Result):
     """compare.csv (one row per capability) and compare.json (settings, both models, per-item values)."""
 
     changes: list[Change]
-    record: dict[str, Any]
+    record: CompareRecord
     base_name: str
     other_name: str
 
@@ -47,7 +70,7 @@ class CompareResult(Result):
     def write(self, folder: Path) -> None:
         atomic_write_text(folder / COMPARE_CSV.name, csv_text([c.row() for c in self.changes]))
         atomic_write_text(folder / COMPARE_JSON.name,
-                          json.dumps(to_jsonable(self.record), indent=1, allow_nan=False) + "\n")
+                          json.dumps(to_jsonable(self.record.to_json()), indent=1, allow_nan=False) + "\n")
 
     def verdict(self, capability: str) -> str:
         """The verdict of one row ('lm', 'induction', 'pairs:ioi', ...)."""
@@ -60,9 +83,9 @@ class CompareResult(Result):
         raise KeyError(f"no row {capability!r}; rows: {', '.join(c.capability for c in self.changes)}")
 
     def lines(self) -> list[str]:
-        tol = self.record["settings"]["tolerance"]
-        iv = self.record["settings"]["intervals"]
-        cache = self.record["settings"].get("cache")
+        tol = self.record.settings.tolerance
+        iv = self.record.settings.intervals
+        cache = self.record.settings.cache
         through = "" if not cache else (f" through a head-aware KV cache ({cache['full_kv_heads']} of "
                                         f"{cache['kv_heads']} KV heads full, the others {cache['sink']} sink + "
                                         f"{cache['window']} recent tokens; {cache['pattern']}"
@@ -72,9 +95,9 @@ class CompareResult(Result):
         out += [f"  {c.sentence()}" for c in self.changes]
         lost = [c.capability for c in self.changes if c.verdict == "lost"]
         out.append(f"lost: {', '.join(lost)}" if lost else "lost: none of the rows measured")
-        out += [f"note: {n}" for n in self.record.get("notes", [])]
-        out.append(f"[lo, hi]: {iv['level']:.0%} paired intervals of the change, {iv['method']} bootstrap over the "
-                   f"items ({iv['B']} resamples)")
+        out += [f"note: {n}" for n in self.record.notes]
+        out.append(f"[lo, hi]: {iv.level:.0%} paired intervals of the change, {iv.method} bootstrap over the "
+                   f"items ({iv.B} resamples)")
         return out
 
 
@@ -126,14 +149,14 @@ def compare(base: HeadModel, other: HeadModel, options: CompareOptions | None = 
     rows, notes = prepare_rows(base, opts, data, cached=plan is not None, lenient=lenient)
     check_rows_fit(rows)
     got = [_compare_row(r, base, other, opts, earlier, plan) for r in rows]
-    settings = {"tolerance": opts.tolerance, "intervals": {**opts.intervals().record(),
-                                                           "resampled": "items (passages, pairs, haystacks) of both "
-                                                                        "models together, with replacement"},
-                "rows": [r.capability for r in rows], "cache": cache_record}
-    record = {"settings": settings, "notes": notes,
-              "rows": {c.capability: {**rec, "change": c.row()} for c, rec in got},
-              "base": base_record, "other": model_record(other),
-              "provenance": provenance("compare", base, None, opts.with_only())}
+    intervals = IntervalsUsed.from_json({**opts.intervals().record(), "resampled": "items (passages, pairs, "
+                                         "haystacks) of both models together, with replacement"})
+    settings = CompareSettings(tolerance=opts.tolerance, intervals=intervals, rows=[r.capability for r in rows],
+                               cache=cache_record)
+    record = CompareRecord(settings=settings, notes=notes,
+                           rows={c.capability: {**rec, "change": c.row()} for c, rec in got},
+                           base=base_record, other=model_record(other),
+                           provenance=provenance("compare", base, None, opts.with_only()))
     return CompareResult([c for c, _ in got], record, base.name, other.name)
 
 
@@ -157,7 +180,7 @@ def _cache(other: HeadModel, opts: CompareOptions, plan: CachePlan | None,
 
 def per_item(result: CompareResult, capability: str, model: str = "other") -> dict[str, np.ndarray]:
     """The per-item sums a row was computed from (`model`: 'base' or 'other')."""
-    items = result.record["rows"][capability]["items"][model]
+    items = result.record.rows[capability]["items"][model]
     return {k: np.asarray(v) for k, v in items.items()}
 
 

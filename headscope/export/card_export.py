@@ -33,7 +33,7 @@ class ExportedCard:
 def record_card(result: RolesResult, path: str | Path, fmt: str = "duo", score: str = "retrieval") -> RolesResult:
     """`result` with the head card for `path` (format `fmt`, long-range score `score`) recorded in roles.json's
     `long_context.card`, ready for `export_card`; a result without a long-range census is refused."""
-    long_context = result.report.get("long_context")
+    long_context = result.report.long_context
     if not long_context:
         raise HeadscopeError("a head card is made from the long-range roles, and this result has none: run roles "
                              "with `long` set to export one")
@@ -47,11 +47,11 @@ def export_card(result: RolesResult | KvcacheResult, hm: HeadModel, path: str | 
     `force`). A roles result's card is the one `record_card` recorded (`path` defaults to its file); a kvcache
     result's card is the DuoAttention pattern directory `path` of the KV heads its run ranked."""
     if isinstance(result, RolesResult):
-        rec = (result.report.get("long_context") or {}).get("card")
+        long_context = result.report.long_context or {}
+        rec = long_context.get("card")
         if rec is None:
             raise HeadscopeError("this roles result records no head card: call record_card(result, path) first")
-        card = HeadCard.of(result.report["long_context"], path if path is not None else rec["file"], rec["format"],
-                           rec["score"])
+        card = HeadCard.of(long_context, path if path is not None else rec["file"], rec["format"], rec["score"])
         return ExportedCard(card.write(hm, force))
     if path is None:
         raise HeadscopeError("a kvcache card needs the folder to write it to (path)")

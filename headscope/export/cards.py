@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..capacity.kvcache.choice import kv_head_scores
+from ..capacity.reports import KvcacheReport
 from ..errors import HeadscopeError, OptionError
 from ..io import atomic_dir, atomic_write_text
 from ..learned.longctx.confidence import card_record
@@ -145,17 +146,17 @@ def write_duo(path: str | Path, pattern: np.ndarray, *, sink: int, recent: int, 
     return path
 
 
-def kvcache_duo(report: dict[str, Any], n_kv_heads: int, by: str) -> tuple[np.ndarray, str, dict[str, Any]]:
+def kvcache_duo(report: KvcacheReport, n_kv_heads: int, by: str) -> tuple[np.ndarray, str, dict[str, Any]]:
     """What `kvcache --export-card` writes from kvcache.json's record: the pattern, where it came from, and what
     is known of its ranking's stability (measured here: `card_record`; read from a --scores file: that run's own
     record; learned: not a ranking of measured scores)."""
-    scores = report["settings"]["scores"]
+    scores = report.settings.scores
     learned = scores.get("learned")
     if learned is not None:  # DuoAttention's own pattern: the learned alphas, [layers, KV heads] in [0, 1]
         return (np.asarray(learned["alpha"], float), "the learned alphas (--choose learned)",
                 {"score": "learned alpha", "ranking_stability": None, "note": "optimised gates (DuoAttention), not "
                  "a ranking of measured scores: no split-half stability applies"})
-    pattern = duo_pattern(np.asarray(report["scores"], float), n_kv_heads)
+    pattern = duo_pattern(np.asarray(report.scores, float), n_kv_heads)
     if scores.get("ranking") is not None:
         return pattern, f"--by {by}", scores["ranking"]
     return pattern, f"--by {by}", {"score": by, "ranking_stability": None, "from": scores.get("from"),

@@ -36,6 +36,7 @@ from .analyze import analyze as analyze_table
 from .longctx import check_long_model, long_roles
 from .longctx.confidence import card_warning
 from .options import AnalyzeOptions, RolesOptions, SimilarOptions
+from .records import ClustersRecord, RolesReport
 from .roles import read_coref, read_treebank, role_columns, syntax_rows
 from .roles import roles as roles_table
 from .similarity import LN2, Similarity, check_cka_memory, similarity
@@ -136,7 +137,7 @@ class RolesResult(TableResult):
     """The role census: roles.csv (analyze's statistics and a `roles` column), roles.json (every score, baseline
     and threshold) and syntax.csv (with a treebank)."""
 
-    report: dict[str, Any]  # roles.json
+    report: RolesReport  # roles.json
     name: str
     n_layers: int
     n_heads: int
@@ -144,31 +145,31 @@ class RolesResult(TableResult):
     rows: list[dict[str, Any]] = dataclasses.field(init=False, default_factory=list)  # syntax.csv
 
     def __post_init__(self) -> None:
-        self.rows = syntax_rows(self.report)
+        self.rows = syntax_rows(self.report.syntax)
         self.files = (ROLES_CSV.name, ROLES_JSON.name) + ((SYNTAX_CSV.name,) if self.rows else ())
 
     def write(self, folder: Path) -> None:
         self.table.to_csv(folder / ROLES_CSV.name)
         atomic_write_text(folder / ROLES_JSON.name,
-                          json.dumps(to_jsonable(self.report), indent=1, allow_nan=False) + "\n")
+                          json.dumps(to_jsonable(self.report.to_json()), indent=1, allow_nan=False) + "\n")
         if self.rows:
             write_csv(folder, SYNTAX_CSV, self.rows)
 
     def with_card(self, record: dict[str, Any], note: str) -> RolesResult:
         """This result with a head card's record in roles.json's `long_context` (the card itself is written by
         `headscope.export.cards`)."""
-        report = {**self.report, "long_context": {**self.report["long_context"], "card": record}}
+        report = dataclasses.replace(self.report, long_context={**(self.report.long_context or {}), "card": record})
         return dataclasses.replace(self, report=report, card_note=note)
 
     def lines(self) -> list[str]:
         report = self.report
-        t = report["text"]
-        out = [f"{self.name}: {self.n_layers} layers x {self.n_heads} heads, {t['passages']} passages from "
-               f"{t['data']}; first token: {t['first_token']}"]
+        t = report.text
+        out = [f"{self.name}: {self.n_layers} layers x {self.n_heads} heads, {t.passages} passages from "
+               f"{t.data}; first token: {t.first_token}"]
         out += _census_lines(report)
-        syn = (report.get("syntax") or {}).get("relations")
-        if syn:
-            info = report["syntax"]["info"]
+        syn = (report.syntax or {}).get("relations")
+        if syn and report.syntax is not None:
+            info = report.syntax["info"]
             out.append(f"\nsyntax ({info['sentences']} sentences, {info['skipped_long']} too long, "
                        f"{info['unaligned_words']} unaligned words): best head per relation vs best fixed offset")
             out.append(f"  {'relation':<10} {'arcs':>6}  {'head':<6} {'acc [95% interval]':<18}  {'direction':<11}  "
@@ -178,13 +179,13 @@ class RolesResult(TableResult):
                 r = syn[rel]
                 out.append(f"  {rel:<10} {r['count']:>6}  {r['best_head']:<6} {_acc(r, r['best_head']):<18}  "
                            f"{r['best_direction']:<11}  {r['baseline_offset']:>+6d} {_f(r['baseline']):>5}")
-        c = report.get("coreference")
+        c = report.coreference
         if c:
             out.append(f"\ncoreference ({c['anaphors']} anaphors): best head {c['best_head']} "
                        f"{_acc(c, c['best_head'])}, nearest mention {_f(c['nearest_mention_baseline'])}, "
                        f"same head word {_f(c['same_head_word_baseline'])}, "
                        f"chance {_f(c['chance'])}")
-        lc = report.get("long_context")
+        lc = report.long_context
         if lc:
             out += _long_lines(lc)
             if self.card_note:
@@ -221,7 +222,8 @@ def roles(hm: HeadModel, data: Any = None, options: RolesOptions | None = None, 
                             haystacks=opts.haystacks, block=opts.block, seed=opts.seed, progress=progress,
                             checked=True, intervals=opts.intervals(), until_stable=opts.until_stable)
         table, report = merge_long(table, report, lr)
-    return RolesResult(table=table, report=report, name=hm.name, n_layers=hm.n_layers, n_heads=hm.n_heads)
+    return RolesResult(table=table, report=RolesReport.from_json(report), name=hm.name, n_layers=hm.n_layers,
+                       n_heads=hm.n_heads)
 
 
 def _f(v: float | None) -> str:
@@ -243,22 +245,22 @@ def _entry(e: dict[str, Any]) -> str:
     return f"{e['head']} {_f(e['score'])}{bounds}/{_f(e['baseline'])}"
 
 
-def _census_lines(report: dict[str, Any]) -> list[str]:
+def _census_lines(report: RolesReport) -> list[str]:
     """The census with intervals, how many heads are uncertain, the scores' stability and --until-stable."""
-    iv, t = report["intervals"], report["text"]
-    out = [f"\nrole census (score [{iv['level']:.0%} interval] / baseline: the uniform head's, the best fixed "
+    iv, t = report.intervals, report.text
+    out = [f"\nrole census (score [{iv.level:.0%} interval] / baseline: the uniform head's, the best fixed "
            f"offset's, or the best coreference baseline's); a role is assigned where its rule passes on the "
            f"interval's conservative bound"]
-    for role, heads in report["census"].items():
+    for role, heads in report.census.items():
         shown = ", ".join(_entry(e) for e in heads[:8])
         more = f" (+{len(heads) - 8} more)" if len(heads) > 8 else ""
         out.append(f"  {role:<22} {len(heads):>3}  {shown}{more}")
-    if not report["census"]:
+    if not report.census:
         out.append("  no head passes any role's decision rule on its bound")
-    n = report["uncertain_heads"]
+    n = report.uncertain_heads
     if n:
         counts: dict[str, int] = {}
-        for names in report["uncertain"].values():
+        for names in report.uncertain.values():
             for r in names:
                 counts[r] = counts.get(r, 0) + 1
         detail = ", ".join(f"{r} {c}" for r, c in sorted(counts.items(), key=lambda kv: -kv[1]))
@@ -266,16 +268,16 @@ def _census_lines(report: dict[str, Any]) -> list[str]:
                    f"roles.csv's uncertain_roles names them")
     else:
         out.append("  uncertain: no head (every role passing on its point estimate passes on its bound too)")
-    out.append(f"  intervals: {iv['method']} bootstrap, {iv['B']} resamples of the {t['passages']} passages "
-               f"(induction: of the {report['induction']['sequences']} sequences), seed {iv['seed']}")
-    stab = {k: v for k, v in report["stability"].items() if isinstance(v.get("spearman_brown"), float)
+    out.append(f"  intervals: {iv.method} bootstrap, {iv.B} resamples of the {t.passages} passages "
+               f"(induction: of the {report.induction['sequences']} sequences), seed {iv.seed}")
+    stab = {k: v for k, v in report.stability.items() if isinstance(v.get("spearman_brown"), float)
             and math.isfinite(v["spearman_brown"])}
     if stab:
         worst = min(stab, key=lambda k: stab[k]["spearman_brown"])
         out.append(f"  stability: split-half Spearman-Brown of the role scores' rankings from "
                    f"{min(v['spearman_brown'] for v in stab.values()):.2f} ({worst}) to "
                    f"{max(v['spearman_brown'] for v in stab.values()):.2f}; every score's in roles.json")
-    u = t.get("until_stable")
+    u = t.until_stable
     if u:
         state = "reached" if u["reached"] else "NOT reached"
         now = min(u["stability"].values()) if u["stability"] else math.nan
@@ -342,8 +344,7 @@ class SimilarResult(Result):
 
     similarity: Similarity
     pairs: Any  # pandas DataFrame, with js_lo, js_hi for the --top pairs
-    clusters: list[dict[str, Any]]
-    record: dict[str, Any]  # clusters.json
+    record: ClustersRecord  # clusters.json
     top: int  # the pairs printed (and given intervals)
     settings: IntervalSettings
     name: str
@@ -356,11 +357,12 @@ class SimilarResult(Result):
         atomic_write_text(folder / SIMILAR_PAIRS_CSV.name,
                           self.pairs.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
         self.similarity.to_npz(folder / SIMILARITY_NPZ.name)
-        atomic_write_text(folder / CLUSTERS_JSON.name, json.dumps(self.record, indent=1, allow_nan=False) + "\n")
+        atomic_write_text(folder / CLUSTERS_JSON.name,
+                          json.dumps(self.record.to_json(), indent=1, allow_nan=False) + "\n")
 
     def lines(self) -> list[str]:
         sim, pairs, settings, m = self.similarity, self.pairs, self.settings, self.similarity.meta
-        js_max, cka_min = self.record["js_max"], self.record["cka_min"]
+        js_max, cka_min, clusters = self.record.js_max, self.record.cka_min, self.record.clusters
         out = [f"{self.name}: {m['n_layers']} layers x {m['n_heads']} heads = {sim.n} heads, {len(pairs)} pairs; "
                f"JS over {m['js_queries']} queries, CKA over {m['cka_tokens']} tokens from {m['data']}",
                f"js in nats (0 = same pattern, ln 2 = {LN2:.3f} = disjoint); cka, *_cos: 1 = same", ""]
@@ -376,10 +378,10 @@ class SimilarResult(Result):
             out.append(f"js intervals: {settings.method} bootstrap over the {m['passages']} passages, {settings.B} "
                        f"resamples (CKA mixes passages in its minibatches: no interval)")
         out.append("")
-        if self.clusters:
+        if clusters:
             out.append(f"near-duplicate clusters (every pair js <= {js_max:g}, cka >= {cka_min:g}):")
-            for c in self.clusters:
-                out.append(f"  {', '.join(c['heads'])}  (max js {c['max_js']:.4f}, min cka {c['min_cka']:.3f})")
+            for c in clusters:
+                out.append(f"  {', '.join(c.heads)}  (max js {c.max_js:.4f}, min cka {c.min_cka:.3f})")
         else:
             out.append(f"no near-duplicate clusters: no pair has js <= {js_max:g} and cka >= {cka_min:g} "
                        f"(loosen with --js-max / --cka-min)")
@@ -417,5 +419,5 @@ def similar(hm: HeadModel, data: Any = None, options: SimilarOptions | None = No
         "intervals": {**settings.record(), "pairs": top,
                       "of": "js of the --top pairs (similar_pairs.csv js_lo, js_hi)"},
         "provenance": provenance("similar", hm, source, opts.with_only())})
-    return SimilarResult(similarity=sim, pairs=pairs, clusters=clusters, record=record, top=top, settings=settings,
-                         name=hm.name)
+    return SimilarResult(similarity=sim, pairs=pairs, record=ClustersRecord.from_json(record), top=top,
+                         settings=settings, name=hm.name)

@@ -15,11 +15,13 @@ from .groups import (
     WorkerOptions,
 )
 from .placement import check_device, parse_max_memory, read_device_map
+from .record import Record
 from .result import Result
 from .spec import OptionError, Spec, bound_problem, check_bounds, flag_of, option, spec_of
 
 __all__ = [
     "SEED_MAX", "CheckOptions", "DataOptions", "HeldoutOptions", "IntervalOptions", "ModelOptions", "OptionError",
-    "Options", "OutputOptions", "Result", "SeedOptions", "Spec", "StableOptions", "WorkerOptions", "bound_problem",
-    "check_bounds", "check_data", "check_device", "flag_of", "option", "parse_max_memory", "read_device_map", "spec_of",
+    "Options", "OutputOptions", "Record", "Result", "SeedOptions", "Spec", "StableOptions", "WorkerOptions",
+    "bound_problem", "check_bounds", "check_data", "check_device", "flag_of", "option", "parse_max_memory",
+    "read_device_map", "spec_of",
 ]

@@ -60,6 +60,7 @@ from .importance.tasks import (
 from .options import DEFAULT_METHODS, PruneOptions, ScoreOptions, TasksOptions
 from .protect import check_model as check_protect
 from .pruning.heads import n_parameters
+from .records import PruneSummary, TaskCorrelation, TaskSpecific, UnitScoreMeta
 
 
 def parse_pruned(text: str | None, n_layers: int, n_heads: int) -> torch.Tensor | None:
@@ -150,8 +151,8 @@ class UnitScoreResult(Result):
     """Importance of units beyond heads (attention sub-layers, blocks, FFN neurons): unit_importance.csv/.json."""
 
     unit: str
-    rows: list[dict[str, Any]]
-    meta: dict[str, Any]
+    rows: list[dict[str, Any]]  # unit_importance.csv's rows: layer, unit index, importance_<method>
+    meta: UnitScoreMeta
     name: str
     files = (UNIT_IMPORTANCE_CSV.name, UNIT_IMPORTANCE_JSON.name)
 
@@ -160,13 +161,14 @@ class UnitScoreResult(Result):
 
     def write(self, folder: Path) -> None:
         write_csv(folder, UNIT_IMPORTANCE_CSV, self.rows)
-        atomic_write_text(folder / UNIT_IMPORTANCE_JSON.name, json.dumps(self.meta, indent=2, default=str) + "\n")
+        atomic_write_text(folder / UNIT_IMPORTANCE_JSON.name,
+                          json.dumps(self.meta.to_json(), indent=2, default=str) + "\n")
 
     def lines(self) -> list[str]:
         meta = self.meta
-        out = [f"{self.name}: {self.unit} importance on {meta['passages']} passages, metric {meta['metric']} = "
-               f"{meta['metric_value']:.4f}"]
-        for m in meta["methods"]:
+        out = [f"{self.name}: {self.unit} importance on {meta.passages} passages, metric {meta.metric} = "
+               f"{meta.metric_value:.4f}"]
+        for m in meta.methods:
             col = f"importance_{m}"
             if self.unit == "ffn":
                 per_layer: dict[int, list[float]] = {}
@@ -176,7 +178,7 @@ class UnitScoreResult(Result):
                            + " ".join(f"L{l}:{sum(v) / len(v):.3g}" for l, v in per_layer.items()))
             else:
                 order = sorted(self.rows, key=lambda r: r[col])
-                seconds = next(v for k, v in meta["seconds"].items() if m in k.split("+"))
+                seconds = next(v for k, v in meta.seconds.items() if m in k.split("+"))
                 out.append(f"  {m} ({seconds:.1f} s), least important first: "
                            + " ".join(f"L{r['layer']}:{r[col]:.3g}" for r in order))
         return out
@@ -199,7 +201,8 @@ def score(hm: HeadModel, data: Any = None, options: ScoreOptions | None = None, 
         methods = None if opts.methods in (None, ("all",)) else [m for m in opts.methods if m]
         rows, meta = score_units(hm, source, opts.unit, methods, metric=opts.metric, max_length=opts.max_length,
                                  batch_size=opts.batch_size, seed=opts.seed, limit=limit, progress=progress)
-        return UnitScoreResult(unit=opts.unit, rows=rows, meta={**meta, "provenance": prov}, name=hm.name)
+        return UnitScoreResult(unit=opts.unit, rows=rows, meta=UnitScoreMeta.from_json({**meta, "provenance": prov}),
+                               name=hm.name)
     methods = parse_methods(",".join(opts.methods or DEFAULT_METHODS))
     l0 = opts.l0_settings(0.5)
     extra = {"l0": {"settings": l0}} if "l0" in methods else None
@@ -217,8 +220,8 @@ class TasksResult(Result):
 
     table: HeadTable
     correlations: pd.DataFrame
-    intervals: list[dict[str, Any]]  # each pair of tasks' Spearman with its interval over heads
-    specific: list[dict[str, Any]]  # heads in the top 10% of one task and the bottom half of another
+    intervals: list[TaskCorrelation]  # each pair of tasks' Spearman with its interval over heads
+    specific: list[TaskSpecific]  # heads in the top 10% of one task and the bottom half of another
     name: str
     files = (TASKS_CSV.name, TASK_CORRELATION_CSV.name, TASK_SPECIFIC_CSV.name, TASKS_JSON.name)
 
@@ -231,7 +234,7 @@ class TasksResult(Result):
         w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
         w.writeheader()
         for r in self.specific:
-            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.to_json().items()})
         self.table.to_csv(folder / TASKS_CSV.name)
         self.table.to_json(folder / TASKS_JSON.name)
         atomic_write_text(folder / TASK_CORRELATION_CSV.name,
@@ -245,7 +248,7 @@ class TasksResult(Result):
                "", "Spearman rank correlation between tasks [95% interval over heads: Fisher z, Bonett-Wright "
                    "variance; the noise of each task's data is not in it]:"]
         names = list(corr.columns)
-        cell = {(c["a"], c["b"]): f"{c['spearman']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]" for c in self.intervals}
+        cell = {(c.a, c.b): f"{c.spearman:.2f} [{c.lo:.2f}, {c.hi:.2f}]" for c in self.intervals}
         width = max([len(n) for n in names] + [18])
         out.append(" " * width + "".join(f"  {n:>{width}}" for n in names))
         for a in names:
@@ -253,7 +256,7 @@ class TasksResult(Result):
             out.append(f"{a:<{width}}" + "".join(f"  {v:>{width}}" for v in row))
         pairs: dict[tuple[str, str], list[str]] = {}
         for r in self.specific:
-            pairs.setdefault((r["task"], r["other"]), []).append(r["head"])
+            pairs.setdefault((r.task, r.other), []).append(r.head)
         if pairs:
             out += ["", "heads in the top 10% for one task and the bottom half for another:"]
             for (t, o), heads in pairs.items():
@@ -287,7 +290,8 @@ def tasks(hm: HeadModel, data: str | Sequence[str] | None = None, options: Tasks
     table = table.with_columns(meta={"provenance": prov, "correlation_intervals": {
         "level": 0.95, "method": "Fisher z over heads, Bonett-Wright variance (the tasks' data noise not included)",
         "pairs": intervals}})
-    return TasksResult(table=table, correlations=corr, intervals=intervals, specific=specific, name=hm.name)
+    return TasksResult(table=table, correlations=corr, intervals=[TaskCorrelation.from_json(c) for c in intervals],
+                       specific=[TaskSpecific.from_json(r) for r in specific], name=hm.name)
 
 
 @dataclass
@@ -312,7 +316,7 @@ class PruneResult(Result):
     and units.json), and model/ with --save-model."""
 
     curve: CurveResult
-    summary: dict[str, Any]  # prune.json (units.json)
+    summary: PruneSummary  # prune.json (units.json)
     model: HeadModel | None = None  # the physically pruned model (save_model)
 
     def __post_init__(self) -> None:
@@ -340,16 +344,17 @@ class PruneResult(Result):
                             recover_steps=res.recover_steps, title=title,
                             path=folder / (PRUNE_CURVE_PNG if heads else UNIT_CURVE_PNG).name)
         atomic_write_text(folder / (PRUNE_JSON if heads else UNITS_JSON).name,
-                          json.dumps(self.summary, indent=2, default=str) + "\n")
+                          json.dumps(self.summary.to_json(), indent=2, default=str) + "\n")
 
     def lines(self) -> list[str]:
-        out = (curve_lines if self.curve.scope == "heads" else unit_curve_lines)(self.curve, self.summary)
-        stable = self.summary.get("until_stable")
+        # the curve's printout reads prune.json's object (redundancy/curves/text.py)
+        out = (curve_lines if self.curve.scope == "heads" else unit_curve_lines)(self.curve, self.summary.to_json())
+        stable = self.summary.until_stable
         if stable is not None:
-            state = "reached" if stable["reached"] else "NOT reached"
-            out.append(f"--until-stable {stable['target']}: {state} with {stable['passages']} of the "
-                       f"{stable['available']} scoring passages" + ("" if stable["reached"] else
-                                                                     "; raise --limit or give more data"))
+            state = "reached" if stable.reached else "NOT reached"
+            out.append(f"--until-stable {stable.target}: {state} with {stable.passages} of the "
+                       f"{stable.available} scoring passages" + ("" if stable.reached else
+                                                                 "; raise --limit or give more data"))
         return out
 
 
@@ -383,7 +388,7 @@ def prune(hm: HeadModel, data: Any = None, options: PruneOptions | None = None, 
         small = res.pruned_model(hm)
         summary["saved_model"] = _saved(hm, small, res, Path(opts.out) / MODEL_DIR.name)
     summary["provenance"] = prov
-    return PruneResult(curve=res, summary=summary, model=small)
+    return PruneResult(curve=res, summary=PruneSummary.from_json(summary), model=small)
 
 
 def _until_stable(hm: Any, data: Any, opts: PruneOptions, progress: bool) -> dict[str, Any]:

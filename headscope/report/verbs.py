@@ -17,7 +17,7 @@ from ..errors import HeadscopeError
 from ..io import atomic_write_bytes, atomic_write_text
 from ..learned.analyze import analyze
 from ..models.adapter import HeadModel
-from ..options import Result, check_data
+from ..options import Record, Result, check_data
 from ..provenance import model_record, provenance
 from ..table import HeadTable
 from .build import collect
@@ -103,6 +103,15 @@ def build(out: Path, hm: HeadModel | None, from_dirs: Sequence[str | Path] | Non
 
 
 @dataclass
+class ReportData(Record):
+    """What the page embeds (`build.collect`), typed where code reads it: the grid's shape and columns; each
+    section's part (figures, tables, census, ...) is kept as it came, JSON-ready."""
+
+    n_heads: int
+    columns: dict[str, list[Any]] | None = None  # the grid's numbers: column -> one value per head, row-major
+
+
+@dataclass
 class ReportResult(Result):
     """The report: report.html (one self-contained offline page), its report-*.png figures and, when they were
     computed here, heads.csv and heads.json."""
@@ -110,7 +119,7 @@ class ReportResult(Result):
     page: str
     figures: dict[str, bytes]
     heads: HeadTable | None
-    data: dict[str, Any]  # what the page embeds
+    data: ReportData  # what the page embeds
 
     def __post_init__(self) -> None:
         computed = (HEADS_CSV.name, HEADS_JSON.name) if self.heads is not None else ()
@@ -129,8 +138,8 @@ class ReportResult(Result):
 
     def to_pandas(self) -> pd.DataFrame:
         """Every head's numbers the page's grid shows, one row per head."""
-        n_heads = self.data["n_heads"]
-        columns = self.data.get("columns") or {}
+        n_heads = self.data.n_heads
+        columns = self.data.columns or {}
         n = len(next(iter(columns.values()))) if columns else 0
         return pd.DataFrame({"layer": [i // n_heads for i in range(n)], "head": [i % n_heads for i in range(n)],
                              **columns})
@@ -148,4 +157,5 @@ def report(hm: HeadModel | None, data: Any = None, options: ReportOptions | None
     opts = (options or ReportOptions()).replace(**changes).validate()
     built = build(Path(opts.out), None if opts.no_model else hm, opts.from_dirs, opts.data if data is None else data,
                   opts.sentences, opts.max_length, opts.limit, figures=True, progress=progress)
-    return ReportResult(page=page(built.data), figures=built.figures, heads=built.heads, data=built.data)
+    return ReportResult(page=page(built.data), figures=built.figures, heads=built.heads,
+                        data=ReportData.from_json(built.data))

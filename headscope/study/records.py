@@ -39,7 +39,7 @@ from ..artifacts import (
 )
 from ..io import format_cell
 from ..learned.verbs import RolesResult
-from ..options import Result
+from ..options import Record, Result
 from ..table import to_jsonable
 from .stages import SUBDIRS
 from .verbs import Several
@@ -110,6 +110,8 @@ class Records:
         result = self.results.get(source.stage)
         if result is not None:
             content = source.content(result)
+            if isinstance(content, Record):  # a typed record: the JSON object its file holds
+                content = content.to_json()
             data = json.loads(json.dumps(to_jsonable(content) if source.jsonable else content, default=str))
         else:
             data = read_json(self._path(source, name))

@@ -48,6 +48,19 @@ from ..report.sources import (
     read_heads,
     unreadable,
 )
+from .card_schema import (
+    Edge,
+    EdgeLists,
+    HeadsTable,
+    KvChoice,
+    Measure,
+    Patching,
+    PathEntry,
+    RoleDetail,
+    Source,
+    Statistic,
+    to_json,
+)
 
 __all__ = ["command_of", "heads_table"]
 
@@ -98,11 +111,11 @@ def command_of(rec: Mapping[str, Any] | None) -> str | None:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def _source(path: Path) -> dict[str, Any]:
+def _source(path: Path) -> Source:
     found = recorded_for(path)
     rec = found[1] if found else None
-    return {"file": path.name, "folder": str(path.parent), "verb": (rec or {}).get("verb") or artifact(path.name).verb,
-            "command": command_of(rec), "data": (rec or {}).get("data")}
+    return Source(file=path.name, folder=str(path.parent), verb=(rec or {}).get("verb") or artifact(path.name).verb,
+                  command=command_of(rec), data=(rec or {}).get("data"))
 
 
 def _flat(n_layers: int, n_heads: int) -> list[Any]:
@@ -129,12 +142,10 @@ def _grid(table: Table, column: str, n_layers: int, n_heads: int) -> list[Any]:
     return out
 
 
-def _with_bounds(table: Table, column: str, n_layers: int, n_heads: int) -> dict[str, Any]:
-    entry = {"values": _grid(table, column, n_layers, n_heads)}
-    for side in ("lo", "hi"):
-        if f"{column}_{side}" in table.columns:
-            entry[side] = _grid(table, f"{column}_{side}", n_layers, n_heads)
-    return entry
+def _bounds(table: Table, column: str, n_layers: int, n_heads: int) -> dict[str, list[Any] | None]:
+    """A column's lower and upper bounds over the heads (None where the file has no such column)."""
+    return {side: _grid(table, f"{column}_{side}", n_layers, n_heads) if f"{column}_{side}" in table.columns
+            else None for side in ("lo", "hi")}
 
 
 def _number(v: Any) -> float | None:
@@ -154,43 +165,41 @@ def _rank(values: Sequence[Any]) -> list[int | None]:
     return ranks
 
 
-def _statistics(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+def _statistics(src: Sources, out: HeadsTable, n_layers: int, n_heads: int) -> None:
     table = read_heads(src)
     if table is None:
         return
     # read_heads falls back to roles.csv when heads.csv is absent or unusable
     name = HEADS_CSV.name if HEADS_CSV.name in src.found and HEADS_CSV.name not in src.problems else ROLES_CSV.name
     src.touched.append(name)
-    out["sources"]["statistics"] = _source(src.found[name])
+    out.sources["statistics"] = _source(src.found[name])
     if (table.n_layers, table.n_heads) != (n_layers, n_heads):
         raise HeadscopeError(f"has {table.n_layers} x {table.n_heads} heads; the served model has {n_layers} x "
                              f"{n_heads} (written for another model?)")
     for col, arr in table.columns.items():
         a = np.asarray(arr)
         if a.dtype.kind == "f" and not col.endswith(("_lo", "_hi")):
-            entry = {"values": clean(a.ravel().tolist()), "meaning": ROLES_CSV.meaning(col)}
-            for side in ("lo", "hi"):
-                if f"{col}_{side}" in table.columns:
-                    entry[side] = clean(np.asarray(table[f"{col}_{side}"], float).ravel().tolist())
-            out["statistics"][col] = entry
+            bounds = {side: clean(np.asarray(table[f"{col}_{side}"], float).ravel().tolist())
+                      if f"{col}_{side}" in table.columns else None for side in ("lo", "hi")}
+            out.statistics[col] = Statistic(values=clean(a.ravel().tolist()), meaning=ROLES_CSV.meaning(col), **bounds)
 
 
-def _roles(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+def _roles(src: Sources, out: HeadsTable, n_layers: int, n_heads: int) -> None:
     table = src.csv(ROLES_CSV.name)
     if table is None:
         return
-    out["sources"]["roles"] = _source(table.path)
-    out["roles"] = [str(v or "") for v in _grid(table, "roles", n_layers, n_heads)]
-    out["uncertain"] = [str(v or "") for v in _grid(table, "uncertain_roles", n_layers, n_heads)]
+    out.sources["roles"] = _source(table.path)
+    out.roles = [str(v or "") for v in _grid(table, "roles", n_layers, n_heads)]
+    out.uncertain = [str(v or "") for v in _grid(table, "uncertain_roles", n_layers, n_heads)]
     doc = src.json(ROLES_JSON.name) or {}
-    detail: dict[str, list[dict[str, Any]]] = {}
+    detail: dict[str, list[RoleDetail]] = {}
     census = doc.get("census")
     for role, entries in (census.items() if isinstance(census, dict) else ()):
         for e in entries if isinstance(entries, list) else []:
             if isinstance(e, dict) and isinstance(e.get("head"), str):
-                detail.setdefault(e["head"], []).append(clean({"role": str(role), **{
-                    k: e.get(k) for k in ("score", "lo", "hi", "baseline", "held_share")}, **_direction(str(role))}))
-    out["role_detail"] = detail
+                detail.setdefault(e["head"], []).append(RoleDetail(**clean({"role": str(role), **{
+                    k: e.get(k) for k in ("score", "lo", "hi", "baseline", "held_share")}, **_direction(str(role))})))
+    out.role_detail = detail
 
 
 def _direction(role: str) -> dict[str, Any]:
@@ -199,22 +208,22 @@ def _direction(role: str) -> dict[str, Any]:
     return {} if found is None else {"help": found[0].help, "higher_is_better": bool(found[0].higher_is_better)}
 
 
-def _importance(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+def _importance(src: Sources, out: HeadsTable, n_layers: int, n_heads: int) -> None:
     table = src.csv(IMPORTANCE_CSV.name)
     if table is None:
         return
-    out["sources"]["importance"] = _source(table.path)
+    out.sources["importance"] = _source(table.path)
     for col in IMPORTANCE_CSV.members("importance_<method>", table.columns):
-        entry = _with_bounds(table, col, n_layers, n_heads)
-        entry["rank"] = _rank(entry["values"])
-        out["importance"][col.removeprefix("importance_")] = entry
+        values = _grid(table, col, n_layers, n_heads)
+        out.importance[col.removeprefix("importance_")] = Measure(values=values, rank=_rank(values),
+                                                                  **_bounds(table, col, n_layers, n_heads))
 
 
-def _kvcache(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+def _kvcache(src: Sources, out: HeadsTable, n_layers: int, n_heads: int) -> None:
     doc = src.json(KVCACHE_JSON.name)
     if doc is None:
         return
-    out["sources"]["kvcache"] = _source(src.found[KVCACHE_JSON.name])
+    out.sources["kvcache"] = _source(src.found[KVCACHE_JSON.name])
     n_kv = doc.get("n_kv_heads")
     if not isinstance(n_kv, int) or n_kv < 1 or n_heads % n_kv:
         src.fault(KVCACHE_JSON.name, f"records n_kv_heads {n_kv!r}, which does not divide {n_heads} query heads")
@@ -232,50 +241,60 @@ def _kvcache(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> 
         how = f" by {row['chosen_by']}" if row.get("chosen_by") else ""
         label = f"{row.get('method')}{how}, {budget:.0%} of KV heads full" if isinstance(budget, (int, float)) \
             else f"{row.get('method')}{how}"
-        out["kvcache"].append(clean({"label": label, "full": kept, "window": row.get("window"),
-                                     "sink": row.get("sink")}))
+        out.kvcache.append(KvChoice(label=label, full=kept, window=_tokens(row, "window"), sink=_tokens(row, "sink")))
 
 
-def _patching(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+def _tokens(row: Mapping[str, Any], key: str) -> int | None:
+    """A kvcache row's token count (its window or sink); None where the row has none or holds NaN or inf."""
+    v = clean(row.get(key))
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+        raise HeadscopeError(f"holds {key} {str(v)[:40]!r} in a row, not a number of tokens")
+    return int(v)
+
+
+def _patching(src: Sources, out: HeadsTable, n_layers: int, n_heads: int) -> None:
     """Each head's exact patching effect, or its attribution estimate where the run had no exact scan."""
     table = src.csv(PATCHING_CSV.name)
     if table is None:
         return
     measure = "effect" if "effect" in table.columns else "attribution"
-    out["sources"]["patching"] = _source(table.path)
-    out["patching"] = {**_with_bounds(table, measure, n_layers, n_heads), "measure": measure}
+    out.sources["patching"] = _source(table.path)
+    out.patching = Patching(values=_grid(table, measure, n_layers, n_heads), measure=measure,
+                            **_bounds(table, measure, n_layers, n_heads))
 
 
-def _paths(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+def _paths(src: Sources, out: HeadsTable, n_layers: int, n_heads: int) -> None:
     """Per head, its strongest paths (paths.csv) out of it and into it, by |effect|: {"L3H2": [path, ...]}."""
     table = src.csv(PATHS_CSV.name)
     if table is None:
         return
-    out["sources"]["paths"] = _source(table.path)
+    out.sources["paths"] = _source(table.path)
     rows = []
     for r in table.rows:
         effect = _number(r.get("effect"))
         if effect is not None:
-            rows.append(clean({"sender": str(r.get("sender")), "receiver": str(r.get("receiver")),
-                               "via": str(r.get("via")), "effect": effect, "lo": _number(r.get("effect_lo")),
-                               "hi": _number(r.get("effect_hi"))}))
-    rows.sort(key=lambda p: -abs(p["effect"]))
-    per: dict[str, list[dict[str, Any]]] = {}
+            rows.append(PathEntry(**clean({"sender": str(r.get("sender")), "receiver": str(r.get("receiver")),
+                                           "via": str(r.get("via")), "effect": effect,
+                                           "lo": _number(r.get("effect_lo")), "hi": _number(r.get("effect_hi"))})))
+    rows.sort(key=lambda p: -abs(p.effect))
+    per: dict[str, list[PathEntry]] = {}
     for p in rows:
-        ends = {*(split_heads(p["sender"]) or ()), Head.read(p["receiver"])} - {None}  # a sender may be several heads
+        ends = {*(split_heads(p.sender) or ()), Head.read(p.receiver)} - {None}  # a sender may be several heads
         for name in {str(head) for head in ends}:
             if len(per.setdefault(name, [])) < PATHS_PER_HEAD:
                 per[name].append(p)
-    out["paths"] = per
+    out.paths = per
 
 
-def _edges(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> None:
+def _edges(src: Sources, out: HeadsTable, n_layers: int, n_heads: int) -> None:
     """Per head, its strongest circuit edges (edges.csv, `headscope circuit`) by |score|: {"L3H2": {"out": [...],
     "in": [...]}}. An edge into a KV group's keys or values (`L3G1.k`) goes into every query head of that group."""
     table = src.csv(EDGES_CSV.name)
     if table is None:
         return
-    out["sources"]["edges"] = _source(table.path)
+    out.sources["edges"] = _source(table.path)
     rows: list[dict[str, Any]] = []
     groups = 1
     for r in table.rows:
@@ -292,12 +311,13 @@ def _edges(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> No
         raise ValueError(f"edges.csv names {groups} KV groups, which do not divide {n_heads} query heads")
     size = n_heads // groups
     rows.sort(key=lambda e: -abs(e["score"]))
-    per: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    per: dict[str, EdgeLists] = {}
 
     def add(name: str, side: str, edge: dict[str, Any]) -> None:
-        lists = per.setdefault(name, {"out": [], "in": []})
-        if len(lists[side]) < EDGES_PER_HEAD:
-            lists[side].append(clean(edge))
+        lists = per.setdefault(name, EdgeLists())
+        chosen = lists.out if side == "out" else lists.incoming
+        if len(chosen) < EDGES_PER_HEAD:
+            chosen.append(Edge(**clean(edge)))
 
     for e in rows:
         sender = read_node(e["sender"])
@@ -309,7 +329,7 @@ def _edges(src: Sources, out: dict[str, Any], n_layers: int, n_heads: int) -> No
         unit = receiver[0]
         for head in [unit] if isinstance(unit, Head) else unit.query_heads(size):
             add(head.name, "in", e)
-    out["edges"] = per
+    out.edges = per
 
 
 def heads_table(hm: HeadModel, dirs: Sequence[str | Path]) -> dict[str, Any]:
@@ -327,16 +347,16 @@ def heads_table(hm: HeadModel, dirs: Sequence[str | Path]) -> dict[str, Any]:
     src = Sources.scan(dirs)
     for path in src.found.values():
         check_made_for(path, hm, "--from")
-    out: dict[str, Any] = {"n_layers": n_layers, "n_heads": n_heads, "folders": [str(d) for d in src.dirs],
-                           "sources": {}, "statistics": {}, "roles": None, "uncertain": None, "role_detail": {},
-                           "importance": {}, "kvcache": [], "patching": None, "paths": {}, "edges": {}}
+    out = HeadsTable(n_layers=n_layers, n_heads=n_heads, folders=[str(d) for d in src.dirs])
     for part in (_statistics, _roles, _importance, _kvcache, _patching, _paths, _edges):
         _part(part, src, out, n_layers, n_heads)
-    out["problems"] = list(src.problems.values())
-    return clean(out)  # whatever a file held, nothing that is not JSON (NaN, inf) leaves the server
+    out.problems = list(src.problems.values())
+    # the JSON the page reads (view/card_schema.py); whatever a file held, nothing that is not JSON (NaN, inf)
+    # leaves the server
+    return clean(to_json(out))
 
 
-def _part(part: Callable[[Sources, dict[str, Any], int, int], None], src: Sources, out: dict[str, Any],
+def _part(part: Callable[[Sources, HeadsTable, int, int], None], src: Sources, out: HeadsTable,
           n_layers: int, n_heads: int) -> None:
     """Add one file's evidence to `out`; a file whose content is malformed is named in `src.problems` and left
     out whole (what it had added is undone), and the other files are served."""
@@ -345,8 +365,8 @@ def _part(part: Callable[[Sources, dict[str, Any], int, int], None], src: Source
     try:
         part(src, out, n_layers, n_heads)
     except MALFORMED as e:
-        out.clear()
-        out.update(kept)
+        for f in fields(out):
+            setattr(out, f.name, getattr(kept, f.name))
         name = src.touched[-1] if src.touched else part.__name__.strip("_")
         why = str(e) if isinstance(e, HeadscopeError) else f"cannot be read ({unreadable(e)})"
         if name in src.found:

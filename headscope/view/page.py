@@ -16,6 +16,7 @@ from ..eval.metrics import has_lm_head
 from ..models.adapter import HeadModel
 from ..report.html import embed_json
 from .attention import MAX_CHARS, SMALL_MAX
+from .card_schema import PageInfo, to_json
 from .generate import MAX_NEW_TOKENS
 from .norms import WEIGHTINGS
 from .windows import MAX_WINDOW
@@ -45,11 +46,13 @@ def asset(name: str) -> str:
 
 
 def model_info(hm: HeadModel, max_tokens: int, examples: Sequence[str] = EXAMPLES) -> dict[str, Any]:
-    """What the page needs to know about the model: name, shape, limits and example sentences."""
-    return {"name": hm.name, "model_type": hm.config.model_type, "n_layers": hm.n_layers, "n_heads": hm.n_heads,
-            "n_kv_heads": hm.n_kv_heads, "heads_in_layer": [hm.heads_in_layer(l) for l in range(hm.n_layers)],
-            "causal": bool(hm.causal), "max_tokens": max_tokens, "max_chars": MAX_CHARS, "small_max": SMALL_MAX,
-            "examples": list(examples), **features(hm)}
+    """What the page needs to know about the model: name, shape, limits and example sentences (JSON-ready, as
+    declared by `card_schema.PageInfo`)."""
+    info = PageInfo(name=hm.name, model_type=hm.config.model_type, n_layers=hm.n_layers, n_heads=hm.n_heads,
+                    n_kv_heads=hm.n_kv_heads, heads_in_layer=[hm.heads_in_layer(l) for l in range(hm.n_layers)],
+                    causal=bool(hm.causal), max_tokens=max_tokens, max_chars=MAX_CHARS, small_max=SMALL_MAX,
+                    examples=list(examples), **features(hm))
+    return to_json(info)
 
 
 def features(hm: HeadModel) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from ..options import PatchOptions, head_list, path_receivers
 from .composition import npz_bytes
 from .pairs import PYTHON_PAIRS, PairBatch, check_batch, given_pairs, load_pairs, pad_of, tokenize_pairs
 from .paths import check_head, check_receivers
+from .records import PatchRecord
 from .run import dumps, pairs_fingerprint, positions_rows, run_patching
 
 
@@ -38,7 +39,7 @@ class PatchResult(Result):
 
     table: HeadTable
     name: str
-    record: dict[str, Any]
+    record: PatchRecord
     pairs: PairBatch
     positions: Interval | None = None
     composition: dict[str, np.ndarray] | None = None
@@ -56,7 +57,7 @@ class PatchResult(Result):
 
     def write(self, folder: Path) -> None:
         self.table.to_csv(folder / PATCHING_CSV.name)
-        atomic_write_text(folder / PATCHING_JSON.name, dumps(self.record))
+        atomic_write_text(folder / PATCHING_JSON.name, dumps(self.record.to_json()))
         if self.positions is not None:
             atomic_write_text(folder / PATCHING_POSITIONS_CSV.name, csv_text(positions_rows(self.positions,
                                                                                              self.pairs)))
@@ -68,11 +69,11 @@ class PatchResult(Result):
 
     def lines(self) -> list[str]:
         r, t = self.record, self.table
-        mc, mx = r["M_clean"], r["M_corrupt"]
+        mc, mx = r.M_clean, r.M_corrupt
         out = [f"{self.name}: {len(self.pairs)} pairs from {self.pairs.source}"
                + (f" ({self.pairs.skipped} left out: the tokenizer cannot hold them)" if self.pairs.skipped else ""),
-               f"{r['metric']}: M(clean) {mc['value']:.3f} [{mc['lo']:.3f}, {mc['hi']:.3f}], "
-               f"M(corrupt) {mx['value']:.3f} [{mx['lo']:.3f}, {mx['hi']:.3f}]; {r['direction']}"]
+               f"{r.metric}: M(clean) {mc.value:.3f} [{mc.lo:.3f}, {mc.hi:.3f}], "
+               f"M(corrupt) {mx.value:.3f} [{mx.lo:.3f}, {mx.hi:.3f}]; {r.direction}"]
         for col, title in (("effect", "exact effect (1 = restores the clean metric)"),
                            ("attribution", "attribution patching (first-order estimate)")):
             if col in t.columns:
@@ -81,20 +82,20 @@ class PatchResult(Result):
                 for l, h, _ in t.with_columns({"_abs": size}).top("_abs", 5):
                     out.append(f"  {Head(l, h)} {t[col][l, h]:+.3f} [{t[f'{col}_lo'][l, h]:+.3f}, "
                                f"{t[f'{col}_hi'][l, h]:+.3f}]")
-        if "agreement" in r:
-            a = r["agreement"]
+        if r.agreement is not None:
+            a = r.agreement
             worst = ", ".join(f"{Head(d['layer'], d['head'])} ({d['exact']:+.2f} vs {d['attribution']:+.2f})"
                               for d in a["most_different"][:3])
             out += ["", f"attribution vs exact: Spearman {a['spearman']:.3f} over {a['heads']} heads; most "
                         f"different: {worst}"]
-        if isinstance(r.get("composition"), dict):
-            top = ", ".join(f"{p['sender']}->{p['receiver']} {p['score']:.2f}" for p in r["composition"]["k"][:3])
+        if isinstance(r.composition, dict):
+            top = ", ".join(f"{p['sender']}->{p['receiver']} {p['score']:.2f}" for p in r.composition["k"][:3])
             out += [f"strongest K-composition (Elhage et al. 2021): {top}"]
-        if "paths" in r:
-            out += ["", *path_lines(r["paths"])]
-        iv = r["intervals"]
-        out += ["", f"[lo, hi]: {iv['level']:.0%} intervals, {iv['method']} bootstrap over the {len(self.pairs)} "
-                    f"pairs ({iv['B']} resamples)"]
+        if r.paths is not None:
+            out += ["", *path_lines(r.paths)]
+        iv = r.intervals
+        out += ["", f"[lo, hi]: {iv.level:.0%} intervals, {iv.method} bootstrap over the {len(self.pairs)} "
+                    f"pairs ({iv.B} resamples)"]
         return out
 
 
@@ -151,5 +152,5 @@ def patch(hm: HeadModel, pairs: Any = None, options: PatchOptions | None = None,
                        settings=opts.intervals(),
                        paths=receivers, senders=group)
     got.record["provenance"] = provenance("patch", hm, pairs_fingerprint(batch), opts.with_only())
-    return PatchResult(table=got.table, name=hm.name, record=got.record, pairs=batch, positions=got.positions,
-                       composition=got.composition, paths=got.paths)
+    return PatchResult(table=got.table, name=hm.name, record=PatchRecord.from_json(got.record), pairs=batch,
+                       positions=got.positions, composition=got.composition, paths=got.paths)

@@ -16,6 +16,7 @@ from ...artifacts import CIRCUIT_JSON, EDGES_CSV
 from ...io import atomic_write_text, csv_text
 from ...models.adapter import HeadModel
 from ...options import Result
+from ...options.record import Estimate, IntervalsUsed, Record
 from ...provenance import provenance
 from ...table import to_jsonable
 from ...uncertainty import IntervalSettings, PassageSums, bootstrap, mean_of
@@ -28,6 +29,39 @@ from .scores import edge_scores
 
 
 @dataclass
+class CurvePoint(Record):
+    """A circuit of the top `fraction` of edges by |score|: its faithfulness, and a random circuit's."""
+
+    fraction: float
+    edges: int
+    faithfulness: float
+    faithfulness_lo: float
+    faithfulness_hi: float
+    random: float
+
+
+@dataclass
+class CircuitRecord(Record):
+    """circuit.json: the faithfulness curve, CMD and CPR with intervals, the metric on clean and corrupt prompts;
+    the graph, forwards, seconds and pairs are kept as they came."""
+
+    curve: list[CurvePoint]
+    cmd: float  # circuit-model difference: lower is better
+    cmd_lo: float
+    cmd_hi: float
+    cpr: float  # circuit performance ratio: higher is better
+    cpr_lo: float
+    cpr_hi: float
+    total_edges: int
+    method: str
+    ig_steps: int | None  # EAP-IG's steps; None for EAP
+    M_clean: Estimate
+    M_corrupt: Estimate
+    intervals: IntervalsUsed
+    provenance: dict[str, Any]
+
+
+@dataclass
 class CircuitResult(Result):
     """Edge scores (edges.csv) and the faithfulness of circuits at every size (circuit.json)."""
 
@@ -37,7 +71,7 @@ class CircuitResult(Result):
     score_lo: np.ndarray
     score_hi: np.ndarray
     per_pair: np.ndarray  # [pairs, edges]
-    record: dict[str, Any]
+    record: CircuitRecord
     pairs: PairBatch
     files: tuple[str, ...] = (EDGES_CSV.name, CIRCUIT_JSON.name)
 
@@ -55,30 +89,30 @@ class CircuitResult(Result):
     def write(self, folder: Path) -> None:
         atomic_write_text(folder / EDGES_CSV.name, csv_text(self.edge_rows()))
         atomic_write_text(folder / CIRCUIT_JSON.name,
-                          json.dumps(to_jsonable(self.record), indent=1, allow_nan=False) + "\n")
+                          json.dumps(to_jsonable(self.record.to_json()), indent=1, allow_nan=False) + "\n")
 
     def lines(self) -> list[str]:
         r = self.record
-        mc, mx = r["M_clean"], r["M_corrupt"]
-        out = [f"{self.name}: {len(self.pairs)} pairs from {self.pairs.source}; {r['method']}"
-               + (f" ({r['ig_steps']} steps)" if r["method"] == "eap-ig" else "")
-               + f" on {r['total_edges']:,} edges ({len(self.graph.senders)} senders, "
+        mc, mx = r.M_clean, r.M_corrupt
+        out = [f"{self.name}: {len(self.pairs)} pairs from {self.pairs.source}; {r.method}"
+               + (f" ({r.ig_steps} steps)" if r.method == "eap-ig" else "")
+               + f" on {r.total_edges:,} edges ({len(self.graph.senders)} senders, "
                  f"{len(self.graph.receivers)} receivers)",
-               f"logit difference: M(clean) {mc['value']:.3f} [{mc['lo']:.3f}, {mc['hi']:.3f}], "
-               f"M(corrupt) {mx['value']:.3f} [{mx['lo']:.3f}, {mx['hi']:.3f}]", "", "strongest edges by |score|:"]
+               f"logit difference: M(clean) {mc.value:.3f} [{mc.lo:.3f}, {mc.hi:.3f}], "
+               f"M(corrupt) {mx.value:.3f} [{mx.lo:.3f}, {mx.hi:.3f}]", "", "strongest edges by |score|:"]
         names = self.graph.edge_names()
         for i in np.argsort(-np.abs(self.score), kind="stable")[:8]:
             out.append(f"  {names[i][0]} -> {names[i][1]} {self.score[i]:+.3f} [{self.score_lo[i]:+.3f}, "
                        f"{self.score_hi[i]:+.3f}]")
         out += ["", "faithfulness (top edges by |score|; random circuit of the same size):"]
-        for p in r["curve"]:
-            out.append(f"  {p['fraction']:>6.1%} {p['edges']:>7,} edges: {p['faithfulness']:+.3f} "
-                       f"[{p['faithfulness_lo']:+.3f}, {p['faithfulness_hi']:+.3f}]  random {p['random']:+.3f}")
-        out += ["", f"CMD {r['cmd']:.3f} [{r['cmd_lo']:.3f}, {r['cmd_hi']:.3f}] (lower is better), "
-                    f"CPR {r['cpr']:.3f} [{r['cpr_lo']:.3f}, {r['cpr_hi']:.3f}] (higher is better)"]
-        iv = r["intervals"]
-        out.append(f"[lo, hi]: {iv['level']:.0%} intervals, {iv['method']} bootstrap over the {len(self.pairs)} "
-                   f"pairs ({iv['B']} resamples)")
+        for p in r.curve:
+            out.append(f"  {p.fraction:>6.1%} {p.edges:>7,} edges: {p.faithfulness:+.3f} "
+                       f"[{p.faithfulness_lo:+.3f}, {p.faithfulness_hi:+.3f}]  random {p.random:+.3f}")
+        out += ["", f"CMD {r.cmd:.3f} [{r.cmd_lo:.3f}, {r.cmd_hi:.3f}] (lower is better), "
+                    f"CPR {r.cpr:.3f} [{r.cpr_lo:.3f}, {r.cpr_hi:.3f}] (higher is better)"]
+        iv = r.intervals
+        out.append(f"[lo, hi]: {iv.level:.0%} intervals, {iv.method} bootstrap over the {len(self.pairs)} "
+                   f"pairs ({iv.B} resamples)")
         return out
 
 
@@ -129,4 +163,4 @@ def circuit(hm: HeadModel, pairs: Any = None, options: CircuitOptions | None = N
         "seconds": {"scores": t1 - t0, "intervals": t2 - t1, "curves": t3 - t2},
         "pairs": batch.record(), "intervals": {**settings.record(), "resampled": "pairs, with replacement"}}
     record["provenance"] = provenance("circuit", hm, pairs_fingerprint(batch), opts.with_only())
-    return CircuitResult(hm.name, graph, value, lo, hi, runs.scores, record, batch)
+    return CircuitResult(hm.name, graph, value, lo, hi, runs.scores, CircuitRecord.from_json(record), batch)

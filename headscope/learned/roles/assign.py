@@ -345,9 +345,10 @@ def _coref_pass(hm: HeadModel, co: CorefSource, max_len: int, batch_size: int, c
     return {**cc.to_dict(), "file": co.name, **co.info, **items_info, "context_sentences": context}, cc
 
 
-def syntax_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """syntax.csv rows: one per head and relation, then one offset-baseline row per relation."""
-    syn = (report.get("syntax") or {}).get("relations") or {}
+def syntax_rows(syntax: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """syntax.csv rows from roles.json's `syntax` (None: no treebank): one per head and relation, then one
+    offset-baseline row per relation."""
+    syn = (syntax or {}).get("relations") or {}
     rows = []
     for rel, r in syn.items():
         d2h, h2d = np.array(r["dep_to_head"], float), np.array(r["head_to_dep"], float)

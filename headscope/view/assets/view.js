@@ -1,5 +1,17 @@
 // headscope view: type text, see any head's attention beside its measured evidence.
 // Every piece of data is written with textContent or setAttribute, never as markup.
+// The JSON it reads is declared in headscope/view/card_schema.py. Each value of a declared record is held under
+// one of these names, and under no other, so that tests/test_view_schema.py can check every field read here:
+// schema: INFO PageInfo
+// schema: H HeadsTable
+// schema: src Source
+// schema: stat Statistic
+// schema: imp Measure
+// schema: rd RoleDetail
+// schema: kv KvChoice
+// schema: path PathEntry
+// schema: edges EdgeLists
+// schema: edge Edge
 "use strict";
 (function () {
   const DATA = JSON.parse(document.getElementById("hs-view-data").textContent);
@@ -56,10 +68,10 @@
 
   class ApiError extends Error { constructor(status, msg) { super(msg); this.status = status; } }
 
-  async function api(path, params) {
-    if (STATIC) return staticApi(path, params);
+  async function api(route, params) {
+    if (STATIC) return staticApi(route, params);
     const q = new URLSearchParams(params || {}).toString();
-    const r = await fetch(path + (q ? "?" + q : ""), { headers: { Accept: "application/json" } });
+    const r = await fetch(route + (q ? "?" + q : ""), { headers: { Accept: "application/json" } });
     let body = null;
     try { body = await r.json(); } catch (e) { body = { error: "HTTP " + r.status }; }
     if (!r.ok) throw new ApiError(r.status, body.error || ("HTTP " + r.status));
@@ -68,14 +80,14 @@
   function staticWindow(w, params) { // what the server's window=Q0,K0,SIZE answers, cut from an embedded map
     const T = w.length, [q, k, n] = params.window.split(",").map(Number), size = Math.min(n, T);
     const q0 = Math.max(0, Math.min(q, T - size)), k0 = Math.max(0, Math.min(k, T - size));
-    const cells = Math.min(T, 256), edges = [];
-    for (let i = 0; i <= cells; i++) edges.push(Math.floor(i * T / cells));
+    const cells = Math.min(T, 256), cuts = [];
+    for (let i = 0; i <= cells; i++) cuts.push(Math.floor(i * T / cells));
     const overview = [];
     for (let a = 0; a < cells; a++) {
       const row = [];
       for (let b = 0; b < cells; b++) {
         let m = 0;
-        for (let i = edges[a]; i < edges[a + 1]; i++) for (let j = edges[b]; j < edges[b + 1]; j++) m = Math.max(m, w[i][j]);
+        for (let i = cuts[a]; i < cuts[a + 1]; i++) for (let j = cuts[b]; j < cuts[b + 1]; j++) m = Math.max(m, w[i][j]);
         row.push(m);
       }
       overview.push(row);
@@ -83,9 +95,9 @@
     return { tokens: STATIC.tokens, weights: w.slice(q0, q0 + size).map((r) => r.slice(k0, k0 + size)),
       window: { q0: q0, k0: k0, size: size }, max: Math.max(...w.map((r) => Math.max(...r))), overview: overview };
   }
-  function staticApi(path, params) {
-    if (path === "/api/heads") return STATIC.heads;
-    if (path === "/api/maps") {
+  function staticApi(route, params) {
+    if (route === "/api/heads") return STATIC.heads;
+    if (route === "/api/maps") {
       if (!STATIC.maps) throw new ApiError(413, "every head's map is not in this saved view (a long text): it holds the chosen heads only");
       return { tokens: STATIC.tokens, maps: STATIC.maps, note: STATIC.note };
     }
@@ -145,7 +157,8 @@
 
   // ---- the grid ------------------------------------------------------------------------------------
   function patchingName() { // the exact effect, or attribution's estimate where the run had no exact scan
-    return (state.heads.patching || {}).measure === "attribution" ? "patching (attribution estimate)" : "patching effect";
+    const H = state.heads || {};
+    return H.patching && H.patching.measure === "attribution" ? "patching (attribution estimate)" : "patching effect";
   }
   function roleList(s) { return String(s || "").split(";").map((r) => r.trim()).filter(Boolean); }
   function colourings() {
@@ -195,16 +208,16 @@
       if (unsure) legend.push(["rgb(150, 150, 150)", "uncertain (" + unsure + ")"]);
       legend.push(["rgb(225, 225, 225)", "no role"]);
     } else if (by.startsWith("importance:")) {
-      const e = H.importance[by.slice(11)];
-      const valid = e.rank.filter((r) => r !== null).length;
-      e.rank.forEach((r, i) => { if (r !== null) out[i] = seq(valid - r, 0, valid - 1); });
+      const imp = H.importance[by.slice(11)];
+      const valid = imp.rank.filter((r) => r !== null).length;
+      imp.rank.forEach((r, i) => { if (r !== null) out[i] = seq(valid - r, 0, valid - 1); });
       legend.push([seq(valid - 1, 0, valid - 1), "rank 1 (most important)"], [seq(0, 0, valid - 1), "rank " + valid]);
     } else if (by === "patching") {
       const v = H.patching.values, m = Math.max(...v.filter((x) => x !== null).map(Math.abs), 0);
       v.forEach((x, i) => { if (x !== null) out[i] = diverging(x, m); });
       legend.push([diverging(m, m), "effect " + num(m, 2)], [diverging(-m, m), "effect " + num(-m, 2)]);
     } else if (by.startsWith("stat:")) {
-      const v = H.statistics[by.slice(5)].values, ok = v.filter((x) => x !== null);
+      const stat = H.statistics[by.slice(5)], v = stat.values, ok = v.filter((x) => x !== null);
       const lo = Math.min(...ok), hi = Math.max(...ok);
       v.forEach((x, i) => { if (x !== null) out[i] = seq(x, lo, hi); });
       legend.push([seq(lo, lo, hi), num(lo)], [seq(hi, lo, hi), num(hi)]);
@@ -242,7 +255,7 @@
     const H = state.heads || {}, i = l * INFO.n_heads + h, lines = [headName(l, h)];
     if (H.roles) lines.push("roles: " + (roleList(H.roles[i]).join(", ") || "none"));
     if (H.uncertain && roleList(H.uncertain[i]).length) lines.push("uncertain roles: " + roleList(H.uncertain[i]).join(", "));
-    for (const [m, e] of Object.entries(H.importance || {})) lines.push(m + " rank " + (e.rank[i] === null ? "n/a" : e.rank[i]));
+    for (const [m, imp] of Object.entries(H.importance || {})) lines.push(m + " rank " + (imp.rank[i] === null ? "n/a" : imp.rank[i]));
     if (H.patching) lines.push(patchingName() + " " + interval(H.patching.values[i], (H.patching.lo || [])[i], (H.patching.hi || [])[i]));
     if (!held(l, h)) lines.push("not in this saved view");
     return lines.join("\n");
@@ -488,7 +501,7 @@
     }, "image/png");
   }
   function source_(dl, what, runHint) {
-    const src = ((state.heads || {}).sources || {})[what];
+    const H = state.heads || {}, src = (H.sources || {})[what];
     const dd = el("dd");
     if (src && src.command) { dd.appendChild(document.createTextNode("from " + src.file + ", made by:")); dd.appendChild(el("code", {}, src.command)); }
     else if (src) dd.appendChild(el("span", { class: "none" }, "from " + src.file + " (no provenance recorded)"));
@@ -503,15 +516,15 @@
     dl.appendChild(el("dt", {}, "Roles"));
     if (H.roles) {
       const heldRoles = roleList(H.roles[i]), unsure = H.uncertain ? roleList(H.uncertain[i]) : [];
-      const detail = (H.role_detail || {})[name] || [];
+      const detail = Object.fromEntries(((H.role_detail || {})[name] || []).map((rd) => [rd.role, rd]));
       if (!heldRoles.length) dl.appendChild(el("dd", {}, "no role above its baseline"));
       for (const r of heldRoles) {
-        const d = detail.find((x) => x.role === r);
+        const rd = detail[r];
         let line = r;
-        if (d) {
-          line += (d.help ? " (" + d.help + ")" : "") + ": score " + interval(d.score, d.lo, d.hi) + " (95% interval)";
-          if (d.baseline !== null && d.baseline !== undefined) line += ", baseline " + num(d.baseline);
-          if (d.higher_is_better !== undefined) line += d.higher_is_better ? "; higher is better" : "; lower is better";
+        if (rd) {
+          line += (rd.help ? " (" + rd.help + ")" : "") + ": score " + interval(rd.score, rd.lo, rd.hi) + " (95% interval)";
+          if (rd.baseline !== null && rd.baseline !== undefined) line += ", baseline " + num(rd.baseline);
+          if (rd.higher_is_better !== undefined) line += rd.higher_is_better ? "; higher is better" : "; lower is better";
         }
         dl.appendChild(el("dd", {}, line));
       }
@@ -520,13 +533,13 @@
     source_(dl, "roles", "`headscope roles MODEL --out DIR`");
     dl.appendChild(el("dt", {}, "Importance"));
     const total = INFO.n_layers * INFO.n_heads;
-    for (const [m, e] of Object.entries(H.importance || {})) {
-      dl.appendChild(el("dd", {}, m + ": rank " + (e.rank[i] === null ? "n/a" : e.rank[i]) + " of " + total + " (" + interval(e.values[i], (e.lo || [])[i], (e.hi || [])[i], 4) + ")"));
+    for (const [m, imp] of Object.entries(H.importance || {})) {
+      dl.appendChild(el("dd", {}, m + ": rank " + (imp.rank[i] === null ? "n/a" : imp.rank[i]) + " of " + total + " (" + interval(imp.values[i], (imp.lo || [])[i], (imp.hi || [])[i], 4) + ")"));
     }
     source_(dl, "importance", "`headscope score MODEL --out DIR`");
     dl.appendChild(el("dt", {}, "KV cache"));
-    for (const k of H.kvcache || []) {
-      dl.appendChild(el("dd", {}, k.label + ": " + (k.full[i] ? "full KV" : "sink " + k.sink + " + window " + k.window + " only")));
+    for (const kv of H.kvcache || []) {
+      dl.appendChild(el("dd", {}, kv.label + ": " + (kv.full[i] ? "full KV" : "sink " + kv.sink + " + window " + kv.window + " only")));
     }
     source_(dl, "kvcache", "`headscope kvcache MODEL --out DIR`");
     dl.appendChild(el("dt", {}, H.patching ? patchingName().replace(/^p/, "P") : "Patching effect"));
@@ -535,23 +548,23 @@
     const paths = (H.paths || {})[headName(l, h)] || [];
     if (paths.length) {
       dl.appendChild(el("dt", {}, "Strongest paths (path patching)"));
-      for (const p of paths) {
-        const via = p.via === "direct" ? "" : " via " + p.via;
-        dl.appendChild(el("dd", {}, p.sender + " \u2192 " + p.receiver + via + ": " + interval(p.effect, p.lo, p.hi)));
+      for (const path of paths) {
+        const via = path.via === "direct" ? "" : " via " + path.via;
+        dl.appendChild(el("dd", {}, path.sender + " \u2192 " + path.receiver + via + ": " + interval(path.effect, path.lo, path.hi)));
       }
       source_(dl, "paths", "`headscope patch MODEL --paths N --out DIR`");
     }
     const edges = (H.edges || {})[headName(l, h)];
     if (edges && (edges.out.length || edges.in.length)) {
       dl.appendChild(el("dt", {}, "Strongest circuit edges (edge attribution)"));
-      for (const e of edges.out) dl.appendChild(el("dd", {}, "out: " + e.sender + " \u2192 " + e.receiver + ": " + interval(e.score, e.lo, e.hi)));
-      for (const e of edges.in) dl.appendChild(el("dd", {}, "in: " + e.sender + " \u2192 " + e.receiver + ": " + interval(e.score, e.lo, e.hi)));
+      for (const edge of edges.out) dl.appendChild(el("dd", {}, "out: " + edge.sender + " \u2192 " + edge.receiver + ": " + interval(edge.score, edge.lo, edge.hi)));
+      for (const edge of edges.in) dl.appendChild(el("dd", {}, "in: " + edge.sender + " \u2192 " + edge.receiver + ": " + interval(edge.score, edge.lo, edge.hi)));
       source_(dl, "edges", "`headscope circuit MODEL --task ioi --out DIR`");
     }
     dl.appendChild(el("dt", {}, "Statistics"));
     for (const c of ["entropy_norm", "mean_distance", "first_token_mass", "prev_token_mass", "special_mass"]) {
-      const e = (H.statistics || {})[c];
-      if (e) dl.appendChild(el("dd", {}, c + ": " + interval(e.values[i], (e.lo || [])[i], (e.hi || [])[i])));
+      const stat = (H.statistics || {})[c];
+      if (stat) dl.appendChild(el("dd", {}, c + ": " + interval(stat.values[i], (stat.lo || [])[i], (stat.hi || [])[i])));
     }
     source_(dl, "statistics", "`headscope analyze MODEL --out DIR`");
     box.appendChild(dl);
@@ -586,16 +599,16 @@
     const mine = ++state.seq;
     status("running\u2026", false);
     try {
-      const src = ids ? { ids: ids.join(",") } : { text: text };
+      const asked = ids ? { ids: ids.join(",") } : { text: text };
       // One head first, as a window: its answer gives the text's length, so every head's maps are asked only
       // for a text short enough to have them (no refused request on the way).
       const s = state.slots[0] || FIRST;
-      const first = await api("/api/attention", weighted(Object.assign({}, src, { layer: s[0], head: s[1], window: "0,0," + WINDOW })));
+      const first = await api("/api/attention", weighted(Object.assign({}, asked, { layer: s[0], head: s[1], window: "0,0," + WINDOW })));
       if (mine !== state.seq) return;
       showNotes(first);
       const tokens = first.tokens;
       let maps = null;
-      if (tokens.length <= INFO.small_max) { maps = (await api("/api/maps", weighted(Object.assign({}, src)))).maps; }
+      if (tokens.length <= INFO.small_max) { maps = (await api("/api/maps", weighted(Object.assign({}, asked)))).maps; }
       if (mine !== state.seq) return;
       Object.assign(state, { text: text, tokens: tokens, maps: maps, ids: ids || null, promptLen: ids ? promptLen : null, focus: [null, null], found: null });
       if (!ids) { state.gen = null; $("continuation").hidden = true; }
@@ -663,10 +676,10 @@
     const sel = $("colour-by");
     for (const [v, t] of colourings()) sel.appendChild(el("option", { value: v }, t));
     sel.addEventListener("change", drawGrid);
-    const folders = (state.heads || {}).folders || [];
-    const found = Object.values((state.heads || {}).sources || {}).map((s) => s.file);
+    const H = state.heads || {}, folders = H.folders || [];
+    const found = Object.values(H.sources || {}).map((src) => src.file);
     $("sources").textContent = folders.length ? "Evidence from " + folders.join(", ") + ": " + (found.join(", ") || "no result files found") : "No --from folder: the grid has no evidence to colour by.";
-    const problems = (state.heads || {}).problems || [];
+    const problems = H.problems || [];
     if (problems.length) status(problems.join("\n"), true); // each unusable file, one line each
     if (address.head) state.slots[0] = address.head;
     if (address.head2) state.slots[1] = address.head2;

@@ -1,0 +1,134 @@
+"""Results carry typed records (issue 41): `Record` gives the keys code reads as typed fields and writes the object
+back with every key in the order it came, so a Result's file is the same, byte for byte, as the dict it was built
+from would have given."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from headscope.capacity.reports import GqaReport, KvBytes, KvcacheReport, MlaReport
+from headscope.learned.causal.records import PatchRecord
+from headscope.options import Record
+from headscope.options.record import Estimate, IntervalsUsed
+from headscope.redundancy.records import PruneSummary, UntilStable
+
+
+@dataclass
+class _Inner(Record):
+    measured: int
+    match: bool
+
+
+@dataclass
+class _Outer(Record):
+    name: str
+    inner: _Inner
+    points: list[_Inner]
+    maybe: float | None = None
+
+
+def _object() -> dict[str, Any]:
+    # typed keys interleaved with untyped ones, nested objects with their own untyped keys
+    return {"first": [1, 2], "name": "m", "inner": {"measured": 3, "formula": "2 x 3", "match": True},
+            "middle": {"a": None}, "points": [{"match": False, "measured": 1}, {"measured": 2, "match": True, "x": 0}],
+            "last": "end"}
+
+
+def test_a_record_writes_back_the_object_it_came_from_key_for_key():
+    data = _object()
+    rec = _Outer.from_json(data)
+    assert rec.name == "m" and rec.inner.measured == 3 and rec.inner.match is True
+    assert [p.measured for p in rec.points] == [1, 2] and isinstance(rec.points[0], _Inner)
+    assert rec.rest == {"first": [1, 2], "middle": {"a": None}, "last": "end"}
+    assert rec.inner.rest == {"formula": "2 x 3"}
+    assert rec.maybe is None  # absent from the object: its default, and not written back
+    assert json.dumps(rec.to_json()) == json.dumps(data)  # the same text: same keys, same order
+
+
+def test_a_value_given_after_reading_is_written():
+    rec = _Outer.from_json(_object())
+    rec.maybe = 0.5
+    rec.rest["added"] = 1
+    rec.inner.measured = 4
+    out = rec.to_json()
+    assert list(out)[-2:] == ["added", "maybe"] and out["maybe"] == 0.5 and out["inner"]["measured"] == 4
+
+
+def test_a_record_built_directly_writes_its_fields_in_order():
+    rec = _Outer(name="n", inner=_Inner(1, False), points=[], maybe=None, rest={"x": 1})
+    assert rec.to_json() == {"name": "n", "inner": {"measured": 1, "match": False}, "points": [], "maybe": None,
+                             "x": 1}
+    assert list(rec.to_json()) == ["name", "inner", "points", "maybe", "x"]
+
+
+def test_an_object_without_a_key_code_reads_is_refused_by_name():
+    data = _object()
+    del data["inner"]
+    with pytest.raises(TypeError, match=r"_Outer needs the keys \['inner'\]"):
+        _Outer.from_json(data)
+
+
+def _kv_bytes(per_token: bool) -> dict[str, Any]:
+    extra = {"bytes_per_token": 96, "formula": "latent"} if per_token else {}
+    return {"measured": 1536, "calculated": 1536, **extra, "seq_len": 16, "batch": 1, "dtype": "float32",
+            "match": True}
+
+
+def test_the_conversion_reports_type_what_the_printout_reads():
+    common = {"model": "m", "model_type": "llama", "n_layers": 2, "n_heads": 6}
+    texts = {"data": "t.txt", "data_passages": 12, "heldout": "t.txt", "heldout_passages": 12, "max_length": 16}
+    scores = {"heldout_tokens": 132, "ppl_before": 401.5, "ppl_after": 332.2, "kl_after": 1.38, "ppl_uptrained": None,
+              "kl_uptrained": None}
+    gqa = {**common, "n_kv_heads_before": 2, "n_kv_heads_after": 1, "grouping": "search", **texts,
+           "grouping_used": "search", "groups": [[[0, 1]], [[0, 1]]], "search_candidates": 8,
+           "search_skipped": "only one grouping possible", "kl_evaluations": 0, **scores,
+           "kv_bytes_before": _kv_bytes(False), "kv_bytes_after": _kv_bytes(False), "provenance": {"verb": "gqa"}}
+    rec = GqaReport.from_json(gqa)
+    assert rec.kv_bytes_after.measured == 1536 and rec.ppl_uptrained is None and rec.kl_evaluations == 0
+    assert rec.search_trace is None and "search_trace" not in rec.to_json()
+    assert json.dumps(rec.to_json(), indent=2) == json.dumps(gqa, indent=2)
+    mla = {**common, "n_kv_heads": 2, "d_head": 8, "d_model": 48, "kv_rank": 4, "full_rank": 24, "rope_dims": 4,
+           "selection": "2-norm", **texts, **scores, "kv_bytes_before": _kv_bytes(True),
+           "kv_bytes_after": _kv_bytes(True), "kv_fraction": 0.375, "provenance": {}}
+    rec = MlaReport.from_json(mla)
+    assert isinstance(rec.kv_bytes_before, KvBytes) and rec.kv_bytes_before.bytes_per_token == 96
+    assert json.dumps(rec.to_json(), indent=2) == json.dumps(mla, indent=2)
+
+
+def test_the_kvcache_and_patching_records():
+    settings = {"sink": 2, "window": 8, "context": 64, "budgets": [0.34], "threshold": None,
+                "scores": {"by": "retrieval_score", "from": None}, "data": "long.txt", "passages": 1, "needles": 1,
+                "chunk": 16, "random_control": True, "seed": 0, "uptrain": None}
+    kv = {"model": "m", "n_layers": 2, "n_heads": 6, "n_kv_heads": 3, "d_head": 8, "settings": settings,
+          "rows": [{"method": "full"}], "scores": [[0.0, 0.1]], "provenance": {}}
+    rec = KvcacheReport.from_json(kv)
+    assert rec.settings.scores["by"] == "retrieval_score" and rec.settings.rest["chunk"] == 16
+    assert json.dumps(rec.to_json()) == json.dumps(kv)
+    patch = {"metric": "logit_diff", "direction": "noising", "positions": "all", "methods": ["exact"],
+             "M_clean": {"value": 1.0, "lo": 0.5, "hi": 1.5}, "M_corrupt": {"value": 0.0, "lo": -0.1, "hi": 0.1},
+             "pairs": {"n": 4}, "intervals": {"level": 0.95, "B": 200, "method": "bca", "seed": 0},
+             "composition": "not computed: one layer", "provenance": {}}
+    rec = PatchRecord.from_json(patch)
+    assert isinstance(rec.M_clean, Estimate) and rec.M_clean.hi == 1.5
+    assert isinstance(rec.intervals, IntervalsUsed) and rec.intervals.B == 200 and rec.intervals.seed == 0
+    assert rec.agreement is None and rec.paths is None and rec.composition == "not computed: one layer"
+    assert json.dumps(rec.to_json()) == json.dumps(patch)
+
+
+def test_the_prune_summary_reads_until_stable_and_keeps_the_curves_own_keys():
+
+
+    summary = {"model": "m", "n_layers": 2, "method": "gradient", "metric": "fidelity", "higher_is_better": True,
+               "unit": "head", "baseline": 1.0, "within": {"0.01": {"fraction": 0.25}}, "points": 3,
+               "intervals": {"level": 0.95, "B": 200, "method": "bca", "seed": 0}, "heldout": "t.txt",
+               "heldout_passages": 4, "until_stable": {"target": 0.9, "reached": False, "passages": 8,
+                                                       "available": 8, "rho": 0.7}, "provenance": {}}
+    rec = PruneSummary.from_json(summary)
+    assert isinstance(rec.until_stable, UntilStable) and rec.until_stable.reached is False
+    assert rec.until_stable.rest == {"rho": 0.7} and rec.saved_model is None
+    assert rec.rest["within"] == {"0.01": {"fraction": 0.25}}
+    assert json.dumps(rec.to_json(), indent=2) == json.dumps(summary, indent=2)
