@@ -48,7 +48,7 @@ def test_silencing_the_induction_head_loses_one_induction_head_and_keeps_the_pre
     assert (prev.base, prev.other, prev.verdict, prev.n) == (1, 1, "kept", len(TEXTS))
     heads = got.record.rows["roles:induction"]["heads"]
     assert heads == {"base": ["L1H0"], "other": []}
-    assert got.record["rows"]["roles:previous_token"]["heads"] == {"base": ["L0H0"], "other": ["L0H0"]}
+    assert got.record.rows["roles:previous_token"]["heads"] == {"base": ["L0H0"], "other": ["L0H0"]}
     assert got.change("roles:broad").delta == 1  # the silenced head now spreads its weight evenly
 
 
@@ -56,7 +56,7 @@ def test_silencing_the_previous_token_head_loses_it():
     got = census(planted_model(), silenced(0, 0))
     prev = got.change("roles:previous_token")
     assert (prev.base, prev.other, prev.verdict) == (1, 0, "lost")
-    assert got.record["rows"]["roles:previous_token"]["heads"]["other"] == []
+    assert got.record.rows["roles:previous_token"]["heads"]["other"] == []
 
 
 def test_heads_removed_physically_hold_no_role_and_the_others_keep_their_names():
@@ -64,10 +64,10 @@ def test_heads_removed_physically_hold_no_role_and_the_others_keep_their_names()
     pruned = prune_heads(planted_model(), [(0, 1), (1, 0)])
     assert [pruned.heads_in_layer(layer) for layer in range(2)] == [1, 1]
     got = census(planted_model(), pruned)
-    assert got.record["rows"]["roles:induction"]["heads"] == {"base": ["L1H0"], "other": []}
+    assert got.record.rows["roles:induction"]["heads"] == {"base": ["L1H0"], "other": []}
     assert got.verdict("roles:induction") == "lost"
-    assert got.record["rows"]["roles:broad"]["heads"] == {"base": ["L0H1", "L1H1"], "other": ["L1H1"]}
-    assert got.record["rows"]["roles:previous_token"]["heads"] == {"base": ["L0H0"], "other": ["L0H0"]}
+    assert got.record.rows["roles:broad"]["heads"] == {"base": ["L0H1", "L1H1"], "other": ["L1H1"]}
+    assert got.record.rows["roles:previous_token"]["heads"] == {"base": ["L0H0"], "other": ["L0H0"]}
 
 
 def test_a_head_whose_output_alone_is_zeroed_keeps_its_pattern_and_is_still_counted():
