@@ -45,7 +45,7 @@ from headscope.learned.similarity import similarity
 from headscope.models import SPECS, QKVWeights, spec_for, supported_model_types
 from headscope.models.checkpoint import PRUNING_FILE, save_model
 from headscope.models.specs import families_table
-from headscope.redundancy.importance.scoring import score
+from headscope.redundancy.importance.scoring import ScoreSettings, score
 from headscope.redundancy.pruning.heads import prune_heads, pruned_gates
 from headscope.stats import STATISTICS
 
@@ -199,7 +199,7 @@ def test_similar_and_score_run(family):
         sim = similarity(hm, SEQS[2:], max_length=12, batch_size=2)
         n = hm.n_layers * hm.n_heads
         assert all(np.asarray(m).shape == (n, n) for m in sim.matrices.values())
-    col = score(hm, SEQS[2:], ("gradient",), max_length=12, batch_size=2)["importance_gradient"]
+    col = score(hm, SEQS[2:], ScoreSettings(methods=("gradient",), max_length=12, batch_size=2))["importance_gradient"]
     assert col.shape == (hm.n_layers, hm.n_heads), f"{family}: {col.shape}"
     assert np.isfinite(col[head_layers(hm)]).all(), f"{family}: {col}"
     assert np.isnan(col[hm.headless_layers]).all(), f"{family}: layers without heads scored {col}"
