@@ -35,7 +35,7 @@ from .analyze import analyze as analyze_table
 from .longctx import check_long_model, long_roles
 from .longctx.confidence import card_warning
 from .options import AnalyzeOptions, RolesOptions, SimilarOptions
-from .roles import read_coref, read_treebank, role_columns, syntax_rows
+from .roles import RoleSettings, read_coref, read_treebank, role_columns, syntax_rows
 from .roles import roles as roles_table
 from .similarity import LN2, Similarity, check_cka_memory, similarity
 from .syntax import RELATIONS
@@ -210,9 +210,9 @@ def roles(hm: HeadModel, data: Any = None, options: RolesOptions | None = None, 
     read = data if isinstance(data, RolesData) else read_roles_data(opts, data)
     if opts.long is not None:  # the model's positions and kind are known now: refuse before the short-text pass
         check_long_model(hm, opts.long)
-    table = roles_table(hm, read.source, treebank=read.treebank, coref=read.coref, max_length=opts.max_length,
-                        batch_size=opts.batch_size, limit=opts.limit, seed=opts.seed, intervals=opts.intervals(),
-                        until_stable=opts.until_stable, progress=progress)
+    settings = RoleSettings(max_length=opts.max_length, batch_size=opts.batch_size, limit=opts.limit, seed=opts.seed,
+                            intervals=opts.intervals(), until_stable=opts.until_stable)
+    table = roles_table(hm, read.source, settings, treebank=read.treebank, coref=read.coref, progress=progress)
     report = {**table.meta["roles"], "provenance": provenance("roles", hm, read.source, opts.with_only())}
     if opts.long is not None and is_main():
         with local():  # not split across ranks (per-window maxima and needle answers): rank 0 alone
