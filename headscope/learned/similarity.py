@@ -462,7 +462,8 @@ def similarity(
     selection = _query_selection(ids, hm.causal, js_max_tokens, seed)
     n_layers, n_heads = hm.n_layers, hm.n_heads
     r = torch.cat([torch.linalg.qr(layer_weights(hm, l).o.double())[1] for l in range(n_layers)])  # [N, d, d]
-    stream = _Stream(hm, selection, r, cka, cka_batch, cka_pool, cka_memory, seed)
+    stream = _Stream(hm=hm, selection=selection, r=r, cka=cka, cka_batch=cka_batch, cka_pool=cka_pool,
+                     cka_memory=cka_memory, seed=seed)
     n_batches = (len(ids) + batch_size - 1) // batch_size
     bar = tqdm(total=n_batches, desc="similar", unit="batch", disable=not progress, leave=False)
     try:

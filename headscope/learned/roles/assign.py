@@ -266,8 +266,8 @@ def _syntax_bounds(iv: RoleIntervals, dep: DependencyCounts, relations: dict[str
         sums = dep.relation_sums(rel)
         if sums is None:
             continue
-        lo, hi = add_member(iv, "syntactic", rel, sums, best_accuracy(rel), np.full(shape, r["baseline"]), th,
-                            settings)
+        lo, hi = add_member(iv, "syntactic", rel, sums=sums, stat=best_accuracy(rel),
+                            baseline=np.full(shape, r["baseline"]), th=th, settings=settings)
         r["accuracy_lo"], r["accuracy_hi"] = lo.tolist(), hi.tolist()
         r["sentence_rows"] = sums.rows
 
@@ -279,7 +279,8 @@ def _coref_bounds(iv: RoleIntervals, cc: CorefCounts, coref: dict[str, Any], sco
     sums = cc.window_sums()
     if sums is None or not cc.total:
         return
-    lo, hi = add_member(iv, "coreference", None, sums, COREF_ACCURACY, scores["coref_accuracy_baseline"], th, settings)
+    lo, hi = add_member(iv, "coreference", None, sums=sums, stat=COREF_ACCURACY,
+                        baseline=scores["coref_accuracy_baseline"], th=th, settings=settings)
     coref["accuracy_lo"], coref["accuracy_hi"], coref["window_rows"] = lo.tolist(), hi.tolist(), sums.rows
 
 

@@ -268,7 +268,8 @@ def task_importance(hm: HeadModel, tasks: dict[str, Any] | str, *, method: str =
     info: dict[str, dict[str, Any]] = {}
     for name, data in tasks.items():
         t0 = time.perf_counter()
-        ctx = TaskContext(hm, data, method, limit, max_length, batch_size, seed, progress)
+        ctx = TaskContext(hm, data=data, method=method, limit=limit, max_length=max_length, batch_size=batch_size,
+                          seed=seed, progress=progress)
         v = np.asarray(TASKS.get(name).fn(ctx), float)
         if ctx.info:
             info[name] = ctx.info
