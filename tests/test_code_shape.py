@@ -74,10 +74,10 @@ def test_the_local_import_check_can_fail():
 
 
 # Past a dozen parameters a function reads better taking its verb's Options or a settings record (issue 41:
-# convert_and_evaluate takes GqaOptions / MlaOptions, score a ScoreSettings, roles a RoleSettings). The functions
-# left above 12 take their extra arguments by keyword only: the kernel's inner walk `fused_rows` and `long_roles`
-# (15), `similarity`, and the registration decorators `role` and `register_metric`, whose keywords are the fields
-# of the entry they register (14), `uptrain` (13).
+# convert_and_evaluate takes GqaOptions / MlaOptions, score a ScoreSettings, roles a RoleSettings, similarity a
+# SimilaritySettings). The functions left above 12 take their extra arguments by keyword only: the kernel's inner
+# walk `fused_rows` and `long_roles` (15), the registration decorators `role` and `register_metric`, whose
+# keywords are the fields of the entry they register (14), and `uptrain` (13).
 MAX_PARAMETERS = 15
 MAX_POSITIONAL_ARGUMENTS = 7
 # Branch i42-protect unpacks prune_curve and the calls around it in its module; the lead removes these two

@@ -41,7 +41,7 @@ from headscope import HeadscopeError, head_gates, load_model, on_attention_weigh
 from headscope.capacity.gqa import expand_kv_heads, pool_kv_heads
 from headscope.capacity.kv_bytes import kv_cache_bytes
 from headscope.learned.analyze import run_stats
-from headscope.learned.similarity import similarity
+from headscope.learned.similarity import SimilaritySettings, similarity
 from headscope.models import SPECS, QKVWeights, spec_for, supported_model_types
 from headscope.models.checkpoint import PRUNING_FILE, save_model
 from headscope.models.specs import families_table
@@ -194,9 +194,9 @@ def test_similar_and_score_run(family):
     hm = _MODELS[family]
     if isinstance(hm.d_head_record, list):  # Gemma-4's per-layer head_dim: similarity refuses it in one line
         with pytest.raises(HeadscopeError, match=r"has head_dim per layer \(\[16, 32\]\); this step needs one"):
-            similarity(hm, SEQS[2:], max_length=12, batch_size=2)
+            similarity(hm, SEQS[2:], SimilaritySettings(max_length=12, batch_size=2))
     elif not hm.spec.refusal("similar"):  # else refused with the reason: test_a_refusal_names_the_family_and_the_reason
-        sim = similarity(hm, SEQS[2:], max_length=12, batch_size=2)
+        sim = similarity(hm, SEQS[2:], SimilaritySettings(max_length=12, batch_size=2))
         n = hm.n_layers * hm.n_heads
         assert all(np.asarray(m).shape == (n, n) for m in sim.matrices.values())
     col = score(hm, SEQS[2:], ScoreSettings(methods=("gradient",), max_length=12, batch_size=2))["importance_gradient"]

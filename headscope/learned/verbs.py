@@ -37,7 +37,7 @@ from .longctx.confidence import card_warning
 from .options import AnalyzeOptions, RolesOptions, SimilarOptions
 from .roles import RoleSettings, read_coref, read_treebank, role_columns, syntax_rows
 from .roles import roles as roles_table
-from .similarity import LN2, Similarity, check_cka_memory, similarity
+from .similarity import LN2, Similarity, SimilaritySettings, check_cka_memory, similarity
 from .syntax import RELATIONS
 
 
@@ -398,9 +398,11 @@ def similar(hm: HeadModel, data: Any = None, options: SimilarOptions | None = No
     source = _texts(opts.data if data is None else data, opts.limit)
     if opts.cka == "exact":  # one head's block must fit: known once the model's shape is
         check_cka_memory(opts.cka_memory * 2**20, hm.n_layers * hm.n_heads, hm.d_head)
-    sim = similarity(hm, source, max_length=opts.max_length, batch_size=opts.batch_size,
-                     js_max_tokens=opts.js_max_tokens, seed=opts.seed, cka=opts.cka, cka_batch=opts.cka_batch,
-                     cka_pool=opts.cka_pool, cka_memory=opts.cka_memory * 2**20, progress=progress)
+    measured = SimilaritySettings(max_length=opts.max_length, batch_size=opts.batch_size,
+                                  js_max_tokens=opts.js_max_tokens, seed=opts.seed, cka=opts.cka,
+                                  cka_batch=opts.cka_batch, cka_pool=opts.cka_pool,
+                                  cka_memory=opts.cka_memory * 2**20)
+    sim = similarity(hm, source, measured, progress=progress)
     clusters = sim.clusters(opts.js_max, opts.cka_min)
     pairs = sim.pairs()
     settings = opts.intervals()
