@@ -25,11 +25,11 @@ def child(limit: int, repeat: int = 1) -> None:
 
     import headscope
     from headscope.data import TextSource, read_conllu
-    from headscope.learned.roles import roles
+    from headscope.learned.roles import RoleSettings, roles
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     hm = headscope.load_model("minilm")
-    roles(hm, ["warm up the kernels once."], repeat_length=8, n_sequences=2)
+    roles(hm, ["warm up the kernels once."], RoleSettings(repeat_length=8, n_sequences=2))
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
     t0, c0 = time.perf_counter(), time.process_time()
     sents = read_conllu(EWT)[:limit] * repeat

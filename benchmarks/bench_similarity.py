@@ -38,7 +38,7 @@ def one(model: str, data: str, n: int | None, js_max_tokens: int | None) -> dict
 
     import headscope
     from headscope.data import batches, pad_id, prepare_tokens, read_texts, resolve_max_length
-    from headscope.learned.similarity import similarity, weight_similarity
+    from headscope.learned.similarity import SimilaritySettings, similarity, weight_similarity
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     hm = headscope.load_model(model)
@@ -50,7 +50,7 @@ def one(model: str, data: str, n: int | None, js_max_tokens: int | None) -> dict
             hm.model(**b.model_inputs(), use_cache=False)
     plain = time.perf_counter() - t0
     t0 = time.perf_counter()
-    sim = similarity(hm, texts, weights=False, js_max_tokens=js_max_tokens)
+    sim = similarity(hm, texts, SimilaritySettings(weights=False, js_max_tokens=js_max_tokens))
     data_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     weight_similarity(hm)

@@ -112,7 +112,7 @@ def main() -> None:
 
     import headscope
     from headscope.learned.analyze import analyze
-    from headscope.redundancy.importance.scoring import score
+    from headscope.redundancy.importance.scoring import ScoreSettings, score
 
     torch.set_num_threads(args.threads)
     from threadpoolctl import threadpool_limits
@@ -123,8 +123,8 @@ def main() -> None:
     analyze(hm, texts[:4], max_length=args.max_length)  # warm-up: kernels, caches
     a = side_by_side(lambda: analyze(hm, texts[:args.passages], max_length=args.max_length,
                                      batch_size=args.batch_size), no_passage_tracking, args.repeats)
-    s = side_by_side(lambda: score(hm, texts[:args.score_passages], "gradient,taylor", max_length=args.max_length,
-                                   batch_size=args.batch_size), no_score_intervals, args.repeats)
+    settings = ScoreSettings(methods="gradient,taylor", max_length=args.max_length, batch_size=args.batch_size)
+    s = side_by_side(lambda: score(hm, texts[:args.score_passages], settings), no_score_intervals, args.repeats)
     print(json.dumps({"model": hm.name, "threads": args.threads, "max_length": args.max_length,
                       "batch_size": args.batch_size, "repeats": args.repeats, "bootstrap": 1000, "method": "bca",
                       "analyze": {"passages": args.passages, **a},

@@ -280,8 +280,8 @@ class StatsSession:
     def on_attention(self, layer: int, probs: torch.Tensor) -> None:
         self._batch_mask()  # set_batch must have come first
         with torch.no_grad():
-            reduce_attention(self.stats, layer, probs, self._allowed_for(layer), self.special, self.punct,
-                             self.heads[layer], self.rows, sink=self.hm.has_sinks)
+            reduce_attention(self.stats, layer, probs, allowed=self._allowed_for(layer), special=self.special,
+                             punct=self.punct, heads=self.heads[layer], rows=self.rows, sink=self.hm.has_sinks)
 
     def on_outputs(self, layer: int, z: torch.Tensor) -> None:
         gram = self.grams[layer]

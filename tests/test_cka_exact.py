@@ -14,7 +14,7 @@ from headscope.data import prepare_tokens, resolve_max_length
 from headscope.errors import HeadscopeError
 from headscope.hooks import capture_head_outputs
 from headscope.learned.cka import SpilledExactCKA, StreamingCKA, check_cka_memory
-from headscope.learned.similarity import layer_weights, similarity
+from headscope.learned.similarity import SimilaritySettings, layer_weights, similarity
 from tests.families import model
 
 
@@ -91,8 +91,9 @@ def test_similarity_exact_is_the_in_memory_cka_whatever_the_budget():
     hm = model("llama")
     ids = [[5, 17, 33, 8, 90, 41, 12, 7, 66, 3], [9, 3, 71, 28, 54, 19], [44, 10, 101, 6, 23, 88, 15, 2]]
     n, d = hm.n_layers * hm.n_heads, hm.d_head
-    one = similarity(hm, ids, weights=False, cka="exact", cka_memory=d * n * d * 12 * 4 // 3 + 8, batch_size=2)
-    all_ = similarity(hm, ids, weights=False, cka="exact", cka_memory=2**28, batch_size=2)
+    one_head = d * n * d * 12 * 4 // 3 + 8
+    one = similarity(hm, ids, SimilaritySettings(weights=False, cka="exact", cka_memory=one_head, batch_size=2))
+    all_ = similarity(hm, ids, SimilaritySettings(weights=False, cka="exact", cka_memory=2**28, batch_size=2))
     assert one.meta["cka_blocks"] == n and all_.meta["cka_blocks"] == 1
     ref = StreamingCKA(n, d)
     for seq in ids:
@@ -110,7 +111,8 @@ def test_similarity_exact_is_the_in_memory_cka_whatever_the_budget():
 def test_smollm2_exact_cka_in_56_mib_equals_the_2_4_gb_scatter(smollm2):
     """SmolLM2's 270 heads: the exact CKA computed in 56 MiB blocks (3 heads each, 90 reads of the spill) is
     today's exact CKA, the full (270 x 64)^2 float64 scatter (2.4 GB) held in memory, on 8 built-in passages."""
-    sim = similarity(smollm2, limit=8, weights=False, cka="exact", cka_memory=56 * 2**20, js_max_tokens=8)
+    settings = SimilaritySettings(limit=8, weights=False, cka="exact", cka_memory=56 * 2**20, js_max_tokens=8)
+    sim = similarity(smollm2, None, settings)
     assert sim.meta["cka_blocks"] == 90
     n, d = smollm2.n_layers * smollm2.n_heads, smollm2.d_head
     ref = StreamingCKA(n, d)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from headscope.learned.similarity import similarity
+from headscope.learned.similarity import SimilaritySettings, similarity
 
 
 def test_minibatch_cka_within_001_of_exact_on_minilm_ptb(minilm):
-    kw = dict(data="ptb-valid", limit=512, weights=False, js_max_tokens=64)
-    exact = similarity(minilm, cka="exact", **kw)
-    mini = similarity(minilm, cka="minibatch", cka_pool=32768, **kw)
+    kw = dict(limit=512, weights=False, js_max_tokens=64)
+    exact = similarity(minilm, "ptb-valid", SimilaritySettings(cka="exact", **kw))
+    mini = similarity(minilm, "ptb-valid", SimilaritySettings(cka="minibatch", cka_pool=32768, **kw))
     assert mini.meta["cka_tokens"] == exact.meta["cka_tokens"] > 15000
     assert mini.meta["cka_minibatches"] > 50
     iu = np.triu_indices(mini.n, 1)

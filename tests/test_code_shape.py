@@ -71,3 +71,61 @@ def test_function_local_imports_say_why():
 def test_the_local_import_check_can_fail():
     src = "def f():\n    import os\n    return os\n\n\ndef g():\n    import sys  # only for g's rare path\n"
     assert local_imports_without_reason(src) == [2]
+
+
+# Past a dozen parameters a function reads better taking its verb's Options or a settings record (issue 41:
+# convert_and_evaluate takes GqaOptions / MlaOptions, score a ScoreSettings, roles a RoleSettings, similarity a
+# SimilaritySettings). The functions left above 12 take their extra arguments by keyword only: the kernel's inner
+# walk `fused_rows` and `long_roles` (15), the registration decorators `role` and `register_metric`, whose
+# keywords are the fields of the entry they register (14), and `uptrain` (13).
+MAX_PARAMETERS = 15
+MAX_POSITIONAL_ARGUMENTS = 7
+
+
+def n_parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Every parameter a caller can pass (`self` and `cls` not counted; *args and **kwargs count one each)."""
+    a = fn.args
+    named = [*a.posonlyargs, *a.args]
+    bound = 1 if named and named[0].arg in ("self", "cls") else 0
+    return len(named) - bound + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def functions_with_many_parameters(src: str, limit: int) -> list[tuple[int, str, int]]:
+    """(line, name, parameters) of every function in `src` with more than `limit` parameters."""
+    return [(fn.lineno, fn.name, n) for fn in ast.walk(ast.parse(src))
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (n := n_parameters(fn)) > limit]
+
+
+def calls_with_many_positional_arguments(src: str, limit: int) -> list[tuple[int, str, int]]:
+    """(line, callee, positional arguments) of every call in `src` passing more than `limit` by position."""
+    return [(call.lineno, ast.unparse(call.func), len(call.args)) for call in ast.walk(ast.parse(src))
+            if isinstance(call, ast.Call) and len(call.args) > limit]
+
+
+def test_no_function_takes_too_many_parameters():
+    many = []
+    for path, src in _sources():
+        where = str(path.relative_to(ROOT))
+        many += [f"{where}:{line} {name} ({n} parameters)"
+                 for line, name, n in functions_with_many_parameters(src, MAX_PARAMETERS)]
+    assert not many, f"functions with more than {MAX_PARAMETERS} parameters (take Options or a settings record): {many}"
+
+
+def test_no_call_passes_too_many_arguments_by_position():
+    benchmarks = sorted((ROOT.parent / "benchmarks").rglob("*.py"))
+    sources = [*_sources(), *((p, p.read_text(encoding="utf-8")) for p in benchmarks)]
+    many = []
+    for path, src in sources:
+        where = str(path.relative_to(ROOT if path.is_relative_to(ROOT) else ROOT.parent))
+        many += [f"{where}:{line} {callee} ({n} positional)"
+                 for line, callee, n in calls_with_many_positional_arguments(src, MAX_POSITIONAL_ARGUMENTS)]
+    assert not many, f"calls passing more than {MAX_POSITIONAL_ARGUMENTS} arguments by position (name them): {many}"
+
+
+def test_the_parameter_and_call_checks_can_fail():
+    src = ("class A:\n    def m(self, a, b, /, c, *d, e, **f):\n        return g(1, 2, 3, x=4)\n\n\n"
+           "def h(a, b, c):\n    return g(a, b, c, *a)\n")
+    assert functions_with_many_parameters(src, 5) == [(2, "m", 6)]
+    assert sorted(functions_with_many_parameters(src, 2)) == [(2, "m", 6), (6, "h", 3)]
+    assert calls_with_many_positional_arguments(src, 3) == [(7, "g", 4)]
+    assert sorted(calls_with_many_positional_arguments(src, 2)) == [(3, "g", 3), (7, "g", 4)]

@@ -19,7 +19,7 @@ from headscope.redundancy.curves import (
     pruned_model,
     relative_drop,
 )
-from headscope.redundancy.importance import score
+from headscope.redundancy.importance import ScoreSettings, score
 from headscope.redundancy.pruning.heads import kept_heads, prune_heads, pruned_gates
 
 
@@ -36,7 +36,7 @@ def test_each_point_matches_independent_scoring_and_evaluation():
     removed: list[tuple[int, int]] = []
     for row in res.rows[1:]:
         gates = pruned_gates(hm, removed) if removed else None
-        s = score(hm, data, methods=("gradient",), gates=gates)["importance_gradient"]
+        s = score(hm, data, ScoreSettings(methods=("gradient",)), gates=gates)["importance_gradient"]
         s = np.where(np.isnan(s), np.inf, s)
         want = divmod(int(np.argmin(s)), hm.n_heads)
         assert row.removed == [f"L{want[0]}H{want[1]}"], f"step {row.step}: removed {row.removed}, argmin {want}"

@@ -26,7 +26,7 @@ from headscope.data import batches
 from headscope.errors import HeadscopeError
 from headscope.learned.analyze import analyze
 from headscope.models.tiny import tiny_model
-from headscope.redundancy.importance import score
+from headscope.redundancy.importance import ScoreSettings, score
 
 SENTENCES = ["The cat sat on the mat.", "A dog barked loudly at night, then slept.",
              "Colorless green ideas sleep furiously.", "She sells sea shells by the sea shore.",
@@ -99,7 +99,7 @@ def _scan(rank: int, world: int, port: int, out: str) -> None:
     try:
         hm = tiny_model("gpt2", init_std=0.2)
         stats = analyze(hm, passages(), batch_size=2).meta["stats"]
-        t = score(hm, passages(), "ablation,ablation_mean,output_norm", batch_size=2)
+        t = score(hm, passages(), ScoreSettings(methods="ablation,ablation_mean,output_norm", batch_size=2))
         np.savez(f"{out}/rank{rank}.npz", sums=np.stack([np.array(stats["sums"][k]) for k in sorted(stats["sums"])]),
                  counts=np.stack([np.array(stats["counts"][k]) for k in sorted(stats["counts"])]),
                  tokens=stats["tokens"], **{c: t[c] for c in t.columns})
@@ -112,7 +112,7 @@ def test_two_ranks_equal_one_process(tmp_path):
     hm = tiny_model("gpt2", init_std=0.2)
     with one_thread():
         stats = analyze(hm, passages(), batch_size=2).meta["stats"]
-        t = score(hm, passages(), "ablation,ablation_mean,output_norm", batch_size=2)
+        t = score(hm, passages(), ScoreSettings(methods="ablation,ablation_mean,output_norm", batch_size=2))
     for rank in (0, 1):  # every rank ends with the merged numbers
         got = np.load(tmp_path / f"rank{rank}.npz")
         sums = np.stack([np.array(stats["sums"][k]) for k in sorted(stats["sums"])])

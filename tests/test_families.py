@@ -41,11 +41,11 @@ from headscope import HeadscopeError, head_gates, load_model, on_attention_weigh
 from headscope.capacity.gqa import expand_kv_heads, pool_kv_heads
 from headscope.capacity.kv_bytes import kv_cache_bytes
 from headscope.learned.analyze import run_stats
-from headscope.learned.similarity import similarity
+from headscope.learned.similarity import SimilaritySettings, similarity
 from headscope.models import SPECS, QKVWeights, spec_for, supported_model_types
 from headscope.models.checkpoint import PRUNING_FILE, save_model
 from headscope.models.specs import families_table
-from headscope.redundancy.importance.scoring import score
+from headscope.redundancy.importance.scoring import ScoreSettings, score
 from headscope.redundancy.pruning.heads import prune_heads, pruned_gates
 from headscope.stats import STATISTICS
 
@@ -194,12 +194,12 @@ def test_similar_and_score_run(family):
     hm = _MODELS[family]
     if isinstance(hm.d_head_record, list):  # Gemma-4's per-layer head_dim: similarity refuses it in one line
         with pytest.raises(HeadscopeError, match=r"has head_dim per layer \(\[16, 32\]\); this step needs one"):
-            similarity(hm, SEQS[2:], max_length=12, batch_size=2)
+            similarity(hm, SEQS[2:], SimilaritySettings(max_length=12, batch_size=2))
     elif not hm.spec.refusal("similar"):  # else refused with the reason: test_a_refusal_names_the_family_and_the_reason
-        sim = similarity(hm, SEQS[2:], max_length=12, batch_size=2)
+        sim = similarity(hm, SEQS[2:], SimilaritySettings(max_length=12, batch_size=2))
         n = hm.n_layers * hm.n_heads
         assert all(np.asarray(m).shape == (n, n) for m in sim.matrices.values())
-    col = score(hm, SEQS[2:], ("gradient",), max_length=12, batch_size=2)["importance_gradient"]
+    col = score(hm, SEQS[2:], ScoreSettings(methods=("gradient",), max_length=12, batch_size=2))["importance_gradient"]
     assert col.shape == (hm.n_layers, hm.n_heads), f"{family}: {col.shape}"
     assert np.isfinite(col[head_layers(hm)]).all(), f"{family}: {col}"
     assert np.isnan(col[hm.headless_layers]).all(), f"{family}: layers without heads scored {col}"

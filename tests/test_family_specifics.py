@@ -27,7 +27,7 @@ from headscope.cli import main
 from headscope.hooks import on_attention_blocks
 from headscope.learned.analyze import run_stats
 from headscope.learned.causal.verb import patch
-from headscope.learned.similarity import similarity
+from headscope.learned.similarity import SimilaritySettings, similarity
 from headscope.models import layout
 from headscope.models.tiny import tiny_config, tiny_model
 from headscope.provenance import model_record
@@ -43,7 +43,8 @@ def _refused_call(hm, what: str):
     """The library call that meets refusal `what` on `hm`."""
     calls = {"ffn": lambda: check_unit_kind(hm, "ffn"), "block": lambda: check_unit_kind(hm, "block"),
              "prune": lambda: prune_heads(hm, {1: [0]}),
-             "convert": lambda: expand_kv_heads(hm), "similar": lambda: similarity(hm, SEQS[2:], max_length=12),
+             "convert": lambda: expand_kv_heads(hm),
+             "similar": lambda: similarity(hm, SEQS[2:], SimilaritySettings(max_length=12)),
              "qkv": lambda: hm.qkv_weights(0), "mla": lambda: check_mla(hm, 1, None),
              "kvcache": lambda: check_supported(hm), "patch": lambda: patch(hm, task="ioi")}
     return calls[what]

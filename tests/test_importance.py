@@ -19,6 +19,7 @@ from headscope.hooks import head_gates, on_head_outputs
 from headscope.models.tiny import tiny_model
 from headscope.redundancy.importance import (
     CRITERIA,
+    ScoreSettings,
     ablation_scan,
     gradient_scores,
     ig_scores,
@@ -221,7 +222,7 @@ def test_integrated_gradients_completeness(family):
 
 def test_score_columns_convention_and_pruned_heads(tiny):
     base = mask_with_pruned(tiny)
-    t = score(tiny, passages(), "all", gates=base, batch_size=2, ig_steps=4)
+    t = score(tiny, passages(), ScoreSettings(methods="all", batch_size=2, ig_steps=4), gates=base)
     assert list(t.columns) == [f"importance_{m}{b}" for m in CRITERIA.names() for b in ("", "_lo", "_hi")]
     learned = {f"importance_{m}{b}" for m in CRITERIA.names() if CRITERIA.get(m).meta.get("learned")
                for b in ("_lo", "_hi")}  # learned criteria (l0) have no per-passage interval: NaN bounds
@@ -267,7 +268,7 @@ def test_a_new_criterion_is_one_registered_function():
     try:
         hm = tiny_model("gpt2", init_std=0.2)
         base = mask_with_pruned(hm)
-        t = score(hm, passages(), f"taylor,{name}", gates=base, batch_size=2)
+        t = score(hm, passages(), ScoreSettings(methods=f"taylor,{name}", batch_size=2), gates=base)
         col = t[f"importance_{name}"]
         want = np.repeat(np.arange(hm.n_layers, dtype=float)[:, None], hm.n_heads, axis=1)
         want[0, 2] = np.nan  # pruned by the base mask
@@ -285,7 +286,8 @@ def test_a_new_criterion_is_one_registered_function():
 
 
 def test_rank_correlations_match_scipy():
-    t = score(tiny_model("gpt2", init_std=0.2), passages(), "ablation,taylor,output_norm", batch_size=2)
+    settings = ScoreSettings(methods="ablation,taylor,output_norm", batch_size=2)
+    t = score(tiny_model("gpt2", init_std=0.2), passages(), settings)
     corr = rank_correlations(t)
     assert list(corr.columns) == ["ablation", "taylor", "output_norm"]
     want = spearmanr(t["importance_ablation"].ravel(), t["importance_taylor"].ravel()).statistic
@@ -296,17 +298,17 @@ def test_rank_correlations_match_scipy():
 def test_bad_input():
     hm = tiny_model("gpt2")
     with pytest.raises(HeadscopeError, match="did you mean 'gradient'"):
-        score(hm, passages(), "gradeint")
+        score(hm, passages(), ScoreSettings(methods="gradeint"))
     with pytest.raises(HeadscopeError, match="ablation, ablation_mean, gradient"):
-        score(hm, passages(), ["nonsense"])
+        score(hm, passages(), ScoreSettings(methods=["nonsense"]))
     with pytest.raises(HeadscopeError, match="no importance method"):
-        score(hm, passages(), "")
+        score(hm, passages(), ScoreSettings(methods=""))
     with pytest.raises(HeadscopeError, match="empty"):
-        score(hm, [], "gradient")
+        score(hm, [], ScoreSettings(methods="gradient"))
     with pytest.raises(HeadscopeError, match=r"expected \[n_layers, n_heads\]"):
-        score(hm, passages(), "gradient", gates=torch.ones(3, 3))
+        score(hm, passages(), ScoreSettings(methods="gradient"), gates=torch.ones(3, 3))
     with pytest.raises(HeadscopeError, match="ig_steps"):
-        score(hm, passages(), "ig", ig_steps=0)
+        score(hm, passages(), ScoreSettings(methods="ig", ig_steps=0))
     with pytest.raises(HeadscopeError, match="no importance_"):
         from headscope import HeadTable
 
@@ -318,7 +320,7 @@ def test_minilm_gradient_and_ablation_agree(minilm):
     (gradient, ablation) 0.33. Taylor averages per-passage |gradients|; Michel's gradient takes
     |.| of a whole batch's gradient, here one batch of 8 random-probe terms that partly cancel,
     so it is the noisier estimate on so little data (it agrees more on more data: docs/importance.md)."""
-    t = score(minilm, None, "ablation,gradient,taylor", limit=8, max_length=32, batch_size=8)
+    t = score(minilm, None, ScoreSettings(methods="ablation,gradient,taylor", limit=8, max_length=32, batch_size=8))
     corr = rank_correlations(t)
     assert corr.loc["taylor", "ablation"] > 0.5, corr
     assert corr.loc["gradient", "ablation"] > 0.1, corr

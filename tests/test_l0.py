@@ -18,7 +18,7 @@ from headscope.eval.evaluate import prepare, read_task_data
 from headscope.models.checkpoint import load_checkpoint
 from headscope.models.tiny import tiny_model
 from headscope.redundancy.curves import L0_STATE, prune_curve
-from headscope.redundancy.importance import L0Settings, score
+from headscope.redundancy.importance import L0Settings, ScoreSettings, score
 from headscope.redundancy.importance.hard_concrete import GAMMA, ZETA, HardConcreteGates, Stretch
 from headscope.redundancy.importance.l0 import GateTraining
 
@@ -162,7 +162,8 @@ def test_score_l0_column_is_open_probability_marked_learned():
     hm = tiny_model("bert", init_std=0.2)
     base = torch.ones(hm.n_layers, hm.n_heads)
     base[0, 1] = 0
-    t = score(hm, _data(6), "l0", gates=base, batch_size=3, options={"l0": {"settings": L0Settings(steps=20)}})
+    settings = ScoreSettings(methods="l0", batch_size=3, criterion_settings={"l0": {"settings": L0Settings(steps=20)}})
+    t = score(hm, _data(6), settings, gates=base)
     v = t["importance_l0"]
     assert np.isnan(v[0, 1]) and np.all((v[np.isfinite(v)] >= 0) & (v[np.isfinite(v)] <= 1))
     assert np.isnan(t["importance_l0_lo"]).all() and np.isnan(t["importance_l0_hi"]).all()

@@ -220,7 +220,7 @@ def test_a_new_metric_is_one_registered_function():
     curve (direction, drop, recovery), with no edit to any dispatch code."""
     from headscope.eval.metrics import METRICS, RowMetric, lm_loss, register_metric
     from headscope.redundancy.curves import prune_curve, relative_drop
-    from headscope.redundancy.importance import score
+    from headscope.redundancy.importance import ScoreSettings, score
 
     name = "test_log_likelihood"
     lm = METRICS.get("lm_loss")
@@ -239,8 +239,9 @@ def test_a_new_metric_is_one_registered_function():
         assert got.value == -want.value and got.higher_is_better and got.name == name
         assert default_metric(hm) == "lm_loss"  # registered after it: never the automatic choice
         # Its loss is the same NLL, so gradient importance is the same, bit for bit.
-        a = score(hm, data, "gradient_raw", metric=name, batch_size=2)["importance_gradient_raw"]
-        b = score(hm, data, "gradient_raw", metric="lm_loss", batch_size=2)["importance_gradient_raw"]
+        raw = [score(hm, data, ScoreSettings(methods="gradient_raw", metric=m, batch_size=2))
+               for m in (name, "lm_loss")]
+        a, b = (t["importance_gradient_raw"] for t in raw)
         assert (a == b).all(), f"max abs diff {abs(a - b).max()}"
         assert relative_drop(name, -2.0, -2.1) == pytest.approx(0.05)  # the default: relative fall
         ours = prune_curve(hm, data, metric=name, fraction=0.25, step=0.125, recover_steps=1, progress=False)

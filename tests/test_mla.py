@@ -18,6 +18,7 @@ from headscope.capacity import mla
 from headscope.capacity.convert.evaluate import CACHE_FORMULAS, KV_HEADS_FORMULA, cache_bytes, kv_report
 from headscope.capacity.mla.checkpoint import load_mla, save_mla
 from headscope.capacity.mla.to_latent import convert_and_evaluate
+from headscope.capacity.options import MlaOptions
 from headscope.errors import HeadscopeError
 from headscope.models.adapter import HeadModel
 from headscope.models.tiny import tiny_model
@@ -186,7 +187,8 @@ def test_reload_three_ways(tmp_path):
 # --- the recipe and uptraining ----------------------------------------------------------------------
 def test_recipe_reports_and_uptraining_moves_only_attention():
     hm = tiny("llama")
-    final, rep = convert_and_evaluate(hm, 4, 4, data=CALIB, heldout=CALIB, uptrain_steps=3, batch_size=2)
+    options = MlaOptions(model="tiny", kv_rank=4, rope_dims=4, steps=3, batch_size=2)
+    final, rep = convert_and_evaluate(hm, options, data=CALIB, heldout=CALIB)
     assert rep["kv_bytes_after"]["match"] and rep["kv_bytes_before"]["match"]
     assert rep["kv_bytes_per_token_after"] == 2 * (4 + 2 * 4) * 4
     assert rep["kv_bytes_per_token_before"] == 2 * 2 * 2 * 8 * 4

@@ -95,14 +95,15 @@ def test_every_criterion_and_its_interval_do_not_depend_on_the_batch_size(family
     families' float64 masks overflow on padding rows; both are the kernels', not the accounting this test
     checks (the statistics test above runs float32 with padding). The MoE families' experts run through
     transformers' eager expert loop: the grouped expert matmul has no float64 kernel."""
-    from headscope.redundancy.importance import CRITERIA, score
+    from headscope.redundancy.importance import CRITERIA, ScoreSettings, score
 
     hm = in_float64(model(family))
     g = torch.Generator().manual_seed(1)
     vocab = int(hm.model.get_input_embeddings().num_embeddings)
     data = [torch.randint(5, min(vocab, 200), (12,), generator=g).tolist() for _ in range(7)]
     methods = [m for m in CRITERIA.names() if not CRITERIA.get(m).meta.get("per_batch")]
-    tables = {b: score(hm, data, methods, batch_size=b, max_length=64, ig_steps=4) for b in (1, 3, 16)}
+    tables = {b: score(hm, data, ScoreSettings(methods=methods, batch_size=b, max_length=64, ig_steps=4))
+              for b in (1, 3, 16)}
     for b in (3, 16):
         for col in tables[1].columns:
             diff = _rel(tables[1][col], tables[b][col])
@@ -115,29 +116,30 @@ def test_every_criterion_and_its_interval_do_not_depend_on_the_batch_size(family
 def test_gradient_batch_is_defined_over_batches():
     """The one criterion kept over batches (Michel et al.'s code) changes with --batch-size; its per-passage
     twin `gradient` does not."""
-    from headscope.redundancy.importance import score
+    from headscope.redundancy.importance import ScoreSettings, score
 
     hm = model("gpt2")
     data = _passages(hm, 9)
-    one, many = (score(hm, data, "gradient,gradient_batch", batch_size=b, max_length=64) for b in (1, 9))
+    one, many = (score(hm, data, ScoreSettings(methods="gradient,gradient_batch", batch_size=b, max_length=64))
+                 for b in (1, 9))
     assert _rel(one["importance_gradient"], many["importance_gradient"]) < 1e-6
     assert _rel(one["importance_gradient_batch"], many["importance_gradient_batch"]) > 1e-3
 
 
 def test_until_stable_stops_once_the_ranking_is_stable_and_says_so():
-    from headscope.redundancy.importance import score
+    from headscope.redundancy.importance import ScoreSettings, score
 
     hm = model("gpt2")
     data = _passages(hm, 40)
-    t = score(hm, data, "output_norm", until_stable=0.5, chunk=8, max_length=64)
+    t = score(hm, data, ScoreSettings(methods="output_norm", until_stable=0.5, chunk=8, max_length=64))
     u = t.meta["until_stable"]
     assert u["reached"] and u["passages"] < 40 and t.meta["passages"] == u["passages"]
     assert t.meta["stability"]["output_norm"]["spearman_brown"] >= 0.5
-    t = score(hm, data[:12], "gradient", until_stable=0.999999, chunk=8, max_length=64)
+    t = score(hm, data[:12], ScoreSettings(methods="gradient", until_stable=0.999999, chunk=8, max_length=64))
     assert not t.meta["until_stable"]["reached"] and t.meta["until_stable"]["passages"] == 12
     from headscope.errors import HeadscopeError
 
     with pytest.raises(HeadscopeError, match="at least 8 passages"):
-        score(hm, data[:5], "gradient", until_stable=0.9)
+        score(hm, data[:5], ScoreSettings(methods="gradient", until_stable=0.9))
     with pytest.raises(HeadscopeError, match=r"in \(0, 1\)"):
-        score(hm, data, "gradient", until_stable=1.5)
+        score(hm, data, ScoreSettings(methods="gradient", until_stable=1.5))

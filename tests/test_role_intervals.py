@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from headscope.cli import main
-from headscope.learned.roles import Thresholds, roles
+from headscope.learned.roles import RoleSettings, Thresholds, roles
 from headscope.learned.roles.confidence import role_intervals, split_roles
 from headscope.stats import COUNT
 from headscope.uncertainty import IntervalSettings, PassageSums
@@ -23,7 +23,7 @@ from tests.test_roles import REPEAT, positional_model
 def test_role_scores_their_intervals_and_roles_do_not_depend_on_the_batch_size(family):
     hm = model(family)
     data = _passages(hm)
-    tables = {b: roles(hm, data, batch_size=b, max_length=64, repeat_length=REPEAT, n_sequences=5, seed=1)
+    tables = {b: roles(hm, data, RoleSettings(batch_size=b, max_length=64, repeat_length=REPEAT, n_sequences=5, seed=1))
               for b in (1, 3, 16)}
     first = tables[1]
     assert {"sink_mass_lo", "sink_mass_hi", "induction_score_lo", "uniform_distance_hi"} <= set(first.columns)
@@ -58,7 +58,7 @@ def test_a_strong_previous_token_head_stays_above_and_a_dead_head_holds_zero(fam
     hm = positional_model(family)
     g = torch.Generator().manual_seed(3)
     data = [torch.randint(5, 100, (n,), generator=g).tolist() for n in (16, 14, 12, 16, 10, 15, 13, 11)]
-    table = roles(hm, data, repeat_length=REPEAT, n_sequences=6, batch_size=4)
+    table = roles(hm, data, RoleSettings(repeat_length=REPEAT, n_sequences=6, batch_size=4))
     rep = table.meta["roles"]
     th = Thresholds()
     prev = rep["score_intervals"]["offset_m1_mass"]
@@ -106,9 +106,13 @@ def test_a_noisy_score_at_its_threshold_is_uncertain_and_a_clear_one_assigned():
 def test_same_seed_same_role_intervals():
     hm = model("llama")
     data = _passages(hm, 6)
-    a, b = (roles(hm, data, repeat_length=REPEAT, n_sequences=4, max_length=64,
-                  intervals=IntervalSettings(B=200, seed=7)) for _ in range(2))
-    c = roles(hm, data, repeat_length=REPEAT, n_sequences=4, max_length=64, intervals=IntervalSettings(B=200, seed=8))
+
+    def seeded(seed):
+        return RoleSettings(repeat_length=REPEAT, n_sequences=4, max_length=64,
+                            intervals=IntervalSettings(B=200, seed=seed))
+
+    a, b = (roles(hm, data, seeded(7)) for _ in range(2))
+    c = roles(hm, data, seeded(8))
     assert np.array_equal(a["sink_mass_lo"], b["sink_mass_lo"]) and np.array_equal(a["sink_mass_hi"], b["sink_mass_hi"])
     assert not np.array_equal(a["sink_mass_lo"], c["sink_mass_lo"])
     assert a.meta["roles"]["intervals"] == {"level": 0.95, "B": 200, "method": "bca", "seed": 7,
@@ -119,17 +123,18 @@ def test_until_stable_reads_chunks_and_says_whether_it_reached(tmp_path):
     hm = model("gpt2")
     data = _passages(hm, 40, seed=2) * 1
     # an easy target is reached before the data runs out, at a chunk's end; an impossible one reads everything
-    easy = roles(hm, data, repeat_length=REPEAT, n_sequences=4, max_length=48, until_stable=0.05, chunk=8)
+    easy = roles(hm, data, RoleSettings(repeat_length=REPEAT, n_sequences=4, max_length=48, until_stable=0.05, chunk=8))
     u = easy.meta["roles"]["text"]["until_stable"]
     used = u["passages"]
     assert u["reached"] and used < 40 and used % 8 == 0 and easy.meta["roles"]["text"]["passages"] == used
     assert min(u["stability"].values()) >= 0.05
     assert easy.meta["roles"]["stability"]["sink_mass"]["passages"] == used
-    hard = roles(hm, data, repeat_length=REPEAT, n_sequences=4, max_length=48, until_stable=0.999999, chunk=8)
+    hard = roles(hm, data, RoleSettings(repeat_length=REPEAT, n_sequences=4, max_length=48, until_stable=0.999999,
+                                        chunk=8))
     u = hard.meta["roles"]["text"]["until_stable"]
     assert not u["reached"] and u["passages"] == 40 and u["available"] == 40
     # the passages read are the first ones: the same as a plain run on them
-    plain = roles(hm, data[:used], repeat_length=REPEAT, n_sequences=4, max_length=48)
+    plain = roles(hm, data[:used], RoleSettings(repeat_length=REPEAT, n_sequences=4, max_length=48))
     for col in ("sink_mass", "sink_mass_lo", "entropy", "entropy_hi"):
         assert _rel(easy[col], plain[col]) < 1e-6, col  # float32 forwards of other batches: rounding only
 
@@ -231,11 +236,12 @@ def test_coreference_windows_add_up(minilm):
 
 # --- similar: the js of the top pairs over passages ----------------------------------------------------
 def test_per_passage_js_adds_up_and_its_intervals_do_not_depend_on_the_batch_size():
-    from headscope.learned.similarity import similarity
+    from headscope.learned.similarity import SimilaritySettings, similarity
 
     hm = model("bert")
     data = _passages(hm, 7)
-    sims = {b: similarity(hm, data, batch_size=b, max_length=64, cka_batch=8, weights=False) for b in (1, 3, 16)}
+    sims = {b: similarity(hm, data, SimilaritySettings(batch_size=b, max_length=64, cka_batch=8, weights=False))
+            for b in (1, 3, 16)}
     s = sims[1]
     rows = s.js_rows
     assert rows.rows == 7 and float(rows.total()["js|count"]) == s.meta["js_queries"]
@@ -311,8 +317,9 @@ def test_report_reads_role_intervals_and_marks_uncertain_heads(tmp_path):
     from headscope.report.sources import Sources
 
     hm = model("bert")
-    table = roles(hm, _passages(hm, 8), repeat_length=REPEAT, n_sequences=4, max_length=64,
-                  intervals=IntervalSettings(B=200), thresholds=Thresholds(sink_mass=0.0, min_ratio=0.0))
+    settings = RoleSettings(repeat_length=REPEAT, n_sequences=4, max_length=64, intervals=IntervalSettings(B=200),
+                            thresholds=Thresholds(sink_mass=0.0, min_ratio=0.0))
+    table = roles(hm, _passages(hm, 8), settings)
     rj = json.loads(json.dumps(table.meta["roles"], default=lambda a: np.asarray(a).tolist()))
     # make one sink head uncertain by hand: its role moves from the census to `uncertain`
     head = rj["census"]["sink"][0]["head"]

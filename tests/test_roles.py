@@ -16,6 +16,7 @@ from headscope.errors import HeadscopeError
 from headscope.learned.roles import (
     OFFSETS,
     ROLES,
+    RoleSettings,
     Threshold,
     Thresholds,
     decide,
@@ -122,7 +123,7 @@ def test_census_names_hand_built_heads(family):
     hm = positional_model(family)
     g = torch.Generator().manual_seed(3)
     data = [torch.randint(5, 100, (n,), generator=g).tolist() for n in (16, 14, 12, 16, 10, 15)]
-    table = roles(hm, data, repeat_length=REPEAT, n_sequences=6, batch_size=4)
+    table = roles(hm, data, RoleSettings(repeat_length=REPEAT, n_sequences=6, batch_size=4))
     got = {h: set(table["roles"][0, h].split(";")) - {""} for h in range(8)}
     assert "previous_token" in got[0] and "local" in got[0], got
     assert {"broad"} == got[1], got  # the uniform head is broad and nothing else
@@ -250,7 +251,7 @@ def test_offset_masses_equal_eager_maps(family):
     hm = tiny_model(family, init_std=0.2)
     g = torch.Generator().manual_seed(5)
     data = [torch.randint(5, 100, (n,), generator=g).tolist() for n in (16, 9, 12, 5)]
-    scores = roles(hm, data, repeat_length=REPEAT, n_sequences=2, batch_size=3).meta["roles"]["scores"]
+    scores = roles(hm, data, RoleSettings(repeat_length=REPEAT, n_sequences=2, batch_size=3)).meta["roles"]["scores"]
     want = _eager_offset_masses(hm, data)
     for name, w in want.items():
         got = np.asarray(scores[name], float)
@@ -272,7 +273,7 @@ def test_a_registered_role_reaches_the_census():
     g = torch.Generator().manual_seed(2)
     data = [torch.randint(5, 100, (n,), generator=g).tolist() for n in (12, 10)]
     try:
-        table = roles(hm, data, repeat_length=REPEAT, n_sequences=2, batch_size=2)
+        table = roles(hm, data, RoleSettings(repeat_length=REPEAT, n_sequences=2, batch_size=2))
         rep = table.meta["roles"]
         assert list(rep["census"])[-1] == "test_peaked", list(rep["census"])  # order 99: last
         held = rep["census"]["test_peaked"]
@@ -283,8 +284,9 @@ def test_a_registered_role_reaches_the_census():
         assert all(r.split(";")[-1] == "test_peaked" for r in table["roles"].ravel())  # registered last
         assert rep["thresholds"]["peaked_weight"] == 0.0
         top = float(weights.max())
-        table = roles(hm, data, repeat_length=REPEAT, n_sequences=2, batch_size=2,
-                      thresholds=Thresholds(peaked_weight=top))
+        settings = RoleSettings(repeat_length=REPEAT, n_sequences=2, batch_size=2,
+                                thresholds=Thresholds(peaked_weight=top))
+        table = roles(hm, data, settings)
         # the top head's point estimate is at the threshold, its lower bound below it: uncertain, not assigned
         rep = table.meta["roles"]
         tops = [f"L{l}H{h}" for l, h in zip(*np.nonzero(weights == top), strict=True)]
@@ -375,7 +377,7 @@ def test_roles_rejects_bad_treebank(tmp_path):
 def test_minilm_syntax_heads_beat_offset_baseline(minilm):
     """Measured on the first 100 EWT test sentences: best det head L2H8 0.80 vs offset +1 0.55,
     best obj head L2H0 0.75 vs offset -2 0.38 (docs/roles.md has the full split)."""
-    table = roles(minilm, ["A short passage."], treebank=EWT, limit=100)
+    table = roles(minilm, ["A short passage."], RoleSettings(limit=100), treebank=EWT)
     syn = table.meta["roles"]["syntax"]["relations"]
     for rel, margin in (("det", 0.15), ("obj", 0.25), ("nsubj", 0.15), ("case", 0.2)):
         r = syn[rel]

@@ -18,7 +18,7 @@ from test_distributed import SENTENCES, _join, _spawn, one_thread, passages
 
 from headscope import distributed as hd
 from headscope.cli import main
-from headscope.learned.roles import roles
+from headscope.learned.roles import RoleSettings, roles
 from headscope.models.tiny import tiny_model
 
 
@@ -40,7 +40,7 @@ def _roles_rank(rank: int, world: int, port: int, out: str) -> None:
     hd.init("cpu")
     try:
         hm = tiny_model("gpt2", init_std=0.2)
-        np.savez(f"{out}/rank{rank}.npz", **_arrays(roles(hm, passages(), batch_size=2, n_sequences=4)))
+        np.savez(f"{out}/rank{rank}.npz", **_arrays(roles(hm, passages(), RoleSettings(batch_size=2, n_sequences=4))))
     finally:
         hd.shutdown()
 
@@ -49,7 +49,7 @@ def test_two_ranks_equal_one_process(tmp_path):
     _spawn(_roles_rank, 2, str(tmp_path))
     hm = tiny_model("gpt2", init_std=0.2)
     with one_thread():
-        want = _arrays(roles(hm, passages(), batch_size=2, n_sequences=4))
+        want = _arrays(roles(hm, passages(), RoleSettings(batch_size=2, n_sequences=4)))
     assert {"score:offset_m1_mass", "score:rare_word_mass", "baseline:sink_mass_uniform", "sum:entropy"} <= set(want)
     for rank in (0, 1):  # every rank ends with the merged census
         got = np.load(tmp_path / f"rank{rank}.npz")

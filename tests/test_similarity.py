@@ -23,6 +23,7 @@ from headscope.learned.similarity import (
     LN2,
     MinibatchCKA,
     Similarity,
+    SimilaritySettings,
     StreamingCKA,
     hsic1_linear,
     layer_weights,
@@ -104,7 +105,7 @@ def test_copied_head_is_the_top_pair_with_js0_cka1(family):
     hm = tiny_model(family, init_std=0.2)
     src, dst = 0, 1  # llama: heads 0..2 share KV head 0
     copy_head(hm, 0, src, dst)
-    sim = similarity(hm, passages(), batch_size=3)
+    sim = similarity(hm, passages(), SimilaritySettings(batch_size=3))
     top = sim.pairs().iloc[0]
     assert (top.head_a, top.head_b) == (f"L0H{src}", f"L0H{dst}"), sim.pairs().head(3).to_string()
     assert top.js < 1e-6, f"JS of identical heads {top.js}"
@@ -137,7 +138,7 @@ def reference_js(hm, ids: list[list[int]]) -> np.ndarray:
 
 def test_js_equals_scipy_per_query_reference(tiny):
     ids = passages(1)
-    sim = similarity(tiny, ids, batch_size=4, weights=False)  # padded batch
+    sim = similarity(tiny, ids, SimilaritySettings(batch_size=4, weights=False))  # padded batch
     ref = reference_js(tiny, ids)
     js = sim["js"]
     assert maxdiff(js, ref) < 1e-6, f"max |JS - scipy| = {maxdiff(js, ref):.3g}"
@@ -198,7 +199,7 @@ def test_linear_cka_invariant_to_rotation_and_isotropic_scaling_only():
 
 def test_cka_on_model_equals_explicit_contributions(tiny):
     ids = passages(2)
-    sim = similarity(tiny, ids, batch_size=4, weights=False, cka="exact")
+    sim = similarity(tiny, ids, SimilaritySettings(batch_size=4, weights=False, cka="exact"))
     zs: list[np.ndarray] = []
     for seq in ids:  # each passage alone: no padding anywhere
         store: dict = {}
@@ -217,8 +218,8 @@ def test_cka_on_model_equals_explicit_contributions(tiny):
 
 def test_padding_does_not_change_js_or_cka(tiny):
     ids = passages(3)
-    alone = similarity(tiny, ids, batch_size=1, weights=False)  # no padding
-    padded = similarity(tiny, ids, batch_size=len(ids), weights=False)  # all but one row padded
+    alone = similarity(tiny, ids, SimilaritySettings(batch_size=1, weights=False))  # no padding
+    padded = similarity(tiny, ids, SimilaritySettings(batch_size=len(ids), weights=False))  # all but one row padded
     assert maxdiff(alone["js"], padded["js"]) < 1e-6, maxdiff(alone["js"], padded["js"])
     assert maxdiff(alone["cka"], padded["cka"]) < 1e-5, maxdiff(alone["cka"], padded["cka"])
     assert alone.meta["js_queries"] == padded.meta["js_queries"]
@@ -226,13 +227,13 @@ def test_padding_does_not_change_js_or_cka(tiny):
 
 def test_js_max_tokens_samples_queries(tiny):
     ids = passages(4)
-    full = similarity(tiny, ids, weights=False)
-    few = similarity(tiny, ids, weights=False, js_max_tokens=10, seed=1)
+    full = similarity(tiny, ids, SimilaritySettings(weights=False))
+    few = similarity(tiny, ids, SimilaritySettings(weights=False, js_max_tokens=10, seed=1))
     assert few.meta["js_queries"] == 10 and full.meta["js_queries"] > 10
     assert maxdiff(few["cka"], full["cka"]) < 1e-6  # CKA always uses every token
     assert maxdiff(few["js"], full["js"]) > 0  # a different set of queries
     with pytest.raises(HeadscopeError, match="at least 1"):
-        similarity(tiny, ids, js_max_tokens=0)
+        similarity(tiny, ids, SimilaritySettings(js_max_tokens=0))
 
 
 # --- minibatch CKA --------------------------------------------------------------------------------
@@ -328,7 +329,7 @@ def test_minibatch_cka_options_are_checked():
     with pytest.raises(HeadscopeError, match="at least 4 tokens"):
         acc.cka()
     with pytest.raises(HeadscopeError, match="not one of"):
-        similarity(tiny_model("gpt2"), [[5, 6, 7]], cka="biased")
+        similarity(tiny_model("gpt2"), [[5, 6, 7]], SimilaritySettings(cka="biased"))
 
 
 @pytest.mark.parametrize("name", ["minilm", "smollm2"])
@@ -343,7 +344,7 @@ def test_minibatch_cka_on_real_models(name, request):
 
     hm = request.getfixturevalue(name)
     texts = read_texts(None).texts[:8]
-    mini = similarity(hm, texts, weights=False)
+    mini = similarity(hm, texts, SimilaritySettings(weights=False))
     assert mini.meta["cka_minibatches"] == 1
     store: dict = {}
     zs = []
@@ -356,7 +357,7 @@ def test_minibatch_cka_on_real_models(name, request):
     for i, j in rng.integers(0, mini.n, size=(40, 2)):
         h = hsic1_linear(z[:, i], z[:, j]) / math.sqrt(hsic1_linear(z[:, i], z[:, i]) * hsic1_linear(z[:, j], z[:, j]))
         assert abs(mini["cka_z"][i, j] - h) < 1e-4, (i, j, mini["cka_z"][i, j], h)
-    exact = similarity(hm, texts, weights=False, cka="exact")
+    exact = similarity(hm, texts, SimilaritySettings(weights=False, cka="exact"))
     assert maxdiff(exact["js"], mini["js"]) == 0  # JS does not depend on the CKA estimator
     iu = np.triu_indices(mini.n, 1)
     gap = mini["cka"][iu] - exact["cka"][iu]
@@ -493,7 +494,7 @@ def test_clusters_require_every_pair_to_qualify():
 
 def test_pairs_table_and_npz_round_trip(tmp_path):
     hm = tiny_model("gpt2", init_std=0.2)
-    sim = similarity(hm, passages(), batch_size=2)
+    sim = similarity(hm, passages(), SimilaritySettings(batch_size=2))
     df = sim.pairs()
     n = sim.n
     assert list(df.columns[:6]) == ["head_a", "head_b", "js", "cka", "ov_angle_cos", "qk_angle_cos"]
@@ -548,7 +549,7 @@ def test_minilm_broad_heads_l0h7_l0h11_are_the_closest_patterns(minilm):
     from headscope.learned.analyze import analyze
 
     texts = read_texts(None).texts[:6]
-    sim = similarity(minilm, texts, weights=False)
+    sim = similarity(minilm, texts, SimilaritySettings(weights=False))
     top = sim.pairs().iloc[0]
     assert (top.head_a, top.head_b) == ("L0H7", "L0H11"), sim.pairs().head(3).to_string()
     assert top.js < 0.25 * sim.pairs()["js"].median()

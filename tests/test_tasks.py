@@ -12,7 +12,7 @@ from scipy.stats import spearmanr
 from headscope import artifacts as A
 from headscope.cli import main
 from headscope.errors import HeadscopeError
-from headscope.redundancy.importance import score
+from headscope.redundancy.importance import ScoreSettings, score
 from headscope.redundancy.importance.tasks import parse_tasks, task_correlations, task_importance, task_specific
 from headscope.table import HeadTable
 from tests.families import model
@@ -46,7 +46,8 @@ def test_task_importance_columns_equal_score_and_correlations_equal_scipy():
     hm = model("llama")
     t = task_importance(hm, {"lm_ptb": IDS, "fidelity": IDS}, method="ablation", limit=None, max_length=16,
                         batch_size=2)
-    want = score(hm, IDS, ("ablation",), metric="lm_loss", max_length=16, batch_size=2)["importance_ablation"]
+    settings = ScoreSettings(methods=("ablation",), metric="lm_loss", max_length=16, batch_size=2)
+    want = score(hm, IDS, settings)["importance_ablation"]
     np.testing.assert_array_equal(t["importance_lm_ptb"], want)
     corr = task_correlations(t)
     rho = spearmanr(np.ravel(t["importance_lm_ptb"]), np.ravel(t["importance_fidelity"])).statistic

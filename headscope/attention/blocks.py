@@ -215,8 +215,9 @@ def rows_from_block(block: AttentionBlock, columns: torch.Tensor) -> BlockRows:
     first = p[..., 0] if k0 == 0 else p.new_zeros(b, h, nq)  # key 0 lies outside a later block's window
     cols = columns[:, k0:k1].float()
     weighted = torch.bmm(p.reshape(b, h * nq, -1), cols).view(b, h, nq, cols.shape[-1])
-    return BlockRows(block.layer, q0, block.kv_length, block.entropy, block.max_weight, mean_distance, near, first,
-                     weighted, block.sink_mass)
+    return BlockRows(layer=block.layer, q_start=q0, kv_length=block.kv_length, entropy=block.entropy,
+                     max_weight=block.max_weight, mean_distance=mean_distance, near=near, first=first,
+                     weighted=weighted, sink=block.sink_mass)
 
 
 def key_side(value: torch.Tensor | None, columns: torch.Tensor, n_kv: int) -> torch.Tensor:
@@ -293,8 +294,8 @@ def fused_rows(query: torch.Tensor, key: torch.Tensor, side: torch.Tensor, mask:
         max_weight = inv.view(view)  # the largest shifted weight is exp(0) = 1
         mean_pos = acc[..., n_value + 1] * inv
     else:
-        m, dist, inv, entropy, max_weight, sink_mass, mean_pos = _with_sink(sink, acc, ent, m, dist, n_value, view,
-                                                                            qpos)
+        m, dist, inv, entropy, max_weight, sink_mass, mean_pos = _with_sink(sink, acc=acc, ent=ent, m=m, dist=dist,
+                                                                            n_value=n_value, view=view, qpos=qpos)
     m_q = m.view(b, h, nq)
     inv_q = inv.view(view)
     if dist is None:  # causal: |q - k| = q - k, so sum_k p_k (q - k) = q (1 - sink) - sum_k p_k k
@@ -303,9 +304,10 @@ def fused_rows(query: torch.Tensor, key: torch.Tensor, side: torch.Tensor, mask:
         mean_distance = dist * inv_q
     out = None if n_value == 0 else (acc[..., :n_value] * inv[..., None]).view(b, h, nq, n_value)
     weighted = (acc[..., n_value + 2:] * inv[..., None]).view(b, h, nq, width - n_value - 2)
-    return out, BlockRows(layer, q_start, kv_length, entropy.view(view), max_weight, mean_distance,
-                          torch.exp(near - m_q[..., None]) * inv_q[..., None], torch.exp(first - m_q) * inv_q,
-                          weighted, sink_mass)
+    return out, BlockRows(layer=layer, q_start=q_start, kv_length=kv_length, entropy=entropy.view(view),
+                          max_weight=max_weight, mean_distance=mean_distance,
+                          near=torch.exp(near - m_q[..., None]) * inv_q[..., None],
+                          first=torch.exp(first - m_q) * inv_q, weighted=weighted, sink=sink_mass)
 
 
 def _with_sink(sink: torch.Tensor, acc: torch.Tensor, ent: torch.Tensor, m: torch.Tensor, dist: torch.Tensor | None,
@@ -352,7 +354,8 @@ def iter_blocks(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | Non
                                                      sink=sink)
         # the block holds every key its queries may see, so what the keys lack is the sink's share
         sink_mass = None if sink is None else (1.0 - probs.sum(-1)).clamp(min=0.0)
-        yield AttentionBlock(layer, q0, k0, probs, kv_length, entropy, max_weight, sink_mass)
+        yield AttentionBlock(layer=layer, q_start=q0, k_start=k0, probs=probs, kv_length=kv_length, entropy=entropy,
+                             max_weight=max_weight, sink_mass=sink_mass)
 
 
 def n_visible_keys(valid: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:

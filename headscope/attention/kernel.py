@@ -73,10 +73,11 @@ def stats_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
         if kwargs.get("softcap") is None and kwargs.get("s_aux") is None:  # sdpa has neither (s_aux: a sink)
             return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                           dropout=dropout, **kwargs)
-        return _blockwise_output(module, query, key, value, attention_mask, scaling, dropout, kwargs,
-                                 block=DEFAULT_BLOCK)
+        return _blockwise_output(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                 kwargs=kwargs, block=DEFAULT_BLOCK)
     kernel, info = entry
-    return kernel.forward(info, module, query, key, value, attention_mask, scaling, dropout, kwargs)
+    return kernel.forward(info, module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                          kwargs=kwargs)
 
 
 def _causal_without_mask(module: nn.Module, query: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) -> bool:
@@ -230,11 +231,12 @@ class AttentionKernel:
         self._seen.add(info.layer)
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
         if not self.consumers and not grad and not (dropout > 0 and module.training):
-            return self._fused(info, module, query, key, value, mask, scaling, dropout, kwargs, causal)
+            return self._fused(info, module, query, key, value, mask, scaling=scaling, dropout=dropout, kwargs=kwargs,
+                               causal=causal)
         fns = self._block_fns(info.layer)
         if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None or self.output == "blocks":
-            return _blockwise_output(module, query, key, value, mask, scaling, dropout, kwargs, block=self.block,
-                                     info=info, consumers=fns)
+            return _blockwise_output(module, query, key, value, mask, scaling=scaling, dropout=dropout, kwargs=kwargs,
+                                     block=self.block, info=info, consumers=fns)
         out = sdpa_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
         with torch.no_grad():  # statistics never take part in a backward pass
             for blk in iter_blocks(query.detach(), key.detach(), mask, layer=info.layer, block=self.block,

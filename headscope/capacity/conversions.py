@@ -112,12 +112,8 @@ def gqa(hm: HeadModel, data: Any = None, options: GqaOptions | None = None, *, h
     check_data(data)
     check_data(heldout, "heldout")
     opts = (options or GqaOptions(model=hm.name)).replace(**_named(data, heldout), **changes).validate()
-    assert opts.kv_heads is not None  # required: validate refuses None
     data, heldout = _texts(opts, data, heldout)
-    final, report = convert_and_evaluate(
-        hm, opts.kv_heads, opts.grouping, data=data, heldout=heldout, uptrain_steps=opts.steps, loss=opts.loss,
-        lr=opts.lr, train=opts.train, max_length=opts.max_length, batch_size=opts.batch_size,
-        fallback=not opts.no_fallback, seed=opts.seed, search_candidates=opts.search_candidates, progress=progress)
+    final, report = convert_and_evaluate(hm, opts, data=data, heldout=heldout, progress=progress)
     prov = provenance("gqa", hm, data, opts.with_only(), heldout=heldout)  # the original model, untouched
     return ConversionResult("gqa", final, GqaReport.from_json({**report, "provenance": prov}), opts)
 
@@ -131,11 +127,7 @@ def mla(hm: HeadModel, data: Any = None, options: MlaOptions | None = None, *, h
     check_data(data)
     check_data(heldout, "heldout")
     opts = (options or MlaOptions(model=hm.name)).replace(**_named(data, heldout), **changes).validate()
-    assert opts.kv_rank is not None  # required: validate refuses None
     data, heldout = _texts(opts, data, heldout)
-    final, report = convert_and_evaluate(
-        hm, opts.kv_rank, opts.rope_dims, selection=opts.selection, data=data, heldout=heldout,
-        uptrain_steps=opts.steps, loss=opts.loss, lr=opts.lr, max_length=opts.max_length,
-        batch_size=opts.batch_size, seed=opts.seed, progress=progress)
+    final, report = convert_and_evaluate(hm, opts, data=data, heldout=heldout, progress=progress)
     prov = provenance("mla", hm, data, opts.with_only(), heldout=heldout)  # the original model, untouched
     return ConversionResult("mla", final, MlaReport.from_json({**report, "provenance": prov}), opts)

@@ -167,5 +167,5 @@ def _row(entry: Any, which: str, th: RoleThresholds, passes: CensusPasses, items
     digest = hashlib.sha256(f"{name}|{which}|{sorted(describe['thresholds'].items())}".encode())
     for seq in items:
         digest.update(np.asarray([len(seq), *seq], dtype=np.int64).tobytes())
-    return make_row(f"roles:{name}", "heads", True, count_of(entry, th), items, run, describe, digest.hexdigest(),
-                    restore)
+    return make_row(capability=f"roles:{name}", metric="heads", higher=True, statistic=count_of(entry, th),
+                    items=items, run=run, describe=describe, fingerprint=digest.hexdigest(), restore=restore)

@@ -242,8 +242,8 @@ def _census(hm: HeadModel, opts: CompareOptions, data: Any, asked: bool, notes: 
     try:
         tokens = prepare_tokens(hm, data if data is not None else opts.data, resolve_max_length(hm, opts.max_length),
                                 opts.limit)
-        return census_rows(hm, tokens, data if data is not None else opts.data, opts.limit, opts.items, opts.seed,
-                           opts.batch_size, make)
+        return census_rows(hm, tokens, data=data if data is not None else opts.data, limit=opts.limit,
+                           sequences=opts.items, seed=opts.seed, batch_size=opts.batch_size, make_row=make)
     except HeadscopeError as e:
         if asked:
             raise

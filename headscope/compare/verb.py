@@ -114,8 +114,8 @@ def _compare_row(row: Row, base: HeadModel, other: HeadModel, opts: CompareOptio
     with through_cache(other, plan) if plan is not None else nullcontext():
         o = row.measure(other)
     t2 = time.perf_counter()
-    change = paired_change(row.capability, row.metric, row.higher_is_better, b, o, row.statistic, opts.intervals(),
-                           opts.tolerance)
+    change = paired_change(row.capability, row.metric, row.higher_is_better, base=b, other=o, statistic=row.statistic,
+                           settings=opts.intervals(), tolerance=opts.tolerance)
     rec = {**row.describe, "metric": row.metric, "higher_is_better": row.higher_is_better,
            "fingerprint": row.fingerprint, "base_reused_from": opts.base_from if reused else None,
            "needed": change.needed, "seconds": {"base": t1 - t0, "other": t2 - t1},

@@ -101,7 +101,8 @@ def paired_change(capability: str, metric: str, higher_is_better: bool, base: di
     delta, lo, hi = float(iv.value), float(iv.lo), float(iv.hi)
     verdict, needed = decide(delta, lo, hi, b, tolerance, higher_is_better, sums.rows)
     relative = delta / abs(b) if b != 0 and math.isfinite(b) else math.nan
-    return Change(capability, metric, higher_is_better, b, o, delta, lo, hi, relative, verdict, sums.rows, needed)
+    return Change(capability=capability, metric=metric, higher_is_better=higher_is_better, base=b, other=o, delta=delta,
+                  delta_lo=lo, delta_hi=hi, relative=relative, verdict=verdict, n=sums.rows, needed=needed)
 
 
 __all__ = ["VERDICTS", "Change", "decide", "paired_change"]

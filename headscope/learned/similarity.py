@@ -418,51 +418,54 @@ class _Stream:
                           "cka_pool": self.cka_pool, "cka_minibatches": self.estimator.minibatches}
 
 
-def similarity(
-    hm: HeadModel,
-    data: Any = None,
-    *,
-    max_length: int | None = None,
-    batch_size: int = 16,
-    limit: int | None = None,
-    js_max_tokens: int | None = None,
-    seed: int = 0,
-    weights: bool = True,
-    cka: str = "minibatch",
-    cka_batch: int = DEFAULT_CKA_BATCH,
-    cka_pool: int = DEFAULT_CKA_POOL,
-    cka_memory: int = DEFAULT_CKA_MEMORY,
-    block: int = DEFAULT_BLOCK,
-    progress: bool = False,
-) -> Similarity:
-    """Pairwise similarity of all heads of `hm` over `data` (default: the built-in English sample).
+@dataclass(frozen=True, kw_only=True)
+class SimilaritySettings:
+    """How `similarity` reads and measures. `js_max_tokens` caps the query tokens JS is averaged over (a seeded
+    uniform sample), for big models; CKA always uses every non-padding token. `cka="minibatch"` estimates CKA
+    minibatch by minibatch (`MinibatchCKA`: `cka_batch` tokens drawn from a pool of `cka_pool`; memory
+    O(heads x cka_batch^2)); `cka="exact"` computes the full-data CKA of the `(heads x d_head)^2`
+    cross-covariance (`SpilledExactCKA`: head outputs spilled to the temporary folder, at most `cka_memory`
+    bytes of it in memory at once). Attention maps come from the statistics kernel in blocks of `block`
+    queries. `weights=False` skips the weight-space angles."""
 
-    `data` takes the same forms as `headscope.analyze`. `js_max_tokens` caps the number of query
-    tokens JS is averaged over (a seeded uniform sample), for big models; CKA always uses every
-    non-padding token. `cka="minibatch"` (default) estimates CKA minibatch by minibatch (`MinibatchCKA`:
-    `cka_batch` tokens drawn from a pool of `cka_pool`; memory O(heads x cka_batch^2)); `cka="exact"` computes
-    the full-data CKA of the `(heads x d_head)^2` cross-covariance (`SpilledExactCKA`: head outputs spilled to
-    the temporary folder, at most `cka_memory` bytes of it in memory at once). Attention maps come from
-    the statistics kernel in blocks of `block` queries. `weights=False` skips the weight-space angles.
-    """
+    max_length: int | None = None
+    batch_size: int = 16
+    limit: int | None = None
+    js_max_tokens: int | None = None
+    seed: int = 0
+    weights: bool = True
+    cka: str = "minibatch"
+    cka_batch: int = DEFAULT_CKA_BATCH
+    cka_pool: int = DEFAULT_CKA_POOL
+    cka_memory: int = DEFAULT_CKA_MEMORY
+    block: int = DEFAULT_BLOCK
+
+
+def similarity(hm: HeadModel, data: Any = None, settings: SimilaritySettings | None = None, *,
+               progress: bool = False) -> Similarity:
+    """Pairwise similarity of all heads of `hm` over `data` (default: the built-in English sample), measured
+    as `settings` say (default `SimilaritySettings()`). `data` takes the same forms as `headscope.analyze`."""
+    settings = settings or SimilaritySettings()
+    batch_size, seed, cka, block = settings.batch_size, settings.seed, settings.cka, settings.block
     why = hm.spec.refusal("similar")
     if why:
         raise HeadscopeError(f"head similarity cannot serve the {hm.spec.family} family: {why}")
     if cka not in CKA_ESTIMATORS:
         raise HeadscopeError(f"CKA estimator {cka!r} is not one of {', '.join(CKA_ESTIMATORS)}")
-    check_cka_batch(cka_batch)
+    check_cka_batch(settings.cka_batch)
     check_block(block)
-    max_len = resolve_max_length(hm, max_length)
-    tokens = prepare_tokens(hm, data, max_len, limit)
+    max_len = resolve_max_length(hm, settings.max_length)
+    tokens = prepare_tokens(hm, data, max_len, settings.limit)
     ids, source, truncated = tokens.ids, tokens.source, tokens.truncated
     for layer in range(hm.n_layers):
         if hm.heads_in_layer(layer) != hm.n_heads:
             raise HeadscopeError(f"layer {layer} has {hm.heads_in_layer(layer)} heads, not {hm.n_heads}; "
                                  f"similarity needs an unpruned model")
-    selection = _query_selection(ids, hm.causal, js_max_tokens, seed)
+    selection = _query_selection(ids, hm.causal, settings.js_max_tokens, seed)
     n_layers, n_heads = hm.n_layers, hm.n_heads
     r = torch.cat([torch.linalg.qr(layer_weights(hm, l).o.double())[1] for l in range(n_layers)])  # [N, d, d]
-    stream = _Stream(hm, selection, r, cka, cka_batch, cka_pool, cka_memory, seed)
+    stream = _Stream(hm=hm, selection=selection, r=r, cka=cka, cka_batch=settings.cka_batch,
+                     cka_pool=settings.cka_pool, cka_memory=settings.cka_memory, seed=seed)
     n_batches = (len(ids) + batch_size - 1) // batch_size
     bar = tqdm(total=n_batches, desc="similar", unit="batch", disable=not progress, leave=False)
     try:
@@ -479,12 +482,12 @@ def similarity(
 
     cka_matrices, cka_meta = stream.ckas()
     matrices = {"js": (stream.js_sum / max(stream.n_queries, 1)).cpu().numpy(), **cka_matrices}
-    if weights:
+    if settings.weights:
         matrices.update(weight_similarity(hm))
     meta = {"model": hm.name, "model_source": hm.source, "model_type": hm.config.model_type,
             "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head,
             "causal": hm.causal, "data": source, "passages": len(ids), "truncated": truncated,
             "max_length": max_len, "batch_size": batch_size, "js_queries": stream.n_queries,
-            "cka_tokens": stream.n_tokens, **cka_meta, "js_max_tokens": js_max_tokens, "seed": seed,
+            "cka_tokens": stream.n_tokens, **cka_meta, "js_max_tokens": settings.js_max_tokens, "seed": seed,
             "js_log_base": "e", "versions": versions()}
     return Similarity(n_layers, n_heads, matrices, meta, stream.js_rows.result())

@@ -37,9 +37,9 @@ from .longctx import check_long_model, long_roles
 from .longctx.confidence import card_warning
 from .options import AnalyzeOptions, RolesOptions, SimilarOptions
 from .records import ClustersRecord, RolesReport
-from .roles import read_coref, read_treebank, role_columns, syntax_rows
+from .roles import RoleSettings, read_coref, read_treebank, role_columns, syntax_rows
 from .roles import roles as roles_table
-from .similarity import LN2, Similarity, check_cka_memory, similarity
+from .similarity import LN2, Similarity, SimilaritySettings, check_cka_memory, similarity
 from .syntax import RELATIONS
 
 
@@ -212,9 +212,9 @@ def roles(hm: HeadModel, data: Any = None, options: RolesOptions | None = None, 
     read = data if isinstance(data, RolesData) else read_roles_data(opts, data)
     if opts.long is not None:  # the model's positions and kind are known now: refuse before the short-text pass
         check_long_model(hm, opts.long)
-    table = roles_table(hm, read.source, treebank=read.treebank, coref=read.coref, max_length=opts.max_length,
-                        batch_size=opts.batch_size, limit=opts.limit, seed=opts.seed, intervals=opts.intervals(),
-                        until_stable=opts.until_stable, progress=progress)
+    settings = RoleSettings(max_length=opts.max_length, batch_size=opts.batch_size, limit=opts.limit, seed=opts.seed,
+                            intervals=opts.intervals(), until_stable=opts.until_stable)
+    table = roles_table(hm, read.source, settings, treebank=read.treebank, coref=read.coref, progress=progress)
     report = {**table.meta["roles"], "provenance": provenance("roles", hm, read.source, opts.with_only())}
     if opts.long is not None and is_main():
         with local():  # not split across ranks (per-window maxima and needle answers): rank 0 alone
@@ -401,9 +401,11 @@ def similar(hm: HeadModel, data: Any = None, options: SimilarOptions | None = No
     source = _texts(opts.data if data is None else data, opts.limit)
     if opts.cka == "exact":  # one head's block must fit: known once the model's shape is
         check_cka_memory(opts.cka_memory * 2**20, hm.n_layers * hm.n_heads, hm.d_head)
-    sim = similarity(hm, source, max_length=opts.max_length, batch_size=opts.batch_size,
-                     js_max_tokens=opts.js_max_tokens, seed=opts.seed, cka=opts.cka, cka_batch=opts.cka_batch,
-                     cka_pool=opts.cka_pool, cka_memory=opts.cka_memory * 2**20, progress=progress)
+    measured = SimilaritySettings(max_length=opts.max_length, batch_size=opts.batch_size,
+                                  js_max_tokens=opts.js_max_tokens, seed=opts.seed, cka=opts.cka,
+                                  cka_batch=opts.cka_batch, cka_pool=opts.cka_pool,
+                                  cka_memory=opts.cka_memory * 2**20)
+    sim = similarity(hm, source, measured, progress=progress)
     clusters = sim.clusters(opts.js_max, opts.cka_min)
     pairs = sim.pairs()
     settings = opts.intervals()

@@ -417,10 +417,10 @@ class HeadModel:
             return None if t is None else layout.reorder_heads(t, order, d)
 
         self.set_qkv_weights(layer, QKVWeights(
-            layout.reorder_heads(w.q, order, d), layout.reorder_heads(w.k, kv_order, d),
-            layout.reorder_heads(w.v, kv_order, d),
-            move(w.q_bias, order), move(w.k_bias, kv_order), move(w.v_bias, kv_order),
-            move(w.q_gate, order), move(w.q_gate_bias, order)))
+            q=layout.reorder_heads(w.q, order, d), k=layout.reorder_heads(w.k, kv_order, d),
+            v=layout.reorder_heads(w.v, kv_order, d),
+            q_bias=move(w.q_bias, order), k_bias=move(w.k_bias, kv_order), v_bias=move(w.v_bias, kv_order),
+            q_gate=move(w.q_gate, order), q_gate_bias=move(w.q_gate_bias, order)))
         # The output projection's bias is per output feature: unchanged.
         self.set_out_weight(layer, layout.reorder_heads(self.out_weight(layer).detach(), order, d, dim=1))
         # Per-head parameters beside the projections (OLMo-2's norm weights, GPT-OSS's sinks) move with their heads.

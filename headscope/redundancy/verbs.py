@@ -47,7 +47,7 @@ from ..provenance import provenance
 from ..table import HeadTable, grid, parse_head
 from .curves import CurveResult, prune_curve
 from .curves.text import curve_lines, unit_curve_lines
-from .importance import CRITERIA, parse_methods, rank_correlations, score_units
+from .importance import CRITERIA, ScoreSettings, parse_methods, rank_correlations, score_units
 from .importance import score as score_table
 from .importance.tasks import (
     check_tasks_usable,
@@ -205,11 +205,13 @@ def score(hm: HeadModel, data: Any = None, options: ScoreOptions | None = None, 
                                name=hm.name)
     methods = parse_methods(",".join(opts.methods or DEFAULT_METHODS))
     l0 = opts.l0_settings(0.5)
-    extra = {"l0": {"settings": l0}} if "l0" in methods else None
+    extra = {"l0": {"settings": l0}} if "l0" in methods else {}
     gates = parse_pruned(opts.pruned, hm.n_layers, hm.n_heads)
-    table = score_table(hm, source, methods, metric=opts.metric, gates=gates, max_length=opts.max_length,
-                        batch_size=opts.batch_size, ig_steps=opts.ig_steps, seed=opts.seed, limit=limit,
-                        intervals=opts.intervals(), until_stable=opts.until_stable, options=extra, progress=progress)
+    settings = ScoreSettings(methods=methods, metric=opts.metric, max_length=opts.max_length,
+                             batch_size=opts.batch_size, ig_steps=opts.ig_steps, seed=opts.seed, limit=limit,
+                             intervals=opts.intervals(), until_stable=opts.until_stable,
+                             criterion_settings=extra)
+    table = score_table(hm, source, settings, gates=gates, progress=progress)
     corr = rank_correlations(table)
     return ScoreResult(table=table.with_columns(meta={"provenance": prov}), correlations=corr, name=hm.name)
 
@@ -396,8 +398,9 @@ def _until_stable(hm: Any, data: Any, opts: PruneOptions, progress: bool) -> dic
     chunks, as `score --until-stable`); the curve then scores on those passages only."""
     if not isinstance(data, TextSource):
         raise OptionError("until_stable", "reads plain passages; labelled jsonl data is scored whole")
-    table = score_table(hm, data, methods=(str(opts.method),), metric=opts.metric, max_length=opts.max_length,
-                        batch_size=opts.batch_size, seed=opts.seed, until_stable=opts.until_stable, progress=progress)
+    settings = ScoreSettings(methods=(str(opts.method),), metric=opts.metric, max_length=opts.max_length,
+                             batch_size=opts.batch_size, seed=opts.seed, until_stable=opts.until_stable)
+    table = score_table(hm, data, settings, progress=progress)
     return dict(table.meta["until_stable"])
 
 

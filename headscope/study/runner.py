@@ -167,8 +167,8 @@ def _study(opts: StudyOptions, stream: TextIO, live: bool | None, started_ago: f
     state.save()
     progress = Progress(stream, opts.budget_s, start, len(stages), live)
     try:
-        failed = _Runner(stages, plan, state, ctx, probe_, family, hm, (model_fp, data_fp), opts, start,
-                         progress).run_all()
+        failed = _Runner(stages=stages, plan=plan, state=state, ctx=ctx, probe_=probe_, family=family, hm=hm,
+                         keys=(model_fp, data_fp), opts=opts, start=start, progress=progress).run_all()
     finally:
         progress.close()
     state.data["elapsed_s"] = round(time.perf_counter() - start, 1)

@@ -85,10 +85,12 @@ class Family:
         total = sum(hm.heads_in_layer(layer) for layer in range(hm.n_layers))
         mt = str(hm.config.model_type)
         cannot = {c.name: why for c in CAPABILITIES if (why := why_not(hm.spec, c.name, mt))}
-        return cls(hm.name, mt, bool(hm.causal), hm.n_layers, hm.n_heads, hm.n_kv_heads,
-                   hm.d_head, int(getattr(hm.config, "hidden_size", hm.n_heads * hm.d_head)), hm.max_positions,
-                   total, dict(hm.spec.refuses), cannot, kvc, circuit, hm.output_embeddings is not None,
-                   type(hm.model).__name__, _pair_tasks(hm))
+        return cls(name=hm.name, model_type=mt, causal=bool(hm.causal), n_layers=hm.n_layers, n_heads=hm.n_heads,
+                   n_kv_heads=hm.n_kv_heads, d_head=hm.d_head,
+                   d_model=int(getattr(hm.config, "hidden_size", hm.n_heads * hm.d_head)),
+                   max_positions=hm.max_positions, heads_total=total, refuses=dict(hm.spec.refuses), cannot=cannot,
+                   kvcache_refusal=kvc, circuit_refusal=circuit, lm_head=hm.output_embeddings is not None,
+                   architecture=type(hm.model).__name__, pair_tasks=_pair_tasks(hm))
 
 
 def _pair_tasks(hm: HeadModel) -> tuple[str, ...]:

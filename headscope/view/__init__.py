@@ -137,8 +137,8 @@ def view(hm: HeadModel, text: str, options: ViewOptions | None = None, **changes
     short = len(enc.ids) <= SMALL_MAX
     maps = all_heads(hm, enc.ids) if short else None
     attention = {} if short else {head_name(l, h): one_head(hm, enc.ids, l, h) for l, h in heads}
-    return View(model_info(hm, options.max_tokens), enc.text, enc.tokens, enc.ids, heads, maps, attention,
-                heads_table(hm, options.from_dirs), enc.note)
+    return View(info=model_info(hm, options.max_tokens), text=enc.text, tokens=enc.tokens, ids=enc.ids, heads=heads,
+                maps=maps, attention=attention, table=heads_table(hm, options.from_dirs), note=enc.note)
 
 
 def serve(hm: HeadModel, options: ViewOptions | None = None, *, server: ViewServer | None = None,

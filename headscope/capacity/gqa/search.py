@@ -148,7 +148,8 @@ def search_groups(hm: HeadModel, kv_heads: int, data: Any, *, candidates: int = 
         return {"groups": adjacent, **settings, "search_skipped": "only one grouping possible", "kl_evaluations": 0}
     t0 = time.perf_counter()
     kw = dict(max_length=max_length, batch_size=batch_size, limit=limit)
-    sim, options = _candidates(hm, kv_heads, data, adjacent, candidates, seed, progress, kw)
+    sim, options = _candidates(hm, kv_heads, data, adjacent=adjacent, candidates=candidates, seed=seed,
+                               progress=progress, kw=kw)
     todo = token_batches(hm, data, max_length, batch_size, limit)
     work = pool_kv_heads(hm, kv_heads, adjacent)
     current = {l: layer_weights(hm, l, adjacent[l], kv_heads) for l in range(n_layers)}
@@ -169,7 +170,8 @@ def search_groups(hm: HeadModel, kv_heads: int, data: Any, *, candidates: int = 
             for l in sim_layers:
                 current[l] = start_trials[1][l]
                 write_layer_weights(work, l, current[l])
-        trace, kl_now = _greedy_pass(hm, work, todo, kv_heads, options, chosen, current, min(kl_adj, kl_sim), bar)
+        trace, kl_now = _greedy_pass(hm, work, todo, kv_heads=kv_heads, options=options, chosen=chosen, current=current,
+                                     kl_now=min(kl_adj, kl_sim), bar=bar)
     seconds = time.perf_counter() - t0
     log.info("search: calibration KL %.4f (start, %s) -> %.4f after %d KL evaluations in %.1f s",
              min(kl_adj, kl_sim), start, kl_now, n_evals, seconds)

@@ -189,10 +189,12 @@ def install_mla(model: nn.Module, record: dict[str, Any]) -> None:
         old = _get(block, record["attention_path"])
         parent = _get(block, parent_path) if parent_path else block
         window = getattr(old, "sliding_window", getattr(model.config, "sliding_window", None))
-        new = MLAAttention(model.config, layer, _get(block, record["q_path"]), _get(block, record["o_path"]),
-                           record["n_kv_heads"], record["d_head"], record["kv_rank"],
-                           record["frequencies"][str(layer)], record["kv_bias"], window, float(old.scaling),
-                           float(getattr(old, "attention_dropout", 0.0)))
+        new = MLAAttention(model.config, layer, q_proj=_get(block, record["q_path"]),
+                           o_proj=_get(block, record["o_path"]), n_kv_heads=record["n_kv_heads"],
+                           d_head=record["d_head"], kv_rank=record["kv_rank"],
+                           frequencies=record["frequencies"][str(layer)], kv_bias=record["kv_bias"],
+                           sliding_window=window, scaling=float(old.scaling),
+                           attention_dropout=float(getattr(old, "attention_dropout", 0.0)))
         p = next(old.parameters())
         new.train(old.training)  # a new module trains by default; keep the model's mode (eval: absorbed decoding)
         setattr(parent, leaf, new.to(device=p.device, dtype=p.dtype))

@@ -65,8 +65,9 @@ class PairBatch:
         return int(self.clean.shape[0])
 
     def take(self, rows: slice) -> "PairBatch":
-        return PairBatch(self.clean[rows], self.corrupt[rows], self.mask[rows], self.position[rows],
-                         self.answer[rows], self.wrong[rows], self.pairs[rows], self.source, self.skipped)
+        return PairBatch(clean=self.clean[rows], corrupt=self.corrupt[rows], mask=self.mask[rows],
+                         position=self.position[rows], answer=self.answer[rows], wrong=self.wrong[rows],
+                         pairs=self.pairs[rows], source=self.source, skipped=self.skipped)
 
     def record(self) -> dict[str, Any]:
         """What patching.json says about the pairs."""
@@ -224,7 +225,8 @@ def _batch(rows: list[tuple[list[int], list[int], int, int, int, Pair]], source:
     for i, (a, c, *_rest) in enumerate(rows):
         clean[i, :len(a)], corrupt[i, :len(c)], mask[i, :len(a)] = torch.tensor(a), torch.tensor(c), 1
     col = lambda k: torch.tensor([r[k] for r in rows], dtype=torch.long)  # noqa: E731
-    return PairBatch(clean, corrupt, mask, col(2), col(3), col(4), [r[5] for r in rows], source, skipped)
+    return PairBatch(clean=clean, corrupt=corrupt, mask=mask, position=col(2), answer=col(3), wrong=col(4),
+                     pairs=[r[5] for r in rows], source=source, skipped=skipped)
 
 
 def induction_pairs(tokenizer: Any, vocab_size: int, n: int = 32, length: int = 10, seed: int = 0) -> PairBatch:

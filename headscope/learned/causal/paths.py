@@ -199,7 +199,8 @@ def path_scan(hm: HeadModel, b: PairBatch, receivers: list[Head], *, group: list
         rows, part, base = run.rows, run.part, run.base
         for some in chunks(len(senders), copies):
             batch = senders[some]
-            m, recorded = _sender_forward(hm, part, base, run.base_z, run.source, batch, metric, record)
+            m, recorded = _sender_forward(hm, part, base, frozen=run.base_z, source=run.source, senders=batch,
+                                          metric=metric, record=record)
             forwards += 1
             for c, s in enumerate(batch):
                 patched[rows, index[PathJob(s, None, "direct")]] = m[c].double().cpu().numpy()

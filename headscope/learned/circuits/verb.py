@@ -163,4 +163,5 @@ def circuit(hm: HeadModel, pairs: Any = None, options: CircuitOptions | None = N
         "seconds": {"scores": t1 - t0, "intervals": t2 - t1, "curves": t3 - t2},
         "pairs": batch.record(), "intervals": {**settings.record(), "resampled": "pairs, with replacement"}}
     record["provenance"] = provenance("circuit", hm, pairs_fingerprint(batch), opts.with_only())
-    return CircuitResult(hm.name, graph, value, lo, hi, runs.scores, CircuitRecord.from_json(record), batch)
+    return CircuitResult(name=hm.name, graph=graph, score=value, score_lo=lo, score_hi=hi, per_pair=runs.scores,
+                         record=CircuitRecord.from_json(record), pairs=batch)

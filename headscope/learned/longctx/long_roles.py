@@ -176,12 +176,14 @@ def long_roles(hm: HeadModel, length: int, *, data: Any = "gum-long", stride: in
     report: dict[str, Any] = {"length": length, "block": block, "thresholds": th.as_dict()}
     groups = []
     if windows:
-        s, info = pattern_pass(hm, length, data, stride, windows, settings, block, progress, until_stable, seed)
+        s, info = pattern_pass(hm, length, data, stride=stride, windows=windows, settings=settings, block=block,
+                               progress=progress, until_stable=until_stable, seed=seed)
         scores.update(s)
         groups.append(info.pop("unit_sums"))
         report["text"] = info
     if haystacks:
-        s, info = needle_pass(hm, length, haystacks, depths, seed, block, progress, until_stable)
+        s, info = needle_pass(hm, length, haystacks, depths=depths, seed=seed, block=block, progress=progress,
+                              until_stable=until_stable)
         scores.update(s)
         groups.append(info.pop("unit_sums"))
         report["needles"] = info

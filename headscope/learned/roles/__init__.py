@@ -19,6 +19,7 @@ runs the passes. docs/roles.md states every rule.
 from . import catalogue  # registers every role: importing any part of the package loads them
 from .assign import (
                      CorefSource,
+                     RoleSettings,
                      TreebankSource,
                      census,
                      coref_scores,
@@ -33,8 +34,8 @@ from .induction import induction_scores, repeated_sequences, special_frame
 from .registry import ROLES, LongThresholds, RoleThresholds, Threshold, Thresholds, census_of, judge, role, role_columns
 from .text import OFFSETS, RoleReducer, normalise_word, offset_score, ptb_frequencies, rare_word_targets, reduce_roles
 
-__all__ = ["OFFSETS", "ROLES", "CorefSource", "LongThresholds", "RoleReducer", "RoleThresholds", "Threshold",
-           "Thresholds", "TreebankSource", "catalogue", "census", "census_of", "coref_scores", "decide",
+__all__ = ["OFFSETS", "ROLES", "CorefSource", "LongThresholds", "RoleReducer", "RoleSettings", "RoleThresholds",
+           "Threshold", "Thresholds", "TreebankSource", "catalogue", "census", "census_of", "coref_scores", "decide",
            "induction_scores", "judge", "normalise_word", "offset_score", "ptb_frequencies", "rare_word_targets",
            "read_coref", "read_treebank", "reduce_roles", "repeated_sequences", "role", "role_columns", "roles",
            "special_frame", "syntax_rows", "syntax_scores"]

@@ -158,25 +158,34 @@ def census(role_lists: np.ndarray, scores: dict[str, np.ndarray]) -> dict[str, l
 
 
 # --- the census --------------------------------------------------------------------------------------
-def roles(
-    hm: HeadModel,
-    data: Any = None,
-    *,
-    treebank: str | Path | Sequence[Sentence] | TreebankSource | None = None,
-    coref: str | Path | CorefSource | None = None,
-    max_length: int | None = None,
-    batch_size: int = 16,
-    limit: int | None = None,
-    seed: int = 0,
-    repeat_length: int = 24,
-    n_sequences: int = 32,
-    coref_context: int = 3,
-    thresholds: Thresholds | None = None,
-    intervals: IntervalSettings | None = None,
-    until_stable: float | None = None,
-    chunk: int = 32,
-    progress: bool = False,
-) -> HeadTable:
+@dataclass(frozen=True, kw_only=True)
+class RoleSettings:
+    """How `roles` reads and decides: batches, the induction pass, the thresholds, intervals and until-stable.
+
+    `headscope roles` builds it from its RolesOptions (whose long-range and card fields `roles` does not read).
+    `limit` keeps the first N passages / sentences of each input. The induction pass reads `n_sequences`
+    random token sequences, each repeated once after `repeat_length` tokens; coreference reads `coref_context`
+    sentences before each anaphor. `intervals`: level, resamples, method, seed (None: 95%, 1,000, BCa,
+    `seed`). With `until_stable` the text passages are read `chunk` at a time until every text role score's
+    ranking reaches that split-half stability (Spearman-Brown), capped by `limit`.
+    """
+
+    max_length: int | None = None
+    batch_size: int = 16
+    limit: int | None = None
+    seed: int = 0
+    repeat_length: int = 24
+    n_sequences: int = 32
+    coref_context: int = 3
+    thresholds: Thresholds | None = None
+    intervals: IntervalSettings | None = None
+    until_stable: float | None = None
+    chunk: int = 32
+
+
+def roles(hm: HeadModel, data: Any = None, settings: RoleSettings | None = None, *,
+          treebank: str | Path | Sequence[Sentence] | TreebankSource | None = None,
+          coref: str | Path | CorefSource | None = None, progress: bool = False) -> HeadTable:
     """Role census of `hm`: analyze's statistics plus role scores with their intervals, a `roles` column
     (roles whose rule passes on the score's conservative bound), an `uncertain_roles` column (roles whose
     point estimate passes but whose bound does not) and, in `meta['roles']`, every score, interval, held
@@ -184,48 +193,49 @@ def roles(
 
     `data` as for `analyze` (default: the built-in sample; a TextSource already read is used as it
     is); `treebank` a CoNLL-U file, a list of `Sentence` or a `TreebankSource` for syntactic roles;
-    `coref` a CorefUD CoNLL-U file (e.g. GUM) or a `CorefSource` for coreference. `limit` keeps the
-    first N passages / sentences of each. `intervals`: level, resamples, method, seed (default 95%,
-    1,000, BCa, `seed`). With `until_stable` the text passages are read `chunk` at a time until every text
-    role score's ranking reaches that split-half stability (Spearman-Brown), capped by `limit`.
+    `coref` a CorefUD CoNLL-U file (e.g. GUM) or a `CorefSource` for coreference. `settings` say how
+    (default `RoleSettings()`).
     """
-    th = thresholds or Thresholds()
-    settings = intervals or IntervalSettings(seed=seed)
+    settings = settings or RoleSettings()
+    seed, batch_size, limit = settings.seed, settings.batch_size, settings.limit
+    th = settings.thresholds or Thresholds()
+    intervals = settings.intervals or IntervalSettings(seed=seed)
     torch.manual_seed(seed)
     np.random.seed(seed)
-    max_len = resolve_max_length(hm, max_length)
+    max_len = resolve_max_length(hm, settings.max_length)
     # Read the treebank and coreference files before any slow work, so bad input fails fast.
     tb, co = _treebank(treebank, limit), _coref(coref, limit)
 
-    stats, role_stats, info = text_pass(hm, data, max_len, batch_size, limit, progress, until_stable=until_stable,
-                                        stable=_stable_check(until_stable, seed), chunk=chunk)
-    base = table_from_stats(hm, stats, {**info, "batch_size": batch_size, "seed": seed}, settings)
+    stats, role_stats, info = text_pass(hm, data, max_len, batch_size, limit, progress,
+                                        until_stable=settings.until_stable,
+                                        stable=_stable_check(settings.until_stable, seed), chunk=settings.chunk)
+    base = table_from_stats(hm, stats, {**info, "batch_size": batch_size, "seed": seed}, intervals)
     scores = text_scores(stats.means(), role_stats.means())
     # The passes below are not split across ranks (a fixed synthetic pass; per-relation and per-anaphor
     # argmax counts): rank 0 runs them alone and sends the result to every rank.
-    ind = run_on_main(lambda: induction_sums(hm, n_sequences, repeat_length, seed, batch_size))
+    ind = run_on_main(lambda: induction_sums(hm, settings.n_sequences, settings.repeat_length, seed, batch_size))
     scores.update(scores_of(ind, INDUCTION_SCORES))
     shape = (hm.n_layers, hm.n_heads)
     syntax, dep = _syntax_pass(hm, tb, max_len, batch_size, progress) if tb is not None else (None, None)
     if syntax is not None:
         scores.update(syntax_scores(syntax["relations"], shape))
-    coref_dict, cc = _coref_pass(hm, co, max_len, batch_size, coref_context, progress) if co is not None \
-        else (None, None)
+    coref_dict, cc = _coref_pass(hm, co, max_len, batch_size, settings.coref_context, progress) \
+        if co is not None else (None, None)
     if coref_dict is not None:
         scores.update(coref_scores(coref_dict, shape))
     text = text_sums(stats, role_stats)
-    iv = role_intervals([g for g in (text, ind) if g is not None], th, settings)
+    iv = role_intervals([g for g in (text, ind) if g is not None], th, intervals)
     if dep is not None and syntax is not None:
-        _syntax_bounds(iv, dep, syntax["relations"], th, settings, shape)
+        _syntax_bounds(iv, dep, syntax["relations"], th, intervals, shape)
     if cc is not None and coref_dict is not None:
-        _coref_bounds(iv, cc, coref_dict, scores, th, settings)
-    columns, decided = _decided(scores, iv, th, settings, shape)
+        _coref_bounds(iv, cc, coref_dict, scores, th, intervals)
+    columns, decided = _decided(scores, iv, th, intervals, shape)
     report = {
         "model": hm.name, "n_layers": hm.n_layers, "n_heads": hm.n_heads, "causal": hm.causal,
         "thresholds": th.as_dict(),
         "text": {**info, "first_token": "special token ([CLS]/BOS)" if info["first_token_is_special"]
                  else "first ordinary token: the tokenizer adds no BOS, so the sink is position 0"},
-        "induction": {"sequences": n_sequences, "repeat_length": repeat_length, "seed": seed,
+        "induction": {"sequences": settings.n_sequences, "repeat_length": settings.repeat_length, "seed": seed,
                       "special_prefix": special_frame(hm)[0]},
         **decided,
         "stability": {**(stability_of(text, scores_in(text), seed) if text is not None else {}),
@@ -256,8 +266,8 @@ def _syntax_bounds(iv: RoleIntervals, dep: DependencyCounts, relations: dict[str
         sums = dep.relation_sums(rel)
         if sums is None:
             continue
-        lo, hi = add_member(iv, "syntactic", rel, sums, best_accuracy(rel), np.full(shape, r["baseline"]), th,
-                            settings)
+        lo, hi = add_member(iv, "syntactic", rel, sums=sums, stat=best_accuracy(rel),
+                            baseline=np.full(shape, r["baseline"]), th=th, settings=settings)
         r["accuracy_lo"], r["accuracy_hi"] = lo.tolist(), hi.tolist()
         r["sentence_rows"] = sums.rows
 
@@ -269,7 +279,8 @@ def _coref_bounds(iv: RoleIntervals, cc: CorefCounts, coref: dict[str, Any], sco
     sums = cc.window_sums()
     if sums is None or not cc.total:
         return
-    lo, hi = add_member(iv, "coreference", None, sums, COREF_ACCURACY, scores["coref_accuracy_baseline"], th, settings)
+    lo, hi = add_member(iv, "coreference", None, sums=sums, stat=COREF_ACCURACY,
+                        baseline=scores["coref_accuracy_baseline"], th=th, settings=settings)
     coref["accuracy_lo"], coref["accuracy_hi"], coref["window_rows"] = lo.tolist(), hi.tolist(), sums.rows
 
 

@@ -150,7 +150,8 @@ def reduce_roles(stats: HeadStats, layer: int, p: torch.Tensor, allowed: torch.T
     q_rows = slice(q_start, q_start + nq)
 
     def add(name: str, per_passage: torch.Tensor, count: torch.Tensor, uniform: bool = False) -> None:
-        _add(stats, name, layer, per_passage, count, h, rows, uniform, heads)
+        _add(stats, name, layer, per_passage=per_passage, count=count, n_heads=h, rows=rows, uniform=uniform,
+             heads=heads)
 
     for k in OFFSETS:
         # query q_start + i and key q_start + i + k lie on the block's diagonal q_start + k
@@ -292,7 +293,7 @@ def text_pass(hm: HeadModel, data: Any, max_len: int, batch_size: int, limit: in
     used, reached, now = 0, False, {}  # type: tuple[int, bool, dict[str, float]]
     try:
         for lo, hi in chunk_spans(len(ids), until_stable, chunk):
-            parts.append(_scan(hm, ids, rare_targets, flags, lo, hi, batch_size, bar))
+            parts.append(_scan(hm, ids, rare_targets, flags=flags, lo=lo, hi=hi, batch_size=batch_size, bar=bar))
             used = hi
             if until_stable is not None and stable is not None:
                 reached, now = stable(*_joined(parts))

@@ -274,8 +274,9 @@ def prune_curve(hm: HeadModel, data: Any, options: PruneOptions | None = None, *
     ckpt = Path(checkpoint) if checkpoint is not None and scope == "heads" else None
     criteria = {"l0": {"settings": opts.l0_settings(opts.fraction)}}
     protected = protection.head_set() if protection is not None else frozenset()
-    plan = make_plan(PlanData(hm, prep, metric, ref, batch_size, seed, progress, criteria, ckpt, protected), unit,
-                     scope, method, opts.fraction, opts.step, opts.uniform)
+    plan_data = PlanData(hm=hm, prep=prep, metric=metric, reference=ref, batch_size=batch_size, seed=seed,
+                         progress=progress, options=criteria, checkpoint=ckpt, protected=protected)
+    plan = make_plan(plan_data, unit, scope, method, opts.fraction, opts.step, opts.uniform)
     carried = unit_kind(unit).recovery == "carried"
     recovery = Recovery(hm, prep, metric, ref, lr=opts.recover_lr, batch_size=batch_size, seed=seed,
                         steps=recover_steps, progress=progress) if recover_steps and carried else None
@@ -375,9 +376,10 @@ def _result(run: _Curve, opts: PruneOptions, unit: str, scope: str, method: str,
                      "recover_lr": lr, "score_seconds": plan.score_seconds,  # type: ignore[union-attr]
                      "n_layers": hm.n_layers})
     target_drop = opts.target_drop
-    result = CurveResult(hm.name, hm.n_layers, hm.n_heads, hm.n_kv_heads, unit, scope, method, metric,
-                         METRICS.get(metric).higher_is_better, run.points,
-                         target_drop if target_drop is not None else 0.01, recover_steps,
+    result = CurveResult(model=hm.name, n_layers=hm.n_layers, n_heads=hm.n_heads, n_kv_heads=hm.n_kv_heads, unit=unit,
+                         scope=scope, method=method, metric=metric,
+                         higher_is_better=METRICS.get(metric).higher_is_better, points=run.points,
+                         target_drop=target_drop if target_drop is not None else 0.01, recover_steps=recover_steps,
                          n_parameters=int(plan.total) if scope != "heads" else n_parameters(hm),
                          scores=plan.scores, meta=meta, last_mask=plan.mask() if scope != "heads" else None)
     if run.recovery is not None:

@@ -197,8 +197,8 @@ class HeadPlan:
         """The remaining heads scored again on the original weights, the removed ones gated off `[L, H]`."""
         d = self.data
         gates = pruned_gates(d.hm, self.removed) if self.removed else None
-        table = importance.score(d.hm, d.prep, methods=(self.method,), metric=d.metric, gates=gates,
-                                 reference=d.reference, batch_size=d.batch_size)
+        settings = importance.ScoreSettings(methods=(self.method,), metric=d.metric, batch_size=d.batch_size)
+        table = importance.score(d.hm, d.prep, settings, gates=gates, reference=d.reference)
         # A live head without a score (NaN) is never picked: unknown is not "unimportant".
         return np.nan_to_num(np.asarray(table[f"importance_{self.method}"], dtype=float), nan=np.inf)
 

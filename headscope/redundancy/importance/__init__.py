@@ -26,7 +26,7 @@ from .criteria import (
 from .gradients import gradient_scores, ig_scores, loss_rows
 from .l0 import GateTraining, L0Settings, l0_scores
 from .patterns import pattern_scores
-from .scoring import layer_norms, rank_correlations, score
+from .scoring import ScoreSettings, layer_norms, rank_correlations, score
 from .units import score_units, unit_scores  # the criteria of attention sub-layers, blocks and FFN neurons
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "GateTraining",
     "L0Settings",
     "ScoreContext",
+    "ScoreSettings",
     "ablation_scan",
     "base_gates",
     "capture_layer_outputs",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -97,53 +97,61 @@ def _stable_enough(run: _Run, chosen: list[str], target: float, seed: int) -> tu
     return bool(got) and all(v >= target for v in got.values()), got
 
 
-def score(
-    hm: HeadModel,
-    data: Any,
-    methods: str | Sequence[str] = ("gradient",),
-    *,
-    metric: str = "auto",
-    gates: torch.Tensor | None = None,
-    reference: Reference | None = None,
-    max_length: int | None = None,
-    batch_size: int = 16,
-    ig_steps: int = 16,
-    seed: int = 0,
-    limit: int | None = None,
-    intervals: IntervalSettings | None = None,
-    until_stable: float | None = None,
-    chunk: int = 32,
-    options: dict[str, Any] | None = None,
-    progress: bool = False,
-) -> HeadTable:
-    """Score every head by each criterion; one column `importance_<method>` each (higher = more important),
-    followed by its confidence interval's bounds `importance_<method>_lo` / `_hi` (`intervals`: level,
-    resamples, method, seed; default 95%, 1,000, BCa, the scoring seed).
+@dataclass(frozen=True, kw_only=True)
+class ScoreSettings:
+    """How `score` scores: which criteria, on which metric, in which batches, with which intervals.
 
-    `methods` are names in `CRITERIA` (comma-separated, a list, or 'all'). `gates` is the current mask
-    `[L, H]` (0 = already pruned: NaN in every column). Fidelity compares against `reference` (the
-    unpruned model's outputs; built here when None). With `until_stable` (a split-half stability in (0, 1))
-    passages are scored in chunks of `chunk` until every criterion's ranking reaches it (Spearman-Brown of the
-    split-half Spearman), or the data (`limit`) runs out; meta['until_stable'] says which. meta['stability']
-    holds each ranking's split-half stability, meta['rank_correlations'] each pair's Spearman with its interval.
-    `options` holds criterion-specific settings (e.g. {"l0": {"settings": L0Settings(...)}}); a learned
-    criterion (e.g. `l0`) writes NaN bounds and says why in meta['learned'].
+    `headscope score` builds it from its ScoreOptions; pruning curves and tasks, which score below the verb,
+    build their own. `methods` are names in `CRITERIA` (comma-separated, a list, or 'all'). `limit` keeps the
+    first passages of data given by name. `intervals`: level, resamples, method, seed (None: 95%, 1,000, BCa,
+    `seed`). `until_stable`, a split-half stability in (0, 1): passages are scored `chunk` at a time until every
+    criterion's ranking reaches it. `criterion_settings` holds settings of single criteria, e.g.
+    {"l0": {"settings": L0Settings(...)}}.
     """
-    chosen = parse_methods(methods)
+
+    methods: str | Sequence[str] = ("gradient",)
+    metric: str = "auto"
+    max_length: int | None = None
+    batch_size: int = 16
+    ig_steps: int = 16
+    seed: int = 0
+    limit: int | None = None
+    intervals: IntervalSettings | None = None
+    until_stable: float | None = None
+    chunk: int = 32
+    criterion_settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+def score(hm: HeadModel, data: Any, settings: ScoreSettings | None = None, *, gates: torch.Tensor | None = None,
+          reference: Reference | None = None, progress: bool = False) -> HeadTable:
+    """Score every head by each criterion; one column `importance_<method>` each (higher = more important),
+    followed by its confidence interval's bounds `importance_<method>_lo` / `_hi`.
+
+    `settings` say how (default `ScoreSettings()`: gradient). `gates` is the current mask `[L, H]` (0 = already
+    pruned: NaN in every column). Fidelity compares against `reference` (the unpruned model's outputs; built
+    here when None). With `settings.until_stable` passages are scored in chunks until every criterion's
+    ranking reaches it (Spearman-Brown of the split-half Spearman), or the data (`limit`) runs out;
+    meta['until_stable'] says which. meta['stability'] holds each ranking's split-half stability,
+    meta['rank_correlations'] each pair's Spearman with its interval. A learned criterion (e.g. `l0`) writes
+    NaN bounds and says why in meta['learned'].
+    """
+    settings = settings or ScoreSettings()
+    chosen = parse_methods(settings.methods)
+    batch_size, seed, until_stable = settings.batch_size, settings.seed, settings.until_stable
     if batch_size < 1:
         raise HeadscopeError(f"batch_size must be at least 1, got {batch_size}")
-    if ig_steps < 1:
-        raise HeadscopeError(f"ig_steps must be at least 1, got {ig_steps}")
+    if settings.ig_steps < 1:
+        raise HeadscopeError(f"ig_steps must be at least 1, got {settings.ig_steps}")
     if isinstance(data, Tokens):
-        prep, metric = data, resolve_metric(hm, metric, data.labels is not None)
+        prep, metric = data, resolve_metric(hm, settings.metric, data.labels is not None)
     else:
-        prep, metric = prepare(hm, data, metric, max_length, limit)
+        prep, metric = prepare(hm, data, settings.metric, settings.max_length, settings.limit)
     check_until_stable(until_stable, len(prep.ids))
     learned = [m for m in chosen if CRITERIA.get(m).meta.get("learned")]
     if until_stable is not None and learned:
         raise OptionError("until_stable", f"needs per-passage criteria; {', '.join(learned)} is learned over all "
                                           f"passages at once: score it without until_stable", also=("until_stable",))
-    settings = intervals or IntervalSettings(seed=seed)
+    intervals = settings.intervals or IntervalSettings(seed=seed)
     base = base_gates(hm, gates)
     if METRICS.get(metric).needs_reference:
         if reference is None:
@@ -153,11 +161,11 @@ def score(
     run, used, reached = _Run(), 0, None
     bar = tqdm(total=len(prep.ids), desc="score until stable", unit="passage",
                disable=until_stable is None or not progress or not is_main(), leave=False)
-    for lo, hi in chunk_spans(len(prep.ids), until_stable, chunk):
+    for lo, hi in chunk_spans(len(prep.ids), until_stable, settings.chunk):
         part = _take(prep, lo, hi) if (lo, hi) != (0, len(prep.ids)) else prep
         ref = _take_reference(reference, prep, lo, hi) if part is not prep else reference
-        ctx = ScoreContext(hm, part, metric, base, ref, batch_size, ig_steps, seed, progress,
-                           options=dict(options or {}))
+        ctx = ScoreContext(hm, part, metric, base, reference=ref, batch_size=batch_size, ig_steps=settings.ig_steps,
+                           seed=seed, progress=progress, options=dict(settings.criterion_settings))
         _score_chunk(run, ctx, chosen)
         run.learned.update({m: {"interval": CRITERIA.get(m).meta["interval"], **ctx.options.get(f"{m}_record", {})}
                             for m in learned})
@@ -173,13 +181,14 @@ def score(
     final_ref = reference if final is prep else _take_reference(reference, prep, 0, used)
     base_result = run.base_result if final is prep and run.base_result is not None else \
         evaluate_prepared(hm, final, metric, gates=base, reference=final_ref, batch_size=batch_size)
-    return _table(hm, run, chosen, base, final, metric, base_result, settings, batch_size, seed, ig_steps,
-                  {"target": until_stable, "reached": reached, "passages": used,
-                   "available": len(prep.ids)} if until_stable is not None else None)
+    until = {"target": until_stable, "reached": reached, "passages": used,
+             "available": len(prep.ids)} if until_stable is not None else None
+    return _table(hm, run, chosen, base, final, metric=metric, base_result=base_result, settings=settings,
+                  intervals=intervals, until=until)
 
 
-def _table(hm: HeadModel, run: _Run, chosen: list[str], base: torch.Tensor, prep: Tokens, metric: str,
-           base_result: MetricResult, settings: IntervalSettings, batch_size: int, seed: int, ig_steps: int,
+def _table(hm: HeadModel, run: _Run, chosen: list[str], base: torch.Tensor, prep: Tokens, *, metric: str,
+           base_result: MetricResult, settings: ScoreSettings, intervals: IntervalSettings,
            until: dict[str, Any] | None) -> HeadTable:
     """The importance table: each criterion's column and interval bounds, stability and correlations in meta."""
     pruned = (base == 0).cpu().numpy()
@@ -192,12 +201,12 @@ def _table(hm: HeadModel, run: _Run, chosen: list[str], base: torch.Tensor, prep
         if method in run.parts:
             sums, stat = run.sums(method), run.statistic[method]
             v = np.asarray(stat(sums.total()), float)
-            r = replicates(sums, stat, settings.B, settings.seed) if sums.rows >= 2 else np.empty((0, *v.shape))
-            j = jackknife(sums, stat) if settings.method == "bca" and sums.rows >= 2 else None
-            iv = interval_from(v, r, j, sums.rows, settings)
+            r = replicates(sums, stat, intervals.B, intervals.seed) if sums.rows >= 2 else np.empty((0, *v.shape))
+            j = jackknife(sums, stat) if intervals.method == "bca" and sums.rows >= 2 else None
+            iv = interval_from(v, r, j, sums.rows, intervals)
             if CRITERIA.get(method).meta.get("per_batch") is None:
                 reps[method] = (r, j, sums.rows)
-            stability[method] = split_half(sums, stat, seed=settings.seed).record()
+            stability[method] = split_half(sums, stat, seed=intervals.seed).record()
             lo, hi = iv.lo.copy(), iv.hi.copy()
         else:
             v, lo, hi = run.direct[method], np.full(pruned.shape, np.nan), np.full(pruned.shape, np.nan)
@@ -214,12 +223,13 @@ def _table(hm: HeadModel, run: _Run, chosen: list[str], base: torch.Tensor, prep
         "model": hm.name, "model_source": hm.source, "model_type": hm.config.model_type,
         "n_layers": hm.n_layers, "n_heads": hm.n_heads, "n_kv_heads": hm.n_kv_heads, "d_head": hm.d_head_record,
         "causal": hm.causal, "data": prep.source, "passages": len(prep.ids), "tokens_seen": prep.n_tokens,
-        "max_length": prep.max_length, "batch_size": batch_size, "seed": seed, "ig_steps": ig_steps,
+        "max_length": prep.max_length, "batch_size": settings.batch_size, "seed": settings.seed,
+        "ig_steps": settings.ig_steps,
         "metric": metric, "metric_value": base_result.value, "metric_details": base_result.details,
         "higher_is_better": base_result.higher_is_better, "methods": chosen,
         "pruned_heads": int(pruned.sum()), "convention": "higher importance = more important; pruned heads NaN",
-        "seconds": run.timings, "intervals": settings.record(), "stability": stability,
-        "rank_correlations": _correlation_intervals(columns, reps, pruned, settings),
+        "seconds": run.timings, "intervals": intervals.record(), "stability": stability,
+        "rank_correlations": _correlation_intervals(columns, reps, pruned, intervals),
         **({"until_stable": until} if until is not None else {}),
         **({"learned": run.learned} if run.learned else {}), "versions": versions(),
     }
@@ -266,4 +276,5 @@ def layer_norms(column: np.ndarray) -> np.ndarray:
     return np.sqrt(np.nansum(np.asarray(column, float) ** 2, axis=-1))
 
 
-__all__ = ["MIN_STABLE_PASSAGES", "check_until_stable", "layer_norms", "rank_correlations", "score"]
+__all__ = ["MIN_STABLE_PASSAGES", "ScoreSettings", "check_until_stable", "layer_norms", "rank_correlations",
+           "score"]

@@ -57,7 +57,7 @@ from ...table import HeadTable
 from ...uncertainty import spearman, spearman_interval
 from ...version import versions
 from .criteria import CRITERIA
-from .scoring import rank_correlations, score
+from .scoring import ScoreSettings, rank_correlations, score
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,9 @@ TASKS: Registry[TaskFn] = Registry("task")
 
 
 def _metric_task(ctx: TaskContext, data: Any, metric: str) -> np.ndarray:
-    table = score(ctx.hm, data, (ctx.method,), metric=metric, max_length=ctx.max_length,
-                  batch_size=ctx.batch_size, seed=ctx.seed, limit=ctx.limit, progress=ctx.progress)
+    settings = ScoreSettings(methods=(ctx.method,), metric=metric, max_length=ctx.max_length,
+                             batch_size=ctx.batch_size, seed=ctx.seed, limit=ctx.limit)
+    table = score(ctx.hm, data, settings, progress=ctx.progress)
     return np.asarray(table[f"importance_{ctx.method}"], float)
 
 
@@ -162,8 +163,8 @@ def classification(ctx: TaskContext) -> np.ndarray:
         test = Tokens(test.ids[: ctx.limit], test.source, test.max_length, test.truncated, None, None,
                       test.labels[: ctx.limit])
     ctx.info["scored_passages"] = len(test)
-    table = score(probe.hm, test, (ctx.method,), metric="accuracy", batch_size=ctx.batch_size, seed=ctx.seed,
-                  progress=ctx.progress)
+    settings = ScoreSettings(methods=(ctx.method,), metric="accuracy", batch_size=ctx.batch_size, seed=ctx.seed)
+    table = score(probe.hm, test, settings, progress=ctx.progress)
     ctx.info["accuracy"] = table.meta["metric_value"]
     return np.asarray(table[f"importance_{ctx.method}"], float)
 
@@ -268,7 +269,8 @@ def task_importance(hm: HeadModel, tasks: dict[str, Any] | str, *, method: str =
     info: dict[str, dict[str, Any]] = {}
     for name, data in tasks.items():
         t0 = time.perf_counter()
-        ctx = TaskContext(hm, data, method, limit, max_length, batch_size, seed, progress)
+        ctx = TaskContext(hm, data=data, method=method, limit=limit, max_length=max_length, batch_size=batch_size,
+                          seed=seed, progress=progress)
         v = np.asarray(TASKS.get(name).fn(ctx), float)
         if ctx.info:
             info[name] = ctx.info
