@@ -87,7 +87,8 @@ def test_protected_induction_heads_are_never_pruned_and_the_curve_stops_at_the_u
 def test_a_fraction_within_the_unprotected_share_is_not_an_early_stop():
     result = headscope.prune(two_induction_heads(), TEXTS, method="ablation", fraction=0.5, step=0.25,
                              bootstrap=200, protect=("induction",))
-    prot = result.summary["protected"]
+    prot = result.summary.protected
+    assert prot is not None
     assert _removed(result.curve) == ["L0H0", "L0H1"]
     assert not prot["stopped_early"] and prot["stopped_at"] is None
     assert "stopped early" not in "\n".join(result.lines())

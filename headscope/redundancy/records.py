@@ -71,4 +71,6 @@ class PruneSummary(Record):
     heldout_passages: int
     until_stable: UntilStable | None = None  # with --until-stable
     saved_model: dict[str, Any] | None = None  # with --save-model: where, and the pruned model's shape
+    # with --protect: the heads kept out of the pruning order, what each carries, and whether the curve stopped early
+    protected: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
