@@ -14,7 +14,7 @@ from test_compare import TEXTS, planted_model
 import headscope
 from headscope.compare.census import census_spec, compact, count_of
 from headscope.compare.verdict import paired_change
-from headscope.learned.roles import Thresholds, roles
+from headscope.learned.roles import RoleSettings, Thresholds, roles
 from headscope.learned.roles.registry import ROLES
 from headscope.redundancy.pruning.heads import prune_heads
 from headscope.stats import COUNT
@@ -87,7 +87,8 @@ def test_a_model_against_itself_changes_no_count():
 def test_each_count_is_what_roles_finds_on_the_same_items():
     hm = planted_model()
     got = census(hm, hm)
-    table = roles(hm, TEXTS, n_sequences=12, repeat_length=15, batch_size=16, intervals=IntervalSettings(B=200))
+    table = roles(hm, TEXTS, RoleSettings(n_sequences=12, repeat_length=15, batch_size=16,
+                                          intervals=IntervalSettings(B=200)))
     held = {r: 0 for r in ROLES}
     for cell in np.char.add(np.char.add(table["roles"].astype(str), ";"), table["uncertain_roles"].astype(str)).ravel():
         for r in {x for x in cell.split(";") if x}:
