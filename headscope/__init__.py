@@ -59,7 +59,8 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("view", "compare"):  # the packages headscope.view and headscope.compare, callable as functions
+    # the packages headscope.view and headscope.compare, callable as functions
+    if name in ("view", "compare"):
         return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), _RENAMED.get(name, ("", name))[1])

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one verb; user errors exit 2 with one line, unexpected ones exit 1 with one line (-v: traceback)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra:  # argparse would blame `headscope`, not the verb, for words the verb does not take
+    # argparse would blame `headscope`, not the verb, for words the verb does not take
+    if extra:
         verb = getattr(args, "verb", None)
         print(f"headscope{' ' + verb if verb else ''}: error: unrecognized arguments: "
               f"{unknown_words(_verb_parser(parser, verb), extra)} (see headscope{' ' + verb if verb else ''} --help)",
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
-    if args.verb == "study":  # run from the command line, a study counts the process's start against its budget
+    # run from the command line, a study counts the process's start against its budget
+    if args.verb == "study":
         args.from_command_line = argv is None
     try:
         _quiet_libraries(args.verbose)
@@ -136,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
             print(f"headscope {args.verb}: {how}; no output was left half-written", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
-    except Exception as e:  # the safety net: a bug or an unforeseen input, never a bare traceback
+    except Exception as e:
+        # the safety net: a bug or an unforeseen input, never a bare traceback
         if is_disk_full(e) and distributed.is_main():  # a writer that did not say it itself
             where = getattr(e, "filename", None) or getattr(args, "out", None) or "."
             print(f"headscope {args.verb}: error: {flag_message(args, disk_full_error(where))}", file=sys.stderr)

@@ -167,7 +167,8 @@ def fail(error: BaseException) -> None:
     if active() and not getattr(error, "_headscope_reported", False):
         try:
             check(error)
-        except Exception:  # the group may already be broken; the launcher stops what is left
+        except Exception:
+            # the group may already be broken; the launcher stops what is left
             log.debug("could not report the failure to the other ranks", exc_info=True)
 
 
@@ -276,7 +277,8 @@ def _all_reduce_passages(stats: HeadStats, names: list[str]) -> Any:
     if acc is None:
         return None
     shape = (stats.n_layers, stats.n_heads)
-    for n in names:  # a rank without batches has declared nothing: zeros of the same shape
+    # a rank without batches has declared nothing: zeros of the same shape
+    for n in names:
         acc.declare(n, shape)
         acc.declare(f"{n}{COUNT}", shape)
     keys = sorted(acc.arrays)
@@ -327,8 +329,10 @@ def session(verb: str, device: str | None, splits_work: bool) -> Iterator[str | 
             raise HeadscopeError(f"{verb} does not run data-parallel; run it as one process "
                                  f"(data-parallel verbs: analyze, roles, score)")
         yield mine
-        check()  # rank 0 may still fail while writing: the others wait to hear
-    except Exception as e:  # Ctrl-C reaches every rank itself (and the launcher stops them)
+        # rank 0 may still fail while writing: the others wait to hear
+        check()
+    except Exception as e:
+        # Ctrl-C reaches every rank itself (and the launcher stops them)
         fail(e)
         raise
     finally:
@@ -378,7 +382,8 @@ def launch(argv: Sequence[str], workers: int, *, grace_s: float = 30.0) -> int:
             if deadline is not None and time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-    finally:  # also on Ctrl-C (which the children, in our process group, received too)
+    finally:
+        # also on Ctrl-C (which the children, in our process group, received too)
         for p in procs:
             if p.poll() is None:
                 p.terminate()

@@ -54,7 +54,8 @@ def is_disk_full(e: BaseException) -> bool:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     if isinstance(e, Exception) and ("No space left on device" in str(e) or "StorageFull" in str(e)):
-        return True  # safetensors' writer (a Rust IoError inside its own exception type)
+        # safetensors' writer (a Rust IoError inside its own exception type)
+        return True
     return isinstance(e, RuntimeError) and any(t in str(e) for t in _TORCH_SHORT_WRITE)
 
 
@@ -244,7 +245,8 @@ def atomic_dir(path: str | Path, *, force: bool = False, needed: int | None = No
         if not force:  # appeared while we were writing
             raise OutputConflict(f"{str(path)!r} appeared while it was being written; pass force=True to replace it")
         old = _sibling(path, "old")
-        os.replace(path, old)  # a folder cannot be renamed over a non-empty one: move the old aside first
+        # a folder cannot be renamed over a non-empty one: move the old aside first
+        os.replace(path, old)
         try:
             os.replace(tmp, path)
         except BaseException:
@@ -363,8 +365,10 @@ def prepare_out_dir(out: str | Path, force: bool, will_write: list[str]) -> Path
 
 # --- a verb's output set, staged and moved into place together; the lock on --out -------------------------------
 
-STAGE = "staging"  # .<out name>.staging.<pid>.<hex>: a run's output set before it is moved into place
-LOCK_ENV = "HEADSCOPE_OUT_LOCKED"  # the pid holding the lock, for the ranks it launches (its children)
+# .<out name>.staging.<pid>.<hex>: a run's output set before it is moved into place
+STAGE = "staging"
+# the pid holding the lock, for the ranks it launches (its children)
+LOCK_ENV = "HEADSCOPE_OUT_LOCKED"
 
 
 def _stage_prefix(out: Path) -> str:
@@ -465,7 +469,8 @@ def out_lock(out: str | Path | None, command: str = "headscope") -> Iterator[Non
                 raise
             raise OptionError("out", f"{str(out)!r} is in use by {_holder(path)}; wait for it to finish, or "
                                      f"choose another folder as out") from None
-        try:  # the holder before us may have unlinked the file after we opened it: lock the live one
+        # the holder before us may have unlinked the file after we opened it: lock the live one
+        try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
             same = False

@@ -361,13 +361,15 @@ def draw_cost_bars(ax: Any, rows: Sequence[Mapping[str, Any]], tolerance: float 
     ax.set_yticklabels([str(r["label"]) for r in rows], fontsize=7)
     finite = np.abs(np.concatenate([value, lo, hi]))
     finite = finite[np.isfinite(finite)]
-    if finite.size and finite.max() > 1.0:  # a change past 100% (a perplexity that grows 100-fold): log beyond 10%
+    # a change past 100% (a perplexity that grows 100-fold): log beyond 10%
+    if finite.size and finite.max() > 1.0:
         ax.set_xscale("symlog", linthresh=0.1)
     ax.xaxis.set_major_formatter(_percent)
     ax.tick_params(labelsize=7)
     ax.set_xlabel("change relative to BASE's value, with its paired interval")
     shown = [v for v in VERDICT_COLOURS if any(str(r["verdict"]) == v for r in rows)]
-    for v in shown:  # a legend entry per verdict present (an empty patch of its colour)
+    # a legend entry per verdict present (an empty patch of its colour)
+    for v in shown:
         ax.barh([np.nan], [np.nan], color=VERDICT_COLOURS[v], label=v)
     ax.legend(fontsize=7, loc="best")
     return bars

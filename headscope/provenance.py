@@ -171,7 +171,8 @@ def _well_formed(rec: dict[str, Any]) -> dict[str, Any]:
 def recorded_for(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
     """The JSON beside a verb's output file holding its provenance, and that record (None when the file is not a
     declared output, or nothing was recorded)."""
-    from .artifacts import provenance_file  # artifacts imports nothing of provenance: no cycle, loaded late
+    # artifacts imports nothing of provenance: no cycle, loaded late
+    from .artifacts import provenance_file
 
     path = Path(path)
     try:
@@ -194,7 +195,8 @@ def check_made_for(path: str | Path, hm: Any, option: str) -> None:
         return
     where, rec = found
     theirs = rec.get("model")
-    if not isinstance(theirs, dict):  # no model recorded (or a record of another shape): nothing to compare
+    # no model recorded (or a record of another shape): nothing to compare
+    if not isinstance(theirs, dict):
         return
     if same_model(theirs, model_record(hm)) is False:
         shape = theirs.get("shape")

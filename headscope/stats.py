@@ -158,7 +158,8 @@ def allowed_keys(attention_mask: torch.Tensor, causal: bool, window: int | None 
     kpos = torch.arange(t, device=valid.device)
     if causal:
         allowed = allowed & (kpos[None, :] <= qpos[:, None])
-    if window is not None:  # |q - k|: a bidirectional window reaches both ways (a causal one only back)
+    # |q - k|: a bidirectional window reaches both ways (a causal one only back)
+    if window is not None:
         allowed = allowed & ((qpos[:, None] - kpos[None, :]).abs() < window)
     return allowed
 
@@ -285,7 +286,8 @@ class StatsSession:
 
     def on_outputs(self, layer: int, z: torch.Tensor) -> None:
         gram = self.grams[layer]
-        if gram is None:  # a layer without heads (on_head_outputs skips those anyway)
+        # a layer without heads (on_head_outputs skips those anyway)
+        if gram is None:
             return None
         with torch.no_grad():
             reduce_outputs(self.stats, layer, z, gram, self._batch_mask(), self.heads[layer], self.rows)

@@ -84,7 +84,8 @@ class Trainer:
                                  f"parameters of the model being trained")
         if not self.params:
             raise HeadscopeError("nothing to train: no parameter requires a gradient")
-        if any(p.is_meta for p in self.params):  # offloaded by a device map: reloaded from its store every forward
+        # offloaded by a device map: reloaded from its store every forward
+        if any(p.is_meta for p in self.params):
             raise HeadscopeError("cannot train parameters offloaded by a device map (device_map); train a model "
                                  "that fits on one device (device), or train fewer parameters",
                                  fields=("device_map", "device"))
@@ -95,7 +96,8 @@ class Trainer:
         self.step = 0  # optimizer steps taken so far
         self.losses: list[float] = []
         self.train_s = 0.0  # wall seconds inside loss + backward + optimizer step
-        self.cpu_s = 0.0  # the same in CPU seconds (unlike wall time, not inflated by other jobs)
+        # the same in CPU seconds (unlike wall time, not inflated by other jobs)
+        self.cpu_s = 0.0
         self.desc = desc
 
     def run(self, n_steps: int, batch_fn: BatchFn, loss_fn: LossFn, *, progress: bool = False,
@@ -169,7 +171,8 @@ class Trainer:
             os.replace(tmp, path)
         except BaseException as e:
             tmp.unlink(missing_ok=True)
-            if is_disk_full(e):  # torch reports a short write as "enforce fail ... unexpected pos"
+            # torch reports a short write as "enforce fail ... unexpected pos"
+            if is_disk_full(e):
                 raise disk_full_error(path, _tensor_bytes(state)) from None
             raise
 
@@ -180,7 +183,8 @@ class Trainer:
         cut file, is a HeadscopeError naming the file."""
         try:
             blob = torch.load(path, weights_only=True, map_location="cpu")
-        except Exception as e:  # a cut file (EOFError, RuntimeError) or a pickle of objects (UnpicklingError)
+        except Exception as e:
+            # a cut file (EOFError, RuntimeError) or a pickle of objects (UnpicklingError)
             first = str(e).strip().splitlines()[0][:160] if str(e).strip() else "unreadable"
             raise HeadscopeError(f"{path} is damaged ({type(e).__name__}: {first}): not a training state headscope "
                                  f"wrote, and nothing in it was run (headscope loads only tensors and plain values "

@@ -8,6 +8,8 @@ name the step), not a number to raise here.
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 import headscope
@@ -129,3 +131,39 @@ def test_the_parameter_and_call_checks_can_fail():
     assert sorted(functions_with_many_parameters(src, 2)) == [(2, "m", 6), (6, "h", 3)]
     assert calls_with_many_positional_arguments(src, 3) == [(7, "g", 4)]
     assert sorted(calls_with_many_positional_arguments(src, 2)) == [(3, "g", 3), (7, "g", 4)]
+
+
+# A comment of this length or more goes on its own line above the code it explains, not squeezed onto the code
+# line (pragmas such as type-ignore and noqa markers stay where their tools read them).
+MAX_TRAILING_COMMENT = 60
+PRAGMAS = ("type:", "noqa", "pragma", "fmt:")
+
+
+def long_trailing_comments(src: str, limit: int) -> list[int]:
+    """Line numbers of comments of `limit` characters or more that follow code on their line."""
+    first: dict[int, int] = {}
+    lines = []
+    tokens = list(tokenize.generate_tokens(io.StringIO(src).readline))
+    skip = (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    for t in tokens:
+        if t.type not in skip:
+            first.setdefault(t.start[0], t.start[1])
+    for t in tokens:
+        pragma = t.string.removeprefix("#").lstrip().startswith(PRAGMAS)
+        if t.type == tokenize.COMMENT and first.get(t.start[0]) != t.start[1] and len(t.string) >= limit \
+                and not pragma:
+            lines.append(t.start[0])
+    return lines
+
+
+def test_no_long_comment_squeezed_onto_a_code_line():
+    squeezed = [f"{path.relative_to(ROOT)}:{line}" for path, src in _sources()
+                for line in long_trailing_comments(src, MAX_TRAILING_COMMENT)]
+    assert not squeezed, (f"comments of {MAX_TRAILING_COMMENT}+ characters after code (put them on their own line "
+                          f"above): {squeezed}")
+
+
+def test_the_trailing_comment_check_can_fail():
+    src = ("x = 1  # " + "a" * 60 + "\n# " + "b" * 70 + "\ny = 2  # short\n"
+           "z = f(  # type: ignore[x]  " + "c" * 60 + "\n)\n")
+    assert long_trailing_comments(src, MAX_TRAILING_COMMENT) == [1]

@@ -43,7 +43,8 @@ def check_locations(out: tuple[str, Path, list[str]] | None, whole: dict[str, Pa
                 raise HeadscopeError(f"{k} {str(whole[k])!r} is a file {option} writes ({p.name}); give {k} another "
                                      f"name")
         targets.update({f"{option} {str(folder)!r} ({n})": top / n for n in names})
-        for k, v in read.items():  # a model's folder is not a results folder (--from OUT --out OUT is: report)
+        # a model's folder is not a results folder (--from OUT --out OUT is: report)
+        for k, v in read.items():
             if k == MODEL and Path(v).expanduser().resolve() == top:
                 raise HeadscopeError(f"{option} {str(folder)!r} is {k}'s own folder: results would mix with its "
                                      f"files; choose another {option}")

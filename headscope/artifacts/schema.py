@@ -25,9 +25,11 @@ _FAMILY = re.compile(r"<[a-z_]+>")
 class Field:
     """One column of a CSV file, or one top-level key of a JSON or .npz file."""
 
-    name: str  # `<...>` marks a family: importance_<method> stands for importance_gradient, ...
+    # `<...>` marks a family: importance_<method> stands for importance_gradient, ...
+    name: str
     meaning: str = ""
-    when: str = ""  # "" = always written; else the option or model kind that makes the writer add it
+    # "" = always written; else the option or model kind that makes the writer add it
+    when: str = ""
 
     @property
     def is_family(self) -> bool:
@@ -48,7 +50,8 @@ class Field:
         return re.fullmatch(pattern, name) is not None
 
 
-BOUNDS = ("_lo", "_hi")  # a figure's confidence interval: `<column>_lo`, `<column>_hi` right after it
+# a figure's confidence interval: `<column>_lo`, `<column>_hi` right after it
+BOUNDS = ("_lo", "_hi")
 
 
 def bound_of(name: str) -> str | None:
@@ -66,7 +69,8 @@ class Artifact:
 
     name: str
     kind: str
-    verbs: Mapping[str, str]  # producing verb -> "" (every run writes it) or the option that makes it write it
+    # producing verb -> "" (every run writes it) or the option that makes it write it
+    verbs: Mapping[str, str]
     summary: str
     fields: tuple[Field, ...] = ()
     bounds: bool = False

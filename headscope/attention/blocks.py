@@ -53,7 +53,8 @@ class AttentionBlock:
     kv_length: int  # keys in the whole sequence
     entropy: torch.Tensor  # [batch, head, q_block] nats
     max_weight: torch.Tensor  # [batch, head, q_block]
-    sink_mass: torch.Tensor | None = None  # [batch, head, q_block]: the learned sink's share (None: no sink)
+    # [batch, head, q_block]: the learned sink's share (None: no sink)
+    sink_mass: torch.Tensor | None = None
 
     @property
     def q_end(self) -> int:
@@ -87,7 +88,8 @@ def key_range(q_start: int, q_end: int, kv_length: int, causal: bool, window: in
     only if j <= i when causal, and |i - j| < window with a sliding window)."""
     if causal:
         k_end = min(q_end, kv_length)
-    else:  # a bidirectional window reaches window - 1 keys past the block's last query
+    else:
+        # a bidirectional window reaches window - 1 keys past the block's last query
         k_end = kv_length if window is None else min(kv_length, q_end + window - 1)
     k_start = max(0, q_start - window + 1) if window is not None else 0
     return k_start, k_end
@@ -183,7 +185,8 @@ class BlockRows:
     near: torch.Tensor  # [batch, head, q_block, len(NEAR_OFFSETS)]
     first: torch.Tensor
     weighted: torch.Tensor  # [batch, head, q_block, c]
-    sink: torch.Tensor | None = None  # the learned sink's mass (None: the family has no sink, i.e. 0)
+    # the learned sink's mass (None: the family has no sink, i.e. 0)
+    sink: torch.Tensor | None = None
 
     @property
     def q_end(self) -> int:
@@ -249,7 +252,8 @@ def fused_rows(query: torch.Tensor, key: torch.Tensor, side: torch.Tensor, mask:
     b, h, _, _ = query.shape
     kv, kv_length = key.shape[1], key.shape[2]
     nq, width = q_end - q_start, side.shape[-1]
-    rows = (h // kv) * nq  # query heads of one KV head, each with its block of queries: one matmul
+    # query heads of one KV head, each with its block of queries: one matmul
+    rows = (h // kv) * nq
     k_start, k_end = key_range(q_start, q_end, kv_length, causal, window)
     new = query.new_empty(0, dtype=torch.float32)
     m = new.new_full((b * kv, rows, 1), _FLOOR)  # running maximum logit per query
@@ -272,7 +276,8 @@ def fused_rows(query: torch.Tensor, key: torch.Tensor, side: torch.Tensor, mask:
             first.copy_(s[..., 0])
         flat = s.view(b * kv, rows, k1 - k0)
         m_new = torch.maximum(m, flat.amax(dim=-1, keepdim=True))
-        scale = torch.exp(m - m_new)  # rescales what earlier tiles summed against the smaller maximum
+        # rescales what earlier tiles summed against the smaller maximum
+        scale = torch.exp(m - m_new)
         flat.sub_(m_new)
         e = torch.exp(flat)
         # sum e (s - m_new) = scale * (sum e_old (s - m_old) + (m_old - m_new) * Z_old) + this tile's part
@@ -298,7 +303,8 @@ def fused_rows(query: torch.Tensor, key: torch.Tensor, side: torch.Tensor, mask:
                                                                             n_value=n_value, view=view, qpos=qpos)
     m_q = m.view(b, h, nq)
     inv_q = inv.view(view)
-    if dist is None:  # causal: |q - k| = q - k, so sum_k p_k (q - k) = q (1 - sink) - sum_k p_k k
+    # causal: |q - k| = q - k, so sum_k p_k (q - k) = q (1 - sink) - sum_k p_k k
+    if dist is None:
         mean_distance = qpos.float() - mean_pos.view(view)
     else:
         mean_distance = dist * inv_q

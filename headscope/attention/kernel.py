@@ -42,7 +42,8 @@ DEFAULT_BLOCK = 128
 
 BlockFn = Callable[[AttentionBlock], None]
 RowsFn = Callable[[BlockRows], None]
-ColumnsFn = Callable[[int], torch.Tensor]  # layer -> key columns [batch, T, c] whose weighted sums a RowsFn reads
+# layer -> key columns [batch, T, c] whose weighted sums a RowsFn reads
+ColumnsFn = Callable[[int], torch.Tensor]
 # Where a layer's output comes from while consumers are attached: "sdpa" (transformers' own sdpa call,
 # then the blocks for the statistics) or "blocks" (probs @ V of the very blocks the statistics read:
 # eager's output, one attention computed instead of two).

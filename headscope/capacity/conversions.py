@@ -107,7 +107,8 @@ def gqa(hm: HeadModel, data: Any = None, options: GqaOptions | None = None, *, h
         progress: bool = False, **changes: Any) -> ConversionResult:
     """`headscope gqa` on a loaded model: K/V heads pooled into `kv_heads` groups, optionally uptrained, with
     perplexity and KV bytes; `hm` is left untouched. `gqa(hm, kv_heads=1)` is MQA."""
-    from .gqa import convert_and_evaluate  # deferred: the conversion's modules load only when converting
+    # deferred: the conversion's modules load only when converting
+    from .gqa import convert_and_evaluate
 
     check_data(data)
     check_data(heldout, "heldout")

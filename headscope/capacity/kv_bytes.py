@@ -48,12 +48,14 @@ class AttentionShape:
 
     name: str
     model_type: str
-    n_layers: int  # layers that keep a self-attention cache (decoder layers of an encoder-decoder)
+    # layers that keep a self-attention cache (decoder layers of an encoder-decoder)
+    n_layers: int
     n_heads: int
     n_kv_heads: int
     d_head: int
     d_model: int | None
-    windows: tuple[int | None, ...]  # per cached layer: None = full attention, else at most this many tokens
+    # per cached layer: None = full attention, else at most this many tokens
+    windows: tuple[int | None, ...]
     note: str = ""
     # Multi-head latent attention (DeepSeek): numbers cached per token and layer (kv_lora_rank + qk_rope_head_dim)
     # instead of 2 x n_kv_heads x d_head, and what caching every head's K and V would take (n_heads x
@@ -212,7 +214,8 @@ def attention_shape(config: Any, name: str | None = None) -> AttentionShape:
         types = d.get("layer_types") or []
         d_heads = tuple(w for w, t in zip(d_heads, types, strict=True) if t not in NO_KV_LAYER_TYPES)
     shared = int(d.get("num_kv_shared_layers") or 0)
-    if 0 < shared < len(windows):  # Gemma-4: the last layers reuse an earlier layer's K/V and cache none
+    # Gemma-4: the last layers reuse an earlier layer's K/V and cache none
+    if 0 < shared < len(windows):
         windows = windows[:-shared]
         d_heads = d_heads[:-shared] if d_heads is not None else None
         note = note or (f"the last {shared} of {counts.n_layers} layers reuse an earlier layer's keys and values "
@@ -253,7 +256,8 @@ def kv_bytes_per_token(config: Any, dtype: Any = "bf16") -> int:
     (use `kv_cache_bytes` for a given length).
     """
     s = attention_shape(config)
-    if s.latent is not None:  # multi-head latent attention: one latent (and rotary key) per layer and token
+    # multi-head latent attention: one latent (and rotary key) per layer and token
+    if s.latent is not None:
         return s.n_layers * s.latent * dtype_bits(dtype) // 8
     if s.d_heads is not None:  # head_dim per layer
         return sum(kv_bytes(s.n_kv_heads, d, dtype_bits(dtype)) for d in s.d_heads)

@@ -166,7 +166,8 @@ def kvcache(hm: HeadModel, data: Any = None, options: KvcacheOptions | None = No
         score_info.update(info)
     on_row = _print_row if progress else None
     rows = compare(hm, passages, matrix, o.by, settings, progress=progress, on_row=on_row, train_batches=batches)
-    if learned is not None:  # DuoAttention's learned alphas: rows beside the score's and random's at equal bytes
+    # DuoAttention's learned alphas: rows beside the score's and random's at equal bytes
+    if learned is not None:
         more, score_info["learned"] = learned_rows(hm, passages, prompts, settings, learned, progress=progress,
                                                    on_row=on_row)
         rows += more

@@ -174,7 +174,8 @@ class GqaOptions(ConversionOptions):
 
     def check(self) -> None:
         super().check()
-        GROUPINGS.get(self.grouping)  # the registry as it is now: a grouping registered later is accepted
+        # the registry as it is now: a grouping registered later is accepted
+        GROUPINGS.get(self.grouping)
 
 
 @dataclass(frozen=True, kw_only=True)

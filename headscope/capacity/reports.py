@@ -84,11 +84,13 @@ class KvcacheSettings(Record):
     window: int
     context: int
     budgets: list[float]
-    scores: dict[str, Any]  # by, from, and the measured ranking or the learned alphas (card export reads them)
+    # by, from, and the measured ranking or the learned alphas (card export reads them)
+    scores: dict[str, Any]
     data: str
     passages: int
     needles: int
-    uptrain: dict[str, Any] | None  # the uptraining text and batches; None without uptraining steps
+    # the uptraining text and batches; None without uptraining steps
+    uptrain: dict[str, Any] | None
 
 
 @dataclass

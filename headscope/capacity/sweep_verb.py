@@ -69,7 +69,8 @@ def sweep(options: SweepOptions | None = None, *, saved: str | Path | None = Non
     """
     o = (options or SweepOptions()).replace(**changes).validate().with_task_defaults()
     if o.threads is not None:
-        import torch  # here: torch's thread count is a process-wide setting only this option changes
+        # here: torch's thread count is a process-wide setting only this option changes
+        import torch
 
         torch.set_num_threads(o.threads)
     # Every task has a default for each of these (`SWEEP_DEFAULTS`).

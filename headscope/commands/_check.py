@@ -12,7 +12,8 @@ from ..compare import CompareResult
 from ..compare.check import check_lines
 from ..errors import HeadscopeError
 
-CHECK_OUTPUTS = outputs("compare")  # compare.csv, compare.json: what the check writes into the verb's --out
+# compare.csv, compare.json: what the check writes into the verb's --out
+CHECK_OUTPUTS = outputs("compare")
 
 
 def check_files(on: bool) -> list[str]:

@@ -35,7 +35,8 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     check_ranks(len(source), "passages")  # torchrun / --workers: every rank needs a passage
     hm = model or options.load()
     result = verbs.analyze(hm, source, options, progress=True)
-    if not is_main():  # every rank holds the merged table; rank 0 alone writes and prints
+    # every rank holds the merged table; rank 0 alone writes and prints
+    if not is_main():
         return 0
     result.save(out, options.force)  # both files appear together, or neither
     print("\n".join(result.lines()))

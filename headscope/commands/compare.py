@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     check_model_name(options.other, "other")
     for path in options.pairs:
         read_pairs(path)  # a bad or empty file fails before the models load
-    if options.cache is not None:  # a pattern or kvcache plan that cannot be read, or a row it lacks: before loading
+    # a pattern or kvcache plan that cannot be read, or a row it lacks: before loading
+    if options.cache is not None:
         read_cache(options.cache, options.cache_row, options.cache_reversed)
     # the language-model row's passages, read (and a missing or unreadable file refused) before the models load
     texts = read_texts(options.data, options.limit) if options.data is not None else None

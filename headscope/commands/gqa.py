@@ -39,14 +39,16 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     options = GqaOptions.from_namespace(args).validate()
     # refuse before any slow work
     out = prepare_out_dir(options.out, options.force, OUTPUTS + check_files(options.capability_check))
-    data, heldout = read_uptrain_texts(options)  # bad data fails before the model loads; passed on, never read again
+    # bad data fails before the model loads; passed on, never read again
+    data, heldout = read_uptrain_texts(options)
     hm = model or options.load()
     # the conversion checks --kv-heads against the model first, before any work.
     result = verbs.gqa(hm, data, options, heldout=heldout, progress=True)
     result.save(out, options.force)  # model/ and gqa.json appear together, or neither
     print("\n".join(result.lines()))
     wrote = list(OUTPUTS)
-    if options.capability_check:  # what the converted model lost against the input (gqa leaves it untouched)
+    # what the converted model lost against the input (gqa leaves it untouched)
+    if options.capability_check:
         wrote += finish_check(lambda: check(hm, result.model, seed=options.seed), out, options.force)
     print(f"\nwrote {', '.join(str(out / n) for n in wrote)}; the model has {how_it_loads(out / MODEL_DIR.name)}",
           file=sys.stderr)

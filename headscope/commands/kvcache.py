@@ -64,13 +64,15 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
                                 allow_random_weights=options.allow_random_weights)
     result = verbs.kvcache(hm, data, options, scores=scores, train_data=train, progress=True)
     result.save(out, options.force)  # both files appear together, or neither
-    if card is not None:  # outside --out: written (atomically) once the set is in place
+    # outside --out: written (atomically) once the set is in place
+    if card is not None:
         warning = export_card(result, hm, card, force=options.force).warning
         if warning:
             print(warning, file=sys.stderr)
     print("\n".join(result.lines()))
     wrote = list(OUTPUTS)
-    if options.capability_check:  # the input model decoding through the cache a user would ship, against itself
+    # the input model decoding through the cache a user would ship, against itself
+    if options.capability_check:
         wrote += finish_check(lambda: check_kvcache(hm, result, data.texts), out, options.force)
     print(f"\nwrote {', '.join(str(out / n) for n in wrote)}{' and ' + str(card) if card else ''}", file=sys.stderr)
     return 0

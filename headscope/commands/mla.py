@@ -45,7 +45,8 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     result.save(out, options.force)  # model/ and mla.json appear together, or neither
     print("\n".join(result.lines()))
     wrote = list(OUTPUTS)
-    if options.capability_check:  # what the converted model lost against the input (mla leaves it untouched)
+    # what the converted model lost against the input (mla leaves it untouched)
+    if options.capability_check:
         wrote += finish_check(lambda: check(hm, result.model, seed=options.seed), out, options.force)
     print(f"\nwrote {', '.join(str(out / n) for n in wrote)}; the model has {how_it_loads(out / MODEL_DIR.name)}",
           file=sys.stderr)

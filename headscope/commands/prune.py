@@ -19,7 +19,8 @@ from ..uncertainty import MIN_STABLE_PASSAGES, check_until_stable
 from ._check import check_files, finish_check
 
 # The files of a head curve and of a curve of units beyond heads (each with model/ under --save-model).
-OUTPUTS = outputs("prune")  # prune_curve.csv, prune_curve.png, redundancy.csv, prune.json
+# prune_curve.csv, prune_curve.png, redundancy.csv, prune.json
+OUTPUTS = outputs("prune")
 UNIT_OUTPUTS = outputs("prune --unit")  # unit_curve.csv, unit_curve.png, units.json
 
 
@@ -41,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
-    options = PruneOptions.from_namespace(args)  # validated by the CLI: every option checked before any file or model
+    # validated by the CLI: every option checked before any file or model
+    options = PruneOptions.from_namespace(args)
     files = OUTPUTS if options.heads else UNIT_OUTPUTS
     checked = options.save_model and options.capability_check  # no model, no check
     will = files + ([MODEL_DIR.name] if options.save_model else []) + check_files(checked)
@@ -70,7 +72,8 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     clear_partial(out)  # the run is complete: its checkpoint is no longer needed
     print("\n".join(result.lines()))
     wrote = [*files, *([MODEL_DIR.name] if options.save_model else [])]
-    if checked and result.model is not None:  # what the pruned model lost against the input (left untouched)
+    # what the pruned model lost against the input (left untouched)
+    if checked and result.model is not None:
         small = result.model
         wrote += finish_check(lambda: check(hm, small, seed=options.seed), out, options.force)
     print(f"\nwrote {', '.join(str(out / n) for n in wrote)}", file=sys.stderr)

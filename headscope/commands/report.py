@@ -33,7 +33,8 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     out = prepare_out_dir(options.out, options.force, [REPORT_NAME, *figure_names()])
     hm = None if options.no_model else model or options.load()
     result = report(hm, None, options, progress=True)
-    result.save(out, options.force)  # the page, its figures (and computed heads.csv/.json) together, or none
+    # the page, its figures (and computed heads.csv/.json) together, or none
+    result.save(out, options.force)
     path = out / REPORT_NAME
     size = path.stat().st_size
     print(f"wrote {path} ({size / 1024:.0f} KiB); open it in any browser, it needs no network", file=sys.stderr)

@@ -36,7 +36,8 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     options = RolesOptions.from_namespace(args)  # validated by the CLI: the long-range options included
     out = prepare_out_dir(options.out, options.force, OUTPUTS)  # refuse before any slow work
     card = None
-    if options.export_card is not None:  # refused before any work when it cannot be written or would replace a file
+    # refused before any work when it cannot be written or would replace a file
+    if options.export_card is not None:
         card = check_card_path(options.export_card, options.card_format, options.force)
     # Every source is read once, here, so bad input fails before the model loads; the passes get what was read.
     data = verbs.read_roles_data(options)
@@ -44,12 +45,14 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     check_ranks(len(data.source), "passages")  # torchrun / --workers: every rank needs a passage
     hm = model or options.load()
     result = verbs.roles(hm, data, options, progress=True)
-    if not is_main():  # every rank holds the merged census; rank 0 alone runs --long, writes and prints
+    # every rank holds the merged census; rank 0 alone runs --long, writes and prints
+    if not is_main():
         return 0
     if card is not None:  # roles.json records what the card is
         result = record_card(result, card, options.card_format, options.card_score)
     written = result.save(out, options.force)  # roles.csv, roles.json (and syntax.csv) together, or none
-    if card is not None:  # outside --out: written atomically once the set is in place
+    # outside --out: written atomically once the set is in place
+    if card is not None:
         written.append(export_card(result, hm, force=options.force).path)
     print("\n".join(result.lines()))
     print(f"\nwrote {', '.join(map(str, written))}", file=sys.stderr)

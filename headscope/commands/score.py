@@ -40,7 +40,8 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     data = read_task_data(options.data, options.limit)  # bad data fails before the model loads
     hm = model or options.load()
     result = verbs.score(hm, data, options, progress=True)
-    if not is_main():  # every rank holds the merged table; rank 0 alone writes and prints
+    # every rank holds the merged table; rank 0 alone writes and prints
+    if not is_main():
         return 0
     result.save(out, options.force)  # the files appear together, or none
     print("\n".join(result.lines()))

@@ -44,8 +44,10 @@ def _done(run: Run) -> None:
 
 
 def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
-    options = SweepOptions.from_namespace(args)  # validated by the CLI: --threads, --eval-tokens, --init-std
-    check_writable_dir(options.out)  # before any training: a file or read-only --out fails now, not after
+    # validated by the CLI: --threads, --eval-tokens, --init-std
+    options = SweepOptions.from_namespace(args)
+    # before any training: a file or read-only --out fails now, not after
+    check_writable_dir(options.out)
     t0 = time.perf_counter()
 
     def planned(o: SweepOptions, configs: list[Any]) -> None:

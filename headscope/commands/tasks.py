@@ -14,7 +14,8 @@ from ..redundancy import verbs
 from ..redundancy.importance.tasks import TASKS
 from ..redundancy.options import TasksOptions
 
-OUTPUTS = outputs("tasks")  # tasks.csv, task_correlation.csv, task_specific.csv, tasks.json
+# tasks.csv, task_correlation.csv, task_specific.csv, tasks.json
+OUTPUTS = outputs("tasks")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
             webbrowser.open(url)
         server.serve_forever()
     except KeyboardInterrupt as e:
-        if type(e) is not KeyboardInterrupt:  # SIGTERM (the CLI's KeyboardInterrupt subclass): exit 143 as documented
+        # SIGTERM (the CLI's KeyboardInterrupt subclass): exit 143 as documented
+        if type(e) is not KeyboardInterrupt:
             raise
         print("headscope view: stopped", file=sys.stderr)
     finally:

@@ -40,7 +40,8 @@ from ..uncertainty import PassageSums, ratio
 
 __all__ = ["REPEAT_LENGTH", "census_rows", "census_spec"]
 
-REPEAT_LENGTH = 24  # tokens per random sequence of the induction pass (roles' default), fewer when positions lack
+# tokens per random sequence of the induction pass (roles' default), fewer when positions lack
+REPEAT_LENGTH = 24
 Sums = dict[str, np.ndarray]
 AHEAD = {name for offset, name, _, _ in OFFSET_ROLES if offset > 0}  # a decoder's head never sees these keys
 

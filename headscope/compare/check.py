@@ -26,12 +26,16 @@ from .verb import CompareResult, compare
 # The rows and their sizes (docs/compare.md, "Every compressing verb checks what it broke", measures their cost).
 DECODER_ROWS = ("lm", "induction", "ioi", "retrieval")
 ENCODER_ROWS = ("fidelity", "masked")
-PASSAGES = 16  # held-out passages of the lm (decoders) or fidelity (encoders) row: compare's default corpus
+# held-out passages of the lm (decoders) or fidelity (encoders) row: compare's default corpus
+PASSAGES = 16
 MAX_LENGTH = 64  # tokens per such passage
 ITEMS = 16  # pairs per pair task (induction, ioi, masked)
-LONG = 256  # tokens per needle haystack of the retrieval row (less where the model has fewer positions)
-HAYSTACKS = 4  # needle haystacks of the retrieval row, one per depth (0.1, 0.35, 0.6, 0.85)
-MIN_LONG = 64  # the shortest haystack compare builds (CompareOptions.long)
+# tokens per needle haystack of the retrieval row (less where the model has fewer positions)
+LONG = 256
+# needle haystacks of the retrieval row, one per depth (0.1, 0.35, 0.6, 0.85)
+HAYSTACKS = 4
+# the shortest haystack compare builds (CompareOptions.long)
+MIN_LONG = 64
 
 # Through a head-aware cache: perplexity on passages of the run's --context tokens (the first CACHE_PASSAGES of its
 # long text that hold them) and needle retrieval at the same length.
@@ -44,7 +48,8 @@ def _options(base: HeadModel, other: HeadModel, **sizes: Any) -> CompareOptions:
     rows = DECODER_ROWS if base.causal else ENCODER_ROWS
     settings: dict[str, Any] = {"tasks": rows, "limit": PASSAGES, "max_length": MAX_LENGTH, "items": ITEMS,
                                 "long": LONG, "haystacks": HAYSTACKS, **sizes}
-    if base.max_positions is not None:  # a small model: passages and haystacks within its positions
+    # a small model: passages and haystacks within its positions
+    if base.max_positions is not None:
         settings["long"] = min(settings["long"], base.max_positions)
         settings["max_length"] = min(settings["max_length"], base.max_positions)
     if settings["long"] < MIN_LONG:  # too few positions for a needle haystack: no retrieval row

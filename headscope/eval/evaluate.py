@@ -65,10 +65,12 @@ class MetricResult:
 class Reference:
     """The unpruned model's outputs per passage, computed once; fidelity compares against them."""
 
-    pooled: torch.Tensor  # [passages, d_model] mean-pooled final hidden states, float32
+    # [passages, d_model] mean-pooled final hidden states, float32
+    pooled: torch.Tensor
     tokens: list[torch.Tensor]  # per passage [len, d_model] final hidden states
     lengths: list[int]
-    fingerprint: int  # hash of the token ids, so a reference is never used with other data
+    # hash of the token ids, so a reference is never used with other data
+    fingerprint: int
 
     def check(self, prep: Tokens) -> None:
         """Raise when this reference was made from other passages than `prep`."""

@@ -107,7 +107,8 @@ class _Inputs(Protocol):
 
 
 def _device(model: nn.Module) -> torch.device:
-    return input_device(model)  # a dispatched model's main device (its offloaded parameters sit on meta)
+    # a dispatched model's main device (its offloaded parameters sit on meta)
+    return input_device(model)
 
 
 def compare_lms(reference: nn.Module, candidates: Mapping[str, nn.Module], batches: Iterable[_Inputs], *,

@@ -33,8 +33,10 @@ from .metrics import final_hidden, mean_pool
 
 log = logging.getLogger(__name__)
 
-DEFAULT_L2 = 1e-2  # on standardised features, per training passage (the loss is a mean)
-_GRAD_TOL = 1e-9  # the fit's stopping rule: every partial derivative of the objective below this
+# on standardised features, per training passage (the loss is a mean)
+DEFAULT_L2 = 1e-2
+# the fit's stopping rule: every partial derivative of the objective below this
+_GRAD_TOL = 1e-9
 _RESTARTS = 5
 
 
@@ -48,7 +50,8 @@ class ProbeForSequenceClassification(nn.Module):
 
     def __init__(self, model: nn.Module, weight: torch.Tensor, bias: torch.Tensor, labels: list[str]) -> None:
         super().__init__()
-        self.wrapped: Any = model  # a transformers model, used through its API (base_model, ...)
+        # a transformers model, used through its API (base_model, ...)
+        self.wrapped: Any = model
         self.probe = nn.Linear(weight.shape[1], weight.shape[0])
         with torch.no_grad():
             self.probe.weight.copy_(weight)
@@ -78,7 +81,8 @@ class ProbeForSequenceClassification(nn.Module):
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         hidden = self.wrapped.base_model(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
         pooled = mean_pool(hidden, mask)
-        w = self.probe.weight  # the probe sits on the input device; a dispatched model ends elsewhere
+        # the probe sits on the input device; a dispatched model ends elsewhere
+        w = self.probe.weight
         return SequenceClassifierOutput(logits=self.probe(pooled.to(device=w.device, dtype=w.dtype)))
 
 
@@ -138,7 +142,8 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, n_classes: int, l2: float = D
         return loss
 
     with torch.enable_grad():
-        for _ in range(_RESTARTS):  # L-BFGS may stop on a tiny loss change before the gradient is ~0
+        # L-BFGS may stop on a tiny loss change before the gradient is ~0
+        for _ in range(_RESTARTS):
             opt.step(closure)
             closure()
             gw, gb = w.grad, b.grad  # set by closure()'s backward
@@ -199,7 +204,8 @@ def fit_probe(hm: HeadModel, data: Any = "polarity", *, train_share: float = 0.5
     w, b = fit_logistic(x_train, y_train, len(names), l2)
     dtype = hm.dtype
     model = ProbeForSequenceClassification(hm.model, w.to(dtype), b.to(dtype), names)
-    model.probe.to(hm.device)  # only the probe: moving the wrapper would move (and undo the dispatch of) the model
+    # only the probe: moving the wrapper would move (and undo the dispatch of) the model
+    model.probe.to(hm.device)
     probed = HeadModel(model, hm.tokenizer, name=hm.name, source=hm.source)
 
     def acc(x: torch.Tensor, y: list[int]) -> float:

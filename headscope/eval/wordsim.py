@@ -41,7 +41,8 @@ def read_word_pairs(which: str = "wordsim353") -> list[tuple[str, str, float]]:
 def wordsim_spearman(hm: HeadModel, which: str = "wordsim353", gates: torch.Tensor | None = None,
                      batch_size: int = 64) -> float:
     """Spearman correlation between human similarity ratings and the cosine of mean-pooled word embeddings."""
-    from scipy.stats import spearmanr  # scipy.stats takes ~1 s to import; only this measure needs it
+    # scipy.stats takes ~1 s to import; only this measure needs it
+    from scipy.stats import spearmanr
 
     if hm.tokenizer is None:
         raise HeadscopeError("word similarity needs a model with a tokenizer")

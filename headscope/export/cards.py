@@ -37,7 +37,8 @@ CARD_SCORES = {e.card: e.score for e in of_scope("long") if e.card is not None}
 CARD_FORMATS = ("retrieval-head", "duo")
 DUO_PATTERN = "full_attention_heads.tsv"
 DUO_CONFIG = "config.json"
-DUO_SINK, DUO_RECENT = 4, 256  # what a streaming head keeps: kvcache's --sink and --window defaults
+# what a streaming head keeps: kvcache's --sink and --window defaults
+DUO_SINK, DUO_RECENT = 4, 256
 
 
 def head_card(report: dict[str, Any], score: str = "retrieval") -> tuple[dict[str, list[float]], str]:
@@ -152,7 +153,8 @@ def kvcache_duo(report: KvcacheReport, n_kv_heads: int, by: str) -> tuple[np.nda
     record; learned: not a ranking of measured scores)."""
     scores = report.settings.scores
     learned = scores.get("learned")
-    if learned is not None:  # DuoAttention's own pattern: the learned alphas, [layers, KV heads] in [0, 1]
+    # DuoAttention's own pattern: the learned alphas, [layers, KV heads] in [0, 1]
+    if learned is not None:
         return (np.asarray(learned["alpha"], float), "the learned alphas (--choose learned)",
                 {"score": "learned alpha", "ranking_stability": None, "note": "optimised gates (DuoAttention), not "
                  "a ranking of measured scores: no split-half stability applies"})
@@ -174,7 +176,8 @@ class HeadCard:
     score: str
     values: dict[str, list[float]]
     note: str
-    config: dict[str, Any] | None = None  # how stable the ranking was and what it came from (card_record)
+    # how stable the ranking was and what it came from (card_record)
+    config: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, long_context: dict[str, Any], path: str | Path, fmt: str, score: str) -> HeadCard:

@@ -162,7 +162,8 @@ def plan_gguf(src: str | Path, dtype: str = "f16") -> GgufPlan:
     check_source(src)
     hm = load_checkpoint(src)
     shape = model_shape(hm)
-    tok = tokenizer_fields(src)  # refuses an unsupported tokenizer before anything is written
+    # refuses an unsupported tokenizer before anything is written
+    tok = tokenizer_fields(src)
     return GgufPlan(src=src, hm=hm, shape=shape, tokenizer=tok, dtype=dtype,
                     fallback=_write_tensors(None, hm, shape, dtype))
 
@@ -173,7 +174,8 @@ def write_gguf(plan: GgufPlan, out: str | Path, force: bool = False) -> dict[str
 
     out = Path(out)
     check_out(out, force)
-    remove_stale_temps(out)  # what a killed export of the same file left (its process is gone)
+    # what a killed export of the same file left (its process is gone)
+    remove_stale_temps(out)
     fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(out), suffix=".tmp", dir=out.parent)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -210,7 +212,8 @@ def _umask() -> int:
 
 
 def _write_header(writer: Any, hm: HeadModel, shape: Shape, dtype: str, src: Path) -> None:
-    import gguf  # deferred: the writer is needed only when exporting (commands/export.py checks it is there)
+    # deferred: the writer is needed only when exporting (commands/export.py checks it is there)
+    import gguf
 
     c = hm.config
     uniform = shape.uniform
@@ -252,7 +255,8 @@ def tokenizer_fields(src: Path) -> dict[str, Any]:
     tokens = [""] * n
     for text, i in model["vocab"].items():
         tokens[i] = text
-    types = [1] * n  # gguf.TokenType: 1 normal, 3 control (special added tokens), 4 user-defined
+    # gguf.TokenType: 1 normal, 3 control (special added tokens), 4 user-defined
+    types = [1] * n
     for i, a in added.items():
         tokens[i] = a["content"]
         types[i] = 3 if a.get("special") else 4
@@ -279,7 +283,8 @@ def _pre_name(pre: Any) -> str | None:
 
 
 def _write_tokenizer(writer: Any, src: Path, tok: dict[str, Any], hm: HeadModel) -> None:
-    import gguf  # deferred: the writer is needed only when exporting (commands/export.py checks it is there)
+    # deferred: the writer is needed only when exporting (commands/export.py checks it is there)
+    import gguf
 
     if len(tok["tokens"]) > hm.vocab_size:
         raise HeadscopeError(f"{str(src)!r}: the tokenizer has {len(tok['tokens'])} tokens, more than the model's "
@@ -291,7 +296,8 @@ def _write_tokenizer(writer: Any, src: Path, tok: dict[str, Any], hm: HeadModel)
     writer.add_token_types(tok["types"] + [5] * pad)  # 5: unused
     special = gguf.SpecialVocab(src, load_merges=False, n_vocab=hm.vocab_size)
     special.merges = tok["merges"]
-    if hm.tokenizer is not None:  # whether the tokenizer adds BOS / EOS to a text, as llama.cpp should
+    # whether the tokenizer adds BOS / EOS to a text, as llama.cpp should
+    if hm.tokenizer is not None:
         with_special = hm.tokenizer("a")["input_ids"]
         plain = hm.tokenizer("a", add_special_tokens=False)["input_ids"]
         extra = len(with_special) - len(plain)
@@ -302,10 +308,12 @@ def _write_tokenizer(writer: Any, src: Path, tok: dict[str, Any], hm: HeadModel)
 
 def _tensor(writer: Any, name: str, t: torch.Tensor, dtype: str, fallback: list[str]) -> None:
     """Add one tensor: 1-D ones (norms) stay float32, as llama.cpp's converter keeps them."""
-    import gguf  # deferred: the writer is needed only when exporting (commands/export.py checks it is there)
+    # deferred: the writer is needed only when exporting (commands/export.py checks it is there)
+    import gguf
 
     if dtype == "q8_0" and t.ndim > 1 and t.shape[-1] % 32:
-        fallback.append(name)  # rows not a multiple of Q8_0's 32-value blocks: f16, as llama.cpp's converter does
+        # rows not a multiple of Q8_0's 32-value blocks: f16, as llama.cpp's converter does
+        fallback.append(name)
     if writer is None:  # planning: which tensors fall back, nothing written
         return
     a = t.detach().to(torch.float32).cpu().numpy()

@@ -244,7 +244,8 @@ def check_cka_memory(memory: int, n_groups: int, dim: int) -> int:
         raise HeadscopeError(f"the exact CKA's memory budget must be a positive number of bytes; got {memory!r}")
     # a budget beyond what the machine has would be spent until the OOM killer ends the run
     check_fits_memory("cka_memory", -(-memory // 2**20), 2**20, "the exact CKA's blocks (MiB)", share=0.9)
-    per_group = dim * n_groups * dim * 12  # its float64 rows of the cross-covariance and their float32 product
+    # its float64 rows of the cross-covariance and their float32 product
+    per_group = dim * n_groups * dim * 12
     usable = memory - memory // 4  # a quarter goes to the chunk of samples read back
     if usable < per_group:
         need = -(-per_group * 4 // 3) // 2**20 + 1

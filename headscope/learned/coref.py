@@ -140,9 +140,11 @@ class CorefItem:
 
     aligned: Aligned
     anaphors: list[int]  # word index of each anaphor's head
-    candidates: list[list[int]]  # per anaphor: candidate head-word positions (preceding mentions)
+    # per anaphor: candidate head-word positions (preceding mentions)
+    candidates: list[list[int]]
     correct: list[list[bool]]  # per anaphor and candidate: coreferent?
-    nearest: list[int]  # per anaphor: index into candidates picked by the nearest-mention baseline
+    # per anaphor: index into candidates picked by the nearest-mention baseline
+    nearest: list[int]
     same_head: list[int]  # per anaphor: index picked by the same-head-word baseline
 
 
@@ -291,7 +293,8 @@ def coreference_accuracy(hm: Any, docs: Sequence[Document], max_length: int, bat
         counts.add_item(layer, w, items[idx], row=idx)
 
     if progress is not None and hasattr(progress, "refresh"):
-        progress.total = len(items)  # known only now: windows are built from the documents first
+        # known only now: windows are built from the documents first
+        progress.total = len(items)
         progress.refresh()
 
     stream_word_attention(hm, [it.aligned for it in items], batch_size, fn, pad_id, progress)

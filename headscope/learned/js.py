@@ -38,7 +38,8 @@ def pairwise_js_sums(probs: torch.Tensor) -> torch.Tensor:
     """
     work = torch.float64 if probs.dtype == torch.float64 else torch.float32
     p = probs.to(work)
-    tiny = torch.finfo(work).tiny  # log(0 + tiny) is finite, so 0 * log(..) = 0 without xlogy's cost
+    # log(0 + tiny) is finite, so 0 * log(..) = 0 without xlogy's cost
+    tiny = torch.finfo(work).tiny
     n, m = p.shape
     f = (p * torch.log(p + tiny)).sum(-1, dtype=torch.float64)  # [N]
     cross = torch.zeros(n, n, dtype=torch.float64, device=p.device)
@@ -51,7 +52,8 @@ def pairwise_js_sums(probs: torch.Tensor) -> torch.Tensor:
             cross[i0:i0 + rows, i0:] += (s * torch.log(s * 0.5 + tiny)).sum(-1, dtype=torch.float64)
     upper = torch.triu(0.5 * (f[:, None] + f[None, :] - cross))
     js = upper + torch.triu(upper, 1).T
-    return js.clamp_min(0.0)  # rounding can leave -1e-17 where the patterns are identical
+    # rounding can leave -1e-17 where the patterns are identical
+    return js.clamp_min(0.0)
 
 
 def split_rows(block_counts: Sequence[torch.Tensor], n_rows: int) -> list[torch.Tensor]:

@@ -24,7 +24,8 @@ from .longctx.confidence import check_until_stable_long
 from .similarity import check_cka_batch, check_thresholds
 
 LONG = "long-range roles (docs/long_context.md)"
-MOST_POSITIONS = 1 << 24  # beyond any model's positions: a block or a stride larger than --long is --long
+# beyond any model's positions: a block or a stride larger than --long is --long
+MOST_POSITIONS = 1 << 24
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,7 +124,8 @@ def _methods(text: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
-MOST_RECEIVERS = 256  # each receiver costs about 3 x (heads before it) / copies forwards per batch of pairs
+# each receiver costs about 3 x (heads before it) / copies forwards per batch of pairs
+MOST_RECEIVERS = 256
 
 
 def path_receivers(text: str) -> int | list[Head]:
@@ -149,7 +151,8 @@ def head_list(text: str, name: str, what: str) -> list[Head]:
     if not 1 <= len(heads) <= MOST_RECEIVERS:
         raise OptionError(name, f"takes 1 to {MOST_RECEIVERS} heads; got {len(heads)}")
     twice = next((h for i, h in enumerate(heads) if h in heads[:i]), None)
-    if twice is not None:  # a receiver named twice would write its paths twice; a sender twice is a typo
+    # a receiver named twice would write its paths twice; a sender twice is a typo
+    if twice is not None:
         raise OptionError(name, f"names {twice} twice; name each head once (got {text.strip()!r})")
     return heads
 

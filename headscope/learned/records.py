@@ -18,7 +18,8 @@ class RolesText(Record):
 
     data: str
     passages: int
-    first_token: str  # what the first position holds (a special token, or a word)
+    # what the first position holds (a special token, or a word)
+    first_token: str
     until_stable: dict[str, Any] | None = None  # with --until-stable: target, reached, passages, stability
 
 
@@ -32,7 +33,8 @@ class RolesReport(Record):
     induction: dict[str, Any]  # the repeated sequences induction was scored on
     intervals: IntervalsUsed
     roles: dict[str, list[str]]  # head name -> its roles
-    uncertain: dict[str, list[str]]  # head name -> roles passing on the estimate but not on its bound
+    # head name -> roles passing on the estimate but not on its bound
+    uncertain: dict[str, list[str]]
     uncertain_heads: int
     census: dict[str, list[dict[str, Any]]]  # role -> its heads: head, score, lo, hi, baseline
     stability: dict[str, dict[str, Any]]  # score -> split-half stability of its ranking
@@ -62,6 +64,7 @@ class ClustersRecord(Record):
     cka_min: float
     rule: str
     clusters: list[Cluster]
-    meta: dict[str, Any]  # the similarity run: model, data, queries, tokens, CKA estimator, ...
+    # the similarity run: model, data, queries, tokens, CKA estimator, ...
+    meta: dict[str, Any]
     intervals: IntervalsUsed
     provenance: dict[str, Any]

@@ -42,7 +42,8 @@ from ..version import versions
 
 # The CKA estimators live in cka.py; their names stay importable from here (the API and `similar` use them).
 from .cka import (  # noqa: F401
-    _CHUNK,  # one chunk size for every pairwise computation (JS, subspaces, CKA)
+    # one chunk size for every pairwise computation (JS, subspaces, CKA)
+    _CHUNK,
     CKA_ESTIMATORS,
     DEFAULT_CKA_BATCH,
     DEFAULT_CKA_MEMORY,
@@ -357,7 +358,8 @@ class _Stream:
             qpos = torch.arange(q_start, q_end, device=entries.device)
             entries = entries & (torch.arange(entries.shape[2], device=entries.device)[None, :] <= qpos[:, None])
         entries = entries.to(probs.device)
-        if bool(entries.any()):  # layers of a dispatched model may sit on other devices: gather on hm.device
+        # layers of a dispatched model may sit on other devices: gather on hm.device
+        if bool(entries.any()):
             self.maps.setdefault(layer, []).append(probs.permute(1, 0, 2, 3)[:, entries].to(self.device))
             self.row_counts.setdefault(layer, []).append(entries.sum((1, 2)).cpu())
 

@@ -141,7 +141,8 @@ class RolesResult(TableResult):
     name: str
     n_layers: int
     n_heads: int
-    card_note: str = ""  # said under the long-range census when a head card was made (`with_card`)
+    # said under the long-range census when a head card was made (`with_card`)
+    card_note: str = ""
     rows: list[dict[str, Any]] = dataclasses.field(init=False, default_factory=list)  # syntax.csv
 
     def __post_init__(self) -> None:
@@ -210,14 +211,16 @@ def roles(hm: HeadModel, data: Any = None, options: RolesOptions | None = None, 
     check_data(data)
     opts = (options or RolesOptions()).replace(**changes).validate()
     read = data if isinstance(data, RolesData) else read_roles_data(opts, data)
-    if opts.long is not None:  # the model's positions and kind are known now: refuse before the short-text pass
+    # the model's positions and kind are known now: refuse before the short-text pass
+    if opts.long is not None:
         check_long_model(hm, opts.long)
     settings = RoleSettings(max_length=opts.max_length, batch_size=opts.batch_size, limit=opts.limit, seed=opts.seed,
                             intervals=opts.intervals(), until_stable=opts.until_stable)
     table = roles_table(hm, read.source, settings, treebank=read.treebank, coref=read.coref, progress=progress)
     report = {**table.meta["roles"], "provenance": provenance("roles", hm, read.source, opts.with_only())}
     if opts.long is not None and is_main():
-        with local():  # not split across ranks (per-window maxima and needle answers): rank 0 alone
+        # not split across ranks (per-window maxima and needle answers): rank 0 alone
+        with local():
             lr = long_roles(hm, opts.long, data=read.long_text, stride=opts.stride, windows=opts.long_windows,
                             haystacks=opts.haystacks, block=opts.block, seed=opts.seed, progress=progress,
                             checked=True, intervals=opts.intervals(), until_stable=opts.until_stable)
@@ -292,7 +295,8 @@ def merge_long(table: HeadTable, report: dict[str, Any], lr: dict[str, Any]) -> 
     shape = (table.n_layers, table.n_heads)
     bounds = (lr.get("uncertainty") or {}).get("bounds", {})
     cols: dict[str, np.ndarray] = {}
-    for name in role_columns("long"):  # every long-range score with its interval (NaN: under 2 haystacks/windows)
+    # every long-range score with its interval (NaN: under 2 haystacks/windows)
+    for name in role_columns("long"):
         cols[name] = np.asarray(lr["scores"][name], float) if name in lr["scores"] else np.full(shape, np.nan)
         for side in ("lo", "hi"):
             cols[f"{name}_{side}"] = np.asarray(bounds[name][side], float) if name in bounds else np.full(shape, np.nan)
@@ -399,7 +403,8 @@ def similar(hm: HeadModel, data: Any = None, options: SimilarOptions | None = No
     check_data(data)
     opts = (options or SimilarOptions()).replace(**changes).validate()
     source = _texts(opts.data if data is None else data, opts.limit)
-    if opts.cka == "exact":  # one head's block must fit: known once the model's shape is
+    # one head's block must fit: known once the model's shape is
+    if opts.cka == "exact":
         check_cka_memory(opts.cka_memory * 2**20, hm.n_layers * hm.n_heads, hm.d_head)
     measured = SimilaritySettings(max_length=opts.max_length, batch_size=opts.batch_size,
                                   js_max_tokens=opts.js_max_tokens, seed=opts.seed, cka=opts.cka,

@@ -74,7 +74,7 @@ class HeadModel:
     def d_model(self) -> int:
         """Width of the residual stream."""
         d_model = attention_counts(self.config).d_model
-        if d_model is None:  # a loaded model always has one; this guards hand-made configs
+        if d_model is None:  # guards hand-made configs
             raise HeadscopeError(f"config of {self.name!r} has no hidden size (hidden_size / n_embd)")
         return d_model
 
@@ -363,7 +363,7 @@ class HeadModel:
         problem = layout.extras_problem(now, w, self.spec.family)
         if problem:
             raise HeadscopeError(f"layer {layer}: {problem}")
-        if dispatch.is_dispatched(self.model):  # written in memory: an offload store would reload the old ones
+        if dispatch.is_dispatched(self.model):  # in memory: offload would reload the old
             dispatch.materialize(list(self.projections(layer).values()))
         layout.write_qkv(self.layers[layer], self.spec, w, d)
         self.set_head_counts(layer, h, g)
@@ -377,7 +377,7 @@ class HeadModel:
 
     def set_out_weight(self, layer: int, weight: torch.Tensor) -> None:
         """Copy `weight` (`[d_model, heads * d_head]`, Linear layout) into the output projection, in place."""
-        if dispatch.is_dispatched(self.model):  # copied in memory: an offload store would reload the old one
+        if dispatch.is_dispatched(self.model):  # in memory: offload would reload the old
             dispatch.materialize([self.out_proj(layer)])
         now = self.out_weight(layer)
         if tuple(weight.shape) != tuple(now.shape):
@@ -393,7 +393,7 @@ class HeadModel:
         position p. Q rows move with the output projection's columns, and the KV heads (K/V rows)
         move with their query heads, so the query heads sharing a KV head must stay together.
         """
-        if self.pruned:  # positions would no longer match the kept original ids in the pruning record
+        if self.pruned:  # positions would not match the kept original ids
             raise HeadscopeError("permuting the heads of a physically pruned model is not supported; "
                                  "permute before pruning")
         w, d = self.qkv_weights(layer), self.d_head_at(layer)
@@ -445,7 +445,7 @@ class HeadModel:
             raise HeadscopeError(f"layer {layer}: head(s) {', '.join(Head(layer, h).name for h in gone)} are not "
                                  f"in the layer (present: {now}); heads can be removed, not added back")
         why = self.spec.refusal("prune")
-        if why and 0 < len(set(keep)) < len(now):  # a whole attention sub-layer may still go: its output is the bias
+        if why and 0 < len(set(keep)) < len(now):  # a whole sub-layer may go (output: bias)
             raise HeadscopeError(f"layer {layer}: heads of the {self.spec.family} family cannot be pruned one by one: "
                                  f"{why}")
         g = self.group_size

@@ -38,7 +38,8 @@ from .own_type import BASE_KEY, config_class_source, mark_own_type, read_config
 log = logging.getLogger(__name__)
 
 PRUNING_FILE = "headscope_pruning.json"
-MLA_FILE = "headscope_mla.json"  # an MLA-converted model (headscope.capacity.mla.checkpoint saves and loads it)
+# an MLA-converted model (headscope.capacity.mla.checkpoint saves and loads it)
+MLA_FILE = "headscope_mla.json"
 # Checkpoints in a layout a stage owns (not plain transformers, not a head pruning): marker file ->
 # "module:function" of the stage's loader, imported by name when such a checkpoint is loaded, so the
 # foundation never imports a stage (tests/test_import_graph.py).
@@ -156,7 +157,8 @@ def plain_shape(hm: HeadModel) -> dict[str, int] | None:
     for k, v in values.items():
         setattr(config, k, v)
     refusal = config_refusal(config)
-    if refusal is not None:  # transformers' validation refuses this shape (e.g. hidden size vs head count)
+    # transformers' validation refuses this shape (e.g. hidden size vs head count)
+    if refusal is not None:
         log.info("no plain config for the pruned %s: transformers refuses %s (%s)", hm.name, values, refusal)
         return None
     try:
@@ -314,7 +316,8 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu", dty
         return HeadModel(model=model, tokenizer=tokenizer, name=str(path), source=str(path))
     for key in (PRUNING_CONFIG_KEY, FFN_CONFIG_KEY):
         if hasattr(config, key):
-            delattr(config, key)  # the model is built unpruned; slice_heads / slice_ffn record it again
+            # the model is built unpruned; slice_heads / slice_ffn record it again
+            delattr(config, key)
     config._attn_implementation = attn_implementation_for(auto_class(config), config)
     hm = HeadModel(model=auto_class(config).from_config(config).eval(), tokenizer=tokenizer, name=str(path),
                    source=str(path))

@@ -15,15 +15,18 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import HeadscopeError
 
-try:  # transformers >= 5.2x: configs whose layers differ refuse global reads of per-layer attributes
+# transformers >= 5.2x: configs whose layers differ refuse global reads of per-layer attributes
+try:
     from transformers.integrations.heterogeneity.configuration_utils import (
         AmbiguousGlobalPerLayerAttributeError as AmbiguousPerLayerAttribute,
     )
-except ImportError:  # older releases have no per-layer configs, so nothing raises it
+except ImportError:
+    # older releases have no per-layer configs, so nothing raises it
     class AmbiguousPerLayerAttribute(Exception):  # type: ignore[no-redef]
         """Stands in for transformers' error where it does not exist."""
 
-try:  # transformers >= 5.2x validates configs as strict dataclasses (huggingface_hub's validators)
+# transformers >= 5.2x validates configs as strict dataclasses (huggingface_hub's validators)
+try:
     from huggingface_hub.errors import StrictDataclassError as ConfigValidationError
 except ImportError:  # older releases validate in __init__ with ValueError only
     class ConfigValidationError(Exception):  # type: ignore[no-redef]
@@ -168,7 +171,8 @@ def _d_heads(config: Any) -> tuple[int, ...] | None:
 def config_refused(name: Any, error: Exception) -> HeadscopeError:
     """The one-line error for a saved config that transformers' validation refuses (e.g. a checkpoint an older
     headscope prune wrote as plain with a head count the family's config rejects)."""
-    import transformers  # the version, for the message: only this error path needs it
+    # the version, for the message: only this error path needs it
+    import transformers
 
     detail = " ".join(str(error).split())[:300]
     return HeadscopeError(f"transformers {transformers.__version__} refuses the config of {str(name)!r}: {detail}. "

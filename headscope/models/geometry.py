@@ -57,7 +57,8 @@ def _config_attr(config: Any, name: str) -> Any:
     """`config.name` read without tripping transformers' per-layer checks (None where absent or ambiguous)."""
     try:
         return getattr(config, name, None)
-    except AmbiguousPerLayerAttribute:  # the per-layer configs refuse global reads of what their layers differ in
+    except AmbiguousPerLayerAttribute:
+        # the per-layer configs refuse global reads of what their layers differ in
         return None
 
 

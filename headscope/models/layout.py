@@ -316,7 +316,8 @@ def set_head_count_attrs(attention: nn.Module, spec: Any, n_heads: int, n_kv_hea
         if hasattr(attention, attr):
             setattr(attention, attr, values[quantity])
     config_attrs = spec.config_head_attrs
-    module: Any = attention  # its `config` is a plain attribute (a config object), not a submodule
+    # its `config` is a plain attribute (a config object), not a submodule
+    module: Any = attention
     if config_attrs and hasattr(module, "config"):
         base = module.config._base if isinstance(module.config, LayerConfig) else module.config
         # Only counts that differ from the shared config need the layer's own view.
@@ -399,7 +400,8 @@ def slice_block(block: nn.Module, spec: Any, d_head: int, group_size: int, now: 
         wq, wkv = len(now) * d, len(now_kv) * d
         idx = torch.cat([head_features(pos_q, d), head_features(pos_kv, d, wq), head_features(pos_kv, d, wq + wkv)])
         parts = [(spec.qkv_proj, idx)]
-    else:  # a gated query projection holds 2 * d_head rows per head (query, gate)
+    else:
+        # a gated query projection holds 2 * d_head rows per head (query, gate)
         q_rows = 2 * d if getattr(spec, "q_gate", False) else d
         parts = [(spec.q_proj, head_features(pos_q, q_rows)), (spec.k_proj, head_features(pos_kv, d)),
                  (spec.v_proj, head_features(pos_kv, d))]

@@ -37,7 +37,8 @@ class BuiltinModel:
     description: str
     package: str  # import name
     install: str  # the command that installs it
-    locate: Callable[[], Path]  # directory holding the weights (raises ModuleNotFoundError if not installed)
+    # directory holding the weights (raises ModuleNotFoundError if not installed)
+    locate: Callable[[], Path]
     causal: bool
     # GGUF built-ins: the .gguf file's name inside `locate()`, and the folder (under cache_dir()) of the
     # float32 copy made from it once. None for models that ship as a transformers folder.
@@ -242,7 +243,8 @@ def _float_copy(b: BuiltinModel) -> Path:
         try:
             check_weight_files(target)
             return target
-        except HeadscopeError as e:  # cut by a full disk or a copy: the cache entry is rebuilt, not blamed on the user
+        except HeadscopeError as e:
+            # cut by a full disk or a copy: the cache entry is rebuilt, not blamed on the user
             log.warning("the cached float copy in %s is damaged (%s); converting %s again", target, e, b.gguf_file)
     if b.gguf_file is None:
         raise HeadscopeError(f"built-in {b.name!r} ships as a transformers folder, not a GGUF file")
@@ -406,7 +408,8 @@ def load_model(
             f"could not load a config for {name_or_path!r} ({e.__class__.__name__}); hub ids need a network "
             f"(HF_HUB_OFFLINE is {os.environ.get('HF_HUB_OFFLINE', 'unset')}); local directories need config.json"
         ) from None
-    spec_for(config.model_type)  # fail early, before loading weights, on unsupported families
+    # fail early, before loading weights, on unsupported families
+    spec_for(config.model_type)
     with _dispatch_errors(name_or_path, device_map):
         cls = auto_class(config)
         model, info = cls.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation_for(cls, config),
@@ -471,7 +474,8 @@ def load_gguf(path: str | Path, *, device: str | torch.device = "cpu", dtype: to
     """Load a causal LM from a .gguf file, dequantised to `dtype` (slow: built-ins cache a float copy instead)."""
     path = Path(path).expanduser()
     config = gguf_config(path)
-    spec_for(config.model_type)  # fail early, before reading the weights, on unsupported families
+    # fail early, before reading the weights, on unsupported families
+    spec_for(config.model_type)
     with _gguf_errors(path):
         attn = attn_implementation_for(transformers.AutoModelForCausalLM, config)
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,

@@ -26,8 +26,10 @@ class AttentionSpec:
     family: str
     model_types: tuple[str, ...]
     layers: str  # ModuleList of blocks, relative to model.base_model
-    attention: str  # module whose forward returns (output, attention_weights) under eager
-    out_proj: str  # output projection; its input is the concatenation of head outputs
+    # module whose forward returns (output, attention_weights) under eager
+    attention: str
+    # output projection; its input is the concatenation of head outputs
+    out_proj: str
     q_proj: str | None = None  # separate projections (BERT, LLaMA)
     k_proj: str | None = None
     v_proj: str | None = None

@@ -164,7 +164,8 @@ def to_argv(verb: str, options: Options) -> list[str]:
         if value == default or (spec.append and not value):
             continue
         flag = flag_of(f.name, spec)
-        if isinstance(value, bool):  # a switch on by default differs from it only when turned off
+        # a switch on by default differs from it only when turned off
+        if isinstance(value, bool):
             flags.append(flag if value else "--no-" + flag[2:])
         elif spec.append:
             for v in value:

@@ -49,7 +49,8 @@ def check_data(data: Any, name: str = "data") -> None:
                                   f"{data.ndim}-D {data.dtype}")
         return
     if not isinstance(data, (list, tuple)):
-        return  # an object headscope built (TextSource, Tokens, labelled task data, ...): its own reader checks it
+        # an object headscope built (TextSource, Tokens, labelled task data, ...): its own reader checks it
+        return
     if not data:
         raise OptionError(name, f"is empty; give {FORMS}")
     first = "text" if isinstance(data[0], str) else "labelled" if isinstance(data[0], dict) else "ids"

@@ -60,7 +60,8 @@ class Record:
         typed = {f.name: f for f in self.typed_fields()}
         if not self.order:
             keys = [*typed, *self.rest]
-        else:  # the keys as they came, then what came after: keys added to `rest`, fields given another value
+        else:
+            # the keys as they came, then what came after: keys added to `rest`, fields given another value
             keys = [k for k in self.order if k in typed or k in self.rest]
             keys += [k for k in self.rest if k not in keys]
             keys += [k for k, f in typed.items() if k not in keys and _changed(self, f)]

@@ -27,7 +27,8 @@ class Spec:
     help: str
     flag: str | None = None  # default: --field-name
     positional: bool = False
-    required: bool = False  # no default a run can use: the CLI demands it, validate() refuses None
+    # no default a run can use: the CLI demands it, validate() refuses None
+    required: bool = False
     metavar: str | None = None
     choices: tuple[Any, ...] | None = None
     parse: Callable[[str], Any] | None = None  # the CLI's text -> value (argparse's type=)
@@ -36,10 +37,14 @@ class Spec:
     above: float | None = None  # exclusive lower bound
     at_most: float | None = None
     below: float | None = None  # exclusive upper bound
-    most: str | None = None  # an upper bound by kind (`data.limits`): "steps", "threads", "memory_mib" or a WORK key
-    reads: bool = False  # a file or folder the verb reads: it must not lie where the verb writes
-    whole: bool = False  # a file or folder the verb writes whole (a card, a GGUF file, an offload folder)
-    old: tuple[str, ...] = ()  # old spellings: still read for one release, hidden from --help
+    # an upper bound by kind (`data.limits`): "steps", "threads", "memory_mib" or a WORK key
+    most: str | None = None
+    # a file or folder the verb reads: it must not lie where the verb writes
+    reads: bool = False
+    # a file or folder the verb writes whole (a card, a GGUF file, an offload folder)
+    whole: bool = False
+    # old spellings: still read for one release, hidden from --help
+    old: tuple[str, ...] = ()
     group: str | None = None  # the --help section
 
 

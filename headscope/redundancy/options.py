@@ -158,12 +158,14 @@ class PruneOptions(ModelOptions, L0Options, HeldoutOptions, StableOptions, Outpu
             if self.wordsim or self.wordsim_recovered:
                 raise OptionError("wordsim", "is for head units; unit curves record the metric only")
         method = self.method or ("gradient" if heads else UNITS.get(str(self.unit)).default_method)
-        self.l0_settings()  # the --l0-* options given, named in their own words before --fraction's checks
+        # the --l0-* options given, named in their own words before --fraction's checks
+        self.l0_settings()
         check_args(self.fraction, self.target_drop, self.step, self.recover_steps, method, self.unit)
         if self.metric != "auto":
             METRICS.get(self.metric)  # an unknown metric raises, with a did-you-mean
             check_target_drop(self.metric, self.target_drop)
-        self.l0_settings(self.fraction)  # checked even when l0 is not chosen: no bad value is ignored
+        # checked even when l0 is not chosen: no bad value is ignored
+        self.l0_settings(self.fraction)
         if self.until_stable is not None and (not heads or method == "l0"):
             raise OptionError("until_stable", "reads scoring passages until the head ranking is stable: it is for "
                                               "head curves scored per passage (not unit=attention/block/ffn/mix or "
@@ -191,5 +193,6 @@ class TasksOptions(ModelOptions, SeedOptions, OutputOptions):
 
     def check(self) -> None:
         super().check()
-        parse_tasks(self.tasks)  # unknown tasks, labelled tasks without labels: before anything loads
+        # unknown tasks, labelled tasks without labels: before anything loads
+        parse_tasks(self.tasks)
         CRITERIA.get(self.method)

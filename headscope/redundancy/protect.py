@@ -34,10 +34,14 @@ log = logging.getLogger(__name__)
 PAIR_TASKS = ("ioi", "induction", "greater-than", "masked")
 CAPABILITIES = (*PAIR_TASKS, "retrieval")
 FOR_DECODERS = ("ioi", "induction", "greater-than", "retrieval")
-PAIRS = 32  # built-in pairs per causal task (compare's --items default)
-HAYSTACKS = 8  # needle haystacks for retrieval (compare's --haystacks default)
-LENGTH = 512  # tokens per haystack (compare's --long default), capped at the model's positions
-SHORTEST = 64  # the shortest haystack the needle test builds (roles --long's lower bound)
+# built-in pairs per causal task (compare's --items default)
+PAIRS = 32
+# needle haystacks for retrieval (compare's --haystacks default)
+HAYSTACKS = 8
+# tokens per haystack (compare's --long default), capped at the model's positions
+LENGTH = 512
+# the shortest haystack the needle test builds (roles --long's lower bound)
+SHORTEST = 64
 
 
 def parse_protect(text: str) -> tuple[str, ...]:
@@ -93,7 +97,8 @@ class ProtectedHead:
     layer: int
     head: int
     capability: str
-    effect: float  # causal tasks: the normalised patching effect; retrieval: the retrieval score
+    # causal tasks: the normalised patching effect; retrieval: the retrieval score
+    effect: float
     lo: float
     hi: float
 
@@ -166,7 +171,8 @@ def _carriers(hm: HeadModel, task: str, batch_size: int,
     runs = attribution_scan(hm, b, batch_size=batch_size)
     try:
         iv = runs.effect(intervals)
-    except HeadscopeError as e:  # the pairs do not move the metric: no head carries the task
+    except HeadscopeError as e:
+        # the pairs do not move the metric: no head carries the task
         how["note"] = str(e)
         return [], how
     lo = np.nan_to_num(iv.lo, nan=-1.0)  # [layer, head]; NaN: a head already pruned
@@ -188,7 +194,8 @@ def _retrieval_heads(hm: HeadModel, intervals: IntervalSettings,
                            "threshold": th["retrieval_score"], "min_ratio": th["min_ratio"], "seed": intervals.seed,
                            "intervals": intervals.record()}
     bounds = report["uncertainty"]["bounds"].get("retrieval_score")
-    if bounds is None:  # fewer than 2 answered haystacks: no interval, so no head is known to retrieve
+    # fewer than 2 answered haystacks: no interval, so no head is known to retrieve
+    if bounds is None:
         how["note"] = f"{needles['succeeded']} of {len(needles['haystacks'])} haystacks answered: no interval"
         return [], how
     score = np.asarray(report["scores"]["retrieval_score"], float)

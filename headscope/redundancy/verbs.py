@@ -75,7 +75,8 @@ def parse_pruned(text: str | None, n_layers: int, n_heads: int) -> torch.Tensor 
                 raise OptionError("pruned", f"names head {item.strip()}, which does not exist; the model has "
                                             f"L0..L{n_layers - 1} and H0..H{n_heads - 1}")
             gates[layer, head] = 0
-    if not gates.any():  # nothing left to score: every importance would be NaN and every Spearman undefined
+    # nothing left to score: every importance would be NaN and every Spearman undefined
+    if not gates.any():
         raise OptionError("pruned", f"lists all {n_layers * n_heads} heads; leave at least one head unpruned "
                                     f"to score")
     return gates
@@ -151,7 +152,8 @@ class UnitScoreResult(Result):
     """Importance of units beyond heads (attention sub-layers, blocks, FFN neurons): unit_importance.csv/.json."""
 
     unit: str
-    rows: list[dict[str, Any]]  # unit_importance.csv's rows: layer, unit index, importance_<method>
+    # unit_importance.csv's rows: layer, unit index, importance_<method>
+    rows: list[dict[str, Any]]
     meta: UnitScoreMeta
     name: str
     files = (UNIT_IMPORTANCE_CSV.name, UNIT_IMPORTANCE_JSON.name)
@@ -223,7 +225,8 @@ class TasksResult(Result):
     table: HeadTable
     correlations: pd.DataFrame
     intervals: list[TaskCorrelation]  # each pair of tasks' Spearman with its interval over heads
-    specific: list[TaskSpecific]  # heads in the top 10% of one task and the bottom half of another
+    # heads in the top 10% of one task and the bottom half of another
+    specific: list[TaskSpecific]
     name: str
     files = (TASKS_CSV.name, TASK_CORRELATION_CSV.name, TASK_SPECIFIC_CSV.name, TASKS_JSON.name)
 
@@ -374,7 +377,8 @@ def prune(hm: HeadModel, data: Any = None, options: PruneOptions | None = None, 
     opts = (options or PruneOptions()).replace(**changes).validate()
     if opts.heads:
         opts = opts.replace(method=opts.method or "gradient")  # recorded as chosen in prune.json's provenance
-    check_protect(hm, opts.protect)  # a capability the family cannot do: refused before any forward
+    # a capability the family cannot do: refused before any forward
+    check_protect(hm, opts.protect)
     read = data if isinstance(data, PruneData) else read_prune_data(opts, data)
     source = read.source
     stable = _until_stable(hm, source, opts, progress) if opts.until_stable is not None else None

@@ -80,5 +80,6 @@ def render_report(
     options = ReportOptions(out=str(out), force=force, from_dirs=tuple(str(d) for d in from_dirs or ()),
                             sentences=sentences, max_length=max_length, limit=limit)
     result = report(hm, data, options, progress=progress)
-    result.save(out, force)  # the page, its figures (and computed heads.csv/.json) together, or none
+    # the page, its figures (and computed heads.csv/.json) together, or none
+    result.save(out, force)
     return out / REPORT_NAME

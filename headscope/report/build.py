@@ -112,7 +112,8 @@ def collect(table: HeadTable | None, src: Sources, figs: dict[str, bytes] | None
     for name, values in data.pop("importance", {}).items():
         data["columns"].setdefault(name, values)
         data["descriptions"].setdefault(name, IMPORTANCE_CSV.meaning(name))
-    apply_study(data)  # a study's refused or left-out stages: one line each, not a to-do
+    # a study's refused or left-out stages: one line each, not a to-do
+    apply_study(data)
     data["problems"] = list(src.problems.values()) + ([data.pop("data_mismatch")] if "data_mismatch" in data else [])
     data["sources"] = {k: str(v) for k, v in src.found.items()}
     return data

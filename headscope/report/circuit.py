@@ -24,7 +24,8 @@ GRAPH_TITLE = "The smallest circuit reaching faithfulness 0.8"
 THRESHOLD = 0.8
 MOST_DRAWN = 300  # edges drawn at most (the strongest of the circuit)
 PLOT_NAMES = {"curve": "report-faithfulness.png", "graph": "report-circuit.png"}
-MLP = re.compile(r"MLP(\d{1,4})")  # a layer's MLP node; head and KV-group nodes are read by `heads.read_node`
+# a layer's MLP node; head and KV-group nodes are read by `heads.read_node`
+MLP = re.compile(r"MLP(\d{1,4})")
 
 
 def sender_at(name: Any, n_heads: int) -> tuple[float, float] | None:

@@ -30,7 +30,8 @@ STUDY_FOLDER = "compare"  # a study writes compare/<prune|gqa|mla>/compare.csv
 # compare.csv's verdicts (headscope.compare.verdict.VERDICTS; the report may not import compare, a test checks both)
 VERDICTS = ("lost", "kept", "gained", "cannot tell")
 NUMBERS = ("base", "other", "delta", "delta_lo", "delta_hi", "relative", "n")  # compare.csv's numeric columns
-MOST_PLOTTED = 8  # comparisons drawn (each its own figure); more are shown as tables
+# comparisons drawn (each its own figure); more are shown as tables
+MOST_PLOTTED = 8
 PLOT_NAMES = {i: f"report-cost-{i}.png" for i in range(1, MOST_PLOTTED + 1)}
 
 
@@ -86,7 +87,8 @@ def checked_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise Malformed(f"holds the verdict {str(r['verdict'])[:40]!r}; compare writes {', '.join(VERDICTS)}")
     for c in NUMBERS:
         cells = [r[c] for r in rows]
-        if not all(_number(v) for v in cells):  # text among the numbers: pandas read the whole column as text
+        # text among the numbers: pandas read the whole column as text
+        if not all(_number(v) for v in cells):
             word = next((v for v in cells if not _reads_as_number(v)), next(v for v in cells if not _number(v)))
             raise Malformed(f"holds {str(word)[:40]!r} in its numeric column {c}")
     return rows

@@ -31,7 +31,8 @@ def page(data: dict[str, Any]) -> str:
     title = html.escape(f"headscope report: {data.get('model', {}).get('model', 'model')}")
     css = asset("report.css")
     js = asset("report.js").replace("</script", "<\\/script")
-    main = asset("main.html")  # the sections the script fills, in the order of the three questions
+    # the sections the script fills, in the order of the three questions
+    main = asset("main.html")
     return f"""<!doctype html>
 <html lang="en">
 <head>

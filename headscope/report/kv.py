@@ -62,7 +62,8 @@ def kv_part(src: Sources, meta: dict[str, Any], config: Any = None) -> Part:
     else:
         try:
             rows = [clean(r) for r in computed_rows(meta, config)]
-        except HeadscopeError as e:  # a config the calculator cannot read: say so, keep the page
+        except HeadscopeError as e:
+            # a config the calculator cannot read: say so, keep the page
             part.missing["kv"] = f"{src.note(KV_CSV.name)}; computing it here failed: {e}"
             return part
         source = f"computed here with headscope.capacity.kv_bytes ({DTYPE} cache, {SEQ_LEN}-token sequence, batch 1)"

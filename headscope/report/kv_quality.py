@@ -49,7 +49,8 @@ def _all(src: Sources, name: str, seen: dict[str, Any]) -> list[tuple[Path, Any]
     found = []
     art = artifact(name)
     for d in src.dirs:
-        path = within(d, name)  # None too for a symlink leading out of the folder: never opened
+        # None too for a symlink leading out of the folder: never opened
+        path = within(d, name)
         if path is None:
             continue
         try:
@@ -63,7 +64,8 @@ def _all(src: Sources, name: str, seen: dict[str, Any]) -> list[tuple[Path, Any]
                 if not data or art.missing(list(data[0])):
                     continue
         except (OSError, ValueError):
-            continue  # the section that owns the file reports what is wrong with it
+            # the section that owns the file reports what is wrong with it
+            continue
         rec = read_provenance(path if art.kind == "json" else path.with_name(KVCACHE_JSON.name)) or {}
         fingerprint = (rec.get("model") or {}).get("fingerprint")
         if fingerprint is not None:

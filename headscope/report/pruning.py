@@ -21,7 +21,8 @@ from .sources import Part, Sources, clean, data_url
 
 PLOT_NAMES = {"importance": "report-importance.png", "prune_curve": "report-prune-curve.png",
               "redundancy": "report-redundancy.png"}
-IMPORTANCE = "importance_<method>"  # the importance.csv family holding one column per criterion
+# the importance.csv family holding one column per criterion
+IMPORTANCE = "importance_<method>"
 
 
 def importance_columns(src: Sources, n_layers: int, n_heads: int) -> dict[str, list]:

@@ -31,7 +31,8 @@ __all__ = ["MALFORMED", "TEXT_COLUMNS", "Malformed", "Part", "Sources", "Table",
 
 READABLE = ("csv", "json", "npz")
 MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, HeadscopeError)  # a file's content faults
-TEXT_COLUMNS = ("roles", "uncertain_roles")  # the per-head columns that hold words; every other one numbers
+# the per-head columns that hold words; every other one numbers
+TEXT_COLUMNS = ("roles", "uncertain_roles")
 
 
 class Malformed(HeadscopeError):
@@ -153,7 +154,8 @@ class Sources:
             if art.kind not in READABLE:
                 continue
             for d in paths:
-                if leads_out(d, name):  # the first folder holding the name owns it: refused, never opened
+                # the first folder holding the name owns it: refused, never opened
+                if leads_out(d, name):
                     problems[name] = (f"{d / name} leads outside {str(d)!r} (a symlink); headscope reads only files "
                                       f"inside the folders given: copy the file in instead")
                     log.warning("%s", problems[name])
@@ -207,7 +209,8 @@ class Sources:
         at = path if one_of_several else None
         try:
             df = pd.read_csv(path, keep_default_na=True)
-        except Exception as e:  # a half-written or foreign file must not break the whole report
+        except Exception as e:
+            # a half-written or foreign file must not break the whole report
             self.cannot_read(name, e, at)
             return None
         columns = [str(c) for c in df.columns]
@@ -295,7 +298,8 @@ def read_heads(src: Sources) -> HeadTable | None:
         except Malformed as e:
             src.fault(name, str(e))
             continue
-        except Exception as e:  # a half-written, unreadable or foreign file: named, and the next one tried
+        except Exception as e:
+            # a half-written, unreadable or foreign file: named, and the next one tried
             src.cannot_read(name, e)
             continue
         if src.lacks(name, ["layer", "head", *table.columns]):
@@ -342,7 +346,8 @@ def with_roles(src: Sources, table: HeadTable) -> HeadTable:
         return table
     try:
         roles = HeadTable.from_csv(path)
-    except Exception as e:  # a half-written, unreadable or foreign file: named; the heads stay
+    except Exception as e:
+        # a half-written, unreadable or foreign file: named; the heads stay
         src.cannot_read(ROLES_CSV.name, e)
         return table
     if (roles.n_layers, roles.n_heads) != (table.n_layers, table.n_heads):

@@ -9,7 +9,8 @@ from typing import Any
 from ..artifacts import STUDY_JSON
 from .sources import Part, Sources, clean
 
-LONG_MIN = 512  # the shortest long-range length a study measures (headscope.study.stages.LONG_MIN)
+# the shortest long-range length a study measures (headscope.study.stages.LONG_MIN)
+LONG_MIN = 512
 
 # page key (data["missing"]) -> the study stage that fills it; None: no stage of a study does
 SECTION_STAGE: dict[str, str | None] = {

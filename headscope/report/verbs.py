@@ -108,7 +108,8 @@ class ReportData(Record):
     section's part (figures, tables, census, ...) is kept as it came, JSON-ready."""
 
     n_heads: int
-    columns: dict[str, list[Any]] | None = None  # the grid's numbers: column -> one value per head, row-major
+    # the grid's numbers: column -> one value per head, row-major
+    columns: dict[str, list[Any]] | None = None
 
 
 @dataclass

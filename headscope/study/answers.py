@@ -47,7 +47,8 @@ ROLE_PLAIN = {"sink": "park their attention on the first or a special token when
               "retrieval": "copy a fact from far back in a long text",
               "streaming": "need only the first tokens and a recent window"}
 INTERVAL = "95% interval"
-FAITHFUL = 0.8  # the circuit the answer names: the smallest reaching this faithfulness (as the report draws)
+# the circuit the answer names: the smallest reaching this faithfulness (as the report draws)
+FAITHFUL = 0.8
 
 
 def _why(state: dict[str, Any], stage: str) -> str:

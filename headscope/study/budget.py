@@ -33,7 +33,8 @@ def parse_duration(text: str) -> float:
         if m is None or m.end() == pos or m.group(2) is None:
             raise OptionError("budget", f"{text!r} is not a duration; write e.g. 10m, 90s, 1h or 1h30m")
         unit = _UNIT_S[m.group(2)]
-        if seen and unit >= seen[-1]:  # '1h1h' (two hours?) or '30m1h': each unit once, largest first
+        # '1h1h' (two hours?) or '30m1h': each unit once, largest first
+        if seen and unit >= seen[-1]:
             what = f"the unit {m.group(2)!r} twice" if unit in seen else "its units out of order"
             raise OptionError("budget", f"{text!r} gives {what}; write each unit once, largest first, e.g. 1h30m")
         seen.append(unit)

@@ -82,7 +82,8 @@ CONVERSION_HELDOUT_FWD = 4
 # Forward + backward passes per passage of an uptraining step (batches of RECOVERY_BATCH passages): about the
 # student's pass and the original's forward it is distilled from.
 UPTRAIN_TRAIN = 2.0
-CONVERSION_CPU = 4.0  # CPU units: the conversion's arithmetic, the KV-byte tables, files
+# CPU units: the conversion's arithmetic, the KV-byte tables, files
+CONVERSION_CPU = 4.0
 # MLA against GQA: the joint SVDs and the RoPE-frequency pass on top of what every conversion costs.
 MLA_FACTOR = 1.5
 

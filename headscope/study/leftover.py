@@ -20,7 +20,8 @@ from ..artifacts import HEADS_CSV, IMPORTANCE_CSV, PRUNE_JSON
 from ..redundancy.curves.claims import drop_claim, level_of
 from .records import Records
 
-UNSETTLED = 10.0  # the prune width of an answer whose drop sits at its threshold: more passages hardly help
+# the prune width of an answer whose drop sits at its threshold: more passages hardly help
+UNSETTLED = 10.0
 
 
 def _csv_widths(rows: list[dict[str, str]]) -> float | None:

@@ -19,7 +19,8 @@ from ..artifacts import PATCHING_CSV, PATCHING_JSON, ROLES_CSV
 from ..heads import Head
 from ..learned.options import PatchOptions
 
-if TYPE_CHECKING:  # records.py reads the stages' folders (stages.py), which import this module
+# records.py reads the stages' folders (stages.py), which import this module
+if TYPE_CHECKING:
     from .records import Records
 
 # Factors fitted on one timed run (SmolLM2, 270 heads, 8 IOI pairs, 1 thread; docs/study.md): the exact scan's
@@ -55,9 +56,11 @@ def options(model: str, device: str | None, causal: bool, lv: dict[str, Any]) ->
 def cost(fwd_s: float, train_s: float, cpu_s: float, heads: int, lv: dict[str, Any]) -> float:
     """Seconds of the stage at size `lv`, in the probe's units (a passage forward, forward + backward, CPU)."""
     n, exact = lv["n"], "exact" in lv["methods"]
-    s = n * ATTR_SHARE * (train_s + 2 * fwd_s)  # attribution: clean and corrupt runs, one forward + backward
+    # attribution: clean and corrupt runs, one forward + backward
+    s = n * ATTR_SHARE * (train_s + 2 * fwd_s)
     s += n * fwd_s  # direct logit attribution's clean pass
-    if exact:  # per batch: clean and corrupt runs, then (heads / copies) forwards of copies x batch rows
+    # per batch: clean and corrupt runs, then (heads / copies) forwards of copies x batch rows
+    if exact:
         s += n * (2 + EXACT_FWD * heads) * fwd_s
     return s + cpu_s * (3 + OVERHEAD[exact] * heads ** 2)
 
@@ -142,7 +145,8 @@ def sentence(rec: Records, why: str, words: dict[str, str], roles_ran: bool) -> 
     verb = "restores" if exact else "is estimated to restore"
     name, v, lo, hi = heads[0]
     largest = f"largest: {name} {v:+.2f} [{lo:+.2f}, {hi:+.2f}]{_label(name, labels, words)}"
-    if not separated(mc, mx):  # effects are shares of M(clean) - M(corrupt): with no difference, no share means much
+    # effects are shares of M(clean) - M(corrupt): with no difference, no share means much
+    if not separated(mc, mx):
         if not all(isinstance(d.get(k), (int, float)) for d in (mc, mx) for k in ("lo", "hi")):
             return s + (f"no head is called causal: patching.json does not record M(clean)'s and M(corrupt)'s "
                         f"intervals, so whether the model tells the pairs apart is unknown ({largest})")

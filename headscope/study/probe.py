@@ -22,7 +22,8 @@ from ..models import load_model
 from ..models.adapter import HeadModel
 
 PROBE_PASSAGES = 8
-SAMPLE = 64  # passages whose mean token length scales the probe's padded batch to the stages' batches
+# passages whose mean token length scales the probe's padded batch to the stages' batches
+SAMPLE = 64
 # The CPU work `cpu_s` times: on an idle core of the machine these constants were fitted on it takes ~0.05 s.
 _CPU_N = 200_000
 
@@ -33,7 +34,8 @@ class Probe:
     one token of a long forward, and the fixed CPU work."""
 
     load_s: float
-    fwd_s: float  # per passage of the data's mean length (at most `length` tokens), batched
+    # per passage of the data's mean length (at most `length` tokens), batched
+    fwd_s: float
     train_s: float  # per passage, forward + backward
     cpu_s: float
     length: int

@@ -83,7 +83,8 @@ def _plan(stages: list[Stage], probe_: Any, family: Family, corr: float, availab
 
     if fixed is not None and any(lv is not None and (name not in by or lv >= len(by[name].levels))
                                  for name, lv in fixed.items()):
-        fixed = None  # sizes this version's stages do not have (an edited study.json): plan anew
+        # sizes this version's stages do not have (an edited study.json): plan anew
+        fixed = None
     if fixed is not None:
         return Plan([Choice(s.name, fixed.get(s.name), cost(s.name, fixed[s.name]) if s.name in fixed else 0.0,
                             "" if s.name in fixed else "left out when the study was planned")
@@ -154,7 +155,8 @@ def _study(opts: StudyOptions, stream: TextIO, live: bool | None, started_ago: f
         "probe": probe_.as_dict(), "versions": versions()})
     for stage in all_stages:
         why = refused[stage.name]
-        if why:  # a previous study's files of this stage (another model's) must not reach the report
+        # a previous study's files of this stage (another model's) must not reach the report
+        if why:
             clear_stage_files(Path(stage.out_dir(str(out))), stage.verb)
             name = stage.name
             state.stage(name).clear()
@@ -184,12 +186,14 @@ class _Runner:
                  hm: HeadModel, keys: tuple[str, dict[str, Any]], opts: StudyOptions, start: float,
                  progress: Progress) -> None:
         self.stages, self.plan, self.state, self.ctx, self.probe, self.family = stages, plan, state, ctx, probe_, family
-        self.hm = hm  # the study's one loaded model: every stage runs on it (they copy before they change it)
+        # the study's one loaded model: every stage runs on it (they copy before they change it)
+        self.hm = hm
         self.model_fp, self.data_fp = keys
         self.opts, self.start, self.progress = opts, start, progress
         self.spent_est, self.spent_real = 0.0, 0.0
         self.failed: list[str] = []
-        self.reused_any = False  # a continued study spends no time left: its reruns reuse everything
+        # a continued study spends no time left: its reruns reuse everything
+        self.reused_any = False
         # the Results of the stages run in this process, by stage (what the answers and later stages read first)
         self.results: dict[str, Result] = {}
 
@@ -238,7 +242,8 @@ class _Runner:
         by = {s.name: s for s in self.stages}
         if self.reused_any:
             return
-        for name in PRIORITY:  # first the stages left out (estimates come out high on a busy probe), by priority
+        # first the stages left out (estimates come out high on a busy probe), by priority
+        for name in PRIORITY:
             rec = self.state.data["stages"].get(name) or {}
             if name not in by or rec.get("status") != "left out":
                 continue
@@ -333,10 +338,12 @@ class _Runner:
             self.leave_out(i, stage, f"no compressed model to {stage.verb}: {call.why}", "not supported")
             return
         extra: dict[str, Any] = {}
-        if stage.name == "report":  # the report depends on every other stage's result and the answers
+        # the report depends on every other stage's result and the answers
+        if stage.name == "report":
             extra = {"stages": {n: r.get("key") for n, r in state.data["stages"].items() if n != "report"},
                      "answers": state.data["answers"]}
-        elif stage.reads:  # a stage reading others' results: theirs are part of its identity
+        elif stage.reads:
+            # a stage reading others' results: theirs are part of its identity
             extra = {"stages": {n: (state.data["stages"].get(n) or {}).get("key") for n in stage.reads}}
         key = stage_key(self.model_fp, {**self.data_fp, **extra}, call.canonical())
         if state.reusable(stage.name, key):
@@ -376,7 +383,8 @@ class _Runner:
         """Run the verb; False (recorded) when it refused or failed. An interrupt is recorded, then raised."""
         log_file = Path(self.ctx.out) / LOG_DIR / f"{stage.name}.txt"
         try:
-            if isinstance(call, Calls):  # compare: the original must be what the study loaded, unchanged
+            # compare: the original must be what the study loaded, unchanged
+            if isinstance(call, Calls):
                 if model_fingerprint(self.hm.model, self.hm.config) != self.model_fp:
                     raise RuntimeError(f"the study's model changed before the {stage.name} stage (a stage before "
                                        f"modified it in place): it is no longer the original to compare with")
@@ -384,7 +392,8 @@ class _Runner:
             else:
                 self.results[stage.name] = run_call(call, self.hm, log_file)
             return True
-        except OutputConflict as e:  # the study chose and cleared this folder: a clash there is a bug, not a refusal
+        except OutputConflict as e:
+            # the study chose and cleared this folder: a clash there is a bug, not a refusal
             self._failed(i, stage, rec, e)
         except HeadscopeError as e:  # the verb refused this model or these sizes: say so, go on
             rec.update({"status": "not supported", "reason": str(e).splitlines()[0]})
@@ -393,7 +402,8 @@ class _Runner:
             rec.update({"status": "interrupted"})
             self.state.save()
             raise
-        except Exception as e:  # a bug in one stage must not lose the others; the log has the details
+        except Exception as e:
+            # a bug in one stage must not lose the others; the log has the details
             self._failed(i, stage, rec, e)
         self.state.save()
         return False

@@ -64,7 +64,8 @@ class Family:
     # capability -> why the family cannot serve it (its spec)
     cannot: dict[str, str] = field(default_factory=dict)
     kvcache_refusal: str | None = None
-    circuit_refusal: str | None = None  # why edge-level circuits cannot take the model (learned.circuits)
+    # why edge-level circuits cannot take the model (learned.circuits)
+    circuit_refusal: str | None = None
     lm_head: bool = True  # logits to read (patching)
     architecture: str = ""
     # the built-in pair tasks (compare's rows) whose pairs the tokenizer holds: at least 2 of the first 16
@@ -237,7 +238,8 @@ def _circuit_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
 def _circuit_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
     senders = 1 + f.heads_total + f.n_layers  # the embeddings, every head, every MLP
     receivers = f.heads_total + 2 * f.n_kv_heads * f.n_layers + f.n_layers + 1  # q; k and v per group; MLPs; logits
-    edges = senders * receivers / 2  # each sender feeds the receivers after it: about half of all pairs
+    # each sender feeds the receivers after it: about half of all pairs
+    edges = senders * receivers / 2
     return _load(p) + lv["n"] * costs.CIRCUIT_FWD[lv["method"]] * p.fwd_s + costs.CIRCUIT_CPU * edges / 1000 * p.cpu_s
 
 

@@ -24,7 +24,8 @@ from .verbs import verb_files
 STUDY_NAME = STUDY_JSON.name
 LOG_DIR = "study-logs"
 FORMAT = 1
-FIGURE_GLOB = "report-*.png"  # the report's figures (report.build.figure_names: the ones it names)
+# the report's figures (report.build.figure_names: the ones it names)
+FIGURE_GLOB = "report-*.png"
 
 
 def stage_key(model_fp: str, data_fp: dict[str, Any], call: str | list[str]) -> str:
@@ -155,7 +156,8 @@ def clear_stage_files(root: Path, verb: str) -> None:
             shutil.rmtree(p)
         elif p.exists():
             p.unlink()
-    if verb == "report":  # every figure a report wrote, named or not: a stale one would block the next report
+    # every figure a report wrote, named or not: a stale one would block the next report
+    if verb == "report":
         for p in root.glob(FIGURE_GLOB):
             p.unlink(missing_ok=True)
 

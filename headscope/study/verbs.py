@@ -195,7 +195,8 @@ def run_call(call: Call, hm: HeadModel, log: Path, append: bool = False) -> Resu
     """Run `call` on the loaded model `hm` and save its result into its options' folder; what the verb would print
     goes into `log` (after what it holds, `append`). Refusals raise as from the library (a HeadscopeError), an
     interrupt as KeyboardInterrupt."""
-    o: Any = call.options  # every stage's Options have an output folder (OutputOptions: out, force)
+    # every stage's Options have an output folder (OutputOptions: out, force)
+    o: Any = call.options
     check_options(o, call.verb)
     out = prepare_out_dir(o.out, o.force, _will_write(call.verb, o))  # refuse before any slow work
     if call.verb == "prune" and o.force:

@@ -55,7 +55,8 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Spearman's correlation of each row of `a` and `b` `[R, K]` (finite columns only, the same in both)."""
-    from scipy.stats import rankdata  # scipy.stats takes ~1 s to import; only these replicate correlations need it
+    # scipy.stats takes ~1 s to import; only these replicate correlations need it
+    from scipy.stats import rankdata
 
     ra, rb = rankdata(a, axis=-1), rankdata(b, axis=-1)
     ra, rb = ra - ra.mean(-1, keepdims=True), rb - rb.mean(-1, keepdims=True)
@@ -82,7 +83,8 @@ class Stability:
 
     spearman: float
     spearman_brown: float
-    overlap: float  # mean count, over the splits, of the k lowest shared by both halves
+    # mean count, over the splits, of the k lowest shared by both halves
+    overlap: float
     k: int
     splits: int
     passages: int  # rows split (passages, or groups of passages)
@@ -130,7 +132,8 @@ def spearman_interval(r: float, n: int, level: float = 0.95) -> tuple[float, flo
     computed on is not in it (use a paired bootstrap of per-passage contributions where they exist)."""
     if not math.isfinite(r) or n < 4:
         return math.nan, math.nan
-    from scipy.stats import norm  # scipy.stats takes ~1 s to import; only this interval needs it
+    # scipy.stats takes ~1 s to import; only this interval needs it
+    from scipy.stats import norm
 
     z, se = math.atanh(max(min(r, 1 - 1e-12), -1 + 1e-12)), math.sqrt((1 + r * r / 2) / (n - 3))
     q = float(norm.ppf(1 - (1 - level) / 2))

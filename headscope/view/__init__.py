@@ -49,7 +49,8 @@ class View(Result):
     maps: list[np.ndarray] | None  # every head (short texts): per layer [head, query, key]
     attention: dict[str, np.ndarray]  # the chosen heads of a long text: L3H7 -> [query, key]
     table: dict[str, Any]
-    note: str | None = None  # what was done to the text (cut to the model's positions), else None
+    # what was done to the text (cut to the model's positions), else None
+    note: str | None = None
 
     def weights(self, layer: int, head: int) -> np.ndarray:
         """One head's map `[query, key]` (rows are queries)."""

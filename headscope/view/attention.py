@@ -27,10 +27,13 @@ from ..models.config import attention_implementation
 
 __all__ = ["MAX_CHARS", "SMALL_MAX", "Encoded", "TooLong", "all_heads", "check_head", "encode", "one_head"]
 
-MAX_CHARS = 20_000  # characters of text read at all: the tokenizer's work stays small whatever is sent
-SMALL_MAX = 48  # tokens up to which every head is computed at once (small multiples, switching heads)
+# characters of text read at all: the tokenizer's work stays small whatever is sent
+MAX_CHARS = 20_000
+# tokens up to which every head is computed at once (small multiples, switching heads)
+SMALL_MAX = 48
 ONE_HEAD_NAME = "headscope_view_one_head"
-BLOCK = 128  # queries per block of the one-head path: memory block x T per step
+# queries per block of the one-head path: memory block x T per step
+BLOCK = 128
 
 
 class TooLong(HeadscopeError):
@@ -44,7 +47,8 @@ class Encoded:
     text: str
     ids: list[int]
     tokens: list[str]
-    note: str | None = None  # what was done to the text on the way (cut to the model's positions), else None
+    # what was done to the text on the way (cut to the model's positions), else None
+    note: str | None = None
 
 
 def encode(hm: HeadModel, text: Any, max_tokens: int) -> Encoded:

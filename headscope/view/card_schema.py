@@ -19,8 +19,10 @@ __all__ = ["ROOTS", "HeadsTable", "PageInfo", "json_name", "not_shown", "omitted
            "shown", "to_json"]
 
 _NOT_SHOWN = "not_shown"  # metadata: why the page does not read this field
-_OMITTED = "omitted_if_none"  # metadata: the key is left out of the JSON when the value is None
-_JSON_NAME = "json_name"  # metadata: the JSON key, where it is not a Python name (`in`)
+# metadata: the key is left out of the JSON when the value is None
+_OMITTED = "omitted_if_none"
+# metadata: the JSON key, where it is not a Python name (`in`)
+_JSON_NAME = "json_name"
 
 
 def not_shown(why: str, **kw: Any) -> Any:
@@ -148,8 +150,10 @@ class HeadsTable:
     folders: list[str] = field(default_factory=list)
     sources: dict[str, Source] = field(default_factory=dict)  # part ("roles", "importance", ...) -> its file
     statistics: dict[str, Statistic] = field(default_factory=dict)  # column -> values
-    roles: list[str] | None = None  # per head: its roles, ";"-separated ("" for none); None: no roles.csv
-    uncertain: list[str] | None = None  # per head: roles whose estimate passes but whose bound does not
+    # per head: its roles, ";"-separated ("" for none); None: no roles.csv
+    roles: list[str] | None = None
+    # per head: roles whose estimate passes but whose bound does not
+    uncertain: list[str] | None = None
     role_detail: dict[str, list[RoleDetail]] = field(default_factory=dict)  # head name -> its roles
     importance: dict[str, Measure] = field(default_factory=dict)  # method -> measure
     kvcache: list[KvChoice] = field(default_factory=list)

@@ -69,8 +69,10 @@ __all__ = ["command_of", "heads_table"]
 _VERB_OPTIONS: dict[str, type[Options]] = {"analyze": AnalyzeOptions, "roles": RolesOptions, "score": ScoreOptions,
                                            "kvcache": KvcacheOptions}
 _SKIP_OPTIONS = ("model", "from_command_line")
-PATHS_PER_HEAD = 3  # the strongest paths a head card lists (out of it and into it)
-EDGES_PER_HEAD = 3  # the strongest circuit edges a head card lists, out of it and into it (each)
+# the strongest paths a head card lists (out of it and into it)
+PATHS_PER_HEAD = 3
+# the strongest circuit edges a head card lists, out of it and into it (each)
+EDGES_PER_HEAD = 3
 
 
 def _defaults(cls: type[Options] | None) -> dict[str, Any]:
@@ -93,7 +95,8 @@ def command_of(rec: Mapping[str, Any] | None) -> str | None:
     flags, defaults = (cls.flags() if cls is not None else {}), _defaults(cls)
     repeated = {f.name for f in fields(cls) if (spec := spec_of(f)) is not None and spec.append} if cls else set()
     source = str(model.get("source") or model.get("name") or "MODEL")
-    source = source.removeprefix("builtin:")  # a built-in model is named on the command line by its name alone
+    # a built-in model is named on the command line by its name alone
+    source = source.removeprefix("builtin:")
     parts = ["headscope", *verb.split(), source]
     for k, v in sorted((rec.get("options") or {}).items()):
         if k in _SKIP_OPTIONS or v is None or v is False or v == [] or (k in defaults and defaults[k] == v):

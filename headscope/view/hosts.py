@@ -55,7 +55,8 @@ def parse_host(value: str) -> tuple[str, int | None] | None:
             return None
         name, colon, port_text = value.partition(":")
         rest = colon + port_text
-        name = name.rstrip(".")  # `localhost.` is `localhost` written as a fully qualified name
+        # `localhost.` is `localhost` written as a fully qualified name
+        name = name.rstrip(".")
         if _address(name) is None and not _NAME.fullmatch(name):
             return None
     if not rest:

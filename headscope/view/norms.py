@@ -24,7 +24,8 @@ from ..models.adapter import HeadModel
 
 __all__ = ["WEIGHTINGS", "norm_weights", "value_norms"]
 
-WEIGHTINGS = ("attention", "norm")  # what the view's maps show: the probabilities, or Kobayashi's norms
+# what the view's maps show: the probabilities, or Kobayashi's norms
+WEIGHTINGS = ("attention", "norm")
 
 
 class _Stop(Exception):

@@ -12,7 +12,8 @@ from ..table import parse_head
 __all__ = ["DEFAULT_MAX_TOKENS", "MAX_TOKENS_CAP", "ViewOptions"]
 
 DEFAULT_MAX_TOKENS = 512
-MAX_TOKENS_CAP = 8192  # one head's map at this length is 8192^2 floats (256 MiB): the most the view will hold
+# one head's map at this length is 8192^2 floats (256 MiB): the most the view will hold
+MAX_TOKENS_CAP = 8192
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -45,13 +45,16 @@ log = logging.getLogger(__name__)
 __all__ = ["HEADER_CSP", "LONG_AT_ONCE", "LONG_TOKENS", "MAX_WAITING", "REQUEST_SECONDS", "ROUTES", "ViewApp",
            "ViewServer", "is_loopback", "make_server"]
 
-MAX_WAITING = 64  # requests queued for the model at once; more are told to retry (429)
-CACHE = 16  # texts whose every-head maps are kept (switching heads needs no new forward pass)
+# requests queued for the model at once; more are told to retry (429)
+MAX_WAITING = 64
+# texts whose every-head maps are kept (switching heads needs no new forward pass)
+CACHE = 16
 # A long text's one-head map is T x T: its answer holds the float32 map and the JSON text (docs/view.md, memory).
 # At most LONG_AT_ONCE such answers are computed or sent at once; another is told to retry (503).
 LONG_TOKENS = 1024
 LONG_AT_ONCE = 1
-REQUEST_SECONDS = 30  # a client must send its whole request (line and headers) within this, however it drips
+# a client must send its whole request (line and headers) within this, however it drips
+REQUEST_SECONDS = 30
 # The page may not be framed by another site (clickjacking): only an HTTP header can say so, not the page's meta.
 HEADER_CSP = PAGE_CSP + "; frame-ancestors 'none'"
 ROUTES = {"/api/attention": ("text", "layer", "head"), "/api/maps": ("text",), "/api/heads": (),
@@ -60,7 +63,8 @@ ROUTES = {"/api/attention": ("text", "layer", "head"), "/api/maps": ("text",), "
 ROUTES["/api/attention"] += ("ids", "weighting", "window")
 ROUTES["/api/maps"] += ("ids", "weighting")
 ROUTES["/api/generate"] = ("text", "tokens")
-LONG_CACHE = 2  # long texts' one-head maps kept, so moving a window needs no new forward pass
+# long texts' one-head maps kept, so moving a window needs no new forward pass
+LONG_CACHE = 2
 _INT = re.compile(r"[0-9]{1,6}")
 
 
@@ -161,7 +165,8 @@ class ViewApp:
                     return self.maps[enc.text][1]
             return None
 
-        def compute() -> list[np.ndarray]:  # under the model's lock: a request that waited finds its text done
+        # under the model's lock: a request that waited finds its text done
+        def compute() -> list[np.ndarray]:
             found = cached()
             if found is not None:
                 return found
@@ -345,7 +350,8 @@ class _DeadlineReader(io.RawIOBase):
         return self.sock.recv_into(buffer)
 
 
-_GONE = (ConnectionError, TimeoutError)  # a client that went away or stalled: one quiet log line, no traceback
+# a client that went away or stalled: one quiet log line, no traceback
+_GONE = (ConnectionError, TimeoutError)
 
 
 class ViewHandler(BaseHTTPRequestHandler):
@@ -354,7 +360,8 @@ class ViewHandler(BaseHTTPRequestHandler):
     server: ViewServer
     server_version = "headscope-view"
     sys_version = ""
-    timeout = REQUEST_SECONDS  # also the most one send may wait for a client that stopped reading
+    # also the most one send may wait for a client that stopped reading
+    timeout = REQUEST_SECONDS
 
     def setup(self) -> None:
         super().setup()
@@ -402,7 +409,8 @@ class ViewHandler(BaseHTTPRequestHandler):
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own refusals (a request line too long, malformed, an unknown method) as JSON 4xx too."""
-        if code == 501:  # an HTTP method http.server does not know: a method refusal like any other
+        # an HTTP method http.server does not know: a method refusal like any other
+        if code == 501:
             code, message = 405, f"{self.command or 'this method'} is not served; the view answers GET requests only"
         self.close_connection = True
         try:
@@ -427,8 +435,10 @@ class ViewHandler(BaseHTTPRequestHandler):
         except BadRequest as e:
             self._json(e.status, {"error": str(e)})
         except _GONE:
-            raise  # the client left mid-answer: ViewServer.handle_error logs one line
-        except Exception as e:  # a fault of headscope's, not the request's: one line, no traceback
+            # the client left mid-answer: ViewServer.handle_error logs one line
+            raise
+        except Exception as e:
+            # a fault of headscope's, not the request's: one line, no traceback
             log.exception("view request %s failed", self.path[:200])
             self._json(500, {"error": f"internal error ({type(e).__name__}: {str(e)[:200]}); see the server's log"})
 
@@ -442,7 +452,8 @@ class ViewServer(ThreadingHTTPServer):
     """ThreadingHTTPServer bound to one ViewApp; a thread per request, none kept alive past shutdown."""
 
     daemon_threads = True
-    request_queue_size = 128  # connections the OS holds before accept(): a burst of requests is not refused
+    # connections the OS holds before accept(): a burst of requests is not refused
+    request_queue_size = 128
 
     app: ViewApp
 

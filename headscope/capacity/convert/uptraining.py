@@ -25,7 +25,8 @@ from .evaluate import token_batches
 LOSSES = ("kd", "lm")
 #: What uptraining updates: the attention projections (q/k/v/o) of every layer, or every parameter.
 TRAINABLE = ("attention", "all")
-GRAD_CLIP = 1.0  # guards the first steps after conversion, when the student is far from the teacher
+# guards the first steps after conversion, when the student is far from the teacher
+GRAD_CLIP = 1.0
 
 
 @dataclass

@@ -33,7 +33,8 @@ class GroupingOptions:
     max_length: int = 64
     batch_size: int = 8
     limit: int | None = None
-    fallback: bool = True  # similarity: keep adjacent groups when they do better on `data`
+    # similarity: keep adjacent groups when they do better on `data`
+    fallback: bool = True
     search_candidates: int = 8  # search: random candidates per layer
     seed: int = 0  # search and random: seed of the random groupings
     progress: bool = False

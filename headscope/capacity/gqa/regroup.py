@@ -14,7 +14,8 @@ from ..convert.uptraining import uptrain
 from .convert import check_convertible, pool_kv_heads
 from .groupings import plan_groups
 
-if TYPE_CHECKING:  # capacity/options.py imports this package (its groupings): no import at run time
+# capacity/options.py imports this package (its groupings): no import at run time
+if TYPE_CHECKING:
     from ..options import GqaOptions
 
 

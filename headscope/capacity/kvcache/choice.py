@@ -193,7 +193,8 @@ def scores_matrix(f: ScoresFile, n_layers: int, n_heads: int) -> np.ndarray:
                                  f"headscope")
         seen[layer, head] = True
         out[layer, head] = f.sign * value
-    if not seen.all():  # another model's file fits inside this one's grid (e.g. 18 x 4 heads in 30 x 9)
+    # another model's file fits inside this one's grid (e.g. 18 x 4 heads in 30 x 9)
+    if not seen.all():
         raise HeadscopeError(f"{p} has rows for {int(seen.sum())} of this model's {seen.size} heads ({n_layers} layers "
                              f"x {n_heads}); give a file written for this model, one row per head")
     if np.isnan(out).all():

@@ -36,12 +36,14 @@ class Settings:
     window: int = 256
     context: int = 2048
     budgets: tuple[float, ...] = (0.25,)
-    threshold: float | None = None  # instead of budgets: KV heads with a query head scoring >= threshold
+    # instead of budgets: KV heads with a query head scoring >= threshold
+    threshold: float | None = None
     needles: int = 4
     chunk: int = DEFAULT_CHUNK
     random_control: bool = True
     seed: int = 0
-    uptrain: int = 0  # steps of distillation under each score choice's masks (0: none); see uptrain.py
+    # steps of distillation under each score choice's masks (0: none); see uptrain.py
+    uptrain: int = 0
     loss: str = "kd"
     lr: float = 1e-3
     intervals: IntervalSettings = IntervalSettings()  # the paired chosen-vs-random interval (paired.py)

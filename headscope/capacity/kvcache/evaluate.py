@@ -21,7 +21,8 @@ from ...eval.lm import perplexity, target_nll
 from ...models.adapter import HeadModel
 from .cache import CachePlan, HeadAwareCache, head_aware_attention
 
-DEFAULT_CHUNK = 512  # tokens per prefill forward: logits of chunk x vocab floats at a time
+# tokens per prefill forward: logits of chunk x vocab floats at a time
+DEFAULT_CHUNK = 512
 
 
 def _forward(hm: HeadModel, cache: HeadAwareCache, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
@@ -59,7 +60,8 @@ def greedy(hm: HeadModel, plan: CachePlan, prompt: Sequence[int], new_tokens: in
 class PassageResult:
     nll: float
     count: int
-    bytes_read: int  # at the last token's decoding step (context = passage length)
+    # at the last token's decoding step (context = passage length)
+    bytes_read: int
     bytes_stored: int
 
 
@@ -87,7 +89,8 @@ def evaluate_perplexity(hm: HeadModel, plan: CachePlan, passages: Sequence[Seque
         for p in tqdm(passages, desc=desc, disable=not progress, leave=False):
             r = passage_nll(hm, plan, torch.tensor([list(p)], device=hm.device), chunk)
             nll, count = nll + r.nll, count + r.count
-            per_nll.append(r.nll)  # per passage: the paired comparison with the random control resamples them
+            # per passage: the paired comparison with the random control resamples them
+            per_nll.append(r.nll)
             per_count.append(r.count)
             reads.append(r.bytes_read)
             stored.append(r.bytes_stored)

@@ -40,7 +40,8 @@ from .compare import Settings, compare
 
 MIXED_NAME = "headscope_kvcache_mixed"
 _ALPHA_ATTR = "_headscope_kv_alpha"  # (alpha [n_kv_heads], sink, window) on an attention module
-PROMPT_SEED_OFFSET = 2000  # training prompts: other facts than the evaluation needles and the scoring haystacks
+# training prompts: other facts than the evaluation needles and the scoring haystacks
+PROMPT_SEED_OFFSET = 2000
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,8 @@ class MixTraining:
         ids = torch.tensor([hay.ids], device=hm.device)
         keep = torch.zeros_like(ids)
         a0, a1 = hay.answer
-        keep[0, a0 - 1:a1] = 1  # counted positions: the queries that predict the answer tokens
+        # counted positions: the queries that predict the answer tokens
+        keep[0, a0 - 1:a1] = 1
         with torch.no_grad():
             teacher = hm.model(input_ids=ids, use_cache=False).logits
         with mixed_kv(hm, self.alpha, self.sink, self.window):

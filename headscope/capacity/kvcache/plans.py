@@ -20,7 +20,8 @@ from .cache import CachePlan
 
 REPORT = "kvcache.json"
 NEEDED = ("rows", "n_layers", "n_heads", "n_kv_heads")  # the keys a plan is read from
-SHIPPED = ("score", "learned")  # the methods a user ships, in the order the default row is looked for
+# the methods a user ships, in the order the default row is looked for
+SHIPPED = ("score", "learned")
 
 
 def row_name(row: dict[str, Any]) -> str:

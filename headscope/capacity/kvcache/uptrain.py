@@ -33,7 +33,8 @@ from ..convert.uptraining import GRAD_CLIP, UptrainLog, check_uptrain, run_uptra
 from .cache import CachePlan, _gather_heads, check_supported, training_band
 
 MASKED_NAME = "headscope_kvcache_masked"
-_PLAN_ATTR = "_headscope_kv_plan"  # (full KV heads, windowed KV heads, sink, window) on an attention module
+# (full KV heads, windowed KV heads, sink, window) on an attention module
+_PLAN_ATTR = "_headscope_kv_plan"
 
 
 def masked_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

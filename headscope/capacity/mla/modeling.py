@@ -108,10 +108,12 @@ class MLAAttention(nn.Module):
         b, n_heads, t, d = q.shape
         g, group, s, r = self.num_key_value_heads, self.num_key_value_groups, latent.shape[2], self.kv_rank
         rope_idx, _, _, nope_idx = self._indices(q.device)
-        qg = q.reshape(b, g, group * t, d)  # [b, kv, group * t, d]: the query heads of a KV head, then positions
+        # [b, kv, group * t, d]: the query heads of a KV head, then positions
+        qg = q.reshape(b, g, group * t, d)
         q_rope = qg.gather(-1, rope_idx[None, :, None, :].expand(b, g, group * t, -1))
         q_nope = qg.gather(-1, nope_idx[None, :, None, :].expand(b, g, group * t, -1))
-        w = self.kv_b_proj.weight  # [kv * nope + kv * d, rank]: key rows of each KV head, then value rows
+        # [kv * nope + kv * d, rank]: key rows of each KV head, then value rows
+        w = self.kv_b_proj.weight
         w_k = w[:g * self.nope_dims].view(g, self.nope_dims, r)
         w_v = w[g * self.nope_dims:].view(g, d, r)
         q_lat = torch.matmul(q_nope, w_k)  # [b, kv, group * t, rank]
@@ -119,7 +121,8 @@ class MLAAttention(nn.Module):
         # every head reads the same latent: one product over all heads, the cache read once
         scores = scores + torch.matmul(q_lat.reshape(b, 1, n_heads * t, r), latent.transpose(-1, -2)).view_as(scores)
         scores = (scores * self.scaling).view(b, n_heads, t, s)
-        if mask is None and t > 1:  # causal, the queries being the last t positions (sdpa's mask-free case)
+        # causal, the queries being the last t positions (sdpa's mask-free case)
+        if mask is None and t > 1:
             mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
         if mask is not None:
             mask = mask[..., :s]
@@ -156,7 +159,8 @@ class MLAAttention(nn.Module):
         sin_k = sin[:, None, :, :].expand(b, g, t, d).gather(-1, rope_idx[None, :, None, :].expand(b, g, t, -1))
         k_rope = k_rope * cos_k + rotate_half(k_rope) * sin_k
         latent = self.kv_a_proj(hidden_states).unsqueeze(1)  # [batch, 1, pos, kv_rank]
-        if cache is not None:  # the cache holds only these two: rank + kv * rope_dims numbers per token
+        # the cache holds only these two: rank + kv * rope_dims numbers per token
+        if cache is not None:
             k_rope, latent = cache.update(k_rope, latent, self.layer_idx, kwargs=kwargs)
         s = latent.shape[2]
         absorb = self.decode == "absorbed" or (self.decode == "auto" and s > t)
@@ -196,7 +200,8 @@ def install_mla(model: nn.Module, record: dict[str, Any]) -> None:
                            sliding_window=window, scaling=float(old.scaling),
                            attention_dropout=float(getattr(old, "attention_dropout", 0.0)))
         p = next(old.parameters())
-        new.train(old.training)  # a new module trains by default; keep the model's mode (eval: absorbed decoding)
+        # a new module trains by default; keep the model's mode (eval: absorbed decoding)
+        new.train(old.training)
         setattr(parent, leaf, new.to(device=p.device, dtype=p.dtype))
 
 

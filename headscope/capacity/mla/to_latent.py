@@ -15,7 +15,8 @@ from .convert import check_mla, convert_to_mla, full_rank
 from .modeling import MLA_CONFIG_KEY
 from .uptraining import uptrain_mla
 
-if TYPE_CHECKING:  # capacity/options.py imports the capacity packages: no import at run time
+# capacity/options.py imports the capacity packages: no import at run time
+if TYPE_CHECKING:
     from ..options import MlaOptions
 
 

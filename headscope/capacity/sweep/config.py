@@ -33,12 +33,14 @@ class SweepConfig:
     n_kv_heads: int | None = None  # None: = n_heads (MHA)
     d_head: int | None = None  # None: d_model // n_heads
     lr: float = 3e-3
-    warmup: float = 0.05  # fraction of steps with linear warm-up, then cosine decay to lr/10
+    # fraction of steps with linear warm-up, then cosine decay to lr/10
+    warmup: float = 0.05
     weight_decay: float = 0.01
     d_ff_mult: int = 4
     eval_tokens: int = 65536
     tokenization: str = "byte"
-    init_std: float | None = None  # None: GPT-2 init (std 0.02, residual projections scaled down)
+    # None: GPT-2 init (std 0.02, residual projections scaled down)
+    init_std: float | None = None
 
     @property
     def kv_heads(self) -> int:
@@ -60,7 +62,8 @@ def config_key(cfg: SweepConfig, data_fingerprint: str) -> str:
     """Stable 16-hex-digit key of a configuration on some data: the name of its result file."""
     config = asdict(cfg)
     if config["init_std"] is None:
-        del config["init_std"]  # added later: configurations without it keep the keys they had
+        # added later: configurations without it keep the keys they had
+        del config["init_std"]
     payload = json.dumps({"config": config, "data": data_fingerprint, "version": SWEEP_VERSION}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -129,7 +132,8 @@ def plan_sweep(
                 if cfg not in configs:
                     configs.append(cfg)
     free = available_memory()
-    for cfg in configs:  # before any model is built: each must fit in half the memory available now
+    # before any model is built: each must fit in half the memory available now
+    for cfg in configs:
         need = training_bytes(cfg)
         if free is not None and need > free / 2:
             raise HeadscopeError(

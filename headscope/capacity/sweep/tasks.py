@@ -19,15 +19,23 @@ __all__ = [
 ]
 
 TASKS = ("ptb", "xor", "pair")
-SYNTHETIC_TASKS = ("xor", "pair")  # scored by accuracy, trained on generated data with attention-only models
-PAIR_VOCAB = 16  # input tokens of the pair task; targets are the 16*16 ordered pairs
-PAIR_OFFSETS = (1, 7)  # target at i: the pair (x[i-1], x[i-7]) as one class x[i-1] + 16 * x[i-7]
-XOR_POSITIONS = (3, 11)  # the xor task's target is bit[3] XOR bit[11], read at the final query token
-XOR_QUERY = 2  # token id of the query token "=" (the bits are tokens 0 and 1)
-XOR_EXHAUSTIVE_BITS = 20  # up to this many bits, the xor task is scored on every possible input
-EVAL_SEED_OFFSET = 10_000  # held-out synthetic data comes from a generator training never uses
+# scored by accuracy, trained on generated data with attention-only models
+SYNTHETIC_TASKS = ("xor", "pair")
+# input tokens of the pair task; targets are the 16*16 ordered pairs
+PAIR_VOCAB = 16
+# target at i: the pair (x[i-1], x[i-7]) as one class x[i-1] + 16 * x[i-7]
+PAIR_OFFSETS = (1, 7)
+# the xor task's target is bit[3] XOR bit[11], read at the final query token
+XOR_POSITIONS = (3, 11)
+# token id of the query token "=" (the bits are tokens 0 and 1)
+XOR_QUERY = 2
+# up to this many bits, the xor task is scored on every possible input
+XOR_EXHAUSTIVE_BITS = 20
+# held-out synthetic data comes from a generator training never uses
+EVAL_SEED_OFFSET = 10_000
 
-Batch = tuple[torch.Tensor, torch.Tensor]  # inputs [batch, seq], targets [batch, seq] (-100: no target)
+# inputs [batch, seq], targets [batch, seq] (-100: no target)
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 def synthetic_fingerprint(task: str) -> str:

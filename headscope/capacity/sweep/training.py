@@ -31,7 +31,8 @@ BETAS = (0.9, 0.95)
 GRAD_CLIP = 1.0
 MIN_LR_RATIO = 0.1  # cosine decay ends at lr / 10
 RECENT = 20  # train_loss is the mean of this many last steps
-CURVE_EVERY = 10  # the loss curve in runs/<key>.json keeps every 10th step and the last
+# the loss curve in runs/<key>.json keeps every 10th step and the last
+CURVE_EVERY = 10
 
 
 @torch.no_grad()

@@ -27,7 +27,8 @@ _NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm")
 
 def final_norm(hm: HeadModel) -> nn.Module | None:
     """The base model's final norm (before the unembedding) when it has one of the usual names, else None."""
-    if not hm.causal or hm.spec.attn_out_normed:  # sandwich norms: a head's write is not W_O z; DLA is left NaN
+    # sandwich norms: a head's write is not W_O z; DLA is left NaN
+    if not hm.causal or hm.spec.attn_out_normed:
         return None
     base = hm.base_model
     for name in _NORMS:

@@ -22,7 +22,9 @@ class PatchRecord(Record):
     M_corrupt: Estimate
     pairs: dict[str, Any]  # where the pairs came from, how many, which were left out
     intervals: IntervalsUsed
-    agreement: dict[str, Any] | None = None  # with both methods: Spearman and the heads that differ most
-    composition: dict[str, Any] | str | None = None  # K/Q/V composition's strongest pairs, or why none was computed
+    # with both methods: Spearman and the heads that differ most
+    agreement: dict[str, Any] | None = None
+    # K/Q/V composition's strongest pairs, or why none was computed
+    composition: dict[str, Any] | str | None = None
     paths: dict[str, Any] | None = None  # path patching: receivers, senders, strongest paths
     provenance: dict[str, Any] | None = None

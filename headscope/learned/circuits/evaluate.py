@@ -35,7 +35,8 @@ def circuit_forward(hm: HeadModel, graph: Graph, b: PairBatch, corrupt_out: torc
     for r in range(len(graph.receivers)):
         hits = np.nonzero(dropped[:, r] & graph.edges[:, r])[0]
         last[r] = hits[-1] + 1 if hits.size else 0
-    diff = torch.zeros_like(corrupt_out)  # [senders, pairs, pos, d_model]: corrupt - this run, as senders run
+    # [senders, pairs, pos, d_model]: corrupt - this run, as senders run
+    diff = torch.zeros_like(corrupt_out)
 
     def sent(idx: list[int], out: torch.Tensor) -> None:
         diff[idx] = corrupt_out[idx] - out.to(diff.dtype)

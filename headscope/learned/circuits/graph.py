@@ -45,7 +45,8 @@ class Graph:
     # q/k/v receiver index -> the projection module and the output channels it owns (HeadModel.head_channels),
     # looked up once: the adapter's lookups cost more than the forward's own work on small models
     channels: dict[int, tuple[Any, Any]] = field(default_factory=dict)
-    sender_of: np.ndarray = field(init=False)  # [edges] sender index of each edge, edges in row-major order
+    # [edges] sender index of each edge, edges in row-major order
+    sender_of: np.ndarray = field(init=False)
     receiver_of: np.ndarray = field(init=False)  # [edges] receiver index
 
     def __post_init__(self) -> None:
@@ -89,9 +90,11 @@ def build_graph(hm: Any) -> Graph:
     """The model's graph: senders, receivers and edges (every sender to every receiver after it)."""
     check_model(hm)
     L, H, G = hm.n_layers, hm.n_heads, hm.n_kv_heads
-    senders, at = ["input"], [(-1, 2)]  # (layer, stage): stage 0 attention, 1 MLP, 2 the embeddings
+    # (layer, stage): stage 0 attention, 1 MLP, 2 the embeddings
+    senders, at = ["input"], [(-1, 2)]
     head_sender, mlp_sender = {}, {}
-    receivers, reads = [], []  # reads: the (layer, stage) a receiver sits at; it reads senders strictly before
+    # reads: the (layer, stage) a receiver sits at; it reads senders strictly before
+    receivers, reads = [], []
     for l in range(L):
         for h in range(H):
             head_sender[(l, h)] = len(senders)

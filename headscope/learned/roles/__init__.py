@@ -16,7 +16,8 @@ Every role, short and long range, is one registration in `catalogue.py` (the reg
 runs the passes. docs/roles.md states every rule.
 """
 
-from . import catalogue  # registers every role: importing any part of the package loads them
+# registers every role: importing any part of the package loads them
+from . import catalogue
 from .assign import (
                      CorefSource,
                      RoleSettings,

@@ -79,7 +79,8 @@ def induction_sums(hm: HeadModel, n_sequences: int = 32, length: int = 24, seed:
         return full
 
     def on_attn(layer: int, q_start: int, probs: torch.Tensor) -> None:
-        p = probs.detach().double()  # [b, h, q_block, k]: queries q_start .. (h: the layer's kept heads)
+        # [b, h, q_block, k]: queries q_start .. (h: the layer's kept heads)
+        p = probs.detach().double()
         ones = torch.ones(p.shape[0], t, dtype=torch.long, device=p.device)
         n_keys = n_visible_keys(ones, hm.causal, hm.sliding_window(layer)).double()  # [b, q]
         kept = p.shape[1]

@@ -29,7 +29,8 @@ from ...errors import HeadscopeError, did_you_mean
 from ...registry import Entry, Registry
 from ...table import head_name
 
-SCOPES = ("short", "long")  # short: the census of `roles()`; long: `long_roles()` at --long N tokens
+# short: the census of `roles()`; long: `long_roles()` at --long N tokens
+SCOPES = ("short", "long")
 MEMBER = "{member}"
 
 Rule = Callable[[np.ndarray, np.ndarray, "RoleThresholds"], np.ndarray]

@@ -220,7 +220,8 @@ def _rare_targets(hm: HeadModel, ids: list[list[int]], texts: Any) -> list[np.nd
     for i, text in enumerate(texts.texts):
         enc = hm.tokenizer(text, return_offsets_mapping=True, truncation=False)
         if list(enc["input_ids"][: len(ids[i])]) != ids[i][: len(enc["input_ids"])]:
-            continue  # truncation kept a closing special token: offsets no longer line up
+            # truncation kept a closing special token: offsets no longer line up
+            continue
         offsets = [tuple(o) for o in enc["offset_mapping"]][: len(ids[i])]
         out[i] = rare_word_targets(text, offsets, freq)
     return out

@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 PARTIAL_JSON = "prune_curve.partial.json"  # checkpoint of an unfinished run, resumed on rerun
 PARTIAL_STATE = "prune_curve.partial.{n}.pt"  # the recovered copy's training state after n units went
-L0_STATE = "l0_gates.partial.pt"  # --method l0: the gates' training state (resumed to the same gates)
-_STATES = "prune_curve.partial*.pt"  # every state file, the current one and leftovers of a crash
+# --method l0: the gates' training state (resumed to the same gates)
+L0_STATE = "l0_gates.partial.pt"
+# every state file, the current one and leftovers of a crash
+_STATES = "prune_curve.partial*.pt"
 
 
 def state_name(n_removed: int) -> str:
@@ -123,7 +125,8 @@ def resume(folder: Path, settings: dict[str, Any], recovery: Recovery | None
                                  f"is missing); pass force=True to start over", fields=("force",))
         try:
             blob = Trainer.read(state_file)
-        except HeadscopeError as e:  # cut, or not a state headscope wrote (never run: weights_only)
+        except HeadscopeError as e:
+            # cut, or not a state headscope wrote (never run: weights_only)
             raise HeadscopeError(f"{e}; the unfinished run cannot resume: pass force=True to start over (or delete "
                                  f"{PARTIAL_JSON})", fields=("force",)) from None
         if not isinstance(blob, dict) or "model" not in blob or blob.get("n_removed") != state.get("n_removed"):

@@ -41,7 +41,8 @@ class DropClaim:
     point_lo: float | None
     point_hi: float | None
     passages: int | None  # held-out passages the intervals came from
-    needed: int | None  # held-out passages that would narrow the point's interval to the threshold (cannot tell)
+    # held-out passages that would narrow the point's interval to the threshold (cannot tell)
+    needed: int | None
 
     def record(self) -> dict[str, Any]:
         return dict(self.__dict__)

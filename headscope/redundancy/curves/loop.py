@@ -51,7 +51,8 @@ from .results import CurveResult
 log = logging.getLogger(__name__)
 
 Extra = Callable[[HeadModel, torch.Tensor], float]
-LATENCY_REPEATS = 5  # forward passes timed per model at each point of a latency curve (the median ratio is kept)
+# forward passes timed per model at each point of a latency curve (the median ratio is kept)
+LATENCY_REPEATS = 5
 
 
 def _fingerprint(obj: Any) -> str:
@@ -87,7 +88,8 @@ class _Curve:
     plan: HeadPlan | LayerPlan
     measure: _Measure
     recovery: Recovery | None
-    recover: dict[str, Any]  # steps, lr, batch_size, seed, progress, and the data recovery trains on
+    # steps, lr, batch_size, seed, progress, and the data recovery trains on
+    recover: dict[str, Any]
     extras: dict[str, Extra]
     extra_on_recovered: bool
     target_drop: float | None
@@ -97,8 +99,10 @@ class _Curve:
     points: list[CurvePoint] = field(default_factory=list)
     recovered_state: dict[str, torch.Tensor] | None = None
     recovered_n_removed: int | None = None
-    past_target: bool = False  # target mode: a point's recovered drop has passed the target (by its bound)
-    kept: tuple[dict[str, Any], int] | None = None  # carried recovery's state at the last point within, and its n
+    # target mode: a point's recovered drop has passed the target (by its bound)
+    past_target: bool = False
+    # carried recovery's state at the last point within, and its n
+    kept: tuple[dict[str, Any], int] | None = None
 
     def gates(self, mask: UnitMask) -> torch.Tensor:
         g = mask.head_gates(self.hm)
@@ -190,7 +194,8 @@ class _Curve:
                 self.recovered_state, self.recovered_n_removed = state, point.n_removed
             return
         self.past_target = True
-        if self.recovery is not None:  # carried: the state before this point's training is the last point's
+        # carried: the state before this point's training is the last point's
+        if self.recovery is not None:
             self.kept = (state, self.points[-1].n_removed)
 
     def _time(self, point: CurvePoint, mask: UnitMask) -> None:
@@ -383,7 +388,8 @@ def _result(run: _Curve, opts: PruneOptions, unit: str, scope: str, method: str,
                          n_parameters=int(plan.total) if scope != "heads" else n_parameters(hm),
                          scores=plan.scores, meta=meta, last_mask=plan.mask() if scope != "heads" else None)
     if run.recovery is not None:
-        if run.kept is not None:  # target mode went on past the last point within: back to that point's weights
+        # target mode went on past the last point within: back to that point's weights
+        if run.kept is not None:
             run.recovery.restore(*run.kept)
         result.recovered_state = run.recovery.hm.model.state_dict()
         result.recovered_n_removed = run.recovery.n_removed

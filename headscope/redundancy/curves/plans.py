@@ -60,7 +60,8 @@ class PlanData:
     seed: int
     progress: bool
     options: dict[str, Any] = field(default_factory=dict)  # criterion settings, e.g. {"l0": {"settings": ...}}
-    checkpoint: Path | None = None  # a resumable run's folder (learned plans keep their training state there)
+    # a resumable run's folder (learned plans keep their training state there)
+    checkpoint: Path | None = None
     protected: frozenset[tuple[int, int]] = frozenset()  # heads never removed (`prune --protect`; head plans)
 
 
@@ -88,7 +89,8 @@ def candidate_units(hm: HeadModel, scores: np.ndarray, removed: set[tuple[int, i
                 members = [h for h in alive if h // g == k]
                 if members and all(h in free for h in members):
                     units.append((float(np.sum(scores[layer, members])), [(layer, h) for h in members]))
-        else:  # slice: the i-th least important remaining unprotected head of every surviving group
+        else:
+            # slice: the i-th least important remaining unprotected head of every surviving group
             surviving = [k for k in range(n_kv) if any(h // g == k for h in alive)]
             groups = [sorted((h for h in free if h // g == k), key=lambda h: scores[layer, h]) for k in surviving]
             depth = min((len(grp) for grp in groups), default=0)
@@ -141,7 +143,8 @@ class HeadPlan:
             self.per_step = max(1, int(round(step * self.total)))
         self.removed: list[tuple[int, int]] = []
         self.scores: dict[str, Any] = {}
-        self.exhausted = False  # no unit was left to offer before the cap: only protected heads remain
+        # no unit was left to offer before the cap: only protected heads remain
+        self.exhausted = False
 
     @property
     def n_removed(self) -> int:
@@ -310,7 +313,8 @@ def cut_points(order: list[Unit], total: float, fraction: float, step: float, n_
             while acc / total >= next_cut - 1e-12:
                 next_cut += step
     if fits and (not cuts or cuts[-1] != fits):
-        cuts.append(fits)  # the last point is the most that fits under the cap, even short of a whole step
+        # the last point is the most that fits under the cap, even short of a whole step
+        cuts.append(fits)
     if not cuts and order:
         raise HeadscopeError(f"no {unit} unit fits in {fraction:.0%} of the parameters (the smallest holds "
                              f"{min(o[3] for o in order) / total:.1%}); raise the fraction")

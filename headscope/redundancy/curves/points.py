@@ -17,8 +17,10 @@ class CurvePoint:
     """One point of a pruning curve: what went at this step, and the metric with everything removed so far."""
 
     step: int  # 0 = unpruned
-    n_removed: int  # units removed so far: heads (head curves), or attention sub-layers, blocks and neurons
-    fraction_removed: float  # share of the curve's scope removed so far: of all heads, or of all parameters
+    # units removed so far: heads (head curves), or attention sub-layers, blocks and neurons
+    n_removed: int
+    # share of the curve's scope removed so far: of all heads, or of all parameters
+    fraction_removed: float
     metric: float  # the metric with those units switched off
     drop: float  # relative drop of the metric (see the module docstring)
     metric_recovered: float | None = None  # after recovery training (None without recovery)
@@ -27,8 +29,10 @@ class CurvePoint:
     extra: dict[str, float] = field(default_factory=dict)  # extra measures, e.g. wordsim353 Spearman
     extra_recovered: dict[str, float] = field(default_factory=dict)
     params_removed: int | None = None  # parameters removed so far (parameter-scope curves)
-    latency_s: float | None = None  # median seconds of one forward of the physically pruned model
-    speedup: float | None = None  # original latency / this latency (median of interleaved ratios)
+    # median seconds of one forward of the physically pruned model
+    latency_s: float | None = None
+    # original latency / this latency (median of interleaved ratios)
+    speedup: float | None = None
     flop_speedup: float | None = None  # original FLOPs / these FLOPs (the ideal)
     # the confidence intervals of metric and drop (and of their recovered twins), paired with the baseline
     bounds: dict[str, float] = field(default_factory=dict)

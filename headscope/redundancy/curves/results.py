@@ -37,7 +37,8 @@ class CurveResult:
     n_heads: int
     n_kv_heads: int
     unit: str
-    scope: str  # "heads" or "parameters": what fraction_removed is a share of
+    # "heads" or "parameters": what fraction_removed is a share of
+    scope: str
     method: str
     metric: str
     higher_is_better: bool
@@ -154,7 +155,8 @@ class CurveResult:
                 rec.update({f"{name}{suffix}": self._derived(name, value),
                             f"{name}{suffix}_lo": self._derived(name, b.get(f"metric{suffix}_lo")),
                             f"{name}{suffix}_hi": self._derived(name, b.get(f"metric{suffix}_hi"))})
-        if not p.bounds:  # a curve without per-passage sums (an older partial checkpoint): no bound columns
+        # a curve without per-passage sums (an older partial checkpoint): no bound columns
+        if not p.bounds:
             rec = {k: v for k, v in rec.items() if not k.endswith(("_lo", "_hi"))}
         return rec
 

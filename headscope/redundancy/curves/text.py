@@ -9,7 +9,8 @@ from ...eval.metrics import METRICS
 from .claims import drop_claim, level_of
 from .results import CurveResult
 
-SHOWN = 10  # protected heads shown with their intervals per capability, largest first (prune.json holds all)
+# protected heads shown with their intervals per capability, largest first (prune.json holds all)
+SHOWN = 10
 
 
 def _ppl(metric: str) -> tuple[str, Any]:

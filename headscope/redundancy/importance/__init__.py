@@ -27,7 +27,9 @@ from .gradients import gradient_scores, ig_scores, loss_rows
 from .l0 import GateTraining, L0Settings, l0_scores
 from .patterns import pattern_scores
 from .scoring import ScoreSettings, layer_norms, rank_correlations, score
-from .units import score_units, unit_scores  # the criteria of attention sub-layers, blocks and FFN neurons
+
+# the criteria of attention sub-layers, blocks and FFN neurons
+from .units import score_units, unit_scores
 
 __all__ = [
     "CRITERIA",

@@ -188,7 +188,8 @@ def ablation_passages(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.
             ids, mask = b.input_ids.to(hm.device), b.attention_mask.to(hm.device)
             B = ids.shape[0]
             tg = targets(prep, metric, reference, b.index, ids.shape[1], hm.device)
-            tg["ref_tokens"] = None  # token-level extras are not ranked: skip their cost in every pass
+            # token-level extras are not ranked: skip their cost in every pass
+            tg["ref_tokens"] = None
             outs: dict[int, Any] = {}
             with head_gates(hm, base), capture_layer_outputs(hm, outs):
                 rm0 = row_metric(hm, metric, ids, mask, **tg)
@@ -222,7 +223,8 @@ def ablation_passages(hm: HeadModel, prep: Tokens, metric: str, *, gates: torch.
                         per.add("off_den", b.index, den[i], (layer, h))
                     bar.update(k)
     bar.close()
-    totals = all_reduce_totals(totals)  # each rank summed its own passes; the base pass ran on every rank
+    # each rank summed its own passes; the base pass ran on every rank
+    totals = all_reduce_totals(totals)
     sums = per.result()
     sums = PassageSums({**sums.arrays, "off_num": all_reduce_array(sums["off_num"]),
                         "off_den": all_reduce_array(sums["off_den"])}, sums.passages_per_row)

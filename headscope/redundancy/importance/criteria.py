@@ -60,14 +60,16 @@ class ScoreContext:
     hm: HeadModel
     prep: Tokens
     metric: str
-    gates: torch.Tensor  # [L, H] current mask on the model's device; 0 = already pruned
+    # [L, H] current mask on the model's device; 0 = already pruned
+    gates: torch.Tensor
     reference: Reference | None = None  # the unpruned model's outputs, for metrics that need one
     batch_size: int = 16
     ig_steps: int = 16
     seed: int = 0
     progress: bool = False
     base_result: MetricResult | None = None  # the metric under `gates`, when a criterion measured it
-    unit: str = "head"  # the scope being scored (a criterion registered for several reads it here)
+    # the scope being scored (a criterion registered for several reads it here)
+    unit: str = "head"
     # criterion-specific settings and what such a criterion reports back (e.g. "l0": gate training settings)
     options: dict[str, Any] = field(default_factory=dict)
     # criterion -> (its per-passage contributions, the statistic that turns their sums into its scores)

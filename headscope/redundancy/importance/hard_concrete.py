@@ -27,9 +27,11 @@ from torch import nn
 from ...errors import HeadscopeError
 
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1
-INIT_LOG_ALPHA = 3.0  # P(open) ~ 0.99 at the start: training begins from the unpruned model
+# P(open) ~ 0.99 at the start: training begins from the unpruned model
+INIT_LOG_ALPHA = 3.0
 LAMBDA_SCALE = 0.1
-_EPS = 1e-6  # keeps u away from 0 and 1, where log u / log(1 - u) are infinite
+# keeps u away from 0 and 1, where log u / log(1 - u) are infinite
+_EPS = 1e-6
 
 
 @dataclass(frozen=True)

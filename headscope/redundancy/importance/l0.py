@@ -42,7 +42,8 @@ from ...train import Trainer, frozen_weights
 from .criteria import CRITERIA, ScoreContext, targets
 from .hard_concrete import BETA, HardConcreteGates, Stretch
 
-RAMP = 0.5  # share of the steps over which a target share is raised from 0 to its value
+# share of the steps over which a target share is raised from 0 to its value
+RAMP = 0.5
 LEARNED_NOTE = ("learned jointly over all passages by gate training: no per-passage bootstrap interval applies; "
                 "bounds are NaN")
 
@@ -55,7 +56,8 @@ class L0Settings:
     lr: float = 0.1
     temperature: float = BETA
     penalty: float | None = None
-    target: float | None = None  # share of units closed, in [0, 1); default when neither is given: 0.5
+    # share of units closed, in [0, 1); default when neither is given: 0.5
+    target: float | None = None
     save_every: int = 20
 
     def __post_init__(self) -> None:
@@ -129,13 +131,15 @@ class GateTraining:
         hm = self.hm
         ids, mask = b.input_ids.to(hm.device), b.attention_mask.to(hm.device)
         z = self.base * expand_gates(hm, self.gates.sample(u.to(hm.device)), self.per)  # [rows, L, H]
-        if self.metric == "lm_loss":  # the teacher is the model with every gate open (the current mask)
+        # the teacher is the model with every gate open (the current mask)
+        if self.metric == "lm_loss":
             with torch.no_grad(), head_gates(hm, self.base):
                 teacher = hm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
             with head_gates(hm, z):
                 student = hm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
             task = distillation_loss(student, teacher, mask)
-        else:  # these losses read the unpruned model through the reference (or the labels) in `targets`
+        else:
+            # these losses read the unpruned model through the reference (or the labels) in `targets`
             t = targets(self.prep, self.metric, self.reference, idx, ids.shape[1], hm.device)
             with head_gates(hm, z):
                 task = self.entry.recovery_loss(hm, hm, ids, mask, t)

@@ -79,7 +79,8 @@ def _score_chunk(run: _Run, ctx: ScoreContext, chosen: list[str]) -> None:
         # Criteria sharing one computation are timed as one entry, e.g. "gradient+gradient_raw+taylor".
         group = [m for m in chosen if shares(CRITERIA.get(m)) == shares(CRITERIA.get(method))]
         t0 = time.perf_counter()
-        for m in group:  # torchrun / --workers: `sharded` criteria split their work, the others run on rank 0
+        # torchrun / --workers: `sharded` criteria split their work, the others run on rank 0
+        for m in group:
             fn = CRITERIA.get(m).fn
             value = np.array(fn(ctx) if CRITERIA.get(m).meta.get("sharded") else run_on_main(partial(fn, ctx)),
                              dtype=float)
@@ -193,7 +194,8 @@ def _table(hm: HeadModel, run: _Run, chosen: list[str], base: torch.Tensor, prep
     """The importance table: each criterion's column and interval bounds, stability and correlations in meta."""
     pruned = (base == 0).cpu().numpy()
     absent = np.zeros_like(pruned)
-    absent[hm.headless_layers] = True  # layers without softmax heads (Qwen3.5's linear attention): no importance
+    # layers without softmax heads (Qwen3.5's linear attention): no importance
+    absent[hm.headless_layers] = True
     columns: dict[str, np.ndarray] = {}
     stability: dict[str, Any] = {}
     reps: dict[str, tuple[np.ndarray, np.ndarray | None, int]] = {}

@@ -67,7 +67,8 @@ class TaskContext:
     """What a task's scoring function reads."""
 
     hm: HeadModel
-    data: Any  # the task's data: a built-in name, a path, or None for the task's default
+    # the task's data: a built-in name, a path, or None for the task's default
+    data: Any
     method: str  # the importance criterion for metric tasks
     limit: int | None
     max_length: int | None
@@ -236,7 +237,8 @@ def parse_tasks(spec: str | Sequence[str]) -> dict[str, Any]:
             raise HeadscopeError(f"task {name!r} needs labelled data: give {name}=FILE.jsonl with a 'text' and a "
                                  f"'label' on every line, or a labelled built-in ({', '.join(LABELLED)})"
                                  + (f" ({given!r} has no labels)" if given else ""))
-        if "check_data" in entry.meta:  # a task that checks its own data (retrieval: a context length)
+        # a task that checks its own data (retrieval: a context length)
+        if "check_data" in entry.meta:
             entry.check_data(None, given)
         out[name] = given
     if len(out) < 2:

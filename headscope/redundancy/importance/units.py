@@ -121,7 +121,8 @@ def ffn_scores(hm: HeadModel, prep: Tokens, metric: str, *, reference: Reference
 
     def make(layer: int) -> Callable[[Any, tuple], None]:
         def hook(module: Any, args: tuple) -> None:
-            a = args[0].detach()  # [batch, pos, n_neurons] (already gated: the gates are ones)
+            # [batch, pos, n_neurons] (already gated: the gates are ones)
+            a = args[0].detach()
             act[layer] += (a.abs().double() * box["mask"][..., None]).sum((0, 1)).cpu()
 
         return hook
@@ -201,7 +202,8 @@ def unit_scores(hm: HeadModel, prep: Tokens, metric: str, unit: str, methods: Se
     Criteria that share one computation (FFN taylor and activation) run it once and are timed together."""
     check_unit_kind(hm, unit)
     for m in methods:
-        CRITERIA.get(m, unit)  # an unknown criterion for this unit raises, with a did-you-mean
+        # an unknown criterion for this unit raises, with a did-you-mean
+        CRITERIA.get(m, unit)
     ctx = ScoreContext(hm, prep, metric, base_gates(hm, None), reference, batch_size, seed=seed,
                        progress=progress, unit=unit)
     cols: dict[str, Any] = {}
