@@ -16,6 +16,7 @@ from test_compare_census import silenced
 import headscope
 from headscope.artifacts import COMPARE_ITEMS_NPZ
 from headscope.cli import main
+from headscope.commands._check import finish_check
 from headscope.compare.verb import per_item
 from headscope.errors import OptionError, OutputConflict
 from headscope.table import to_jsonable
@@ -133,8 +134,6 @@ def test_a_stale_npz_does_not_survive_a_rerun_without_census_rows(first, tmp_pat
     plain.save(tmp_path, force=True)
     assert _names(tmp_path) == ["compare.csv", "compare.json"]
     # the compressing verbs' check (which measures no census row) removes it too
-    from headscope.commands._check import finish_check
-
     census.save(tmp_path, force=True)
     assert finish_check(lambda: plain, tmp_path, force=True) == ["compare.csv", "compare.json"]
     assert _names(tmp_path) == ["compare.csv", "compare.json"]

@@ -56,7 +56,8 @@ class CompareRecord(Record):
 @dataclass
 class CompareResult(Result):
     """compare.csv (one row per capability), compare.json (settings, both models, per-item values) and, when a row
-    keeps more than one value per item (the role census's per-head sums), compare_items.npz beside it (`items`)."""
+    keeps more than one value per item (the role census's per-head sums), compare_items.npz beside it
+    (compare/items.py)."""
 
     changes: list[Change]
     record: CompareRecord
