@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..errors import HeadscopeError, did_you_mean
 from ..stats import STATISTICS
-from .circuits import CIRCUIT_JSON, COMPARE_CSV, COMPARE_JSON, EDGES_CSV
+from .circuits import CIRCUIT_JSON, COMPARE_CSV, COMPARE_ITEMS_NPZ, COMPARE_JSON, EDGES_CSV
 from .schema import BOUNDS, KINDS, PROVENANCE, Artifact, Field, bound_of, write_csv
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
     "KV_CSV", "SWEEP_CSV", "SWEEP_RUNS", "SWEEP_QUALITY_PNG",
     "SWEEP_SPEED_PNG", "GQA_JSON", "MLA_JSON", "KVCACHE_CSV", "KVCACHE_JSON", "REPORT_HTML", "SIMILARITY_MATRICES",
     "STUDY_JSON", "PATCHING_CSV", "PATCHING_POSITIONS_CSV", "PATCHING_JSON", "COMPOSITION_NPZ", "COMPARE_CSV",
-    "COMPARE_JSON", "EDGES_CSV", "CIRCUIT_JSON",
+    "COMPARE_JSON", "COMPARE_ITEMS_NPZ", "EDGES_CSV", "CIRCUIT_JSON",
 ]
 
 def _f(name: str, meaning: str = "", when: str = "") -> Field:
@@ -425,7 +425,8 @@ ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     PRUNE_JSON, *UNIT_ARTIFACTS, *TASK_ARTIFACTS, MODEL_DIR, KV_CSV, KV_JSON, SWEEP_CSV, SWEEP_RUNS, SWEEP_QUALITY_PNG,
     SWEEP_SPEED_PNG, GQA_JSON,
     MLA_JSON, KVCACHE_CSV, KVCACHE_JSON, REPORT_HTML, STUDY_JSON, PATCHING_CSV, PATCHING_POSITIONS_CSV,
-    PATCHING_JSON, PATHS_CSV, COMPOSITION_NPZ, EDGES_CSV, CIRCUIT_JSON, COMPARE_CSV, COMPARE_JSON)}
+    PATCHING_JSON, PATHS_CSV, COMPOSITION_NPZ, EDGES_CSV, CIRCUIT_JSON, COMPARE_CSV, COMPARE_JSON,
+    COMPARE_ITEMS_NPZ)}
 
 
 # The JSON file of each verb that carries its provenance (headscope.provenance); CSV files cannot hold

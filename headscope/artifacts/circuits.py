@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .schema import PROVENANCE, Artifact, Field
 
-__all__ = ["CIRCUIT_JSON", "COMPARE_CSV", "COMPARE_JSON", "EDGES_CSV"]
+__all__ = ["CIRCUIT_JSON", "COMPARE_CSV", "COMPARE_ITEMS_NPZ", "COMPARE_JSON", "EDGES_CSV"]
 
 # headscope circuit (issue 44): edge attribution and circuits at every size (docs/circuits.md).
 EDGES_CSV = Artifact(
@@ -62,6 +62,14 @@ COMPARE_JSON = Artifact(
     (Field("settings", "tolerance, interval settings, the rows measured"),
      Field("notes", "default rows left out and why"),
      Field("rows", "per row: what it measures, its items and their sha256 (fingerprint), the per-item sums of both "
-                   "models, seconds, the change, (cannot tell) the items that would decide it, and the --base-from "
-                   "folder its BASE side was reused from (or null)"),
+                   "models (one value per item; a sum with more than one, e.g. per head, is a reference {in, key, "
+                   "shape, sha256} to compare_items.npz), seconds, the change, (cannot tell) the items that would "
+                   "decide it, and the --base-from folder its BASE side was reused from (or null)"),
      Field("base", "BASE's name, config and weights fingerprints"), Field("other", "OTHER's, the same"), PROVENANCE))
+COMPARE_ITEMS_NPZ = Artifact(
+    "compare_items.npz", "npz", {"compare": "--tasks heads (the roles:<role> rows)"}, "the per-item sums of more "
+    "than one value per item (the role census's per head), exact, beside compare.json, which names each one's key "
+    "and shape",
+    (Field("<capability>/<model>/<sum>", "float64 [items, ...] sums of one row (roles:induction), model (base or "
+                                         "other) and sum (induction_score|count): [items, layers, heads], or "
+                                         "[items, 1, 1] for a sum the same on every head"),))

@@ -19,6 +19,9 @@ __all__ = ["BOUNDS", "KINDS", "Artifact", "Field", "bound_of", "write_csv"]
 
 KINDS = ("csv", "json", "npz", "png", "dir", "html")
 _FAMILY = re.compile(r"<[a-z_]+>")
+# What a placeholder stands for: a name's characters, with those of compare's row and role names (roles:positional:-3)
+# and of a sum's count (induction_score|count); never "/", which separates compare_items.npz's parts.
+_MEMBER = "[A-Za-z0-9_:|+-]+"
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class Field:
         if not self.is_family:
             return name == self.name
         # Only the placeholders are wildcards; the rest of the name matches literally.
-        pattern = "[A-Za-z0-9_]+".join(re.escape(p) for p in _FAMILY.split(self.name))
+        pattern = _MEMBER.join(re.escape(p) for p in _FAMILY.split(self.name))
         return re.fullmatch(pattern, name) is not None
 
 

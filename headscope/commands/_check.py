@@ -12,8 +12,9 @@ from ..compare import CompareResult
 from ..compare.check import check_lines
 from ..errors import HeadscopeError
 
-# compare.csv, compare.json: what the check writes into the verb's --out
-CHECK_OUTPUTS = outputs("compare")
+# compare.csv, compare.json: what the check writes into the verb's --out; and compare_items.npz, which the check's
+# rows never need but an earlier compare into the same folder may have left: refused without --force, removed
+CHECK_OUTPUTS = outputs("compare", optional=True)
 
 
 def check_files(on: bool) -> list[str]:
@@ -22,10 +23,10 @@ def check_files(on: bool) -> list[str]:
 
 
 def finish_check(run: Callable[[], CompareResult], out: Path, force: bool) -> list[str]:
-    """Run the check once the verb's own files are saved, save compare.csv and compare.json into `out`, print its
-    lines; returns the files written. A check that cannot run (no row the model can measure) says why in one line
-    and writes nothing: the verb's files are complete without it, and an earlier run's compare files (there only
-    under --force) are removed so that none describes another model."""
+    """Run the check once the verb's own files are saved, save compare.csv and compare.json into `out` (an earlier
+    run's compare_items.npz goes), print its lines; returns the files written. A check that cannot run (no row the
+    model can measure) says why in one line and writes nothing: the verb's files are complete without it, and an
+    earlier run's compare files (there only under --force) are removed so that none describes another model."""
     try:
         result = run()
     except HeadscopeError as e:
@@ -35,4 +36,4 @@ def finish_check(run: Callable[[], CompareResult], out: Path, force: bool) -> li
         return []
     result.save(out, force)
     print("\n".join(check_lines(result)))
-    return list(CHECK_OUTPUTS)
+    return list(result.files)

@@ -15,7 +15,8 @@ from ..learned.causal.pairs import read_pairs
 from ..models.loading import load_model
 from ..options.cli import verb_parser
 
-OUTPUTS = outputs("compare")  # compare.csv, compare.json
+# compare.csv, compare.json, compare_items.npz (census rows only): an earlier run's npz is refused without --force
+OUTPUTS = outputs("compare", optional=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -4,7 +4,14 @@ BASE costs one model's forwards.
 compare.json keeps each row's per-item sums of both models and a sha256 of the row's items (token ids, answers,
 needle spans). A row's BASE side is taken from DIR only when DIR was measured on the same BASE weights (the
 provenance fingerprint) and the row's items hash the same; any other row is measured again. JSON floats read back
-exactly, so a reused row gives the same numbers as a fresh one.
+exactly, and so do the float64 arrays compare_items.npz keeps beside compare.json (the role census's per-head sums,
+`items`), so a reused row gives the same numbers as a fresh one.
+
+A reused row whose arrays cannot be read back (compare_items.npz missing, unreadable, or another run's) is refused in
+one line, before any forward, rather than measured again with a note: base_from asks to skip BASE's forwards, and a
+folder missing half its files was copied or cleaned incompletely; measuring again would spend the minutes the user
+asked to save and hide that, where the refusal names the file and the two ways on (copy the folder whole, or drop
+base_from).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import numpy as np
 from ..artifacts import COMPARE_JSON
 from ..models.adapter import HeadModel
 from ..options import OptionError
+from .items import load
 
 
 def read_base(folder: str | Path, base: HeadModel, fingerprint: str) -> dict[str, dict[str, Any]]:
@@ -39,13 +47,14 @@ def read_base(folder: str | Path, base: HeadModel, fingerprint: str) -> dict[str
     return {name: r for name, r in rows.items() if isinstance(r, dict) and r.get("fingerprint") and r.get("items")}
 
 
-def reused_items(earlier: dict[str, dict[str, Any]], capability: str, fingerprint: str,
-                 metric: str) -> dict[str, np.ndarray] | None:
-    """BASE's per-item sums of a row measured before on the same items, or None."""
+def reused_items(earlier: dict[str, dict[str, Any]], capability: str, fingerprint: str, metric: str,
+                 folder: str | Path) -> dict[str, np.ndarray] | None:
+    """BASE's per-item sums of a row measured before on the same items (`folder`: where its compare.json is, for the
+    arrays it keeps in compare_items.npz), or None."""
     r = earlier.get(capability)
     if r is None or r.get("fingerprint") != fingerprint or r.get("metric") != metric:
         return None
-    return {k: np.asarray(v, dtype=np.float64) for k, v in r["items"]["base"].items()}
+    return {k: load(folder, v, f"{capability}'s BASE sum {k}") for k, v in r["items"]["base"].items()}
 
 
 __all__ = ["read_base", "reused_items"]

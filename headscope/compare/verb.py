@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from ..artifacts import COMPARE_CSV, COMPARE_JSON
+from ..artifacts import COMPARE_CSV, COMPARE_ITEMS_NPZ, COMPARE_JSON
 from ..capacity.kvcache import CachePlan, check_supported
 from ..capacity.kvcache.plans import check_plan_fits
-from ..io import atomic_write_text, csv_text
+from ..errors import OutputConflict
+from ..io import atomic_write_bytes, atomic_write_text, csv_text
 from ..models.adapter import HeadModel
 from ..options import OptionError, Result
 from ..options.record import IntervalsUsed, Record
@@ -23,6 +24,7 @@ from ..provenance import model_record, provenance
 from ..table import to_jsonable
 from .cache import plan_record, read_cache, through_cache
 from .checks import check_same_tokenizer
+from .items import npz_bytes, split
 from .options import CompareOptions
 from .reuse import read_base, reused_items
 from .suite import Row, check_rows_fit, prepare_rows
@@ -55,14 +57,19 @@ class CompareRecord(Record):
 
 @dataclass
 class CompareResult(Result):
-    """compare.csv (one row per capability) and compare.json (settings, both models, per-item values)."""
+    """compare.csv (one row per capability), compare.json (settings, both models, per-item values) and, when a row
+    keeps more than one value per item (the role census's per-head sums), compare_items.npz beside it
+    (compare/items.py)."""
 
     changes: list[Change]
     record: CompareRecord
     base_name: str
     other_name: str
 
-    files = (COMPARE_CSV.name, COMPARE_JSON.name)
+    @property
+    def files(self) -> tuple[str, ...]:  # type: ignore[override]
+        _, arrays = split(self.record.to_json())
+        return (COMPARE_CSV.name, COMPARE_JSON.name, *((COMPARE_ITEMS_NPZ.name,) if arrays else ()))
 
     def to_pandas(self) -> Any:
         import pandas as pd  # only for this table; pandas costs ~0.5 s to import
@@ -71,8 +78,24 @@ class CompareResult(Result):
 
     def write(self, folder: Path) -> None:
         atomic_write_text(folder / COMPARE_CSV.name, csv_text([c.row() for c in self.changes]))
-        atomic_write_text(folder / COMPARE_JSON.name,
-                          json.dumps(to_jsonable(self.record.to_json()), indent=1, allow_nan=False) + "\n")
+        record, arrays = split(self.record.to_json())  # the arrays of more than one value per item, by npz key
+        atomic_write_text(folder / COMPARE_JSON.name, json.dumps(to_jsonable(record), indent=1, allow_nan=False) + "\n")
+        if arrays:
+            atomic_write_bytes(folder / COMPARE_ITEMS_NPZ.name, npz_bytes(arrays))
+
+    def save(self, out: str | Path, force: bool = False) -> list[Path]:
+        """The files together (`Result.save`); a compare_items.npz an earlier run left in `out` goes with them when
+        this result writes none (with `force`; without, it is refused before anything is written), so that no npz
+        describes another run."""
+        stale = Path(out) / COMPARE_ITEMS_NPZ.name
+        keep = COMPARE_ITEMS_NPZ.name in self.files
+        if not keep and stale.exists() and not force:
+            raise OutputConflict(f"output directory {str(out)!r} already holds {stale.name}; pass force=True to "
+                                 f"replace it or choose another folder as out", fields=("force", "out"))
+        written = super().save(out, force)
+        if not keep:
+            stale.unlink(missing_ok=True)
+        return written
 
     def verdict(self, capability: str) -> str:
         """The verdict of one row ('lm', 'induction', 'pairs:ioi', ...)."""
@@ -103,10 +126,22 @@ class CompareResult(Result):
         return out
 
 
+def _reused(rows: list[Row], opts: CompareOptions,
+            earlier: dict[str, dict[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
+    """BASE's per-item sums of each row an earlier compare (`opts.base_from`) measured on the same items, read (and a
+    missing or damaged compare_items.npz refused) before any forward."""
+    out = {}
+    for row in (r for r in rows if r.reusable):
+        got = reused_items(earlier, row.capability, row.fingerprint, row.metric, opts.base_from or "")
+        if got is not None:
+            out[row.capability] = got
+    return out
+
+
 def _compare_row(row: Row, base: HeadModel, other: HeadModel, opts: CompareOptions, earlier: dict[str, dict[str, Any]],
-                 plan: CachePlan | None) -> tuple[Change, dict[str, Any]]:
+                 b: dict[str, np.ndarray] | None, plan: CachePlan | None) -> tuple[Change, dict[str, Any]]:
+    """One row: BASE's per-item sums `b` (reused) or measured, OTHER's measured, the paired change and the record."""
     t0 = time.perf_counter()
-    b = reused_items(earlier, row.capability, row.fingerprint, row.metric) if row.reusable else None
     reused = b is not None
     if reused and row.restore is not None:
         row.restore(earlier[row.capability])
@@ -150,7 +185,8 @@ def compare(base: HeadModel, other: HeadModel, options: CompareOptions | None = 
     earlier = read_base(opts.base_from, base, base_record["fingerprint"]) if opts.base_from else {}
     rows, notes = prepare_rows(base, opts, data, cached=plan is not None, lenient=lenient)
     check_rows_fit(rows)
-    got = [_compare_row(r, base, other, opts, earlier, plan) for r in rows]
+    reused = _reused(rows, opts, earlier)
+    got = [_compare_row(r, base, other, opts, earlier, reused.get(r.capability), plan) for r in rows]
     intervals = IntervalsUsed.from_json({**opts.intervals().record(), "resampled": "items (passages, pairs, "
                                          "haystacks) of both models together, with replacement"})
     settings = CompareSettings(tolerance=opts.tolerance, intervals=intervals, rows=[r.capability for r in rows],
