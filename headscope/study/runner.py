@@ -33,8 +33,8 @@ from .probe import probe
 from .progress import Progress
 from .records import Records, retrieval_measured
 from .stages import MAX_LENGTH, PRIORITY, Ctx, Family, Stage, stages_for
-from .unpruned import kept_original
 from .state import LOG_DIR, State, clear_stage_files, clear_study, file_hashes, stage_key
+from .unpruned import kept_original
 from .verbs import Call, Calls, run_call, run_calls, verb_files
 
 log = logging.getLogger(__name__)

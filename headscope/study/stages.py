@@ -292,13 +292,15 @@ def _prune_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
 
 def prune_points(f: Family, lv: dict[str, Any]) -> int:
     """The pruned points a target-stopped curve at size `lv` measures on this family: those expected within the
-    target (costs.PRUNE_EXPECTED_WITHIN of the heads) and the one that passes it, at most the fraction's points.
+    target (costs.PRUNE_EXPECTED_WITHIN of the heads, by whether the size trains recovery) and the one that passes
+    it, at most the fraction's points.
 
     A point removes `step` of the heads, in whole units: one head (MHA) or, on a GQA model, a slice of one query
     head from every KV group of a layer (redundancy/curves/plans.py, `HeadPlan`)."""
     unit = f.n_kv_heads if f.n_kv_heads < f.n_heads else 1
     per_point = math.ceil(max(1, round(lv["step"] * f.heads_total)) / unit) * unit
-    expected = math.ceil(costs.PRUNE_EXPECTED_WITHIN * f.heads_total / per_point) + 1
+    within = costs.PRUNE_EXPECTED_WITHIN[lv["recover"] > 0] * f.heads_total
+    expected = math.ceil(within / per_point) + 1
     return max(1, min(expected, math.floor(lv["fraction"] * f.heads_total / per_point)))
 
 

@@ -27,12 +27,14 @@ class KeptOriginal:
     recovered: bool
 
     def cost(self) -> str:
-        """"even removing the 6 least important heads costs more than 5% of perplexity (...)": the first step's drop
-        with its interval; "may cost" when only the interval's upper bound passes the target."""
+        """The first step's cost in words, with its drop and interval: "even removing the 6 least important heads
+        costs more than 5% of perplexity (...)"; "may cost" when only the interval's upper bound passes the
+        target."""
         verb = "costs" if self.drop > self.target else "may cost"
         interval = f" [{self.lo:.1%}, {self.hi:.1%}]" if self.lo is not None and self.hi is not None else ""
         when = "after recovery" if self.recovered else "without recovery"
-        return (f"even removing the {self.heads} least important heads {verb} more than {self.target:.0%} of "
+        heads = "least important head" if self.heads == 1 else f"{self.heads} least important heads"
+        return (f"even removing the {heads} {verb} more than {self.target:.0%} of "
                 f"{self.metric} (a drop of {self.drop:.1%}{interval} {when})")
 
     def sentence(self) -> str:
