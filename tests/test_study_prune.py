@@ -6,6 +6,8 @@ target-stopped curve measures."""
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 from pathlib import Path
 
@@ -13,13 +15,13 @@ import pytest
 import torch
 from transformers import BertModel
 
+from headscope.cli import main
 from headscope.models.loading import load_model
-from headscope.study import comparing, costs, runner
+from headscope.study import costs, runner
 from headscope.study import stages as S
 from headscope.study.answers import answers
 from headscope.study.probe import Probe
 from headscope.study.records import Records
-from headscope.study.state import State
 from headscope.study.unpruned import kept_original
 from headscope.study.verbs import run_call
 from tests.test_study import tiny_bert_dir
@@ -28,14 +30,16 @@ from tests.test_study import tiny_bert_dir
 DEAD = {(0, 1), (1, 2)}
 
 
-def _planted_bert(base: Path, scale: float, dead: set[tuple[int, int]]) -> Path:
+def _planted_bert(base: Path, scale: float, dead: set[tuple[int, int]], ffn: bool = True) -> Path:
     """The study tests' tiny BERT with every head's output projection times `scale` (its heads then carry the
-    final hidden states) and the `dead` heads' zeroed."""
+    final hidden states) and the `dead` heads' zeroed; without `ffn`, the FFNs add nothing (only heads remain)."""
     path = tiny_bert_dir(base)
     model = BertModel.from_pretrained(path)
     d = model.config.hidden_size // model.config.num_attention_heads
     with torch.no_grad():
         for layer, block in enumerate(model.encoder.layer):
+            if not ffn:
+                block.output.dense.weight.zero_()  # the FFN's output projection
             w = block.attention.output.dense.weight  # [d_model, heads * d_head]: a head's columns
             w.mul_(scale)
             for h in range(model.config.num_attention_heads):
@@ -46,13 +50,18 @@ def _planted_bert(base: Path, scale: float, dead: set[tuple[int, int]]) -> Path:
 
 
 def _prune_stage(path: Path, out: Path):
-    """The study's prune stage at its cheapest size on the model at `path`: its Result, the study's inputs and the
-    stage (run as the study runs it, on the loaded model, saved into `out`)."""
+    """The study's prune stage at its cheapest size on the model at `path`, run as the study runs it (on the loaded
+    model, saved into `out`): its Result."""
     hm = load_model(str(path))
     family = S.Family.of(hm)
     ctx = S.Ctx(str(path), runner.DEFAULT_DATA, runner.DEFAULT_PRUNE_DATA, runner.DEFAULT_HELDOUT, str(out), family)
     stage = next(s for s in S.stages_for(family) if s.name == "prune")
-    return run_call(stage.call(ctx, 0), hm, out / "prune.log"), ctx, stage
+    return run_call(stage.call(ctx, 0), hm, out / "prune.log")
+
+
+def _family(heads: int, n_kv: int, layers: int = 2) -> S.Family:
+    per_layer = heads // layers
+    return S.Family("m", "llama", True, layers, per_layer, n_kv, 8, 32, 2048, heads)
 
 
 def test_every_size_steps_finely_and_stops_at_the_target():
@@ -67,7 +76,7 @@ def test_a_model_with_heads_to_spare_gets_a_pruned_model_within_the_target(tmp_p
     """Two planted dead heads (Taylor scores them 0, removing them changes nothing) and six live ones, each of which
     carries the final hidden states: the cheapest size removes one head a point, takes the two dead ones within the
     target, stops at the first live one (past 5%), and saves the model without exactly the dead heads."""
-    result, _, _ = _prune_stage(_planted_bert(tmp_path, 10.0, DEAD), tmp_path / "out")
+    result = _prune_stage(_planted_bert(tmp_path, 10.0, DEAD), tmp_path / "out")
     points = result.curve.points
     assert [p.n_removed for p in points] == [0, 1, 2, 3]  # stopped before the fraction's cap (4 heads)
     assert {n for p in points[1:3] for n in p.removed} == {"L0H1", "L1H2"}
@@ -77,11 +86,11 @@ def test_a_model_with_heads_to_spare_gets_a_pruned_model_within_the_target(tmp_p
     assert kept_original(Records(tmp_path / "out", {"prune": result})) is None
 
 
-def test_a_fragile_model_keeps_the_original_says_so_and_is_not_compared(tmp_path):
-    """Every head live and strong: even the first point (one head) passes the target, so the saved model has every
-    head; the third answer says so in plain words and the compare stage has no pruned model to judge."""
+def test_a_fragile_model_keeps_the_original_and_the_answer_says_so(tmp_path):
+    """Every head live and strong: even the first point of the cheapest size (one head) passes the target, so the
+    saved model has every head; the third answer says so in plain words, with the first point's drop."""
     out = tmp_path / "out"
-    result, ctx, _ = _prune_stage(_planted_bert(tmp_path, 10.0, set()), out)
+    result = _prune_stage(_planted_bert(tmp_path, 10.0, set()), out)
     first = result.curve.points[1]
     assert first.n_removed == 1 and first.drop > S.PRUNE_TARGET
     assert result.summary.saved_model["heads_kept"] == 8
@@ -95,21 +104,30 @@ def test_a_fragile_model_keeps_the_original_says_so_and_is_not_compared(tmp_path
     state = {"stages": {"prune": {"status": "done"}, "compare": {"status": "not supported"}}, "model": {"heads": 8}}
     q3 = answers(rec, state)["q3"]
     assert kept.sentence() in q3 and "against the original, the pruned model" not in q3, q3
-    # the compare stage's inputs: no pruned model, with the reason, so it is skipped with it
-    r = object.__new__(runner._Runner)
-    # the stages the family serves (an encoder: not gqa, mla)
-    r.stages = [s for s in S.stages_for(ctx.family) if not s.refusal(ctx.family)]
-    r.ctx, r.results = ctx, {"prune": result}
-    r.state = State(out, {"stages": {"prune": {"status": "done"}}})
-    assert r.candidates() == (comparing.Candidate("prune", None, f"kept the original model: {cost}"),)
-    compare = next(s for s in r.stages if s.name == "compare")
-    calls = compare.call(r.measured(), 0)
-    assert calls.parts == () and calls.why == f"prune kept the original model: {cost}"
 
 
-def _family(heads: int, n_kv: int, layers: int = 2) -> S.Family:
-    per_layer = heads // layers
-    return S.Family("m", "llama", True, layers, per_layer, n_kv, 8, 32, 2048, heads)
+def test_a_fragile_models_study_skips_the_compare_stage_with_the_reason(tmp_path, capsys):
+    """The whole study of a model whose every head carries its outputs (no FFN to fall back on): whatever size the
+    plan gives prune (here its richest, 8 recovery steps a point), the first head passes 5%; the compare stage is
+    skipped with the first step's cost, read here from prune_curve.csv, and the report is written."""
+    out = tmp_path / "study"
+    assert main(["study", str(_planted_bert(tmp_path, 10.0, set(), ffn=False)), "--budget", "2m", "--out",
+                 str(out)]) == 0
+    st = json.loads((out / "study.json").read_text())
+    assert st["stages"]["prune"]["status"] == "done" and (out / "model" / "config.json").is_file()
+    with open(out / "prune_curve.csv", encoding="utf-8", newline="") as f:
+        first = next(r for r in csv.DictReader(f) if float(r["n_removed"]) > 0)
+    assert first["n_removed"] == "1"
+    drop, lo, hi = (float(first[k]) for k in ("drop_recovered", "drop_recovered_lo", "drop_recovered_hi"))
+    assert drop > S.PRUNE_TARGET
+    cost = (f"even removing the least important head costs more than 5% of fidelity (a drop of {drop:.1%} "
+            f"[{lo:.1%}, {hi:.1%}] after recovery)")
+    assert st["stages"]["compare"] == {"status": "not supported", "reason": "no compressed model to compare: prune "
+                                                                            f"kept the original model: {cost}"}
+    assert not (out / "compare").exists() and (out / "report.html").is_file()
+    assert f"{cost}: the study kept the original (model/ holds all 8 heads) and did not compare it with itself" in \
+        st["answers"]["q3"]
+    capsys.readouterr()
 
 
 def test_the_cost_counts_the_points_until_the_target():
