@@ -28,6 +28,7 @@ from ..capacity.kv_bytes import human_bytes
 from ..redundancy.curves.claims import drop_claim, level_of
 from . import comparing, patching
 from .records import Records
+from .unpruned import kept_original
 
 ROLE_WORDS = {"sink": "sink heads", "previous_token": "previous-token", "next_token": "next-token", "broad": "broad",
               "local": "local", "duplicate_token": "duplicate-token", "induction": "induction",
@@ -217,7 +218,10 @@ def _q3(rec: Records, state: dict[str, Any]) -> str:
                 s += f" (brackets: the {INTERVAL})"
             s += _resolution(rec, claim.count)
         sm = p.get("saved_model")
-        if sm:
+        kept = kept_original(rec)
+        if kept:
+            s += "; " + kept.sentence()
+        elif sm:
             removed = int(p.get("n_layers", 0)) * int(p.get("n_heads", 0)) - int(sm["heads_kept"])
             named = claim is not None and removed == claim.count
             what = ("the original model (no head removed)" if removed == 0 else "that pruned model" if named else

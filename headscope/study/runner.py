@@ -34,6 +34,7 @@ from .progress import Progress
 from .records import Records, retrieval_measured
 from .stages import MAX_LENGTH, PRIORITY, Ctx, Family, Stage, stages_for
 from .state import LOG_DIR, State, clear_stage_files, clear_study, file_hashes, stage_key
+from .unpruned import kept_original
 from .verbs import Call, Calls, run_call, run_calls, verb_files
 
 log = logging.getLogger(__name__)
@@ -323,7 +324,9 @@ class _Runner:
             rec = self.state.data["stages"].get(name) or {}
             folder = Path(self.ctx.out) / rel
             if rec.get("status") == "done" and (folder / "config.json").is_file():
-                found.append(Candidate(name, str(folder)))
+                # a pruned model with every head is the original: nothing to compare it with
+                kept = kept_original(self.records()) if name == "prune" else None
+                found.append(Candidate(name, None, kept.reason()) if kept else Candidate(name, str(folder)))
                 continue
             status = rec.get("status", "not run")
             why = "saved no model" if status == "done" else status + (f": {rec['reason']}" if rec.get("reason") else "")

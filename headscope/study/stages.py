@@ -12,6 +12,7 @@ during a study by the measured time of the stages already run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,13 +283,29 @@ def _prune_options(ctx: Ctx, lv: dict[str, Any]) -> Options:
 
 
 def _prune_cost(p: Probe, f: Family, lv: dict[str, Any]) -> float:
-    points = round(lv["fraction"] / lv["step"]) + 1
-    # Per point: re-scoring by Taylor, the metric before and after recovery, and the recovery steps on batches
-    # of 8 (AdamW over every weight: about 3 forward + backward passes a passage)
-    per_point = (lv["n"] * p.train_s + costs.PRUNE_METRIC_PASSES * lv["heldout"] * p.fwd_s
+    points = prune_points(f, lv)
+    # Per point: re-scoring by Taylor, the held-out metric (before and, with recovery, after it), and the recovery
+    # steps on batches of 8 (AdamW over every weight: about 3 forward + backward passes a passage)
+    passes = 1 + (costs.PRUNE_METRIC_PASSES - 1) * (lv["recover"] > 0)
+    per_point = (lv["n"] * p.train_s + passes * lv["heldout"] * p.fwd_s
                  + lv["recover"] * costs.RECOVERY_BATCH * p.train_s * costs.RECOVERY_TRAIN)
-    return (_load(p) + points * per_point + costs.PRUNE_LOADS * p.load_s
+    baseline = lv["heldout"] * p.fwd_s  # the unpruned model's metric (its own recovered model)
+    return (_load(p) + baseline + points * per_point + costs.PRUNE_LOADS * p.load_s
             + p.cpu_s * (costs.PRUNE_CPU_FIXED + costs.PRUNE_CPU_PER_POINT * points))
+
+
+def prune_points(f: Family, lv: dict[str, Any]) -> int:
+    """The pruned points a target-stopped curve at size `lv` measures on this family: those expected within the
+    target (costs.PRUNE_EXPECTED_WITHIN of the heads, by whether the size trains recovery) and the one that passes
+    it, at most the fraction's points.
+
+    A point removes `step` of the heads, in whole units: one head (MHA) or, on a GQA model, a slice of one query
+    head from every KV group of a layer (redundancy/curves/plans.py, `HeadPlan`)."""
+    unit = f.n_kv_heads if f.n_kv_heads < f.n_heads else 1
+    per_point = math.ceil(max(1, round(lv["step"] * f.heads_total)) / unit) * unit
+    within = costs.PRUNE_EXPECTED_WITHIN[lv["recover"] > 0] * f.heads_total
+    expected = math.ceil(within / per_point) + 1
+    return max(1, min(expected, math.floor(lv["fraction"] * f.heads_total / per_point)))
 
 
 # --- question 2 ----------------------------------------------------------------------------------------
@@ -432,11 +449,14 @@ def stages_for(f: Family) -> list[Stage]:
         roles_levels = tuple({"n": n} for n in ns)
     ablation = tuple({"n": n, "ablation": False} for n in (16, 32)) + tuple(
         {"n": n, "ablation": True} for n in (16, 32, 64, 128))
-    prune = ({"n": 8, "heldout": 16, "fraction": 0.5, "step": 0.25, "recover": 1},
-             {"n": 16, "heldout": 16, "fraction": 0.5, "step": 0.25, "recover": 2},
-             {"n": 32, "heldout": 32, "fraction": 0.5, "step": 0.125, "recover": 4},
-             {"n": 64, "heldout": 64, "fraction": 0.5, "step": 0.1, "recover": 8},
-             {"n": 64, "heldout": 128, "fraction": 0.6, "step": 0.05, "recover": 16})
+    # Fine steps from the first point on, so that every size can find heads within PRUNE_TARGET (SmolLM2: 24 of
+    # 270 fit, docs/pruning.md; a step of 25% passed it at once); the curve stops once the target is passed, the
+    # fraction only caps it. The cheapest size trains no recovery: one recovery step costs about twice a point.
+    prune = ({"n": 8, "heldout": 16, "fraction": 0.5, "step": 0.02, "recover": 0},
+             {"n": 16, "heldout": 16, "fraction": 0.5, "step": 0.02, "recover": 1},
+             {"n": 32, "heldout": 32, "fraction": 0.5, "step": 0.02, "recover": 2},
+             {"n": 64, "heldout": 64, "fraction": 0.5, "step": 0.01, "recover": 4},
+             {"n": 64, "heldout": 128, "fraction": 0.6, "step": 0.01, "recover": 8})
     conversion = ({"n": 16, "heldout": 16, "uptrain": 0}, {"n": 32, "heldout": 32, "uptrain": 10},
                   {"n": 64, "heldout": 64, "uptrain": 30})
     kvc = ({"context": 512, "window": 128, "passages": 1, "needles": 2, "haystacks": 2},
