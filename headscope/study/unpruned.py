@@ -17,11 +17,13 @@ from .records import Records
 class KeptOriginal:
     """The curve's first pruned point, which already passed the target: how many heads it removed and its drop."""
 
-    heads: int  # the heads the first step removed (the least important ones)
+    # the heads the first step removed (the least important ones)
+    heads: int
     total: int  # every head of the model (all kept)
     target: float
     metric: str  # what drops, in words: perplexity, fidelity, ...
-    drop: float  # the first point's drop (after recovery when the curve trained it)
+    # the first point's drop (after recovery when the curve trained it)
+    drop: float
     lo: float | None  # its 95% interval, when the curve kept per-passage sums
     hi: float | None
     recovered: bool
