@@ -76,8 +76,9 @@ def kept_original(rec: Records) -> KeptOriginal | None:
     if drop is None:
         return None
     metric = "perplexity" if p.get("baseline_perplexity") else str(p.get("metric"))
-    return KeptOriginal(int(float(first["n_removed"])), total, float(p["target_drop"]), metric, drop,
-                        _number(first, f"{key}_lo"), _number(first, f"{key}_hi"), recovered)
+    return KeptOriginal(heads=int(float(first["n_removed"])), total=total, target=float(p["target_drop"]),
+                        metric=metric, drop=drop, lo=_number(first, f"{key}_lo"), hi=_number(first, f"{key}_hi"),
+                        recovered=recovered)
 
 
 __all__ = ["KeptOriginal", "kept_original"]
