@@ -356,7 +356,7 @@ def prepare_out_dir(out: str | Path, force: bool, will_write: list[str]) -> Path
     cannot be written (see `check_writable_dir`)."""
     out = check_writable_dir(out)
     if out.is_dir() and not force:
-        clash = [n for n in will_write if (out / n).exists()]
+        clash = [n for n in dict.fromkeys(will_write) if (out / n).exists()]
         if clash:
             raise OutputConflict(f"output directory {str(out)!r} already holds {', '.join(clash)}; pass force=True "
                                  f"to overwrite them or choose another folder as out", fields=("force", "out"))

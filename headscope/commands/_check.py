@@ -17,9 +17,10 @@ from ..errors import HeadscopeError
 CHECK_OUTPUTS = outputs("compare", optional=True)
 
 
-def check_files(on: bool) -> list[str]:
-    """The files the check adds to a verb's --out (none when it is off)."""
-    return list(CHECK_OUTPUTS) if on else []
+def check_files() -> list[str]:
+    """The check's files in a verb's --out, refused there without --force whether the check is on (it replaces
+    them) or off (the verb's save removes an earlier run's, Result.save)."""
+    return list(CHECK_OUTPUTS)
 
 
 def finish_check(run: Callable[[], CompareResult], out: Path, force: bool) -> list[str]:

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     options = GqaOptions.from_namespace(args).validate()
     # refuse before any slow work
-    out = prepare_out_dir(options.out, options.force, OUTPUTS + check_files(options.capability_check))
+    out = prepare_out_dir(options.out, options.force, outputs("gqa", optional=True) + check_files())
     # bad data fails before the model loads; passed on, never read again
     data, heldout = read_uptrain_texts(options)
     hm = model or options.load()

@@ -54,7 +54,8 @@ def _precheck_model(name: str, context: int) -> None:
 def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     options = KvcacheOptions.from_namespace(args)  # validated by the CLI: budgets, window, counts, --by
     card = check_card_path(options.export_card, "duo", options.force) if options.export_card is not None else None
-    out = prepare_out_dir(options.out, options.force, OUTPUTS + check_files(options.capability_check))  # before work
+    # before any work; every file this verb may write (an earlier run's check it would not write is removed)
+    out = prepare_out_dir(options.out, options.force, outputs("kvcache", optional=True) + check_files())
     # What the run reads, read before any model loads: the --scores file, the data, the training data.
     scores = read_scores_file(options.scores, options.by) if options.scores is not None else None
     data = read_texts(options.data)

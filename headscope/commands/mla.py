@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     # What needs no model is refused before anything loads (MlaOptions.check); the conversion checks the rank
     # against the model's full rank (check_mla) right after loading, before any work or any file.
     options = MlaOptions.from_namespace(args).validate()
-    out = prepare_out_dir(options.out, options.force, OUTPUTS + check_files(options.capability_check))
+    out = prepare_out_dir(options.out, options.force, outputs("mla", optional=True) + check_files())
     data, heldout = read_uptrain_texts(options)  # passed on, never read again
     hm = model or options.load()
     result = verbs.mla(hm, data, options, heldout=heldout, progress=True)

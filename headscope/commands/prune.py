@@ -46,7 +46,8 @@ def run(args: argparse.Namespace, model: HeadModel | None = None) -> int:
     options = PruneOptions.from_namespace(args)
     files = OUTPUTS if options.heads else UNIT_OUTPUTS
     checked = options.save_model and options.capability_check  # no model, no check
-    will = files + ([MODEL_DIR.name] if options.save_model else []) + check_files(checked)
+    # every file this verb may write: an earlier run's that this one would not write are removed (Result.save)
+    will = outputs("prune" if options.heads else "prune --unit", optional=True) + check_files()
     out = prepare_out_dir(Path(options.out), options.force, will)  # refuse before any slow work
     if options.force:
         clear_partial(out)

@@ -15,7 +15,6 @@ import numpy as np
 from ..artifacts import COMPARE_CSV, COMPARE_ITEMS_NPZ, COMPARE_JSON
 from ..capacity.kvcache import CachePlan, check_supported
 from ..capacity.kvcache.plans import check_plan_fits
-from ..errors import OutputConflict
 from ..io import atomic_write_bytes, atomic_write_text, csv_text
 from ..models.adapter import HeadModel
 from ..options import OptionError, Result
@@ -82,20 +81,6 @@ class CompareResult(Result):
         atomic_write_text(folder / COMPARE_JSON.name, json.dumps(to_jsonable(record), indent=1, allow_nan=False) + "\n")
         if arrays:
             atomic_write_bytes(folder / COMPARE_ITEMS_NPZ.name, npz_bytes(arrays))
-
-    def save(self, out: str | Path, force: bool = False) -> list[Path]:
-        """The files together (`Result.save`); a compare_items.npz an earlier run left in `out` goes with them when
-        this result writes none (with `force`; without, it is refused before anything is written), so that no npz
-        describes another run."""
-        stale = Path(out) / COMPARE_ITEMS_NPZ.name
-        keep = COMPARE_ITEMS_NPZ.name in self.files
-        if not keep and stale.exists() and not force:
-            raise OutputConflict(f"output directory {str(out)!r} already holds {stale.name}; pass force=True to "
-                                 f"replace it or choose another folder as out", fields=("force", "out"))
-        written = super().save(out, force)
-        if not keep:
-            stale.unlink(missing_ok=True)
-        return written
 
     def verdict(self, capability: str) -> str:
         """The verdict of one row ('lm', 'induction', 'pairs:ioi', ...)."""
