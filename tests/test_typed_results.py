@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from headscope.capacity.reports import GqaReport, KvBytes, KvcacheReport, MlaReport
+from headscope.capacity.reports import GqaReport, KvBytes, KvcacheReport, KvRow, MlaReport
 from headscope.learned.causal.records import PatchRecord
 from headscope.options import Record
 from headscope.options.record import Estimate, IntervalsUsed
@@ -132,3 +132,17 @@ def test_the_prune_summary_reads_until_stable_and_keeps_the_curves_own_keys():
     assert rec.until_stable.rest == {"rho": 0.7} and rec.saved_model is None
     assert rec.rest["within"] == {"0.01": {"fraction": 0.25}}
     assert json.dumps(rec.to_json(), indent=2) == json.dumps(summary, indent=2)
+
+
+def test_kv_rows_are_typed_and_give_back_the_calculators_rows_in_order():
+    from headscope.capacity.kv_bytes import classic_rows
+    from headscope.capacity.verbs import kv
+
+    result = kv(None, classic=True, max_length=16, batch_size=2, cache_dtype="bf16")
+    expected = [{"source": "classic", **r} for r in classic_rows(16, 2, "bf16")]
+    assert all(isinstance(r, KvRow) for r in result.rows)
+    llama = next(r for r in result.rows if r.key == "llama2-70b")
+    # 80 layers x 8 KV heads x 128 d_head x 2 (K, V) x 2 bytes, for 16 tokens and a batch of 2
+    assert llama.bytes_per_token == 2 * 80 * 8 * 128 * 2 and llama.cache_bytes == llama.bytes_per_token * 16 * 2
+    assert llama.rest == {"dtype": "bf16", "seq_len": 16, "batch": 2}
+    assert json.dumps(result.records()) == json.dumps(expected)

@@ -1,6 +1,7 @@
-"""The records question 2's Results carry: gqa.json and mla.json (`ConversionResult.report`) and kvcache.json
-(`KvcacheResult.report`), typed where code reads them (the printout, the table, card export, the study); every
-other key is kept as it came (`Record.rest`) and each file is written with its keys in their order."""
+"""The records question 2's Results carry: kv.csv's rows (`KvResult.rows`), gqa.json and mla.json
+(`ConversionResult.report`) and kvcache.json (`KvcacheResult.report`), typed where code reads them (the printout,
+the table, card export, the study); every other key is kept as it came (`Record.rest`) and each file is written
+with its keys in their order."""
 
 from __future__ import annotations
 
@@ -9,7 +10,33 @@ from typing import Any
 
 from ..options.record import Record
 
-__all__ = ["ConversionReport", "GqaReport", "KvBytes", "KvcacheReport", "KvcacheSettings", "MlaReport"]
+__all__ = ["ConversionReport", "GqaReport", "KvBytes", "KvRow", "KvcacheReport", "KvcacheSettings", "MlaReport"]
+
+
+@dataclass
+class KvRow(Record):
+    """A row of kv.csv: one layout of a model (`source` "model") or a classic config's own layout ("classic"),
+    the fields the printed tables read; dtype, seq_len, batch stay in `rest`."""
+
+    source: str
+    name: str
+    layout: str
+    is_model: bool
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    group_size: int
+    # one number, or a list of them when layers differ in head size
+    d_head: int | list[int]
+    n_sliding_layers: int
+    bytes_per_token: int
+    vs_mha: float
+    # the whole sequence and the whole batch: present when a sequence length was given (kv always gives one)
+    bytes_per_sequence: int
+    cache_bytes: int
+    note: str
+    # a classic config's key in the calculator's table; None for a model's rows (not a kv.csv column)
+    key: str | None = None
 
 
 @dataclass
