@@ -14,7 +14,7 @@ from headscope.capacity.reports import GqaReport, KvBytes, KvcacheReport, KvRow,
 from headscope.learned.causal.records import PatchRecord
 from headscope.options import Record
 from headscope.options.record import Estimate, IntervalsUsed
-from headscope.redundancy.records import PruneSummary, UntilStable
+from headscope.redundancy.records import PruneSummary, UnitRow, UntilStable
 
 
 @dataclass
@@ -146,3 +146,13 @@ def test_kv_rows_are_typed_and_give_back_the_calculators_rows_in_order():
     assert llama.bytes_per_token == 2 * 80 * 8 * 128 * 2 and llama.cache_bytes == llama.bytes_per_token * 16 * 2
     assert llama.rest == {"dtype": "bf16", "seq_len": 16, "batch": 2}
     assert json.dumps(result.records()) == json.dumps(expected)
+
+
+def test_unit_rows_read_each_methods_importance_and_keep_the_columns_in_order():
+    row = {"unit": "ffn", "layer": 1, "index": 7, "importance_taylor": 0.25, "importance_activation": 2.0}
+    rec = UnitRow.from_json(row)
+    assert (rec.unit, rec.layer, rec.index) == ("ffn", 1, 7)
+    assert rec.importance("taylor") == 0.25 and rec.importance("activation") == 2.0
+    with pytest.raises(KeyError):
+        rec.importance("ablation")
+    assert json.dumps(rec.to_json()) == json.dumps(row)
