@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from headscope.capacity.reports import GqaReport, KvBytes, KvcacheReport, KvRow, MlaReport
+from headscope.capacity.reports import GqaReport, KvBytes, KvcacheReport, KvcacheRow, KvRow, MlaReport
 from headscope.learned.causal.records import PatchRecord
 from headscope.options import Record
 from headscope.options.record import Estimate, IntervalsUsed
@@ -103,10 +103,20 @@ def test_the_kvcache_and_patching_records():
     settings = {"sink": 2, "window": 8, "context": 64, "budgets": [0.34], "threshold": None,
                 "scores": {"by": "retrieval_score", "from": None}, "data": "long.txt", "passages": 1, "needles": 1,
                 "chunk": 16, "random_control": True, "seed": 0, "uptrain": None}
+    full = {"method": "full", "budget": 1.0, "full_kv_heads": 6, "windowed_kv_heads": 0, "sink": 2, "window": 8,
+            "kv_bytes_measured": 24576, "kv_ratio": 1.0, "perplexity": 194.9, "needle_accuracy": 0.0, "needles": 1,
+            "uptrain_steps": 0, "full_heads": [[0, 1, 2], [0, 1, 2]], "riders": 0, "needle_accuracy_lo": 0.0,
+            "needle_accuracy_hi": 0.975}
+    score = {**full, "method": "score", "budget": 0.34, "full_kv_heads": 2, "windowed_kv_heads": 4,
+             "vs_random": {"verdict": "no better than random", "method": "bca", "passages": 1}}
     kv = {"model": "m", "n_layers": 2, "n_heads": 6, "n_kv_heads": 3, "d_head": 8, "settings": settings,
-          "rows": [{"method": "full"}], "scores": [[0.0, 0.1]], "provenance": {}}
+          "rows": [full, score], "scores": [[0.0, 0.1]], "provenance": {}}
     rec = KvcacheReport.from_json(kv)
     assert rec.settings.scores["by"] == "retrieval_score" and rec.settings.rest["chunk"] == 16
+    assert all(isinstance(r, KvcacheRow) for r in rec.rows)
+    assert rec.rows[0].vs_random is None and rec.rows[1].vs_random is not None
+    assert rec.rows[1].rest["full_heads"] == [[0, 1, 2], [0, 1, 2]] and rec.rows[1].needle_accuracy_hi == 0.975
+    assert "vs_random" not in rec.rows[0].to_json()
     assert json.dumps(rec.to_json()) == json.dumps(kv)
     patch = {"metric": "logit_diff", "direction": "noising", "positions": "all", "methods": ["exact"],
              "M_clean": {"value": 1.0, "lo": 0.5, "hi": 1.5}, "M_corrupt": {"value": 0.0, "lo": -0.1, "hi": 0.1},

@@ -10,7 +10,8 @@ from typing import Any
 
 from ..options.record import Record
 
-__all__ = ["ConversionReport", "GqaReport", "KvBytes", "KvRow", "KvcacheReport", "KvcacheSettings", "MlaReport"]
+__all__ = ["ConversionReport", "GqaReport", "KvBytes", "KvRow", "KvcacheReport", "KvcacheRow", "KvcacheSettings",
+           "MlaReport"]
 
 
 @dataclass
@@ -121,6 +122,31 @@ class KvcacheSettings(Record):
 
 
 @dataclass
+class KvcacheRow(Record):
+    """A row of kvcache.csv and kvcache.json: one cache (full, the score's or the learned choice, its random
+    control) at one budget, the fields the printout reads; the plan (full_heads, sink, window), the answers, the
+    passages' losses and the other columns stay in `rest`."""
+
+    method: str
+    budget: float
+    full_kv_heads: int
+    windowed_kv_heads: int
+    riders: int
+    kv_bytes_measured: int
+    kv_ratio: float
+    perplexity: float
+    needle_accuracy: float
+    needles: int
+    # the needles' exact binomial interval (NaN without needles); None on a row as measured, before the intervals
+    needle_accuracy_lo: float | None = None
+    needle_accuracy_hi: float | None = None
+    # steps of uptraining the model decoding through this cache took (0: none)
+    uptrain_steps: int = 0
+    # a choice against its random control at equal bytes (verdict, method, passages, ...); None on other rows
+    vs_random: dict[str, Any] | None = None
+
+
+@dataclass
 class KvcacheReport(Record):
     """kvcache.json: the model, the settings, one row per cache (method, budget, quality, bytes: kvcache.csv's
     rows, with the heads kept full) and every head's score, [layers][heads] (what card export ranks)."""
@@ -131,6 +157,6 @@ class KvcacheReport(Record):
     n_kv_heads: int
     d_head: int
     settings: KvcacheSettings
-    rows: list[dict[str, Any]]
+    rows: list[KvcacheRow]
     scores: list[list[float]]
     provenance: dict[str, Any]
