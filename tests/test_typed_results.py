@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from headscope.capacity.reports import GqaReport, KvBytes, KvcacheReport, MlaReport
+from headscope.capacity.reports import GqaReport, KvBytes, KvcacheReport, KvcacheRow, KvRow, MlaReport
 from headscope.learned.causal.records import PatchRecord
 from headscope.options import Record
 from headscope.options.record import Estimate, IntervalsUsed
-from headscope.redundancy.records import PruneSummary, UntilStable
+from headscope.redundancy.records import PruneSummary, UnitRow, UntilStable
 
 
 @dataclass
@@ -103,10 +103,20 @@ def test_the_kvcache_and_patching_records():
     settings = {"sink": 2, "window": 8, "context": 64, "budgets": [0.34], "threshold": None,
                 "scores": {"by": "retrieval_score", "from": None}, "data": "long.txt", "passages": 1, "needles": 1,
                 "chunk": 16, "random_control": True, "seed": 0, "uptrain": None}
+    full = {"method": "full", "budget": 1.0, "full_kv_heads": 6, "windowed_kv_heads": 0, "sink": 2, "window": 8,
+            "kv_bytes_measured": 24576, "kv_ratio": 1.0, "perplexity": 194.9, "needle_accuracy": 0.0, "needles": 1,
+            "uptrain_steps": 0, "full_heads": [[0, 1, 2], [0, 1, 2]], "riders": 0, "needle_accuracy_lo": 0.0,
+            "needle_accuracy_hi": 0.975}
+    score = {**full, "method": "score", "budget": 0.34, "full_kv_heads": 2, "windowed_kv_heads": 4,
+             "vs_random": {"verdict": "no better than random", "method": "bca", "passages": 1}}
     kv = {"model": "m", "n_layers": 2, "n_heads": 6, "n_kv_heads": 3, "d_head": 8, "settings": settings,
-          "rows": [{"method": "full"}], "scores": [[0.0, 0.1]], "provenance": {}}
+          "rows": [full, score], "scores": [[0.0, 0.1]], "provenance": {}}
     rec = KvcacheReport.from_json(kv)
     assert rec.settings.scores["by"] == "retrieval_score" and rec.settings.rest["chunk"] == 16
+    assert all(isinstance(r, KvcacheRow) for r in rec.rows)
+    assert rec.rows[0].vs_random is None and rec.rows[1].vs_random is not None
+    assert rec.rows[1].rest["full_heads"] == [[0, 1, 2], [0, 1, 2]] and rec.rows[1].needle_accuracy_hi == 0.975
+    assert "vs_random" not in rec.rows[0].to_json()
     assert json.dumps(rec.to_json()) == json.dumps(kv)
     patch = {"metric": "logit_diff", "direction": "noising", "positions": "all", "methods": ["exact"],
              "M_clean": {"value": 1.0, "lo": 0.5, "hi": 1.5}, "M_corrupt": {"value": 0.0, "lo": -0.1, "hi": 0.1},
@@ -132,3 +142,27 @@ def test_the_prune_summary_reads_until_stable_and_keeps_the_curves_own_keys():
     assert rec.until_stable.rest == {"rho": 0.7} and rec.saved_model is None
     assert rec.rest["within"] == {"0.01": {"fraction": 0.25}}
     assert json.dumps(rec.to_json(), indent=2) == json.dumps(summary, indent=2)
+
+
+def test_kv_rows_are_typed_and_give_back_the_calculators_rows_in_order():
+    from headscope.capacity.kv_bytes import classic_rows
+    from headscope.capacity.verbs import kv
+
+    result = kv(None, classic=True, max_length=16, batch_size=2, cache_dtype="bf16")
+    expected = [{"source": "classic", **r} for r in classic_rows(16, 2, "bf16")]
+    assert all(isinstance(r, KvRow) for r in result.rows)
+    llama = next(r for r in result.rows if r.key == "llama2-70b")
+    # 80 layers x 8 KV heads x 128 d_head x 2 (K, V) x 2 bytes, for 16 tokens and a batch of 2
+    assert llama.bytes_per_token == 2 * 80 * 8 * 128 * 2 and llama.cache_bytes == llama.bytes_per_token * 16 * 2
+    assert llama.rest == {"dtype": "bf16", "seq_len": 16, "batch": 2}
+    assert json.dumps(result.records()) == json.dumps(expected)
+
+
+def test_unit_rows_read_each_methods_importance_and_keep_the_columns_in_order():
+    row = {"unit": "ffn", "layer": 1, "index": 7, "importance_taylor": 0.25, "importance_activation": 2.0}
+    rec = UnitRow.from_json(row)
+    assert (rec.unit, rec.layer, rec.index) == ("ffn", 1, 7)
+    assert rec.importance("taylor") == 0.25 and rec.importance("activation") == 2.0
+    with pytest.raises(KeyError):
+        rec.importance("ablation")
+    assert json.dumps(rec.to_json()) == json.dumps(row)

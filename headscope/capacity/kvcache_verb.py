@@ -27,36 +27,39 @@ from .kvcache.evaluate import long_passages
 from .kvcache.learned import learned_rows, passkey_prompts
 from .kvcache.uptrain import training_batches
 from .options import KvcacheOptions
-from .reports import KvcacheReport
+from .reports import KvcacheReport, KvcacheRow
 
 
-def _row_line(r: dict[str, Any]) -> str:
-    label = r["method"] if r["method"] == "full" else f"{r['method']} {r['budget']:.1%}"
-    label += f" +{r['uptrain_steps']}" if r.get("uptrain_steps") else ""
-    return (f"{label:<16} {r['full_kv_heads']:>8} {r['windowed_kv_heads']:>6} {r['riders']:>6} "
-            f"{human_bytes(r['kv_bytes_measured']):>12} {r['kv_ratio']:>6.3f} {r['perplexity']:>11.3f} "
-            f"{r['needle_accuracy']:>8.2f}")
+def _label(r: KvcacheRow) -> str:
+    """`full`, or the method and its budget: `score 34.0%`."""
+    return r.method if r.method == "full" else f"{r.method} {r.budget:.1%}"
+
+
+def _row_line(r: KvcacheRow) -> str:
+    label = _label(r) + (f" +{r.uptrain_steps}" if r.uptrain_steps else "")
+    return (f"{label:<16} {r.full_kv_heads:>8} {r.windowed_kv_heads:>6} {r.riders:>6} "
+            f"{human_bytes(r.kv_bytes_measured):>12} {r.kv_ratio:>6.3f} {r.perplexity:>11.3f} "
+            f"{r.needle_accuracy:>8.2f}")
 
 
 def _print_row(r: dict[str, Any]) -> None:
     """Each cache's row on stderr as soon as it is measured (a long run shows its results as it goes)."""
-    print(f"done: {_row_line(r)}", file=sys.stderr, flush=True)
+    print(f"done: {_row_line(KvcacheRow.from_json(r))}", file=sys.stderr, flush=True)
 
 
-def _uncertainty_lines(rows: list[dict[str, Any]], level: float) -> list[str]:
+def _uncertainty_lines(rows: list[KvcacheRow], level: float) -> list[str]:
     """Whether each choice beats its random control beyond noise, and the needles' exact intervals."""
     out = []
     for r in rows:
-        if "vs_random" in r:
-            v = r["vs_random"]
-            out.append(f"vs random at {r['budget']:.1%}: {v['verdict']} ({level:.0%} paired {v['method']} interval "
+        if r.vs_random is not None:
+            v = r.vs_random
+            out.append(f"vs random at {r.budget:.1%}: {v['verdict']} ({level:.0%} paired {v['method']} interval "
                        f"over {v['passages']} passage(s))")
     parts = []
     for r in rows:
-        if r["needles"]:
-            label = r["method"] if r["method"] == "full" else f"{r['method']} {r['budget']:.1%}"
-            parts.append(f"{label} {r['needle_accuracy']:.2f} [{r['needle_accuracy_lo']:.2f}, "
-                         f"{r['needle_accuracy_hi']:.2f}] of {r['needles']}")
+        if r.needles:
+            parts.append(f"{_label(r)} {r.needle_accuracy:.2f} [{r.needle_accuracy_lo:.2f}, "
+                         f"{r.needle_accuracy_hi:.2f}] of {r.needles}")
     if parts:
         out.append(f"needles ({level:.0%} exact binomial intervals): " + "; ".join(parts))
     return out
@@ -73,17 +76,22 @@ learned, the learned alphas: what --export-card writes as DuoAttention's pattern
     files = (KVCACHE_CSV.name, KVCACHE_JSON.name)
 
     @property
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[KvcacheRow]:
         return self.report.rows
 
+    def records(self) -> list[dict[str, Any]]:
+        """kvcache.csv's rows as JSON objects, their keys in the order they were measured in."""
+        return [r.to_json() for r in self.rows]
+
     def to_pandas(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows)
+        return pd.DataFrame(self.records())
 
     def write(self, folder: Path) -> None:
         # The rows also hold full_heads, riders, answers and bytes_stored: kvcache.json's, not columns.
+        records = self.records()
         columns = [x for c in KVCACHE_CSV.columns() for x in (c, f"{c}_lo", f"{c}_hi")
-                   if any(x in r for r in self.rows)]
-        write_csv(folder, KVCACHE_CSV, self.rows, columns)
+                   if any(x in r for r in records)]
+        write_csv(folder, KVCACHE_CSV, records, columns)
         atomic_write_text(folder / KVCACHE_JSON.name, json.dumps(to_jsonable(self.report.to_json()), indent=2) + "\n")
 
     def lines(self) -> list[str]:

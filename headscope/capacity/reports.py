@@ -1,6 +1,7 @@
-"""The records question 2's Results carry: gqa.json and mla.json (`ConversionResult.report`) and kvcache.json
-(`KvcacheResult.report`), typed where code reads them (the printout, the table, card export, the study); every
-other key is kept as it came (`Record.rest`) and each file is written with its keys in their order."""
+"""The records question 2's Results carry: kv.csv's rows (`KvResult.rows`), gqa.json and mla.json
+(`ConversionResult.report`) and kvcache.json (`KvcacheResult.report`), typed where code reads them (the printout,
+the table, card export, the study); every other key is kept as it came (`Record.rest`) and each file is written
+with its keys in their order."""
 
 from __future__ import annotations
 
@@ -9,7 +10,34 @@ from typing import Any
 
 from ..options.record import Record
 
-__all__ = ["ConversionReport", "GqaReport", "KvBytes", "KvcacheReport", "KvcacheSettings", "MlaReport"]
+__all__ = ["ConversionReport", "GqaReport", "KvBytes", "KvRow", "KvcacheReport", "KvcacheRow", "KvcacheSettings",
+           "MlaReport"]
+
+
+@dataclass
+class KvRow(Record):
+    """A row of kv.csv: one layout of a model (`source` "model") or a classic config's own layout ("classic"),
+    the fields the printed tables read; dtype, seq_len, batch stay in `rest`."""
+
+    source: str
+    name: str
+    layout: str
+    is_model: bool
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    group_size: int
+    # one number, or a list of them when layers differ in head size
+    d_head: int | list[int]
+    n_sliding_layers: int
+    bytes_per_token: int
+    vs_mha: float
+    # the whole sequence and the whole batch: present when a sequence length was given (kv always gives one)
+    bytes_per_sequence: int
+    cache_bytes: int
+    note: str
+    # a classic config's key in the calculator's table; None for a model's rows (not a kv.csv column)
+    key: str | None = None
 
 
 @dataclass
@@ -94,6 +122,31 @@ class KvcacheSettings(Record):
 
 
 @dataclass
+class KvcacheRow(Record):
+    """A row of kvcache.csv and kvcache.json: one cache (full, the score's or the learned choice, its random
+    control) at one budget, the fields the printout reads; the plan (full_heads, sink, window), the answers, the
+    passages' losses and the other columns stay in `rest`."""
+
+    method: str
+    budget: float
+    full_kv_heads: int
+    windowed_kv_heads: int
+    riders: int
+    kv_bytes_measured: int
+    kv_ratio: float
+    perplexity: float
+    needle_accuracy: float
+    needles: int
+    # the needles' exact binomial interval (NaN without needles); None on a row as measured, before the intervals
+    needle_accuracy_lo: float | None = None
+    needle_accuracy_hi: float | None = None
+    # steps of uptraining the model decoding through this cache took (0: none)
+    uptrain_steps: int = 0
+    # a choice against its random control at equal bytes (verdict, method, passages, ...); None on other rows
+    vs_random: dict[str, Any] | None = None
+
+
+@dataclass
 class KvcacheReport(Record):
     """kvcache.json: the model, the settings, one row per cache (method, budget, quality, bytes: kvcache.csv's
     rows, with the heads kept full) and every head's score, [layers][heads] (what card export ranks)."""
@@ -104,6 +157,6 @@ class KvcacheReport(Record):
     n_kv_heads: int
     d_head: int
     settings: KvcacheSettings
-    rows: list[dict[str, Any]]
+    rows: list[KvcacheRow]
     scores: list[list[float]]
     provenance: dict[str, Any]

@@ -10,7 +10,21 @@ from typing import Any
 
 from ..options.record import IntervalsUsed, Record
 
-__all__ = ["PruneSummary", "TaskCorrelation", "TaskSpecific", "UnitScoreMeta", "UntilStable"]
+__all__ = ["PruneSummary", "TaskCorrelation", "TaskSpecific", "UnitRow", "UnitScoreMeta", "UntilStable"]
+
+
+@dataclass
+class UnitRow(Record):
+    """A row of unit_importance.csv: one unit (a layer's attention sub-layer or block, or one FFN neuron) and its
+    importance by each method, in `rest` as importance_<method> (the methods vary by run)."""
+
+    unit: str
+    layer: int
+    index: int
+
+    def importance(self, method: str) -> float:
+        """The unit's importance by `method` (its importance_<method> column)."""
+        return float(self.rest[f"importance_{method}"])
 
 
 @dataclass

@@ -60,7 +60,7 @@ from .importance.tasks import (
 from .options import DEFAULT_METHODS, PruneOptions, ScoreOptions, TasksOptions
 from .protect import check_model as check_protect
 from .pruning.heads import n_parameters
-from .records import PruneSummary, TaskCorrelation, TaskSpecific, UnitScoreMeta
+from .records import PruneSummary, TaskCorrelation, TaskSpecific, UnitRow, UnitScoreMeta
 
 
 def parse_pruned(text: str | None, n_layers: int, n_heads: int) -> torch.Tensor | None:
@@ -152,17 +152,21 @@ class UnitScoreResult(Result):
     """Importance of units beyond heads (attention sub-layers, blocks, FFN neurons): unit_importance.csv/.json."""
 
     unit: str
-    # unit_importance.csv's rows: layer, unit index, importance_<method>
-    rows: list[dict[str, Any]]
+    # unit_importance.csv's rows: unit, layer, index, importance_<method>
+    rows: list[UnitRow]
     meta: UnitScoreMeta
     name: str
     files = (UNIT_IMPORTANCE_CSV.name, UNIT_IMPORTANCE_JSON.name)
 
+    def records(self) -> list[dict[str, Any]]:
+        """unit_importance.csv's rows as JSON objects, their keys in the order score_units gave them."""
+        return [r.to_json() for r in self.rows]
+
     def to_pandas(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows)
+        return pd.DataFrame(self.records())
 
     def write(self, folder: Path) -> None:
-        write_csv(folder, UNIT_IMPORTANCE_CSV, self.rows)
+        write_csv(folder, UNIT_IMPORTANCE_CSV, self.records())
         atomic_write_text(folder / UNIT_IMPORTANCE_JSON.name,
                           json.dumps(self.meta.to_json(), indent=2, default=str) + "\n")
 
@@ -171,18 +175,17 @@ class UnitScoreResult(Result):
         out = [f"{self.name}: {self.unit} importance on {meta.passages} passages, metric {meta.metric} = "
                f"{meta.metric_value:.4f}"]
         for m in meta.methods:
-            col = f"importance_{m}"
             if self.unit == "ffn":
                 per_layer: dict[int, list[float]] = {}
                 for r in self.rows:
-                    per_layer.setdefault(r["layer"], []).append(r[col])
+                    per_layer.setdefault(r.layer, []).append(r.importance(m))
                 out.append(f"  {m}: per-layer mean "
                            + " ".join(f"L{l}:{sum(v) / len(v):.3g}" for l, v in per_layer.items()))
             else:
-                order = sorted(self.rows, key=lambda r: r[col])
+                order = sorted(self.rows, key=lambda r: r.importance(m))
                 seconds = next(v for k, v in meta.seconds.items() if m in k.split("+"))
                 out.append(f"  {m} ({seconds:.1f} s), least important first: "
-                           + " ".join(f"L{r['layer']}:{r[col]:.3g}" for r in order))
+                           + " ".join(f"L{r.layer}:{r.importance(m):.3g}" for r in order))
         return out
 
 
@@ -203,8 +206,8 @@ def score(hm: HeadModel, data: Any = None, options: ScoreOptions | None = None, 
         methods = None if opts.methods in (None, ("all",)) else [m for m in opts.methods if m]
         rows, meta = score_units(hm, source, opts.unit, methods, metric=opts.metric, max_length=opts.max_length,
                                  batch_size=opts.batch_size, seed=opts.seed, limit=limit, progress=progress)
-        return UnitScoreResult(unit=opts.unit, rows=rows, meta=UnitScoreMeta.from_json({**meta, "provenance": prov}),
-                               name=hm.name)
+        return UnitScoreResult(unit=opts.unit, rows=[UnitRow.from_json(r) for r in rows],
+                               meta=UnitScoreMeta.from_json({**meta, "provenance": prov}), name=hm.name)
     methods = parse_methods(",".join(opts.methods or DEFAULT_METHODS))
     l0 = opts.l0_settings(0.5)
     extra = {"l0": {"settings": l0}} if "l0" in methods else {}

@@ -81,7 +81,7 @@ CSV_SOURCES: dict[str, Source] = {
     ROLES_CSV.name: Source("roles", lambda r: r.table.to_records()),
     IMPORTANCE_CSV.name: Source("score", lambda r: r.table.to_records()),
     PATCHING_CSV.name: Source("patch", lambda r: r.table.to_records()),
-    KV_CSV.name: Source("kv", lambda r: r.rows),
+    KV_CSV.name: Source("kv", lambda r: r.records()),
     PRUNE_CURVE_CSV.name: Source("prune", lambda r: r.curve.records()),
     REDUNDANCY_CSV.name: Source("prune", lambda r: r.curve.redundancy()),
     RANK_CORRELATION_CSV.name: Source("score", _rank_rows),
