@@ -33,6 +33,7 @@ from ..capacity.kvcache import CachePlan, HeadAwareCache, check_supported, head_
 from ..capacity.kvcache.choice import n_full_for
 from ..capacity.kvcache.plans import check_plan_fits, is_report, plan_of_row, read_report, row_name, shipped_row
 from ..errors import HeadscopeError
+from ..io import inside
 from ..models.adapter import HeadModel
 from ..options import OptionError
 
@@ -111,7 +112,9 @@ def read_pattern(path: str | Path) -> CachePattern:
     """A DuoAttention pattern directory (or its .tsv, with config.json beside it); one line when it is not one."""
     p = Path(path)
     folder = p if p.is_dir() else p.parent
-    tsv, cfg = folder / PATTERN, folder / CONFIG
+    # a pattern folder someone sent cannot point the read elsewhere: both files stay inside it
+    tsv = inside(folder, PATTERN, str(folder), "give the pattern's own folder", fields=("cache",))
+    cfg = inside(folder, CONFIG, str(folder), "give the pattern's own folder", fields=("cache",))
     if not tsv.is_file() or not cfg.is_file():
         raise OptionError("cache", f"'{path}' is no DuoAttention pattern: it needs {PATTERN} and {CONFIG} (what "
                                    f"kvcache's exported card holds), or give a kvcache output folder")
@@ -119,7 +122,7 @@ def read_pattern(path: str | Path) -> CachePattern:
         scores = np.atleast_2d(np.loadtxt(tsv, delimiter="\t", dtype=np.float64))
         config = json.loads(cfg.read_text(encoding="utf-8"))
         sink, window = int(config["sink_size"]), int(config["recent_size"])
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:  # unreadable, not text, not numbers, keys missing
         raise OptionError("cache", f"'{path}': cannot read the pattern ({type(e).__name__}: {e})") from None
     if not np.isfinite(scores).all():
         raise OptionError("cache", f"'{tsv}' holds scores that are not finite numbers")

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..artifacts import COMPARE_ITEMS_NPZ, COMPARE_JSON
+from ..io import inside
 from ..options import OptionError
 
 __all__ = ["Reference", "load", "npz_bytes", "split"]
@@ -96,7 +97,8 @@ def load(folder: str | Path, value: Any, where: str) -> np.ndarray:
     if not _is_reference(value):
         raise _refused(f"{source} names {where} with a malformed reference ({value!r}); it needs "
                        f"{', '.join(_REFERENCE_KEYS)} (what headscope compare writes)")
-    path = Path(folder) / COMPARE_ITEMS_NPZ.name
+    path = inside(folder, COMPARE_ITEMS_NPZ.name, source, "copy the compare folder whole, with its own files",
+                  fields=("base_from",))
     if not path.is_file():
         raise _refused(f"{source} keeps {where} in {COMPARE_ITEMS_NPZ.name}, which '{folder}' lacks: copy the "
                        f"compare folder whole, or drop base_from to measure BASE again")

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..artifacts import COMPARE_JSON
+from ..io import inside
 from ..models.adapter import HeadModel
 from ..options import OptionError
 from .items import load
@@ -31,14 +32,15 @@ from .items import load
 def read_base(folder: str | Path, base: HeadModel, fingerprint: str) -> dict[str, dict[str, Any]]:
     """The rows of an earlier compare.json in `folder` whose BASE was `base` (weights `fingerprint`): capability ->
     {"fingerprint", "metric", "items", ...}; refused (one line) when the file is missing or measured another BASE."""
-    path = Path(folder) / COMPARE_JSON.name
+    path = inside(folder, COMPARE_JSON.name, str(folder), "give the folder an earlier compare wrote",
+                  fields=("base_from",))
     if not path.is_file():
         raise OptionError("base_from", f"'{folder}' holds no {COMPARE_JSON.name}: give the output folder of an "
                                        f"earlier headscope compare against the same BASE")
     try:
         rec = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise OptionError("base_from", f"'{path}' is not a compare.json ({e})") from None
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        raise OptionError("base_from", f"'{path}' cannot be read as a compare.json ({type(e).__name__}: {e})") from None
     then = (rec.get("base") or {}) if isinstance(rec, dict) else {}
     if then.get("fingerprint") != fingerprint:
         raise OptionError("base_from", f"'{path}' measured another BASE ({then.get('name')!r}, weights "

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import HeadscopeError, OptionError
+from ...io import inside
 from ...models.adapter import HeadModel
 from .cache import CachePlan
 
@@ -75,7 +76,8 @@ def check_plan_fits(plan: CachePlan, hm: HeadModel, source: str) -> None:
 def read_report(path: str | Path) -> tuple[dict[str, Any], str]:
     """A kvcache run's kvcache.json (given as the file or its --out folder) and the path it was read from."""
     p = Path(path)
-    file = p / REPORT if p.is_dir() else p
+    # a folder someone sent cannot point the read elsewhere: its kvcache.json stays inside it
+    file = inside(p, REPORT, str(p), "give the kvcache run's own folder", fields=("cache",)) if p.is_dir() else p
     try:
         report = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
